@@ -1,0 +1,262 @@
+"""Attention traces: the canonical synthetic trace and the on-disk `.npz` format.
+
+A trace is T query rows. Row t is the attention the query at position t paid to
+positions 0..t-1 (float32, length t; row 0 is empty). Rows are produced on demand so a
+long trace never needs its T x T matrix in memory.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MAX_TRACE_BYTES = 64 * 1024 * 1024
+
+
+def packed_offset(t: int) -> int:
+    """Start of row t in the packed lower triangle (rows 0..t-1 hold 0+1+...+(t-1) values)."""
+    return t * (t - 1) // 2
+
+
+class Trace:
+    """Base: `steps` rows, `row(i)` returns a fresh float32 array of length i."""
+
+    steps: int = 0
+    name: str = "trace"
+    tokens: list[str] | None = None
+    meta: dict = {}
+
+    def row(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _check_step(self, i: int) -> int:
+        i = int(i)
+        if not 0 <= i < self.steps:
+            raise ValueError(f"step must be in 0..{self.steps - 1}, got {i}")
+        return i
+
+
+@dataclass
+class CanonicalTrace(Trace):
+    """The cards' benchmark workload, generated row by row from a seed.
+
+    Each row is a mixture, then normalised to sum 1: `sink_mass` shared by the first
+    `sinks` positions; `recent_mass` on the `recent` newest positions, decaying with
+    distance; `hh_mass` on `hh_per_epoch` heavy hitters (scattered singletons drawn
+    independently, fixed within an epoch of `epoch` steps, redrawn at the next); and a
+    uniform `background_mass` over every position. Nothing in a row depends on the step
+    within an epoch except which positions exist, so the workload is stationary.
+    """
+
+    steps: int = 4096
+    seed: int = 0
+    sinks: int = 4
+    recent: int = 64
+    epoch: int = 512
+    hh_per_epoch: int = 32
+    sink_mass: float = 0.15
+    recent_mass: float = 0.55
+    hh_mass: float = 0.20
+    background_mass: float = 0.10
+    name: str = "canonical"
+    tokens: list[str] | None = None
+    meta: dict = field(default_factory=lambda: {"source": "kvviz synthetic canonical trace"})
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        decay = np.exp(-np.arange(self.recent) / (self.recent / 2))
+        self._recent_shape = decay / decay.sum()  # index 0 = newest position
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def heavy_hitters(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, shares) of one epoch; drawn from the context before the epoch."""
+        if epoch not in self._epochs:
+            rng = np.random.default_rng([self.seed, epoch])
+            hi = max(epoch * self.epoch, self.epoch)
+            pos = rng.integers(self.sinks, hi, size=self.hh_per_epoch)
+            share = rng.uniform(0.5, 1.5, size=self.hh_per_epoch)
+            self._epochs[epoch] = (pos, share / share.sum())
+        return self._epochs[epoch]
+
+    def row(self, i: int) -> np.ndarray:
+        t = self._check_step(i)
+        if t == 0:
+            return np.zeros(0, np.float32)
+        w = np.full(t, self.background_mass / t)
+        w[: self.sinks] += self.sink_mass / self.sinks
+        n = min(self.recent, t)
+        w[t - n:] += self.recent_mass * self._recent_shape[:n][::-1]
+        pos, share = self.heavy_hitters(t // self.epoch)
+        live = pos < t
+        np.add.at(w, pos[live], self.hh_mass * share[live])
+        w /= w.sum()
+        return w.astype(np.float32)
+
+
+def canonical(steps: int = 4096, seed: int = 0) -> CanonicalTrace:
+    return CanonicalTrace(steps=steps, seed=seed)
+
+
+class ArrayTrace(Trace):
+    """A trace held as packed lower-triangle rows (float16 or float32) of one layer."""
+
+    def __init__(self, packed: np.ndarray, steps: int, *, name="trace", tokens=None,
+                 meta=None, layers=None, layer=None):
+        self._packed = packed
+        self.steps = steps
+        self.name = name
+        self.tokens = tokens
+        self.meta = dict(meta or {})
+        self.layers = list(layers or [])
+        self.layer = layer
+
+    def row(self, i: int) -> np.ndarray:
+        t = self._check_step(i)
+        start = packed_offset(t)
+        return self._packed[start:start + t].astype(np.float32)
+
+
+def pack_rows(matrix: np.ndarray) -> np.ndarray:
+    """(T, T) matrix whose row t uses columns 0..t-1 -> packed 1-D lower triangle."""
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"attn matrix must be square (T, T), got shape {matrix.shape}")
+    rows, cols = np.tril_indices(matrix.shape[0], k=-1)
+    return matrix[rows, cols]
+
+
+def save_trace(path, attn, *, tokens=None, layers=None, meta=None, dtype="float16") -> Path:
+    """Write a trace file. `attn` is (T, T) or (L, T, T); row t uses columns 0..t-1.
+
+    Written to a temporary file and renamed, so an interrupted save never leaves a
+    truncated trace behind.
+    """
+    attn = np.asarray(attn)
+    if attn.ndim == 2:
+        attn = attn[None]
+    if attn.ndim != 3:
+        raise ValueError(f"attn must be (T, T) or (L, T, T), got shape {attn.shape}")
+    packed = np.stack([pack_rows(m) for m in attn]).astype(dtype)
+    steps = attn.shape[1]
+    arrays = {
+        "format_version": np.int64(FORMAT_VERSION),
+        "attn": packed,
+        "layers": np.asarray(layers if layers is not None else range(len(attn)), np.int64),
+        "meta": np.str_(json.dumps(meta or {}, sort_keys=True)),
+    }
+    if tokens is not None:
+        if len(tokens) != steps:
+            raise ValueError(f"tokens must have one entry per step ({steps}), got {len(tokens)}")
+        arrays["tokens"] = np.asarray([str(s) for s in tokens], dtype=np.str_)
+    _check_arrays(arrays, "attn")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_trace(source, layer: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES,
+               name: str | None = None) -> ArrayTrace:
+    """Load and validate a trace file (path, bytes or file object). Never unpickles.
+
+    `layer` indexes the stored layers (0 = the first stored); default is the first.
+    Every problem is a ValueError that names the field and the rule it breaks.
+    """
+    data, default_name = _read_bytes(source, max_bytes)
+    if not data:
+        raise ValueError("trace file is empty")
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise ValueError("trace file is not an .npz archive (expected a zip made by numpy.savez)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except ValueError as exc:
+        raise ValueError(f"trace file holds object arrays, which are refused: {exc}") from None
+    except Exception as exc:  # corrupt member, bad header
+        raise ValueError(f"trace file could not be read as .npz: {exc}") from None
+    steps = _check_arrays(arrays, "attn")
+    packed = arrays["attn"]
+    n_layers = packed.shape[0]
+    index = 0 if layer is None else int(layer)
+    if not 0 <= index < n_layers:
+        raise ValueError(f"layer must index the stored layers 0..{n_layers - 1}, got {layer}")
+    tokens = [str(s) for s in arrays["tokens"]] if "tokens" in arrays else None
+    meta = json.loads(str(arrays["meta"])) if "meta" in arrays else {}
+    layers = [int(x) for x in arrays.get("layers", np.arange(n_layers))]
+    return ArrayTrace(packed[index], steps, name=name or meta.get("name") or default_name,
+                      tokens=tokens, meta=meta, layers=layers, layer=layers[index])
+
+
+def _read_bytes(source, max_bytes: int) -> tuple[bytes, str]:
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"trace file not found: {path}")
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise ValueError(f"trace file is {size} bytes; the limit is {max_bytes}")
+        return path.read_bytes(), path.stem
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    else:
+        data = source.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"trace file is over the {max_bytes}-byte limit")
+    return data, getattr(source, "name", "uploaded")
+
+
+def _check_arrays(arrays: dict, key: str) -> int:
+    """Validate the format's fields; return the number of steps."""
+    if "format_version" not in arrays:
+        raise ValueError("trace file has no 'format_version' field")
+    version = arrays["format_version"]
+    if version.shape != () or int(version) != FORMAT_VERSION:
+        raise ValueError(f"format_version must be {FORMAT_VERSION}, got {version!r}")
+    if key not in arrays:
+        raise ValueError(f"trace file has no '{key}' field")
+    packed = arrays[key]
+    if packed.dtype not in (np.float16, np.float32):
+        raise ValueError(f"attn must be float16 or float32, got {packed.dtype}")
+    if packed.ndim != 2:
+        raise ValueError(f"attn must be 2-D (layers, packed rows), got shape {packed.shape}")
+    n = packed.shape[1]
+    steps = int((1 + np.sqrt(1 + 8 * n)) // 2)
+    if n == 0 or packed_offset(steps) != n:
+        raise ValueError(
+            f"attn rows have the wrong lengths: {n} values is not 1+2+...+(T-1) for any T >= 2 "
+            "(row t must hold exactly t weights)")
+    if packed.shape[0] < 1:
+        raise ValueError("attn must hold at least one layer")
+    if not np.isfinite(packed).all():
+        raise ValueError("attn weights must be finite (found NaN or inf)")
+    if (packed < 0).any():
+        raise ValueError("attn weights must be non-negative")
+    if "tokens" in arrays and arrays["tokens"].shape != (steps,):
+        raise ValueError(f"tokens must have one entry per step ({steps}), "
+                         f"got shape {arrays['tokens'].shape}")
+    if "layers" in arrays and arrays["layers"].shape != (packed.shape[0],):
+        raise ValueError(f"layers must list {packed.shape[0]} layer indices, "
+                         f"got shape {arrays['layers'].shape}")
+    if "meta" in arrays:
+        try:
+            meta = json.loads(str(arrays["meta"]))
+        except json.JSONDecodeError:
+            raise ValueError("meta must be a JSON object string") from None
+        if not isinstance(meta, dict):
+            raise ValueError("meta must be a JSON object string")
+    return steps
