@@ -1,0 +1,131 @@
+"""View 1: what each policy holds, step by step (the cache-contents heatmap).
+
+Drawn as one PNG image (server-side aggregation to <= 1024 pixels per axis, each pixel the
+most frequent state of its block of cells) plus a coarse transparent hover grid whose cells
+say their step range, position range and the share of each state. A per-cell `go.Heatmap`
+with hover text costs seconds to draw and megabytes to send; the image costs kilobytes.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import plotly.graph_objects as go
+from PIL import Image
+
+from .common import base_layout, range_label
+from .states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges,
+                     dominant_state, state_counts)
+
+DEFAULT_MAX_BINS = 1024
+HOVER_BINS = 64
+LEGEND_ORDER = (BOTH, ONLY_A, ONLY_B, NEITHER, NOT_YET)
+
+
+def state_labels(label_a: str, label_b: str) -> dict[int, str]:
+    return {NOT_YET: "not yet generated", NEITHER: "evicted by both",
+            ONLY_B: f"only B ({label_b})", ONLY_A: f"only A ({label_a})", BOTH: "held by both"}
+
+
+def _rgb(hex_colour: str) -> tuple[int, int, int]:
+    h = hex_colour.lstrip("#")
+    return tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+
+
+PALETTE = np.array([_rgb(STATE_COLOURS[c]) for c in range(5)], np.uint8)  # indexed by code
+
+
+def codes_to_png(codes: np.ndarray) -> str:
+    """State codes (rows, cols) -> 'data:image/png;base64,...' using the state palette."""
+    img = Image.fromarray(PALETTE[codes.astype(np.intp)], mode="RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=False, compress_level=6)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def png_to_codes(uri: str) -> np.ndarray:
+    """Inverse of `codes_to_png` (tests and tooling): data URI -> state codes."""
+    raw = base64.b64decode(uri.split(",", 1)[1])
+    rgb = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+    codes = np.full(rgb.shape[:2], -1, np.int8)
+    for c, col in enumerate(PALETTE):
+        codes[(rgb == col).all(axis=2)] = c
+    return codes
+
+
+def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int = HOVER_BINS,
+                 label_a: str = "A", label_b: str = "B"):
+    """Everything the figure needs that does not depend on the current step (cacheable)."""
+    steps = len(ev_a)
+    step_edges = bin_edges(steps, max_bins)
+    pos_edges = bin_edges(steps, max_bins)
+    codes, shares = dominant_state(state_counts(ev_a, ev_b, step_edges, pos_edges))
+    h_step = bin_edges(steps, hover_bins)
+    h_pos = bin_edges(steps, hover_bins)
+    h_counts = state_counts(ev_a, ev_b, h_step, h_pos)
+    return dict(codes=codes, shares=shares, step_edges=step_edges, pos_edges=pos_edges,
+                hover_step_edges=h_step, hover_pos_edges=h_pos, hover_counts=h_counts,
+                png=codes_to_png(codes), labels=(label_a, label_b),
+                hover_text=_hover_text(h_counts, h_step, h_pos, state_labels(label_a, label_b)))
+
+
+def _hover_text(counts, step_edges, pos_edges, names) -> list[list[str]]:
+    total = counts.sum(axis=0)
+    text = []
+    for i, (s0, s1) in enumerate(zip(step_edges[:-1], step_edges[1:])):
+        row = []
+        for j, (p0, p1) in enumerate(zip(pos_edges[:-1], pos_edges[1:])):
+            head = f"steps {range_label(s0, s1)}<br>positions {range_label(p0, p1)}"
+            parts = []
+            for c in LEGEND_ORDER:
+                n = counts[c, i, j]
+                if n:
+                    share = n / total[i, j]
+                    parts.append(f"{names[c]}" if share == 1 else f"{names[c]}: {share:.0%}")
+            row.append(head + "<br><b>" + "<br>".join(parts) + "</b>")
+        text.append(row)
+    return text
+
+
+def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "B",
+                  max_bins: int = DEFAULT_MAX_BINS, grid: dict | None = None,
+                  height: int = 560) -> go.Figure:
+    """Step (rows, step 0 at the top) x position (columns), coloured by A/B cache state.
+
+    `grid` may pass a precomputed `heatmap_grid(...)` (it does not depend on `step`).
+    """
+    g = grid or heatmap_grid(ev_a, ev_b, max_bins)
+    names = state_labels(label_a, label_b)
+    if g.get("hover_text") is None or g.get("labels") != (label_a, label_b):
+        g["hover_text"] = _hover_text(g["hover_counts"], g["hover_step_edges"],
+                                      g["hover_pos_edges"], names)
+        g["labels"] = (label_a, label_b)
+    se, pe = g["step_edges"], g["pos_edges"]
+    steps = int(se[-1])
+    dy, dx = int(se[1] - se[0]), int(pe[1] - pe[0])
+    fig = go.Figure()
+    fig.add_trace(go.Image(source=g["png"], x0=(dx - 1) / 2, dx=dx, y0=(dy - 1) / 2, dy=dy,
+                           hoverinfo="skip", name="cache states"))
+    hs, hp = g["hover_step_edges"], g["hover_pos_edges"]
+    fig.add_trace(go.Heatmap(
+        z=np.zeros((len(hs) - 1, len(hp) - 1), np.int8),
+        x=((hp[:-1] + hp[1:] - 1) / 2), y=((hs[:-1] + hs[1:] - 1) / 2),
+        text=g["hover_text"],
+        colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]], showscale=False,
+        hovertemplate="%{text}<extra></extra>", name="hover", hoverongaps=False))
+    for c in LEGEND_ORDER:  # legend entries (no data)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[c],
+                                 marker=dict(symbol="square", size=14, color=STATE_COLOURS[c],
+                                             line=dict(color="#888888", width=1))))
+    step = int(np.clip(step, 0, steps - 1))
+    fig.add_hline(y=step, line=dict(color="#CC0000", width=2))
+    fig.add_annotation(x=0, xref="paper", xanchor="left", y=step, yanchor="bottom",
+                       text=f"step {step}", showarrow=False,
+                       font=dict(color="#CC0000", size=13), bgcolor="rgba(255,255,255,0.85)")
+    base_layout(fig, f"Cache contents over time: A = {label_a}, B = {label_b}", height)
+    fig.update_xaxes(title="position", range=[-0.5, steps - 0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(title="step", range=[steps - 0.5, -0.5], showgrid=False, zeroline=False)
+    fig.update_layout(legend=dict(orientation="h", y=-0.12, yanchor="top", x=0, xanchor="left"),
+                      margin=dict(b=90))
+    return fig

@@ -1,0 +1,28 @@
+"""Small helpers shared by the figure builders."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+A_COLOUR = "#E69F00"   # orange: policy A everywhere in the app
+B_COLOUR = "#0072B2"   # blue: policy B
+VICTIM_COLOUR = "#D55E00"
+DEFENDED_COLOUR = "#009E73"
+FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=14)
+
+
+def base_layout(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=height,
+                      margin=dict(l=60, r=20, t=60, b=50), font=FONT,
+                      template="plotly_white", hoverlabel=dict(font_size=14),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+    return fig
+
+
+def visible_token(tok: str) -> str:
+    """A token with its whitespace made visible: space as a middle dot, newline, tab."""
+    return (str(tok).replace("\r", "␍").replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·"))
+
+
+def range_label(lo: int, hi: int) -> str:
+    """Inclusive label for the integer range [lo, hi)."""
+    return f"{lo}" if hi - lo <= 1 else f"{lo}–{hi - 1}"

@@ -1,0 +1,217 @@
+"""Views 3 and 4b: what a policy's scores looked like at one step (from `Replay.peek`).
+
+A "panel" is one policy's view of one step, as a dict:
+    label    str, e.g. "B: snapkv"
+    policy   registry name
+    kept     int positions held after admitting `step`, before evicting (ascending)
+    scores   the policy's `scores()` dict at that moment, aligned with `kept`
+    victims  positions the policy evicted during `step` (from its run's eviction log)
+    colour   optional line colour
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .common import DEFENDED_COLOUR, VICTIM_COLOUR, base_layout
+
+# Which score decides eviction, as the policies document it, and in which direction.
+# Display only: the ranking shown is the policy's documented order, ties to the lower position.
+RANK_SCORE = {
+    "tova": ("last", "lowest current-step weight goes first"),
+    "snapkv": ("pooled", "lowest pooled window sum goes first"),
+    "h2o": ("cumulative", "lowest accumulated attention goes first"),
+    "scissorhands": ("low_count", "most often below the uniform share goes first"),
+}
+SCORE_LABELS = {"last": "current-step weight", "sums": "window sum", "pooled": "pooled (max) sum",
+                "cumulative": "accumulated attention", "low_count": "steps below uniform share"}
+_DESCENDING = {"low_count"}
+
+
+def eviction_order(policy: str, kept, scores) -> np.ndarray:
+    """Indices into `kept` of the eviction candidates, first-to-go first (documented order)."""
+    kept = np.asarray(kept)
+    cand = np.asarray(scores.get("candidate", np.ones(len(kept), bool)), bool)
+    idx = np.flatnonzero(cand)
+    key = RANK_SCORE.get(policy, (None,))[0]
+    if key is None or key not in scores:
+        return idx
+    vals = np.asarray(scores[key], dtype=np.float64)[idx]
+    if key in _DESCENDING:
+        vals = -vals
+    return idx[np.lexsort((kept[idx], vals))]
+
+
+def defended_positions(kept, scores, victims) -> np.ndarray:
+    """SnapKV's "defended" slots at one step: kept only because pooling lifted them.
+
+    With k = number of victims this step, these are the candidates whose own window sum
+    would have ranked among the k lowest (ties to the lower position) but which the
+    pooled score did not evict. Empty when nothing was evicted or scores lack pooling.
+    """
+    kept = np.asarray(kept)
+    victims = np.asarray(victims, dtype=np.int64)
+    if "sums" not in scores or "pooled" not in scores or len(victims) == 0:
+        return np.empty(0, np.int64)
+    cand = np.flatnonzero(np.asarray(scores["candidate"], bool))
+    sums = np.asarray(scores["sums"], dtype=np.float64)[cand]
+    by_sum = cand[np.lexsort((kept[cand], sums))][:len(victims)]
+    would_go = kept[by_sum]
+    return np.setdiff1d(would_go, victims).astype(np.int64)
+
+
+def window_positions(panels, center: int, half_width: int):
+    """Position range [lo, hi] covering `half_width` kept slots either side of `center`
+    in the reference panel (the first with pooled scores, else the first)."""
+    ref = next((p for p in panels if "pooled" in p["scores"]), panels[0])
+    kept = np.asarray(ref["kept"])
+    if len(kept) == 0:
+        return int(center), int(center)
+    i = int(np.clip(np.searchsorted(kept, center), 0, len(kept) - 1))
+    if i > 0 and abs(kept[i - 1] - center) <= abs(kept[i] - center):
+        i -= 1
+    lo = int(kept[max(0, i - half_width)])
+    hi = int(kept[min(len(kept) - 1, i + half_width)])
+    return min(lo, int(center)), max(hi, int(center))
+
+
+def neighbourhood_figure(panels, step: int, center: int, half_width: int = 24,
+                         height: int | None = None) -> go.Figure:
+    """Per panel, the scores of the kept slots near `center` at `step`, victims marked;
+    for a pooled policy also the pooled envelope and the defended slots."""
+    lo, hi = window_positions(panels, center, half_width)
+    titles = []
+    for p in panels:
+        key = RANK_SCORE.get(p["policy"], (None, "no scores: ranks without attention"))
+        titles.append(f"{p['label']}: {key[1]}")
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=titles)
+    for r, p in enumerate(panels, start=1):
+        kept = np.asarray(p["kept"])
+        sc = p["scores"]
+        sel = (kept >= lo) & (kept <= hi)
+        x = kept[sel]
+        victims = np.intersect1d(np.asarray(p["victims"], np.int64), x)
+        cand = np.asarray(sc.get("candidate", np.ones(len(kept), bool)), bool)[sel]
+        colour = p.get("colour", "#555555")
+        main = RANK_SCORE.get(p["policy"], (None,))[0]
+        if "pooled" in sc and "sums" in sc:
+            sums = np.asarray(sc["sums"], float)[sel]
+            pooled = np.asarray(sc["pooled"], float)[sel]
+            defended = np.intersect1d(defended_positions(kept, sc, p["victims"]), x)
+            fig.add_trace(go.Bar(x=x, y=sums, name="window sum", marker_color=np.where(
+                cand, colour, "#bbbbbb").tolist(), opacity=0.85,
+                hovertemplate="position %{x}<br>window sum %{y:.4g}<extra></extra>"), row=r, col=1)
+            fig.add_trace(go.Scatter(x=x, y=pooled, name="pooled envelope", mode="lines+markers",
+                                     line=dict(color="#222222", width=2, shape="hvh"),
+                                     marker=dict(size=5),
+                                     hovertemplate="position %{x}<br>pooled %{y:.4g}<extra></extra>"),
+                          row=r, col=1)
+            if len(defended):
+                m = np.isin(x, defended)
+                fig.add_trace(go.Scatter(
+                    x=x[m], y=sums[m], mode="markers", name="defended (kept by pooling)",
+                    marker=dict(symbol="diamond", size=14, color=DEFENDED_COLOUR,
+                                line=dict(color="black", width=1)),
+                    hovertemplate="position %{x}: own sum %{y:.4g} would have been evicted;"
+                    " a neighbour's pooled score kept it<extra></extra>"), row=r, col=1)
+            yv = pooled
+        elif main and main in sc:
+            vals = np.asarray(sc[main], float)[sel]
+            fig.add_trace(go.Bar(x=x, y=np.nan_to_num(vals), name=SCORE_LABELS.get(main, main),
+                                 marker_color=np.where(cand, colour, "#bbbbbb").tolist(),
+                                 customdata=np.where(np.isnan(vals), "unobserved (newest)", "")
+                                 .tolist(),
+                                 hovertemplate="position %{x}<br>" + SCORE_LABELS.get(main, main)
+                                 + " %{y:.4g} %{customdata}<extra></extra>"), row=r, col=1)
+            yv = np.nan_to_num(vals)
+        else:
+            yv = np.zeros(len(x))
+            fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name="held",
+                                     marker=dict(color=colour, size=8, symbol="square"),
+                                     hovertemplate="position %{x} held<extra></extra>"),
+                          row=r, col=1)
+        if len(victims):
+            m = np.isin(x, victims)
+            fig.add_trace(go.Scatter(x=x[m], y=yv[m], mode="markers", name="victim this step",
+                                     marker=dict(symbol="x", size=16, color=VICTIM_COLOUR,
+                                                 line=dict(width=2)),
+                                     hovertemplate="position %{x}: evicted at step " + str(step)
+                                     + "<extra></extra>"), row=r, col=1)
+        fig.add_vline(x=center, line=dict(color="#CC0000", width=1, dash="dot"), row=r, col=1)
+    base_layout(fig, f"Scores around position {center} at step {step} (grey = protected "
+                     f"or not yet ranked)", height or 260 * len(panels) + 80)
+    fig.update_xaxes(range=[lo - 1, hi + 1])
+    fig.update_xaxes(title="position", row=len(panels), col=1)
+    fig.update_layout(barmode="overlay", bargap=0.15)
+    # one legend entry per name
+    seen = set()
+    for tr in fig.data:
+        tr.showlegend = tr.name not in seen
+        seen.add(tr.name)
+    return fig
+
+
+def why_rows(position: int, step: int, panels) -> list[dict]:
+    """For each panel: did it hold / rank / evict `position` at `step`, with its scores."""
+    rows = []
+    for p in panels:
+        kept = np.asarray(p["kept"])
+        row = {"policy": p["label"], "step": int(step), "position": int(position),
+               "held before eviction": bool(np.isin(position, kept)),
+               "evicted at this step": bool(np.isin(position, np.asarray(p["victims"])))}
+        hit = np.flatnonzero(kept == position)
+        if len(hit):
+            i = int(hit[0])
+            for key, vals in p["scores"].items():
+                if key == "candidate":
+                    row["candidate"] = bool(np.asarray(vals)[i])
+                else:
+                    v = float(np.asarray(vals, float)[i])
+                    row[SCORE_LABELS.get(key, key)] = None if np.isnan(v) else v
+            order = eviction_order(p["policy"], kept, p["scores"])
+            where = np.flatnonzero(order == i)
+            row["eviction rank"] = (f"{int(where[0]) + 1} of {len(order)}" if len(where)
+                                    else "not a candidate")
+        rows.append(row)
+    return rows
+
+
+def why_figure(position: int, step: int, panels) -> go.Figure:
+    """Each policy's candidates at `step` in eviction order (first to go on the left) with
+    their ranking score; victims marked, `position` highlighted."""
+    fig = make_subplots(rows=1, cols=len(panels), horizontal_spacing=0.08,
+                        subplot_titles=[p["label"] for p in panels])
+    for c, p in enumerate(panels, start=1):
+        kept = np.asarray(p["kept"])
+        order = eviction_order(p["policy"], kept, p["scores"])
+        key = RANK_SCORE.get(p["policy"], (None,))[0]
+        vals = (np.asarray(p["scores"][key], float)[order] if key in p["scores"]
+                else np.zeros(len(order)))
+        ranks = np.arange(1, len(order) + 1)
+        pos = kept[order]
+        colour = p.get("colour", "#555555")
+        fig.add_trace(go.Scatter(x=ranks, y=vals, mode="markers", name=p["label"],
+                                 marker=dict(color=colour, size=5), customdata=pos,
+                                 hovertemplate="rank %{x}: position %{customdata}, score %{y:.4g}"
+                                 "<extra></extra>"), row=1, col=c)
+        vm = np.isin(pos, np.asarray(p["victims"]))
+        if vm.any():
+            fig.add_trace(go.Scatter(x=ranks[vm], y=vals[vm], mode="markers", name="victim",
+                                     marker=dict(symbol="x", size=14, color=VICTIM_COLOUR),
+                                     customdata=pos[vm], showlegend=c == 1,
+                                     hovertemplate="evicted: position %{customdata}<extra></extra>"),
+                          row=1, col=c)
+        pm = pos == position
+        if pm.any():
+            fig.add_trace(go.Scatter(x=ranks[pm], y=vals[pm], mode="markers+text",
+                                     name=f"position {position}", text=[f"p{position}"],
+                                     textposition="top center", showlegend=c == 1,
+                                     marker=dict(symbol="circle-open", size=20, color="#CC0000",
+                                                 line=dict(width=3))), row=1, col=c)
+        fig.update_xaxes(title=f"eviction rank (1 = first to go) — {SCORE_LABELS.get(key, 'no score')}",
+                         row=1, col=c)
+    base_layout(fig, f"Why position {position} diverged: the candidates each policy ranked "
+                     f"at step {step}", 380)
+    return fig

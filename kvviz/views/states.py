@@ -1,0 +1,138 @@
+"""Cache-state arithmetic shared by the views: pure numpy over eviction logs.
+
+Everything here works on `evicted_at` arrays (int64, one entry per position: the step
+during which the position was evicted, -1 if never), using the harness's held rule:
+position p is held after step s  iff  p <= s and (evicted_at[p] == -1 or evicted_at[p] > s).
+So p is held exactly during the half-open step interval [p, end(p)), where end(p) is
+evicted_at[p], or the number of steps if it is never evicted.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NEVER = -1
+
+# Cell states of the A/B comparison, ordered so that "more held" is a higher code.
+NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH = 0, 1, 2, 3, 4
+STATE_NAMES = {NOT_YET: "not yet generated", NEITHER: "evicted by both",
+               ONLY_B: "only B", ONLY_A: "only A", BOTH: "held by both"}
+# Okabe-Ito based: readable on a projector and for the common colour-vision deficiencies.
+STATE_COLOURS = {NOT_YET: "#ffffff", NEITHER: "#d4d4d4", ONLY_B: "#0072B2",
+                 ONLY_A: "#E69F00", BOTH: "#3a3a3a"}
+
+
+def ends(evicted_at, steps: int | None = None) -> np.ndarray:
+    """Exclusive end of each position's held interval (steps if never evicted)."""
+    ev = np.asarray(evicted_at, dtype=np.int64)
+    steps = len(ev) if steps is None else int(steps)
+    return np.where(ev == NEVER, steps, ev)
+
+
+def held_mask(evicted_at, step: int) -> np.ndarray:
+    ev = np.asarray(evicted_at, dtype=np.int64)
+    pos = np.arange(len(ev))
+    return (pos <= step) & ((ev == NEVER) | (ev > step))
+
+
+def states_at(ev_a, ev_b, step: int) -> np.ndarray:
+    """int8 state code per position after `step`."""
+    a, b = held_mask(ev_a, step), held_mask(ev_b, step)
+    out = np.full(len(a), NEITHER, np.int8)
+    out[a & b] = BOTH
+    out[a & ~b] = ONLY_A
+    out[~a & b] = ONLY_B
+    out[np.arange(len(a)) > step] = NOT_YET
+    return out
+
+
+def bin_edges(n: int, max_bins: int) -> np.ndarray:
+    """Edges 0 = e0 < e1 < ... < ek = n of equal-width bins (the last may be shorter), k <= max_bins."""
+    n, max_bins = int(n), max(1, int(max_bins))
+    width = max(1, -(-n // max_bins))
+    return np.append(np.arange(0, n, width), n).astype(np.int64)
+
+
+def _overlap(lo, hi, s0, s1):
+    """Length of [lo, hi) intersected with [s0, s1), broadcasting."""
+    return np.clip(np.minimum(hi, s1) - np.maximum(lo, s0), 0, None)
+
+
+def state_counts(ev_a, ev_b, step_edges, pos_edges) -> np.ndarray:
+    """Cells per state in each (step bin, position bin) block: shape (5, n_step_bins, n_pos_bins).
+
+    Exact counts, computed from the held intervals without materialising the T x T grid.
+    """
+    ea, eb = ends(ev_a), ends(ev_b)
+    steps = len(ea)
+    pos = np.arange(steps)
+    s0 = np.asarray(step_edges[:-1])[:, None]
+    s1 = np.asarray(step_edges[1:])[:, None]
+    held_a = _overlap(pos, ea, s0, s1)
+    held_b = _overlap(pos, eb, s0, s1)
+    both = _overlap(pos, np.minimum(ea, eb), s0, s1)
+    not_yet = _overlap(0, pos, s0, s1)  # steps s < p
+    total = (s1 - s0) + 0 * pos
+    per_pos = np.stack([not_yet, total - not_yet - held_a - held_b + both,
+                        held_b - both, held_a - both, both])
+    starts = np.asarray(pos_edges[:-1])
+    return np.add.reduceat(per_pos, starts, axis=2)
+
+
+def dominant_state(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(state code of the most frequent state per block, its share of the block)."""
+    total = counts.sum(axis=0)
+    code = counts.argmax(axis=0).astype(np.int8)
+    share = np.take_along_axis(counts, code[None].astype(np.int64), 0)[0] / np.maximum(total, 1)
+    return code, share
+
+
+def symmetric_difference(ev_a, ev_b) -> np.ndarray:
+    """|A delta B| after each step: positions held by exactly one of the two."""
+    ea, eb = ends(ev_a), ends(ev_b)
+    steps = len(ea)
+    lo, hi = np.minimum(ea, eb), np.maximum(ea, eb)
+    diff = np.zeros(steps + 1, np.int64)
+    np.add.at(diff, lo[lo < hi], 1)
+    np.add.at(diff, hi[lo < hi], -1)
+    return np.cumsum(diff)[:steps]
+
+
+def divergence_steps(ev_a, ev_b) -> np.ndarray:
+    """Steps at which the two policies' evictions differ (one evicted a position the other did not
+    evict at that step), ascending."""
+    ev_a, ev_b = np.asarray(ev_a), np.asarray(ev_b)
+    differ = ev_a != ev_b
+    events = np.concatenate([ev_a[differ], ev_b[differ]])
+    return np.unique(events[events != NEVER])
+
+
+def first_divergence(ev_a, ev_b) -> int:
+    d = divergence_steps(ev_a, ev_b)
+    return int(d[0]) if len(d) else NEVER
+
+
+def next_divergence(ev_a, ev_b, after: int) -> int:
+    """First divergence step strictly after `after`, or -1."""
+    d = divergence_steps(ev_a, ev_b)
+    i = np.searchsorted(d, int(after), side="right")
+    return int(d[i]) if i < len(d) else NEVER
+
+
+def sinks_held(evicted_at, sinks: int = 4) -> np.ndarray:
+    """Per step, how many of positions 0..sinks-1 are held."""
+    e = ends(evicted_at)
+    steps = len(e)
+    s = np.arange(steps)[:, None]
+    p = np.arange(min(sinks, steps))[None, :]
+    return ((p <= s) & (e[p] > s)).sum(axis=1)
+
+
+def recent_held_fraction(evicted_at, recent: int = 64) -> np.ndarray:
+    """Per step s, the share of the min(recent, s+1) newest positions s-recent+1..s that are held."""
+    e = ends(evicted_at)
+    steps = len(e)
+    s = np.arange(steps)[:, None]
+    p = s - np.arange(recent)[None, :]
+    valid = p >= 0
+    held = valid & (e[np.clip(p, 0, None)] > s)
+    return held.sum(axis=1) / valid.sum(axis=1)

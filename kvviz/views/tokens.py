@@ -1,0 +1,87 @@
+"""Token view (for traces that carry tokens): the text coloured by cache state.
+
+`token_strip_html` returns a self-contained HTML fragment (no scripts), `token_timeline_figure`
+the TOVA-paper picture: tokens along x, steps down y, each cell coloured by state.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .common import base_layout, visible_token
+from .states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges, states_at)
+
+_TEXT_ON = {BOTH: "#ffffff", ONLY_A: "#000000", ONLY_B: "#ffffff", NEITHER: "#555555",
+            NOT_YET: "#9a9a9a"}
+
+
+def _token_html(tok: str) -> str:
+    out = []
+    for ch in str(tok):
+        if ch == "\n":
+            out.append('<span class="kv-ws">⏎</span><br>')
+        elif ch == "\t":
+            out.append('<span class="kv-ws">⇥</span>')
+        elif ch == " ":
+            out.append('<span class="kv-ws">·</span>')
+        elif ch == "\r":
+            out.append('<span class="kv-ws">␍</span>')
+        else:
+            out.append(html.escape(ch))
+    return "".join(out) or '<span class="kv-ws">∅</span>'
+
+
+def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
+                     lo: int = 0, hi: int | None = None) -> str:
+    """Tokens lo..hi-1 as inline spans coloured by their state after `step`."""
+    hi = len(tokens) if hi is None else min(int(hi), len(tokens))
+    codes = states_at(ev_a, ev_b, step)
+    names = {BOTH: "held by both", ONLY_A: f"only A ({label_a})", ONLY_B: f"only B ({label_b})",
+             NEITHER: "evicted by both", NOT_YET: "not yet generated"}
+    legend = " ".join(
+        f'<span class="kv-tok" style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]};'
+        f'border:1px solid #999">{html.escape(names[c])}</span>'
+        for c in (BOTH, ONLY_A, ONLY_B, NEITHER, NOT_YET))
+    spans = []
+    for p in range(int(lo), hi):
+        c = int(codes[p])
+        spans.append(
+            f'<span class="kv-tok kv-s{c}" title="position {p}: {html.escape(names[c])}" '
+            f'style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]}">{_token_html(tokens[p])}</span>')
+    style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:15px;"
+             "line-height:1.9;max-height:420px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
+             "border-radius:6px;background:#fff}"
+             ".kv-tok{padding:1px 1px;margin:0 1px 0 0;border-radius:3px;white-space:pre}"
+             ".kv-ws{opacity:0.55}.kv-legend{margin-bottom:6px;font-size:13px}</style>")
+    return (f'{style}<div class="kv-legend">step {int(step)}: {legend}</div>'
+            f'<div class="kv-strip">{"".join(spans)}</div>')
+
+
+def token_timeline_figure(tokens, ev_a, ev_b, step: int, *, lo: int, hi: int,
+                          label_a="A", label_b="B", max_rows: int = 48,
+                          height: int = 460) -> go.Figure:
+    """Tokens lo..hi-1 (x) by steps 0..step sampled to at most `max_rows` rows (y)."""
+    hi = min(int(hi), len(tokens))
+    lo = max(0, min(int(lo), hi - 1))
+    edges = bin_edges(int(step) + 1, max_rows)
+    rows = edges[1:] - 1  # the last step of each bin: state after that step
+    z = np.stack([states_at(ev_a, ev_b, int(s))[lo:hi] for s in rows])
+    names = {BOTH: "held by both", ONLY_A: f"only A ({label_a})", ONLY_B: f"only B ({label_b})",
+             NEITHER: "evicted by both", NOT_YET: "not yet generated"}
+    order = (NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH)
+    k = len(order)
+    scale = []
+    for i, code in enumerate(order):
+        scale += [[i / k, STATE_COLOURS[code]], [(i + 1) / k, STATE_COLOURS[code]]]
+    xlab = [f"{p} {visible_token(tokens[p])}" for p in range(lo, hi)]
+    text = [[names[int(c)] for c in r] for r in z]
+    fig = go.Figure(go.Heatmap(z=z.astype(np.int8), x=xlab, y=[f"step {s}" for s in rows], text=text,
+                               zmin=-0.5, zmax=k - 0.5, colorscale=scale, showscale=False,
+                               xgap=1, ygap=1,
+                               hovertemplate="%{y}<br>token %{x}<br><b>%{text}</b><extra></extra>"))
+    base_layout(fig, f"Tokens {lo}–{hi - 1} over time (rows: state after the step)", height)
+    fig.update_xaxes(tickangle=-60, tickfont=dict(size=11), title=None)
+    fig.update_yaxes(autorange="reversed", title=None)
+    return fig
