@@ -1,0 +1,61 @@
+"""`python -m kvviz bench | perf | capture ...`"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["capture"]:
+        from .capture import main as capture_main  # torch stays out of everything else
+        return capture_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m kvviz")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="metrics table: policies x budgets")
+    bench.add_argument("--trace", help=".npz trace file (default: the canonical trace)")
+    bench.add_argument("--layer", type=int, default=None, help="stored layer index in --trace")
+    bench.add_argument("--budgets", default="256,512,1024", help="comma-separated budgets")
+    bench.add_argument("--policies", default=None, help="comma-separated policy names (default all)")
+    bench.add_argument("--csv", help="also write the table as CSV here")
+    bench.add_argument("--json", help="also write the table as JSON here")
+    perf = sub.add_parser("perf", help="replay speed against the reference, and a long run's memory")
+    perf.add_argument("--budget", type=int, default=512)
+    perf.add_argument("--steps", type=int, default=4096)
+    perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
+    sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
+    args = parser.parse_args(argv)
+
+    import pandas as pd
+
+    from . import bench as b
+    from .trace import canonical, load_trace
+
+    pd.set_option("display.width", 200)
+    if args.command == "bench":
+        try:
+            trace = load_trace(args.trace, layer=args.layer) if args.trace else canonical()
+            budgets = [int(x) for x in args.budgets.split(",")]
+            policies = args.policies.split(",") if args.policies else None
+            df = b.table(trace, budgets, policies)
+        except ValueError as exc:
+            parser.error(str(exc))
+        print(f"trace: {trace.name} ({trace.steps} steps)")
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        if args.csv:
+            df.to_csv(args.csv, index=False)
+        if args.json:
+            df.to_json(args.json, orient="records", indent=2)
+        return 0
+    if args.command == "perf":
+        df = b.perf(args.budget, args.steps)
+        print(f"canonical trace, {args.steps} steps, budget {args.budget}; rows pre-generated")
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if args.long_steps:
+            print(b.long_run(args.long_steps, 1024))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

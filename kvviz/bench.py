@@ -1,0 +1,76 @@
+"""Benchmarks: the metrics table (`python -m kvviz bench`) and replay speed (`... perf`)."""
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import numpy as np
+import pandas as pd
+
+from .metrics import summary
+from .policies import POLICIES, make_policy
+from .reference import make_reference
+from .replay import Replay, run_policy
+from .trace import Trace, canonical
+
+BUDGETS = (256, 512, 1024)
+
+
+def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
+    run = run_policy(trace, name, budget, rng=rng, **params)
+    policy = make_policy(name, budget=budget, **params)
+    return {"policy": name, "budget": budget, "params": dict(policy.params), **summary(trace, run)}
+
+
+def table(trace: Trace, budgets=BUDGETS, policies=None) -> pd.DataFrame:
+    rows = []
+    for name in policies or POLICIES:
+        for budget in budgets:
+            row = evaluate(trace, name, budget)
+            row["params"] = ", ".join(f"{k}={v}" for k, v in row["params"].items())
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["policy", "budget", "retained_mass", "attention_loss",
+                                       "hh_recall", "memory_bytes", "params"])
+
+
+class CachedTrace(Trace):
+    """Every row materialised once, so timings measure the replay and not row generation."""
+
+    def __init__(self, trace: Trace):
+        self.steps, self.name = trace.steps, trace.name
+        self._rows = [trace.row(i) for i in range(trace.steps)]
+        for r in self._rows:
+            r.flags.writeable = False
+
+    def row(self, i):
+        return self._rows[i]
+
+
+def _time_replay(trace, policy) -> float:
+    """Seconds to step the policy through every row (gather, renormalise, observe, evict)."""
+    replay = Replay(trace, policy)
+    start = time.perf_counter()
+    replay.seek(trace.steps - 1)
+    return time.perf_counter() - start
+
+
+def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
+    trace = CachedTrace(canonical(steps))
+    rows = []
+    for name in policies or POLICIES:
+        fast = min(_time_replay(trace, make_policy(name, budget)) for _ in range(3))
+        ref = _time_replay(trace, make_reference(name, budget))
+        rows.append({"policy": name, "fast_s": fast, "reference_s": ref, "speedup": ref / fast})
+    return pd.DataFrame(rows)
+
+
+def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> dict:
+    """Replay a long canonical trace and report peak traced memory (numpy allocations included)."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    run = run_policy(canonical(steps), name, budget)
+    elapsed = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"policy": name, "steps": steps, "budget": budget, "seconds": elapsed,
+            "peak_mb": peak / 2**20, "held_at_end": int(len(run.held_at(steps - 1)))}

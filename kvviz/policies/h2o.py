@@ -1,0 +1,45 @@
+"""H2O (Zhang et al., NeurIPS 2023, arXiv:2306.14048): keep the heavy hitters.
+
+Score = attention accumulated over every observed step since admission. The
+`recent_window` newest positions are protected, since a new token has had no time to
+accumulate anything.
+"""
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .base import ParamSpec, Policy, check_recent, recent_candidates
+
+
+@dataclass
+class H2O(Policy):
+    recent_window: int = 32
+
+    name = "h2o"
+    specs: ClassVar = (
+        ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
+                  source="kvviz issue 2 default; the TOVA card's 'fixed 32 positions'"),
+    )
+
+    def check_params(self):
+        check_recent(self)
+
+    def columns(self):
+        return {"cumulative": (np.float64, (), 0.0)}
+
+    def observe(self, attn):
+        self.col("cumulative")[:] += attn
+
+    def candidates(self):
+        return recent_candidates(self._n, self.recent_window)
+
+    def priority(self):
+        return self.col("cumulative")
+
+    def scores(self):
+        return {"cumulative": self.col("cumulative").copy(), "candidate": self.candidates()}
+
+    @property
+    def bytes_per_slot(self):
+        return 4 + 8 + 1  # position, cumulative (double), eviction scratch

@@ -1,0 +1,26 @@
+"""Random eviction: the floor every other policy must clear. Uses the rng it is given."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import Policy
+
+
+@dataclass
+class RandomPolicy(Policy):
+    name = "random"
+    uses_attention = False
+
+    def choose(self, count):
+        # one uniform draw per victim among those still standing: without replacement
+        standing = np.arange(self._n)
+        picks = []
+        for _ in range(count):
+            i = int(self.rng.integers(len(standing)))
+            picks.append(standing[i])
+            standing = np.delete(standing, i)
+        return np.sort(np.array(picks, dtype=np.int64))
+
+    @property
+    def bytes_per_slot(self):
+        return 4

@@ -1,0 +1,115 @@
+"""The harness: feed a trace to a policy one step at a time and log what it evicts.
+
+At step t the policy sees row t restricted to the positions it holds, renormalised to
+sum 1 over them (what a model running with the compressed cache would compute), then
+admits t, then evicts down to its budget. A run is its eviction log: O(T) memory.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .policies import make_policy
+from .trace import Trace
+
+NEVER = -1
+
+
+@dataclass
+class Run:
+    policy: str
+    params: dict
+    budget: int
+    steps: int
+    evicted_at: np.ndarray  # int64 (T,): step during which p was evicted, NEVER if held at the end
+    retained: np.ndarray  # float64 (T,): share of row t's mass on positions held when t queried
+    bytes_per_slot: int = 0
+    trace_name: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def first_eviction(self) -> int:
+        hit = self.evicted_at[self.evicted_at != NEVER]
+        return int(hit.min()) if len(hit) else NEVER
+
+    def held_mask(self, step: int) -> np.ndarray:
+        """Boolean over positions 0..T-1: held after `step` finished."""
+        pos = np.arange(self.steps)
+        ev = self.evicted_at
+        return (pos <= step) & ((ev == NEVER) | (ev > step))
+
+    def held_at(self, step: int) -> np.ndarray:
+        return np.flatnonzero(self.held_mask(step)).astype(np.int64)
+
+
+class Replay:
+    def __init__(self, trace: Trace, policy):
+        self.trace = trace
+        self._initial = copy.deepcopy(policy)  # pristine copy for seeking backwards
+        self.policy = policy
+        self.budget = policy.budget
+        self.t = 0
+        self.evicted_at = np.full(trace.steps, NEVER, np.int64)
+
+    def _feed(self, policy, t: int) -> None:
+        """Observe row t over the held positions, renormalised, and admit t (no eviction)."""
+        if not policy.uses_attention:
+            policy.on_decode_step(t, None)
+            return
+        held = self.trace.row(t)[policy.held()]
+        mass = held.sum(dtype=np.float64)  # divide in float64, round to float32 once
+        policy.on_decode_step(t, (held / mass).astype(np.float32) if mass > 0 else held)
+
+    def step(self) -> np.ndarray:
+        if self.t >= self.trace.steps:
+            raise ValueError(f"step: the trace has only {self.trace.steps} steps")
+        t = self.t
+        self._feed(self.policy, t)
+        victims = self.policy.evict(self.budget)
+        self.evicted_at[victims] = t
+        self.t += 1
+        return victims
+
+    def seek(self, i: int) -> None:
+        """Bring the state to just after step i (i = -1: before any step)."""
+        i = int(i)
+        if not -1 <= i < self.trace.steps:
+            raise ValueError(f"seek: step must be in -1..{self.trace.steps - 1}, got {i}")
+        if i + 1 < self.t:
+            self.policy = copy.deepcopy(self._initial)
+            self.t = 0
+            self.evicted_at[:] = NEVER
+        while self.t <= i:
+            self.step()
+
+    def peek(self, step: int):
+        """(kept, scores) at `step` after admission, before eviction. Leaves self unchanged."""
+        probe = Replay(self.trace, copy.deepcopy(self._initial))
+        probe.seek(step - 1)
+        probe._feed(probe.policy, step)
+        return probe.policy.kept.copy(), probe.policy.scores()
+
+    def run(self) -> Run:
+        self.seek(self.trace.steps - 1)
+        return Run(policy=self.policy.name, params=dict(self.policy.params), budget=self.budget,
+                   steps=self.trace.steps, evicted_at=self.evicted_at.copy(),
+                   retained=held_shares(self.trace, self.evicted_at), bytes_per_slot=self.policy.bytes_per_slot,
+                   trace_name=getattr(self.trace, "name", ""))
+
+
+def held_shares(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
+    """Per step t, the share of row t's full mass on positions held when t was queried."""
+    shares = np.full(trace.steps, np.nan)
+    for t in range(1, trace.steps):
+        row = trace.row(t)
+        alive = evicted_at[:t]
+        total = row.sum(dtype=np.float64)
+        if total > 0:
+            shares[t] = row[(alive == NEVER) | (alive >= t)].sum(dtype=np.float64) / total
+    return shares
+
+
+def run_policy(trace: Trace, name: str, budget: int, rng=None, **params) -> Run:
+    return Replay(trace, make_policy(name, budget=budget, rng=rng, **params)).run()
