@@ -1,0 +1,44 @@
+"""kvviz explorer: watch decode-time KV-cache eviction policies work, step by step.
+
+    streamlit run app.py
+
+Thin entry point: lays out the page; the work lives in kvviz.ui (state, cached compute,
+controls) and kvviz.views (pure figure builders).
+"""
+import streamlit as st
+
+st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
+
+from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
+
+notes = session.init()
+st.markdown("### kvviz: watch KV-cache eviction policies decide, step by step")
+for note in notes:
+    st.warning(f"Link: {note}")
+
+key, layer, version, trace = sidebar.trace_controls()
+budget, pols = sidebar.policy_controls(trace.steps)
+panels.experiments_box()
+
+refused = [(w, p) for w, p in pols.items() if p[2]]
+if refused:
+    for which, (name, params, error) in refused:
+        st.error(f"Policy {which.upper()} ({name}) refuses these settings: {error}. "
+                 "Change the parameter in the sidebar; everything else keeps working.")
+    session.write_url()
+    st.stop()
+
+(a, pa, _), (b, pb, _) = pols["a"], pols["b"]
+with st.spinner(f"Replaying {a} and {b} over {trace.steps} steps…"):
+    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget)
+    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget)
+ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
+                 pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
+                 label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb))
+ctx.step = panels.navigator(ctx)
+panels.status(ctx)
+view = panels.view_selector(trace.tokens is not None)
+panels.RENDER[view](ctx)
+session.write_url()
+st.caption("kvviz · policies, replay and metrics from the kvviz core; this page only draws them. "
+           "The address bar always links to exactly this view.")

@@ -1,0 +1,132 @@
+"""Cached compute for the app: traces, checkpointed runs, peeks, metrics, sweeps.
+
+Everything heavy is keyed on (trace id, layer, policy, params, budget). Engines (a run plus
+checkpoints) are kept with `st.cache_resource` (large, shared read-only objects); derived
+arrays and dicts with `st.cache_data`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from kvviz.metrics import summary
+from kvviz.replay import run_policy
+from kvviz.trace import canonical, load_trace
+from kvviz.ui.engine import Engine
+from kvviz.views.cache import heatmap_grid
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def traces_dir() -> Path:
+    return Path(os.environ.get("KVVIZ_TRACES_DIR", REPO / "traces"))
+
+
+def list_trace_files() -> list[str]:
+    d = traces_dir()
+    return sorted(p.name for p in d.glob("*.npz")) if d.is_dir() else []
+
+
+@st.cache_resource(show_spinner=False)
+def upload_store() -> dict:
+    """Server-wide store of validated uploads: sha -> (bytes, file name)."""
+    return {}
+
+
+def add_upload(data: bytes, filename: str) -> str:
+    sha = hashlib.sha256(data).hexdigest()[:16]
+    upload_store()[sha] = (bytes(data), filename)
+    return f"upload:{sha}"
+
+
+def trace_version(key: str) -> str:
+    """Changes when the underlying file changes (part of every cache key)."""
+    if key.startswith("file:"):
+        p = traces_dir() / key[5:]
+        try:
+            s = p.stat()
+            return f"{s.st_mtime_ns}:{s.st_size}"
+        except OSError:
+            return "missing"
+    return ""
+
+
+def trace_label(key: str) -> str:
+    if key == "canonical":
+        return "canonical (synthetic, 4096 steps)"
+    if key.startswith("file:"):
+        return f"traces/{key[5:]}"
+    if key.startswith("upload:"):
+        item = upload_store().get(key[7:])
+        return f"uploaded: {item[1]}" if item else f"uploaded ({key[7:]})"
+    return key
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def get_trace(key: str, layer: int, version: str = ""):
+    """The trace for a key; ValueError (with the loader's message) if it cannot be loaded."""
+    if key == "canonical":
+        return canonical()
+    if key.startswith("file:"):
+        name = key[5:]
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(f"trace name {name!r} is not a file in traces/")
+        return load_trace(traces_dir() / name, layer=layer, name=Path(name).stem)
+    if key.startswith("upload:"):
+        item = upload_store().get(key[7:])
+        if item is None:
+            raise ValueError("that uploaded trace is not on this server any more; upload it again")
+        data, fname = item
+        return load_trace(data, layer=layer, name=Path(fname).stem)
+    raise ValueError(f"unknown trace {key!r}: use canonical, file:NAME.npz or upload:ID")
+
+
+def trace_layers(key: str, version: str = "") -> list[int]:
+    t = get_trace(key, 0, version)
+    return list(getattr(t, "layers", []) or [])
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int) -> Engine:
+    return Engine(get_trace(key, layer, version), policy, budget, dict(params))
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def peek(key: str, layer: int, version: str, policy: str, params: tuple, budget: int, step: int):
+    kept, scores = get_engine(key, layer, version, policy, params, budget).peek(step)
+    return kept, scores
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, budget: int) -> dict:
+    eng = get_engine(key, layer, version, policy, params, budget)
+    return summary(eng.trace, eng.run)
+
+
+@st.cache_data(max_entries=2048, show_spinner=False)
+def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple, budget: int) -> dict:
+    """One sweep point: run + summary (not kept as an engine: sweeps touch many configs)."""
+    trace = get_trace(key, layer, version)
+    run = run_policy(trace, policy, budget, **dict(params))
+    return {"policy": policy, "budget": budget, **dict(params), **summary(trace, run)}
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, labels: tuple,
+         max_bins: int = 1024) -> dict:
+    """Heatmap aggregation for a pair of runs; a, b = (policy, params)."""
+    ea = get_engine(key, layer, version, a[0], a[1], budget).run.evicted_at
+    eb = get_engine(key, layer, version, b[0], b[1], budget).run.evicted_at
+    return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1])
+
+
+def params_key(params: dict) -> tuple:
+    return tuple(sorted((k, int(v)) for k, v in params.items()))
+
+
+def evicted(eng: Engine) -> np.ndarray:
+    return eng.run.evicted_at

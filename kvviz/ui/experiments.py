@@ -1,0 +1,75 @@
+"""Guided experiments: one click sets the controls to reproduce a documented fact.
+
+Each experiment is data (the state it sets) plus a short explanation; `quiet-hh` also
+finds its position from the runs themselves. Nothing here decides what the policies do:
+the views then show what the policy core actually computed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+EXPERIMENTS = {
+    "pooling-off": dict(
+        title="Pooling off = TOVA",
+        state=dict(trace="canonical", budget=512, a="tova", b="snapkv", pa={},
+                   pb={"pool_kernel": 1}, step=2048, view="metrics", focus=-1, why=-1),
+        text=(
+            "SnapKV with **poolKernel = 1** has no max-pool left: it ranks each slot on the "
+            "sum of its last obsWindow weights. The canonical trace is stationary inside each "
+            "512-step epoch, so that sum orders the slots the same way as the latest weight "
+            "alone, which is TOVA's score. Compare the **retained mass** of A and B in the "
+            "metrics table: it is identical to the last digit. The cache heatmap is not quite "
+            "all grey: the two disagree only on slots whose weights tie exactly (the uniform "
+            "background), where TOVA breaks ties by position, and heavy-hitter recall shifts "
+            "slightly because of it.")),
+    "obswindow": dict(
+        title="obsWindow changes nothing",
+        state=dict(trace="canonical", budget=512, a="snapkv", b="snapkv", pa={"obs_window": 1},
+                   pb={"obs_window": 64}, step=2048, view="metrics", focus=-1, why=-1),
+        text=(
+            "Both sides are SnapKV; A sums the last **1** step, B the last **64**. On a trace "
+            "whose attention does not change inside an epoch, a longer window just multiplies "
+            "every slot's score by about the same factor, so the ranking barely moves. "
+            "Retained mass is the same to the last digit; B pays for it in memory "
+            "(see memory bytes: the window is stored per slot). Try a sweep over obsWindow in "
+            "the metrics view.")),
+    "budget-256": dict(
+        title="Budget 256: TOVA keeps sinks and recents",
+        state=dict(trace="canonical", budget=256, a="tova", b="h2o", pa={}, pb={},
+                   step=4095, view="survival", focus=-1, why=-1),
+        text=(
+            "TOVA has no rule protecting the first tokens (attention sinks) or the newest ones. "
+            "It keeps them anyway, because they are what the model keeps looking at: at budget "
+            "256, at the last step, TOVA (orange) still holds **all 4 sinks and all 64 most "
+            "recent positions**. H2O (blue) protects a fixed 32 newest positions; the 33rd to "
+            "64th newest must compete on *accumulated* score against old heavy hitters, and "
+            "many lose.")),
+    "quiet-hh": dict(
+        title="The quiet former heavy hitter",
+        state=dict(trace="canonical", budget=512, a="tova", b="h2o", pa={}, pb={},
+                   view="divergence"),
+        text=(
+            "A position that was a heavy hitter during the first epoch goes quiet when the "
+            "heavy hitters are redrawn at step 512. **TOVA** scores only the current step, so "
+            "one quiet step is enough: it evicts the position at the step shown. **H2O** "
+            "scores accumulated attention, which this position banked earlier, so H2O keeps "
+            "it. The 'why' chart shows the two scores side by side at that step. Neither is "
+            "simply right: TOVA wins retained mass here, H2O wins heavy-hitter recall.")),
+}
+
+
+def quiet_heavy_hitter(trace, ev_tova, ev_h2o):
+    """(position, step): a heavy hitter of epoch 0 that is not one in epoch 1, evicted by
+    TOVA while H2O still holds it; the earliest such TOVA eviction. None if none exists
+    (or the trace does not expose its heavy hitters)."""
+    if not hasattr(trace, "heavy_hitters"):
+        return None
+    hh0 = set(int(p) for p in trace.heavy_hitters(0)[0])
+    hh1 = set(int(p) for p in trace.heavy_hitters(1)[0]) if trace.steps > 512 else set()
+    best = None
+    for p in sorted(hh0 - hh1):
+        ea, eb = int(ev_tova[p]), int(ev_h2o[p])
+        if ea >= 0 and (eb == -1 or eb > ea):
+            if best is None or ea < best[1]:
+                best = (p, ea)
+    return best

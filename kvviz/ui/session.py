@@ -1,0 +1,104 @@
+"""Session state <-> widgets <-> st.query_params.
+
+Widgets use keys "w.<field>" (parameters: "w.pa.<name>", "w.pb.<name>"). On a session's
+first run the URL is parsed into those keys. Streamlit forgets a widget's value when the
+widget is not drawn in a run (e.g. the zoom box on another view), so every value is also
+kept in a plain dict (`kv`) and restored when its widget key is missing. After the page
+is drawn, the state is written back to the URL, so the address bar is always a link to
+exactly this view.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from kvviz.policies import param_specs
+from kvviz.ui.state import ViewState, from_query, to_query
+
+S = st.session_state
+FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp")
+
+
+def wkey(field: str) -> str:
+    return f"w.{field}"
+
+
+def pkey(which: str, name: str) -> str:
+    return f"w.p{which}.{name}"
+
+
+def init() -> list[str]:
+    """First run of a session: URL -> session state. Returns notes about ignored keys."""
+    if "kv" in S:
+        return []
+    st_, notes = from_query(st.query_params.to_dict())
+    S["kv"] = {}
+    apply_state(st_)
+    return notes
+
+
+def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
+    """Put a whole ViewState into the widget keys (call from callbacks or before widgets)."""
+    kv = S["kv"]
+    for f in FIELDS:
+        v = getattr(vs, f)
+        if f == "step" and v is None:
+            kv.pop("step", None)
+            S.pop(wkey("step"), None)
+            continue
+        kv[f] = v
+        S[wkey(f)] = v
+    for which in ("a", "b"):
+        name = getattr(vs, which)
+        given = vs.pa if which == "a" else vs.pb
+        for spec in param_specs(name):
+            val = int(given.get(spec.name, spec.default))
+            kv[pkey(which, spec.name)] = val
+            S[pkey(which, spec.name)] = val
+
+
+def restore(key: str, default):
+    """Before drawing a widget: make sure its key holds a value (the kept one or `default`)."""
+    if key not in S:
+        S[key] = S["kv"].get(key, default) if key.startswith("w.p") else S["kv"].get(
+            key[2:], default)
+    return S[key]
+
+
+def keep(key: str, value) -> None:
+    """After drawing a widget: remember its value across runs where it is not drawn."""
+    if key.startswith("w.p"):
+        S["kv"][key] = value
+    else:
+        S["kv"][key[2:]] = value
+
+
+def set_value(field: str, value) -> None:
+    """From a callback: change a field (widget key and kept copy)."""
+    S[wkey(field)] = value
+    S["kv"][field] = value
+
+
+def current(which: str) -> dict:
+    """Parameter dict of policy 'a' or 'b' as the widgets hold it."""
+    name = S["kv"].get(which)
+    out = {}
+    for spec in param_specs(name):
+        k = pkey(which, spec.name)
+        out[spec.name] = int(S.get(k, S["kv"].get(k, spec.default)))
+    return out
+
+
+def view_state() -> ViewState:
+    kv = S["kv"]
+    return ViewState(trace=kv.get("trace", "canonical"), layer=int(kv.get("layer", 0)),
+                     budget=int(kv.get("budget", 512)), a=kv.get("a", "tova"),
+                     b=kv.get("b", "snapkv"), pa=current("a"), pb=current("b"),
+                     step=kv.get("step"), focus=int(kv.get("focus", -1)),
+                     why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
+                     exp=kv.get("exp", ""))
+
+
+def write_url() -> None:
+    q = to_query(view_state())
+    if st.query_params.to_dict() != q:
+        st.query_params.from_dict(q)

@@ -1,0 +1,127 @@
+"""The sidebar: trace, layer, budget, policies A/B and their parameters (from the registry)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from kvviz.policies import POLICIES, make_policy, param_specs
+from kvviz.ui import compute, session
+from kvviz.ui.session import S, keep, pkey, restore, set_value, wkey
+from kvviz.ui.upload import validate_upload
+
+
+def _on_upload():
+    f = S.get("w.upload")
+    if f is None:
+        return
+    key, err = validate_upload(f.getvalue(), f.name)
+    if err:
+        S["upload_msg"] = ("error", err)
+        return
+    S.setdefault("uploads", [])
+    if key not in S["uploads"]:
+        S["uploads"].append(key)
+    set_value("trace", key)
+    set_value("layer", 0)
+    S["upload_msg"] = ("success", f"loaded {f.name}")
+
+
+def trace_controls():
+    """Trace chooser + upload + layer. Returns (trace key, layer, version, trace)."""
+    st.sidebar.header("Trace")
+    files = compute.list_trace_files()
+    options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get("uploads", []))
+    cur = restore(wkey("trace"), "canonical")
+    if cur not in options:
+        if cur.startswith("upload:") and cur[7:] in compute.upload_store():
+            S.setdefault("uploads", []).append(cur)
+            options.append(cur)
+        else:
+            st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
+            S[wkey("trace")] = "canonical"
+    key = st.sidebar.selectbox("trace", options, key=wkey("trace"), format_func=compute.trace_label,
+                               help="The canonical synthetic trace, every file in traces/, "
+                                    "or a file you upload.")
+    keep(wkey("trace"), key)
+    st.sidebar.file_uploader("upload a trace (.npz, kvviz format)", key="w.upload",
+                             on_change=_on_upload,
+                             help="Loaded with allow_pickle=False and validated; a bad file "
+                                  "is refused with the reason and the current trace stays.")
+    msg = S.pop("upload_msg", None)
+    if msg:
+        (st.sidebar.error if msg[0] == "error" else st.sidebar.success)(msg[1])
+    version = compute.trace_version(key)
+    try:
+        layers = compute.trace_layers(key, version)
+    except ValueError as exc:
+        st.sidebar.error(f"{compute.trace_label(key)}: {exc}. Showing the canonical trace.")
+        key, version, layers = "canonical", "", []
+        S["kv"]["trace"] = key
+    layer = 0
+    if len(layers) > 1:
+        restore(wkey("layer"), 0)
+        if not 0 <= int(S[wkey("layer")]) < len(layers):
+            S[wkey("layer")] = 0
+        layer = st.sidebar.selectbox("layer", list(range(len(layers))), key=wkey("layer"),
+                                     format_func=lambda i: f"model layer {layers[i]}")
+        keep(wkey("layer"), layer)
+    else:
+        S["kv"]["layer"] = 0
+    trace = compute.get_trace(key, layer, version)
+    meta = trace.meta or {}
+    bits = [f"{trace.steps} steps"]
+    if meta.get("model"):
+        bits.append(str(meta["model"]))
+    if meta.get("source"):
+        bits.append(str(meta["source"]))
+    st.sidebar.caption(" · ".join(bits))
+    return key, layer, version, trace
+
+
+def _clamp_restore(key, default, lo, hi):
+    v = restore(key, default)
+    try:
+        v = int(v)
+    except (TypeError, ValueError):
+        v = default
+    S[key] = min(max(v, lo), hi)
+    return S[key]
+
+
+def policy_controls(steps: int):
+    """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...})."""
+    st.sidebar.header("Cache")
+    _clamp_restore(wkey("budget"), 512 if steps > 512 else max(1, steps // 4), 1, steps)
+    budget = st.sidebar.number_input("budget (slots held)", min_value=1, max_value=steps, step=32,
+                                     key=wkey("budget"),
+                                     help="How many key/value positions each policy may hold.")
+    keep(wkey("budget"), int(budget))
+    out = {}
+    names = list(POLICIES)
+    for which, default in (("a", "tova"), ("b", "snapkv")):
+        st.sidebar.header(f"Policy {which.upper()}")
+        if restore(wkey(which), default) not in names:
+            S[wkey(which)] = default
+        name = st.sidebar.selectbox(f"policy {which.upper()}", names, key=wkey(which),
+                                    label_visibility="collapsed")
+        keep(wkey(which), name)
+        params = {}
+        for spec in param_specs(name):
+            k = pkey(which, spec.name)
+            _clamp_restore(k, spec.default, spec.min, spec.max)
+            help_ = spec.help + (" · odd values only" if spec.odd_only else "")
+            if spec.source:
+                help_ += f" · default: {spec.source}"
+            params[spec.name] = int(st.sidebar.slider(spec.label, min_value=spec.min,
+                                                      max_value=spec.max, step=spec.step,
+                                                      key=k, help=help_))
+            keep(k, params[spec.name])
+        if not param_specs(name):
+            st.sidebar.caption(f"{name} has no parameters.")
+        error = None
+        try:
+            make_policy(name, budget=int(budget), **params)
+        except ValueError as exc:
+            error = str(exc)
+            st.sidebar.error(f"Refused: {exc}")
+        out[which] = (name, params, error)
+    return int(budget), out

@@ -1,0 +1,117 @@
+"""The explorer's whole state and its URL form (no Streamlit here; pure and testable).
+
+Query string keys (all optional; anything missing takes its default, anything invalid is
+dropped with a note):
+    trace   canonical | file:NAME.npz | upload:SHA   layer  index into the file's layers
+    budget  int        a, b  policy names             a.<label>, b.<label>  policy parameters
+            (labels are the cards' names: a.poolKernel=3, b.obsWindow=4, b.recentWindow=32)
+    step    int        focus  zoom position (-1 follows the current victim)
+    why     divergent position to explain (-1 = automatic)   view  which view is shown
+    exp     the guided experiment in effect (explanation shown)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from kvviz.policies import POLICIES, param_specs
+
+VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "export")
+VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
+               "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
+               "export": "Export"}
+
+
+@dataclass
+class ViewState:
+    trace: str = "canonical"
+    layer: int = 0
+    budget: int = 512
+    a: str = "tova"
+    b: str = "snapkv"
+    pa: dict = field(default_factory=dict)  # parameter *name* -> int (only non-defaults needed)
+    pb: dict = field(default_factory=dict)
+    step: int | None = None  # None: choose (first divergence) once the runs exist
+    focus: int = -1
+    why: int = -1
+    view: str = "cache"
+    exp: str = ""
+
+    def params(self, which: str) -> dict:
+        """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
+        name = self.a if which == "a" else self.b
+        given = self.pa if which == "a" else self.pb
+        return {s.name: int(given.get(s.name, s.default)) for s in param_specs(name)}
+
+
+def _first(v):
+    return v[0] if isinstance(v, (list, tuple)) else v
+
+
+def _int(v):
+    return int(str(_first(v)).strip())
+
+
+def from_query(query) -> tuple[ViewState, list[str]]:
+    """Parse a query mapping (values str or list of str). Returns (state, notes on dropped keys)."""
+    st, notes = ViewState(), []
+    q = {k: _first(v) for k, v in dict(query).items()}
+    for key in ("a", "b"):
+        if key in q:
+            if q[key] in POLICIES:
+                setattr(st, key, q[key])
+            else:
+                notes.append(f"unknown policy {q[key]!r} for {key}; using {getattr(st, key)}")
+    for key in ("layer", "budget", "step", "focus", "why"):
+        if key in q:
+            try:
+                setattr(st, key, _int(q[key]))
+            except ValueError:
+                notes.append(f"{key}={q[key]!r} is not an integer; ignored")
+    if "trace" in q and q["trace"]:
+        st.trace = str(q["trace"])
+    if q.get("view") in VIEWS:
+        st.view = q["view"]
+    if "exp" in q:
+        st.exp = str(q["exp"])
+    for which in ("a", "b"):
+        name = getattr(st, which)
+        by_label = {s.label: s for s in param_specs(name)}
+        by_name = {s.name: s for s in param_specs(name)}
+        out = {}
+        for k, v in q.items():
+            if not k.startswith(which + "."):
+                continue
+            lab = k[2:]
+            spec = by_label.get(lab) or by_name.get(lab)
+            if spec is None:
+                notes.append(f"{name} has no parameter {lab!r}; ignored")
+                continue
+            try:
+                out[spec.name] = _int(v)
+            except ValueError:
+                notes.append(f"{k}={v!r} is not an integer; ignored")
+        setattr(st, "pa" if which == "a" else "pb", out)
+    return st, notes
+
+
+def to_query(st: ViewState) -> dict[str, str]:
+    """Every field explicitly (a link keeps meaning the same view even if defaults change)."""
+    q = {"trace": st.trace, "layer": str(st.layer), "budget": str(st.budget), "a": st.a,
+         "b": st.b}
+    for which in ("a", "b"):
+        name = getattr(st, which)
+        params = st.params(which)
+        for spec in param_specs(name):
+            q[f"{which}.{spec.label}"] = str(params[spec.name])
+    if st.step is not None:
+        q["step"] = str(st.step)
+    q["focus"] = str(st.focus)
+    q["why"] = str(st.why)
+    q["view"] = st.view
+    if st.exp:
+        q["exp"] = st.exp
+    return q
+
+
+def with_changes(st: ViewState, **kw) -> ViewState:
+    return replace(st, **kw)
