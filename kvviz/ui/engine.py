@@ -21,7 +21,7 @@ from kvviz.trace import Trace
 
 class Engine:
     def __init__(self, trace: Trace, name: str, budget: int, params: dict | None = None,
-                 every: int = 128):
+                 every: int = 256):
         self.trace = trace
         self.name = name
         self.budget = int(budget)

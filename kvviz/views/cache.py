@@ -125,7 +125,8 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
                        font=dict(color="#CC0000", size=13), bgcolor="rgba(255,255,255,0.85)")
     base_layout(fig, f"Cache contents over time: A = {label_a}, B = {label_b}", height)
     fig.update_xaxes(title="position", range=[-0.5, steps - 0.5], showgrid=False, zeroline=False)
-    fig.update_yaxes(title="step", range=[steps - 0.5, -0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(title="step", range=[steps - 0.5, -0.5], showgrid=False, zeroline=False,
+                     scaleanchor=False, constrain="range")
     fig.update_layout(legend=dict(orientation="h", y=-0.12, yanchor="top", x=0, xanchor="left"),
                       margin=dict(b=90))
     return fig

@@ -17,7 +17,7 @@ NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH = 0, 1, 2, 3, 4
 STATE_NAMES = {NOT_YET: "not yet generated", NEITHER: "evicted by both",
                ONLY_B: "only B", ONLY_A: "only A", BOTH: "held by both"}
 # Okabe-Ito based: readable on a projector and for the common colour-vision deficiencies.
-STATE_COLOURS = {NOT_YET: "#ffffff", NEITHER: "#d4d4d4", ONLY_B: "#0072B2",
+STATE_COLOURS = {NOT_YET: "#ffffff", NEITHER: "#e4e4e4", ONLY_B: "#0072B2",
                  ONLY_A: "#E69F00", BOTH: "#3a3a3a"}
 
 
@@ -62,20 +62,28 @@ def state_counts(ev_a, ev_b, step_edges, pos_edges) -> np.ndarray:
 
     Exact counts, computed from the held intervals without materialising the T x T grid.
     """
-    ea, eb = ends(ev_a), ends(ev_b)
+    ea, eb = ends(ev_a).astype(np.int32), ends(ev_b).astype(np.int32)
     steps = len(ea)
-    pos = np.arange(steps)
-    s0 = np.asarray(step_edges[:-1])[:, None]
-    s1 = np.asarray(step_edges[1:])[:, None]
-    held_a = _overlap(pos, ea, s0, s1)
-    held_b = _overlap(pos, eb, s0, s1)
-    both = _overlap(pos, np.minimum(ea, eb), s0, s1)
-    not_yet = _overlap(0, pos, s0, s1)  # steps s < p
-    total = (s1 - s0) + 0 * pos
-    per_pos = np.stack([not_yet, total - not_yet - held_a - held_b + both,
-                        held_b - both, held_a - both, both])
-    starts = np.asarray(pos_edges[:-1])
-    return np.add.reduceat(per_pos, starts, axis=2)
+    pos = np.arange(steps, dtype=np.int32)
+    step_edges = np.asarray(step_edges, dtype=np.int32)
+    pos_edges = np.asarray(pos_edges, dtype=np.int64)
+    s0 = step_edges[:-1, None]
+    s1 = step_edges[1:, None]
+    starts = pos_edges[:-1]
+
+    def block(lo, hi):
+        per_pos = np.minimum(hi, s1)
+        per_pos -= np.maximum(lo, s0)
+        np.maximum(per_pos, 0, out=per_pos)
+        return np.add.reduceat(per_pos, starts, axis=1)
+
+    held_a = block(pos, ea)
+    held_b = block(pos, eb)
+    both = block(pos, np.minimum(ea, eb))
+    not_yet = block(np.int32(0), pos)
+    total = (s1 - s0) * np.diff(pos_edges)[None, :]
+    return np.stack([not_yet, total - not_yet - held_a - held_b + both,
+                     held_b - both, held_a - both, both])
 
 
 def dominant_state(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,188 @@
+"""Measure the explorer in a real headless Chromium (also the e2e test's machinery).
+
+    python -m kvviz.ui.measure [--repeat 5] [--screenshot docs/screenshot.png]
+
+Starts `streamlit run app.py` on a free port, waits for /_stcore/health, opens the page
+with the canonical trace at budget 512 and times:
+  * first chart: navigation start -> the cache heatmap drawn (its image in the DOM);
+  * slider change -> updated charts: a key press on the poolKernel / obsWindow / step
+    slider -> the chart shows the new setting (title or step marker text changes).
+Needs the `playwright` package and Debian's /usr/bin/chromium (never `playwright install`).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, env: dict | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", "true",
+           "--browser.gatherUsageStats", "false"]
+    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_health(port: int, proc: subprocess.Popen, timeout: float = 60) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{out}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("streamlit did not report healthy")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # the group we started (start_new_session)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@contextlib.contextmanager
+def server(env: dict | None = None):
+    port = free_port()
+    proc = start_server(port, env)
+    try:
+        wait_health(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_server(proc)
+
+
+@contextlib.contextmanager
+def browser(viewport=(1500, 1300)):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            ctx = b.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+            yield ctx.new_page()
+        finally:
+            b.close()
+
+
+# --- page helpers ------------------------------------------------------------------------
+CHART_SEL = '[data-testid="stPlotlyChart"] .js-plotly-plot'
+
+
+def wait_idle(page, timeout=30_000) -> None:
+    """Until Streamlit is not running a script (the status widget goes away)."""
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+
+
+def wait_chart_text(page, text: str, timeout=30_000) -> None:
+    page.wait_for_function(
+        "(t) => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+        ".some(e => e.textContent.includes(t))", arg=text, timeout=timeout)
+
+
+def chart_text(page) -> str:
+    return page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+                         ".map(e => e.textContent).join(' | ')")
+
+
+def slider(page, label: str):
+    """The role=slider thumb of the Streamlit slider labelled `label`."""
+    box = page.locator('[data-testid="stSlider"]').filter(has_text=label).first
+    return box.get_by_role("slider")
+
+
+def load_first_chart(page, url: str) -> float:
+    start = time.perf_counter()
+    page.goto(url, wait_until="commit")
+    page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
+    return time.perf_counter() - start
+
+
+def press_and_wait(page, label: str, key: str, expect_text: str) -> float:
+    thumb = slider(page, label)
+    thumb.focus()
+    start = time.perf_counter()
+    thumb.press(key)
+    wait_chart_text(page, expect_text)
+    return time.perf_counter() - start
+
+
+def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
+    loads, pool, obs, step = [], [], [], []
+    with server() as url, browser() as page:
+        q = "?trace=canonical&budget=512&a=tova&b=snapkv&view=cache"
+        for i in range(repeat):
+            loads.append(load_first_chart(page, url + "/" + q + f"&step={1000 + i}"))
+            wait_idle(page)
+        # poolKernel 5 -> 7 -> 9 ..., obsWindow 16 -> 17 ..., step +1
+        for i in range(repeat):
+            pool.append(press_and_wait(page, "poolKernel", "ArrowRight",
+                                       f"poolKernel={5 + 2 * (i + 1)}"))
+            wait_idle(page)
+        for i in range(repeat):
+            obs.append(press_and_wait(page, "obsWindow", "ArrowRight", f"obsWindow={17 + i}"))
+            wait_idle(page)
+        cur = int(page.evaluate("() => new URL(location.href).searchParams.get('step')"))
+        for i in range(repeat):
+            step.append(press_and_wait(page, "step", "ArrowRight", f"step {cur + i + 1}"))
+            wait_idle(page)
+        if screenshot:
+            page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
+            page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
+            wait_idle(page)
+            time.sleep(1.0)
+            page.screenshot(path=screenshot)
+    med = statistics.median
+    return {"first_chart_s": {"median": med(loads), "max": max(loads), "all": loads},
+            "poolKernel_s": {"median": med(pool), "max": max(pool), "all": pool},
+            "obsWindow_s": {"median": med(obs), "max": max(obs), "all": obs},
+            "step_s": {"median": med(step), "max": max(step), "all": step}}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--screenshot", default=None)
+    args = ap.parse_args(argv)
+    res = measure(args.repeat, args.screenshot)
+    for k, v in res.items():
+        print(f"{k:14s} median {v['median']:.2f} s  max {v['max']:.2f} s  "
+              f"({', '.join(f'{x:.2f}' for x in v['all'])})")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

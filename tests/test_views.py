@@ -1,0 +1,296 @@
+"""The explorer's pure parts, without Streamlit: views, state arithmetic, engine, URL state,
+exports. Expectations are derived by hand (tiny runs) or by brute force over the held rule."""
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+from kvviz import views as V
+from kvviz.policies import POLICIES, make_policy
+from kvviz.replay import Replay, Run, run_policy
+from kvviz.trace import canonical
+from kvviz.ui.engine import Engine
+from kvviz.ui.export import eviction_log, run_json
+from kvviz.ui.state import ViewState, from_query, to_query
+from kvviz.views.cache import png_to_codes
+from kvviz.views.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, dominant_state,
+                                state_counts)
+
+# Tiny hand-built runs, T = 6 (held after s  iff  p <= s and (ev == -1 or ev > s)):
+#   A: p1 evicted at step 3, p3 at step 5.      B: p2 evicted at step 4, p3 at step 5.
+EA = np.array([-1, 3, -1, 5, -1, -1])
+EB = np.array([-1, -1, 4, 5, -1, -1])
+# held sets written out by hand
+HELD_A = {0: {0}, 1: {0, 1}, 2: {0, 1, 2}, 3: {0, 2, 3}, 4: {0, 2, 3, 4}, 5: {0, 2, 4, 5}}
+HELD_B = {0: {0}, 1: {0, 1}, 2: {0, 1, 2}, 3: {0, 1, 2, 3}, 4: {0, 1, 3, 4}, 5: {0, 1, 4, 5}}
+
+
+def brute_state(ea, eb, s, p):
+    if p > s:
+        return NOT_YET
+    a = ea[p] == -1 or ea[p] > s
+    b = eb[p] == -1 or eb[p] > s
+    return BOTH if a and b else ONLY_A if a else ONLY_B if b else NEITHER
+
+
+def test_held_mask_matches_hand_table():
+    for s in range(6):
+        assert set(np.flatnonzero(V.held_mask(EA, s))) == HELD_A[s]
+        assert set(np.flatnonzero(V.held_mask(EB, s))) == HELD_B[s]
+
+
+def test_states_at_hand_table():
+    assert V.states_at(EA, EB, 4).tolist() == [BOTH, ONLY_B, ONLY_A, BOTH, BOTH, NOT_YET]
+    assert V.states_at(EA, EB, 5).tolist() == [BOTH, ONLY_B, ONLY_A, NEITHER, BOTH, BOTH]
+
+
+def test_symmetric_difference_and_divergence_by_hand():
+    assert V.symmetric_difference(EA, EB).tolist() == [0, 0, 0, 1, 2, 2]
+    assert V.first_divergence(EA, EB) == 3
+    assert V.next_divergence(EA, EB, 0) == 3
+    assert V.next_divergence(EA, EB, 3) == 4
+    assert V.next_divergence(EA, EB, 4) == -1
+    assert V.first_divergence(EA, EA) == -1
+    assert V.divergent_positions(EA, EB).tolist() == [1, 2]
+    assert V.decision_step(EA, EB, 1) == 3 and V.decision_step(EA, EB, 2) == 4
+    assert V.decision_step(EA, EB, 3) == -1
+    only_a, only_b = V.only_sets(EA, EB, 4)
+    assert only_a.tolist() == [2] and only_b.tolist() == [1]
+
+
+def test_survival_by_hand():
+    assert V.sinks_held(EA, sinks=2).tolist() == [1, 2, 2, 1, 1, 1]
+    assert V.sinks_held(EB, sinks=2).tolist() == [1, 2, 2, 2, 2, 2]
+    # newest 3 positions at step 3 are 1, 2, 3: A holds 2 and 3
+    frac = V.recent_held_fraction(EA, recent=3)
+    assert frac[0] == 1.0 and frac[3] == pytest.approx(2 / 3)
+    assert frac[5] == pytest.approx(2 / 3)  # 3, 4, 5: p3 evicted at 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(hst.integers(2, 40).flatmap(lambda n: hst.tuples(
+    hst.lists(hst.integers(-1, n - 1), min_size=n, max_size=n),
+    hst.lists(hst.integers(-1, n - 1), min_size=n, max_size=n),
+    hst.integers(1, n), hst.integers(1, n))))
+def test_state_counts_equal_brute_force(args):
+    ea, eb, sb, pb = args
+    n = len(ea)
+    # an eviction can only happen at or after admission: clamp to a valid log
+    ea = np.array([e if e == -1 or e >= p else p for p, e in enumerate(ea)])
+    eb = np.array([e if e == -1 or e >= p else p for p, e in enumerate(eb)])
+    se, pe = bin_edges(n, sb), bin_edges(n, pb)
+    counts = state_counts(ea, eb, se, pe)
+    for i in range(len(se) - 1):
+        for j in range(len(pe) - 1):
+            want = np.zeros(5, int)
+            for s in range(se[i], se[i + 1]):
+                for p in range(pe[j], pe[j + 1]):
+                    want[brute_state(ea, eb, s, p)] += 1
+            assert counts[:, i, j].tolist() == want.tolist()
+    sym = V.symmetric_difference(ea, eb)
+    for s in range(n):
+        assert sym[s] == sum(brute_state(ea, eb, s, p) in (ONLY_A, ONLY_B) for p in range(n))
+
+
+def test_bin_edges_cover_and_bound():
+    for n, m in ((4096, 1024), (4096, 512), (1000, 1024), (7, 3), (1, 5)):
+        e = bin_edges(n, m)
+        assert e[0] == 0 and e[-1] == n and np.all(np.diff(e) > 0) and len(e) - 1 <= m
+
+
+def test_dominant_state_picks_mode_and_share():
+    counts = np.zeros((5, 1, 2), int)
+    counts[BOTH, 0, 0], counts[ONLY_A, 0, 0] = 3, 1
+    counts[NOT_YET, 0, 1] = 4
+    code, share = dominant_state(counts)
+    assert code.tolist() == [[BOTH, NOT_YET]] and share.tolist() == [[0.75, 1.0]]
+
+
+# --- view 1: heatmap -------------------------------------------------------------------
+def test_cache_heatmap_pixels_are_the_states():
+    fig = V.cache_heatmap(EA, EB, 4, label_a="tova", label_b="snapkv")
+    codes = png_to_codes(fig.data[0].source)
+    want = np.array([[brute_state(EA, EB, s, p) for p in range(6)] for s in range(6)])
+    assert codes.tolist() == want.tolist()
+    # the current step is marked, legend names the policies
+    assert any(s.type == "line" and s.y0 == 4 == s.y1 for s in fig.layout.shapes)
+    names = [t.name for t in fig.data if t.type == "scatter"]
+    assert "only A (tova)" in names and "only B (snapkv)" in names
+    hover = fig.data[1]
+    assert "steps 4" in hover.text[4][2] and "positions 2" in hover.text[4][2]
+    assert "only A (tova)" in hover.text[4][2]
+
+
+def test_cache_heatmap_aggregates_large_runs():
+    t = canonical(1500)
+    a, b = run_policy(t, "tova", 128), run_policy(t, "h2o", 128)
+    g = V.heatmap_grid(a.evicted_at, b.evicted_at, max_bins=256, hover_bins=16)
+    fig = V.cache_heatmap(a.evicted_at, b.evicted_at, 700, grid=g)
+    codes = png_to_codes(fig.data[0].source)
+    assert codes.shape[0] <= 256 and codes.shape[1] <= 256 and (codes >= 0).all()
+    assert np.array_equal(codes, g["codes"])
+    assert np.asarray(fig.data[1].z).shape == (16, 16)
+    # a mixed hover block reports shares that add up to 100%
+    assert "%" in "".join("".join(r) for r in fig.data[1].text)
+
+
+# --- view 2 ---------------------------------------------------------------------------
+def test_survival_figure_data():
+    fig = V.survival_figure(EA, EB, 3, sinks=2, recent=3)
+    assert list(fig.data[0].y) == [1, 2, 2, 1, 1, 1]  # A sinks
+    assert list(fig.data[2].y) == [1, 2, 2, 2, 2, 2]  # B sinks
+    assert fig.data[0].name.startswith("A") and fig.data[2].name.startswith("B")
+
+
+# --- view 3: scores ---------------------------------------------------------------------
+def snap_panel():
+    # sums by hand; pooled with poolKernel 3 = max over neighbours: [5, 5, 3, 3, 9, 9]
+    kept = np.array([0, 1, 2, 3, 4, 5])
+    sums = np.array([5, 0.1, 3, 0.2, 0.05, 9])
+    pooled = np.array([5, 5, 3, 3, 9, 9.0])
+    cand = np.array([True] * 5 + [False])
+    return dict(label="B: snapkv", policy="snapkv", kept=kept,
+                scores={"sums": sums, "pooled": pooled, "candidate": cand},
+                victims=np.array([2]))  # lowest pooled, tie 2/3 -> lower position
+
+
+def test_defended_is_kept_only_because_of_pooling():
+    p = snap_panel()
+    # own sum ranks position 4 (0.05) lowest, but pooling lifted it to 9: defended
+    assert V.defended_positions(p["kept"], p["scores"], p["victims"]).tolist() == [4]
+    assert V.defended_positions(p["kept"], p["scores"], np.array([], int)).tolist() == []
+    # without pooling scores there is no notion of defended
+    assert V.defended_positions(p["kept"], {"last": p["scores"]["sums"],
+                                            "candidate": p["scores"]["candidate"]}, [2]).size == 0
+
+
+def test_eviction_order_directions():
+    kept = np.array([0, 1, 2, 3])
+    tova = {"last": np.array([0.2, 0.1, 0.1, np.nan]), "candidate": np.array([1, 1, 1, 0], bool)}
+    assert V.eviction_order("tova", kept, tova).tolist() == [1, 2, 0]  # ties to lower position
+    sc = {"low_count": np.array([1, 5, 5, 0]), "candidate": np.ones(4, bool)}
+    assert V.eviction_order("scissorhands", kept, sc).tolist() == [1, 2, 0, 3]
+
+
+def test_neighbourhood_figure_marks_victims_and_defended():
+    tova = dict(label="A: tova", policy="tova", kept=np.array([0, 1, 3, 4, 5]),
+                scores={"last": np.array([0.5, 0.1, 0.2, 0.15, np.nan]),
+                        "candidate": np.array([1, 1, 1, 1, 0], bool)}, victims=np.array([1]))
+    fig = V.neighbourhood_figure([snap_panel(), tova], step=5, center=3, half_width=10)
+    by = {(t.name, t.yaxis): t for t in fig.data}
+    assert list(by[("victim this step", "y")].x) == [2]
+    assert list(by[("defended (kept by pooling)", "y")].x) == [4]
+    assert list(by[("pooled envelope", "y")].y) == [5, 5, 3, 3, 9, 9]
+    assert list(by[("victim this step", "y2")].x) == [1]
+    tova_bar = by[("current-step weight", "y2")]
+    assert list(tova_bar.x) == [0, 1, 3, 4, 5]
+
+
+def test_why_rows_and_figure():
+    p = snap_panel()
+    rows = V.why_rows(4, 5, [p])
+    assert rows[0]["held before eviction"] and not rows[0]["evicted at this step"]
+    assert rows[0]["eviction rank"] == "5 of 5"  # pooled 9 is the safest candidate (tie 4 < 5)
+    assert rows[0]["window sum"] == pytest.approx(0.05)
+    rows = V.why_rows(2, 5, [p])
+    assert rows[0]["evicted at this step"] and rows[0]["eviction rank"] == "1 of 5"
+    fig = V.why_figure(2, 5, [p])
+    assert [t.name for t in fig.data][:2] == ["B: snapkv", "victim"]
+
+
+# --- view 4 ---------------------------------------------------------------------------
+def test_divergence_figure_data():
+    fig = V.divergence_figure(EA, EB, 4)
+    assert list(fig.data[0].y) == [0, 0, 0, 1, 2, 2]
+    assert list(fig.data[1].x) == [2] and list(fig.data[2].x) == [1]
+    assert any("first divergence: step 3" in a.text for a in fig.layout.annotations)
+
+
+# --- view 5 ---------------------------------------------------------------------------
+def test_sweep_figure_one_line_per_policy():
+    rows = [{"policy": "tova", "budget": 64, "retained_mass": 0.5},
+            {"policy": "tova", "budget": 32, "retained_mass": 0.4},
+            {"policy": "h2o", "budget": 32, "retained_mass": 0.3}]
+    fig = V.sweep_figure(rows, "budget")
+    assert [t.name for t in fig.data] == ["tova", "h2o"]
+    assert list(fig.data[0].x) == [32, 64] and list(fig.data[0].y) == [0.4, 0.5]
+    df = V.metrics_table([{"run": "A", "policy": "tova", "params": "", "budget": 8,
+                           "retained_mass": 1.0, "hh_recall": 0.5, "attention_loss": 0.0,
+                           "memory_bytes": 104}])
+    assert list(df.columns) == ["run", "policy", "params", "budget", "retained mass",
+                                "heavy-hitter recall", "attention loss", "memory (bytes)"]
+
+
+# --- token view --------------------------------------------------------------------------
+def test_token_strip_visible_whitespace_and_states():
+    toks = ["<b>", " the", "\n", "\tx", "y", "z"]
+    html = V.token_strip_html(toks, EA, EB, 4)
+    assert "&lt;b&gt;" in html and "<b>" not in html.split("kv-strip")[1]
+    ws = '<span class="kv-ws">{}</span>'
+    assert ws.format("·") + "the" in html and ws.format("⏎") + "<br>" in html
+    assert ws.format("⇥") + "x" in html
+    # position 2 held only by A at step 4, position 1 only by B, position 5 not yet
+    assert 'title="position 2: only A (A)"' in html
+    assert 'title="position 1: only B (B)"' in html
+    assert 'title="position 5: not yet generated"' in html
+    fig = V.token_timeline_figure(toks, EA, EB, 5, lo=0, hi=6)
+    z = np.asarray(fig.data[0].z)
+    assert z[-1].tolist() == V.states_at(EA, EB, 5).tolist()
+    assert fig.data[0].x[2] == "2 ⏎"
+
+
+# --- engine: fast peek equals the contract's Replay.peek --------------------------------
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_engine_peek_equals_replay_peek(name):
+    t = canonical(300)
+    eng = Engine(t, name, 40, every=64)
+    ref = Replay(t, make_policy(name, budget=40))
+    run = run_policy(t, name, 40)
+    assert np.array_equal(eng.run.evicted_at, run.evicted_at)
+    for step in (0, 1, 39, 40, 41, 63, 64, 65, 200, 299):
+        k1, s1 = eng.peek(step)
+        k2, s2 = ref.peek(step)
+        assert np.array_equal(k1, k2)
+        assert s1.keys() == s2.keys()
+        for key in s2:
+            assert np.array_equal(np.asarray(s1[key]), np.asarray(s2[key]), equal_nan=True)
+        assert set(eng.victims(step)) <= set(k1)
+
+
+def test_engine_refuses_like_make_policy():
+    with pytest.raises(ValueError, match="recent_window"):
+        Engine(canonical(50), "h2o", 16, {"recent_window": 16})
+
+
+# --- URL state ---------------------------------------------------------------------------
+def test_query_round_trip_and_tolerance():
+    st, notes = from_query({"a": "snapkv", "a.poolKernel": "3", "b": "h2o", "b.recentWindow": "8",
+                            "budget": "256", "step": "99", "view": "scores", "focus": "12"})
+    assert not notes
+    assert st.params("a")["pool_kernel"] == 3 and st.params("b") == {"recent_window": 8}
+    q = to_query(st)
+    assert q["a.poolKernel"] == "3" and q["b.recentWindow"] == "8" and q["step"] == "99"
+    assert to_query(from_query(q)[0]) == q
+    st2, notes = from_query({"a": "nope", "budget": "x", "b.poolKernel": "3", "view": "bad"})
+    assert st2.a == "tova" and st2.budget == 512 and st2.view == "cache"
+    assert len(notes) == 2 and st2.params("b")["pool_kernel"] == 3  # b stays snapkv
+    _, notes = from_query({"b": "h2o", "b.poolKernel": "3"})
+    assert notes == ["h2o has no parameter 'poolKernel'; ignored"]
+    assert ViewState().params("b") == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32}
+
+
+# --- exports -----------------------------------------------------------------------------
+def test_exports():
+    ra = Run("tova", {}, 2, 6, EA, np.r_[np.nan, np.ones(5)])
+    rb = Run("h2o", {"recent_window": 1}, 2, 6, EB, np.r_[np.nan, np.ones(5)])
+    log = eviction_log(ra, rb, tokens=list("abcdef"))
+    assert len(log) == 6 and log["A_evicted_at"].tolist() == EA.tolist()
+    assert log["A_steps_held"].tolist() == [6, 2, 4, 2, 2, 1]
+    assert log["token"].tolist() == list("abcdef")
+    doc = json.loads(run_json({"budget": 2}, ra, rb, [{"run": "A"}]))
+    assert doc["A"]["evicted_at"] == EA.tolist() and doc["A"]["retained"][0] is None
+    assert doc["B"]["params"] == {"recent_window": 1}
