@@ -115,7 +115,8 @@ def important_spans(spans, totals: np.ndarray, top: int = DEFAULT_TOP) -> list[t
     return [(a, b) for a, b in spans if heavy[a:b].any()]
 
 
-def span_integrity(trace, run, spans=None, top: int = DEFAULT_TOP, step: int | None = None) -> dict:
+def span_integrity(trace, run, spans=None, top: int = DEFAULT_TOP, step: int | None = None,
+                   totals: np.ndarray | None = None) -> dict:
     """Fractions of important spans held whole / fragmented / dropped after `step`.
 
     `step` defaults to the final step: what the cache holds when the trace ends. `spans`
@@ -123,10 +124,11 @@ def span_integrity(trace, run, spans=None, top: int = DEFAULT_TOP, step: int | N
     tokens, else attention spans). Only spans wholly inside 0..step are judged. Fractions
     are NaN when there is no important span (e.g. a workload with no multi-token phrases).
     Returns whole, fragmented, dropped (fractions summing to 1), n_spans (important spans
-    judged), held_share (mean share of each span's positions held) and kind.
+    judged), held_share (mean share of each span's positions held) and kind. Pass `totals`
+    (from received(trace)) to avoid recomputing it when judging many runs or steps.
     """
     step = trace.steps - 1 if step is None else int(step)
-    totals = received(trace)
+    totals = received(trace) if totals is None else np.asarray(totals, np.float64)
     kind = "custom"
     if spans is None:
         spans = "words" if trace.tokens is not None else "attention"
