@@ -16,6 +16,7 @@ from kvviz.ui.state import VIEW_LABELS, VIEWS, ViewState
 from kvviz.views.common import A_COLOUR, B_COLOUR
 
 PLAY_SPEEDS = (1, 4, 16, 64)
+PLAY_INTERVAL_S = 1.0
 CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False})
 
 
@@ -137,9 +138,19 @@ def navigator(ctx: Ctx) -> int:
     return int(step)
 
 
-@st.fragment(run_every=0.9)
+def _fragment_run() -> bool:
+    """True when only fragments are re-running (a timer tick), not the whole page."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return bool(ctx is not None and getattr(ctx, "fragment_ids_this_run", None))
+
+
+@st.fragment(run_every=PLAY_INTERVAL_S)
 def _ticker(steps: int):
-    if not S.get("w.play"):
+    """Runs inline on every page run (does nothing then) and alone every PLAY_INTERVAL_S while
+    playing: each timer tick moves the step on and reruns the page."""
+    if not S.get("w.play") or not _fragment_run():
         return
     new, more = advance(int(S["kv"].get("step", 0)), int(S.get("w.speed", 1)), steps)
     set_value("step", new)
@@ -311,26 +322,26 @@ def view_metrics(ctx: Ctx):
     c = st.columns(3)
     budgets = tuple(b for b in SWEEP_BUDGETS if b < ctx.trace.steps)
     if c[0].button("sweep budgets (all policies)", key="sweep.budget", width="stretch"):
-        S["sweep.budget"] = (ctx.key, ctx.layer)
+        S["sweep_on.budget"] = (ctx.key, ctx.layer)
     if c[1].button("sweep poolKernel (snapkv)", key="sweep.pool", width="stretch"):
-        S["sweep.pool"] = (ctx.key, ctx.layer, ctx.budget)
+        S["sweep_on.pool"] = (ctx.key, ctx.layer, ctx.budget)
     if c[2].button("sweep obsWindow (snapkv)", key="sweep.obs", width="stretch"):
-        S["sweep.obs"] = (ctx.key, ctx.layer, ctx.budget)
+        S["sweep_on.obs"] = (ctx.key, ctx.layer, ctx.budget)
     defaults = {n: {s.name: s.default for s in param_specs(n)} for n in POLICIES}
-    if S.get("sweep.budget") == (ctx.key, ctx.layer):
+    if S.get("sweep_on.budget") == (ctx.key, ctx.layer):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
         rows = _sweep(ctx, pts)
         st.plotly_chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
                                        "(registry defaults)", mark_x=ctx.budget),
                         key="chart.sweep_budget", **CHART)
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
-    if S.get("sweep.pool") == (ctx.key, ctx.layer, ctx.budget):
+    if S.get("sweep_on.pool") == (ctx.key, ctx.layer, ctx.budget):
         pts = [("snapkv", {**snap, "pool_kernel": k}, ctx.budget) for k in POOL_KERNELS]
         rows = _sweep(ctx, pts)
         st.plotly_chart(V.sweep_figure(rows, "pool_kernel", metric,
                                        title=f"SnapKV across poolKernel, budget {ctx.budget}"),
                         key="chart.sweep_pool", **CHART)
-    if S.get("sweep.obs") == (ctx.key, ctx.layer, ctx.budget):
+    if S.get("sweep_on.obs") == (ctx.key, ctx.layer, ctx.budget):
         pts = [("snapkv", {**snap, "obs_window": w}, ctx.budget) for w in OBS_WINDOWS]
         rows = _sweep(ctx, pts)
         st.plotly_chart(V.sweep_figure(rows, "obs_window", metric,

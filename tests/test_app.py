@@ -1,0 +1,358 @@
+"""The explorer page under AppTest (streamlit.testing.v1): every control, every view, the URL
+round trip, refused parameters, guided experiments and downloads. Figures are checked
+through their JSON (`at.get("plotly_chart")[i].proto.spec`), not just their presence."""
+import base64
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvviz.trace import save_trace
+from kvviz.views.cache import png_to_codes
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "app.py")
+T = 160
+
+
+def softmax_rows(rng, steps, layers):
+    a = np.zeros((layers, steps, steps), np.float32)
+    for layer in range(layers):
+        for t in range(1, steps):
+            w = rng.gamma(0.3, size=t) + (np.arange(t) < 2) * 2.0
+            a[layer, t, :t] = w / w.sum()
+    return a
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("traces")
+    rng = np.random.default_rng(7)
+    tokens = [" the", "\n", "cat", "\tsat", "<b>"] * (T // 5)
+    save_trace(d / "tiny.npz", softmax_rows(rng, T, 2), tokens=tokens, layers=[3, 7],
+               meta={"name": "tiny", "model": "test-model", "source": "random test rows"})
+    save_trace(d / "plain.npz", softmax_rows(rng, 90, 1), meta={"name": "plain"})
+    old = os.environ.get("KVVIZ_TRACES_DIR")
+    os.environ["KVVIZ_TRACES_DIR"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("KVVIZ_TRACES_DIR", None)
+    else:
+        os.environ["KVVIZ_TRACES_DIR"] = old
+
+
+def app(**query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for k, v in query.items():
+        at.query_params[k.replace("__", ".")] = str(v)
+    return at.run()
+
+
+def tiny(**query) -> AppTest:
+    return app(trace="file:tiny.npz", budget=48, **query)
+
+
+def ok(at: AppTest):
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def specs(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def arr(v):
+    """Plotly JSON array (list or typed {dtype, bdata, shape}) -> numpy."""
+    if isinstance(v, dict) and "bdata" in v:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        if "shape" in v:
+            a = a.reshape([int(x) for x in str(v["shape"]).split(",")])
+        return a
+    return np.asarray(v)
+
+
+def qp(at: AppTest) -> dict:
+    return {k: at.query_params[k][0] if isinstance(at.query_params[k], list) else at.query_params[k]
+            for k in at.query_params}
+
+
+def heatmap(at: AppTest) -> dict:
+    return next(s for s in specs(at) if s["data"][0]["type"] == "image")
+
+
+def title(spec) -> str:
+    return spec["layout"]["title"]["text"]
+
+
+# --- default page (canonical trace) -----------------------------------------------------
+def test_default_page_canonical(traces):
+    at = app()
+    ok(at)
+    q = qp(at)
+    assert q["trace"] == "canonical" and q["a"] == "tova" and q["b"] == "snapkv"
+    assert q["budget"] == "512" and q["b.poolKernel"] == "5" and q["b.obsWindow"] == "16"
+    assert q["step"] == "512"  # opens at the first divergence
+    spec = heatmap(at)
+    codes = png_to_codes(spec["data"][0]["source"])
+    assert codes.shape == (1024, 1024) and (codes >= 0).all()
+    assert title(spec) == "Cache contents over time: A = tova, B = snapkv"
+    labels = [s.label for s in at.sidebar.slider]
+    assert labels == ["obsWindow", "poolKernel", "recentWindow"]
+    pool = at.slider(key="w.pb.pool_kernel")
+    assert (pool.min, pool.max, pool.step) == (1, 15, 2)  # odd values only
+    assert "traces/tiny.npz" in at.selectbox(key="w.trace").options
+
+
+# --- every view ------------------------------------------------------------------------
+def test_cache_view_heatmap_matches_states(traces):
+    at = tiny(step=100)
+    ok(at)
+    spec = heatmap(at)
+    codes = png_to_codes(spec["data"][0]["source"])
+    assert codes.shape == (T, T)  # below 1024: one pixel per cell
+    # upper triangle (position > step) is "not yet generated" (code 0)
+    assert (codes[np.triu_indices(T, 1)] == 0).all()
+    shapes = spec["layout"]["shapes"]
+    assert any(s.get("y0") == 100 == s.get("y1") for s in shapes)
+
+
+def test_each_view_present(traces):
+    at = tiny(step=90)
+    ok(at)
+    seg = at.segmented_control(key="w.view")
+    assert set(seg.options) >= {"Cache heatmap", "Sinks & recent", "Scores", "Divergence",
+                                "Metrics & sweeps", "Tokens", "Export"}
+    seen = {}
+    for view in ("survival", "scores", "divergence", "metrics", "tokens", "export"):
+        at.segmented_control(key="w.view").set_value(view).run()
+        ok(at)
+        assert qp(at)["view"] == view
+        seen[view] = specs(at)
+    surv = seen["survival"][0]
+    sinks_a = arr(surv["data"][0]["y"])
+    assert len(sinks_a) == T and sinks_a.max() <= 4
+    scores = seen["scores"][0]
+    names = {d.get("name") for d in scores["data"]}
+    assert {"window sum", "pooled envelope", "current-step weight"} <= names
+    div = seen["divergence"]
+    assert "|A Δ B|" in div[0]["data"][0]["name"]
+    assert len(div) == 2 and "Why position" in title(div[1])  # the "why" chart
+    assert "Tokens" in title(seen["tokens"][0])
+    assert seen["export"] == []  # downloads and a table, no chart
+    assert len(at.get("download_button")) == 3
+
+
+def test_token_view_follows_step(traces):
+    at = tiny(step=50, view="tokens")
+    ok(at)
+    html = at.get("html")[0].proto.body
+    assert "step 50" in html and "⏎" in html and "&lt;b&gt;" in html
+    tl = specs(at)[0]
+    z = arr(tl["data"][0]["z"])
+    assert z.shape[1] == 60
+    at.slider(key="w.step").set_value(120).run()
+    assert "step 120" in at.get("html")[0].proto.body
+
+
+def test_metrics_and_sweeps(traces):
+    at = tiny(view="metrics")
+    ok(at)
+    df = at.dataframe[0].value
+    assert list(df["run"]) == ["A", "B"] and 0 < df["retained mass"].iloc[0] <= 1
+    for key in ("sweep.budget", "sweep.pool", "sweep.obs"):
+        at.button(key=key).click().run()
+        ok(at)
+    charts = specs(at)
+    titles = [title(c) for c in charts]
+    assert any("across budgets" in t for t in titles)
+    pool = next(c for c in charts if "poolKernel" in title(c))
+    assert arr(pool["data"][0]["x"]).tolist() == [1, 3, 5, 7, 9, 11, 15]
+    obs = next(c for c in charts if "obsWindow" in title(c))
+    assert arr(obs["data"][0]["x"]).tolist()[:3] == [1, 2, 4]
+    budgets = next(c for c in charts if "across budgets" in title(c))
+    assert {d["name"] for d in budgets["data"]} == {"tova", "snapkv", "h2o", "streaming-llm",
+                                                     "scissorhands", "random"}
+
+
+def test_downloads(traces):
+    at = tiny(view="export")
+    ok(at)
+    dl = at.get("download_button")
+    labels = [d.proto.label for d in dl]
+    assert labels == ["eviction log (CSV)", "metrics (CSV)", "run (JSON)"]
+    log = at.dataframe[0].value
+    assert {"position", "token", "A_evicted_at", "B_evicted_at"} <= set(log.columns)
+
+
+# --- controls --------------------------------------------------------------------------
+def test_step_navigation_buttons(traces):
+    at = tiny(step=60)
+    ok(at)
+    at.button(key="nav.next").click().run()
+    assert at.slider(key="w.step").value == 61 and qp(at)["step"] == "61"
+    at.button(key="nav.prev").click().run()
+    at.button(key="nav.prev").click().run()
+    assert at.slider(key="w.step").value == 59
+    before = at.slider(key="w.step").value
+    at.button(key="nav.div").click().run()
+    ok(at)
+    after = at.slider(key="w.step").value
+    assert after > before
+    # the status line reports a different eviction at the divergence step
+    assert at.slider(key="w.step").value == int(qp(at)["step"])
+    at.slider(key="w.step").set_value(T - 1).run()
+    assert qp(at)["step"] == str(T - 1)
+
+
+def test_play_toggle_and_tick(traces):
+    from kvviz.ui.panels import advance
+    assert advance(10, 4, 100) == (14, True)
+    assert advance(98, 4, 100) == (99, False)
+    at = tiny(step=10)
+    at.toggle(key="w.play").set_value(True).run()
+    ok(at)  # a page run while playing does not advance by itself (only timer ticks do)
+    assert at.slider(key="w.step").value == 10
+    at.selectbox(key="w.speed").set_value(16).run()
+    ok(at)
+    at.toggle(key="w.play").set_value(False).run()
+    ok(at)
+
+
+def test_budget_policy_and_param_controls(traces):
+    at = tiny()
+    at.number_input(key="w.budget").set_value(40).run()
+    ok(at)
+    assert qp(at)["budget"] == "40"
+    at.selectbox(key="w.a").set_value("h2o").run()
+    ok(at)
+    assert "b.poolKernel" in qp(at) and qp(at)["a"] == "h2o" and "a.recentWindow" in qp(at)
+    at.slider(key="w.pb.pool_kernel").set_value(1).run()
+    at.slider(key="w.pb.obs_window").set_value(4).run()
+    ok(at)
+    assert qp(at)["b.poolKernel"] == "1" and qp(at)["b.obsWindow"] == "4"
+    assert "snapkv (obsWindow=4, poolKernel=1)" in title(heatmap(at))
+
+
+def test_layer_select(traces):
+    at = tiny()
+    ok(at)
+    layer = at.selectbox(key="w.layer")
+    assert layer.options == ["model layer 3", "model layer 7"]
+    first = heatmap(at)["data"][0]["source"]
+    layer.set_value(1).run()
+    ok(at)
+    assert qp(at)["layer"] == "1"
+    assert heatmap(at)["data"][0]["source"] != first  # different attention, different caches
+    at.selectbox(key="w.trace").set_value("file:plain.npz").run()
+    ok(at)
+    assert not at.selectbox(key="w.layer") if False else True
+    assert all(s.key != "w.layer" for s in at.selectbox)
+
+
+def test_scores_zoom_position(traces):
+    at = tiny(step=100, view="scores", focus=30)
+    ok(at)
+    spec = specs(at)[0]
+    xs = np.concatenate([arr(d["x"]) for d in spec["data"] if "x" in d and d.get("type") == "bar"])
+    assert xs.min() <= 30 <= xs.max()
+    at.number_input(key="w.focus").set_value(90).run()
+    spec = specs(at)[0]
+    xs = np.concatenate([arr(d["x"]) for d in spec["data"] if d.get("type") == "bar"])
+    assert xs.min() <= 90 <= xs.max() and qp(at)["focus"] == "90"
+    assert xs.min() > 30
+
+
+# --- URL -------------------------------------------------------------------------------
+def test_url_round_trip(traces):
+    at = tiny(a="h2o", a__recentWindow=8, b="snapkv", b__poolKernel=3, b__obsWindow=2, step=77,
+              view="divergence", why=-1)
+    ok(at)
+    assert at.selectbox(key="w.a").value == "h2o"
+    assert at.slider(key="w.pa.recent_window").value == 8
+    assert at.slider(key="w.pb.pool_kernel").value == 3
+    assert at.slider(key="w.step").value == 77
+    q = qp(at)
+    figs = specs(at)
+    # opening the same link in a fresh session reproduces the view exactly
+    again = app(**{k.replace(".", "__"): v for k, v in q.items()})
+    ok(again)
+    assert qp(again) == q
+    assert specs(again) == figs
+
+
+def test_bad_link_values_are_reported_not_fatal(traces):
+    at = app(a="nonsense", budget="lots", trace="file:missing.npz")
+    ok(at)
+    warnings = " ".join(w.value for w in at.warning)
+    assert "unknown policy" in warnings and "not an integer" in warnings
+    assert any("not available" in e.value for e in at.sidebar.error)
+    assert qp(at)["trace"] == "canonical"
+
+
+def test_refused_parameters_keep_page_up(traces):
+    at = tiny(b__recentWindow=60)  # budget 48
+    ok(at)
+    errors = " ".join(e.value for e in at.error)
+    assert "recent_window must be smaller than budget" in errors
+    assert not at.get("plotly_chart")
+    at.slider(key="w.pb.recent_window").set_value(8).run()
+    ok(at)
+    assert not at.error and at.get("plotly_chart")
+    at = tiny(a="snapkv", a__poolKernel=4)
+    ok(at)
+    assert any("pool_kernel must be odd" in e.value for e in at.error)
+    # an experiment button still works from the refused state
+    at.button(key="exp.budget-256").click().run()
+    ok(at)
+    assert not at.error
+
+
+# --- guided experiments ----------------------------------------------------------------
+def test_experiment_pooling_off(traces):
+    at = tiny()
+    at.button(key="exp.pooling-off").click().run()
+    ok(at)
+    q = qp(at)
+    assert (q["trace"], q["a"], q["b"], q["b.poolKernel"], q["budget"]) == (
+        "canonical", "tova", "snapkv", "1", "512")
+    df = at.dataframe[0].value
+    assert df["retained mass"].iloc[0] == df["retained mass"].iloc[1]
+    assert "Pooling off" in " ".join(m.value for m in at.markdown)
+
+
+def test_experiment_obswindow(traces):
+    at = tiny()
+    at.button(key="exp.obswindow").click().run()
+    ok(at)
+    q = qp(at)
+    assert q["a"] == q["b"] == "snapkv" and q["a.obsWindow"] == "1" and q["b.obsWindow"] == "64"
+    df = at.dataframe[0].value
+    assert df["retained mass"].iloc[0] == df["retained mass"].iloc[1]
+    assert df["memory (bytes)"].iloc[1] > df["memory (bytes)"].iloc[0]
+
+
+def test_experiment_budget_256(traces):
+    at = tiny()
+    at.button(key="exp.budget-256").click().run()
+    ok(at)
+    q = qp(at)
+    assert (q["budget"], q["a"], q["step"], q["view"]) == ("256", "tova", "4095", "survival")
+    spec = specs(at)[0]
+    sinks_a, recent_a = arr(spec["data"][0]["y"]), arr(spec["data"][1]["y"])
+    assert sinks_a[-1] == 4 and recent_a[-1] == 1.0
+
+
+def test_experiment_quiet_heavy_hitter(traces):
+    at = tiny()
+    at.button(key="exp.quiet-hh").click().run()
+    ok(at)
+    q = qp(at)
+    assert (q["a"], q["b"], q["view"]) == ("tova", "h2o", "divergence")
+    pos, step = int(q["why"]), int(q["step"])
+    rows = at.dataframe[0].value
+    tova, h2o = rows.iloc[0], rows.iloc[1]
+    assert tova["evicted at this step"] and not h2o["evicted at this step"]
+    assert h2o["held before eviction"] and tova["position"] == pos and tova["step"] == step
+    assert step >= 512  # after the heavy hitters are redrawn
