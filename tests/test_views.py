@@ -250,7 +250,11 @@ def test_engine_peek_equals_replay_peek(name):
     eng = Engine(t, name, 40, every=64)
     ref = Replay(t, make_policy(name, budget=40))
     run = run_policy(t, name, 40)
+    assert np.array_equal(eng.evicted_at, run.evicted_at)
     assert np.array_equal(eng.run.evicted_at, run.evicted_at)
+    assert np.array_equal(eng.run.retained, run.retained, equal_nan=True)
+    assert (eng.run.policy, eng.run.params, eng.run.budget, eng.run.bytes_per_slot) == (
+        run.policy, run.params, run.budget, run.bytes_per_slot)
     for step in (0, 1, 39, 40, 41, 63, 64, 65, 200, 299):
         k1, s1 = eng.peek(step)
         k2, s2 = ref.peek(step)

@@ -119,8 +119,8 @@ def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple,
 def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, labels: tuple,
          max_bins: int = 1024) -> dict:
     """Heatmap aggregation for a pair of runs; a, b = (policy, params)."""
-    ea = get_engine(key, layer, version, a[0], a[1], budget).run.evicted_at
-    eb = get_engine(key, layer, version, b[0], b[1], budget).run.evicted_at
+    ea = get_engine(key, layer, version, a[0], a[1], budget).evicted_at
+    eb = get_engine(key, layer, version, b[0], b[1], budget).evicted_at
     return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1])
 
 
@@ -129,4 +129,4 @@ def params_key(params: dict) -> tuple:
 
 
 def evicted(eng: Engine) -> np.ndarray:
-    return eng.run.evicted_at
+    return eng.evicted_at

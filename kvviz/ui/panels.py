@@ -45,11 +45,11 @@ class Ctx:
 
     @property
     def ev_a(self):
-        return self.eng_a.run.evicted_at
+        return self.eng_a.evicted_at
 
     @property
     def ev_b(self):
-        return self.eng_b.run.evicted_at
+        return self.eng_b.evicted_at
 
     def peek(self, which: str, step: int):
         name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
@@ -69,9 +69,9 @@ def _run_experiment(name: str):
     vs = ViewState(**{**spec["state"], "exp": name})
     if name == "quiet-hh":
         trace = compute.get_trace("canonical", 0, "")
-        ea = compute.get_engine("canonical", 0, "", "tova", (), vs.budget).run.evicted_at
+        ea = compute.get_engine("canonical", 0, "", "tova", (), vs.budget).evicted_at
         eb = compute.get_engine("canonical", 0, "", "h2o", compute.params_key(
-            {s.name: s.default for s in param_specs("h2o")}), vs.budget).run.evicted_at
+            {s.name: s.default for s in param_specs("h2o")}), vs.budget).evicted_at
         found = experiments.quiet_heavy_hitter(trace, ea, eb)
         if found:
             vs.why, vs.step = found
