@@ -22,7 +22,7 @@ import pandas as pd
 
 from .metrics import summary
 from .replay import run_policy
-from .spans import DEFAULT_TOP, attention_spans, received, span_integrity, word_spans
+from .spans import DEFAULT_TOP, attention_spans, important_spans, received, word_spans
 from .trace import canonical, load_trace
 
 TRACES = ("traces/prose.npz", "traces/code.npz", "traces/table.npz", "canonical")
@@ -54,18 +54,35 @@ def load_all(specs, all_layers=True):
 
 
 def integrity(trace, run, spans, totals, checkpoints, top=DEFAULT_TOP) -> dict:
-    """Whole / fragmented / dropped shares pooled over checkpoint steps."""
-    counts = np.zeros(3)
+    """Whole / fragmented / dropped shares pooled over checkpoint steps.
+
+    Also `intact` = whole / (whole + fragmented), and `peak` = the share of fragmented spans
+    that still hold their peak (the span's position with the most attention received): the
+    card's "keeps only its peak" case. Counting follows kvviz.spans.span_integrity.
+    """
+    chosen = important_spans(spans, totals, top)
+    peaks = [a + int(np.argmax(totals[a:b])) for a, b in chosen]
+    whole = frag = dropped = peak_kept = 0
     for step in checkpoints:
-        r = span_integrity(trace, run, spans=spans, top=top, step=step, totals=totals)
-        if r["n_spans"]:
-            counts += r["n_spans"] * np.array([r["whole"], r["fragmented"], r["dropped"]])
-    n = counts.sum()
-    out = dict(zip(("whole", "frag", "dropped"), counts / n if n else [np.nan] * 3))
-    touched = counts[0] + counts[1]
-    # whole given at least partly held: "is a kept phrase kept whole, or only its peak?"
-    out["intact"] = counts[0] / touched if touched else np.nan
-    return out
+        held = np.zeros(trace.steps, bool)
+        held[run.held_at(step)] = True
+        for (a, b), peak in zip(chosen, peaks):
+            if b - 1 > step:
+                continue
+            k = int(held[a:b].sum())
+            if k == b - a:
+                whole += 1
+            elif k == 0:
+                dropped += 1
+            else:
+                frag += 1
+                peak_kept += bool(held[peak])
+    n = whole + frag + dropped
+    nan = float("nan")
+    return {"whole": whole / n if n else nan, "frag": frag / n if n else nan,
+            "dropped": dropped / n if n else nan,
+            "intact": whole / (whole + frag) if whole + frag else nan,
+            "peak": peak_kept / frag if frag else nan}
 
 
 def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
@@ -87,7 +104,7 @@ def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
                 row.update(retained_mass=m["retained_mass"], hh_recall=m["hh_recall"])
                 for kind in ("words", "attn"):
                     res = (integrity(trace, run, span_sets[kind], totals, checkpoints, top)
-                           if kind in span_sets else dict.fromkeys(("whole", "frag", "dropped", "intact"), np.nan))
+                           if kind in span_sets else dict.fromkeys(("whole", "frag", "dropped", "intact", "peak"), np.nan))
                     row.update({f"{kind}_{k}": v for k, v in res.items()})
                 rows.append(row)
     return pd.DataFrame(rows)
@@ -100,6 +117,39 @@ def pivot(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return p.reindex(order)
 
 
+GROUPS = (("retained_mass", "hh_recall"), ("attn_whole", "attn_dropped", "attn_intact"),
+          ("words_whole", "words_dropped", "words_intact"), ("attn_frag", "attn_peak"))
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """The tables of docs/pooling.md: real-text means, canonical, per-trace retained mass."""
+    def table(part, values):
+        cols = [part.pivot_table(index="policy", columns="budget", values=v)
+                .rename(columns=lambda b, v=v: f"{v} @{b}") for v in values]
+        p = pd.concat(cols, axis=1).reindex(list(dict.fromkeys(part["policy"])))
+        lines = ["| policy | " + " | ".join(p.columns) + " |", "|---|" + "---:|" * len(p.columns)]
+        lines += [f"| {i} | " + " | ".join("–" if pd.isna(v) else f"{v:.3f}" for v in r) + " |"
+                  for i, r in p.iterrows()]
+        return "\n".join(lines)
+
+    out = []
+    for title, part in (("Real text (mean over prose, code, table x layers 0, 14, 29)",
+                         df[df["trace"] != "canonical"]),
+                        ("Canonical trace", df[df["trace"] == "canonical"])):
+        if not len(part):
+            continue
+        out.append(f"#### {title}\n")
+        for values in GROUPS:
+            if part[list(values)].notna().any().any():
+                out += [table(part, values), ""]
+    real = df[df["trace"] != "canonical"]
+    if len(real):
+        out.append("#### Retained mass per trace (mean over layers)\n")
+        for name in dict.fromkeys(real["trace"]):
+            out += [f"{name}:\n", table(real[real["trace"] == name], ("retained_mass",)), ""]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvviz.pooling_study", description=__doc__.split("\n")[0])
     parser.add_argument("--traces", default=",".join(TRACES),
@@ -109,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=16, help="checkpoint spacing for span integrity")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="heavy positions defining important spans")
     parser.add_argument("--csv", help="also write the full table here")
+    parser.add_argument("--markdown", help="also write the summary tables as markdown here")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -121,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(df.to_string(index=False, float_format=fmt))
     real = df[df["trace"] != "canonical"]
     for value in ("retained_mass", "hh_recall", "attn_whole", "attn_dropped", "attn_intact",
-                  "words_whole", "words_dropped", "words_intact"):
+                  "attn_frag", "attn_peak", "words_whole", "words_dropped", "words_intact"):
         for label, part in (("real traces, mean over traces and layers", real),
                             ("canonical", df[df["trace"] == "canonical"])):
             if len(part) and part[value].notna().any():
@@ -129,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(pivot(part, value).to_string(float_format=fmt))
     if args.csv:
         df.to_csv(args.csv, index=False)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(markdown(df) + "\n")
     log(f"done in {time.perf_counter() - start:.0f} s")
     return 0
 

@@ -1,0 +1,29 @@
+"""The pooling study's pooled span counts agree with kvviz.spans.span_integrity, and it runs."""
+import pytest
+
+from kvviz.pooling_study import integrity, markdown, study
+from kvviz.replay import run_policy
+from kvviz.spans import attention_spans, received, span_integrity
+from kvviz.trace import canonical
+
+
+def test_integrity_at_one_checkpoint_matches_span_integrity():
+    trace = canonical(600)
+    totals = received(trace)
+    spans = attention_spans(trace, totals=totals)
+    for kernel in (1, 5):
+        run = run_policy(trace, "snapkv", 64, pool_kernel=kernel)
+        for step in (200, 599):
+            ours = integrity(trace, run, spans, totals, [step])
+            ref = span_integrity(trace, run, spans=spans, step=step, totals=totals)
+            assert ref["n_spans"] > 0
+            for key, ref_key in (("whole", "whole"), ("frag", "fragmented"), ("dropped", "dropped")):
+                assert ours[key] == pytest.approx(ref[ref_key])
+
+
+def test_study_table_and_markdown():
+    df = study([("canonical", None, canonical(300))], budgets=[64], kernels=[1, 3])
+    assert list(df["policy"]) == ["tova", "snapkv k=1", "snapkv k=3", "h2o", "streaming-llm"]
+    assert df["retained_mass"].between(0, 1).all() and df["words_whole"].isna().all()
+    text = markdown(df)
+    assert "#### Canonical trace" in text and "| snapkv k=3 |" in text
