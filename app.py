@@ -18,13 +18,22 @@ for note in notes:
 
 key, layer, version, trace = sidebar.trace_controls()
 budget, pols = sidebar.policy_controls(trace.steps)
-panels.experiments_box()
+top = st.container()       # experiments, step navigation, status line
+main = st.empty()          # the selected view
+if not st.session_state.get("kv.drawn"):
+    # First run of a session: put a (light) chart on the page at once, so the browser fetches
+    # and parses plotly.js while the server replays the policies.
+    main.plotly_chart(panels.loading_figure(trace.steps), key="chart.loading")
+
+with top:
+    panels.experiments_box()
 
 refused = [(w, p) for w, p in pols.items() if p[2]]
 if refused:
+    main.empty()
     for which, (name, params, error) in refused:
-        st.error(f"Policy {which.upper()} ({name}) refuses these settings: {error}. "
-                 "Change the parameter in the sidebar; everything else keeps working.")
+        top.error(f"Policy {which.upper()} ({name}) refuses these settings: {error}. "
+                  "Change the parameter in the sidebar; everything else keeps working.")
     session.write_url()
     st.stop()
 
@@ -35,10 +44,13 @@ with st.spinner(f"Replaying {a} and {b} over {trace.steps} steps…"):
 ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
                  pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
                  label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb))
-ctx.step = panels.navigator(ctx)
-panels.status(ctx)
-view = panels.view_selector(trace.tokens is not None)
-panels.RENDER[view](ctx)
+with top:
+    ctx.step = panels.navigator(ctx)
+    panels.status(ctx)
+with main.container():
+    view = panels.view_selector(trace.tokens is not None)
+    panels.RENDER[view](ctx)
+st.session_state["kv.drawn"] = True
 session.write_url()
-st.caption("kvviz · policies, replay and metrics from the kvviz core; this page only draws them. "
-           "The address bar always links to exactly this view.")
+st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
+           "them. The address bar always links to exactly this view.")

@@ -63,6 +63,15 @@ class Ctx:
                     victims=eng.victims(step), colour=A_COLOUR if which == "a" else B_COLOUR)
 
 
+def loading_figure(steps: int):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.update_layout(title=f"Replaying the policies over {steps} steps…", height=560,
+                      template="plotly_white", xaxis=dict(visible=False), yaxis=dict(visible=False))
+    return fig
+
+
 # --- experiments -------------------------------------------------------------------------
 def _run_experiment(name: str):
     spec = experiments.EXPERIMENTS[name]
