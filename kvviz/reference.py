@@ -58,6 +58,8 @@ class RefPolicy:
         for i in range(len(self.keep)):
             if self.is_candidate(i):
                 ranked.append((self.rank(i), self.keep[i], i))
+        if len(ranked) < excess:
+            raise ValueError(f"evict needs {excess} victims but only {len(ranked)} slots are candidates")
         ranked.sort()  # lowest rank first, then lower position
         chosen = sorted(i for _, _, i in ranked[:excess])
         victims = [self.keep[i] for i in chosen]
@@ -204,6 +206,8 @@ class RefRandom(RefPolicy):
         excess = len(self.keep) - budget
         if excess <= 0:
             return np.empty(0, np.int64)
+        if budget < 0:
+            raise ValueError("evict budget must be a non-negative integer")
         standing = list(range(len(self.keep)))
         chosen = []
         for _ in range(excess):

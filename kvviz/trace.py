@@ -163,6 +163,9 @@ def save_trace(path, attn, *, tokens=None, layers=None, meta=None, dtype="float1
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a trace is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,211 @@
+"""Policy behaviour: differential tests against the reference loops, refusals, layout."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvviz.policies import POLICIES, make_policy, param_specs
+from kvviz.reference import make_reference
+
+# Weights from a small set provoke ties; arbitrary floats provoke rounding.
+TIE_WEIGHTS = [0.0, 0.0625, 0.125, 0.25, 0.5, 1.0]
+
+
+@st.composite
+def scenarios(draw, name):
+    budget = draw(st.integers(1, 8))
+    params = {}
+    if name in ("snapkv", "h2o", "scissorhands"):
+        params["recent_window"] = draw(st.integers(0, budget - 1))
+    if name == "snapkv":
+        params["obs_window"] = draw(st.integers(1, 6))
+        params["pool_kernel"] = draw(st.sampled_from([1, 3, 5, 7]))
+    if name == "scissorhands":
+        params["history_window"] = draw(st.integers(1, 5))
+    if name == "streaming-llm":
+        params["sinks"] = draw(st.integers(0, budget - 1))
+    steps, pos = [], -1
+    for _ in range(draw(st.integers(1, 30))):
+        pos += draw(st.integers(1, 3))
+        null = draw(st.integers(0, 6)) == 0
+        evict = draw(st.one_of(st.just(budget), st.integers(0, budget + 2), st.none()))
+        steps.append((pos, null, evict, draw(st.integers(0, 2**32 - 1)), draw(st.booleans())))
+    return budget, params, steps, draw(st.integers(0, 2**32 - 1))
+
+
+def weights(n, seed, ties):
+    rng = np.random.default_rng(seed)
+    if ties:
+        return rng.choice(np.array(TIE_WEIGHTS, np.float32), size=n)
+    return rng.random(n, dtype=np.float32)
+
+
+def replay_both(name, scenario):
+    """Drive fast and reference through the same calls; every outcome must agree."""
+    budget, params, steps, seed = scenario
+    fast = make_policy(name, budget, rng=np.random.default_rng(seed), **params)
+    ref = make_reference(name, budget, rng=np.random.default_rng(seed), **params)
+    for pos, null, evict, seed_w, ties in steps:
+        attn = None if null else weights(len(fast.kept), seed_w, ties)
+        fast.on_decode_step(pos, attn)
+        ref.on_decode_step(pos, attn)
+        if evict is None:
+            continue
+        outcome = []
+        for policy in (fast, ref):
+            try:
+                outcome.append(policy.evict(evict).tolist())
+            except ValueError:
+                outcome.append("refused")
+        assert outcome[0] == outcome[1], (pos, outcome)
+        assert fast.kept.tolist() == ref.kept.tolist()
+        if outcome[0] == "refused":
+            return
+    assert fast.kept.tolist() == ref.kept.tolist()
+
+
+def differential(name):
+    @settings(max_examples=1000, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(scenarios(name))
+    def check(scenario):
+        replay_both(name, scenario)
+
+    return check
+
+
+test_tova_matches_reference = differential("tova")
+test_snapkv_matches_reference = differential("snapkv")
+test_h2o_matches_reference = differential("h2o")
+test_streaming_llm_matches_reference = differential("streaming-llm")
+test_scissorhands_matches_reference = differential("scissorhands")
+test_random_matches_reference = differential("random")
+
+
+def test_every_registered_policy_has_a_differential_test():
+    tested = {"tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "random"}
+    assert set(POLICIES) == tested
+
+
+def test_snapkv_sums_in_ring_order():
+    """The card pins slot 0 upward in float64; pairwise summation would not lose the tiny adds.
+
+    Ring of 16: 1.0 then fifteen 2**-53. Sequentially each 1 + 2**-53 rounds back to 1.0
+    (ties to even); numpy's 8-way pairwise reduction would land on 1 + 7 * 2**-52.
+    """
+    p = make_policy("snapkv", budget=64, obs_window=16, pool_kernel=1, recent_window=0)
+    p.on_decode_step(0, [])
+    tiny = np.float32(2.0**-53)
+    for t in range(1, 17):
+        attn = np.zeros(t, np.float32)
+        attn[0] = 1.0 if t == 1 else tiny
+        p.on_decode_step(t, attn)
+    assert p.scores()["sums"][0] == 1.0
+    assert sum([1.0] + [float(tiny)] * 15) == 1.0  # the order the card asks for
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("tova", 13), ("h2o", 13), ("snapkv", 21 + 4 * 16), ("streaming-llm", 4), ("random", 4),
+    ("scissorhands", 4 + 32 + 1),
+])
+def test_bytes_per_slot(name, expected):
+    assert make_policy(name).bytes_per_slot == expected
+
+
+@pytest.mark.parametrize("obs_window", [1, 4, 16, 64])
+def test_snapkv_bytes_follow_obs_window(obs_window):
+    assert make_policy("snapkv", obs_window=obs_window).bytes_per_slot == 21 + 4 * obs_window
+
+
+def test_documented_defaults():
+    assert make_policy("snapkv").params == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32}
+    assert make_policy("h2o").params == {"recent_window": 32}
+    assert make_policy("streaming-llm").params == {"sinks": 4}
+    for name in POLICIES:
+        for spec in param_specs(name):
+            assert spec.default == make_policy(name).params[spec.name]
+            assert spec.source, f"{name}.{spec.name} must cite where its default comes from"
+
+
+@pytest.mark.parametrize("name, params, rule", [
+    ("snapkv", {"pool_kernel": 4}, "odd"),
+    ("snapkv", {"pool_kernel": 0}, "odd"),
+    ("snapkv", {"obs_window": 0}, "obs_window"),
+    ("snapkv", {"recent_window": 512}, "recent_window"),
+    ("h2o", {"recent_window": 600}, "recent_window"),
+    ("scissorhands", {"history_window": 0}, "history_window"),
+    ("streaming-llm", {"sinks": 512}, "sinks"),
+    ("tova", {"pool_kernel": 3}, "pool_kernel"),
+    ("nope", {}, "policy"),
+])
+def test_refusals_name_the_rule(name, params, rule):
+    with pytest.raises(ValueError, match=rule):
+        make_policy(name, budget=512, **params)
+
+
+@pytest.mark.parametrize("budget", [0, -3, 2.5, True])
+def test_budget_must_be_positive_integer(budget):
+    with pytest.raises(ValueError, match="budget"):
+        make_policy("tova", budget=budget)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_bad_steps_are_refused_and_change_nothing(name):
+    extra = {"recent_window": 1} if name in ("snapkv", "h2o", "scissorhands") else {}
+    p = make_policy(name, budget=4, **(extra if name != "streaming-llm" else {"sinks": 1}))
+    p.on_decode_step(0, [])
+    p.on_decode_step(1, [1.0])
+    before = p.kept.tolist()
+    for pos, attn, rule in [(2, [0.5], "length"), (2, [0.5, -0.5], "negative"),
+                            (2, [np.nan, 0.5], "finite"), (2, [np.inf, 0.0], "finite"),
+                            (1, [0.5, 0.5], "pos"), (-1, None, "pos")]:
+        with pytest.raises(ValueError, match=rule):
+            p.on_decode_step(pos, attn)
+        assert p.kept.tolist() == before
+    with pytest.raises(ValueError, match="budget"):
+        p.evict(-1)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_scores_align_with_kept(name):
+    p = make_policy(name, budget=40)
+    rng = np.random.default_rng(1)
+    for t in range(60):
+        p.on_decode_step(t, rng.dirichlet(np.ones(len(p.kept))).astype(np.float32) if t else [])
+        p.evict(40)
+    scores = p.scores()
+    assert "candidate" in scores
+    for key, value in scores.items():
+        assert len(value) == len(p.kept), key
+
+
+def test_kept_is_read_only():
+    p = make_policy("tova", budget=4)
+    p.on_decode_step(0, [])
+    with pytest.raises(ValueError):
+        p.kept[0] = 5
+
+
+def test_random_is_seeded_and_uses_its_rng():
+    def victims(rng):
+        p = make_policy("random", budget=8, rng=rng)
+        out = []
+        for t in range(200):
+            p.on_decode_step(t, None)
+            out += p.evict(8).tolist()
+        return out
+
+    assert victims(None) == victims(None)
+    assert victims(np.random.default_rng(1)) == victims(np.random.default_rng(1))
+    assert victims(np.random.default_rng(1)) != victims(np.random.default_rng(2))
+
+
+def test_random_evicts_uniformly():
+    """Budget 1 of 2 held slots: each is the victim about half the time."""
+    p = make_policy("random", budget=1)
+    p.on_decode_step(0, None)
+    older = 0
+    for t in range(1, 4001):
+        p.on_decode_step(t, None)
+        older += int(p.evict(1)[0] != t)
+    assert 1850 < older < 2150  # 4000 fair coin flips: +-4.7 sigma
