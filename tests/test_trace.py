@@ -1,0 +1,145 @@
+"""The canonical trace's shape follows the cards; the file format refuses bad input."""
+import hashlib
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from kvviz.trace import CanonicalTrace, canonical, load_trace, pack_rows, save_trace
+
+# Pinned so that any change to the canonical workload is deliberate: update it together
+# with the README's tables, never to make a test pass.
+CANONICAL_SHA256 = "ee7d16f19c4b7156b7561cb3257d9e666e81151d80101d8634e5435e97708387"
+
+
+def test_canonical_checksum_is_pinned():
+    t = canonical()
+    digest = hashlib.sha256()
+    for i in range(t.steps):
+        digest.update(t.row(i).tobytes())
+    assert digest.hexdigest() == CANONICAL_SHA256
+
+
+def test_canonical_rows_are_causal_distributions():
+    t = canonical()
+    assert t.steps == 4096
+    assert len(t.row(0)) == 0
+    for i in (1, 2, 65, 1000, 4095):
+        row = t.row(i)
+        assert row.dtype == np.float32 and row.shape == (i,)
+        assert (row >= 0).all()
+        assert abs(float(row.sum(dtype=np.float64)) - 1) < 1e-5
+
+
+def test_canonical_mass_split_follows_the_cards():
+    t = canonical()
+    row = t.row(3000).astype(np.float64)
+    recent = row[-64:].sum()
+    # 0.55 on the 64 newest, plus their sliver of the uniform background (0.10 / 3000 each)
+    assert abs(recent - (0.55 + 64 * 0.10 / 3000)) < 1e-4
+    assert np.allclose(row[:4], 0.15 / 4 + 0.10 / 3000, atol=1e-6)  # four equal sinks
+    hh, share = t.heavy_hitters(3000 // 512)
+    assert hh.max() < (3000 // 512) * 512  # drawn from the context before the epoch
+    background = np.delete(row, np.concatenate([np.arange(4), np.arange(2936, 3000), hh]))
+    assert np.ptp(background) == 0  # everything else is the one uniform background weight
+
+
+def test_heavy_hitters_are_stationary_within_an_epoch_and_redrawn_across():
+    t = canonical()
+    a, b = t.row(1100), t.row(1500)  # same epoch (1024..1535)
+    hh, _ = t.heavy_hitters(2)
+    # with each row's uniform background removed, a heavy hitter weighs the same all epoch
+    assert np.allclose(a[hh] - 0.10 / 1100, b[hh] - 0.10 / 1500, rtol=1e-4)
+    assert not np.array_equal(np.sort(t.heavy_hitters(2)[0]), np.sort(t.heavy_hitters(3)[0]))
+
+
+def test_canonical_is_deterministic_and_seeded():
+    assert np.array_equal(canonical().row(2000), canonical().row(2000))
+    assert not np.array_equal(canonical(seed=1).row(2000), canonical().row(2000))
+    with pytest.raises(ValueError, match="step"):
+        canonical().row(4096)
+
+
+def matrix(steps, seed=0):
+    rng = np.random.default_rng(seed)
+    m = np.tril(rng.random((steps, steps)), k=-1).astype(np.float32)
+    m[1:] /= m[1:].sum(axis=1, keepdims=True)
+    return m
+
+
+def test_save_load_round_trip(tmp_path):
+    m = np.stack([matrix(20), matrix(20, 1)])
+    tokens = [f"tok{i}\n" for i in range(20)]
+    path = save_trace(tmp_path / "t.npz", m, tokens=tokens, layers=[3, 7], meta={"model": "x"},
+                      dtype="float32")
+    trace = load_trace(path, layer=1)
+    assert trace.steps == 20 and trace.tokens == tokens and trace.layer == 7
+    assert trace.meta["model"] == "x"
+    for i in range(20):
+        assert np.array_equal(trace.row(i), m[1, i, :i])
+    assert load_trace(path.read_bytes()).layer == 3
+    assert (path.stat().st_mode & 0o044) == 0o044  # readable by others: traces are shared
+
+
+def test_float16_storage_loads_as_float32(tmp_path):
+    m = matrix(10)
+    trace = load_trace(save_trace(tmp_path / "h.npz", m))
+    assert trace.row(9).dtype == np.float32
+    assert np.allclose(trace.row(9), m[9, :9], atol=1e-3)
+
+
+def test_pack_rows_order():
+    m = np.arange(16, dtype=np.float32).reshape(4, 4)
+    assert pack_rows(m).tolist() == [4, 8, 9, 12, 13, 14]
+
+
+def npz_bytes(**arrays):
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+GOOD = dict(format_version=np.int64(1), attn=np.full((1, 6), 0.25, np.float32))
+
+
+@pytest.mark.parametrize("data, rule", [
+    (b"", "empty"),
+    (b"not a zip at all", "npz"),
+    (npz_bytes(**{**GOOD, "attn": np.array([[0.1, 0.2, 0.3, 0.4]], np.float32)}), "row"),
+    (npz_bytes(**{**GOOD, "attn": np.full((1, 6), np.nan, np.float32)}), "finite"),
+    (npz_bytes(**{**GOOD, "attn": np.full((1, 6), -0.1, np.float32)}), "non-negative"),
+    (npz_bytes(**{**GOOD, "attn": np.full((1, 6), 1, np.int32)}), "float16 or float32"),
+    (npz_bytes(**{**GOOD, "attn": np.full(6, 0.1, np.float32)}), "2-D"),
+    (npz_bytes(attn=GOOD["attn"]), "format_version"),
+    (npz_bytes(format_version=np.int64(2), attn=GOOD["attn"]), "format_version"),
+    (npz_bytes(format_version=np.int64(1)), "attn"),
+    (npz_bytes(**GOOD, tokens=np.array(["a", "b"])), "tokens"),
+    (npz_bytes(**GOOD, meta=np.str_("[1, 2]")), "meta"),
+    (npz_bytes(**GOOD, attn_obj=np.array([{"a": 1}], dtype=object)), "object"),
+])
+def test_bad_files_are_refused_with_the_rule(data, rule):
+    with pytest.raises(ValueError, match=rule):
+        load_trace(data)
+
+
+def test_truncated_zip_is_refused():
+    data = npz_bytes(**GOOD)
+    with pytest.raises(ValueError, match="npz|read"):
+        load_trace(data[: len(data) // 2])
+
+
+def test_size_cap(tmp_path):
+    with pytest.raises(ValueError, match="limit"):
+        load_trace(npz_bytes(**GOOD), max_bytes=100)
+
+
+def test_valid_minimal_file_loads():
+    trace = load_trace(npz_bytes(**GOOD))
+    assert trace.steps == 4 and trace.row(3).tolist() == [0.25, 0.25, 0.25]
+
+
+def test_canonical_parameters_are_validated():
+    with pytest.raises(ValueError, match="steps"):
+        CanonicalTrace(steps=0)
