@@ -1,0 +1,44 @@
+"""`python -m kvviz bench` as a user runs it: table on stdout, CSV/JSON files, clear errors."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+from kvviz.trace import save_trace
+
+
+def kvviz(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "kvviz", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_bench_prints_and_writes_the_table(tmp_path):
+    rng = np.random.default_rng(0)
+    m = np.tril(rng.random((120, 120)), k=-1).astype(np.float32)
+    trace = save_trace(tmp_path / "small.npz", m, meta={"name": "small"})
+    out = kvviz("bench", "--trace", str(trace), "--budgets", "40,64", "--csv", str(tmp_path / "t.csv"),
+                "--json", str(tmp_path / "t.json"))
+    assert out.returncode == 0, out.stderr
+    assert "trace: small (120 steps)" in out.stdout
+    for name in ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "random"):
+        assert name in out.stdout
+    table = pd.read_csv(tmp_path / "t.csv")
+    assert len(table) == 12 and set(table.budget) == {40, 64}
+    assert table.retained_mass.between(0, 1).all()
+    rows = json.loads((tmp_path / "t.json").read_text())
+    assert rows[0]["policy"] == "tova" and rows[0]["memory_bytes"] == 13 * 40
+
+
+def test_bench_refuses_a_bad_trace_without_a_traceback(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"definitely not numpy")
+    out = kvviz("bench", "--trace", str(bad))
+    assert out.returncode == 2
+    assert "npz" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_refuses_a_refused_parameter_combination():
+    out = kvviz("bench", "--budgets", "16", "--policies", "snapkv")  # recent_window 32 >= 16
+    assert out.returncode == 2 and "recent_window" in out.stderr
