@@ -118,6 +118,20 @@ def test_cache_view_heatmap_matches_states(traces):
     assert any(s.get("y0") == 100 == s.get("y1") for s in shapes)
 
 
+def test_cache_view_zoom(traces):
+    at = tiny(step=100)
+    at.segmented_control(key="w.zoom").set_value(32).run()
+    ok(at)
+    spec = heatmap(at)
+    assert qp(at)["zoom"] == "32"
+    codes = png_to_codes(spec["data"][0]["source"])
+    assert codes.shape == (65, 129)  # steps 68..132, positions 4..132: one pixel per cell
+    assert spec["data"][0]["x0"] == 4 and spec["data"][0]["y0"] == 68
+    whole = tiny(step=100)
+    full = png_to_codes(heatmap(whole)["data"][0]["source"])
+    assert np.array_equal(codes, full[68:133, 4:133])
+
+
 def test_each_view_present(traces):
     at = tiny(step=90)
     ok(at)

@@ -96,6 +96,21 @@ def test_state_counts_equal_brute_force(args):
         assert sym[s] == sum(brute_state(ea, eb, s, p) in (ONLY_A, ONLY_B) for p in range(n))
 
 
+def test_zoomed_grid_is_the_sub_block_of_the_states():
+    rng = np.random.default_rng(3)
+    n = 50
+    ea = np.array([-1 if rng.random() < 0.3 else int(rng.integers(p, n)) for p in range(n)])
+    eb = np.array([-1 if rng.random() < 0.3 else int(rng.integers(p, n)) for p in range(n)])
+    g = V.heatmap_grid(ea, eb, max_bins=64, hover_bins=4, steps_range=(10, 30),
+                       pos_range=(5, 25))
+    want = [[brute_state(ea, eb, s, p) for p in range(5, 25)] for s in range(10, 30)]
+    assert g["codes"].tolist() == want
+    fig = V.cache_heatmap(ea, eb, 20, grid=g)
+    assert fig.data[0].x0 == 5 and fig.data[0].y0 == 10
+    assert png_to_codes(fig.data[0].source).tolist() == want
+    assert tuple(fig.layout.xaxis.range) == (4.5, 24.5)
+
+
 def test_bin_edges_cover_and_bound():
     for n, m in ((4096, 1024), (4096, 512), (1000, 1024), (7, 3), (1, 5)):
         e = bin_edges(n, m)

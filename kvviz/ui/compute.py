@@ -115,13 +115,16 @@ def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple,
     return {"policy": policy, "budget": budget, **dict(params), **summary(trace, run)}
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+@st.cache_data(max_entries=64, show_spinner=False)
 def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, labels: tuple,
-         max_bins: int = 1024) -> dict:
-    """Heatmap aggregation for a pair of runs; a, b = (policy, params)."""
+         max_bins: int = 1024, window: tuple | None = None) -> dict:
+    """Heatmap aggregation for a pair of runs; a, b = (policy, params); window =
+    (steps_range, pos_range) for a zoomed view, None for the whole run."""
     ea = get_engine(key, layer, version, a[0], a[1], budget).evicted_at
     eb = get_engine(key, layer, version, b[0], b[1], budget).evicted_at
-    return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1])
+    sr, pr = window or (None, None)
+    return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1],
+                        steps_range=sr, pos_range=pr)
 
 
 def params_key(params: dict) -> tuple:

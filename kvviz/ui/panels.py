@@ -195,9 +195,28 @@ def view_selector(has_tokens: bool) -> str:
     return view or "cache"
 
 
+ZOOMS = (0, 32, 128, 512)
+
+
+def zoom_window(step: int, steps: int, half: int):
+    """Steps step-half..step+half and positions step-3*half..step+half (clipped)."""
+    sr = (max(0, step - half), min(steps, step + half + 1))
+    pr = (max(0, step - 3 * half), min(steps, step + half + 1))
+    return sr, pr
+
+
 def view_cache(ctx: Ctx):
+    restore(wkey("zoom"), 0)
+    if S[wkey("zoom")] not in ZOOMS:
+        S[wkey("zoom")] = 0
+    zoom = st.segmented_control("heatmap range", ZOOMS, key=wkey("zoom"), required=True,
+                                format_func=lambda z: "whole run" if z == 0 else
+                                f"zoom ±{z} steps", help="Zoom shows single cells around the "
+                                "current step: the positions each policy has just dropped.")
+    keep(wkey("zoom"), zoom)
+    window = zoom_window(ctx.step, ctx.trace.steps, zoom) if zoom else None
     g = compute.grid(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb), ctx.budget,
-                     (ctx.label_a, ctx.label_b))
+                     (ctx.label_a, ctx.label_b), window=window)
     fig = V.cache_heatmap(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a, label_b=ctx.label_b,
                           grid=g)
     st.plotly_chart(fig, key="chart.cache", **CHART)
@@ -242,9 +261,12 @@ def view_scores(ctx: Ctx):
         if "pooled" in p["scores"]:
             d = V.defended_positions(p["kept"], p["scores"], p["victims"])
             if len(d):
-                st.markdown(f"**{p['label']}** at step {s}: defended by pooling: "
-                            f"{', '.join(map(str, d))} (their own window sum ranked among the "
-                            "victims; a neighbour's pooled score kept them).")
+                c1, c2 = st.columns([5, 1])
+                c1.markdown(f"**{p['label']}** at step {s}: defended by pooling: "
+                            f"{', '.join(map(str, d))} (own window sum ranked among the "
+                            "victims; a neighbour's pooled score kept it).")
+                c2.button(f"zoom to {int(d[0])}", key="scores.defended", on_click=set_value,
+                          args=("focus", int(d[0])))
             else:
                 st.caption(f"{p['label']} at step {s}: no slot defended by pooling at this step.")
 

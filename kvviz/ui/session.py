@@ -15,7 +15,7 @@ from kvviz.policies import param_specs
 from kvviz.ui.state import ViewState, from_query, to_query
 
 S = st.session_state
-FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp")
+FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom")
 
 
 def wkey(field: str) -> str:
@@ -95,7 +95,7 @@ def view_state() -> ViewState:
                      b=kv.get("b", "snapkv"), pa=current("a"), pb=current("b"),
                      step=kv.get("step"), focus=int(kv.get("focus", -1)),
                      why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
-                     exp=kv.get("exp", ""))
+                     exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)))
 
 
 def write_url() -> None:

@@ -7,6 +7,7 @@ dropped with a note):
             (labels are the cards' names: a.poolKernel=3, b.obsWindow=4, b.recentWindow=32)
     step    int        focus  zoom position (-1 follows the current victim)
     why     divergent position to explain (-1 = automatic)   view  which view is shown
+    zoom    cache heatmap range: 0 = whole run, N = +-N steps around the current step
     exp     the guided experiment in effect (explanation shown)
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ViewState:
     why: int = -1
     view: str = "cache"
     exp: str = ""
+    zoom: int = 0  # cache heatmap: 0 = whole run, else +-zoom steps around the current step
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -61,7 +63,7 @@ def from_query(query) -> tuple[ViewState, list[str]]:
                 setattr(st, key, q[key])
             else:
                 notes.append(f"unknown policy {q[key]!r} for {key}; using {getattr(st, key)}")
-    for key in ("layer", "budget", "step", "focus", "why"):
+    for key in ("layer", "budget", "step", "focus", "why", "zoom"):
         if key in q:
             try:
                 setattr(st, key, _int(q[key]))
@@ -108,6 +110,7 @@ def to_query(st: ViewState) -> dict[str, str]:
     q["focus"] = str(st.focus)
     q["why"] = str(st.why)
     q["view"] = st.view
+    q["zoom"] = str(st.zoom)
     if st.exp:
         q["exp"] = st.exp
     return q

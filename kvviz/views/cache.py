@@ -55,14 +55,19 @@ def png_to_codes(uri: str) -> np.ndarray:
 
 
 def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int = HOVER_BINS,
-                 label_a: str = "A", label_b: str = "B"):
-    """Everything the figure needs that does not depend on the current step (cacheable)."""
+                 label_a: str = "A", label_b: str = "B", steps_range=None, pos_range=None):
+    """Everything the figure needs that does not depend on the current step (cacheable).
+
+    `steps_range` / `pos_range` = (first, end) restrict the grid (a zoomed view); default all.
+    """
     steps = len(ev_a)
-    step_edges = bin_edges(steps, max_bins)
-    pos_edges = bin_edges(steps, max_bins)
+    s0, s1 = steps_range or (0, steps)
+    p0, p1 = pos_range or (0, steps)
+    step_edges = bin_edges(s1, max_bins, s0)
+    pos_edges = bin_edges(p1, max_bins, p0)
     codes, shares = dominant_state(state_counts(ev_a, ev_b, step_edges, pos_edges))
-    h_step = bin_edges(steps, hover_bins)
-    h_pos = bin_edges(steps, hover_bins)
+    h_step = bin_edges(s1, hover_bins, s0)
+    h_pos = bin_edges(p1, hover_bins, p0)
     h_counts = state_counts(ev_a, ev_b, h_step, h_pos)
     return dict(codes=codes, shares=shares, step_edges=step_edges, pos_edges=pos_edges,
                 hover_step_edges=h_step, hover_pos_edges=h_pos, hover_counts=h_counts,
@@ -102,11 +107,11 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
                                       g["hover_pos_edges"], names)
         g["labels"] = (label_a, label_b)
     se, pe = g["step_edges"], g["pos_edges"]
-    steps = int(se[-1])
     dy, dx = int(se[1] - se[0]), int(pe[1] - pe[0])
     fig = go.Figure()
-    fig.add_trace(go.Image(source=g["png"], x0=(dx - 1) / 2, dx=dx, y0=(dy - 1) / 2, dy=dy,
-                           hoverinfo="skip", name="cache states"))
+    fig.add_trace(go.Image(source=g["png"], x0=int(pe[0]) + (dx - 1) / 2, dx=dx,
+                           y0=int(se[0]) + (dy - 1) / 2, dy=dy, hoverinfo="skip",
+                           name="cache states"))
     hs, hp = g["hover_step_edges"], g["hover_pos_edges"]
     fig.add_trace(go.Heatmap(
         z=np.zeros((len(hs) - 1, len(hp) - 1), np.int8),
@@ -118,14 +123,15 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[c],
                                  marker=dict(symbol="square", size=14, color=STATE_COLOURS[c],
                                              line=dict(color="#888888", width=1))))
-    step = int(np.clip(step, 0, steps - 1))
+    step = int(np.clip(step, 0, len(ev_a) - 1))
     fig.add_hline(y=step, line=dict(color="#CC0000", width=2))
     fig.add_annotation(x=0, xref="paper", xanchor="left", y=step, yanchor="bottom",
                        text=f"step {step}", showarrow=False,
                        font=dict(color="#CC0000", size=13), bgcolor="rgba(255,255,255,0.85)")
     base_layout(fig, f"Cache contents over time: A = {label_a}, B = {label_b}", height)
-    fig.update_xaxes(title="position", range=[-0.5, steps - 0.5], showgrid=False, zeroline=False)
-    fig.update_yaxes(title="step", range=[steps - 0.5, -0.5], showgrid=False, zeroline=False,
+    fig.update_xaxes(title="position", range=[pe[0] - 0.5, pe[-1] - 0.5], showgrid=False,
+                     zeroline=False)
+    fig.update_yaxes(title="step", range=[se[-1] - 0.5, se[0] - 0.5], showgrid=False, zeroline=False,
                      scaleanchor=False, constrain="range")
     fig.update_layout(legend=dict(orientation="h", y=-0.12, yanchor="top", x=0, xanchor="left"),
                       margin=dict(b=90))

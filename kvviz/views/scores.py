@@ -73,61 +73,78 @@ def window_positions(panels, center: int, half_width: int):
         i -= 1
     lo = int(kept[max(0, i - half_width)])
     hi = int(kept[min(len(kept) - 1, i + half_width)])
-    return min(lo, int(center)), max(hi, int(center))
+    return lo, hi
 
 
-def neighbourhood_figure(panels, step: int, center: int, half_width: int = 24,
-                         height: int | None = None) -> go.Figure:
+def _positive(v):
+    """Scores for a log axis: zero, negative and unobserved (NaN) become gaps."""
+    v = np.asarray(v, float)
+    return np.where(np.isfinite(v) & (v > 0), v, np.nan)
+
+
+def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
+                         height: int | None = None, log: bool = True) -> go.Figure:
     """Per panel, the scores of the kept slots near `center` at `step`, victims marked;
-    for a pooled policy also the pooled envelope and the defended slots."""
+    for a pooled policy also the pooled envelope and the defended slots.
+
+    The x axis has one category per slot held by any panel in the window, so slots that
+    are adjacent in the cache (what pooling looks at) are adjacent on the page, and both
+    panels line up position by position. Scores are on a log axis by default: eviction
+    happens among the smallest scores, which a linear axis squashes to zero.
+    """
     lo, hi = window_positions(panels, center, half_width)
     titles = []
     for p in panels:
         key = RANK_SCORE.get(p["policy"], (None, "no scores: ranks without attention"))
         titles.append(f"{p['label']}: {key[1]}")
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.14,
                         subplot_titles=titles)
+    union = set()
     for r, p in enumerate(panels, start=1):
         kept = np.asarray(p["kept"])
         sc = p["scores"]
         sel = (kept >= lo) & (kept <= hi)
         x = kept[sel]
+        union.update(int(v) for v in x)
         victims = np.intersect1d(np.asarray(p["victims"], np.int64), x)
         cand = np.asarray(sc.get("candidate", np.ones(len(kept), bool)), bool)[sel]
         colour = p.get("colour", "#555555")
         main = RANK_SCORE.get(p["policy"], (None,))[0]
+        fix = _positive if log else (lambda v: np.asarray(v, float))
         if "pooled" in sc and "sums" in sc:
             sums = np.asarray(sc["sums"], float)[sel]
             pooled = np.asarray(sc["pooled"], float)[sel]
             defended = np.intersect1d(defended_positions(kept, sc, p["victims"]), x)
-            fig.add_trace(go.Bar(x=x, y=sums, name="window sum", marker_color=np.where(
-                cand, colour, "#bbbbbb").tolist(), opacity=0.85,
-                hovertemplate="position %{x}<br>window sum %{y:.4g}<extra></extra>"), row=r, col=1)
-            fig.add_trace(go.Scatter(x=x, y=pooled, name="pooled envelope", mode="lines+markers",
+            fig.add_trace(go.Bar(x=x, y=fix(sums), name="window sum", marker_color=np.where(
+                cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=sums,
+                hovertemplate="position %{x}<br>window sum %{customdata:.4g}<extra></extra>"),
+                row=r, col=1)
+            fig.add_trace(go.Scatter(x=x, y=fix(pooled), name="pooled envelope",
+                                     mode="lines+markers", customdata=pooled,
                                      line=dict(color="#222222", width=2, shape="hvh"),
                                      marker=dict(size=5),
-                                     hovertemplate="position %{x}<br>pooled %{y:.4g}<extra></extra>"),
-                          row=r, col=1)
+                                     hovertemplate="position %{x}<br>pooled %{customdata:.4g}"
+                                     "<extra></extra>"), row=r, col=1)
             if len(defended):
                 m = np.isin(x, defended)
                 fig.add_trace(go.Scatter(
-                    x=x[m], y=sums[m], mode="markers", name="defended (kept by pooling)",
-                    marker=dict(symbol="diamond", size=14, color=DEFENDED_COLOUR,
-                                line=dict(color="black", width=1)),
-                    hovertemplate="position %{x}: own sum %{y:.4g} would have been evicted;"
-                    " a neighbour's pooled score kept it<extra></extra>"), row=r, col=1)
-            yv = pooled
+                    x=x[m], y=fix(sums[m]), mode="markers", name="defended (kept by pooling)",
+                    marker=dict(symbol="diamond", size=15, color=DEFENDED_COLOUR,
+                                line=dict(color="black", width=1)), customdata=sums[m],
+                    hovertemplate="position %{x}: own sum %{customdata:.4g} would have been "
+                    "evicted; a neighbour's pooled score kept it<extra></extra>"), row=r, col=1)
+            yv = fix(pooled)
         elif main and main in sc:
             vals = np.asarray(sc[main], float)[sel]
-            fig.add_trace(go.Bar(x=x, y=np.nan_to_num(vals), name=SCORE_LABELS.get(main, main),
+            fig.add_trace(go.Bar(x=x, y=fix(vals), name=SCORE_LABELS.get(main, main),
                                  marker_color=np.where(cand, colour, "#bbbbbb").tolist(),
-                                 customdata=np.where(np.isnan(vals), "unobserved (newest)", "")
-                                 .tolist(),
-                                 hovertemplate="position %{x}<br>" + SCORE_LABELS.get(main, main)
-                                 + " %{y:.4g} %{customdata}<extra></extra>"), row=r, col=1)
-            yv = np.nan_to_num(vals)
+                                 customdata=np.where(np.isnan(vals), "unobserved (newest)",
+                                                     np.char.mod("%.4g", np.nan_to_num(vals))))
+                          .update(hovertemplate="position %{x}<br>" + SCORE_LABELS.get(main, main)
+                                  + " %{customdata}<extra></extra>"), row=r, col=1)
+            yv = fix(vals)
         else:
-            yv = np.zeros(len(x))
+            yv = np.ones(len(x)) if log else np.zeros(len(x))
             fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name="held",
                                      marker=dict(color=colour, size=8, symbol="square"),
                                      hovertemplate="position %{x} held<extra></extra>"),
@@ -139,13 +156,19 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 24,
                                                  line=dict(width=2)),
                                      hovertemplate="position %{x}: evicted at step " + str(step)
                                      + "<extra></extra>"), row=r, col=1)
-        fig.add_vline(x=center, line=dict(color="#CC0000", width=1, dash="dot"), row=r, col=1)
-    base_layout(fig, f"Scores around position {center} at step {step} (grey = protected "
-                     f"or not yet ranked)", height or 260 * len(panels) + 80)
-    fig.update_xaxes(range=[lo - 1, hi + 1])
-    fig.update_xaxes(title="position", row=len(panels), col=1)
-    fig.update_layout(barmode="overlay", bargap=0.15)
-    # one legend entry per name
+        if log:
+            fig.update_yaxes(type="log", row=r, col=1)
+    cats = sorted(union)
+    if center in union:
+        for r in range(1, len(panels) + 1):
+            fig.add_vline(x=cats.index(center), line=dict(color="#CC0000", width=1, dash="dot"),
+                          row=r, col=1)
+    base_layout(fig, f"Scores of the slots around position {center} at step {step} "
+                     f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 90)
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
+                     tickangle=-90 if len(cats) > 30 else 0, tickfont=dict(size=11))
+    fig.update_xaxes(title="position (one column per held slot)", row=len(panels), col=1)
+    fig.update_layout(barmode="overlay", bargap=0.2)
     seen = set()
     for tr in fig.data:
         tr.showlegend = tr.name not in seen
@@ -212,6 +235,8 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                                  line=dict(width=3))), row=1, col=c)
         fig.update_xaxes(title=f"eviction rank (1 = first to go) — {SCORE_LABELS.get(key, 'no score')}",
                          row=1, col=c)
+        if len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
+            fig.update_yaxes(type="log", row=1, col=c)
     base_layout(fig, f"Why position {position} diverged: the candidates each policy ranked "
                      f"at step {step}", 380)
     return fig

@@ -45,11 +45,12 @@ def states_at(ev_a, ev_b, step: int) -> np.ndarray:
     return out
 
 
-def bin_edges(n: int, max_bins: int) -> np.ndarray:
-    """Edges 0 = e0 < e1 < ... < ek = n of equal-width bins (the last may be shorter), k <= max_bins."""
-    n, max_bins = int(n), max(1, int(max_bins))
-    width = max(1, -(-n // max_bins))
-    return np.append(np.arange(0, n, width), n).astype(np.int64)
+def bin_edges(n: int, max_bins: int, start: int = 0) -> np.ndarray:
+    """Edges start = e0 < e1 < ... < ek = n of equal-width bins (the last may be shorter),
+    k <= max_bins."""
+    n, max_bins, start = int(n), max(1, int(max_bins)), int(start)
+    width = max(1, -(-(n - start) // max_bins))
+    return np.append(np.arange(start, n, width), n).astype(np.int64)
 
 
 def _overlap(lo, hi, s0, s1):
@@ -62,11 +63,13 @@ def state_counts(ev_a, ev_b, step_edges, pos_edges) -> np.ndarray:
 
     Exact counts, computed from the held intervals without materialising the T x T grid.
     """
-    ea, eb = ends(ev_a).astype(np.int32), ends(ev_b).astype(np.int32)
-    steps = len(ea)
-    pos = np.arange(steps, dtype=np.int32)
-    step_edges = np.asarray(step_edges, dtype=np.int32)
     pos_edges = np.asarray(pos_edges, dtype=np.int64)
+    p0, p1 = int(pos_edges[0]), int(pos_edges[-1])  # positions outside the edges are ignored
+    ea = ends(ev_a).astype(np.int32)[p0:p1]
+    eb = ends(ev_b).astype(np.int32)[p0:p1]
+    pos = np.arange(p0, p1, dtype=np.int32)
+    step_edges = np.asarray(step_edges, dtype=np.int32)
+    pos_edges = pos_edges - p0
     s0 = step_edges[:-1, None]
     s1 = step_edges[1:, None]
     starts = pos_edges[:-1]

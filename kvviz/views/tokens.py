@@ -51,7 +51,7 @@ def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
             f'<span class="kv-tok kv-s{c}" title="position {p}: {html.escape(names[c])}" '
             f'style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]}">{_token_html(tokens[p])}</span>')
     style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:15px;"
-             "line-height:1.9;max-height:420px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
+             "line-height:1.9;max-height:640px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
              "border-radius:6px;background:#fff}"
              ".kv-tok{padding:1px 1px;margin:0 1px 0 0;border-radius:3px;white-space:pre}"
              ".kv-ws{opacity:0.55}.kv-legend{margin-bottom:6px;font-size:13px}</style>")
@@ -62,10 +62,12 @@ def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
 def token_timeline_figure(tokens, ev_a, ev_b, step: int, *, lo: int, hi: int,
                           label_a="A", label_b="B", max_rows: int = 48,
                           height: int = 460) -> go.Figure:
-    """Tokens lo..hi-1 (x) by steps 0..step sampled to at most `max_rows` rows (y)."""
+    """Tokens lo..hi-1 (x) by steps lo..step (the window's lifetime so far), sampled to at
+    most `max_rows` rows (y); each row is the state after that step."""
     hi = min(int(hi), len(tokens))
     lo = max(0, min(int(lo), hi - 1))
-    edges = bin_edges(int(step) + 1, max_rows)
+    first = min(lo, int(step))
+    edges = bin_edges(int(step) + 1 - first, max_rows) + first
     rows = edges[1:] - 1  # the last step of each bin: state after that step
     z = np.stack([states_at(ev_a, ev_b, int(s))[lo:hi] for s in rows])
     names = {BOTH: "held by both", ONLY_A: f"only A ({label_a})", ONLY_B: f"only B ({label_b})",
