@@ -17,6 +17,10 @@ def main(argv=None) -> int:
     bench.add_argument("--layer", type=int, default=None, help="stored layer index in --trace")
     bench.add_argument("--budgets", default="256,512,1024", help="comma-separated budgets")
     bench.add_argument("--policies", default=None, help="comma-separated policy names (default all)")
+    bench.add_argument("--pool-kernels", default=None,
+                       help="snapkv once per poolKernel, e.g. 1,3,5,7 (default: its default only)")
+    bench.add_argument("--spans", action="store_true",
+                       help="add span integrity columns (important attention spans at the last step)")
     bench.add_argument("--csv", help="also write the table as CSV here")
     bench.add_argument("--json", help="also write the table as JSON here")
     perf = sub.add_parser("perf", help="replay speed against the reference, and a long run's memory")
@@ -37,7 +41,8 @@ def main(argv=None) -> int:
             trace = load_trace(args.trace, layer=args.layer) if args.trace else canonical()
             budgets = [int(x) for x in args.budgets.split(",")]
             policies = args.policies.split(",") if args.policies else None
-            df = b.table(trace, budgets, policies)
+            kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
+            df = b.table(trace, budgets, policies, kernels, args.spans)
         except ValueError as exc:
             parser.error(str(exc))
         print(f"trace: {trace.name} ({trace.steps} steps)")

@@ -22,15 +22,33 @@ def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
     return {"policy": name, "budget": budget, "params": dict(policy.params), **summary(trace, run)}
 
 
-def table(trace: Trace, budgets=BUDGETS, policies=None) -> pd.DataFrame:
-    rows = []
+def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
+          spans: bool = False) -> pd.DataFrame:
+    """Policies x budgets. `pool_kernels` gives snapkv one row per kernel; `spans` adds
+    span integrity (kvviz.spans: important attention spans whole / fragmented / dropped at the end)."""
+    configs = []
     for name in policies or POLICIES:
+        kernels = pool_kernels if name == "snapkv" and pool_kernels else [None]
+        configs += [(name, {} if k is None else {"pool_kernel": k}) for k in kernels]
+    totals = None
+    if spans:
+        from .spans import received
+        totals = received(trace)
+    rows = []
+    for name, params in configs:
         for budget in budgets:
-            row = evaluate(trace, name, budget)
-            row["params"] = ", ".join(f"{k}={v}" for k, v in row["params"].items())
+            run = run_policy(trace, name, budget, **params)
+            row = {"policy": name, "budget": budget, **summary(trace, run)}
+            row["params"] = ", ".join(f"{k}={v}" for k, v in
+                                      make_policy(name, budget, **params).params.items())
+            if spans:
+                from .spans import span_integrity
+                found = span_integrity(trace, run, spans="attention", totals=totals)
+                row.update({f"span_{k}": found[k] for k in ("whole", "fragmented", "dropped")})
             rows.append(row)
-    return pd.DataFrame(rows, columns=["policy", "budget", "retained_mass", "attention_loss",
-                                       "hh_recall", "memory_bytes", "params"])
+    columns = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
+    columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
+    return pd.DataFrame(rows, columns=columns + ["params"])
 
 
 class CachedTrace(Trace):
