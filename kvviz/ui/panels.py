@@ -330,7 +330,9 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
     rows = []
     for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
         m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget)
-        rows.append({"run": which.upper(), "policy": name, "params": policy_label(name, dict(params)),
+        specs = {sp.name: sp.label for sp in param_specs(name)}
+        shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
+        rows.append({"run": which.upper(), "policy": name, "params": shown,
                      "budget": ctx.budget, **m})
     return rows
 
