@@ -9,21 +9,26 @@ import streamlit as st
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
-from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
-
-notes = session.init()
 st.markdown("### kvviz: watch KV-cache eviction policies decide, step by step")
-for note in notes:
-    st.warning(f"Link: {note}")
-
-key, layer, version, trace = sidebar.trace_controls()
-budget, pols = sidebar.policy_controls(trace.steps)
+notices = st.container()   # notes about the link
 top = st.container()       # experiments, step navigation, status line
 main = st.empty()          # the selected view
 if not st.session_state.get("kv.drawn"):
-    # First run of a session: put a (light) chart on the page at once, so the browser fetches
-    # and parses plotly.js while the server replays the policies.
-    main.plotly_chart(panels.loading_figure(trace.steps), key="chart.loading")
+    # First run of a session: put a tiny chart on the page before anything heavy is even
+    # imported, so the browser fetches and parses plotly.js (4.7 MB) while the server
+    # imports and replays the policies.
+    main.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {
+        "title": {"text": "Replaying the policies…"}, "height": 560, "template": "plotly_white",
+        "xaxis": {"visible": False}, "yaxis": {"visible": False}}}, key="chart.loading")
+
+from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
+
+notes = session.init()
+for note in notes:
+    notices.warning(f"Link: {note}")
+
+key, layer, version, trace = sidebar.trace_controls()
+budget, pols = sidebar.policy_controls(trace.steps)
 
 with top:
     panels.experiments_box()

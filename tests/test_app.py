@@ -125,11 +125,16 @@ def test_cache_view_zoom(traces):
     spec = heatmap(at)
     assert qp(at)["zoom"] == "32"
     codes = png_to_codes(spec["data"][0]["source"])
-    assert codes.shape == (65, 129)  # steps 68..132, positions 4..132: one pixel per cell
-    assert spec["data"][0]["x0"] == 4 and spec["data"][0]["y0"] == 68
+    # steps 68..132; positions: 129 around the positions evicted at step 100
+    assert codes.shape == (65, 129)
+    x0 = int(spec["data"][0]["x0"])
+    assert spec["data"][0]["y0"] == 68
     whole = tiny(step=100)
     full = png_to_codes(heatmap(whole)["data"][0]["source"])
-    assert np.array_equal(codes, full[68:133, 4:133])
+    assert np.array_equal(codes, full[68:133, x0:x0 + 129])
+    # the zoom follows a chosen position (set in the Scores view)
+    at2 = tiny(step=100, zoom=32, focus=70)
+    assert int(heatmap(at2)["data"][0]["x0"]) == 6  # 70 - 2*32
 
 
 def test_each_view_present(traces):

@@ -115,11 +115,22 @@ def test_explorer_in_chromium():
         assert wait_param(page, "budget", "256")
 
         if os.environ.get("KVVIZ_SCREENSHOT") == "1":
-            page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
-            page.wait_for_selector(M.CHART_SEL + " image", state="attached", timeout=60_000)
-            M.wait_idle(page)
-            time.sleep(1.0)
-            page.screenshot(path=str(REPO / "docs" / "screenshot.png"))
+            shots = {"screenshot.png": "trace=canonical&budget=512&a=tova&b=snapkv&step=1300"
+                                       "&view=cache",
+                     "screenshot-zoom.png": "trace=canonical&budget=512&a=tova&b=snapkv&step=1300"
+                                            "&view=cache&zoom=128",
+                     "screenshot-scores.png": "trace=canonical&budget=512&a=tova&b=snapkv"
+                                              "&step=1304&view=scores"}
+            if (REPO / "traces" / "prose.npz").exists():
+                shots["screenshot-tokens.png"] = ("trace=file:prose.npz&budget=128&a=tova"
+                                                  "&b=snapkv&step=600&view=tokens")
+            for name, query in shots.items():
+                page.goto(url + "/?" + query)
+                page.wait_for_selector(M.CHART_SEL + " .main-svg", state="attached",
+                                       timeout=60_000)
+                M.wait_idle(page)
+                time.sleep(1.5)
+                page.screenshot(path=str(REPO / "docs" / name))
     (ART / "latency.json").write_text(json.dumps(lat, indent=1))
     print("latencies:", lat)
     assert not errors, errors

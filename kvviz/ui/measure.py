@@ -4,7 +4,8 @@
 
 Starts `streamlit run app.py` on a free port, waits for /_stcore/health, opens the page
 with the canonical trace at budget 512 and times:
-  * first chart: navigation start -> the cache heatmap drawn (its image in the DOM);
+  * first chart: navigation start -> the cache heatmap drawn (its image in the DOM), for the
+    first visit after the server starts, for a fresh browser profile, and for a reload;
   * slider change -> updated charts: a key press on the poolKernel / obsWindow / step
     slider -> the chart shows the new setting (title or step marker text changes).
 Needs the `playwright` package and Debian's /usr/bin/chromium (never `playwright install`).
@@ -141,35 +142,48 @@ def press_and_wait(page, label: str, key: str, expect_text: str) -> float:
 
 
 def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
-    loads, pool, obs, step = [], [], [], []
-    with server() as url, browser() as page:
-        q = "?trace=canonical&budget=512&a=tova&b=snapkv&view=cache"
+    """Latencies in seconds. first_chart_cold: the first visit after the server starts (fresh
+    browser, empty caches); first_chart_new_browser: a fresh browser profile (nothing cached,
+    plotly.js fetched and parsed again) on a warm server; first_chart_reload: reloading in the
+    same browser; then key presses on sliders until the chart shows the change."""
+    cold, fresh, loads, pool, obs, step = [], [], [], [], [], []
+    q = "?trace=canonical&budget=512&a=tova&b=snapkv&view=cache"
+    with server() as url:
+        with browser() as page:
+            cold.append(load_first_chart(page, url + "/" + q + "&step=1000"))
         for i in range(repeat):
-            loads.append(load_first_chart(page, url + "/" + q + f"&step={1000 + i}"))
-            wait_idle(page)
-        # poolKernel 5 -> 7 -> 9 ..., obsWindow 16 -> 17 ..., step +1
-        for i in range(repeat):
-            pool.append(press_and_wait(page, "poolKernel", "ArrowRight",
-                                       f"poolKernel={5 + 2 * (i + 1)}"))
-            wait_idle(page)
-        for i in range(repeat):
-            obs.append(press_and_wait(page, "obsWindow", "ArrowRight", f"obsWindow={17 + i}"))
-            wait_idle(page)
-        cur = int(page.evaluate("() => new URL(location.href).searchParams.get('step')"))
-        for i in range(repeat):
-            step.append(press_and_wait(page, "step", "ArrowRight", f"step {cur + i + 1}"))
-            wait_idle(page)
-        if screenshot:
-            page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
-            page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
-            wait_idle(page)
-            time.sleep(1.0)
-            page.screenshot(path=screenshot)
+            with browser() as page:
+                fresh.append(load_first_chart(page, url + "/" + q + f"&step={1100 + i}"))
+        with browser() as page:
+            for i in range(repeat):
+                loads.append(load_first_chart(page, url + "/" + q + f"&step={1200 + i}"))
+                wait_idle(page)
+            # poolKernel 5 -> 7 -> 9 ..., obsWindow 16 -> 17 ..., step +1
+            for i in range(repeat):
+                pool.append(press_and_wait(page, "poolKernel", "ArrowRight",
+                                           f"poolKernel={5 + 2 * (i + 1)}"))
+                wait_idle(page)
+            for i in range(repeat):
+                obs.append(press_and_wait(page, "obsWindow", "ArrowRight", f"obsWindow={17 + i}"))
+                wait_idle(page)
+            cur = int(page.evaluate("() => new URL(location.href).searchParams.get('step')"))
+            for i in range(repeat):
+                step.append(press_and_wait(page, "step", "ArrowRight", f"step {cur + i + 1}"))
+                wait_idle(page)
+            if screenshot:
+                page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
+                page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
+                wait_idle(page)
+                time.sleep(1.0)
+                page.screenshot(path=screenshot)
     med = statistics.median
-    return {"first_chart_s": {"median": med(loads), "max": max(loads), "all": loads},
-            "poolKernel_s": {"median": med(pool), "max": max(pool), "all": pool},
-            "obsWindow_s": {"median": med(obs), "max": max(obs), "all": obs},
-            "step_s": {"median": med(step), "max": max(step), "all": step}}
+
+    def stats(xs):
+        return {"median": med(xs), "max": max(xs), "all": xs}
+
+    return {"first_chart_cold_s": stats(cold), "first_chart_new_browser_s": stats(fresh),
+            "first_chart_reload_s": stats(loads), "poolKernel_s": stats(pool),
+            "obsWindow_s": stats(obs), "step_s": stats(step)}
 
 
 def main(argv=None):
@@ -179,7 +193,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     res = measure(args.repeat, args.screenshot)
     for k, v in res.items():
-        print(f"{k:14s} median {v['median']:.2f} s  max {v['max']:.2f} s  "
+        print(f"{k:26s} median {v['median']:.2f} s  max {v['max']:.2f} s  "
               f"({', '.join(f'{x:.2f}' for x in v['all'])})")
     print(json.dumps(res))
 

@@ -63,15 +63,6 @@ class Ctx:
                     victims=eng.victims(step), colour=A_COLOUR if which == "a" else B_COLOUR)
 
 
-def loading_figure(steps: int):
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    fig.update_layout(title=f"Replaying the policies over {steps} steps…", height=560,
-                      template="plotly_white", xaxis=dict(visible=False), yaxis=dict(visible=False))
-    return fig
-
-
 # --- experiments -------------------------------------------------------------------------
 def _run_experiment(name: str):
     spec = experiments.EXPERIMENTS[name]
@@ -198,11 +189,21 @@ def view_selector(has_tokens: bool) -> str:
 ZOOMS = (0, 32, 128, 512)
 
 
-def zoom_window(step: int, steps: int, half: int):
-    """Steps step-half..step+half and positions step-3*half..step+half (clipped)."""
+def zoom_window(step: int, steps: int, half: int, centre: int):
+    """Steps step-half..step+half; positions centre-2*half..centre+2*half (clipped)."""
     sr = (max(0, step - half), min(steps, step + half + 1))
-    pr = (max(0, step - 3 * half), min(steps, step + half + 1))
+    lo = int(np.clip(centre - 2 * half, 0, max(0, steps - 4 * half - 1)))
+    pr = (lo, min(steps, lo + 4 * half + 1))
     return sr, pr
+
+
+def zoom_centre(ctx: "Ctx") -> int:
+    """The zoom position if one is set, else where the policies are evicting now."""
+    focus = int(S["kv"].get("focus", -1))
+    if focus >= 0:
+        return focus
+    v = np.concatenate([ctx.eng_a.victims(ctx.step), ctx.eng_b.victims(ctx.step)])
+    return int(v.min()) if len(v) else max(0, ctx.step - ctx.budget)
 
 
 def view_cache(ctx: Ctx):
@@ -212,9 +213,10 @@ def view_cache(ctx: Ctx):
     zoom = st.segmented_control("heatmap range", ZOOMS, key=wkey("zoom"), required=True,
                                 format_func=lambda z: "whole run" if z == 0 else
                                 f"zoom ±{z} steps", help="Zoom shows single cells around the "
-                                "current step: the positions each policy has just dropped.")
+                                "current step and the positions being evicted now (or the "
+                                "zoom position set in the Scores view).")
     keep(wkey("zoom"), zoom)
-    window = zoom_window(ctx.step, ctx.trace.steps, zoom) if zoom else None
+    window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     g = compute.grid(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb), ctx.budget,
                      (ctx.label_a, ctx.label_b), window=window)
     fig = V.cache_heatmap(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a, label_b=ctx.label_b,

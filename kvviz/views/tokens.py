@@ -35,7 +35,10 @@ def _token_html(tok: str) -> str:
 
 def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
                      lo: int = 0, hi: int | None = None) -> str:
-    """Tokens lo..hi-1 as inline spans coloured by their state after `step`."""
+    """Tokens lo..hi-1 as inline spans coloured by their state after `step`.
+
+    The strip is a scroll box that opens scrolled to its end (the current step); scroll up
+    for the start of the text (CSS column-reverse, no script)."""
     hi = len(tokens) if hi is None else min(int(hi), len(tokens))
     codes = states_at(ev_a, ev_b, step)
     names = {BOTH: "held by both", ONLY_A: f"only A ({label_a})", ONLY_B: f"only B ({label_b})",
@@ -52,11 +55,11 @@ def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
             f'style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]}">{_token_html(tokens[p])}</span>')
     style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:15px;"
              "line-height:1.9;max-height:640px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
-             "border-radius:6px;background:#fff}"
+             "border-radius:6px;background:#fff;display:flex;flex-direction:column-reverse}"
              ".kv-tok{padding:1px 1px;margin:0 1px 0 0;border-radius:3px;white-space:pre}"
              ".kv-ws{opacity:0.55}.kv-legend{margin-bottom:6px;font-size:13px}</style>")
     return (f'{style}<div class="kv-legend">step {int(step)}: {legend}</div>'
-            f'<div class="kv-strip">{"".join(spans)}</div>')
+            f'<div class="kv-strip"><div>{"".join(spans)}</div></div>')
 
 
 def token_timeline_figure(tokens, ev_a, ev_b, step: int, *, lo: int, hi: int,
