@@ -17,22 +17,26 @@ EXPERIMENTS = {
             "SnapKV with **poolKernel = 1** has no max-pool left: it ranks each slot on the "
             "sum of its last obsWindow weights. The canonical trace is stationary inside each "
             "512-step epoch, so that sum orders the slots the same way as the latest weight "
-            "alone, which is TOVA's score. Compare the **retained mass** of A and B in the "
-            "metrics table: it is identical to the last digit. The cache heatmap is not quite "
-            "all grey: the two disagree only on slots whose weights tie exactly (the uniform "
-            "background), where TOVA breaks ties by position, and heavy-hitter recall shifts "
-            "slightly because of it.")),
+            "alone, which is TOVA's score. Look at the **retained mass** of A and B: identical "
+            "to the last digit. The caches are not identical, though (Divergence view, then "
+            "*jump to next divergence*): for a few dozen steps after each epoch boundary, "
+            "SnapKV's window still remembers the old heavy hitters and keeps them a little "
+            "longer, where TOVA drops them at once. Once quiet, every position in this trace "
+            "receives exactly the same background weight, so holding one quiet position "
+            "instead of another changes the retained mass by exactly nothing; heavy-hitter "
+            "recall, which counts the past, does move slightly.")),
     "obswindow": dict(
         title="obsWindow changes nothing",
         state=dict(trace="canonical", budget=512, a="snapkv", b="snapkv", pa={"obs_window": 1},
                    pb={"obs_window": 64}, step=2048, view="metrics", focus=-1, why=-1),
         text=(
-            "Both sides are SnapKV; A sums the last **1** step, B the last **64**. On a trace "
-            "whose attention does not change inside an epoch, a longer window just multiplies "
-            "every slot's score by about the same factor, so the ranking barely moves. "
-            "Retained mass is the same to the last digit; B pays for it in memory "
-            "(see memory bytes: the window is stored per slot). Try a sweep over obsWindow in "
-            "the metrics view.")),
+            "Both sides are SnapKV; A sums the last **1** step, B the last **64**. Inside an "
+            "epoch the trace does not change, so a longer window multiplies every slot's score "
+            "by about the same factor and the ranking stays put. Retained mass is identical to "
+            "the last digit. The two caches do part ways for a while after each epoch boundary "
+            "(the longer window remembers old heavy hitters longer), but only over quiet "
+            "positions that all carry the same weight. What B does pay for is memory: the "
+            "window is stored per slot (see memory bytes). Try *sweep obsWindow* below.")),
     "budget-256": dict(
         title="Budget 256: TOVA keeps sinks and recents",
         state=dict(trace="canonical", budget=256, a="tova", b="h2o", pa={}, pb={},
