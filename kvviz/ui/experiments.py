@@ -45,9 +45,10 @@ EXPERIMENTS = {
             "TOVA has no rule protecting the first tokens (attention sinks) or the newest ones. "
             "It keeps them anyway, because they are what the model keeps looking at: at budget "
             "256, at the last step, TOVA (orange) still holds **all 4 sinks and all 64 most "
-            "recent positions**. H2O (blue) protects a fixed 32 newest positions; the 33rd to "
-            "64th newest must compete on *accumulated* score against old heavy hitters, and "
-            "many lose.")),
+            "recent positions**. H2O (blue) keeps the sinks too (they accumulate the most "
+            "attention) but protects only a fixed 32 newest positions; the 33rd to 64th newest "
+            "must compete on *accumulated* score against old heavy hitters and lose: it ends "
+            "holding half of the 64.")),
     "quiet-hh": dict(
         title="The quiet former heavy hitter",
         state=dict(trace="canonical", budget=512, a="tova", b="h2o", pa={}, pb={},
