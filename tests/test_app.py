@@ -375,3 +375,29 @@ def test_experiment_quiet_heavy_hitter(traces):
     assert tova["evicted at this step"] and not h2o["evicted at this step"]
     assert h2o["held before eviction"] and tova["position"] == pos and tova["step"] == step
     assert step >= 512  # after the heavy hitters are redrawn
+
+
+# --- every policy in every view -----------------------------------------------------------
+VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "export")
+
+
+@pytest.mark.parametrize("name", ["tova", "snapkv", "h2o", "streaming-llm", "scissorhands",
+                                  "random"])
+def test_every_policy_in_every_view(traces, name):
+    at = tiny(a=name, b="h2o" if name != "h2o" else "scissorhands", step=120)
+    ok(at)
+    for view in VIEWS:
+        at.segmented_control(key="w.view").set_value(view).run()
+        ok(at)
+        assert not at.error, (name, view, [e.value for e in at.error])
+
+
+def test_budget_larger_than_the_trace(traces):
+    at = app(trace="file:plain.npz", budget=200)  # 90 steps: nothing is ever evicted
+    ok(at)
+    assert qp(at)["budget"] == "90"  # clamped to the trace length
+    for view in VIEWS[:5]:
+        at.segmented_control(key="w.view").set_value(view).run()
+        ok(at)
+        if view == "divergence":
+            assert any("never evict differently" in i.value for i in at.info)
