@@ -171,8 +171,12 @@ def status(ctx: Ctx):
     cols[2].metric("|A Δ B| now", f"{diff}")
     cols[3].metric("first divergence", "none" if first < 0 else f"step {first}")
     va, vb = ctx.eng_a.victims(s), ctx.eng_b.victims(s)
-    cols[4].metric("evicted at this step", f"A {list(map(int, va[:4])) or '–'} · "
-                                           f"B {list(map(int, vb[:4])) or '–'}")
+
+    def short(v):
+        return "–" if not len(v) else ",".join(map(str, v[:3])) + ("…" if len(v) > 3 else "")
+
+    cols[4].metric("evicted now (A / B)", f"{short(va)} / {short(vb)}",
+                   help=f"A evicted {list(map(int, va))}; B evicted {list(map(int, vb))}")
 
 
 # --- views -------------------------------------------------------------------------------

@@ -10,11 +10,14 @@ DEFENDED_COLOUR = "#009E73"
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=14)
 
 
-def base_layout(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
+def base_layout(fig: go.Figure, title: str, height: int = 360,
+                legend_below: bool = False) -> go.Figure:
+    """Shared look. `legend_below` for figures with subplot titles (the legend would cover them)."""
+    legend = (dict(orientation="h", yanchor="top", y=-0.16, x=0, xanchor="left") if legend_below
+              else dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=height,
-                      margin=dict(l=60, r=20, t=60, b=50), font=FONT,
-                      template="plotly_white", hoverlabel=dict(font_size=14),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+                      margin=dict(l=60, r=20, t=70, b=110 if legend_below else 50), font=FONT,
+                      template="plotly_white", hoverlabel=dict(font_size=14), legend=legend)
     return fig
 
 

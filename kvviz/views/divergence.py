@@ -34,7 +34,7 @@ def divergence_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B",
     diff = symmetric_difference(ev_a, ev_b)
     first = first_divergence(ev_a, ev_b)
     only_a, only_b = only_sets(ev_a, ev_b, step)
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.62, 0.38], vertical_spacing=0.2,
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.62, 0.38], vertical_spacing=0.24,
                         subplot_titles=("|A Δ B|: positions held by exactly one policy, per step",
                                         f"at step {step}: held only by A ({len(only_a)}) / "
                                         f"only by B ({len(only_b)})"))
@@ -61,7 +61,7 @@ def divergence_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B",
                                          line=dict(width=2, color=B_COLOUR)),
                              hovertemplate="position %{x}: held only by B<extra></extra>"),
                   row=2, col=1)
-    base_layout(fig, "Divergence", height)
+    base_layout(fig, "Divergence", height + 60, legend_below=True)
     fig.update_yaxes(title="positions", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(tickvals=[0, 1], ticktext=["only B", "only A"], range=[-0.6, 1.6], row=2, col=1)
     fig.update_xaxes(title="step", row=1, col=1)

@@ -164,7 +164,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
             fig.add_vline(x=cats.index(center), line=dict(color="#CC0000", width=1, dash="dot"),
                           row=r, col=1)
     base_layout(fig, f"Scores of the slots around position {center} at step {step} "
-                     f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 90)
+                     f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 140,
+                legend_below=True)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
                      tickangle=-90 if len(cats) > 30 else 0, tickfont=dict(size=11))
     fig.update_xaxes(title="position (one column per held slot)", row=len(panels), col=1)
@@ -238,5 +239,5 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
         if len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
             fig.update_yaxes(type="log", row=1, col=c)
     base_layout(fig, f"Why position {position} diverged: the candidates each policy ranked "
-                     f"at step {step}", 380)
+                     f"at step {step}", 440, legend_below=True)
     return fig
