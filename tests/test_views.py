@@ -313,3 +313,12 @@ def test_exports():
     doc = json.loads(run_json({"budget": 2}, ra, rb, [{"run": "A"}]))
     assert doc["A"]["evicted_at"] == EA.tolist() and doc["A"]["retained"][0] is None
     assert doc["B"]["params"] == {"recent_window": 1}
+
+
+def test_views_and_pure_ui_modules_do_not_import_streamlit():
+    import subprocess
+    import sys
+    code = ("import sys, kvviz.views, kvviz.ui.engine, kvviz.ui.state, kvviz.ui.export, "
+            "kvviz.ui.measure; assert 'streamlit' not in sys.modules, 'streamlit imported'")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
