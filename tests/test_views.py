@@ -140,6 +140,12 @@ def test_cache_heatmap_pixels_are_the_states():
     assert "only A (tova)" in hover.text[4][2]
 
 
+def test_cache_heatmap_hover_shows_tokens():
+    g = V.heatmap_grid(EA, EB, hover_bins=3, tokens=["a", " b", "\n", "<c>", "d", "e"])
+    assert "tokens: <i>a·b</i>" in g["hover_text"][0][0]
+    assert "tokens: <i>⏎&lt;c&gt;</i>" in g["hover_text"][0][1]
+
+
 def test_cache_heatmap_aggregates_large_runs():
     t = canonical(1500)
     a, b = run_policy(t, "tova", 128), run_policy(t, "h2o", 128)

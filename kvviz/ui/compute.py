@@ -123,8 +123,9 @@ def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, la
     ea = get_engine(key, layer, version, a[0], a[1], budget).evicted_at
     eb = get_engine(key, layer, version, b[0], b[1], budget).evicted_at
     sr, pr = window or (None, None)
+    tokens = get_trace(key, layer, version).tokens
     return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1],
-                        steps_range=sr, pos_range=pr)
+                        steps_range=sr, pos_range=pr, tokens=tokens)
 
 
 def params_key(params: dict) -> tuple:

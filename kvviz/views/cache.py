@@ -8,13 +8,14 @@ with hover text costs seconds to draw and megabytes to send; the image costs kil
 from __future__ import annotations
 
 import base64
+import html
 import io
 
 import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from .common import base_layout, range_label
+from .common import base_layout, range_label, visible_token
 from .states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges,
                      dominant_state, state_counts)
 
@@ -55,10 +56,12 @@ def png_to_codes(uri: str) -> np.ndarray:
 
 
 def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int = HOVER_BINS,
-                 label_a: str = "A", label_b: str = "B", steps_range=None, pos_range=None):
+                 label_a: str = "A", label_b: str = "B", steps_range=None, pos_range=None,
+                 tokens=None):
     """Everything the figure needs that does not depend on the current step (cacheable).
 
     `steps_range` / `pos_range` = (first, end) restrict the grid (a zoomed view); default all.
+    `tokens` (optional) adds the text of each hover block's positions to its hover.
     """
     steps = len(ev_a)
     s0, s1 = steps_range or (0, steps)
@@ -72,16 +75,25 @@ def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int =
     return dict(codes=codes, shares=shares, step_edges=step_edges, pos_edges=pos_edges,
                 hover_step_edges=h_step, hover_pos_edges=h_pos, hover_counts=h_counts,
                 png=codes_to_png(codes), labels=(label_a, label_b),
-                hover_text=_hover_text(h_counts, h_step, h_pos, state_labels(label_a, label_b)))
+                hover_text=_hover_text(h_counts, h_step, h_pos, state_labels(label_a, label_b),
+                                       tokens))
 
 
-def _hover_text(counts, step_edges, pos_edges, names) -> list[list[str]]:
+def _snippet(tokens, p0: int, p1: int, limit: int = 12) -> str:
+    text = "".join(visible_token(t) for t in tokens[p0:min(p1, p0 + limit)])
+    text = html.escape(text[:60]) + ("…" if p1 - p0 > limit or len(text) > 60 else "")
+    return f"<br>tokens: <i>{text}</i>"
+
+
+def _hover_text(counts, step_edges, pos_edges, names, tokens=None) -> list[list[str]]:
     total = counts.sum(axis=0)
+    snippets = [_snippet(tokens, a, b) if tokens is not None else ""
+                for a, b in zip(pos_edges[:-1], pos_edges[1:])]
     text = []
     for i, (s0, s1) in enumerate(zip(step_edges[:-1], step_edges[1:])):
         row = []
         for j, (p0, p1) in enumerate(zip(pos_edges[:-1], pos_edges[1:])):
-            head = f"steps {range_label(s0, s1)}<br>positions {range_label(p0, p1)}"
+            head = f"steps {range_label(s0, s1)}<br>positions {range_label(p0, p1)}{snippets[j]}"
             parts = []
             for c in LEGEND_ORDER:
                 n = counts[c, i, j]
