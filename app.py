@@ -9,7 +9,9 @@ import streamlit as st
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
-st.markdown("### kvviz: watch KV-cache eviction policies decide, step by step")
+st.markdown("<style>[data-testid='stMainBlockContainer']{padding-top:2.2rem}</style>",
+            unsafe_allow_html=True)
+st.markdown("#### kvviz: watch KV-cache eviction policies decide, step by step")
 notices = st.container()   # notes about the link
 top = st.container()       # experiments, step navigation, status line
 main = st.empty()          # the selected view

@@ -78,7 +78,7 @@ def test_explorer_in_chromium():
         # step with the slider (keyboard) and with the next button
         lat["step_s"] = M.press_and_wait(page, "step", "ArrowRight", "step 1301")
         M.wait_idle(page)
-        page.get_by_role("button", name="next ▶").click()
+        page.get_by_role("button", name="next", exact=True).click()
         M.wait_chart_text(page, "step 1302")
         M.wait_idle(page)
         assert wait_param(page, "step", "1302")
@@ -102,6 +102,7 @@ def test_explorer_in_chromium():
         page.screenshot(path=str(ART / "e2e-03-scores.png"))
 
         # a guided experiment sets the controls
+        page.get_by_text("Guided experiments").click()
         page.get_by_role("button", name="Budget 256: TOVA keeps sinks and recents").click()
         M.wait_chart_text(page, "sinks held")
         M.wait_idle(page)

@@ -81,7 +81,7 @@ def _run_experiment(name: str):
 
 def experiments_box():
     with st.expander("Guided experiments: one click reproduces a documented fact",
-                     expanded=not S["kv"].get("exp")):
+                     expanded=False, icon=":material/science:"):
         cols = st.columns(len(experiments.EXPERIMENTS))
         for col, (name, spec) in zip(cols, experiments.EXPERIMENTS.items()):
             col.button(spec["title"], key=f"exp.{name}", on_click=_run_experiment, args=(name,),
@@ -119,19 +119,21 @@ def navigator(ctx: Ctx) -> int:
     restore(wkey("step"), steps - 1)
     S[wkey("step")] = int(np.clip(int(S[wkey("step")]), 0, steps - 1))
     nxt = V.next_divergence(ctx.ev_a, ctx.ev_b, int(S[wkey("step")]))
-    cols = st.columns([1, 1, 1.3, 1.1, 1.6, 7])
-    cols[0].button("◀ prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch")
-    cols[1].button("next ▶", key="nav.next", on_click=_shift, args=(1, steps), width="stretch")
-    cols[2].toggle("play", key="w.play", help="advance on a timer; the page stays usable")
+    step = st.slider("step", 0, steps - 1, key=wkey("step"),
+                     help="the decode step shown (state after that step's eviction)")
+    cols = st.columns([1, 1, 1, 0.9, 2.1, 2.5], vertical_alignment="center")
+    cols[0].button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch",
+                   icon=":material/chevron_left:", help="previous step")
+    cols[1].button("next", key="nav.next", on_click=_shift, args=(1, steps), width="stretch",
+                   icon=":material/chevron_right:", help="next step")
+    cols[2].toggle("play", key="w.play")
     cols[3].selectbox("speed", PLAY_SPEEDS, key="w.speed", label_visibility="collapsed",
-                      format_func=lambda v: f"+{v}/tick", help="steps per tick while playing")
-    cols[4].button("jump to next divergence", key="nav.div", on_click=_goto, args=(nxt,),
-                   disabled=nxt < 0, width="stretch",
-                   help=f"next step where A and B evict differently: {nxt}" if nxt >= 0
-                   else "A and B make no different eviction after this step")
-    with cols[5]:
-        step = st.slider("step", 0, steps - 1, key=wkey("step"),
-                         help="the decode step shown (state after that step's eviction)")
+                      format_func=lambda v: f"+{v}", help="steps per tick while playing "
+                      "(one tick a second)")
+    cols[4].button("next divergence", key="nav.div", on_click=_goto, args=(nxt,),
+                   disabled=nxt < 0, width="stretch", icon=":material/fast_forward:",
+                   help=f"jump to the next step where A and B evict differently: {nxt}"
+                   if nxt >= 0 else "A and B make no different eviction after this step")
     keep(wkey("step"), int(step))
     if S.get("w.play"):
         _ticker(steps)
