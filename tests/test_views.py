@@ -209,6 +209,9 @@ def test_neighbourhood_figure_marks_victims_and_defended():
     assert list(by[("victim this step", "y2")].x) == [1]
     tova_bar = by[("current-step weight", "y2")]
     assert list(tova_bar.x) == [0, 1, 3, 4, 5]
+    fig = V.neighbourhood_figure([snap_panel(), tova], step=5, center=3, half_width=10,
+                                 tokens=["a", " b", "c", "\nd", "e", "f"])
+    assert list(fig.layout.xaxis2.ticktext) == ["0 a", "1 ·b", "2 c", "3 ⏎d", "4 e", "5 f"]
 
 
 def test_why_rows_and_figure():
@@ -217,8 +220,9 @@ def test_why_rows_and_figure():
     assert rows[0]["held before eviction"] and not rows[0]["evicted at this step"]
     assert rows[0]["eviction rank"] == "5 of 5"  # pooled 9 is the safest candidate (tie 4 < 5)
     assert rows[0]["window sum"] == pytest.approx(0.05)
-    rows = V.why_rows(2, 5, [p])
+    rows = V.why_rows(2, 5, [p], tokens=list("abcdef"))
     assert rows[0]["evicted at this step"] and rows[0]["eviction rank"] == "1 of 5"
+    assert rows[0]["token"] == "c"
     fig = V.why_figure(2, 5, [p])
     assert [t.name for t in fig.data][:2] == ["B: snapkv", "victim"]
 

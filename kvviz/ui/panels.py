@@ -264,7 +264,8 @@ def view_scores(ctx: Ctx):
     victims = np.concatenate([panels[0]["victims"], panels[1]["victims"]])
     auto = int(victims[0]) if len(victims) else int(s // 2)
     center = _focus_input(ctx, auto)
-    st.plotly_chart(V.neighbourhood_figure(panels, s, center), key="chart.scores", **CHART)
+    st.plotly_chart(V.neighbourhood_figure(panels, s, center, tokens=ctx.trace.tokens),
+                    key="chart.scores", **CHART)
     for p in panels:
         if "pooled" in p["scores"]:
             d = V.defended_positions(p["kept"], p["scores"], p["victims"])
@@ -312,7 +313,8 @@ def view_divergence(ctx: Ctx):
     c2.button(f"go to step {dstep}", key="why.go", on_click=_goto, args=(dstep,))
     panels = [ctx.panel("a", dstep), ctx.panel("b", dstep)]
     st.plotly_chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)
-    st.dataframe(pd.DataFrame(V.why_rows(pos, dstep, panels)), hide_index=True)
+    st.dataframe(pd.DataFrame(V.why_rows(pos, dstep, panels, tokens=ctx.trace.tokens)),
+                 hide_index=True)
 
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)

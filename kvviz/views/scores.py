@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import DEFENDED_COLOUR, VICTIM_COLOUR, base_layout
+from .common import DEFENDED_COLOUR, VICTIM_COLOUR, base_layout, visible_token
 
 # Which score decides eviction, as the policies document it, and in which direction.
 # Display only: the ranking shown is the policy's documented order, ties to the lower position.
@@ -83,7 +83,8 @@ def _positive(v):
 
 
 def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
-                         height: int | None = None, log: bool = True) -> go.Figure:
+                         height: int | None = None, log: bool = True,
+                         tokens=None) -> go.Figure:
     """Per panel, the scores of the kept slots near `center` at `step`, victims marked;
     for a pooled policy also the pooled envelope and the defended slots.
 
@@ -166,8 +167,13 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
     base_layout(fig, f"Scores of the slots around position {center} at step {step} "
                      f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 140,
                 legend_below=True)
+    ticks = {}
+    if tokens is not None:
+        ticks = dict(tickmode="array", tickvals=cats,
+                     ticktext=[f"{p} {visible_token(tokens[p])[:12]}" for p in cats])
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
-                     tickangle=-90 if len(cats) > 30 else 0, tickfont=dict(size=11))
+                     tickangle=-90 if len(cats) > 30 or tokens is not None else 0,
+                     tickfont=dict(size=11), **ticks)
     fig.update_xaxes(title="position (one column per held slot)", row=len(panels), col=1)
     fig.update_layout(barmode="overlay", bargap=0.2)
     seen = set()
@@ -177,12 +183,13 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
     return fig
 
 
-def why_rows(position: int, step: int, panels) -> list[dict]:
+def why_rows(position: int, step: int, panels, tokens=None) -> list[dict]:
     """For each panel: did it hold / rank / evict `position` at `step`, with its scores."""
     rows = []
     for p in panels:
         kept = np.asarray(p["kept"])
         row = {"policy": p["label"], "step": int(step), "position": int(position),
+               **({"token": visible_token(tokens[position])} if tokens is not None else {}),
                "held before eviction": bool(np.isin(position, kept)),
                "evicted at this step": bool(np.isin(position, np.asarray(p["victims"])))}
         hit = np.flatnonzero(kept == position)
