@@ -11,12 +11,15 @@ FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", siz
 
 
 def base_layout(fig: go.Figure, title: str, height: int = 360,
-                legend_below: bool = False) -> go.Figure:
-    """Shared look. `legend_below` for figures with subplot titles (the legend would cover them)."""
-    legend = (dict(orientation="h", yanchor="top", y=-0.16, x=0, xanchor="left") if legend_below
+                legend_below: bool = False, bottom: int = 120) -> go.Figure:
+    """Shared look. `legend_below` (figures with subplot titles, which a top legend would
+    cover) pins the legend to the bottom edge of the figure, under the axis titles, inside a
+    `bottom`-pixel margin."""
+    legend = (dict(orientation="h", yref="container", yanchor="bottom", y=0.005, x=0,
+                   xanchor="left") if legend_below
               else dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=height,
-                      margin=dict(l=60, r=20, t=70, b=110 if legend_below else 50), font=FONT,
+                      margin=dict(l=60, r=20, t=70, b=bottom if legend_below else 50), font=FONT,
                       template="plotly_white", hoverlabel=dict(font_size=14), legend=legend)
     return fig
 

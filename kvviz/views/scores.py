@@ -165,8 +165,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
             fig.add_vline(x=cats.index(center), line=dict(color="#CC0000", width=1, dash="dot"),
                           row=r, col=1)
     base_layout(fig, f"Scores of the slots around position {center} at step {step} "
-                     f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 140,
-                legend_below=True)
+                     f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 170,
+                legend_below=True, bottom=190 if tokens is not None else 130)
     ticks = {}
     if tokens is not None:
         ticks = dict(tickmode="array", tickvals=cats,
