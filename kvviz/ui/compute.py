@@ -37,9 +37,18 @@ def upload_store() -> dict:
     return {}
 
 
+MAX_UPLOADS = 16
+
+
 def add_upload(data: bytes, filename: str) -> str:
+    """Keep a validated upload server-wide (so its link works for the class); the oldest of
+    more than MAX_UPLOADS is forgotten."""
     sha = hashlib.sha256(data).hexdigest()[:16]
-    upload_store()[sha] = (bytes(data), filename)
+    store = upload_store()
+    store.pop(sha, None)
+    store[sha] = (bytes(data), filename)
+    while len(store) > MAX_UPLOADS:
+        store.pop(next(iter(store)))
     return f"upload:{sha}"
 
 
