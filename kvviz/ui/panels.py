@@ -12,7 +12,7 @@ from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute, experiments
 from kvviz.ui.export import eviction_log, metrics_frame, run_json
 from kvviz.ui.session import S, apply_state, keep, restore, set_value, view_state, wkey
-from kvviz.ui.state import VIEW_LABELS, VIEWS, ViewState
+from kvviz.ui.state import VIEW_LABELS, VIEWS, ViewState, to_query
 from kvviz.views.common import A_COLOUR, B_COLOUR
 
 PLAY_SPEEDS = (1, 4, 16, 64)
@@ -414,8 +414,7 @@ def view_export(ctx: Ctx):
     config = {"trace": ctx.key, "trace_name": getattr(ctx.trace, "name", ""), "layer": ctx.layer,
               "budget": ctx.budget, "A": {"policy": ctx.a, "params": dict(ctx.pa)},
               "B": {"policy": ctx.b, "params": dict(ctx.pb)}, "step": ctx.step,
-              "url_query": {k: v for k, v in __import__("kvviz.ui.state", fromlist=["to_query"])
-                            .to_query(vs).items()}}
+              "url_query": to_query(vs)}
     log = eviction_log(ctx.eng_a.run, ctx.eng_b.run, ctx.trace.tokens)
     stem = f"kvviz_{getattr(ctx.trace, 'name', 'trace')}_{ctx.a}_vs_{ctx.b}_b{ctx.budget}"
     c = st.columns(3)
