@@ -434,3 +434,52 @@ def test_budget_larger_than_the_trace(traces):
         ok(at)
         if view == "divergence":
             assert any("never evict differently" in i.value for i in at.info)
+
+
+def test_remaining_controls(traces):
+    at = tiny(step=100, view="divergence")
+    ok(at)
+    # policy B by its selectbox
+    at.selectbox(key="w.b").set_value("scissorhands").run()
+    ok(at)
+    assert qp(at)["b"] == "scissorhands" and "b.historyWindow" in qp(at)
+    # the "why" position by its number box, then "go to step"
+    rows = at.dataframe[0].value
+    pos = int(rows["position"].iloc[0])
+    at.number_input(key="w.why").set_value(pos).run()
+    ok(at)
+    assert qp(at)["why"] == str(pos)
+    dstep = int(at.dataframe[0].value["step"].iloc[0])
+    at.button(key="why.go").click().run()
+    ok(at)
+    assert at.slider(key="w.step").value == dstep
+    # sweep metric radio redraws the sweep with another metric
+    at.segmented_control(key="w.view").set_value("metrics").run()
+    at.button(key="sweep.pool").click().run()
+    at.radio(key="w.sweep_metric").set_value("memory_bytes").run()
+    ok(at)
+    pool = next(c for c in specs(at) if "poolKernel" in title(c))
+    assert pool["layout"]["yaxis"]["title"]["text"] == "memory (bytes)"
+    mem = arr(pool["data"][0]["y"])
+    assert np.all(mem == mem[0])  # poolKernel does not change SnapKV's memory
+    # an experiment's explanation can be closed
+    at.button(key="exp.budget-256").click().run()
+    assert any("Experiment:" in m.value for m in at.markdown)
+    at.button(key="exp.close").click().run()
+    ok(at)
+    assert not any("Experiment:" in m.value for m in at.markdown) and "exp" not in qp(at)
+
+
+def test_zoom_to_defended_slot(traces):
+    # canonical, SnapKV, a step where pooling defends a slot (found from the page itself)
+    at = app(step=1304, view="scores")
+    ok(at)
+    buttons = [b for b in at.button if b.key == "scores.defended"]
+    assert buttons, "no defended slot at step 1304 on the canonical trace"
+    target = int(buttons[0].label.split()[-1])
+    buttons[0].click().run()
+    ok(at)
+    assert qp(at)["focus"] == str(target)
+    spec = specs(at)[0]
+    d = next(t for t in spec["data"] if t.get("name", "").startswith("defended"))
+    assert target in arr(d["x"]).tolist()
