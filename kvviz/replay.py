@@ -45,12 +45,22 @@ class Run:
 
 
 class Replay:
-    def __init__(self, trace: Trace, policy):
+    """Step a policy through a trace, forward or back.
+
+    With `checkpoint_every=N` it keeps a copy of the policy every N steps, so going back
+    or peeking replays at most N steps instead of from the start (what the app's slider
+    needs); without, memory stays O(policy state + T).
+    """
+
+    def __init__(self, trace: Trace, policy, checkpoint_every: int | None = None):
+        if checkpoint_every is not None and int(checkpoint_every) < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
         self.trace = trace
-        self._initial = copy.deepcopy(policy)  # pristine copy for seeking backwards
         self.policy = policy
         self.budget = policy.budget
         self.t = 0
+        self.every = int(checkpoint_every) if checkpoint_every else None
+        self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
         self.evicted_at = np.full(trace.steps, NEVER, np.int64)
 
     def _feed(self, policy, t: int) -> None:
@@ -66,11 +76,20 @@ class Replay:
         if self.t >= self.trace.steps:
             raise ValueError(f"step: the trace has only {self.trace.steps} steps")
         t = self.t
+        if self.every and t % self.every == 0 and t not in self._checkpoints:
+            self._checkpoints[t] = copy.deepcopy(self.policy)
         self._feed(self.policy, t)
         victims = self.policy.evict(self.budget)
         self.evicted_at[victims] = t
         self.t += 1
         return victims
+
+    def _restore(self, done: int) -> None:
+        """Go back to the nearest checkpoint with at most `done` steps taken."""
+        start = max(k for k in self._checkpoints if k <= done)
+        self.policy = copy.deepcopy(self._checkpoints[start])
+        self.t = start
+        self.evicted_at[self.evicted_at >= start] = NEVER
 
     def seek(self, i: int) -> None:
         """Bring the state to just after step i (i = -1: before any step)."""
@@ -78,18 +97,25 @@ class Replay:
         if not -1 <= i < self.trace.steps:
             raise ValueError(f"seek: step must be in -1..{self.trace.steps - 1}, got {i}")
         if i + 1 < self.t:
-            self.policy = copy.deepcopy(self._initial)
-            self.t = 0
-            self.evicted_at[:] = NEVER
+            self._restore(i + 1)
         while self.t <= i:
             self.step()
 
     def peek(self, step: int):
         """(kept, scores) at `step` after admission, before eviction. Leaves self unchanged."""
-        probe = Replay(self.trace, copy.deepcopy(self._initial))
-        probe.seek(step - 1)
-        probe._feed(probe.policy, step)
-        return probe.policy.kept.copy(), probe.policy.scores()
+        step = int(step)
+        if not 0 <= step < self.trace.steps:
+            raise ValueError(f"peek: step must be in 0..{self.trace.steps - 1}, got {step}")
+        if self.t == step:
+            policy = copy.deepcopy(self.policy)
+        else:
+            start = max(k for k in self._checkpoints if k <= step)
+            probe = Replay(self.trace, copy.deepcopy(self._checkpoints[start]))
+            probe.t = start
+            probe.seek(step - 1)
+            policy = probe.policy
+        self._feed(policy, step)
+        return policy.kept.copy(), policy.scores()
 
     def run(self) -> Run:
         self.seek(self.trace.steps - 1)

@@ -110,3 +110,24 @@ def test_runs_are_bit_identical():
         a, b = run_policy(trace, name, 64), run_policy(trace, name, 64)
         assert np.array_equal(a.evicted_at, b.evicted_at)
         assert np.array_equal(a.retained, b.retained, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["snapkv", "random", "h2o"])
+def test_checkpoints_change_nothing_but_speed(name):
+    trace = canonical(600)
+    fresh = run_policy(trace, name, 48)
+    plain = Replay(trace, make_policy(name, 48))
+    replay = Replay(trace, make_policy(name, 48), checkpoint_every=64)
+    replay.seek(599)
+    for back in (450, 128, 127, 0, 300):
+        replay.seek(back)
+        assert replay.t == back + 1
+        assert replay.policy.kept.tolist() == fresh.held_at(back).tolist()
+        kept, scores = replay.peek(back + 37)
+        kept_plain, scores_plain = plain.peek(back + 37)
+        assert kept.tolist() == kept_plain.tolist()
+        for key in scores:
+            assert np.array_equal(scores[key], scores_plain[key], equal_nan=True), key
+    assert np.array_equal(replay.run().evicted_at, fresh.evicted_at)
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        Replay(trace, make_policy(name, 48), checkpoint_every=0)
