@@ -20,7 +20,7 @@ if not st.session_state.get("kv.drawn"):
     # imported, so the browser fetches and parses plotly.js (4.7 MB) while the server
     # imports and replays the policies.
     main.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {
-        "title": {"text": "Replaying the policies…"}, "height": 560, "template": "plotly_white",
+        "title": {"text": "Replaying the policies…"}, "height": 560, "plot_bgcolor": "white",
         "xaxis": {"visible": False}, "yaxis": {"visible": False}}}, key="chart.loading")
 
 from kvviz.ui import compute, panels, session, sidebar  # noqa: E402

@@ -332,3 +332,16 @@ def test_views_and_pure_ui_modules_do_not_import_streamlit():
             "kvviz.ui.measure; assert 'streamlit' not in sys.modules, 'streamlit imported'")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
+
+
+def test_state_counts_on_a_long_trace_use_wide_integers():
+    n = 40_000  # positions and steps beyond int16
+    ea = np.full(n, -1)
+    eb = np.full(n, -1)
+    ea[5] = 39_999  # A evicts position 5 at the very last step
+    se = np.array([0, 39_999, n])
+    pe = np.array([0, 10, n])
+    c = state_counts(ea, eb, se, pe)
+    # last step bin (step 39,999 only), positions 0..9: 9 held by both, position 5 only B
+    assert c[BOTH, 1, 0] == 9 and c[ONLY_B, 1, 0] == 1
+    assert c[:, 0, 1].sum() == 39_999 * (n - 10)

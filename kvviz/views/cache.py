@@ -55,6 +55,14 @@ def png_to_codes(uri: str) -> np.ndarray:
     return codes
 
 
+def _coarser(edges: np.ndarray, max_bins: int):
+    """(coarse edges, their indices into `edges`): every k-th fine edge, <= max_bins bins."""
+    n = len(edges) - 1
+    k = max(1, -(-n // max(1, int(max_bins))))
+    idx = np.arange(0, n, k)
+    return np.append(edges[idx], edges[-1]), idx
+
+
 def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int = HOVER_BINS,
                  label_a: str = "A", label_b: str = "B", steps_range=None, pos_range=None,
                  tokens=None):
@@ -68,10 +76,12 @@ def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int =
     p0, p1 = pos_range or (0, steps)
     step_edges = bin_edges(s1, max_bins, s0)
     pos_edges = bin_edges(p1, max_bins, p0)
-    codes, shares = dominant_state(state_counts(ev_a, ev_b, step_edges, pos_edges))
-    h_step = bin_edges(s1, hover_bins, s0)
-    h_pos = bin_edges(p1, hover_bins, p0)
-    h_counts = state_counts(ev_a, ev_b, h_step, h_pos)
+    counts = state_counts(ev_a, ev_b, step_edges, pos_edges)
+    codes, shares = dominant_state(counts)
+    # hover blocks are unions of whole pixel blocks, so their counts are sums of pixel counts
+    h_step, si = _coarser(step_edges, hover_bins)
+    h_pos, pi = _coarser(pos_edges, hover_bins)
+    h_counts = np.add.reduceat(np.add.reduceat(counts, si, axis=1), pi, axis=2)
     return dict(codes=codes, shares=shares, step_edges=step_edges, pos_edges=pos_edges,
                 hover_step_edges=h_step, hover_pos_edges=h_pos, hover_counts=h_counts,
                 png=codes_to_png(codes), labels=(label_a, label_b),

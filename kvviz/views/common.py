@@ -8,6 +8,13 @@ B_COLOUR = "#0072B2"   # blue: policy B
 VICTIM_COLOUR = "#D55E00"
 DEFENDED_COLOUR = "#009E73"
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=14)
+_AXIS = dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", ticks="",
+             automargin=True, title=dict(standoff=12))
+# A small white theme. Assigning plotly's named "plotly_white" template deep-copies its
+# defaults for every trace type (~0.15 s per figure); these few layout keys are what we use.
+LIGHT = dict(layout=dict(paper_bgcolor="white", plot_bgcolor="white", xaxis=_AXIS, yaxis=_AXIS,
+                         colorway=["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9",
+                                   "#D55E00", "#999999"], hovermode="closest"))
 
 
 def base_layout(fig: go.Figure, title: str, height: int = 360,
@@ -20,7 +27,7 @@ def base_layout(fig: go.Figure, title: str, height: int = 360,
               else dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=height,
                       margin=dict(l=60, r=20, t=70, b=bottom if legend_below else 50), font=FONT,
-                      template="plotly_white", hoverlabel=dict(font_size=14), legend=legend)
+                      template=LIGHT, hoverlabel=dict(font_size=14), legend=legend)
     return fig
 
 

@@ -64,27 +64,30 @@ def state_counts(ev_a, ev_b, step_edges, pos_edges) -> np.ndarray:
     Exact counts, computed from the held intervals without materialising the T x T grid.
     """
     pos_edges = np.asarray(pos_edges, dtype=np.int64)
+    step_edges = np.asarray(step_edges, dtype=np.int64)
+    # narrow integers for the big per-position arrays (memory bandwidth is the cost here);
+    # values are steps and positions (< len + 1); sums happen in int64
+    largest = max(len(ev_a), int(step_edges[-1]), int(pos_edges[-1])) + 1
+    dt = np.int16 if largest < 2**15 else np.int32 if largest < 2**31 else np.int64
     p0, p1 = int(pos_edges[0]), int(pos_edges[-1])  # positions outside the edges are ignored
-    ea = ends(ev_a).astype(np.int32)[p0:p1]
-    eb = ends(ev_b).astype(np.int32)[p0:p1]
-    pos = np.arange(p0, p1, dtype=np.int32)
-    step_edges = np.asarray(step_edges, dtype=np.int32)
-    pos_edges = pos_edges - p0
-    s0 = step_edges[:-1, None]
-    s1 = step_edges[1:, None]
-    starts = pos_edges[:-1]
+    ea = ends(ev_a)[p0:p1].astype(dt)
+    eb = ends(ev_b)[p0:p1].astype(dt)
+    pos = np.arange(p0, p1).astype(dt)
+    s0 = step_edges[:-1, None].astype(dt)
+    s1 = step_edges[1:, None].astype(dt)
+    starts = pos_edges[:-1] - p0
 
     def block(lo, hi):
         per_pos = np.minimum(hi, s1)
         per_pos -= np.maximum(lo, s0)
         np.maximum(per_pos, 0, out=per_pos)
-        return np.add.reduceat(per_pos, starts, axis=1)
+        return np.add.reduceat(per_pos, starts, axis=1, dtype=np.int64)
 
     held_a = block(pos, ea)
     held_b = block(pos, eb)
     both = block(pos, np.minimum(ea, eb))
-    not_yet = block(np.int32(0), pos)
-    total = (s1 - s0) * np.diff(pos_edges)[None, :]
+    not_yet = block(dt(0), pos)
+    total = (s1 - s0).astype(np.int64) * np.diff(pos_edges)[None, :]
     return np.stack([not_yet, total - not_yet - held_a - held_b + both,
                      held_b - both, held_a - both, both])
 
