@@ -106,7 +106,7 @@ def test_snapkv_sums_in_ring_order():
 
 @pytest.mark.parametrize("name, expected", [
     ("tova", 13), ("h2o", 13), ("snapkv", 21 + 4 * 16), ("streaming-llm", 4), ("random", 4),
-    ("scissorhands", 4 + 32 + 1),
+    ("scissorhands", 13),
 ])
 def test_bytes_per_slot(name, expected):
     assert make_policy(name).bytes_per_slot == expected

@@ -3,8 +3,8 @@
 Following the paper's compression step: over a history window of observed steps, count
 how often each slot's attention fell below the uniform share 1/len(kept) ("unimportant
 at that step"); evict the slots unimportant most often, never the `recent_window`
-newest. The count comes from a ring of flags, so it covers exactly the last
-`history_window` observed steps.
+newest. The flags live in a ring of bits (bit k = ring slot k of one uint64), so the
+count covers exactly the last `history_window` observed steps and is a popcount.
 """
 from dataclasses import dataclass
 from typing import ClassVar
@@ -21,21 +21,21 @@ class Scissorhands(Policy):
 
     name = "scissorhands"
     specs: ClassVar = (
-        ParamSpec("history_window", "historyWindow", 32, 1, 256,
+        ParamSpec("history_window", "historyWindow", 32, 1, 64,
                   help="observed steps over which low-attention counts are kept",
-                  source="kvviz choice (the paper's w is workload-specific); equals snapkv's 2x obsWindow"),
+                  source="kvviz choice (the paper's window is workload-specific): 2x snapkv's obsWindow"),
         ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
                   source="kvviz choice, same as h2o for comparability"),
     )
 
     def check_params(self):
-        if self.history_window < 1:
-            raise ValueError(f"history_window must be >= 1, got {self.history_window}")
+        if not 1 <= self.history_window <= 64:
+            raise ValueError(f"history_window must be in 1..64 (one bit per step in a uint64), "
+                             f"got {self.history_window}")
         check_recent(self)
 
     def columns(self):
-        # row k of "low" = ring slot k; "count" = its column sums, kept exactly (integers)
-        return {"low": (np.bool_, (self.history_window,), False), "count": (np.int32, (), 0)}
+        return {"low": (np.uint64, (), 0)}
 
     def reset_state(self):
         super().reset_state()
@@ -43,17 +43,17 @@ class Scissorhands(Policy):
 
     def observe(self, attn):
         if len(attn):
-            ring, count = self.col("low")[self.slot], self.col("count")
-            count -= ring
-            ring[:] = attn < np.float32(1.0 / len(attn))
-            count += ring
+            bit = np.uint64(1) << np.uint64(self.slot)
+            flags = self.col("low")
+            flags &= ~bit  # forget what this ring slot said a full window ago
+            flags |= (attn < np.float32(1.0 / len(attn))).astype(np.uint64) << np.uint64(self.slot)
         self.slot = (self.slot + 1) % self.history_window
 
     def candidates(self):
         return recent_candidates(self._n, self.recent_window)
 
     def low_count(self):
-        return self.col("count").copy()
+        return np.bitwise_count(self.col("low")).astype(np.int64)
 
     def priority(self):
         return -self.low_count().astype(np.float64)  # most often unimportant goes first
@@ -63,4 +63,4 @@ class Scissorhands(Policy):
 
     @property
     def bytes_per_slot(self):
-        return 4 + self.history_window + 1  # position, one flag byte per step, scratch
+        return 4 + 8 + 1  # position, 64 flag bits, eviction scratch
