@@ -29,7 +29,8 @@ class H2O(Policy):
         return {"cumulative": (np.float64, (), 0.0)}
 
     def observe(self, attn):
-        self.col("cumulative")[:] += attn
+        cumulative = self.col("cumulative")
+        cumulative += attn
 
     def candidates(self):
         return recent_candidates(self._n, self.recent_window)
