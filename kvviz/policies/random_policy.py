@@ -13,6 +13,8 @@ class RandomPolicy(Policy):
 
     def choose(self, count):
         # one uniform draw per victim among those still standing: without replacement
+        if count == 1:
+            return np.array([int(self.rng.integers(self._n))])
         standing = np.arange(self._n)
         picks = []
         for _ in range(count):
