@@ -96,7 +96,7 @@ def test_default_page_canonical(traces):
     assert q["step"] == "512"  # opens at the first divergence
     spec = heatmap(at)
     codes = png_to_codes(spec["data"][0]["source"])
-    assert codes.shape == (1024, 1024) and (codes >= 0).all()
+    assert codes.shape == (512, 512) and (codes >= 0).all()  # 4096 steps -> 8x8 blocks
     assert title(spec) == "Cache contents over time: A = tova, B = snapkv"
     labels = [s.label for s in at.sidebar.slider]
     assert labels == ["obsWindow", "poolKernel", "recentWindow"]

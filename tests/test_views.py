@@ -117,6 +117,16 @@ def test_bin_edges_cover_and_bound():
         assert e[0] == 0 and e[-1] == n and np.all(np.diff(e) > 0) and len(e) - 1 <= m
 
 
+def test_display_state_keeps_one_line_disagreements_visible():
+    from kvviz.views.states import display_state
+    counts = np.zeros((5, 1, 3), int)
+    counts[NEITHER, 0, 0], counts[ONLY_B, 0, 0] = 12, 4    # 4x4 block, one column only B
+    counts[NEITHER, 0, 1], counts[ONLY_A, 0, 1] = 13, 3    # less than a full line: mode
+    counts[BOTH, 0, 2], counts[ONLY_A, 0, 2], counts[ONLY_B, 0, 2] = 8, 4, 4  # tie -> A
+    codes = display_state(counts, [0, 4], [0, 4, 8, 12])
+    assert codes.tolist() == [[ONLY_B, NEITHER, ONLY_A]]
+
+
 def test_dominant_state_picks_mode_and_share():
     counts = np.zeros((5, 1, 2), int)
     counts[BOTH, 0, 0], counts[ONLY_A, 0, 0] = 3, 1

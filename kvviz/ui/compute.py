@@ -124,15 +124,23 @@ def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple,
     return {"policy": policy, "budget": budget, **dict(params), **summary(trace, run)}
 
 
+def heatmap_bins(steps: int) -> int:
+    """Pixels per axis: one per cell up to 1,024 steps; beyond that 512 (4,096 steps -> 8x8
+    blocks; aggregation cost grows with pixels x positions, and the chart is ~1,000 px wide)."""
+    return steps if steps <= 1024 else 512
+
+
 @st.cache_data(max_entries=64, show_spinner=False)
 def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, labels: tuple,
-         max_bins: int = 1024, window: tuple | None = None) -> dict:
+         max_bins: int | None = None, window: tuple | None = None) -> dict:
     """Heatmap aggregation for a pair of runs; a, b = (policy, params); window =
     (steps_range, pos_range) for a zoomed view, None for the whole run."""
     ea = get_engine(key, layer, version, a[0], a[1], budget).evicted_at
     eb = get_engine(key, layer, version, b[0], b[1], budget).evicted_at
     sr, pr = window or (None, None)
-    tokens = get_trace(key, layer, version).tokens
+    trace = get_trace(key, layer, version)
+    tokens = trace.tokens
+    max_bins = max_bins or heatmap_bins(trace.steps)
     return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1],
                         steps_range=sr, pos_range=pr, tokens=tokens)
 

@@ -229,9 +229,12 @@ def view_cache(ctx: Ctx):
                           grid=g)
     st.plotly_chart(fig, key="chart.cache", **CHART)
     w = int(g["step_edges"][1] - g["step_edges"][0])
-    st.caption(f"Each pixel is a block of {w}×{w} cells coloured by its most frequent state; "
-               "hover for the exact shares of a larger block. The red line is the current step."
-               if w > 1 else "Each pixel is one (step, position) cell. The red line is the current step.")
+    st.caption(f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "
+               "by the disagreement (only A / only B) when the policies differ on a whole line "
+               "of it, so one-position differences stay visible. Hover for exact shares of "
+               "larger blocks. The red line is the current step."
+               if w > 1 else "Each pixel is one (step, position) cell. The red line is the "
+               "current step.")
 
 
 def view_survival(ctx: Ctx):

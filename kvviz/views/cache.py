@@ -17,7 +17,7 @@ from PIL import Image
 
 from .common import base_layout, range_label, visible_token
 from .states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges,
-                     dominant_state, state_counts)
+                     display_state, dominant_state, state_counts)
 
 DEFAULT_MAX_BINS = 1024
 HOVER_BINS = 64
@@ -68,6 +68,10 @@ def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int =
                  tokens=None):
     """Everything the figure needs that does not depend on the current step (cacheable).
 
+    Pixels: `states.display_state` (most frequent state, but a disagreement covering a
+    full line of the block wins, so one-position differences stay visible); hover: exact
+    shares of every state in larger blocks.
+
     `steps_range` / `pos_range` = (first, end) restrict the grid (a zoomed view); default all.
     `tokens` (optional) adds the text of each hover block's positions to its hover.
     """
@@ -77,7 +81,8 @@ def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int =
     step_edges = bin_edges(s1, max_bins, s0)
     pos_edges = bin_edges(p1, max_bins, p0)
     counts = state_counts(ev_a, ev_b, step_edges, pos_edges)
-    codes, shares = dominant_state(counts)
+    _, shares = dominant_state(counts)
+    codes = display_state(counts, step_edges, pos_edges)
     # hover blocks are unions of whole pixel blocks, so their counts are sums of pixel counts
     h_step, si = _coarser(step_edges, hover_bins)
     h_pos, pi = _coarser(pos_edges, hover_bins)

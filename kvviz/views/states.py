@@ -100,6 +100,21 @@ def dominant_state(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return code, share
 
 
+def display_state(counts: np.ndarray, step_edges, pos_edges) -> np.ndarray:
+    """The colour of each block: its most frequent state, except that a block where the
+    policies disagree on at least one full line of cells (a whole row or column of the block)
+    shows the disagreement (only A or only B, whichever has more cells). With mode alone a
+    one-position-wide difference vanishes as soon as blocks are wider than one cell; single
+    cells are shown exactly either way."""
+    code, _ = dominant_state(counts)
+    hs = np.diff(np.asarray(step_edges))[:, None]
+    ws = np.diff(np.asarray(pos_edges))[None, :]
+    line = np.minimum(hs, ws)
+    only_a, only_b = counts[ONLY_A], counts[ONLY_B]
+    show = (only_a + only_b) >= line
+    return np.where(show, np.where(only_a >= only_b, ONLY_A, ONLY_B), code).astype(np.int8)
+
+
 def symmetric_difference(ev_a, ev_b) -> np.ndarray:
     """|A delta B| after each step: positions held by exactly one of the two."""
     ea, eb = ends(ev_a), ends(ev_b)
