@@ -7,7 +7,8 @@ with the canonical trace at budget 512 and times:
   * first chart: navigation start -> the cache heatmap drawn (its image in the DOM), for the
     first visit after the server starts, for a fresh browser profile, and for a reload;
   * slider change -> updated charts: a key press on the poolKernel / obsWindow / step
-    slider -> the chart shows the new setting (title or step marker text changes).
+    slider -> the chart shows the new setting (title or step marker text changes), on the
+    cache view; and the step slider on the scores view (both policies' scores at the new step).
 Needs the `playwright` package and Debian's /usr/bin/chromium (never `playwright install`).
 """
 from __future__ import annotations
@@ -146,7 +147,7 @@ def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
     browser, empty caches); first_chart_new_browser: a fresh browser profile (nothing cached,
     plotly.js fetched and parsed again) on a warm server; first_chart_reload: reloading in the
     same browser; then key presses on sliders until the chart shows the change."""
-    cold, fresh, loads, pool, obs, step = [], [], [], [], [], []
+    cold, fresh, loads, pool, obs, step, scores = [], [], [], [], [], [], []
     q = "?trace=canonical&budget=512&a=tova&b=snapkv&view=cache"
     with server() as url:
         with browser() as page:
@@ -170,6 +171,13 @@ def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
             for i in range(repeat):
                 step.append(press_and_wait(page, "step", "ArrowRight", f"step {cur + i + 1}"))
                 wait_idle(page)
+            # the scores view: a step change needs both policies' scores at the new step
+            page.goto(url + "/" + q.replace("view=cache", "view=scores") + "&step=2000")
+            wait_chart_text(page, "at step 2000")
+            wait_idle(page)
+            for i in range(repeat):
+                scores.append(press_and_wait(page, "step", "ArrowRight", f"at step {2001 + i}"))
+                wait_idle(page)
             if screenshot:
                 page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
                 page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
@@ -183,7 +191,7 @@ def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
 
     return {"first_chart_cold_s": stats(cold), "first_chart_new_browser_s": stats(fresh),
             "first_chart_reload_s": stats(loads), "poolKernel_s": stats(pool),
-            "obsWindow_s": stats(obs), "step_s": stats(step)}
+            "obsWindow_s": stats(obs), "step_s": stats(step), "step_scores_view_s": stats(scores)}
 
 
 def main(argv=None):
