@@ -121,7 +121,7 @@ def test_explorer_in_chromium():
                      "screenshot-zoom.png": "trace=canonical&budget=512&a=tova&b=snapkv&step=1300"
                                             "&view=cache&zoom=128",
                      "screenshot-scores.png": "trace=canonical&budget=512&a=tova&b=snapkv"
-                                              "&step=1304&view=scores"}
+                                              "&step=1304&view=scores&focus=4"}
             if (REPO / "traces" / "prose.npz").exists():
                 shots["screenshot-tokens.png"] = ("trace=file:prose.npz&budget=128&a=tova"
                                                   "&b=snapkv&step=600&view=tokens")
