@@ -483,3 +483,14 @@ def test_zoom_to_defended_slot(traces):
     spec = specs(at)[0]
     d = next(t for t in spec["data"] if t.get("name", "").startswith("defended"))
     assert target in arr(d["x"]).tolist()
+
+
+def test_positions_beyond_a_new_trace_are_reset(traces):
+    at = app(step=3000, view="scores", focus=3000, why=2500)
+    ok(at)
+    at.selectbox(key="w.trace").set_value("file:plain.npz").run()  # 90 steps
+    ok(at)
+    assert qp(at)["focus"] == "-1" and int(qp(at)["step"]) == 89
+    at.segmented_control(key="w.view").set_value("divergence").run()
+    ok(at)
+    assert qp(at)["why"] == "-1"

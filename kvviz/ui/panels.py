@@ -248,8 +248,18 @@ def view_survival(ctx: Ctx):
     st.dataframe(pd.DataFrame(rows), hide_index=True)
 
 
+def _restore_position(field: str, steps: int) -> None:
+    """A kept position that does not exist in this trace (after switching trace) becomes -1."""
+    v = restore(wkey(field), -1)
+    try:
+        v = int(v)
+    except (TypeError, ValueError):
+        v = -1
+    S[wkey(field)] = v if -1 <= v < steps else -1
+
+
 def _focus_input(ctx: Ctx, default_pos: int) -> int:
-    restore(wkey("focus"), -1)
+    _restore_position("focus", ctx.trace.steps)
     c1, c2 = st.columns([2, 5])
     focus = c1.number_input("zoom to position (-1 follows this step's victim)", min_value=-1,
                             max_value=ctx.trace.steps - 1, step=1, key=wkey("focus"))
@@ -293,7 +303,7 @@ def view_divergence(ctx: Ctx):
     if not len(cands):
         st.info("A and B never evict differently on this trace and budget.")
         return
-    restore(wkey("why"), -1)
+    _restore_position("why", ctx.trace.steps)
     c1, c2 = st.columns([2, 5])
     why = c1.number_input("divergent position (-1: first one held by only one side now)",
                           min_value=-1, max_value=ctx.trace.steps - 1, step=1, key=wkey("why"))
