@@ -113,6 +113,10 @@ def advance(step: int, speed: int, steps: int) -> tuple[int, bool]:
 
 def navigator(ctx: Ctx) -> int:
     steps = ctx.trace.steps
+    for field in ("focus", "why"):  # positions kept from another trace
+        if not -1 <= int(S["kv"].get(field, -1)) < steps:
+            S["kv"][field] = -1
+            S.pop(wkey(field), None)
     if S["kv"].get("step") is None and wkey("step") not in S:
         first = V.first_divergence(ctx.ev_a, ctx.ev_b)
         S["kv"]["step"] = first if first >= 0 else steps - 1
