@@ -34,6 +34,9 @@ class RefPolicy:
     def held(self):
         return self.kept
 
+    def _step(self, pos, attn):
+        self.on_decode_step(pos, attn)
+
     def on_decode_step(self, pos, attn):
         if self.keep and pos <= self.keep[-1]:
             raise ValueError("pos must be above every kept position")

@@ -68,9 +68,13 @@ class Replay:
         if not policy.uses_attention:
             policy.on_decode_step(t, None)
             return
-        held = self.trace.row(t)[policy.held()]
-        mass = held.sum(dtype=np.float64)  # divide in float64, round to float32 once
-        policy.on_decode_step(t, (held / mass).astype(np.float32) if mass > 0 else held)
+        held = self.trace.row(t)[policy.held()].astype(np.float64)
+        mass = held.sum()
+        if len(held) and not (mass < np.inf and held.min() >= 0):  # NaN fails both
+            raise ValueError(f"trace row {t} has negative or non-finite weights on held positions")
+        if mass > 0:
+            held /= mass  # renormalise in float64, round to float32 once
+        policy._step(t, held.astype(np.float32))
 
     def step(self) -> np.ndarray:
         if self.t >= self.trace.steps:

@@ -131,3 +131,23 @@ def test_checkpoints_change_nothing_but_speed(name):
     assert np.array_equal(replay.run().evicted_at, fresh.evicted_at)
     with pytest.raises(ValueError, match="checkpoint_every"):
         Replay(trace, make_policy(name, 48), checkpoint_every=0)
+
+
+class BrokenTrace(canonical(50).__class__):
+    """A custom Trace whose row 30 carries a bad weight: the harness must refuse it."""
+
+    def __init__(self, bad):
+        super().__init__(steps=50)
+        self.bad = bad
+
+    def row(self, i):
+        row = super().row(i)
+        if i == 30:
+            row[5] = self.bad
+        return row
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -0.5])
+def test_harness_refuses_bad_rows_from_custom_traces(bad):
+    with pytest.raises(ValueError, match="row 30"):
+        run_policy(BrokenTrace(bad), "tova", 64)

@@ -66,11 +66,21 @@ class Policy:
     def observe(self, attn: np.ndarray) -> None:
         """Record one step's weights, index-aligned with `kept`."""
 
+    def protected_tail(self) -> int:
+        """How many of the newest slots are never victims (a recent window)."""
+        return 0
+
     def candidates(self) -> np.ndarray:
-        return np.ones(self._n, bool)
+        cand = np.ones(self._n, bool)
+        cand[max(self._n - self.protected_tail(), 0):] = False
+        return cand
 
     def priority(self) -> np.ndarray:
-        """Per slot, lowest is evicted first; ties go to the lower position."""
+        """Per slot, lowest is evicted first; ties go to the lower position.
+
+        A slot outside the protected tail that is still not a candidate must score +inf
+        (TOVA's unobserved newcomer), so a single eviction is one argmin.
+        """
         raise NotImplementedError
 
     def scores(self) -> dict:
@@ -107,8 +117,14 @@ class Policy:
         if n and pos <= self._pos[n - 1]:
             raise ValueError(f"pos must be above every kept position: got {pos}, "
                              f"highest kept is {int(self._pos[n - 1])}")
+        self._step(pos, None if attn is None else _check_attn(attn, n))
+
+    def _step(self, pos: int, attn: np.ndarray | None) -> None:
+        """on_decode_step without the checks, for the harness, whose rows are already
+        validated and renormalised (see Replay._feed)."""
+        n = self._n
         if attn is not None:
-            self.observe(_check_attn(attn, n))
+            self.observe(attn)
         if n == len(self._pos):
             self._grow()
         self._pos[n] = pos
@@ -155,12 +171,14 @@ class Policy:
         Slots are in ascending position order, so a stable sort on priority breaks
         ties toward the lower position.
         """
-        cand = self.candidates()
         prio = self.priority()
         if count == 1:
-            i = int(np.argmin(np.where(cand, prio, np.inf)))
-            if cand[i]:
-                return np.array([i])
+            limit = self._n - self.protected_tail()
+            if limit > 0:
+                i = int(np.argmin(prio[:limit]))
+                if prio[i] != np.inf:
+                    return np.array([i])
+        cand = self.candidates()
         idx = np.flatnonzero(cand)  # also the path where every candidate scored +inf
         need_candidates(len(idx), count)
         order = np.argsort(prio[idx], kind="stable")[:count]
@@ -175,14 +193,6 @@ def need_candidates(available: int, count: int) -> None:
     if available < count:
         raise ValueError(f"evict needs {count} victims but only {available} slots are "
                          "candidates (the rest are protected or unobserved): raise the budget")
-
-
-def recent_candidates(n: int, recent_window: int) -> np.ndarray:
-    """The `recent_window` newest slots are never victims."""
-    cand = np.ones(n, bool)
-    if recent_window:
-        cand[max(n - recent_window, 0):] = False
-    return cand
 
 
 def check_recent(policy, spec_name: str = "recent_window") -> None:

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import ParamSpec, Policy, check_recent, recent_candidates
+from .base import ParamSpec, Policy, check_recent
 
 
 @dataclass
@@ -32,8 +32,8 @@ class H2O(Policy):
         cumulative = self.col("cumulative")
         cumulative += attn
 
-    def candidates(self):
-        return recent_candidates(self._n, self.recent_window)
+    def protected_tail(self):
+        return self.recent_window
 
     def priority(self):
         return self.col("cumulative")

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import ParamSpec, Policy, check_recent, recent_candidates
+from .base import ParamSpec, Policy, check_recent
 
 
 @dataclass
@@ -49,8 +49,8 @@ class Scissorhands(Policy):
             flags |= (attn < np.float32(1.0 / len(attn))).astype(np.uint64) << np.uint64(self.slot)
         self.slot = (self.slot + 1) % self.history_window
 
-    def candidates(self):
-        return recent_candidates(self._n, self.recent_window)
+    def protected_tail(self):
+        return self.recent_window
 
     def low_count(self):
         return np.bitwise_count(self.col("low")).astype(np.int64)

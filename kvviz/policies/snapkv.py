@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import ParamSpec, Policy, check_recent, recent_candidates
+from .base import ParamSpec, Policy, check_recent
 
 
 @dataclass
@@ -49,8 +49,8 @@ class SnapKV(Policy):
         self.col("history")[self.slot] = attn
         self.slot = (self.slot + 1) % self.obs_window
 
-    def candidates(self):
-        return recent_candidates(self._n, self.recent_window)
+    def protected_tail(self):
+        return self.recent_window
 
     def sums(self):
         # Reducing over the ring axis (not the contiguous one) adds row 0, then row 1, ...
