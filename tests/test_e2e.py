@@ -9,6 +9,7 @@ Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip 
 """
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -78,10 +79,18 @@ def test_explorer_in_chromium():
         # step with the slider (keyboard) and with the next button
         lat["step_s"] = M.press_and_wait(page, "step", "ArrowRight", "step 1301")
         M.wait_idle(page)
-        page.get_by_role("button", name="next", exact=True).click()
+        page.get_by_role("button").filter(has_text=re.compile(r"next\s*K$")).click()
         M.wait_chart_text(page, "step 1302")
         M.wait_idle(page)
         assert wait_param(page, "step", "1302")
+        # keyboard shortcuts: K = next step, J = previous step (focus away from the widgets)
+        page.get_by_text("watch KV-cache eviction policies decide").click()
+        page.keyboard.press("k")
+        assert wait_param(page, "step", "1303")
+        M.wait_idle(page)
+        page.keyboard.press("j")
+        assert wait_param(page, "step", "1302")
+        M.wait_idle(page)
 
         # play advances on a timer, pause stops it
         page.get_by_text("play", exact=True).click()

@@ -125,17 +125,18 @@ def navigator(ctx: Ctx) -> int:
     nxt = V.next_divergence(ctx.ev_a, ctx.ev_b, int(S[wkey("step")]))
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")
-    cols = st.columns([1, 1, 1, 0.9, 2.1, 2.5], vertical_alignment="center")
+    cols = st.columns([1.35, 1.35, 1, 0.9, 2.4, 1.6], vertical_alignment="center")
     cols[0].button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch",
-                   icon=":material/chevron_left:", help="previous step")
+                   icon=":material/chevron_left:", help="previous step (key J)", shortcut="J")
     cols[1].button("next", key="nav.next", on_click=_shift, args=(1, steps), width="stretch",
-                   icon=":material/chevron_right:", help="next step")
+                   icon=":material/chevron_right:", help="next step (key K)", shortcut="K")
     cols[2].toggle("play", key="w.play")
     cols[3].selectbox("speed", PLAY_SPEEDS, key="w.speed", label_visibility="collapsed",
                       format_func=lambda v: f"+{v}", help="steps per tick while playing "
                       "(one tick a second)")
     cols[4].button("next divergence", key="nav.div", on_click=_goto, args=(nxt,),
                    disabled=nxt < 0, width="stretch", icon=":material/fast_forward:",
+                   shortcut="D",
                    help=f"jump to the next step where A and B evict differently: {nxt}"
                    if nxt >= 0 else "A and B make no different eviction after this step")
     keep(wkey("step"), int(step))
