@@ -65,11 +65,13 @@ class CachedTrace(Trace):
 
 
 def _time_replay(trace, policy) -> float:
-    """Seconds to step the policy through every row (gather, renormalise, observe, evict)."""
+    """CPU seconds to step the policy through every row (gather, renormalise, observe,
+    evict). CPU time, not wall time, so another busy process on the machine does not
+    skew one side of the ratio."""
     replay = Replay(trace, policy)
-    start = time.perf_counter()
+    start = time.process_time()
     replay.seek(trace.steps - 1)
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
@@ -78,17 +80,22 @@ def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
     for name in policies or POLICIES:
         fast = min(_time_replay(trace, make_policy(name, budget)) for _ in range(3))
         ref = _time_replay(trace, make_reference(name, budget))
-        rows.append({"policy": name, "fast_s": fast, "reference_s": ref, "speedup": ref / fast})
+        rows.append({"policy": name, "fast_cpu_s": fast, "reference_cpu_s": ref, "speedup": ref / fast})
     return pd.DataFrame(rows)
 
 
 def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> dict:
-    """Replay a long canonical trace and report peak traced memory (numpy allocations included)."""
+    """Replay a long canonical trace; report the peak of Python/numpy allocations during it
+    (tracemalloc) and the whole process's peak RSS (interpreter and libraries included)."""
     tracemalloc.start()
     start = time.perf_counter()
     run = run_policy(canonical(steps), name, budget)
     elapsed = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return {"policy": name, "steps": steps, "budget": budget, "seconds": elapsed,
-            "peak_mb": peak / 2**20, "held_at_end": int(len(run.held_at(steps - 1)))}
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"policy": name, "steps": steps, "budget": budget, "seconds": round(elapsed, 1),
+            "traced_peak_mb": round(peak / 2**20, 1), "process_peak_rss_mb": round(rss, 1),
+            "held_at_end": int(len(run.held_at(steps - 1)))}
