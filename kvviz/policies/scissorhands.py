@@ -53,10 +53,10 @@ class Scissorhands(Policy):
         return self.recent_window
 
     def low_count(self):
-        return np.bitwise_count(self.col("low")).astype(np.int64)
+        return np.bitwise_count(self.col("low"))
 
     def priority(self):
-        return -self.low_count().astype(np.float64)  # most often unimportant goes first
+        return 64 - self.low_count()  # most often unimportant goes first (uint8, no wrap)
 
     def scores(self):
         return {"low_count": self.low_count(), "candidate": self.candidates()}
