@@ -13,6 +13,9 @@ import numpy as np
 
 from .base import ParamSpec, Policy, check_recent
 
+BITS = [np.uint64(1 << k) for k in range(64)]
+CLEAR = [~bit for bit in BITS]
+
 
 @dataclass
 class Scissorhands(Policy):
@@ -43,10 +46,9 @@ class Scissorhands(Policy):
 
     def observe(self, attn):
         if len(attn):
-            bit = np.uint64(1) << np.uint64(self.slot)
             flags = self.col("low")
-            flags &= ~bit  # forget what this ring slot said a full window ago
-            flags |= (attn < np.float32(1.0 / len(attn))).astype(np.uint64) << np.uint64(self.slot)
+            flags &= CLEAR[self.slot]  # forget what this ring slot said a full window ago
+            flags += (attn < np.float32(1.0 / len(attn))) * BITS[self.slot]
         self.slot = (self.slot + 1) % self.history_window
 
     def protected_tail(self):
