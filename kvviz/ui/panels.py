@@ -396,18 +396,14 @@ def view_metrics(ctx: Ctx):
                                        "(registry defaults)", mark_x=ctx.budget),
                         key="chart.sweep_budget", **CHART)
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
-    if S.get("sweep_on.pool") == (ctx.key, ctx.layer, ctx.budget):
-        pts = [("snapkv", {**snap, "pool_kernel": k}, ctx.budget) for k in POOL_KERNELS]
-        rows = _sweep(ctx, pts)
-        st.plotly_chart(V.sweep_figure(rows, "pool_kernel", metric,
-                                       title=f"SnapKV across poolKernel, budget {ctx.budget}"),
-                        key="chart.sweep_pool", **CHART)
-    if S.get("sweep_on.obs") == (ctx.key, ctx.layer, ctx.budget):
-        pts = [("snapkv", {**snap, "obs_window": w}, ctx.budget) for w in OBS_WINDOWS]
-        rows = _sweep(ctx, pts)
-        st.plotly_chart(V.sweep_figure(rows, "obs_window", metric,
-                                       title=f"SnapKV across obsWindow, budget {ctx.budget}"),
-                        key="chart.sweep_obs", **CHART)
+    for tag, param, label, values in (("pool", "pool_kernel", "poolKernel", POOL_KERNELS),
+                                      ("obs", "obs_window", "obsWindow", OBS_WINDOWS)):
+        if S.get(f"sweep_on.{tag}") != (ctx.key, ctx.layer, ctx.budget):
+            continue
+        rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
+        st.plotly_chart(V.sweep_figure(rows, param, metric,
+                                       title=f"SnapKV across {label}, budget {ctx.budget}"),
+                        key=f"chart.sweep_{tag}", **CHART)
 
 
 def view_tokens(ctx: Ctx):
