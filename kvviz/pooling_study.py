@@ -22,7 +22,7 @@ import pandas as pd
 
 from .metrics import summary
 from .replay import run_policy
-from .spans import DEFAULT_TOP, attention_spans, important_spans, received, word_spans
+from .spans import DEFAULT_TOP, attention_spans, important_spans, judge, received, word_spans
 from .trace import canonical, load_trace
 
 TRACES = ("traces/prose.npz", "traces/code.npz", "traces/table.npz", "canonical")
@@ -62,21 +62,17 @@ def integrity(trace, run, spans, totals, checkpoints, top=DEFAULT_TOP) -> dict:
     """
     chosen = important_spans(spans, totals, top)
     peaks = [a + int(np.argmax(totals[a:b])) for a, b in chosen]
-    whole = frag = dropped = peak_kept = 0
+    counts = {"whole": 0, "fragmented": 0, "dropped": 0}
+    peak_kept = 0
     for step in checkpoints:
-        held = np.zeros(trace.steps, bool)
-        held[run.held_at(step)] = True
+        held = run.held_mask(step)
         for (a, b), peak in zip(chosen, peaks):
             if b - 1 > step:
                 continue
-            k = int(held[a:b].sum())
-            if k == b - a:
-                whole += 1
-            elif k == 0:
-                dropped += 1
-            else:
-                frag += 1
-                peak_kept += bool(held[peak])
+            verdict = judge(held, a, b)
+            counts[verdict] += 1
+            peak_kept += verdict == "fragmented" and bool(held[peak])
+    whole, frag, dropped = counts["whole"], counts["fragmented"], counts["dropped"]
     n = whole + frag + dropped
     nan = float("nan")
     return {"whole": whole / n if n else nan, "frag": frag / n if n else nan,

@@ -115,6 +115,12 @@ def important_spans(spans, totals: np.ndarray, top: int = DEFAULT_TOP) -> list[t
     return [(a, b) for a, b in spans if heavy[a:b].any()]
 
 
+def judge(held: np.ndarray, start: int, end: int) -> str:
+    """One span against a held mask: 'whole', 'fragmented' or 'dropped'."""
+    k = int(held[start:end].sum())
+    return "whole" if k == end - start else "dropped" if k == 0 else "fragmented"
+
+
 def span_integrity(trace, run, spans=None, top: int = DEFAULT_TOP, step: int | None = None,
                    totals: np.ndarray | None = None) -> dict:
     """Fractions of important spans held whole / fragmented / dropped after `step`.
@@ -148,9 +154,8 @@ def span_integrity(trace, run, spans=None, top: int = DEFAULT_TOP, step: int | N
     counts = {"whole": 0, "fragmented": 0, "dropped": 0}
     shares = []
     for a, b in chosen:
-        k = int(held[a:b].sum())
-        counts["whole" if k == b - a else "dropped" if k == 0 else "fragmented"] += 1
-        shares.append(k / (b - a))
+        counts[judge(held, a, b)] += 1
+        shares.append(int(held[a:b].sum()) / (b - a))
     n = len(chosen)
     out = {key: (value / n if n else float("nan")) for key, value in counts.items()}
     out.update(n_spans=n, held_share=float(np.mean(shares)) if n else float("nan"), kind=kind)
