@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .replay import NEVER, Run
+from .replay import NEVER, Run, held_until
 from .trace import Trace
 
 
@@ -34,7 +34,7 @@ def hh_recall(trace: Trace, run: Run, k: int | None = None) -> float:
     if start == NEVER:
         return 1.0
     received = np.zeros(trace.steps)
-    alive_until = np.where(run.evicted_at == NEVER, trace.steps, run.evicted_at)
+    alive_until = held_until(run.evicted_at, trace.steps)
     scores = []
     for t in range(1, trace.steps):
         if t > start + 1 and t > k:

@@ -17,6 +17,19 @@ from .trace import Trace
 NEVER = -1
 
 
+def held_until(evicted_at, steps: int | None = None) -> np.ndarray:
+    """Exclusive end of each position's stay: its eviction step, or `steps` if never."""
+    ev = np.asarray(evicted_at, dtype=np.int64)
+    return np.where(ev == NEVER, len(ev) if steps is None else int(steps), ev)
+
+
+def held_mask(evicted_at, step: int) -> np.ndarray:
+    """The held rule, over positions 0..T-1: p is held after step s iff p <= s and
+    (evicted_at[p] == NEVER or evicted_at[p] > s)."""
+    ev = np.asarray(evicted_at, dtype=np.int64)
+    return (np.arange(len(ev)) <= step) & ((ev == NEVER) | (ev > step))
+
+
 @dataclass
 class Run:
     policy: str
@@ -36,9 +49,7 @@ class Run:
 
     def held_mask(self, step: int) -> np.ndarray:
         """Boolean over positions 0..T-1: held after `step` finished."""
-        pos = np.arange(self.steps)
-        ev = self.evicted_at
-        return (pos <= step) & ((ev == NEVER) | (ev > step))
+        return held_mask(self.evicted_at, step)
 
     def held_at(self, step: int) -> np.ndarray:
         return np.flatnonzero(self.held_mask(step)).astype(np.int64)
@@ -132,12 +143,12 @@ class Replay:
 def held_shares(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
     """Per step t, the share of row t's full mass on positions held when t was queried."""
     shares = np.full(trace.steps, np.nan)
+    end = held_until(evicted_at, trace.steps)
     for t in range(1, trace.steps):
         row = trace.row(t)
-        alive = evicted_at[:t]
         total = row.sum(dtype=np.float64)
         if total > 0:
-            shares[t] = row[(alive == NEVER) | (alive >= t)].sum(dtype=np.float64) / total
+            shares[t] = row[end[:t] >= t].sum(dtype=np.float64) / total  # held after t-1
     return shares
 
 

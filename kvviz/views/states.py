@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-NEVER = -1
+from kvviz.replay import NEVER, held_mask  # the harness's held rule, one definition
+from kvviz.replay import held_until as ends
 
 # Cell states of the A/B comparison, ordered so that "more held" is a higher code.
 NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH = 0, 1, 2, 3, 4
@@ -19,19 +20,6 @@ STATE_NAMES = {NOT_YET: "not yet generated", NEITHER: "evicted by both",
 # Okabe-Ito based: readable on a projector and for the common colour-vision deficiencies.
 STATE_COLOURS = {NOT_YET: "#ffffff", NEITHER: "#e4e4e4", ONLY_B: "#0072B2",
                  ONLY_A: "#E69F00", BOTH: "#3a3a3a"}
-
-
-def ends(evicted_at, steps: int | None = None) -> np.ndarray:
-    """Exclusive end of each position's held interval (steps if never evicted)."""
-    ev = np.asarray(evicted_at, dtype=np.int64)
-    steps = len(ev) if steps is None else int(steps)
-    return np.where(ev == NEVER, steps, ev)
-
-
-def held_mask(evicted_at, step: int) -> np.ndarray:
-    ev = np.asarray(evicted_at, dtype=np.int64)
-    pos = np.arange(len(ev))
-    return (pos <= step) & ((ev == NEVER) | (ev > step))
 
 
 def states_at(ev_a, ev_b, step: int) -> np.ndarray:
