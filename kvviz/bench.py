@@ -18,8 +18,7 @@ BUDGETS = (256, 512, 1024)
 
 def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
     run = run_policy(trace, name, budget, rng=rng, **params)
-    policy = make_policy(name, budget=budget, **params)
-    return {"policy": name, "budget": budget, "params": dict(policy.params), **summary(trace, run)}
+    return {"policy": name, "budget": budget, "params": dict(run.params), **summary(trace, run)}
 
 
 def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
@@ -30,19 +29,16 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     for name in policies or POLICIES:
         kernels = pool_kernels if name == "snapkv" and pool_kernels else [None]
         configs += [(name, {} if k is None else {"pool_kernel": k}) for k in kernels]
-    totals = None
     if spans:
-        from .spans import received
+        from .spans import received, span_integrity
         totals = received(trace)
     rows = []
     for name, params in configs:
         for budget in budgets:
             run = run_policy(trace, name, budget, **params)
             row = {"policy": name, "budget": budget, **summary(trace, run)}
-            row["params"] = ", ".join(f"{k}={v}" for k, v in
-                                      make_policy(name, budget, **params).params.items())
+            row["params"] = ", ".join(f"{k}={v}" for k, v in run.params.items())
             if spans:
-                from .spans import span_integrity
                 found = span_integrity(trace, run, spans="attention", totals=totals)
                 row.update({f"span_{k}": found[k] for k in ("whole", "fragmented", "dropped")})
             rows.append(row)
