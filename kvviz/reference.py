@@ -64,7 +64,10 @@ class RefPolicy:
         if len(ranked) < excess:
             raise ValueError(f"evict needs {excess} victims but only {len(ranked)} slots are candidates")
         ranked.sort()  # lowest rank first, then lower position
-        chosen = sorted(i for _, _, i in ranked[:excess])
+        return self.drop(sorted(i for _, _, i in ranked[:excess]))
+
+    def drop(self, chosen):
+        """Remove the slots at the ascending indices `chosen`; return their positions."""
         victims = [self.keep[i] for i in chosen]
         for i in reversed(chosen):
             del self.keep[i]
@@ -181,15 +184,6 @@ class RefStreamingLLM(RefPolicy):
         return 0  # ties: oldest non-sink goes
 
 
-REFERENCES = {cls.name: cls for cls in (RefTova, RefH2O, RefSnapKV, RefScissorhands, RefStreamingLLM)}
-
-
-def make_reference(name, budget=512, rng=None, **params):
-    if name not in REFERENCES:
-        raise ValueError(f"no reference for policy {name!r}; have {sorted(REFERENCES)}")
-    return REFERENCES[name](budget, rng, **params)
-
-
 class RefRandom(RefPolicy):
     """Uniform choice without replacement among all kept slots, from the given rng."""
 
@@ -215,12 +209,15 @@ class RefRandom(RefPolicy):
         chosen = []
         for _ in range(excess):
             chosen.append(standing.pop(int(self.rng.integers(len(standing)))))
-        chosen.sort()
-        victims = [self.keep[i] for i in chosen]
-        for i in reversed(chosen):
-            del self.keep[i]
-            del self.state[i]
-        return np.array(victims, dtype=np.int64)
+        return self.drop(sorted(chosen))
 
 
-REFERENCES[RefRandom.name] = RefRandom
+REFERENCES = {cls.name: cls for cls in (RefTova, RefH2O, RefSnapKV, RefScissorhands, RefStreamingLLM,
+                                       RefRandom)}
+
+
+def make_reference(name, budget=512, rng=None, **params):
+    if name not in REFERENCES:
+        raise ValueError(f"no reference for policy {name!r}; have {sorted(REFERENCES)}")
+    return REFERENCES[name](budget, rng, **params)
+
