@@ -9,7 +9,7 @@ import streamlit as st
 
 from kvviz import views as V
 from kvviz.policies import POLICIES, param_specs
-from kvviz.ui import compute, experiments
+from kvviz.ui import compute, experiments, view_loop
 from kvviz.ui.export import eviction_log, metrics_frame, run_json
 from kvviz.ui.session import S, apply_state, keep, restore, set_value, view_state, wkey
 from kvviz.ui.state import VIEW_LABELS, VIEWS, ViewState, to_query
@@ -447,3 +447,4 @@ def view_export(ctx: Ctx):
 RENDER = {"cache": view_cache, "survival": view_survival, "scores": view_scores,
           "divergence": view_divergence, "metrics": view_metrics, "tokens": view_tokens,
           "export": view_export}
+RENDER["loop"] = view_loop.render  # Model in the loop (kvviz/ui/view_loop.py)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 from kvviz.policies import POLICIES, param_specs
 
-VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "export")
+VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "export", "loop")
 VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
                "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
-               "export": "Export"}
+               "export": "Export", "loop": "Model in the loop"}
 
 
 @dataclass
