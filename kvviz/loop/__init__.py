@@ -1,0 +1,45 @@
+"""The model in the loop: SmolLM2 decodes a text over its own evicted cache.
+
+Every other number in kvviz comes from replaying recorded attention, which says what a
+policy *covers*. This package measures what eviction *costs*: the model reads a text
+token by token (teacher forcing), each layer (or layer x KV head) keeps at most `budget`
+positions chosen by the ordinary kvviz policy objects, and the next-token losses are
+compared with the full cache.
+
+    from kvviz.loop import LoopConfig, run_loop, load_loop_result
+    cfgs = [LoopConfig("full"), LoopConfig("snapkv", {"pool_kernel": 5}, 128)]
+    res = run_loop(text, cfgs, granularity="kv-head", max_tokens=256)
+    res.results[1]["perplexity"]; res.run(1, layer=14, head=2); res.save("x.npz")
+
+torch is imported lazily (kvviz/loop/engine.py), so this module, the result class and
+the CLI's input checks work without it.
+"""
+from __future__ import annotations
+
+from .config import GRANULARITIES, LoopConfig, check_configs, parse_policy
+from .result import LoopResult, load_loop_result
+
+__all__ = ["GRANULARITIES", "LoopConfig", "LoopResult", "check_configs", "load_loop_result",
+           "parse_policy", "run_loop"]
+
+
+def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
+             progress=None, model=None, rows_layers=(0, 14, 29), rows_tokens=None,
+             seed: int = 0) -> LoopResult:
+    """Run every config over `text` as one batch; return a LoopResult.
+
+    - `configs`: LoopConfig list; a `full` (no eviction) row is added first if absent,
+      since agreement and KL are measured against it.
+    - `granularity`: "layer" (one policy per layer, fed the mean over the 9 query heads)
+      or "kv-head" (one per layer and KV head, fed the mean over its 3 query heads).
+    - `progress(done, total)` is called after every token.
+    - `model`: a (tokenizer, model) pair; None loads SmolLM2 offline (kvviz.capture).
+    - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep, and for
+      how many leading tokens (None = all), so the app can open the run in its views.
+    - `seed`: each policy gets rng default_rng([seed, layer, head]) (only `random` uses it).
+    """
+    from .engine import run  # torch lives there
+
+    return run(text, configs, granularity=granularity, max_tokens=max_tokens,
+               progress=progress, model=model, rows_layers=rows_layers,
+               rows_tokens=rows_tokens, seed=seed)

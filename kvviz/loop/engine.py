@@ -1,0 +1,189 @@
+"""The torch side of the loop: one batched teacher-forced decode, evicted keys masked.
+
+The whole DynamicCache is kept; a registered attention function adds a bias of 0 or
+-inf per (config, layer, KV head, position) before the softmax, which is exactly
+removal (keys are stored after RoPE, so positions survive either way). The bias and the
+step's group-mean weights are torch tensors sharing memory with numpy arrays, so the
+policy bookkeeping reads and writes them without copies.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..replay import NEVER, Replay
+from ..trace import packed_offset
+from .config import GRANULARITIES, check_configs
+from .result import LoopResult
+
+ATTN_NAME = "kvviz_loop"
+_LOCK = threading.Lock()  # one loop per process at a time: the attention function reads _STATE
+_STATE = None
+
+
+class _State:
+    """What the attention function and the bookkeeping share for one run."""
+
+    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int):
+        self.G = G
+        self.bias_t = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
+        self.bias = self.bias_t.numpy()
+        self.cur_t = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
+        self.cur = self.cur_t.numpy()
+        self.trace = self  # quacks like a Replay for Replay._feed: .trace.row(t)
+        self.idx = (0, 0, 0)
+
+    def row(self, t: int) -> np.ndarray:
+        return self.cur[self.idx][:t]
+
+
+def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager attention with the running loop's eviction bias; records the group means.
+
+    query (B, Hq, q, D), key/value (B, Hk, k, D); query head h reads KV head h // (Hq/Hk),
+    as transformers' repeat_kv lays them out, so grouping avoids repeating the keys.
+    """
+    import torch
+
+    st = _STATE
+    B, Hq, q, D = query.shape
+    Hk, k = key.shape[1], key.shape[2]
+    g = Hq // Hk
+    scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        scores = (scores.view(B, Hk, g, q, k) + attention_mask[..., :k].unsqueeze(2)).view(B, Hk, g * q, k)
+    if st is not None:
+        scores = scores + st.bias_t[:, module.layer_idx, :, None, :k]
+    w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
+    if st is not None and q == 1:
+        t = k - 1  # self weight dropped: the policies decide about earlier positions
+        w = w.view(B, Hk, g, k)[..., :t]
+        if st.G == 1:
+            st.cur_t[:, module.layer_idx, 0, :t] = w.mean(dim=(1, 2))
+        else:
+            st.cur_t[:, module.layer_idx, :, :t] = w.mean(dim=2)
+    return out, None
+
+
+def register():
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, attention)
+
+
+def tokenize(tok, text: str, max_tokens: int) -> list[int]:
+    """As kvviz.capture does: no special tokens, the first `max_tokens`."""
+    return tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
+
+
+def check_inputs(text, granularity, max_tokens) -> None:
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("text is empty: give the loop something to read")
+    if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 2:
+        raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
+
+
+def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,
+        rows_layers=(0, 14, 29), rows_tokens=None, seed=0, timings=None) -> LoopResult:
+    global _STATE
+    check_inputs(text, granularity, max_tokens)
+    configs = check_configs(configs)
+    import torch
+    from transformers import DynamicCache
+
+    from ..capture import load_model, token_strings
+
+    tok, mdl = model if model is not None else load_model()
+    ids = tokenize(tok, text, int(max_tokens))
+    T = len(ids)
+    if T < 2:
+        raise ValueError("text must tokenise to at least 2 tokens")
+    cfg = mdl.config
+    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    G = 1 if granularity == "layer" else Hk
+    rows_layers = [int(x) for x in (rows_layers or ())]
+    bad = [x for x in rows_layers if not 0 <= x < L]
+    if bad:
+        raise ValueError(f"rows_layers must be model layers 0..{L - 1}, got {bad}")
+    Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
+    C = len(configs)
+    policies = [[[c.make(l, g, seed) for g in range(G)] for l in range(L)] for c in configs]
+    evicted_at = np.full((C, L, G, T), NEVER, np.int64)
+    rows = np.zeros((C, len(rows_layers), G, packed_offset(Tr)), np.float32) if rows_layers else None
+    nll = np.zeros((C, T - 1))
+    p_true = np.zeros((C, T - 1))
+    kl = np.zeros((C, T - 1))
+    top1 = np.zeros((C, T - 1), np.int64)
+    f = next(i for i, c in enumerate(configs) if c.is_full)
+    model_s = np.zeros(T)
+    book_s = np.zeros(T)
+    with _LOCK:
+        register()
+        previous = mdl.config._attn_implementation
+        state = _State(torch, C, L, Hk, G, T)
+        _STATE = state
+        try:
+            mdl.set_attn_implementation(ATTN_NAME)
+            cache = DynamicCache(config=cfg)
+            ids_t = torch.tensor(ids, dtype=torch.long)
+            for t in range(T):
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    out = mdl(input_ids=ids_t[t].view(1, 1).expand(C, 1),
+                              position_ids=torch.full((C, 1), t, dtype=torch.long),
+                              cache=cache, use_cache=True)
+                t1 = time.perf_counter()
+                if t < T - 1:
+                    logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
+                    nll[:, t] = (-logp[:, ids[t + 1]]).numpy()
+                    top1[:, t] = logp.argmax(dim=-1).numpy()
+                    kl[:, t] = (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0).numpy()
+                del out
+                if t < Tr and rows is not None:
+                    off = packed_offset(t)
+                    rows[:, :, :, off:off + t] = state.cur[:, rows_layers, :, :t]
+                t2 = time.perf_counter()
+                _bookkeeping(state, configs, policies, evicted_at, t)
+                book_s[t] = time.perf_counter() - t2
+                model_s[t] = t1 - t0
+                if progress is not None:
+                    progress(t + 1, T)
+        finally:
+            _STATE = None
+            mdl.set_attn_implementation(previous)
+    np.exp(-nll, out=p_true)
+    if timings is not None:
+        timings.update(model=model_s, bookkeeping=book_s)
+    return LoopResult(configs=configs, granularity=granularity, tokens=token_strings(tok, ids),
+                      token_ids=np.array(ids, np.int64), nll=nll, p_true=p_true, kl_tokens=kl, top1=top1,
+                      evicted_at=evicted_at, layers=list(range(L)), rows=rows, rows_layers=rows_layers,
+                      rows_tokens=Tr,
+                      meta={"model_seconds": float(model_s.sum()), "bookkeeping_seconds": float(book_s.sum()),
+                            "seed": seed})
+
+
+def _bookkeeping(state: _State, configs, policies, evicted_at, t: int) -> None:
+    """Each policy observes the step's weights (Replay._feed: held positions, renormalised
+    in float64, rounded to float32 once), admits t, evicts to budget; victims get -inf."""
+    feed = Replay._feed
+    bias, G = state.bias, state.G
+    for c, cfg in enumerate(configs):
+        if cfg.is_full:
+            continue
+        budget = cfg.budget
+        for l, per_layer in enumerate(policies[c]):
+            for g, pol in enumerate(per_layer):
+                state.idx = (c, l, g)
+                feed(state, pol, t)
+                victims = pol.evict(budget)
+                if len(victims):
+                    evicted_at[c, l, g, victims] = t
+                    if G == 1:
+                        bias[c, l][:, victims] = -np.inf
+                    else:
+                        bias[c, l, g, victims] = -np.inf
