@@ -98,9 +98,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kvpress", required=True, help=".npz written by kvpress_check.py")
     ap.add_argument("--text", required=True)
     ap.add_argument("--json", required=True, help="summary to write")
-    ap.add_argument("--loop-out", help="also save kvviz's loop result here (.npz)")
+    ap.add_argument("--loop-result", help="kvviz loop result (.npz): loaded if it exists, "
+                    "else run and saved there")
     args = ap.parse_args(argv)
-    from kvviz.loop import LoopConfig, run_loop
+    from kvviz.loop import LoopConfig, load_loop_result, run_loop
 
     kv = np.load(args.kvpress, allow_pickle=False)
     ids = kv["ids"]
@@ -113,10 +114,16 @@ def main(argv=None) -> int:
         if done % 64 == 0 or done == total:
             print(f"  kvviz loop: {done}/{total}", file=sys.stderr, flush=True)
 
-    res = run_loop(text, configs, granularity="layer", max_tokens=T, progress=progress,
-                   rows_layers=())
-    if args.loop_out:
-        res.save(args.loop_out)
+    if args.loop_result and Path(args.loop_result).exists():
+        res = load_loop_result(args.loop_result)
+        labels = [c.label for c in res.configs]
+        if labels != [c.label for c in configs] or res.granularity != "layer":
+            raise SystemExit(f"{args.loop_result} holds {labels} ({res.granularity})")
+    else:
+        res = run_loop(text, configs, granularity="layer", max_tokens=T, progress=progress,
+                       rows_layers=())
+        if args.loop_result:
+            res.save(args.loop_result)
     summary = {"text": args.text, "n_tokens": T,
                "same_token_ids": bool(np.array_equal(res.token_ids, ids)), "budgets": {}}
     f = res.full_index
