@@ -151,3 +151,10 @@ def params_key(params: dict) -> tuple:
 
 def evicted(eng: Engine) -> np.ndarray:
     return eng.evicted_at
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def pooling_example(key: str, layer: int, version: str, params: tuple, budget: int):
+    """(step, explanation) where SnapKV's pooling defends a neighbour (experiments.py)."""
+    from kvviz.ui.experiments import pooling_example as find
+    return find(get_trace(key, layer, version), budget, dict(params))

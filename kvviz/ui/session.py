@@ -18,6 +18,17 @@ S = st.session_state
 FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom")
 
 
+def note(msg: str) -> None:
+    """A warning for the page's notice area (a clamped or ignored value), shown this run."""
+    S.setdefault("notes", [])
+    if msg not in S["notes"]:
+        S["notes"].append(msg)
+
+
+def pop_notes() -> list[str]:
+    return S.pop("notes", [])
+
+
 def wkey(field: str) -> str:
     return f"w.{field}"
 
@@ -39,6 +50,7 @@ def init() -> list[str]:
 def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
     """Put a whole ViewState into the widget keys (call from callbacks or before widgets)."""
     kv = S["kv"]
+    S["budget_trace"] = vs.trace  # the budget comes with this trace (see sidebar)
     for f in FIELDS:
         v = getattr(vs, f)
         if f == "step" and v is None:

@@ -11,6 +11,8 @@ from kvviz.ui.session import S, keep, restore, wkey
 
 
 def render(ctx: Ctx):
+    st.caption("Who holds which position after every step: one row per step (down), one "
+               "column per position (across); a position is generated at its own step.")
     restore(wkey("zoom"), 0)
     if S[wkey("zoom")] not in ZOOMS:
         S[wkey("zoom")] = 0
