@@ -7,7 +7,7 @@ import streamlit as st
 from kvviz import views as V
 from kvviz.ui.context import Ctx
 from kvviz.views.common import A_COLOUR, B_COLOUR
-from kvviz.ui.session import S, keep, note, restore, set_value, wkey
+from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
 
 PLAY_SPEEDS = (1, 4, 16, 64)
 PLAY_INTERVAL_S = 1.0
@@ -32,8 +32,9 @@ def navigator(ctx: Ctx) -> int:
     for field in ("focus", "why"):  # positions from a link or kept from another trace
         v = int(S["kv"].get(field, -1))
         if not -1 <= v < steps:
-            note(f"{field}={v} is not a position of this trace (0–{steps - 1}); "
-                 "using -1 (automatic)")
+            if from_link(field):
+                note(f"{field}={v} is not a position of this trace (0–{steps - 1}); "
+                     "using -1 (automatic)")
             S["kv"][field] = -1
             S.pop(wkey(field), None)
     if S["kv"].get("step") is None and wkey("step") not in S:
@@ -42,8 +43,9 @@ def navigator(ctx: Ctx) -> int:
     restore(wkey("step"), steps - 1)
     if not 0 <= int(S[wkey("step")]) < steps:
         clamped = int(np.clip(int(S[wkey("step")]), 0, steps - 1))
-        note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
-             f"showing step {clamped}")
+        if from_link("step"):
+            note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
+                 f"showing step {clamped}")
         S[wkey("step")] = clamped
     nxt = V.next_divergence(ctx.ev_a, ctx.ev_b, int(S[wkey("step")]))
     step = st.slider("step", 0, steps - 1, key=wkey("step"),

@@ -25,6 +25,12 @@ def note(msg: str) -> None:
         S["notes"].append(msg)
 
 
+def from_link(field: str) -> bool:
+    """True on a session's first run when the link set `field` (a value to check and, if
+    out of range, to warn about; later resets after a trace switch are not warned)."""
+    return field in S.get("from_link", ())
+
+
 def pop_notes() -> list[str]:
     return S.pop("notes", [])
 
@@ -42,6 +48,7 @@ def init() -> list[str]:
     if "kv" in S:
         return []
     st_, notes = from_query(st.query_params.to_dict())
+    S["from_link"] = set(st.query_params.to_dict())
     S["kv"] = {}
     apply_state(st_)
     return notes
@@ -111,6 +118,7 @@ def view_state() -> ViewState:
 
 
 def write_url() -> None:
+    S.pop("from_link", None)  # the link's values have been checked
     q = to_query(view_state())
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)
