@@ -62,6 +62,9 @@ def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
     row = next(ln for ln in lines if ln[:2] == ["tova", "64"])
     assert 0 < float(row[2]) < 1  # retained mass of a real eviction run
     assert list(work.iterdir()) == []  # wrote nothing where it ran
+    shipped = run([kvviz, "bench", "--trace", "code-kv.npz", "--layer", "29", "--head", "kv1",
+                   "--budgets", "64", "--policies", "tova"], work, env)
+    assert "trace: code-kv (512 steps), model layer 29 of stored 0, 14, 29, head kv1" in shipped.stdout
 
 
 def test_kvviz_app_serves_the_installed_page_and_traces(installed):
