@@ -1,4 +1,4 @@
-"""`python -m kvviz bench | perf | capture ...`"""
+"""`kvviz bench | perf | capture | app ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["capture"]:
         from .capture import main as capture_main  # torch stays out of everything else
         return capture_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m kvviz")
+    if argv[:1] == ["app"]:
+        from .launch import main as app_main  # streamlit run on the explorer page
+        return app_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
     bench.add_argument("--trace", help=".npz trace file (default: the canonical trace)")
@@ -31,6 +34,7 @@ def main(argv=None) -> int:
     perf.add_argument("--steps", type=int, default=4096)
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
+    sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
     args = parser.parse_args(argv)
 
     import pandas as pd
