@@ -9,7 +9,7 @@ import streamlit as st
 
 from kvviz import views as V
 from kvviz.policies import POLICIES, param_specs
-from kvviz.ui import compute, experiments
+from kvviz.ui import compute, experiments, view_compare, view_slides
 from kvviz.ui.export import eviction_log, metrics_frame, run_json
 from kvviz.ui.session import S, apply_state, keep, restore, set_value, view_state, wkey
 from kvviz.ui.state import VIEW_LABELS, VIEWS, ViewState, to_query
@@ -17,7 +17,10 @@ from kvviz.views.common import A_COLOUR, B_COLOUR
 
 PLAY_SPEEDS = (1, 4, 16, 64)
 PLAY_INTERVAL_S = 1.0
-CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False})
+# the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
+CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
+                                      "toImageButtonOptions": {"format": "png", "scale": 2,
+                                                               "filename": "kvviz-chart"}})
 
 
 def policy_label(name: str, params: dict) -> str:
@@ -42,6 +45,7 @@ class Ctx:
     label_a: str
     label_b: str
     step: int = 0
+    head: str = "mean"  # attention head of a per-head trace (kvviz.trace contract)
 
     @property
     def ev_a(self):
@@ -53,7 +57,8 @@ class Ctx:
 
     def peek(self, which: str, step: int):
         name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
-        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step)
+        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step,
+                            head=self.head)
 
     def panel(self, which: str, step: int) -> dict:
         kept, scores = self.peek(which, step)
@@ -229,7 +234,7 @@ def view_cache(ctx: Ctx):
     keep(wkey("zoom"), zoom)
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     g = compute.grid(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb), ctx.budget,
-                     (ctx.label_a, ctx.label_b), window=window)
+                     (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
     fig = V.cache_heatmap(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a, label_b=ctx.label_b,
                           grid=g)
     st.plotly_chart(fig, key="chart.cache", **CHART)
@@ -346,7 +351,7 @@ def _sweep(ctx: Ctx, points):
     for i, (name, params, budget) in enumerate(points):
         try:
             rows.append(compute.evaluate_one(ctx.key, ctx.layer, ctx.version, name,
-                                             compute.params_key(params), budget))
+                                             compute.params_key(params), budget, head=ctx.head))
         except ValueError as exc:
             rows.append({"policy": name, "budget": budget, **params, "refused": str(exc)})
         bar.progress((i + 1) / len(points), text=f"sweeping… {i + 1}/{len(points)}")
@@ -357,7 +362,8 @@ def _sweep(ctx: Ctx, points):
 def metrics_rows(ctx: Ctx) -> list[dict]:
     rows = []
     for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget)
+        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
+                                head=ctx.head)
         specs = {sp.name: sp.label for sp in param_specs(name)}
         shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
         rows.append({"run": which.upper(), "policy": name, "params": shown,
@@ -426,6 +432,7 @@ def view_export(ctx: Ctx):
     rows = metrics_rows(ctx)
     vs = view_state()
     config = {"trace": ctx.key, "trace_name": getattr(ctx.trace, "name", ""), "layer": ctx.layer,
+              "head": ctx.head,
               "budget": ctx.budget, "A": {"policy": ctx.a, "params": dict(ctx.pa)},
               "B": {"policy": ctx.b, "params": dict(ctx.pb)}, "step": ctx.step,
               "url_query": to_query(vs)}
@@ -447,3 +454,5 @@ def view_export(ctx: Ctx):
 RENDER = {"cache": view_cache, "survival": view_survival, "scores": view_scores,
           "divergence": view_divergence, "metrics": view_metrics, "tokens": view_tokens,
           "export": view_export}
+RENDER["compare"] = view_compare.render
+RENDER["slides"] = view_slides.render
