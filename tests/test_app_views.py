@@ -99,7 +99,7 @@ def test_compare_view_six_policies(traces):
     small = next(s for s in sp if s["layout"]["title"]["text"].startswith("Held set over time"))
     assert sum(t["type"] == "image" for t in small["data"]) == 6
     titles = [a["text"] for a in small["layout"]["annotations"]]
-    assert [t.split(" ")[0] for t in titles] == list(POLICIES)
+    assert [t.split("<br>")[0] for t in titles] == list(POLICIES)
     surv = next(s for s in sp if s["layout"]["title"]["text"].startswith("Sinks and recent"))
     assert len(surv["data"]) == 12  # sinks + recent per policy
     df = at.dataframe[0].value

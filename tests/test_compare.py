@@ -52,7 +52,7 @@ def test_small_multiples_six_panels():
     images = [t for t in fig["data"] if t["type"] == "image"]
     assert len(images) == 6
     titles = [a["text"] for a in fig["layout"]["annotations"]]
-    assert titles[0] == "tova · holds 4" and titles[1] == "snapkv · holds 4"
+    assert titles[0] == "tova<br>holds 4" and titles[1] == "snapkv<br>holds 4"
     # the image of each panel is its held set (held cells in the policy's colour)
     img = _png(images[2]["source"])  # h2o, log EA: after step 4, p1 evicted, p2 held
     assert img.shape[:2] == (6, 6)

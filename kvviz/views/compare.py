@@ -79,7 +79,7 @@ def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
         raise ValueError(f"panels: at most {MAX_POLICIES} policies, got {len(panels)}")
     cols = min(cols, len(panels))
     rows = -(-len(panels) // cols)
-    titles = [f"{p['label']} · holds {int(held_mask(p['evicted_at'], step).sum())}"
+    titles = [f"{p['label']}<br>holds {int(held_mask(p['evicted_at'], step).sum())}"
               for p in panels]
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.04,
                         vertical_spacing=0.12 if rows > 1 else 0.0)
@@ -94,13 +94,12 @@ def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
                                name=p["label"]), row=r, col=c)
         fig.add_hline(y=int(step), line=dict(color="#CC0000", width=1.5), row=r, col=c)
         fig.update_xaxes(range=[pe[0] - 0.5, pe[-1] - 0.5], showgrid=False, zeroline=False,
-                         title="position" if r == rows else None, row=r, col=c)
+                         title="position" if r == rows else None, nticks=3, row=r, col=c)
         fig.update_yaxes(range=[se[-1] - 0.5, se[0] - 0.5], showgrid=False, zeroline=False,
-                         title="step" if c == 1 else None, row=r, col=c)
-    base_layout(fig, f"Held set over time, step {int(step)} marked in red "
-                     "(colour: held, grey: evicted, white: not yet generated)",
-                height_per_row * rows + 90)
-    fig.update_layout(showlegend=False, margin=dict(l=60, r=20, t=90, b=50))
+                         title="step" if c == 1 else None, nticks=5, row=r, col=c)
+    base_layout(fig, f"Held set over time, step {int(step)} in red", height_per_row * rows + 90)
+    fig.update_annotations(font_size=13)
+    fig.update_layout(showlegend=False, margin=dict(l=60, r=20, t=100, b=50))
     return fig
 
 
