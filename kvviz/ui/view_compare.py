@@ -30,8 +30,10 @@ def head_of(ctx) -> str:
 @st.cache_data(max_entries=64, show_spinner=False)
 def shares(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
            head: str = "mean") -> dict:
+    """The run's aggregated held set and its small PNG (both independent of the step)."""
     ev = compute.get_engine(key, layer, version, policy, params, budget, head=head).evicted_at
-    return C.held_shares(ev)
+    sh = C.held_shares(ev)
+    return {**sh, "png": C.rgb_to_png(C.held_rgb(sh, C.policy_colour(policy)))}
 
 
 def config_for(ctx, name: str) -> tuple:
@@ -77,9 +79,8 @@ def render(ctx) -> None:
         except ValueError as exc:
             st.warning(f"{name} refuses these settings: {exc}")
             continue
-        panels.append(dict(label=label, evicted_at=eng.evicted_at,
-                           shares=shares(ctx.key, ctx.layer, ctx.version, name, params,
-                                         ctx.budget, head=head)))
+        sh = shares(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget, head=head)
+        panels.append(dict(label=label, evicted_at=eng.evicted_at, shares=sh, png=sh["png"]))
         m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
                                 head=head)
         rows.append({"policy": name, "params": params_text(name, params), "budget": ctx.budget,

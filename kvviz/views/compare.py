@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from PIL import Image
-from plotly.subplots import make_subplots
 
 from .common import base_layout
 from .metrics import METRIC_LABELS, POLICY_COLOURS
@@ -68,10 +67,31 @@ def policy_colour(label: str) -> str:
     return POLICY_COLOURS.get(label.split(" ")[0], "#555555")
 
 
+def _grid_axes(rows: int, cols: int, hgap: float, vgap: float) -> list[dict]:
+    """Domains and axis names of a rows x cols grid, row-major from the top left (what
+    make_subplots computes; built directly because plotly's per-subplot updates cost ~1 s
+    for six panels)."""
+    w = (1 - hgap * (cols - 1)) / cols
+    h = (1 - vgap * (rows - 1)) / rows
+    out = []
+    for i in range(rows * cols):
+        r, c = divmod(i, cols)
+        n = "" if i == 0 else str(i + 1)
+        x0, y1 = c * (w + hgap), 1 - r * (h + vgap)
+        out.append(dict(x=f"x{n}", y=f"y{n}", xaxis=f"xaxis{n}", yaxis=f"yaxis{n}",
+                        xd=[x0, x0 + w], yd=[y1 - h, y1], row=r, col=c))
+    return out
+
+
+def _title(text: str, ax: dict) -> dict:
+    return dict(text=text, x=sum(ax["xd"]) / 2, y=ax["yd"][1], xref="paper", yref="paper",
+                xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=13))
+
+
 def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
                     height_per_row: int = 300) -> go.Figure:
     """One small heatmap per policy. panels: dicts with 'label' (policy name first), 'shares'
-    (from `held_shares`) and 'evicted_at'. The red line marks `step`; each title says how
+    (from `held_shares`), 'evicted_at' and optionally 'png' (the panel's image, cached). The red line marks `step`; each title says how
     many slots the policy holds after it."""
     if not panels:
         raise ValueError("panels must hold at least one policy")
@@ -79,27 +99,31 @@ def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
         raise ValueError(f"panels: at most {MAX_POLICIES} policies, got {len(panels)}")
     cols = min(cols, len(panels))
     rows = -(-len(panels) // cols)
-    titles = [f"{p['label']}<br>holds {int(held_mask(p['evicted_at'], step).sum())}"
-              for p in panels]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.04,
-                        vertical_spacing=0.12 if rows > 1 else 0.0)
-    for i, p in enumerate(panels):
-        r, c = i // cols + 1, i % cols + 1
+    axes = _grid_axes(rows, cols, 0.04, 0.16 if rows > 1 else 0.0)
+    data, layout, shapes, notes = [], {}, [], []
+    for p, ax in zip(panels, axes):
         sh = p["shares"]
         se, pe = sh["step_edges"], sh["pos_edges"]
         dy, dx = int(se[1] - se[0]), int(pe[1] - pe[0])
-        fig.add_trace(go.Image(source=rgb_to_png(held_rgb(sh, policy_colour(p["label"]))),
-                               x0=int(pe[0]) + (dx - 1) / 2, dx=dx,
-                               y0=int(se[0]) + (dy - 1) / 2, dy=dy, hoverinfo="skip",
-                               name=p["label"]), row=r, col=c)
-        fig.add_hline(y=int(step), line=dict(color="#CC0000", width=1.5), row=r, col=c)
-        fig.update_xaxes(range=[pe[0] - 0.5, pe[-1] - 0.5], showgrid=False, zeroline=False,
-                         title="position" if r == rows else None, nticks=3, row=r, col=c)
-        fig.update_yaxes(range=[se[-1] - 0.5, se[0] - 0.5], showgrid=False, zeroline=False,
-                         title="step" if c == 1 else None, nticks=5, row=r, col=c)
+        png = p.get("png") or rgb_to_png(held_rgb(sh, policy_colour(p["label"])))
+        data.append(go.Image(source=png,
+                             x0=int(pe[0]) + (dx - 1) / 2, dx=dx, y0=int(se[0]) + (dy - 1) / 2,
+                             dy=dy, hoverinfo="skip", name=p["label"], xaxis=ax["x"],
+                             yaxis=ax["y"]))
+        layout[ax["xaxis"]] = dict(domain=ax["xd"], anchor=ax["y"], range=[pe[0] - 0.5, pe[-1] - 0.5],
+                                   showgrid=False, zeroline=False, nticks=3,
+                                   title=dict(text="position") if ax["row"] == rows - 1 else None)
+        layout[ax["yaxis"]] = dict(domain=ax["yd"], anchor=ax["x"], range=[se[-1] - 0.5, se[0] - 0.5],
+                                   showgrid=False, zeroline=False, nticks=5,
+                                   title=dict(text="step") if ax["col"] == 0 else None)
+        shapes.append(dict(type="line", xref=f"{ax['x']} domain", x0=0, x1=1, yref=ax["y"],
+                           y0=int(step), y1=int(step), line=dict(color="#CC0000", width=1.5)))
+        held = int(held_mask(p["evicted_at"], step).sum())
+        notes.append(_title(f"{p['label']}<br>holds {held}", ax))
+    fig = go.Figure(data=data, layout=dict(shapes=shapes, annotations=notes, showlegend=False,
+                                           **layout))
     base_layout(fig, f"Held set over time, step {int(step)} in red", height_per_row * rows + 90)
-    fig.update_annotations(font_size=13)
-    fig.update_layout(showlegend=False, margin=dict(l=60, r=20, t=100, b=50))
+    fig.update_layout(margin=dict(l=60, r=20, t=100, b=50))
     return fig
 
 
@@ -109,31 +133,39 @@ def survival_compare(panels: list[dict], step: int, *, sinks: int = 4, recent: i
     (right), per step. panels: dicts with 'label' and 'evicted_at'."""
     if not panels:
         raise ValueError("panels must hold at least one policy")
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=(f"sinks held (of positions 0–{sinks - 1})",
-                                        f"share of the {recent} newest positions held"))
+    left, right = _grid_axes(1, 2, 0.1, 0.0)
     dashes = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+    data = []
     for i, p in enumerate(panels):
         ev, lab = p["evicted_at"], p["label"]
         line = dict(color=policy_colour(lab), width=2.2, dash=dashes[i % len(dashes)])
         # x0/dx instead of an x array, small dtypes: six policies x 4,096 steps stay
         # ~0.2 MB of chart data instead of ~0.5 MB
-        fig.add_trace(go.Scatter(x0=0, dx=1, y=sinks_held(ev, sinks).astype(np.uint8),
-                                 name=lab, legendgroup=lab, line={**line, "shape": "hv"},
-                                 hovertemplate="step %{x}: %{y} sinks held<extra>" + lab
-                                 + "</extra>"), row=1, col=1)
-        fig.add_trace(go.Scatter(x0=0, dx=1, y=recent_held_fraction(ev, recent).astype(np.float32),
-                                 name=lab, legendgroup=lab, showlegend=False, line=line,
-                                 hovertemplate="step %{x}: %{y:.1%} of the newest held<extra>"
-                                 + lab + "</extra>"), row=1, col=2)
-    for col in (1, 2):
-        fig.add_vline(x=int(step), line=dict(color="#CC0000", width=1.5, dash="dot"), row=1,
-                      col=col)
+        data.append(go.Scatter(x0=0, dx=1, y=sinks_held(ev, sinks).astype(np.uint8), name=lab,
+                               legendgroup=lab, line={**line, "shape": "hv"},
+                               hovertemplate="step %{x}: %{y} sinks held<extra>" + lab
+                               + "</extra>"))
+        data.append(go.Scatter(x0=0, dx=1, y=recent_held_fraction(ev, recent).astype(np.float32),
+                               name=lab, legendgroup=lab, showlegend=False, line=line,
+                               xaxis="x2", yaxis="y2",
+                               hovertemplate="step %{x}: %{y:.1%} of the newest held<extra>"
+                               + lab + "</extra>"))
+    marks = [dict(type="line", yref=f"{ax['y']} domain", y0=0, y1=1, xref=ax["x"], x0=int(step),
+                  x1=int(step), line=dict(color="#CC0000", width=1.5, dash="dot"))
+             for ax in (left, right)]
+    layout = dict(
+        xaxis=dict(domain=left["xd"], anchor="y", title=dict(text="step")),
+        yaxis=dict(domain=left["yd"], anchor="x", range=[-0.2, sinks + 0.2], dtick=1,
+                   title=dict(text="sinks held")),
+        xaxis2=dict(domain=right["xd"], anchor="y2", title=dict(text="step")),
+        yaxis2=dict(domain=right["yd"], anchor="x2", range=[-0.03, 1.03], tickformat=".0%",
+                    title=dict(text="held")),
+        shapes=marks,
+        annotations=[_title(f"sinks held (of positions 0–{sinks - 1})", left),
+                     _title(f"share of the {recent} newest positions held", right)])
+    fig = go.Figure(data=data, layout=layout)
     base_layout(fig, "Sinks and recent-window survival, every policy", height + 40,
                 legend_below=True)
-    fig.update_yaxes(range=[-0.2, sinks + 0.2], dtick=1, title="sinks held", row=1, col=1)
-    fig.update_yaxes(range=[-0.03, 1.03], tickformat=".0%", title="held", row=1, col=2)
-    fig.update_xaxes(title="step")
     return fig
 
 
