@@ -17,7 +17,9 @@ from streamlit.testing.v1 import AppTest
 from kvviz.metrics import summary
 from kvviz.policies import POLICIES
 from kvviz.replay import run_policy
+from kvviz import views as V
 from kvviz.trace import load_trace, save_trace
+from kvviz.views.cache import png_to_codes
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -71,6 +73,10 @@ def ok(at):
 
 def specs(at):
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def heatmap(at) -> dict:
+    return next(s for s in specs(at) if s["data"][0]["type"] == "image")
 
 
 def download(button) -> bytes:
@@ -172,3 +178,57 @@ def test_no_head_selector_for_single_head_traces(traces):
     at = app(trace="file:tiny.npz", budget=48)
     ok(at)
     assert not [s for s in at.sidebar.selectbox if s.label == "head"]
+
+
+# --- head selector ---------------------------------------------------------------------------
+HEADS = ["mean", "kv0", "kv1", "kv2"]
+
+
+@pytest.fixture(scope="module")
+def heads_trace(traces):
+    """A version-2 trace with a head axis (kvviz.trace contract): three KV-head groups with
+    different attention patterns and their mean."""
+    rng = np.random.default_rng(5)
+    groups = softmax_rows(rng, T, 3)  # (3, T, T): one pattern per KV head
+    groups[1] = np.tril(groups[1][::-1, ::-1].T, -1)  # a different shape: rows renormalised below
+    groups[1] /= np.maximum(groups[1].sum(axis=1, keepdims=True), 1e-30)
+    attn = np.concatenate([groups.mean(axis=0, keepdims=True), groups])[None]  # (1, 4, T, T)
+    save_trace(traces / "heads.npz", attn, heads=HEADS, layers=[29],
+               tokens=[f"t{i}" for i in range(T)], meta={"name": "heads"})
+    return traces / "heads.npz"
+
+
+def states(trace, step):
+    ea, eb = run_policy(trace, "tova", 48).evicted_at, run_policy(trace, "snapkv", 48).evicted_at
+    return V.states_at(ea, eb, step)
+
+
+def test_head_selector_drives_the_views(heads_trace):
+    at = app(trace="file:heads.npz", budget=48, step=120)
+    ok(at)
+    box = at.selectbox(key="w.head")
+    assert box.label == "head" and list(box.options) == HEADS and box.value == "mean"
+    mean_codes = png_to_codes(heatmap(at)["data"][0]["source"])
+    assert mean_codes[120].tolist() == states(load_trace(heads_trace, head="mean"), 120).tolist()
+    box.set_value("kv1").run()
+    ok(at)
+    assert at.query_params["head"] in ("kv1", ["kv1"])
+    kv1_codes = png_to_codes(heatmap(at)["data"][0]["source"])
+    kv1 = load_trace(heads_trace, head="kv1")
+    assert kv1_codes[120].tolist() == states(kv1, 120).tolist()
+    assert (kv1_codes != mean_codes).any()  # another head, another cache
+    # the compare view follows the head too
+    at2 = app(trace="file:heads.npz", budget=48, step=120, head="kv1", view="compare")
+    ok(at2)
+    assert at2.selectbox(key="w.head").value == "kv1"
+    df = at2.dataframe[0].value
+    m = summary(kv1, run_policy(kv1, "h2o", 48))
+    assert df.set_index("policy").loc["h2o", "retained mass"] == pytest.approx(
+        m["retained_mass"], abs=1e-12)
+
+
+def test_unknown_head_in_a_link_warns_and_shows_mean(heads_trace):
+    at = app(trace="file:heads.npz", budget=48, head="q5")
+    ok(at)
+    assert at.selectbox(key="w.head").value == "mean"
+    assert any("q5" in w.value for w in at.sidebar.warning)

@@ -75,14 +75,11 @@ def trace_label(key: str) -> str:
     return key
 
 
-def _head_kw(head: str) -> dict:
-    """load_trace's head argument; "mean" is every trace's default (and all a v1 file has)."""
-    return {} if head == "mean" else {"head": head}
-
-
 @st.cache_resource(max_entries=8, show_spinner=False)
-def get_trace(key: str, layer: int, version: str = "", head: str = "mean"):
-    """The trace for a key; ValueError (with the loader's message) if it cannot be loaded."""
+def get_trace(key: str, layer: int | None, version: str = "", head: str = "mean"):
+    """The trace for a key at a model layer number (None: the first stored) and head label
+    ("mean" unless the file stores heads); ValueError (with the loader's message) if it
+    cannot be loaded."""
     if key == "canonical":
         if head != "mean":
             raise ValueError(f"head must be one of ['mean'] for the canonical trace, got {head!r}")
@@ -92,18 +89,18 @@ def get_trace(key: str, layer: int, version: str = "", head: str = "mean"):
         if "/" in name or "\\" in name or name.startswith("."):
             raise ValueError(f"trace name {name!r} is not a file in traces/")
         return load_trace(traces_dir() / name, layer=layer, name=Path(name).stem,
-                          **_head_kw(head))
+                          head=head)
     if key.startswith("upload:"):
         item = upload_store().get(key[7:])
         if item is None:
             raise ValueError("that uploaded trace is not on this server any more; upload it again")
         data, fname = item
-        return load_trace(data, layer=layer, name=Path(fname).stem, **_head_kw(head))
+        return load_trace(data, layer=layer, name=Path(fname).stem, head=head)
     raise ValueError(f"unknown trace {key!r}: use canonical, file:NAME.npz or upload:ID")
 
 
 def trace_layers(key: str, version: str = "") -> list[int]:
-    t = get_trace(key, 0, version)
+    t = get_trace(key, None, version)
     return list(getattr(t, "layers", []) or [])
 
 
