@@ -48,12 +48,14 @@ solo = "" if not refused else "b" if "a" in refused else "a"
 if solo:  # draw the valid policy on both sides (the views say which one refused)
     pols["a" if solo == "b" else "b"] = pols[solo]
 (a, pa, _), (b, pb, _) = pols["a"], pols["b"]
+head = sidebar.current_head()
 with st.spinner(f"Replaying {a} and {b} over {trace.steps} steps…"):
-    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget)
-    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget)
+    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget, head)
+    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
 ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
                  pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
-                 label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo)
+                 label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo,
+                 head=head)
 if solo:
     setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")

@@ -24,7 +24,7 @@ def render(ctx: Ctx):
     keep(wkey("zoom"), zoom)
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     g = compute.grid(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb), ctx.budget,
-                     (ctx.label_a, ctx.label_b), window=window)
+                     (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
     fig = V.cache_heatmap(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a, label_b=ctx.label_b,
                           grid=g)
     st.plotly_chart(fig, key="chart.cache", **CHART)
