@@ -37,7 +37,7 @@ class RunResult:
     status: str = ""
     seconds: float = 0.0
     first_chart_s: float | None = None       # first plotly chart that is not the placeholder
-    charts: list = field(default_factory=list)      # (key id, spec JSON) of every plotly chart
+    charts: list = field(default_factory=list)      # (id, spec JSON, seconds) of every plotly chart
     exceptions: list = field(default_factory=list)  # (type, message, stack) of exception elements
     errors: list = field(default_factory=list)      # st.error texts
     bytes: int = 0                           # ForwardMsg bytes received during the run
@@ -47,13 +47,17 @@ class RunResult:
     @property
     def chart_titles(self) -> list[str]:
         out = []
-        for _, spec in self.charts:
+        for _, spec, _ in self.charts:
             try:
                 t = json.loads(spec).get("layout", {}).get("title", {})
             except ValueError:
                 continue
             out.append(t.get("text", "") if isinstance(t, dict) else str(t))
         return out
+
+    def chart_with(self, text: str) -> float | None:
+        """Seconds until the first chart whose figure JSON contains `text` arrived, or None."""
+        return next((t for _, spec, t in self.charts if text in spec), None)
 
 
 class Session:
@@ -161,7 +165,7 @@ class Session:
         elif kind == "alert" and el.alert.format == 1:  # ERROR
             res.errors.append(el.alert.body)
         elif kind == "plotly_chart":
-            res.charts.append((el.plotly_chart.id, el.plotly_chart.spec))
+            res.charts.append((el.plotly_chart.id, el.plotly_chart.spec, t))
             res.chart_bytes += size
             if res.first_chart_s is None and PLACEHOLDER_TITLE not in el.plotly_chart.spec:
                 res.first_chart_s = t
