@@ -1,0 +1,199 @@
+"""Sweeps: every engine gives the same table, a killed sweep resumes to the same table,
+a bad spec is refused before any cell runs, a failing cell is recorded and the rest run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvviz.bench import evaluate
+from kvviz.sweep import SpecError, SweepDirError, run_sweep
+from kvviz.trace import FORMAT_VERSION, canonical, load_trace, pack_rows, save_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 512
+LAYERS = [3, 7]
+# 2 traces x 2 layers x 4 policy configurations x 2 budgets = 32 cells; the second trace
+# is broken inside (a negative weight) but its header is fine, so the spec is valid and
+# its 16 cells fail when they load it.
+SPEC = """
+traces = ["good.npz", "broken.npz"]
+layers = [3, 7]
+budgets = [40, 96]
+
+[[policies]]
+name = "tova"
+
+[[policies]]
+name = "snapkv"
+pool_kernel = [1, 3]
+obs_window = 8
+
+[[policies]]
+name = "h2o"
+"""
+
+
+def _matrix(seed: int) -> np.ndarray:
+    c = canonical(T, seed)
+    m = np.zeros((T, T), np.float32)
+    for t in range(1, T):
+        m[t, :t] = c.row(t)
+    return m
+
+
+def _write_broken(path: Path) -> None:
+    """A trace whose header is valid and whose weights are not (one negative weight)."""
+    packed = np.stack([pack_rows(_matrix(5)), pack_rows(_matrix(6))]).astype(np.float16)
+    packed[1, 10] = -0.5
+    np.savez(path, format_version=np.int64(FORMAT_VERSION), attn=packed,
+             layers=np.asarray(LAYERS, np.int64), meta=np.str_(json.dumps({"model": "broken"})))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    save_trace(d / "good.npz", np.stack([_matrix(1), _matrix(2)]), layers=LAYERS,
+               meta={"model": "test-model"})
+    _write_broken(d / "broken.npz")
+    (d / "spec.toml").write_text(SPEC)
+    return d
+
+
+@pytest.fixture(scope="module")
+def serial_table(workdir):
+    return run_sweep(workdir / "spec.toml", workdir / "serial", base=workdir, progress=False)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame):
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    for m in ("retained_mass", "hh_recall"):  # bit for bit, NaN where a cell failed
+        assert a[m].to_numpy().tobytes() == b[m].to_numpy().tobytes()
+
+
+def test_serial_table_rows_match_the_library(workdir, serial_table):
+    df = serial_table
+    assert len(df) == 32
+    assert list(df.columns[:5]) == ["trace", "layer", "head", "policy", "budget"]
+    assert {"obs_window", "pool_kernel", "recent_window", "trace_sha256", "model",
+            "kvviz_version"} <= set(df.columns)
+    ok = df[df.status == "ok"]
+    assert len(ok) == 16 and (ok.trace == "good.npz").all()
+    # each row is what the library computes for that cell on its own
+    for _, r in ok.sample(4, random_state=0).iterrows():
+        trace = load_trace(workdir / "good.npz", layer=LAYERS.index(r.layer))
+        params = {} if r.policy == "tova" else {"recent_window": int(r.recent_window)}
+        if r.policy == "snapkv":
+            params.update(pool_kernel=int(r.pool_kernel), obs_window=int(r.obs_window))
+        want = evaluate(trace, r.policy, int(r.budget), **params)
+        assert r.retained_mass == want["retained_mass"] and r.hh_recall == want["hh_recall"]
+        assert r.memory_bytes == want["memory_bytes"]
+    sha = __import__("hashlib").sha256((workdir / "good.npz").read_bytes()).hexdigest()
+    assert (ok.trace_sha256 == sha).all() and (ok.model == "test-model").all()
+    assert set(zip(ok.layer, ok.budget)) == {(3, 40), (3, 96), (7, 40), (7, 96)}
+    assert df[df.policy == "snapkv"].pool_kernel.tolist().count(3) == 8
+    assert df[df.policy == "tova"].pool_kernel.isna().all()
+
+
+def test_failing_cells_are_recorded_and_the_sweep_goes_on(serial_table):
+    df = serial_table
+    bad = df[df.trace == "broken.npz"]
+    # the broken trace comes second: its 16 cells are the last, each ran and failed alone
+    assert list(bad.index) == list(range(16, 32))
+    assert (bad.status == "error").all()
+    assert bad.error.str.contains("non-negative").all()
+    assert bad.retained_mass.isna().all() and (df[df.status == "ok"].error == "").all()
+
+
+def test_pool_and_ray_give_the_serial_table(workdir, serial_table):
+    pool = run_sweep(workdir / "spec.toml", workdir / "pool", base=workdir, workers=2,
+                     progress=False)
+    _same(pool, serial_table)
+    ray = run_sweep(workdir / "spec.toml", workdir / "ray", base=workdir, ray="local",
+                    workers=2, progress=False)
+    _same(ray, serial_table)
+    for d in ("pool", "ray"):  # the files too
+        assert (workdir / d / "results.csv").read_bytes() == (workdir / "serial" / "results.csv").read_bytes()
+        _same(pd.read_parquet(workdir / d / "results.parquet"), serial_table)
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_table(workdir, serial_table):
+    out = workdir / "killed"
+    cmd = [sys.executable, "-m", "kvviz", "sweep", "spec.toml", "--out", str(out), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env)
+    cells = out / "cells"
+    deadline = time.monotonic() + 120
+    while len(list(cells.glob("*.json"))) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p.name: p.stat().st_mtime_ns for p in cells.glob("*.json")}
+    assert 3 <= len(before) < 32, f"killed after {len(before)} of 32 cells"
+    assert not (out / "results.csv").exists()
+    resumed = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    after = {p.name: p.stat().st_mtime_ns for p in cells.glob("*.json")}
+    assert len(after) == 32
+    assert all(after[n] == t for n, t in before.items())  # finished cells were not re-run
+    _same(pd.read_parquet(out / "results.parquet"), serial_table)
+    assert (out / "results.csv").read_bytes() == (workdir / "serial" / "results.csv").read_bytes()
+
+
+def test_a_different_spec_or_trace_into_the_same_folder_is_refused(workdir, serial_table):
+    out = workdir / "serial"
+    files = sorted(p.name for p in (out / "cells").iterdir())
+    other = SPEC.replace("budgets = [40, 96]", "budgets = [40, 64]")
+    (workdir / "other.toml").write_text(other)
+    with pytest.raises(SweepDirError, match="another spec"):
+        run_sweep(workdir / "other.toml", out, base=workdir, progress=False)
+    changed = workdir / "changed"
+    changed.mkdir()
+    save_trace(changed / "good.npz", np.stack([_matrix(1), _matrix(3)]), layers=LAYERS)
+    (changed / "broken.npz").write_bytes((workdir / "broken.npz").read_bytes())
+    with pytest.raises(SweepDirError, match="good.npz.*changed"):
+        run_sweep(workdir / "spec.toml", out, base=changed, progress=False)
+    assert sorted(p.name for p in (out / "cells").iterdir()) == files
+    # the same spec again: nothing to run, same table
+    _same(run_sweep(workdir / "spec.toml", out, base=workdir, progress=False), serial_table)
+
+
+BAD = [
+    ('[[policies]]\nname = "tova"', '[[policies]]\nname = "lru"', r"policies\[0\]\.name = 'lru'"),
+    ('name = "h2o"', 'name = "h2o"\nsinks = 4', r"policies\[2\]\.sinks = 4: h2o has no parameter"),
+    ("pool_kernel = [1, 3]", "pool_kernel = [1, 4]", r"pool_kernel = 4.*odd"),
+    ('"broken.npz"]', '"missing.npz"]', r"traces = 'missing.npz': file not found"),
+    ("layers = [3, 7]", "layers = [3, 14]", r"layers = \[3, 14\]: good.npz stores .*not 14"),
+    ("budgets = [40, 96]", "budgets = [0, 96]", r"budgets = \[0, 96\]: budget must be >= 1"),
+    ("budgets = [40, 96]", "budgets = [16, 96]", r"policies\[1\] \(snapkv.*at budget 16: recent_window must be smaller"),
+    ('name = "h2o"', 'name = "h2o"\nrecent_window = 2.5', r"policies\[2\]\.recent_window = 2.5"),
+    ('traces =', 'trace =', r"trace = .*unknown key"),
+    ('budgets', 'heads = ["q0"]\nbudgets', r"heads = \['q0'\]: good.npz stores heads \['mean'\]"),
+]
+
+
+@pytest.mark.parametrize("old,new,message", BAD)
+def test_a_bad_spec_is_refused_before_any_cell_runs(workdir, old, new, message):
+    assert old in SPEC
+    (workdir / "bad.toml").write_text(SPEC.replace(old, new, 1))
+    out = workdir / "bad"
+    with pytest.raises(SpecError, match=message) as err:
+        run_sweep(workdir / "bad.toml", out, base=workdir, progress=False)
+    assert "\n" not in str(err.value)
+    assert not out.exists()  # nothing ran, nothing written
+
+
+def test_cli_refuses_a_bad_spec_in_one_line(workdir):
+    (workdir / "bad_cli.toml").write_text(SPEC.replace("pool_kernel = [1, 3]", "pool_kernel = 4"))
+    r = subprocess.run([sys.executable, "-m", "kvviz", "sweep", "bad_cli.toml", "--out", "cli_out"],
+                       cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "pool_kernel = 4" in r.stderr.strip().splitlines()[-1]
+    assert not (workdir / "cli_out").exists()
