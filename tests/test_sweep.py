@@ -197,3 +197,61 @@ def test_cli_refuses_a_bad_spec_in_one_line(workdir):
     assert r.returncode == 2
     assert "pool_kernel = 4" in r.stderr.strip().splitlines()[-1]
     assert not (workdir / "cli_out").exists()
+
+
+# --- the app: the Metrics view opens a sweep's results.parquet ---------------------------
+def _arr(v):
+    """Plotly JSON array (list or typed {dtype, bdata}) -> numpy."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+    return np.asarray(v)
+
+
+def _metrics_page(workdir, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("KVVIZ_TRACES_DIR", str(workdir))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    for k, v in {"trace": "file:good.npz", "budget": "48", "view": "metrics"}.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, monkeypatch):
+    at = _metrics_page(workdir, monkeypatch)
+    assert not at.exception and not at.get("plotly_chart")
+    parquet = (workdir / "serial" / "results.parquet").read_bytes()
+    at.file_uploader(key="w.sweep_file").set_value(("results.parquet", parquet, "application/octet-stream")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("32 cells, 16 failed" in c.value for c in at.caption)
+    for metric in ("retained_mass", "hh_recall"):
+        if metric != "retained_mass":
+            at.radio(key="w.sweep_file_metric").set_value(metric).run()
+        spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
+        titles = [a["text"] for a in spec["layout"]["annotations"]]
+        assert titles == ["good.npz · layer 3", "good.npz · layer 7"]
+        lines = {(d["xaxis"], d["name"]): d for d in spec["data"]}
+        assert {n for _, n in lines} == {"tova", "snapkv pool_kernel=1", "snapkv pool_kernel=3", "h2o"}
+        for (axis, name), d in lines.items():  # every point is the table's value for that cell
+            layer = 3 if axis == "x" else 7
+            policy, _, kernel = name.partition(" pool_kernel=")
+            want = serial_table[(serial_table.trace == "good.npz") & (serial_table.layer == layer)
+                                & (serial_table.policy == policy)]
+            if kernel:
+                want = want[want.pool_kernel == int(kernel)]
+            assert _arr(d["x"]).tolist() == [40, 96]
+            assert _arr(d["y"]).tolist() == want.sort_values("budget")[metric].tolist()
+    # a file that is not a sweep table: an error on the page, no traceback
+    at.file_uploader(key="w.sweep_file").set_value(("results.parquet", b"not parquet", "application/octet-stream")).run()
+    assert not at.exception
+    assert any("results.parquet: could not be read as Parquet" in e.value for e in at.error)
+
+
+def test_metrics_view_without_pyarrow_says_so(workdir, monkeypatch):
+    from kvviz.ui import sweep_view
+
+    monkeypatch.setattr(sweep_view, "pyarrow_available", lambda: False)
+    at = _metrics_page(workdir, monkeypatch)
+    assert not at.exception
+    assert any("needs pyarrow" in i.value for i in at.info)

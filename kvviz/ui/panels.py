@@ -404,6 +404,8 @@ def view_metrics(ctx: Ctx):
         st.plotly_chart(V.sweep_figure(rows, param, metric,
                                        title=f"SnapKV across {label}, budget {ctx.budget}"),
                         key=f"chart.sweep_{tag}", **CHART)
+    from kvviz.ui import sweep_view  # a sweep's results.parquet, small multiples
+    sweep_view.render(ctx)
 
 
 def view_tokens(ctx: Ctx):
