@@ -17,7 +17,10 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
     bench.add_argument("--trace", help=".npz trace file (default: the canonical trace)")
-    bench.add_argument("--layer", type=int, default=None, help="stored layer index in --trace")
+    bench.add_argument("--layer", type=int, default=None,
+                       help="model layer number stored in --trace, e.g. 29 (default: the first stored)")
+    bench.add_argument("--head", default=None,
+                       help="head label stored in --trace: mean, kv0.., q0.. (default: mean)")
     bench.add_argument("--budgets", default="256,512,1024", help="comma-separated budgets")
     bench.add_argument("--policies", default=None, help="comma-separated policy names (default all)")
     bench.add_argument("--pool-kernels", default=None,
@@ -37,19 +40,23 @@ def main(argv=None) -> int:
     import pandas as pd
 
     from . import bench as b
-    from .trace import canonical, load_trace
 
     pd.set_option("display.width", 200)
     if args.command == "bench":
         try:
-            trace = load_trace(args.trace, layer=args.layer) if args.trace else canonical()
+            trace = b.open_trace(args.trace, args.layer, args.head)
             budgets = [int(x) for x in args.budgets.split(",")]
             policies = args.policies.split(",") if args.policies else None
             kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
             df = b.table(trace, budgets, policies, kernels, args.spans)
         except ValueError as exc:
             parser.error(str(exc))
-        print(f"trace: {trace.name} ({trace.steps} steps)")
+        print(b.describe(trace))
+        for budget in budgets:
+            if budget >= trace.steps:
+                print(f"warning: budget {budget} is at least the trace length ({trace.steps} "
+                      "steps): nothing is ever evicted, so its rows (evicts False) score "
+                      "perfectly by construction")
         print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         if args.csv:
             df.to_csv(args.csv, index=False)

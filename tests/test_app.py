@@ -293,9 +293,9 @@ def test_layer_select(traces):
     layer = at.selectbox(key="w.layer")
     assert layer.options == ["model layer 3", "model layer 7"]
     first = heatmap(at)["data"][0]["source"]
-    layer.set_value(1).run()
+    layer.set_value(7).run()  # options are model layer numbers
     ok(at)
-    assert qp(at)["layer"] == "1"
+    assert qp(at)["layer"] == "7"
     assert heatmap(at)["data"][0]["source"] != first  # different attention, different caches
     at.selectbox(key="w.trace").set_value("file:plain.npz").run()
     ok(at)

@@ -76,8 +76,9 @@ def trace_label(key: str) -> str:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def get_trace(key: str, layer: int, version: str = ""):
-    """The trace for a key; ValueError (with the loader's message) if it cannot be loaded."""
+def get_trace(key: str, layer: int | None, version: str = ""):
+    """The trace for a key at a model layer number (None: the first stored); ValueError
+    (with the loader's message) if it cannot be loaded."""
     if key == "canonical":
         return canonical()
     if key.startswith("file:"):
@@ -95,7 +96,7 @@ def get_trace(key: str, layer: int, version: str = ""):
 
 
 def trace_layers(key: str, version: str = "") -> list[int]:
-    t = get_trace(key, 0, version)
+    t = get_trace(key, None, version)
     return list(getattr(t, "layers", []) or [])
 
 

@@ -56,16 +56,16 @@ def trace_controls():
         st.sidebar.error(f"{compute.trace_label(key)}: {exc}. Showing the canonical trace.")
         key, version, layers = "canonical", "", []
         S["kv"]["trace"] = key
-    layer = 0
+    layer = layers[0] if layers else 0  # a model layer number (the URL's `layer`)
     if len(layers) > 1:
-        restore(wkey("layer"), 0)
-        if not 0 <= int(S[wkey("layer")]) < len(layers):
-            S[wkey("layer")] = 0
-        layer = st.sidebar.selectbox("layer", list(range(len(layers))), key=wkey("layer"),
-                                     format_func=lambda i: f"model layer {layers[i]}")
+        restore(wkey("layer"), layer)
+        if S[wkey("layer")] not in layers:
+            S[wkey("layer")] = layer
+        layer = st.sidebar.selectbox("layer", layers, key=wkey("layer"),
+                                     format_func=lambda n: f"model layer {n}")
         keep(wkey("layer"), layer)
     else:
-        S["kv"]["layer"] = 0
+        S["kv"]["layer"] = layer
     trace = compute.get_trace(key, layer, version)
     meta = trace.meta or {}
     bits = [f"{trace.steps} steps"]

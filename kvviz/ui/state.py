@@ -2,7 +2,7 @@
 
 Query string keys (all optional; anything missing takes its default, anything invalid is
 dropped with a note):
-    trace   canonical | file:NAME.npz | upload:SHA   layer  index into the file's layers
+    trace   canonical | file:NAME.npz | upload:SHA   layer  model layer number
     budget  int        a, b  policy names             a.<label>, b.<label>  policy parameters
             (labels are the cards' names: a.poolKernel=3, b.obsWindow=4, b.recentWindow=32)
     step    int        focus  zoom position (-1 follows the current victim)
