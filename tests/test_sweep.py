@@ -14,7 +14,7 @@ import pytest
 
 from kvviz.bench import evaluate
 from kvviz.sweep import SpecError, SweepDirError, run_sweep
-from kvviz.trace import FORMAT_VERSION, canonical, load_trace, pack_rows, save_trace
+from kvviz.trace import canonical, load_trace, pack_rows, save_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 512
@@ -52,7 +52,8 @@ def _write_broken(path: Path) -> None:
     """A trace whose header is valid and whose weights are not (one negative weight)."""
     packed = np.stack([pack_rows(_matrix(5)), pack_rows(_matrix(6))]).astype(np.float16)
     packed[1, 10] = -0.5
-    np.savez(path, format_version=np.int64(FORMAT_VERSION), attn=packed,
+    np.savez(path, format_version=np.int64(1),  # version 1: (layers, packed)
+             attn=packed,
              layers=np.asarray(LAYERS, np.int64), meta=np.str_(json.dumps({"model": "broken"})))
 
 
@@ -87,7 +88,7 @@ def test_serial_table_rows_match_the_library(workdir, serial_table):
     assert len(ok) == 16 and (ok.trace == "good.npz").all()
     # each row is what the library computes for that cell on its own
     for _, r in ok.sample(4, random_state=0).iterrows():
-        trace = load_trace(workdir / "good.npz", layer=LAYERS.index(r.layer))
+        trace = load_trace(workdir / "good.npz", layer=int(r.layer))
         params = {} if r.policy == "tova" else {"recent_window": int(r.recent_window)}
         if r.policy == "snapkv":
             params.update(pool_kernel=int(r.pool_kernel), obs_window=int(r.obs_window))
@@ -255,3 +256,16 @@ def test_metrics_view_without_pyarrow_says_so(workdir, monkeypatch):
     at = _metrics_page(workdir, monkeypatch)
     assert not at.exception
     assert any("needs pyarrow" in i.value for i in at.info)
+
+
+def test_heads_are_an_axis(tmp_path):
+    m = np.stack([_matrix(1), _matrix(4)])[None]  # 1 layer, 2 heads
+    save_trace(tmp_path / "h.npz", m, layers=[5], heads=["mean", "q0"])
+    spec = {"traces": ["h.npz"], "heads": ["q0", "mean"], "budgets": [64],
+            "policies": [{"name": "tova"}]}
+    df = run_sweep(spec, tmp_path / "out", base=tmp_path, progress=False)
+    assert df["head"].tolist() == ["q0", "mean"] and df["layer"].tolist() == [5, 5]
+    for _, r in df.iterrows():
+        want = evaluate(load_trace(tmp_path / "h.npz", layer=5, head=r["head"]), "tova", 64)
+        assert r.retained_mass == want["retained_mass"]
+    assert df.retained_mass[0] != df.retained_mass[1]

@@ -7,7 +7,6 @@ once. Errors propagate: the driver records them, identically for every engine.
 """
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
 
 from ..bench import evaluate
@@ -37,17 +36,8 @@ def open_trace(data: bytes | None, sha: str, layer: int | None, head: str | None
 
 
 def _load(data: bytes, layer: int, head: str, name: str):
-    """`layer` is a model layer number, `head` a label (the contracts' load_trace). Until
-    load_trace takes a head (and model layer numbers with it), map the number to the
-    stored index here; only the head "mean" exists then. Simplify once that lands."""
-    if "head" in inspect.signature(load_trace).parameters:
-        return load_trace(data, layer=layer, head=head, name=name)
-    stored = load_trace(data, name=name).layers
-    if layer not in stored:
-        raise ValueError(f"layer {layer} is not stored; the trace stores model layers {stored}")
-    if head != "mean":
-        raise ValueError(f"head {head!r} is not stored; the trace stores heads ['mean']")
-    return load_trace(data, layer=stored.index(layer), name=name)
+    """`layer` is a model layer number, `head` a stored head label."""
+    return load_trace(data, layer=layer, head=head, name=name)
 
 
 def compute(data: bytes | None, sha: str, trace: str, layer, head, policy: str, budget: int,
