@@ -25,19 +25,15 @@ def set_blobs(blobs: dict[str, bytes]) -> None:
 
 
 def open_trace(data: bytes | None, sha: str, layer: int | None, head: str | None, name: str):
+    """`layer` a model layer number, `head` a stored head label; no bytes = canonical."""
     if data is None:
         return canonical()
     key = (sha, layer, head)
     if key not in _LOADED:
-        _LOADED[key] = _load(data, layer, head, name)
+        _LOADED[key] = load_trace(data, layer=layer, head=head, name=name)
         while len(_LOADED) > _KEEP:
             _LOADED.popitem(last=False)
     return _LOADED[key]
-
-
-def _load(data: bytes, layer: int, head: str, name: str):
-    """`layer` is a model layer number, `head` a stored head label."""
-    return load_trace(data, layer=layer, head=head, name=name)
 
 
 def compute(data: bytes | None, sha: str, trace: str, layer, head, policy: str, budget: int,

@@ -1,6 +1,7 @@
 """The driver: validate the whole spec, then run only the cells not finished yet."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,8 @@ def run_sweep(spec, out, *, workers: int | None = None, ray: str | None = None,
     "auto" or an address; `workers` sets a local Ray's CPUs). Re-running resumes.
     """
     spec, traces, cells = load(spec, Path(base))  # SpecError before anything runs or is written
+    if ray and importlib.util.find_spec("ray") is None:
+        raise ValueError("--ray needs Ray: pip install -r requirements-scale.txt")
     out = Path(out)
     store.prepare(out, spec, traces)
     finished = store.finished(out, cells, retry_failed)
