@@ -2,6 +2,7 @@
 a bad spec is refused before any cell runs, a failing cell is recorded and the rest run."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -269,3 +270,29 @@ def test_heads_are_an_axis(tmp_path):
         want = evaluate(load_trace(tmp_path / "h.npz", layer=5, head=r["head"]), "tova", 64)
         assert r.retained_mass == want["retained_mass"]
     assert df.retained_mass[0] != df.retained_mass[1]
+
+
+def test_retry_failed_runs_only_the_failed_cells_again(workdir, serial_table):
+    out = workdir / "serial"
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    df = run_sweep(workdir / "spec.toml", out, base=workdir, retry_failed=True, progress=False)
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+    rerun = sorted(int(n[:6]) for n in before if after[n] != before[n])
+    assert rerun == list(range(16, 32))  # exactly the broken trace's cells
+    _same(df, serial_table)
+
+
+def test_progress_line_counts_done_failed_and_eta():
+    import io
+
+    from kvviz.sweep.progress import Progress
+
+    buf = io.StringIO()
+    bar = Progress(10, already=4, failed=1, stream=buf, every=0)
+    assert "4/10 cells, 1 failed" in buf.getvalue() and "ETA ?" in buf.getvalue()
+    bar.t0 -= 2.0  # two cells in two seconds: 1 cell/s, 4 left
+    bar.update(ok=True)
+    bar.update(ok=False)
+    last = buf.getvalue().strip().splitlines()[-1]
+    assert "6/10 cells, 2 failed" in last
+    assert re.search(r"ETA 0:00:0[45]$", last)  # 4 s, or 5 if this process stalled
