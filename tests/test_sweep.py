@@ -197,7 +197,10 @@ def test_cli_refuses_a_bad_spec_in_one_line(workdir):
                        cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True)
     assert r.returncode == 2
-    assert "pool_kernel = 4" in r.stderr.strip().splitlines()[-1]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m kvviz sweep: error: policies[1] "
+                                                   "(snapkv, obs_window = 8, pool_kernel = 4) at budget 40: ")
+    assert "odd" in lines[0]
     assert not (workdir / "cli_out").exists()
 
 

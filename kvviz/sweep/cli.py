@@ -43,8 +43,9 @@ def main(argv=None) -> int:
     try:
         df = run_sweep(args.spec, args.out, workers=args.workers, ray=args.ray,
                        retry_failed=args.retry_failed, progress=not args.quiet)
-    except ValueError as exc:  # SpecError, SweepDirError, --ray without Ray
-        p.error(str(exc))
+    except ValueError as exc:  # SpecError, SweepDirError, --ray without Ray: one line
+        print(f"python -m kvviz sweep: error: {exc}", file=sys.stderr)
+        return 2
     except WorkerLost as exc:
         print(f"python -m kvviz sweep: {exc}", file=sys.stderr)
         return 1
