@@ -299,3 +299,19 @@ def test_progress_line_counts_done_failed_and_eta():
     last = buf.getvalue().strip().splitlines()[-1]
     assert "6/10 cells, 2 failed" in last
     assert re.search(r"ETA 0:00:0[45]$", last)  # 4 s, or 5 if this process stalled
+
+
+def test_small_multiples_give_the_canonical_trace_one_panel(serial_table):
+    from kvviz.views.sweep import check_results, sweep_grid_figure
+
+    ok = serial_table[serial_table.status == "ok"]
+    canon = ok[ok.layer == 3].assign(trace="canonical", layer=pd.NA, head=None)
+    df = pd.concat([ok, canon], ignore_index=True)
+    fig = sweep_grid_figure(df, "hh_recall")
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[:2] == ["good.npz · layer 3", "good.npz · layer 7"] and titles[2] == "canonical"
+    canon_lines = [d for d in fig.data if d.xaxis == "x3"]
+    assert len(canon_lines) == 4 and not any(d.showlegend for d in canon_lines)
+    assert sorted(y for d in canon_lines for y in d.y) == sorted(canon.hh_recall)
+    with pytest.raises(ValueError, match="no column 'status'"):
+        check_results(df.drop(columns="status"))
