@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | app ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["app"]:
         from .launch import main as app_main  # streamlit run on the explorer page
         return app_main(argv[1:])
+    if argv[:1] == ["sweep"]:
+        from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
+        return sweep_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
@@ -35,6 +38,7 @@ def main(argv=None) -> int:
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
     sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
+    sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
     args = parser.parse_args(argv)
 
     import pandas as pd

@@ -85,3 +85,6 @@ def render(ctx: Ctx):
         st.plotly_chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
                                        title=f"SnapKV across {label}, budget {ctx.budget}"),
                         key=f"chart.sweep_{tag}", **CHART)
+    from kvviz.ui import sweep_view  # a sweep's results.parquet, small multiples
+
+    sweep_view.render(ctx)
