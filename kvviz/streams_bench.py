@@ -98,13 +98,14 @@ def packed_streams(count: int, steps: int) -> list[ArrayTrace]:
     return [ArrayTrace(packed[s], steps, name=f"canonical seed {s}") for s in range(count)]
 
 
-def _cpu(fn, repeat: int = 1) -> float:
-    best = np.inf
+def _cpu(fn, repeat: int):
+    """(best CPU seconds over `repeat` calls, the last call's result)."""
+    best, out = np.inf, None
     for _ in range(repeat):
         start = time.process_time()
-        fn()
+        out = fn()
         best = min(best, time.process_time() - start)
-    return best
+    return best, out
 
 
 def check_lean(name: str, budget: int = 512, steps: int = 4096) -> bool:
@@ -118,30 +119,30 @@ def check_lean(name: str, budget: int = 512, steps: int = 4096) -> bool:
 
 def bench(budget: int = 512, steps: int = 4096, policies=("tova", "h2o", "snapkv"),
           streams=STREAMS, progress=print) -> pd.DataFrame:
-    """Per stream-step CPU microseconds and the ratio to the lean loop, per policy and way."""
+    """Per stream-step CPU microseconds, and the ratio to the lean loop measured in the same
+    run, per policy and way. `victims` says whether a way's eviction log for seed 0 equals
+    Replay's (the lean loop's included: a baseline that did other work would not count)."""
     traces = packed_streams(max(streams), steps)
     first = CachedTrace(traces[0])
     lists = [first.row(t).tolist() for t in range(steps)]
     out = []
     for name in policies:
-        lean_victims = []
-        lean = _cpu(lambda: lean_victims.append(LEAN[name](lists, budget))) / steps
-        harness = Replay(first, make_policy(name, budget))
-        one = _cpu(lambda: Replay(first, make_policy(name, budget)).seek(steps - 1), repeat=3) / steps
-        harness.seek(steps - 1)
-        rows = [{"policy": name, "way": "lean loop", "streams": 1, "us_per_stream_step": lean * 1e6,
-                 "same_victims": lean_victims[0] == harness.evicted_at.tolist()},
-                {"policy": name, "way": "Replay", "streams": 1, "us_per_stream_step": one * 1e6,
-                 "same_victims": True}]
+        def replay(trace=first):
+            r = Replay(trace, make_policy(name, budget))
+            r.seek(steps - 1)
+            return r.evicted_at.tolist()
+        one, reference = _cpu(replay, 3)
+        lean, lean_log = _cpu(lambda: LEAN[name](lists, budget), 2)
+        rows = [("lean loop", 1, lean / steps, lean_log == reference),
+                ("Replay", 1, one / steps, True)]
         for count in streams:
-            group = traces[:count]
-            cpu = _cpu(lambda: replay_streams(group, name, budget), repeat=3) / (steps * count)
-            rows.append({"policy": name, "way": "run_streams", "streams": count,
-                         "us_per_stream_step": cpu * 1e6, "same_victims": True})
-        for row in rows:
-            row["speedup_vs_lean"] = lean * 1e6 / row["us_per_stream_step"]
+            cpu, log = _cpu(lambda: replay_streams(traces[:count], name, budget), 3)
+            rows.append(("run_streams", count, cpu / (steps * count), log[0].tolist() == reference))
+        for way, count, cpu, same in rows:
+            row = {"policy": name, "way": way, "streams": count, "us_per_stream_step": cpu * 1e6,
+                   "speedup_vs_lean": lean / steps / cpu, "victims": "same" if same else "DIFFERENT"}
+            out.append(row)
             if progress:
-                progress(f"{row['policy']:>7} {row['way']:>11} S={row['streams']:<3} "
-                         f"{row['us_per_stream_step']:8.2f} us  {row['speedup_vs_lean']:6.1f}x")
-        out += rows
+                progress(f"{name:>7} {way:>11} S={count:<3} {row['us_per_stream_step']:8.2f} us/stream-step "
+                         f"{row['speedup_vs_lean']:6.1f}x  victims {row['victims']}")
     return pd.DataFrame(out)

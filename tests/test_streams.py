@@ -194,3 +194,13 @@ def test_snapkv_sums_each_ring_from_slot_zero():
     runs = run_streams(traces, "snapkv", 4, **params)
     assert runs[0].evicted_at.tolist() == [4, -1, -1, -1, -1]
     assert_same_runs(runs, traces, "snapkv", 4, **params)
+
+
+def test_perf_streams_cli_prints_every_way(capsys):
+    from kvviz.__main__ import main
+
+    assert main(["perf", "--streams", "1,2", "--steps", "120", "--budget", "16"]) == 0
+    out = capsys.readouterr().out
+    for way in ("lean loop", "Replay", "run_streams S=2"):
+        assert way in out
+    assert out.count("victims same") == 12 and "DIFFERENT" not in out  # 3 policies x 4 ways
