@@ -199,7 +199,7 @@ def test_snapkv_sums_each_ring_from_slot_zero():
 def test_perf_streams_cli_prints_every_way(capsys):
     from kvviz.__main__ import main
 
-    assert main(["perf", "--streams", "1,2", "--steps", "120", "--budget", "16"]) == 0
+    assert main(["perf", "--streams", "1,2", "--steps", "150", "--budget", "40"]) == 0
     out = capsys.readouterr().out
     for way in ("lean loop", "Replay", "run_streams S=2"):
         assert way in out
