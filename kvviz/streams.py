@@ -18,7 +18,7 @@ from .policies import make_policy
 from .replay import NEVER, Replay, Run, held_shares, run_policy
 from .trace import ArrayTrace, Trace, packed_offset
 
-VECTORISED = ("tova", "h2o", "snapkv")
+VECTORISED = ("tova", "h2o", "snapkv")  # see STATES
 
 
 def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]:
@@ -50,13 +50,13 @@ def _replay(traces, policy, shares: bool = False):
     """(evicted_at (S, T), retained (S, T) or None): Replay.run, S streams at once."""
     rows = _Rows(traces)
     S, T, B = len(traces), traces[0].steps, policy.budget
-    streams, starts = np.arange(S), rows.starts[:, 0]
-    evicted = np.full((S, T), NEVER, np.int64)
+    streams, starts, slots = np.arange(S), rows.starts[:, 0], np.arange(B + 1)
+    victims = np.empty((max(T - B, 0), S), np.int64)  # key evicted at step B + k, per stream
     retained = np.full((S, T), np.nan) if shares else None
     # Held positions, ascending per stream, as keys into `rows` (key = position + the
     # stream's start). Two buffers: closing a victim's gap copies one into the other.
     keys, spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
-    state = _State(policy, S, B + 1)
+    state = STATES[policy.name](policy, S, B + 1)
     for t in range(T):
         n = min(t, B)  # every stream holds the same count: one in per step, down to B out
         # Harness (Replay._feed): row t over the held positions, renormalised in float64
@@ -64,16 +64,14 @@ def _replay(traces, policy, shares: bool = False):
         raw = rows.gather(t, keys[:, :n])
         held = raw.astype(np.float64)
         mass = held.sum(axis=1)  # per row numpy's pairwise sum, as Replay's 1-D held.sum()
-        if n and not ((mass < np.inf).all() and raw.min() >= 0):  # NaN fails both
-            bad = ~((mass < np.inf) & (raw.min(axis=1) >= 0))
-            raise ValueError(f"trace row {t} of stream {int(np.flatnonzero(bad)[0])} has "
-                             "negative or non-finite weights on held positions")
+        if n and not (mass.max() < np.inf and raw.min() >= 0):  # NaN fails both
+            _refuse(t, mass, raw)
         if shares:
             retained[:, t] = rows.shares(t, keys[:, :n], mass)
         attn = np.empty((S, n), np.float32)
-        if (mass > 0).all():
+        if n and mass.min() > 0:
             np.divide(held, mass[:, None], out=attn, casting="same_kind")
-        else:
+        elif n:
             np.divide(held, mass[:, None], out=held, where=mass[:, None] > 0)
             attn[:] = held
         state.observe(t, attn, n)
@@ -81,12 +79,20 @@ def _replay(traces, policy, shares: bool = False):
         state.admit(n)
         if n + 1 > B:  # one over the budget: exactly one victim per stream
             i = state.victim(attn, n + 1)
-            evicted[streams, keys[streams, i] - starts] = t
-            after = np.arange(n) >= i[:, None]  # slots past the victim move down one
+            victims[t - B] = keys[streams, i]
+            after = slots[:n] >= i[:, None]  # slots past the victim move down one
             _close_gap(spare, keys, after, n)
             keys, spare = spare, keys
             state.remove(i, after, n)
+    evicted = np.full((S, T), NEVER, np.int64)
+    evicted[streams, victims - starts] = np.arange(B, T)[:, None]
     return evicted, retained
+
+
+def _refuse(t: int, mass: np.ndarray, raw: np.ndarray) -> None:
+    bad = ~((mass < np.inf) & (raw.min(axis=1) >= 0))
+    raise ValueError(f"trace row {t} of stream {int(np.flatnonzero(bad)[0])} has "
+                     "negative or non-finite weights on held positions")
 
 
 def _close_gap(dst: np.ndarray, src: np.ndarray, after: np.ndarray, n: int) -> None:
@@ -95,52 +101,75 @@ def _close_gap(dst: np.ndarray, src: np.ndarray, after: np.ndarray, n: int) -> N
     np.copyto(dst[:, :n], src[:, 1:n + 1], where=after)
 
 
-class _State:
-    """Per-slot state of S streams and each policy's victim rule. Slots are in ascending
-    position order, so `argmin` (the first minimum) breaks ties toward the lower
-    position: both cards' tie rule (and Policy.choose's)."""
+# Per-slot state of S streams, and each policy's victim rule. Slots are in ascending
+# position order, so `argmin` (the first minimum) breaks ties toward the lower position:
+# both cards' tie rule, and Policy.choose's.
+
+class _Tova:
+    """TOVA keeps nothing between steps: its score is this step's weight (assignment)."""
 
     def __init__(self, policy, S: int, cap: int):
-        self.name, self.streams = policy.name, np.arange(S)
-        self.recent = getattr(policy, "recent_window", 0)
-        if self.name == "h2o":
-            self.cumulative, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
-        if self.name == "snapkv":
-            self.window, self.radius = policy.obs_window, (policy.pool_kernel - 1) // 2
-            # Rings are stored by slot id, which a position keeps while held (a newcomer
-            # takes the last victim's), so eviction moves ids, not obs_window floats each.
-            self.history = np.zeros((S, self.window, cap), np.float32)  # [s, ring slot, id]
-            self.ids, self.ids_spare = np.empty((S, cap), np.int64), np.empty((S, cap), np.int64)
-            self.free = None  # the id a newcomer takes: its slot index until the first eviction
+        pass
 
-    def observe(self, t: int, attn: np.ndarray, n: int) -> None:
-        if self.name == "h2o":
-            self.cumulative[:, :n] += attn  # H2O: accumulate every observed step
-        elif self.name == "snapkv":
-            # SnapKV card: history[i][slot] = weight, then slot advances. The harness
-            # observes every step (row 0's empty vector too), so slot = t mod obs_window.
-            self.history[:, t % self.window][self.streams[:, None], self.ids[:, :n]] = attn
-        # TOVA keeps nothing: its score is this step's weight, which `victim` reads.
+    def observe(self, t, attn, n):
+        pass
 
-    def admit(self, n: int) -> None:
-        if self.name == "h2o":
-            self.cumulative[:, n] = 0.0  # a newcomer has accumulated nothing
-        elif self.name == "snapkv":
-            new = n if self.free is None else self.free
-            self.ids[:, n] = new
-            self.history[self.streams, :, new] = 0.0  # card: admit(pos, history = zeroes)
+    def admit(self, n):
+        pass
 
-    def victim(self, attn: np.ndarray, n: int) -> np.ndarray:
-        """Per stream, the index of the one slot to evict among the n held after admission."""
-        if self.name == "tova":
-            # TOVA card: the lowest weight on the latest step goes. The newcomer (slot n-1)
-            # is unobserved, never a candidate; the n-1 >= 1 observed slots are `attn`.
-            return attn.argmin(axis=1)
-        if self.name == "h2o":
-            # H2O: the lowest cumulative outside the `recent_window` newest slots.
-            return self.cumulative[:, : n - self.recent].argmin(axis=1)
-        # SnapKV card: sums[i] = sum(history[i]) afresh in float64, ring slot 0 upward
-        # (a reduction over the ring axis adds slot 0, then 1, ... per id, as SnapKV.sums
+    def victim(self, attn, n):
+        # TOVA card: the lowest weight on the latest step goes. The newcomer (slot n-1) is
+        # unobserved, never a candidate; the n-1 >= 1 observed slots are `attn`.
+        return attn.argmin(axis=1)
+
+    def remove(self, i, after, n):
+        pass
+
+
+class _H2O(_Tova):
+    def __init__(self, policy, S: int, cap: int):
+        self.recent = policy.recent_window
+        self.cumulative, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
+
+    def observe(self, t, attn, n):
+        self.cumulative[:, :n] += attn  # H2O: accumulate every observed step
+
+    def admit(self, n):
+        self.cumulative[:, n] = 0.0  # a newcomer has accumulated nothing
+
+    def victim(self, attn, n):
+        # H2O: the lowest cumulative outside the `recent_window` newest slots.
+        return self.cumulative[:, : n - self.recent].argmin(axis=1)
+
+    def remove(self, i, after, n):
+        _close_gap(self.spare, self.cumulative, after, n)
+        self.cumulative, self.spare = self.spare, self.cumulative
+
+
+class _SnapKV(_Tova):
+    """Rings are stored by slot id, which a position keeps while held (a newcomer takes
+    the last victim's), so an eviction moves ids, not obs_window floats per slot."""
+
+    def __init__(self, policy, S: int, cap: int):
+        self.recent, self.streams = policy.recent_window, np.arange(S)
+        self.window, self.radius = policy.obs_window, (policy.pool_kernel - 1) // 2
+        self.history = np.zeros((S, self.window, cap), np.float32)  # [stream, ring slot, id]
+        self.ids, self.ids_spare = np.empty((S, cap), np.int64), np.empty((S, cap), np.int64)
+        self.free = None  # the id a newcomer takes: its slot index until the first eviction
+
+    def observe(self, t, attn, n):
+        # SnapKV card: history[i][slot] = weight, then slot advances. The harness observes
+        # every step (row 0's empty vector too), so slot = t mod obs_window.
+        self.history[:, t % self.window][self.streams[:, None], self.ids[:, :n]] = attn
+
+    def admit(self, n):
+        new = n if self.free is None else self.free
+        self.ids[:, n] = new
+        self.history[self.streams, :, new] = 0.0  # card: admit(pos, history = zeroes)
+
+    def victim(self, attn, n):
+        # SnapKV card: sums[i] = sum(history[i]) afresh in float64, ring slot 0 upward (a
+        # reduction over the ring axis adds slot 0, then 1, ... per id, as SnapKV.sums
         # does), in position order; pooled[i] = max(sums[i-r .. i+r]) clamped to the kept
         # slots; the lowest pooled outside the recent window goes.
         by_id = self.history.sum(axis=1, dtype=np.float64)
@@ -151,15 +180,13 @@ class _State:
             np.maximum(pooled[:, :-d], sums[:, d:], out=pooled[:, :-d])
         return pooled[:, : n - self.recent].argmin(axis=1)
 
-    def remove(self, i: np.ndarray, after: np.ndarray, n: int) -> None:
-        """Close the victims' gaps, so slots stay in position order (Policy._remove)."""
-        if self.name == "h2o":
-            _close_gap(self.spare, self.cumulative, after, n)
-            self.cumulative, self.spare = self.spare, self.cumulative
-        elif self.name == "snapkv":
-            self.free = self.ids[self.streams, i]
-            _close_gap(self.ids_spare, self.ids, after, n)
-            self.ids, self.ids_spare = self.ids_spare, self.ids
+    def remove(self, i, after, n):
+        self.free = self.ids[self.streams, i]
+        _close_gap(self.ids_spare, self.ids, after, n)
+        self.ids, self.ids_spare = self.ids_spare, self.ids
+
+
+STATES = {"tova": _Tova, "h2o": _H2O, "snapkv": _SnapKV}
 
 
 class _Rows:
