@@ -18,6 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from kvviz import views as V
+from kvviz.ui.context import CHART
 from kvviz.views import loop as LV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +26,6 @@ MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
 NEW_POLICIES = ("tova", "h2o", "snapkv", "streaming-llm", "scissorhands", "random")
 POLL_S = 1.0
-CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False})
 S = st.session_state
 JOB = "loop.job"
 INSTALL_NOTE = ("Running a new loop needs torch: `pip install -r requirements-capture.txt` and "
