@@ -5,13 +5,14 @@ the policy changes. Ports 8651-8659 (this test's range); the server is stopped b
 """
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvviz.ui import measure as M
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import measure_latency as M  # noqa: E402
 ART = REPO / "artifacts"
 FIX = REPO / "tests" / "fixtures" / "loop"
 
@@ -59,15 +60,17 @@ def test_loop_view_in_chromium():
             M.wait_chart_text(page, "Cache contents over time", timeout=60_000)
             M.wait_idle(page, timeout=60_000)
             text = M.chart_text(page)
-            assert "full cache" in text and "tova" in text
+            assert "full cache" in text and "tova @ 32" in text  # tova, middle budget: the defaults
             strip = page.locator('[data-testid="kv-loop-strip"]')
             assert strip.count() == 1
             first = strip.locator("span.kv-tok").nth(1).get_attribute("title")
             assert "p(true token) full cache" in first
             page.screenshot(path=str(ART / "e2e-loop-01.png"))
             # choose another policy: the ΔNLL chart's title follows
-            page.get_by_text("policy", exact=True).click()
-            page.get_by_role("option", name="streaming-llm").click()
+            box = page.locator('[data-testid="stSelectbox"]',
+                               has=page.get_by_text("policy", exact=True))
+            box.locator('[role="combobox"]').click()
+            page.get_by_role("option", name="streaming-llm", exact=True).click()
             M.wait_chart_text(page, "streaming-llm @", timeout=60_000)
             M.wait_idle(page, timeout=60_000)
             page.screenshot(path=str(ART / "e2e-loop-02.png"))

@@ -223,6 +223,8 @@ def draw(res, rows):
         return
     lines = sorted({LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) for i in choices})
     c = st.columns([3, 2])
+    if S.get("loop.policy") not in lines:
+        S["loop.policy"] = "tova" if "tova" in lines else lines[0]
     line = c[0].selectbox("policy", lines, key="loop.policy")
     budgets = sorted(rows[i]["budget"] for i in choices
                      if LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) == line)
