@@ -1,4 +1,4 @@
-"""`python -m kvviz bench | perf | capture ...`"""
+"""`python -m kvviz bench | perf | capture | loop ...`"""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["capture"]:
         from .capture import main as capture_main  # torch stays out of everything else
         return capture_main(argv[1:])
+    if argv[:1] == ["loop"]:
+        from .loop.cli import main as loop_main  # torch is imported only once the inputs check out
+        return loop_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
@@ -28,6 +31,7 @@ def main(argv=None) -> int:
     perf.add_argument("--steps", type=int, default=4096)
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
+    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
     args = parser.parse_args(argv)
 
     import pandas as pd
