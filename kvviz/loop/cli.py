@@ -103,7 +103,7 @@ def table(results) -> str:
     for r in results:
         after = r["perplexity_after_eviction"]
         lines.append(f"{r['label']:<58} {r['perplexity']:8.3f} "
-                     f"{after if after is None else format(after, '9.3f'):>9} "
+                     f"{'-' if after is None else format(after, '.3f'):>9} "
                      f"{r['top1_agreement']:6.3f} {r['kl']:7.4f}")
     return "\n".join(lines)
 
