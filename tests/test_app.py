@@ -614,5 +614,5 @@ def test_pooling_experiment_explains_with_the_policys_numbers(traces):
     # hovering that slot in the Scores view says the same
     spec = specs(at)[0]
     bar = next(d for d in spec["data"] if d.get("name") == "window sum")
-    hover = dict(zip(arr(bar["x"]).tolist(), bar["customdata"]))[pos]
+    hover = dict(zip(arr(bar["x"]).tolist(), bar["customdata"]))[pos].replace("<br>", " ")
     assert f"own window sum {sums[i]:.4g}" in hover and f"Position {v} goes instead" in hover
