@@ -7,7 +7,10 @@ from kvviz.policies import param_specs
 from kvviz.ui import compute
 from kvviz.views.common import A_COLOUR, B_COLOUR
 
-CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False})
+# the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
+CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
+                                      "toImageButtonOptions": {"format": "png", "scale": 2,
+                                                               "filename": "kvviz-chart"}})
 
 
 def policy_label(name: str, params: dict) -> str:
@@ -45,6 +48,7 @@ class Ctx:
     label_b: str
     step: int = 0
     solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
+    head: str = "mean"  # attention head of a per-head trace (kvviz.trace contract)
 
     @property
     def ev_a(self):
@@ -56,7 +60,8 @@ class Ctx:
 
     def peek(self, which: str, step: int):
         name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
-        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step)
+        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step,
+                            head=self.head)
 
     def panel(self, which: str, step: int) -> dict:
         kept, scores = self.peek(which, step)

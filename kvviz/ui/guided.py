@@ -10,7 +10,7 @@ from kvviz.ui.session import S, apply_state, view_state
 from kvviz.ui.state import ViewState
 from kvviz.views.scores import explain_text
 
-SETTINGS = ("trace", "layer", "budget", "a", "b")  # step, view and positions may move freely
+SETTINGS = ("trace", "layer", "head", "budget", "a", "b")  # step, view and positions may move freely
 
 
 def _defaults(name: str) -> tuple:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.ui import (view_cache, view_divergence, view_export, view_metrics, view_scores,
-                      view_survival, view_tokens)
+from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, view_metrics,
+                      view_scores, view_slides, view_survival, view_tokens)
 from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
 from kvviz.ui.navigation import advance, navigator, status  # noqa: F401
@@ -24,6 +24,8 @@ RENDER = {
     "divergence": view_divergence.render,
     "metrics": view_metrics.render,
     "tokens": view_tokens.render,
+    "compare": view_compare.render,
+    "slides": view_slides.render,
     "export": view_export.render,
 }
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.policies import param_specs
+from kvviz.policies import POLICIES, param_specs
 from kvviz.ui.state import ViewState, from_query, to_query
 
 S = st.session_state
-FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom")
+FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom",
+          "head", "cmp")
 
 
 def note(msg: str) -> None:
@@ -114,7 +115,8 @@ def view_state() -> ViewState:
                      b=kv.get("b", "snapkv"), pa=current("a"), pb=current("b"),
                      step=kv.get("step"), focus=int(kv.get("focus", -1)),
                      why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
-                     exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)))
+                     exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)),
+                     head=kv.get("head", "mean"), cmp=list(kv.get("cmp") or list(POLICIES)))
 
 
 def write_url() -> None:

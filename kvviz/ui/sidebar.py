@@ -71,7 +71,8 @@ def trace_controls():
         keep(wkey("layer"), layer)
     else:
         S["kv"]["layer"] = layer
-    trace = compute.get_trace(key, layer, version)
+    head = head_control(key, layer, version)
+    trace = compute.get_trace(key, layer, version, head)
     meta = trace.meta or {}
     bits = [f"{trace.steps} steps"]
     if meta.get("model"):
@@ -80,6 +81,34 @@ def trace_controls():
         bits.append(str(meta["source"]))
     st.sidebar.caption(" · ".join(bits))
     return key, layer, version, trace
+
+
+HEAD_HELP = ("Which attention the policies see: the mean over all heads, one KV head's group "
+             "(kv0..: the mean of the query heads sharing that KV head, the unit a real cache "
+             "evicts by) or a single query head (q0..). Every view follows it.")
+
+
+def head_control(key: str, layer: int, version: str) -> str:
+    """Head selector under the layer selector, shown only for traces storing several heads.
+    Returns the head label ("mean" otherwise)."""
+    heads = compute.trace_heads(key, layer, version)
+    if len(heads) <= 1:
+        S["kv"]["head"] = "mean"
+        S.pop(wkey("head"), None)
+        return "mean"
+    cur = restore(wkey("head"), "mean")
+    if cur not in heads:
+        st.sidebar.warning(f"Head {cur!r} is not stored in this trace (it has "
+                           f"{', '.join(heads)}); showing mean.")
+        S[wkey("head")] = "mean"
+    head = st.sidebar.selectbox("head", heads, key=wkey("head"), help=HEAD_HELP)
+    keep(wkey("head"), head)
+    return head
+
+
+def current_head() -> str:
+    """The head chosen this run (after `trace_controls`)."""
+    return S["kv"].get("head", "mean")
 
 
 def _clamp_restore(key, default, lo, hi, label=None):

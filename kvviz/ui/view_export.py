@@ -16,6 +16,7 @@ def render(ctx: Ctx):
     rows = metrics_rows(ctx)
     vs = view_state()
     config = {"trace": ctx.key, "trace_name": getattr(ctx.trace, "name", ""), "layer": ctx.layer,
+              "head": ctx.head,
               "budget": ctx.budget, "A": {"policy": ctx.a, "params": dict(ctx.pa)},
               "B": {"policy": ctx.b, "params": dict(ctx.pb)}, "step": ctx.step,
               "url_query": to_query(vs)}

@@ -21,7 +21,7 @@ def _sweep(ctx: Ctx, points):
     for i, (name, params, budget) in enumerate(points):
         try:
             rows.append(compute.evaluate_one(ctx.key, ctx.layer, ctx.version, name,
-                                             compute.params_key(params), budget))
+                                             compute.params_key(params), budget, head=ctx.head))
         except ValueError as exc:
             rows.append({"policy": name, "budget": budget, **params, "refused": str(exc)})
         bar.progress((i + 1) / len(points), text=f"sweeping… {i + 1}/{len(points)}")
@@ -34,7 +34,8 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
     for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
         if ctx.solo and which != ctx.solo:
             continue  # that policy refused its settings
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget)
+        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
+                                head=ctx.head)
         specs = {sp.name: sp.label for sp in param_specs(name)}
         shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
         rows.append({"run": which.upper(), "policy": name, "params": shown,
@@ -84,3 +85,6 @@ def render(ctx: Ctx):
         st.plotly_chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
                                        title=f"SnapKV across {label}, budget {ctx.budget}"),
                         key=f"chart.sweep_{tag}", **CHART)
+    from kvviz.ui import sweep_view  # a sweep's results.parquet, small multiples
+
+    sweep_view.render(ctx)
