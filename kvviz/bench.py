@@ -22,8 +22,17 @@ def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
 
 
 def open_trace(path=None, layer=None, head=None) -> Trace:
-    """The canonical trace (path None) or a trace file at a model layer number and head label."""
+    """The canonical trace (path None) or a trace file at a model layer number and head label.
+
+    A bare name that is not a file here, e.g. `code.npz`, is looked up among the shipped
+    traces (the checkout's traces/ or an installed kvviz's bundle)."""
     if path:
+        from pathlib import Path
+
+        from .launch import traces_dir
+        shipped = traces_dir()
+        if not Path(path).exists() and shipped is not None and (shipped / path).is_file():
+            path = shipped / path
         return load_trace(path, layer=layer, head=head)
     if layer is not None:
         raise ValueError("layer applies to a --trace file; the canonical trace has no model layers")

@@ -315,8 +315,13 @@ def test_query_round_trip_and_tolerance():
     assert q["a.poolKernel"] == "3" and q["b.recentWindow"] == "8" and q["step"] == "99"
     assert to_query(from_query(q)[0]) == q
     st2, notes = from_query({"a": "nope", "budget": "x", "b.poolKernel": "3", "view": "bad"})
-    assert st2.a == "tova" and st2.budget == 512 and st2.view == "cache"
+    # the view name is checked by the page against its registry (tests/test_app.py)
+    assert st2.a == "tova" and st2.budget == 512 and st2.view == "bad"
     assert len(notes) == 2 and st2.params("b")["pool_kernel"] == 3  # b stays snapkv
+    _, notes = from_query({"b.poolKernel": "99", "zoom": "7", "colour": "red"})
+    assert notes == ["zoom=7 is not one of 0, 32, 128, 512; showing the whole run",
+                     "unknown key 'colour' ignored",
+                     "b.poolKernel=99 is outside 1–15; using 15"]
     _, notes = from_query({"b": "h2o", "b.poolKernel": "3"})
     assert notes == ["h2o has no parameter 'poolKernel'; ignored"]
     assert ViewState().params("b") == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32}
@@ -338,8 +343,8 @@ def test_exports():
 def test_views_and_pure_ui_modules_do_not_import_streamlit():
     import subprocess
     import sys
-    code = ("import sys, kvviz.views, kvviz.ui.engine, kvviz.ui.state, kvviz.ui.export, "
-            "kvviz.ui.measure; assert 'streamlit' not in sys.modules, 'streamlit imported'")
+    code = ("import sys, kvviz.views, kvviz.ui.engine, kvviz.ui.state, kvviz.ui.export; "
+            "assert 'streamlit' not in sys.modules, 'streamlit imported'")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
 
@@ -366,7 +371,7 @@ def test_pooling_explanation_in_the_policys_numbers():
                      victim=2, victim_sum=3.0, victim_pooled=3.0)
     assert V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 3) is None
     text = V.scores.explain_text(e, 5)
-    for s in ("position 4", "0.05", "neighbour 5", "pooled score 9", "Position 2", "3 is"):
+    for s in ("position 4", "0.05", "position 5, has 9", "pooled score 9", "Position 2", "3 is"):
         assert s in text, s
     # the hover over slot 4 says the same numbers
     fig = V.neighbourhood_figure([p], step=5, center=3, half_width=10)

@@ -17,7 +17,7 @@ from kvviz.metrics import summary
 from kvviz.replay import run_policy
 from kvviz.trace import canonical, load_trace
 from kvviz.ui.engine import Engine
-from kvviz.views.cache import heatmap_grid
+from kvviz.views.cache import cache_heatmap, heatmap_grid
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -159,9 +159,28 @@ def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, la
                         steps_range=sr, pos_range=pr, tokens=tokens)
 
 
+@st.cache_resource(max_entries=32, show_spinner=False)
+def cache_figure(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
+                 labels: tuple, window: tuple | None = None, head: str = "mean") -> dict:
+    """The cache heatmap as a plain dict, built once server-wide per configuration (every
+    session at every step shares it; `views.cache.at_step` moves the step marker on a copy).
+    Read-only: never modify the returned dict."""
+    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    g = grid(key, layer, version, a, b, budget, labels, window=window, head=head)
+    return cache_heatmap(ea, eb, 0, label_a=labels[0], label_b=labels[1], grid=g).to_dict()
+
+
 def params_key(params: dict) -> tuple:
     return tuple(sorted((k, int(v)) for k, v in params.items()))
 
 
 def evicted(eng: Engine) -> np.ndarray:
     return eng.evicted_at
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def pooling_example(key: str, layer: int, version: str, params: tuple, budget: int):
+    """(step, explanation) where SnapKV's pooling defends a neighbour (experiments.py)."""
+    from kvviz.ui.experiments import pooling_example as find
+    return find(get_trace(key, layer, version), budget, dict(params))

@@ -19,6 +19,18 @@ def policy_label(name: str, params: dict) -> str:
     return name + (f" ({', '.join(diff)})" if diff else "")
 
 
+def refusal_message(which: str, pols: dict) -> str:
+    """The page's error for a refused policy: its own rule (controls named by their labels)
+    and what is still drawn."""
+    name, _, error = pols[which]
+    other = "b" if which == "a" else "a"
+    oname, oparams, oerror = pols[other]
+    tail = ("Neither policy can run: change a setting in the sidebar." if oerror else
+            f"Policy {other.upper()} ({policy_label(oname, oparams)}) is drawn alone below; "
+            "the next valid setting brings both back.")
+    return f"Policy {which.upper()} ({name}) refuses these settings: {error}. {tail}"
+
+
 @dataclass
 class Ctx:
     key: str
@@ -35,6 +47,7 @@ class Ctx:
     label_a: str
     label_b: str
     step: int = 0
+    solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
     head: str = "mean"  # attention head of a per-head trace (kvviz.trace contract)
 
     @property

@@ -19,6 +19,23 @@ FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", 
           "head", "cmp")
 
 
+def note(msg: str) -> None:
+    """A warning for the page's notice area (a clamped or ignored value), shown this run."""
+    S.setdefault("notes", [])
+    if msg not in S["notes"]:
+        S["notes"].append(msg)
+
+
+def from_link(field: str) -> bool:
+    """True on a session's first run when the link set `field` (a value to check and, if
+    out of range, to warn about; later resets after a trace switch are not warned)."""
+    return field in S.get("from_link", ())
+
+
+def pop_notes() -> list[str]:
+    return S.pop("notes", [])
+
+
 def wkey(field: str) -> str:
     return f"w.{field}"
 
@@ -32,6 +49,7 @@ def init() -> list[str]:
     if "kv" in S:
         return []
     st_, notes = from_query(st.query_params.to_dict())
+    S["from_link"] = set(st.query_params.to_dict())
     S["kv"] = {}
     apply_state(st_)
     return notes
@@ -40,6 +58,7 @@ def init() -> list[str]:
 def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
     """Put a whole ViewState into the widget keys (call from callbacks or before widgets)."""
     kv = S["kv"]
+    S["budget_trace"] = vs.trace  # the budget comes with this trace (see sidebar)
     for f in FIELDS:
         v = getattr(vs, f)
         if f == "step" and v is None:
@@ -101,6 +120,7 @@ def view_state() -> ViewState:
 
 
 def write_url() -> None:
+    S.pop("from_link", None)  # the link's values have been checked
     q = to_query(view_state())
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)

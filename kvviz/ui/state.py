@@ -25,6 +25,13 @@ VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores":
                "compare": "Compare all", "slides": "Slides", "export": "Export"}
 
 
+ZOOMS = (0, 32, 128, 512)
+# Query keys the page understands (a.<label>/b.<label> are checked against the policy's
+# parameters); anything else is reported. A new key = one entry here.
+KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
+              "zoom", "exp", "embed", "embed_options"}
+
+
 @dataclass
 class ViewState:
     trace: str = "canonical"
@@ -76,8 +83,15 @@ def from_query(query) -> tuple[ViewState, list[str]]:
                 notes.append(f"{key}={q[key]!r} is not an integer; ignored")
     if "trace" in q and q["trace"]:
         st.trace = str(q["trace"])
-    if q.get("view") in VIEWS:
-        st.view = q["view"]
+    if q.get("view"):
+        st.view = str(q["view"])  # checked against the registered views by the page
+    if "zoom" in q and st.zoom not in ZOOMS:
+        notes.append(f"zoom={q['zoom']} is not one of {', '.join(map(str, ZOOMS))}; "
+                     "showing the whole run")
+        st.zoom = 0
+    for k in q:
+        if k not in KNOWN_KEYS and not k.startswith(("a.", "b.")):
+            notes.append(f"unknown key {k!r} ignored")
     if "exp" in q:
         st.exp = str(q["exp"])
     if q.get("head"):
@@ -102,9 +116,16 @@ def from_query(query) -> tuple[ViewState, list[str]]:
                 notes.append(f"{name} has no parameter {lab!r}; ignored")
                 continue
             try:
-                out[spec.name] = _int(v)
+                val = _int(v)
             except ValueError:
                 notes.append(f"{k}={v!r} is not an integer; ignored")
+                continue
+            if not spec.min <= val <= spec.max:
+                clamped = min(max(val, spec.min), spec.max)
+                notes.append(f"{which}.{spec.label}={val} is outside {spec.min}–{spec.max}; "
+                             f"using {clamped}")
+                val = clamped
+            out[spec.name] = val
         setattr(st, "pa" if which == "a" else "pb", out)
     return st, notes
 

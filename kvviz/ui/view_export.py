@@ -11,6 +11,8 @@ from kvviz.ui.view_metrics import metrics_rows
 
 
 def render(ctx: Ctx):
+    st.caption("Take the run away: the eviction log per position, the metrics, and the whole "
+               "configuration as JSON.")
     rows = metrics_rows(ctx)
     vs = view_state()
     config = {"trace": ctx.key, "trace_name": getattr(ctx.trace, "name", ""), "layer": ctx.layer,

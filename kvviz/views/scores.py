@@ -104,8 +104,9 @@ def explain_text(e: dict, step: int) -> str:
     """Two sentences for a defended slot (what the guided experiment and the hover say)."""
     f = "{:.4g}".format
     first = (f"At step {step}, position {e['position']}'s own window sum is {f(e['own_sum'])}, "
-             f"low enough to be evicted, but its neighbour {e['neighbour']} has "
-             f"{f(e['neighbour_sum'])}, so the max-pool gives {e['position']} the pooled score "
+             f"low enough to be evicted, but the slot beside it in the cache, position "
+             f"{e['neighbour']}, has {f(e['neighbour_sum'])}, so the max-pool gives "
+             f"{e['position']} the pooled score "
              f"{f(e['pooled'])} and keeps it.")
     if e["victim"] is None:
         return first

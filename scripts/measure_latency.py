@@ -1,6 +1,8 @@
 """Measure the explorer in a real headless Chromium (also the e2e test's machinery).
 
-    python -m kvviz.ui.measure [--repeat 5] [--screenshot docs/screenshot.png]
+    python scripts/measure_latency.py [--repeat 5] [--screenshot docs/screenshot.png]
+
+A development tool, not part of the kvviz package (the app never imports it).
 
 Starts `streamlit run app.py` on a free port, waits for /_stcore/health, opens the page
 with the canonical trace at budget 512 and times:
@@ -26,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
