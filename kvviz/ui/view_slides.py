@@ -59,7 +59,7 @@ def render(ctx) -> None:
     s0, s1 = c[0].slider("steps", 0, T - 1, key="slides.steps",
                          help="The animation runs over these steps.")
     if kind == "tokens":
-        _range("slides.tokens", 0, T, (max(0, s1 + 1 - 300), s1 + 1))
+        _range("slides.tokens", 0, T, (0, min(T, 300)))  # the text appears, then is evicted
         p0, p1 = c[1].slider("tokens", 0, T, key="slides.tokens",
                              help=f"The token positions shown (at most {MAX_TOKENS}).")
     else:
