@@ -115,6 +115,7 @@ def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
                                    title=dict(text="position") if ax["row"] == rows - 1 else None)
         layout[ax["yaxis"]] = dict(domain=ax["yd"], anchor=ax["x"], range=[se[-1] - 0.5, se[0] - 0.5],
                                    showgrid=False, zeroline=False, nticks=5,
+                                   showticklabels=ax["col"] == 0,  # same steps in every panel
                                    title=dict(text="step") if ax["col"] == 0 else None)
         shapes.append(dict(type="line", xref=f"{ax['x']} domain", x0=0, x1=1, yref=ax["y"],
                            y0=int(step), y1=int(step), line=dict(color="#CC0000", width=1.5)))
