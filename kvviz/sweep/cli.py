@@ -107,12 +107,15 @@ def bench(ray: str | None = None) -> int:
               f"speedup {serial / t:4.2f}, efficiency {serial / t / n:4.2f}, "
               f"table identical to serial: {same}")
     try:
-        from .. import streams
+        from .. import streams_bench
     except ImportError:
-        streams = None
-    if streams is not None and hasattr(streams, "bench"):
-        print("per-step cost (kvviz.streams.bench):")
-        print(streams.bench())
+        streams_bench = None
+    if streams_bench is not None and hasattr(streams_bench, "bench"):
+        print("per stream-step cost, TOVA at budget 512 on 4,096 canonical steps "
+              "(kvviz.streams_bench; all of it: python -m kvviz perf --streams):")
+        df = streams_bench.bench(512, 4096, policies=("tova",), streams=(1, 3),
+                                 progress=None)
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
 
