@@ -12,6 +12,9 @@ with the library's own validation. Loaded streams are kept per process.
 """
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections import OrderedDict
 
 from ..bench import evaluate
@@ -29,10 +32,19 @@ _KEEP = 16
 BLOBS: dict[str, bytes] = {}  # sha256 -> trace file bytes, set once per pool worker
 
 
-def set_blobs(blobs: dict[str, bytes]) -> None:
-    """Pool initializer: every trace's bytes, once per worker process."""
+def init_worker(blobs: dict[str, bytes], parent: int) -> None:
+    """Pool initializer: every trace's bytes, once per worker process; and a watch that ends
+    the worker when the driver is gone (a SIGKILLed driver would otherwise leave its
+    workers waiting on the task queue for ever)."""
     BLOBS.clear()
     BLOBS.update(blobs)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def describe(exc: BaseException) -> str:

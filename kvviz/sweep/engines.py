@@ -51,7 +51,7 @@ def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int) ->
 
     blobs = {t.sha256: t.data for t in traces.values() if t.data is not None}
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=C.set_blobs, initargs=(blobs,)) as ex:
+                             initializer=C.init_worker, initargs=(blobs, os.getpid())) as ex:
         futures = {ex.submit(C.compute, None, *_args(t, traces[t[0].trace])): t
                    for t in group(cells)}
         try:
