@@ -259,3 +259,11 @@ def _check_traces(traces) -> list:
     if len(lengths) != 1:
         raise ValueError(f"traces must have equal lengths (steps), got {sorted(lengths)}")
     return traces
+
+
+def bench(*args, **kwargs):
+    """The per stream-step benchmark (`python -m kvviz perf --streams`), from
+    kvviz.streams_bench, imported on demand so the baselines stay out of the replay path."""
+    from .streams_bench import bench as run
+
+    return run(*args, **kwargs)
