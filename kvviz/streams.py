@@ -236,19 +236,22 @@ def _share(row: np.ndarray, pos: np.ndarray) -> float:
 
 
 def _common_base(arrays):
-    """If every array is a row of one C-contiguous 2-D array: (that array, row numbers)."""
-    base = arrays[0].base
-    if not (isinstance(base, np.ndarray) and base.ndim == 2 and base.flags.c_contiguous):
+    """If every array is a whole row of one C-contiguous array seen as (rows, len): that
+    2-D view and each array's row number; else (None, None)."""
+    base, width = arrays[0].base, arrays[0].shape[0]
+    if not (isinstance(base, np.ndarray) and base.flags.c_contiguous and width
+            and base.size % width == 0):
         return None, None
-    start0 = base.__array_interface__["data"][0]
-    starts = []
+    rows = base.reshape(-1, width)
+    start0, stride = base.__array_interface__["data"][0], width * base.itemsize
+    which = []
     for a in arrays:
         offset = a.__array_interface__["data"][0] - start0
-        if (a.base is not base or a.ndim != 1 or a.shape[0] != base.shape[1]
-                or a.strides != (base.itemsize,) or offset % base.strides[0]):
+        if (a.base is not base or a.dtype != base.dtype or a.shape != (width,)
+                or a.strides != (base.itemsize,) or offset % stride):
             return None, None
-        starts.append(offset // base.strides[0])
-    return base, np.asarray(starts, np.int64)
+        which.append(offset // stride)
+    return rows, np.asarray(which, np.int64)
 
 
 def _check_traces(traces) -> list:
