@@ -1,4 +1,4 @@
-"""`python -m kvviz bench | perf | capture | loop ...`"""
+"""`kvviz bench | perf | capture | loop | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -13,11 +13,20 @@ def main(argv=None) -> int:
     if argv[:1] == ["loop"]:
         from .loop.cli import main as loop_main  # torch is imported only once the inputs check out
         return loop_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m kvviz")
+    if argv[:1] == ["app"]:
+        from .launch import main as app_main  # streamlit run on the explorer page
+        return app_main(argv[1:])
+    if argv[:1] == ["sweep"]:
+        from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
+        return sweep_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
     bench.add_argument("--trace", help=".npz trace file (default: the canonical trace)")
-    bench.add_argument("--layer", type=int, default=None, help="stored layer index in --trace")
+    bench.add_argument("--layer", type=int, default=None,
+                       help="model layer number stored in --trace, e.g. 29 (default: the first stored)")
+    bench.add_argument("--head", default=None,
+                       help="head label stored in --trace: mean, kv0.., q0.. (default: mean)")
     bench.add_argument("--budgets", default="256,512,1024", help="comma-separated budgets")
     bench.add_argument("--policies", default=None, help="comma-separated policy names (default all)")
     bench.add_argument("--pool-kernels", default=None,
@@ -30,31 +39,46 @@ def main(argv=None) -> int:
     perf.add_argument("--budget", type=int, default=512)
     perf.add_argument("--steps", type=int, default=4096)
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
+    perf.add_argument("--streams", nargs="?", const="1,3,9,27", default=None, metavar="S,...",
+                      help="instead: per stream-step cost of the lean loop, Replay and run_streams "
+                           "at these stream counts (kvviz.streams_bench)")
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
     sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
+    sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
+    sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
     args = parser.parse_args(argv)
 
     import pandas as pd
 
     from . import bench as b
-    from .trace import canonical, load_trace
 
     pd.set_option("display.width", 200)
     if args.command == "bench":
         try:
-            trace = load_trace(args.trace, layer=args.layer) if args.trace else canonical()
+            trace = b.open_trace(args.trace, args.layer, args.head)
             budgets = [int(x) for x in args.budgets.split(",")]
             policies = args.policies.split(",") if args.policies else None
             kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
             df = b.table(trace, budgets, policies, kernels, args.spans)
         except ValueError as exc:
             parser.error(str(exc))
-        print(f"trace: {trace.name} ({trace.steps} steps)")
+        print(b.describe(trace))
+        for budget in budgets:
+            if budget >= trace.steps:
+                print(f"warning: budget {budget} is at least the trace length ({trace.steps} "
+                      "steps): nothing is ever evicted, so its rows (evicts False) score "
+                      "perfectly by construction")
         print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         if args.csv:
             df.to_csv(args.csv, index=False)
         if args.json:
             df.to_json(args.json, orient="records", indent=2)
+        return 0
+    if args.command == "perf" and args.streams:
+        from .streams_bench import bench as streams_bench
+        print(f"canonical traces (seeds 0..S-1), {args.steps} steps, budget {args.budget}; rows "
+              "pre-generated; CPU time per stream-step, best of 3 interleaved rounds; ratio to the lean loop")
+        streams_bench(args.budget, args.steps, streams=[int(x) for x in args.streams.split(",")])
         return 0
     if args.command == "perf":
         if args.long_steps:  # first, so the process's peak RSS is the long run's own

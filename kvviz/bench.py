@@ -11,7 +11,7 @@ from .metrics import summary
 from .policies import POLICIES, make_policy
 from .reference import make_reference
 from .replay import Replay, run_policy
-from .trace import Trace, canonical
+from .trace import Trace, canonical, load_trace
 
 BUDGETS = (256, 512, 1024)
 
@@ -19,6 +19,34 @@ BUDGETS = (256, 512, 1024)
 def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
     run = run_policy(trace, name, budget, rng=rng, **params)
     return {"policy": name, "budget": budget, "params": dict(run.params), **summary(trace, run)}
+
+
+def open_trace(path=None, layer=None, head=None) -> Trace:
+    """The canonical trace (path None) or a trace file at a model layer number and head label.
+
+    A bare name that is not a file here, e.g. `code.npz`, is looked up among the shipped
+    traces (the checkout's traces/ or an installed kvviz's bundle)."""
+    if path:
+        from pathlib import Path
+
+        from .launch import traces_dir
+        shipped = traces_dir()
+        if not Path(path).exists() and shipped is not None and (shipped / path).is_file():
+            path = shipped / path
+        return load_trace(path, layer=layer, head=head)
+    if layer is not None:
+        raise ValueError("layer applies to a --trace file; the canonical trace has no model layers")
+    if head not in (None, "mean"):
+        raise ValueError(f"head {head} is not stored in the canonical trace; stored heads: mean")
+    return canonical()
+
+
+def describe(trace: Trace) -> str:
+    """The header line: which trace, and which model layer and head of it ran."""
+    text = f"trace: {trace.name} ({trace.steps} steps)"
+    if getattr(trace, "layer", None) is not None:
+        text += f", model layer {trace.layer} of stored {', '.join(map(str, trace.layers))}"
+    return text + f", head {getattr(trace, 'head', 'mean')}"
 
 
 def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
@@ -37,6 +65,7 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
         for budget in budgets:
             run = run_policy(trace, name, budget, **params)
             row = {"policy": name, "budget": budget, **summary(trace, run)}
+            row["evicts"] = budget < trace.steps  # False: a perfect row by construction
             row["params"] = ", ".join(f"{k}={v}" for k, v in run.params.items())
             if spans:
                 found = span_integrity(trace, run, spans="attention", totals=totals)
@@ -44,6 +73,7 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
             rows.append(row)
     columns = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
     columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
+    columns += ["evicts"]
     return pd.DataFrame(rows, columns=columns + ["params"])
 
 
@@ -84,14 +114,15 @@ def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> di
     """Replay a long canonical trace; report the peak of Python/numpy allocations during it
     (tracemalloc) and the whole process's peak RSS (interpreter and libraries included)."""
     tracemalloc.start()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     run = run_policy(canonical(steps), name, budget)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     import resource
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {"policy": name, "steps": steps, "budget": budget, "seconds": round(elapsed, 1),
+            "cpu_seconds": round(cpu, 1),  # wall time swells when other jobs share the CPU
             "traced_peak_mb": round(peak / 2**20, 1), "process_peak_rss_mb": round(rss, 1),
             "held_at_end": int(len(run.held_at(steps - 1)))}

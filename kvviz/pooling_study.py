@@ -38,17 +38,20 @@ def configs(kernels=KERNELS):
     return out
 
 
-def load_all(specs, all_layers=True):
-    """[(trace name, layer, trace)] for 'canonical' or .npz paths (every stored layer)."""
+def load_all(specs, all_layers=True, head=None):
+    """[(trace name, layer, trace)] for 'canonical' or .npz paths (every stored layer, at
+    `head`: a stored head label, default "mean"; the canonical trace has the mean only)."""
     out = []
     for spec in specs:
         if spec == "canonical":
+            if head not in (None, "mean"):
+                raise ValueError(f"head {head} is not stored in the canonical trace; "
+                                 "stored heads: mean")
             out.append(("canonical", None, canonical()))
             continue
-        first = load_trace(spec)
-        indices = range(len(first.layers)) if all_layers else [0]
-        for i in indices:
-            t = load_trace(spec, layer=i)
+        first = load_trace(spec, head=head)
+        for layer in first.layers if all_layers else first.layers[:1]:
+            t = load_trace(spec, layer=layer, head=head)
             out.append((t.name, t.layer, t))
     return out
 
@@ -95,7 +98,8 @@ def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
             checkpoints = list(range(budget, trace.steps, every)) + [trace.steps - 1]
             for label, policy, params in configs(kernels):
                 run = run_policy(trace, policy, budget, **params)
-                row = {"trace": name, "layer": layer, "policy": label, "budget": budget}
+                row = {"trace": name, "layer": layer, "head": getattr(trace, "head", "mean"),
+                       "policy": label, "budget": budget}
                 m = summary(trace, run)
                 row.update(retained_mass=m["retained_mass"], hh_recall=m["hh_recall"])
                 for kind in ("words", "attn"):
@@ -154,12 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default=",".join(map(str, KERNELS)))
     parser.add_argument("--every", type=int, default=16, help="checkpoint spacing for span integrity")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="heavy positions defining important spans")
+    parser.add_argument("--head", default=None,
+                        help="stored head label to study (mean, kv0.., q0..; default mean)")
     parser.add_argument("--csv", help="also write the full table here")
     parser.add_argument("--markdown", help="also write the summary tables as markdown here")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    traces = load_all(args.traces.split(","))
+    try:
+        traces = load_all(args.traces.split(","), head=args.head)
+    except ValueError as exc:
+        parser.error(str(exc))
+    log(f"head: {args.head or 'mean'}")
     df = study(traces, [int(b) for b in args.budgets.split(",")],
                [int(k) for k in args.kernels.split(",")], args.every, args.top, log)
     pd.set_option("display.width", 250)

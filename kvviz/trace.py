@@ -3,12 +3,17 @@
 A trace is T query rows. Row t is the attention the query at position t paid to
 positions 0..t-1 (float32, length t; row 0 is empty). Rows are produced on demand so a
 long trace never needs its T x T matrix in memory.
+
+File format version 2 stores `attn` as (layers, heads, packed rows) with a `heads` array of
+labels: "mean" (always, first), "kv0".. (mean over the query heads sharing one KV head),
+"q0".. (single query heads). Version 1 files (layers, packed rows) load as heads ("mean",).
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -16,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 
 
@@ -32,6 +38,10 @@ class Trace:
     name: str = "trace"
     tokens: list[str] | None = None
     meta: dict = {}
+    layers: list[int] = []      # model layer numbers stored (empty for synthetic traces)
+    layer: int | None = None    # the one loaded
+    heads: list[str] = ["mean"]  # head labels stored
+    head: str = "mean"          # the one loaded
 
     def row(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -106,10 +116,10 @@ def canonical(steps: int = 4096, seed: int = 0) -> CanonicalTrace:
 
 
 class ArrayTrace(Trace):
-    """A trace held as packed lower-triangle rows (float16 or float32) of one layer."""
+    """A trace held as packed lower-triangle rows (float16 or float32) of one layer and head."""
 
     def __init__(self, packed: np.ndarray, steps: int, *, name="trace", tokens=None,
-                 meta=None, layers=None, layer=None):
+                 meta=None, layers=None, layer=None, heads=None, head="mean"):
         self._packed = packed
         self.steps = steps
         self.name = name
@@ -117,6 +127,8 @@ class ArrayTrace(Trace):
         self.meta = dict(meta or {})
         self.layers = list(layers or [])
         self.layer = layer
+        self.heads = list(heads or ["mean"])
+        self.head = head
 
     def row(self, i: int) -> np.ndarray:
         t = self._check_step(i)
@@ -133,23 +145,32 @@ def pack_rows(matrix: np.ndarray) -> np.ndarray:
     return matrix[rows, cols]
 
 
-def save_trace(path, attn, *, tokens=None, layers=None, meta=None, dtype="float16") -> Path:
-    """Write a trace file. `attn` is (T, T) or (L, T, T); row t uses columns 0..t-1.
+def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
+               dtype="float16") -> Path:
+    """Write a trace file (format version 2). Row t of each matrix uses columns 0..t-1.
 
-    Written to a temporary file and renamed, so an interrupted save never leaves a
-    truncated trace behind.
+    `attn` is (T, T), (L, T, T) (head-mean only) or (L, H, T, T) with `heads` naming the H
+    heads ("mean" first). Written to a temporary file and renamed, so an interrupted save
+    never leaves a truncated trace behind.
     """
     attn = np.asarray(attn)
     if attn.ndim == 2:
         attn = attn[None]
-    if attn.ndim != 3:
-        raise ValueError(f"attn must be (T, T) or (L, T, T), got shape {attn.shape}")
-    packed = np.stack([pack_rows(m) for m in attn]).astype(dtype)
-    steps = attn.shape[1]
+    if attn.ndim == 3:
+        attn = attn[:, None]
+    if attn.ndim != 4:
+        raise ValueError(f"attn must be (T, T), (L, T, T) or (L, H, T, T), got shape {attn.shape}")
+    heads = ["mean"] if heads is None else [str(h) for h in heads]
+    if len(heads) != attn.shape[1]:
+        raise ValueError(f"heads must name the {attn.shape[1]} stored heads, got {len(heads)}")
+    packed = np.stack([np.stack([pack_rows(m) for m in per_layer]) for per_layer in attn])
+    packed = packed.astype(dtype)
+    steps = attn.shape[2]
     arrays = {
         "format_version": np.int64(FORMAT_VERSION),
         "attn": packed,
         "layers": np.asarray(layers if layers is not None else range(len(attn)), np.int64),
+        "heads": np.asarray(heads, dtype=np.str_),
         "meta": np.str_(json.dumps(meta or {}, sort_keys=True)),
     }
     if tokens is not None:
@@ -173,12 +194,13 @@ def save_trace(path, attn, *, tokens=None, layers=None, meta=None, dtype="float1
     return path
 
 
-def load_trace(source, layer: int | None = None, *, max_bytes: int = MAX_TRACE_BYTES,
-               name: str | None = None) -> ArrayTrace:
+def load_trace(source, layer: int | None = None, head: str | None = None, *,
+               max_bytes: int = MAX_TRACE_BYTES, name: str | None = None) -> ArrayTrace:
     """Load and validate a trace file (path, bytes or file object). Never unpickles.
 
-    `layer` indexes the stored layers (0 = the first stored); default is the first.
-    Every problem is a ValueError that names the field and the rule it breaks.
+    `layer` is a model layer number, one of the stored `layers` (default: the first stored);
+    `head` a stored head label (default "mean"). Every problem is a ValueError that names
+    the field and the rule it breaks.
     """
     data, default_name = _read_bytes(source, max_bytes)
     if not data:
@@ -194,15 +216,35 @@ def load_trace(source, layer: int | None = None, *, max_bytes: int = MAX_TRACE_B
         raise ValueError(f"trace file could not be read as .npz: {exc}") from None
     steps = _check_arrays(arrays, "attn")
     packed = arrays["attn"]
-    n_layers = packed.shape[0]
-    index = 0 if layer is None else int(layer)
-    if not 0 <= index < n_layers:
-        raise ValueError(f"layer must index the stored layers 0..{n_layers - 1}, got {layer}")
+    if packed.ndim == 2:  # version 1: head-mean only
+        packed = packed[:, None]
+    layers = [int(x) for x in arrays.get("layers", np.arange(packed.shape[0]))]
+    heads = [str(h) for h in arrays["heads"]] if "heads" in arrays else ["mean"]
+    li = _pick("layer", layer, layers, layers[0])
+    hi = _pick("head", head, heads, "mean")
     tokens = [str(s) for s in arrays["tokens"]] if "tokens" in arrays else None
     meta = json.loads(str(arrays["meta"])) if "meta" in arrays else {}
-    layers = [int(x) for x in arrays.get("layers", np.arange(n_layers))]
-    return ArrayTrace(packed[index], steps, name=name or meta.get("name") or default_name,
-                      tokens=tokens, meta=meta, layers=layers, layer=layers[index])
+    rows = packed[li, hi].copy()  # a copy, so the other layers and heads can be freed
+    return ArrayTrace(rows, steps, name=name or meta.get("name") or default_name,
+                      tokens=tokens, meta=meta, layers=layers, layer=layers[li],
+                      heads=heads, head=heads[hi])
+
+
+def _pick(field_name: str, wanted, stored: list, default) -> int:
+    """Index of `wanted` (default `default`) in `stored`; ValueError listing what is stored."""
+    wanted = default if wanted is None else wanted
+    if field_name == "layer":
+        try:
+            wanted = int(wanted)
+        except (TypeError, ValueError):
+            raise ValueError(f"layer must be a model layer number, got {wanted!r}") from None
+    else:
+        wanted = str(wanted)
+    if wanted not in stored:
+        listed = ", ".join(map(str, stored))
+        raise ValueError(f"{field_name} {wanted} is not stored in this trace; "
+                         f"stored {field_name}s: {listed}")
+    return stored.index(wanted)
 
 
 def _read_bytes(source, max_bytes: int) -> tuple[bytes, str]:
@@ -228,16 +270,28 @@ def _check_arrays(arrays: dict, key: str) -> int:
     if "format_version" not in arrays:
         raise ValueError("trace file has no 'format_version' field")
     version = arrays["format_version"]
-    if version.shape != () or int(version) != FORMAT_VERSION:
-        raise ValueError(f"format_version must be {FORMAT_VERSION}, got {version!r}")
+    if (version.shape != () or version.dtype.kind not in "iu"
+            or int(version) not in READ_VERSIONS):
+        raise ValueError(f"format_version must be 1 or 2, got {version!r}")
+    version = int(version)
     if key not in arrays:
         raise ValueError(f"trace file has no '{key}' field")
     packed = arrays[key]
     if packed.dtype not in (np.float16, np.float32):
         raise ValueError(f"attn must be float16 or float32, got {packed.dtype}")
-    if packed.ndim != 2:
-        raise ValueError(f"attn must be 2-D (layers, packed rows), got shape {packed.shape}")
-    n = packed.shape[1]
+    if version == 1:
+        if packed.ndim != 2:
+            raise ValueError(f"attn must be 2-D (layers, packed rows) in format_version 1, "
+                             f"got shape {packed.shape}")
+        if "heads" in arrays:
+            raise ValueError("heads is a format_version 2 field; a version 1 file stores "
+                             "head-mean attention only")
+    else:
+        if packed.ndim != 3:
+            raise ValueError(f"attn must be 3-D (layers, heads, packed rows) in format_version 2, "
+                             f"got shape {packed.shape}")
+        _check_heads(arrays, packed.shape[1])
+    n = packed.shape[-1]
     steps = int((1 + np.sqrt(1 + 8 * n)) // 2)
     if n == 0 or packed_offset(steps) != n:
         raise ValueError(
@@ -245,6 +299,8 @@ def _check_arrays(arrays: dict, key: str) -> int:
             "(row t must hold exactly t weights)")
     if packed.shape[0] < 1:
         raise ValueError("attn must hold at least one layer")
+    if "layers" in arrays and len(set(arrays["layers"].ravel().tolist())) != arrays["layers"].size:
+        raise ValueError("layers must be distinct model layer numbers")
     if not np.isfinite(packed).all():
         raise ValueError("attn weights must be finite (found NaN or inf)")
     if (packed < 0).any():
@@ -255,6 +311,8 @@ def _check_arrays(arrays: dict, key: str) -> int:
     if "layers" in arrays and arrays["layers"].shape != (packed.shape[0],):
         raise ValueError(f"layers must list {packed.shape[0]} layer indices, "
                          f"got shape {arrays['layers'].shape}")
+    if "layers" in arrays and arrays["layers"].dtype.kind not in "iu":
+        raise ValueError(f"layers must be integers (model layer numbers), got {arrays['layers'].dtype}")
     if "meta" in arrays:
         try:
             meta = json.loads(str(arrays["meta"]))
@@ -263,3 +321,24 @@ def _check_arrays(arrays: dict, key: str) -> int:
         if not isinstance(meta, dict):
             raise ValueError("meta must be a JSON object string")
     return steps
+
+
+HEAD_LABEL = re.compile(r"mean|kv\d+|q\d+")
+
+
+def _check_heads(arrays: dict, n_heads: int) -> None:
+    """Version 2: `heads` labels the head axis, "mean" first, each label once."""
+    if "heads" not in arrays:
+        raise ValueError("trace file has no 'heads' field (required in format_version 2)")
+    heads = arrays["heads"]
+    if heads.dtype.kind != "U" or heads.shape != (n_heads,):
+        raise ValueError(f"heads must be {n_heads} str labels (one per attn head), "
+                         f"got {heads.dtype} of shape {heads.shape}")
+    labels = [str(h) for h in heads]
+    if not labels or labels[0] != "mean":
+        raise ValueError(f"heads must start with 'mean' (the head-mean is always stored), got {labels}")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"heads must be distinct, got {labels}")
+    bad = [h for h in labels if not HEAD_LABEL.fullmatch(h)]
+    if bad:
+        raise ValueError(f"heads must be 'mean', 'kvN' or 'qN', got {bad}")

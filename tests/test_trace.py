@@ -74,7 +74,7 @@ def test_save_load_round_trip(tmp_path):
     tokens = [f"tok{i}\n" for i in range(20)]
     path = save_trace(tmp_path / "t.npz", m, tokens=tokens, layers=[3, 7], meta={"model": "x"},
                       dtype="float32")
-    trace = load_trace(path, layer=1)
+    trace = load_trace(path, layer=7)  # a model layer number, not an index
     assert trace.steps == 20 and trace.tokens == tokens and trace.layer == 7
     assert trace.meta["model"] == "x"
     for i in range(20):
@@ -113,7 +113,10 @@ GOOD = dict(format_version=np.int64(1), attn=np.full((1, 6), 0.25, np.float32))
     (npz_bytes(**{**GOOD, "attn": np.full((1, 6), 1, np.int32)}), "float16 or float32"),
     (npz_bytes(**{**GOOD, "attn": np.full(6, 0.1, np.float32)}), "2-D"),
     (npz_bytes(attn=GOOD["attn"]), "format_version"),
-    (npz_bytes(format_version=np.int64(2), attn=GOOD["attn"]), "format_version"),
+    (npz_bytes(format_version=np.int64(3), attn=GOOD["attn"]), "format_version must be 1 or 2"),
+    (npz_bytes(format_version=np.float64(1), attn=GOOD["attn"]), "format_version"),
+    (npz_bytes(**GOOD, heads=np.array(["mean"])), "heads is a format_version 2 field"),
+    (npz_bytes(**{**GOOD, "layers": np.array([0.5])}), "layers must be integers"),
     (npz_bytes(format_version=np.int64(1)), "attn"),
     (npz_bytes(**GOOD, tokens=np.array(["a", "b"])), "tokens"),
     (npz_bytes(**GOOD, meta=np.str_("[1, 2]")), "meta"),
@@ -143,3 +146,138 @@ def test_valid_minimal_file_loads():
 def test_canonical_parameters_are_validated():
     with pytest.raises(ValueError, match="steps"):
         CanonicalTrace(steps=0)
+
+
+# ---- format version 2: a head axis -------------------------------------------------------
+
+def v1_bytes():
+    """A version-1 file exactly as the old save_trace wrote it: attn (L, packed), no heads."""
+    a, b = pack_rows(matrix(8)), pack_rows(matrix(8, 1))
+    return npz_bytes(format_version=np.int64(1), attn=np.stack([a, b]).astype(np.float16),
+                     layers=np.array([0, 29], np.int64), meta=np.str_('{"name": "old"}')), (a, b)
+
+
+def test_version_1_files_still_load_as_head_mean():
+    data, (a, b) = v1_bytes()
+    t = load_trace(data)
+    assert t.heads == ["mean"] and t.head == "mean" and t.layers == [0, 29] and t.layer == 0
+    assert t.name == "old"
+    last = load_trace(data, layer=29, head="mean")
+    assert last.layer == 29
+    assert np.array_equal(last.row(7), b[-7:].astype(np.float16).astype(np.float32))
+    with pytest.raises(ValueError, match="head kv0 is not stored.*stored heads: mean"):
+        load_trace(data, head="kv0")
+
+
+def test_the_shipped_version_1_traces_still_load():
+    from pathlib import Path
+    for path in sorted((Path(__file__).resolve().parents[1] / "traces").glob("*.npz")):
+        with np.load(path, allow_pickle=False) as npz:
+            version = int(npz["format_version"])
+        t = load_trace(path)
+        assert t.head == "mean" and t.layer == t.layers[0], path.name
+        if version == 1:
+            assert t.heads == ["mean"], path.name
+
+
+def heads_stack(steps=12, layers=2, labels=("mean", "kv0", "kv1", "kv2")):
+    """(L, H, T, T): each (layer, head) matrix distinct, so a wrong pick is visible."""
+    return np.stack([np.stack([matrix(steps, seed=10 * li + hi) for hi in range(len(labels))])
+                     for li in range(layers)])
+
+
+def test_version_2_round_trip_every_layer_and_head(tmp_path):
+    labels = ["mean", "kv0", "kv1", "kv2"]
+    m = heads_stack()
+    path = save_trace(tmp_path / "h.npz", m, layers=[14, 29], heads=labels, dtype="float32",
+                      tokens=[str(i) for i in range(12)])
+    with np.load(path, allow_pickle=False) as npz:
+        assert int(npz["format_version"]) == 2
+        assert npz["attn"].shape == (2, 4, 66) and npz["heads"].tolist() == labels
+    for li, layer in enumerate([14, 29]):
+        for hi, head in enumerate(labels):
+            t = load_trace(path, layer=layer, head=head)
+            assert (t.layer, t.head, t.layers, t.heads) == (layer, head, [14, 29], labels)
+            for i in range(12):
+                assert np.array_equal(t.row(i), m[li, hi, i, :i])
+    default = load_trace(path)
+    assert (default.layer, default.head) == (14, "mean")
+    assert np.array_equal(default.row(11), m[0, 0, 11, :11])
+
+
+def test_head_mean_only_save_is_version_2_with_mean(tmp_path):
+    t = load_trace(save_trace(tmp_path / "m.npz", np.stack([matrix(6)]), layers=[5]))
+    assert t.heads == ["mean"] and t.layers == [5] and t.layer == 5
+
+
+def test_unknown_layer_or_head_lists_what_is_stored(tmp_path):
+    path = save_trace(tmp_path / "h.npz", heads_stack(), layers=[14, 29],
+                      heads=["mean", "kv0", "kv1", "kv2"])
+    with pytest.raises(ValueError, match=r"layer 1 is not stored.*stored layers: 14, 29"):
+        load_trace(path, layer=1)  # an index is not a model layer number
+    with pytest.raises(ValueError, match=r"head q3 is not stored.*stored heads: mean, kv0, kv1, kv2"):
+        load_trace(path, head="q3")
+    with pytest.raises(ValueError, match="layer must be a model layer number"):
+        load_trace(path, layer="last")
+
+
+def test_save_refuses_heads_that_do_not_match(tmp_path):
+    with pytest.raises(ValueError, match="heads must name the 4 stored heads"):
+        save_trace(tmp_path / "x.npz", heads_stack(), heads=["mean", "kv0"])
+    with pytest.raises(ValueError, match="heads must start with 'mean'"):
+        save_trace(tmp_path / "x.npz", heads_stack(), heads=["kv0", "mean", "kv1", "kv2"])
+    assert not list(tmp_path.iterdir())  # nothing written for a refused save
+
+
+V2 = dict(format_version=np.int64(2), attn=np.full((1, 2, 6), 0.25, np.float32),
+          heads=np.array(["mean", "kv0"]))
+
+
+@pytest.mark.parametrize("changes, rule", [
+    ({"attn": np.full((1, 6), 0.25, np.float32)}, "attn must be 3-D"),
+    ({"heads": None}, "no 'heads' field"),
+    ({"heads": np.array(["mean"])}, "heads must be 2 str labels"),
+    ({"heads": np.array([1, 2])}, "heads must be 2 str labels"),
+    ({"heads": np.array(["kv0", "mean"])}, "heads must start with 'mean'"),
+    ({"heads": np.array(["mean", "mean"])}, "heads must be distinct"),
+    ({"heads": np.array(["mean", "head7"])}, "heads must be 'mean', 'kvN' or 'qN'"),
+    ({"attn": np.full((1, 2, 5), 0.25, np.float32)}, "row"),
+    ({"layers": np.array([3, 3]), "attn": np.full((2, 2, 6), 0.25, np.float32)}, "layers must be distinct"),
+])
+def test_bad_version_2_files_are_refused_naming_the_field(changes, rule):
+    arrays = {k: v for k, v in {**V2, **changes}.items() if v is not None}
+    with pytest.raises(ValueError, match=rule):
+        load_trace(npz_bytes(**arrays))
+
+
+def test_valid_minimal_version_2_file_loads():
+    t = load_trace(npz_bytes(**V2), head="kv0")
+    assert t.steps == 4 and t.heads == ["mean", "kv0"] and t.head == "kv0" and t.layer == 0
+
+
+def test_canonical_has_the_head_attributes():
+    t = canonical(steps=10)
+    assert t.heads == ["mean"] and t.head == "mean" and t.layers == [] and t.layer is None
+
+
+def test_shipped_per_kv_head_trace():
+    """traces/code-kv.npz: the head axis of a real capture, within the 4 MB budget."""
+    from pathlib import Path
+    traces = Path(__file__).resolve().parents[1] / "traces"
+    path = traces / "code-kv.npz"
+    assert path.stat().st_size <= 4 * 1024 * 1024
+    mean = load_trace(path)
+    assert mean.heads == ["mean", "kv0", "kv1", "kv2"] and mean.layers == [0, 14, 29]
+    assert mean.steps == 512 and mean.meta["head_groups"]["kv1"] == [3, 4, 5]
+    code = load_trace(traces / "code.npz", layer=29)
+    assert code.tokens[:512] == mean.tokens  # the same text prefix as code.npz
+    for layer in (0, 29):
+        m = load_trace(path, layer=layer)
+        kv = [load_trace(path, layer=layer, head=f"kv{g}") for g in range(3)]
+        c = load_trace(traces / "code.npz", layer=layer)
+        for i in (1, 100, 511):
+            # three equal groups: the head-mean is the mean of the group means (fp16 storage)
+            assert np.allclose(np.mean([k.row(i) for k in kv], axis=0), m.row(i), atol=1e-3)
+            # causal attention over the same prefix: what code.npz holds for these rows
+            assert np.allclose(c.row(i), m.row(i), atol=1e-3)
+        assert not np.allclose(kv[0].row(511), kv[1].row(511), atol=1e-2)  # heads differ

@@ -213,10 +213,10 @@ def test_neighbourhood_figure_marks_victims_and_defended():
                         "candidate": np.array([1, 1, 1, 1, 0], bool)}, victims=np.array([1]))
     fig = V.neighbourhood_figure([snap_panel(), tova], step=5, center=3, half_width=10)
     by = {(t.name, t.yaxis): t for t in fig.data}
-    assert list(by[("victim this step", "y")].x) == [2]
+    assert list(by[("victim of B this step", "y")].x) == [2]
     assert list(by[("defended (kept by pooling)", "y")].x) == [4]
     assert list(by[("pooled envelope", "y")].y) == [5, 5, 3, 3, 9, 9]
-    assert list(by[("victim this step", "y2")].x) == [1]
+    assert list(by[("victim of A this step", "y2")].x) == [1]
     tova_bar = by[("current-step weight", "y2")]
     assert list(tova_bar.x) == [0, 1, 3, 4, 5]
     fig = V.neighbourhood_figure([snap_panel(), tova], step=5, center=3, half_width=10,
@@ -234,7 +234,7 @@ def test_why_rows_and_figure():
     assert rows[0]["evicted at this step"] and rows[0]["eviction rank"] == "1 of 5"
     assert rows[0]["token"] == "c"
     fig = V.why_figure(2, 5, [p])
-    assert [t.name for t in fig.data][:2] == ["B: snapkv", "victim"]
+    assert [t.name for t in fig.data][:2] == ["B: snapkv", "victim of B"]
 
 
 # --- view 4 ---------------------------------------------------------------------------
@@ -315,8 +315,13 @@ def test_query_round_trip_and_tolerance():
     assert q["a.poolKernel"] == "3" and q["b.recentWindow"] == "8" and q["step"] == "99"
     assert to_query(from_query(q)[0]) == q
     st2, notes = from_query({"a": "nope", "budget": "x", "b.poolKernel": "3", "view": "bad"})
-    assert st2.a == "tova" and st2.budget == 512 and st2.view == "cache"
+    # the view name is checked by the page against its registry (tests/test_app.py)
+    assert st2.a == "tova" and st2.budget == 512 and st2.view == "bad"
     assert len(notes) == 2 and st2.params("b")["pool_kernel"] == 3  # b stays snapkv
+    _, notes = from_query({"b.poolKernel": "99", "zoom": "7", "colour": "red"})
+    assert notes == ["zoom=7 is not one of 0, 32, 128, 512; showing the whole run",
+                     "unknown key 'colour' ignored",
+                     "b.poolKernel=99 is outside 1–15; using 15"]
     _, notes = from_query({"b": "h2o", "b.poolKernel": "3"})
     assert notes == ["h2o has no parameter 'poolKernel'; ignored"]
     assert ViewState().params("b") == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32}
@@ -338,8 +343,8 @@ def test_exports():
 def test_views_and_pure_ui_modules_do_not_import_streamlit():
     import subprocess
     import sys
-    code = ("import sys, kvviz.views, kvviz.ui.engine, kvviz.ui.state, kvviz.ui.export, "
-            "kvviz.ui.measure; assert 'streamlit' not in sys.modules, 'streamlit imported'")
+    code = ("import sys, kvviz.views, kvviz.ui.engine, kvviz.ui.state, kvviz.ui.export; "
+            "assert 'streamlit' not in sys.modules, 'streamlit imported'")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
 
@@ -355,3 +360,56 @@ def test_state_counts_on_a_long_trace_use_wide_integers():
     # last step bin (step 39,999 only), positions 0..9: 9 held by both, position 5 only B
     assert c[BOTH, 1, 0] == 9 and c[ONLY_B, 1, 0] == 1
     assert c[:, 0, 1].sum() == 39_999 * (n - 10)
+
+
+# --- issue 9: readable charts, pooling explained ------------------------------------------
+def test_pooling_explanation_in_the_policys_numbers():
+    p = snap_panel()  # pooled by hand above: 4 (sum 0.05) is lifted by 5 (sum 9); 2 goes
+    assert V.scores.pooled_from(p["kept"], p["scores"]).tolist() == [0, 0, 2, 2, 5, 5]
+    e = V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 4)
+    assert e == dict(position=4, own_sum=0.05, neighbour=5, neighbour_sum=9.0, pooled=9.0,
+                     victim=2, victim_sum=3.0, victim_pooled=3.0)
+    assert V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 3) is None
+    text = V.scores.explain_text(e, 5)
+    for s in ("position 4", "0.05", "position 5, has 9", "pooled score 9", "Position 2", "3 is"):
+        assert s in text, s
+    # the hover over slot 4 says the same numbers
+    fig = V.neighbourhood_figure([p], step=5, center=3, half_width=10)
+    bar = next(t for t in fig.data if t.name == "window sum")
+    hover = dict(zip(bar.x, bar.customdata))[4].replace("<br>", " ")
+    assert "own window sum 0.05" in hover and "pooled score 9 (position 5's sum)" in hover
+    assert "Position 2 goes instead" in hover
+
+
+def test_victim_marker_takes_the_policy_colour_and_log_ticks_are_plain():
+    p = dict(snap_panel(), colour="#0072B2")
+    fig = V.neighbourhood_figure([p], step=5, center=3, half_width=10)
+    victim = next(t for t in fig.data if t.name.startswith("victim"))
+    assert victim.marker.color == "#0072B2"
+    ax = fig.layout.yaxis
+    assert ax.type == "log" and "log" in ax.title.text
+    assert all(not any(c in t for c in "μkme") for t in ax.ticktext)
+    assert "0.05" in ax.ticktext and "5" in ax.ticktext
+
+
+def test_counts_on_a_linear_axis():
+    sc = dict(label="A: scissorhands", policy="scissorhands", kept=np.array([0, 1, 2]),
+              scores={"low_count": np.array([0, 3, 7]), "candidate": np.ones(3, bool)},
+              victims=np.array([2]))
+    fig = V.neighbourhood_figure([sc], step=3, center=1)
+    assert fig.layout.yaxis.type != "log"
+    assert list(fig.data[0].y) == [0, 3, 7]  # a zero count is drawn, not dropped
+
+
+def test_sweep_marks_the_current_value_and_keeps_shares_honest():
+    rows = [{"policy": "snapkv", "pool_kernel": k, "retained_mass": 0.9 + 0.001 * k}
+            for k in (1, 3, 5)]
+    fig = V.sweep_figure(rows, "pool_kernel", x_label="poolKernel", mark_x=3)
+    assert fig.layout.xaxis.title.text == "poolKernel"
+    assert list(fig.layout.xaxis.tickvals) == [1, 3, 5]  # odd kernels only
+    assert any("poolKernel=3" in a.text for a in fig.layout.annotations)
+    lo, hi = fig.layout.yaxis.range
+    assert hi <= 1.0 and hi - lo >= 0.2 - 1e-9  # a 0.004 change stays small, a share stays <= 1
+    mem = V.sweep_figure([{"policy": "snapkv", "b": 1, "memory_bytes": 100},
+                          {"policy": "snapkv", "b": 2, "memory_bytes": 101}], "b", "memory_bytes")
+    assert mem.layout.yaxis.range[0] == 0

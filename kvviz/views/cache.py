@@ -108,6 +108,9 @@ def _hover_text(counts, step_edges, pos_edges, names, tokens=None) -> list[list[
     for i, (s0, s1) in enumerate(zip(step_edges[:-1], step_edges[1:])):
         row = []
         for j, (p0, p1) in enumerate(zip(pos_edges[:-1], pos_edges[1:])):
+            if counts[NOT_YET, i, j] == total[i, j]:  # half the grid; without the ranges
+                row.append(names[NOT_YET] + snippets[j])  # the default page is 550 -> 340 KB
+                continue
             head = f"steps {range_label(s0, s1)}<br>positions {range_label(p0, p1)}{snippets[j]}"
             parts = []
             for c in LEGEND_ORDER:
@@ -151,8 +154,8 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
                                  marker=dict(symbol="square", size=14, color=STATE_COLOURS[c],
                                              line=dict(color="#888888", width=1))))
     step = int(np.clip(step, 0, len(ev_a) - 1))
-    fig.add_hline(y=step, line=dict(color="#CC0000", width=2))
-    fig.add_annotation(x=0, xref="paper", xanchor="left", y=step, yanchor="bottom",
+    fig.add_hline(y=step, line=dict(color="#CC0000", width=2), name="step")
+    fig.add_annotation(x=0, xref="paper", xanchor="left", y=step, yanchor="bottom", name="step",
                        text=f"step {step}", showarrow=False,
                        font=dict(color="#CC0000", size=13), bgcolor="rgba(255,255,255,0.85)")
     base_layout(fig, f"Cache contents over time: A = {label_a}, B = {label_b}", height)
@@ -163,3 +166,19 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
     fig.update_layout(legend=dict(orientation="h", y=-0.12, yanchor="top", x=0, xanchor="left"),
                       margin=dict(b=90))
     return fig
+
+
+def at_step(figure: dict, step: int) -> go.Figure:
+    """`figure` (a `cache_heatmap(...).to_dict()`) with its step line and label moved to `step`.
+
+    Everything else in the figure is independent of the step, so the app builds it once per
+    configuration (server-wide) and moves the marker per session and rerun: ~0.015 s of CPU
+    instead of ~0.1 s to rebuild and re-validate 4,096 hover strings. `figure` is not modified;
+    it was validated when built, so it is not validated again (`_validate=False`).
+    """
+    lay = dict(figure["layout"])
+    lay["shapes"] = [dict(sh, y0=step, y1=step) if sh.get("name") == "step" else sh
+                     for sh in lay.get("shapes", ())]
+    lay["annotations"] = [dict(an, y=step, text=f"step {step}") if an.get("name") == "step"
+                          else an for an in lay.get("annotations", ())]
+    return go.Figure({"data": figure["data"], "layout": lay}, _validate=False)

@@ -1,6 +1,7 @@
 """Small helpers shared by the figure builders."""
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 
 A_COLOUR = "#E69F00"   # orange: policy A everywhere in the app
@@ -39,3 +40,25 @@ def visible_token(tok: str) -> str:
 def range_label(lo: int, hi: int) -> str:
     """Inclusive label for the integer range [lo, hi)."""
     return f"{lo}" if hi - lo <= 1 else f"{lo}–{hi - 1}"
+
+
+def plain_number(v: float) -> str:
+    """0.002 -> '0.002', 5000 -> '5000': tick text a class reads without SI prefixes."""
+    v = float(v)
+    if v == 0 or 1e-5 <= abs(v) < 1e7:
+        return np.format_float_positional(v, precision=6, trim="-")
+    return f"{v:.0e}"
+
+
+def log_ticks(values) -> dict:
+    """Tick values and plain-number labels for a log axis over `values` (positive finite
+    ones): 1-2-5 steps when the data spans up to 3 decades, powers of ten beyond."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return {}
+    lo, hi = np.floor(np.log10(v.min())), np.ceil(np.log10(v.max()))
+    mult = (1, 2, 5) if hi - lo <= 3 else (1,)
+    ticks = [m * 10.0 ** e for e in range(int(lo), int(hi) + 1) for m in mult]
+    ticks = [t for t in ticks if v.min() / 2.5 <= t <= v.max() * 2.5] or [10.0 ** lo]
+    return dict(tickmode="array", tickvals=ticks, ticktext=[plain_number(t) for t in ticks])

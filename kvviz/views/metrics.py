@@ -1,6 +1,7 @@
 """View 5: metrics for A and B, and sweeps."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -21,10 +22,33 @@ def metrics_table(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
+SHARES = {"retained_mass", "hh_recall", "attention_loss"}  # fractions of 1
+
+
+def honest_range(values, share: bool) -> list[float] | None:
+    """A y range that does not dramatise: shares stay inside [0, 1] and span at least 0.2
+    (a 0.004 change looks like one); counts and bytes start at zero."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return None
+    if not share:
+        return [0.0, float(v.max()) * 1.08 or 1.0]
+    span = max(0.2, 1.2 * (v.max() - v.min()))
+    mid = (v.max() + v.min()) / 2
+    lo = min(max(0.0, mid - span / 2), 1.0 - span)
+    return [max(0.0, lo), min(1.0, max(0.0, lo) + span)]
+
+
 def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group: str = "policy",
-                 title: str | None = None, height: int = 360, mark_x=None) -> go.Figure:
-    """Line per `group` of `metric` against `x`. rows: dicts holding x, group and metric keys."""
+                 title: str | None = None, height: int = 360, mark_x=None,
+                 x_label: str | None = None, log_x: bool = False) -> go.Figure:
+    """Line per `group` of `metric` against `x`. rows: dicts holding x, group and metric keys.
+    `x_label` names the control as the page does (poolKernel); ticks sit on the swept
+    values only; `mark_x` marks the current setting."""
     df = pd.DataFrame(rows)
+    xl = x_label or x
+    ml = METRIC_LABELS.get(metric, metric)
     fig = go.Figure()
     if len(df):
         for name, g in df.groupby(group, sort=False):
@@ -32,11 +56,19 @@ def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group:
             fig.add_trace(go.Scatter(x=g[x], y=g[metric], mode="lines+markers", name=str(name),
                                      line=dict(color=POLICY_COLOURS.get(str(name)), width=2.5),
                                      marker=dict(size=8),
-                                     hovertemplate=f"{x} %{{x}}<br>{METRIC_LABELS.get(metric, metric)}"
-                                     " %{y:.6g}<extra>" + str(name) + "</extra>"))
+                                     hovertemplate=f"{xl} %{{x}}<br>{ml} %{{y:.6g}}<extra>"
+                                     + str(name) + "</extra>"))
     if mark_x is not None:
-        fig.add_vline(x=mark_x, line=dict(color="#CC0000", width=1, dash="dot"))
-    base_layout(fig, title or f"{METRIC_LABELS.get(metric, metric)} vs {x}", height)
-    fig.update_xaxes(title=x)
-    fig.update_yaxes(title=METRIC_LABELS.get(metric, metric))
+        # shapes take data coordinates; annotations on a log axis take log10 of them
+        fig.add_vline(x=mark_x, line=dict(color="#CC0000", width=1.5, dash="dot"))
+        fig.add_annotation(x=np.log10(mark_x) if log_x else mark_x, y=0, yref="y domain",
+                           text=f" now: {xl}={mark_x}", showarrow=False, xanchor="left",
+                           yanchor="bottom", font=dict(color="#CC0000", size=12),
+                           bgcolor="rgba(255,255,255,0.8)")
+    base_layout(fig, title or f"{ml} vs {xl}", height)
+    xs = sorted(set(df[x].tolist())) if len(df) else []
+    fig.update_xaxes(title=xl, type="log" if log_x else "linear", tickmode="array",
+                     tickvals=xs, ticktext=[str(v) for v in xs])
+    rng = honest_range(df[metric] if len(df) else [], metric in SHARES)
+    fig.update_yaxes(title=ml, range=rng, **({"tickformat": ".2f"} if metric in SHARES else {}))
     return fig

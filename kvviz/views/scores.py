@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .common import DEFENDED_COLOUR, VICTIM_COLOUR, base_layout, visible_token
+from .common import DEFENDED_COLOUR, base_layout, log_ticks, visible_token
 
 # Which score decides eviction, as the policies document it, and in which direction.
 # Display only: the ranking shown is the policy's documented order, ties to the lower position.
@@ -27,6 +27,7 @@ RANK_SCORE = {
 SCORE_LABELS = {"last": "current-step weight", "sums": "window sum", "pooled": "pooled (max) sum",
                 "cumulative": "accumulated attention", "low_count": "steps below uniform share"}
 _DESCENDING = {"low_count"}
+_COUNTS = {"low_count"}  # integer counts: a linear axis
 
 
 def eviction_order(policy: str, kept, scores) -> np.ndarray:
@@ -59,6 +60,93 @@ def defended_positions(kept, scores, victims) -> np.ndarray:
     by_sum = cand[np.lexsort((kept[cand], sums))][:len(victims)]
     would_go = kept[by_sum]
     return np.setdiff1d(would_go, victims).astype(np.int64)
+
+
+def pooled_from(kept, scores) -> np.ndarray:
+    """Per slot, the position whose own window sum is its pooled score (the nearest kept
+    slot with that sum, itself when pooling did not lift it). Read off the policy's own
+    `sums` and `pooled`, so it needs no kernel size."""
+    kept = np.asarray(kept)
+    sums = np.asarray(scores["sums"], float)
+    pooled = np.asarray(scores["pooled"], float)
+    out = kept.copy()
+    for i in np.flatnonzero(pooled != sums):
+        js = np.flatnonzero(sums == pooled[i])
+        if len(js):
+            out[i] = kept[js[np.argmin(np.abs(js - i))]]
+    return out
+
+
+def pooling_explanation(kept, scores, victims, position: int) -> dict | None:
+    """Why pooling kept `position` at this step, in the policy's own numbers: its window
+    sum, the neighbour whose sum lifted it, its pooled score, and the slot evicted
+    instead (the first victim, its own sum and pooled score). None unless `position` is
+    a defended slot (see `defended_positions`)."""
+    kept = np.asarray(kept)
+    if position not in set(defended_positions(kept, scores, victims).tolist()):
+        return None
+    sums = np.asarray(scores["sums"], float)
+    pooled = np.asarray(scores["pooled"], float)
+    src = pooled_from(kept, scores)
+    i = int(np.flatnonzero(kept == position)[0])
+    n = int(src[i])
+    j = int(np.flatnonzero(kept == n)[0])
+    vic = [int(v) for v in victims if v in set(kept.tolist())]
+    vk = int(np.flatnonzero(kept == vic[0])[0]) if vic else None
+    return dict(position=int(position), own_sum=float(sums[i]), neighbour=n,
+                neighbour_sum=float(sums[j]), pooled=float(pooled[i]),
+                victim=vic[0] if vic else None,
+                victim_sum=float(sums[vk]) if vk is not None else None,
+                victim_pooled=float(pooled[vk]) if vk is not None else None)
+
+
+def _distinct(*values):
+    """A formatter with 4 significant digits, more if needed to tell `values` apart
+    (a text saying "0.001455 is higher than 0.001455" helps nobody)."""
+    vals = [v for v in values if v is not None]
+    for p in range(4, 12):
+        if len({f"{v:.{p}g}" for v in vals}) == len(set(vals)):
+            break
+    return lambda v: f"{v:.{p}g}"
+
+
+def explain_text(e: dict, step: int) -> str:
+    """Two sentences for a defended slot (what the guided experiment and the hover say)."""
+    f = _distinct(e["own_sum"], e["victim_sum"])
+    first = (f"At step {step}, position {e['position']}'s own window sum is {f(e['own_sum'])}, "
+             f"low enough to be evicted, but the slot beside it in the cache, position "
+             f"{e['neighbour']}, has {f(e['neighbour_sum'])}, so the max-pool gives "
+             f"{e['position']} the pooled score "
+             f"{f(e['pooled'])} and keeps it.")
+    if e["victim"] is None:
+        return first
+    return first + (f" Position {e['victim']} goes instead: its own sum {f(e['victim_sum'])} "
+                    f"is higher, but no neighbour lifts it, so its pooled score "
+                    f"{f(e['victim_pooled'])} is the lowest.")
+
+
+def slot_hover(kept, scores, victims, step: int) -> np.ndarray:
+    """Hover text per slot of a pooled policy: its window sum and pooled score, the
+    position the pooled score comes from, and for a defended slot the full explanation."""
+    kept = np.asarray(kept)
+    sums = np.asarray(scores["sums"], float)
+    pooled = np.asarray(scores["pooled"], float)
+    src = pooled_from(kept, scores)
+    defended = set(defended_positions(kept, scores, victims).tolist())
+    out = []
+    for i, pos in enumerate(kept):
+        t = (f"position {pos}<br>own window sum {sums[i]:.4g}<br>pooled score {pooled[i]:.4g}"
+             + (f" (position {src[i]}'s sum)" if src[i] != pos else " (its own sum)"))
+        if int(pos) in defended:
+            e = pooling_explanation(kept, scores, victims, int(pos))
+            t += "<br><b>defended by pooling</b>: " + "<br>".join(_wrap(explain_text(e, step)))
+        out.append(t)
+    return np.asarray(out, dtype=object)
+
+
+def _wrap(text: str, width: int = 70) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width)
 
 
 def window_positions(panels, center: int, half_width: int):
@@ -111,30 +199,30 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
         cand = np.asarray(sc.get("candidate", np.ones(len(kept), bool)), bool)[sel]
         colour = p.get("colour", "#555555")
         main = RANK_SCORE.get(p["policy"], (None,))[0]
-        fix = _positive if log else (lambda v: np.asarray(v, float))
+        row_log = log and main not in _COUNTS and ("pooled" in sc or (main and main in sc))
+        fix = _positive if row_log else (lambda v: np.asarray(v, float))
         if "pooled" in sc and "sums" in sc:
             sums = np.asarray(sc["sums"], float)[sel]
             pooled = np.asarray(sc["pooled"], float)[sel]
             defended = np.intersect1d(defended_positions(kept, sc, p["victims"]), x)
+            hover = slot_hover(kept, sc, p["victims"], step)[sel]
             fig.add_trace(go.Bar(x=x, y=fix(sums), name="window sum", marker_color=np.where(
-                cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=sums,
-                hovertemplate="position %{x}<br>window sum %{customdata:.4g}<extra></extra>"),
-                row=r, col=1)
+                cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=hover,
+                hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
             fig.add_trace(go.Scatter(x=x, y=fix(pooled), name="pooled envelope",
-                                     mode="lines+markers", customdata=pooled,
+                                     mode="lines+markers", customdata=hover,
                                      line=dict(color="#222222", width=2, shape="hvh"),
                                      marker=dict(size=5),
-                                     hovertemplate="position %{x}<br>pooled %{customdata:.4g}"
-                                     "<extra></extra>"), row=r, col=1)
+                                     hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
             if len(defended):
                 m = np.isin(x, defended)
                 fig.add_trace(go.Scatter(
                     x=x[m], y=fix(sums[m]), mode="markers", name="defended (kept by pooling)",
                     marker=dict(symbol="diamond", size=15, color=DEFENDED_COLOUR,
-                                line=dict(color="black", width=1)), customdata=sums[m],
-                    hovertemplate="position %{x}: own sum %{customdata:.4g} would have been "
-                    "evicted; a neighbour's pooled score kept it<extra></extra>"), row=r, col=1)
+                                line=dict(color="black", width=1)), customdata=hover[m],
+                    hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
             yv = fix(pooled)
+            yall = np.concatenate([sums, pooled])
         elif main and main in sc:
             vals = np.asarray(sc[main], float)[sel]
             fig.add_trace(go.Bar(x=x, y=fix(vals), name=SCORE_LABELS.get(main, main),
@@ -143,22 +231,32 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
                                                      np.char.mod("%.4g", np.nan_to_num(vals))))
                           .update(hovertemplate="position %{x}<br>" + SCORE_LABELS.get(main, main)
                                   + " %{customdata}<extra></extra>"), row=r, col=1)
-            yv = fix(vals)
+            yv = yall = fix(vals)
         else:
-            yv = np.ones(len(x)) if log else np.zeros(len(x))
+            yv = np.zeros(len(x))
             fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name="held",
                                      marker=dict(color=colour, size=8, symbol="square"),
                                      hovertemplate="position %{x} held<extra></extra>"),
                           row=r, col=1)
         if len(victims):
             m = np.isin(x, victims)
-            fig.add_trace(go.Scatter(x=x[m], y=yv[m], mode="markers", name="victim this step",
-                                     marker=dict(symbol="x", size=16, color=VICTIM_COLOUR,
-                                                 line=dict(width=2)),
+            fig.add_trace(go.Scatter(x=x[m], y=yv[m], mode="markers",
+                                     name=f"victim of {p['label'].split(':')[0]} this step",
+                                     marker=dict(symbol="x", size=16, color=colour,
+                                                 line=dict(width=2, color="black")),
                                      hovertemplate="position %{x}: evicted at step " + str(step)
                                      + "<extra></extra>"), row=r, col=1)
-        if log:
-            fig.update_yaxes(type="log", row=r, col=1)
+        ytitle = ("window sum / pooled" if "pooled" in sc else SCORE_LABELS.get(main, "held")
+                  if main in sc else "held")
+        if row_log:
+            pos = np.asarray(yall, float)
+            pos = pos[np.isfinite(pos) & (pos > 0)]
+            rng = ([np.log10(pos.min() / 2), np.log10(pos.max() * 1.6)] if len(pos) else None)
+            fig.update_yaxes(type="log", title=ytitle + " (log)", row=r, col=1, range=rng,
+                             **log_ticks(np.r_[pos, pos.min() / 2] if len(pos) else pos))
+        else:
+            fig.update_yaxes(title=ytitle, rangemode="tozero", row=r, col=1,
+                             **({"showticklabels": False} if ytitle == "held" else {}))
     cats = sorted(union)
     if center in union:
         for r in range(1, len(panels) + 1):
@@ -172,7 +270,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
         ticks = dict(tickmode="array", tickvals=cats,
                      ticktext=[f"{p} {visible_token(tokens[p])[:12]}" for p in cats])
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
-                     tickangle=-90 if len(cats) > 30 or tokens is not None else 0,
+                     tickangle=-90 if len(cats) > 30 or tokens is not None else None,
                      tickfont=dict(size=11), **ticks)
     fig.update_xaxes(title="position (one column per held slot)", row=len(panels), col=1)
     fig.update_layout(barmode="overlay", bargap=0.2)
@@ -229,9 +327,11 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                  "<extra></extra>"), row=1, col=c)
         vm = np.isin(pos, np.asarray(p["victims"]))
         if vm.any():
-            fig.add_trace(go.Scatter(x=ranks[vm], y=vals[vm], mode="markers", name="victim",
-                                     marker=dict(symbol="x", size=14, color=VICTIM_COLOUR),
-                                     customdata=pos[vm], showlegend=c == 1,
+            fig.add_trace(go.Scatter(x=ranks[vm], y=vals[vm], mode="markers",
+                                     name=f"victim of {p['label'].split(':')[0]}",
+                                     marker=dict(symbol="x", size=14, color=colour,
+                                                 line=dict(width=1, color="black")),
+                                     customdata=pos[vm],
                                      hovertemplate="evicted: position %{customdata}<extra></extra>"),
                           row=1, col=c)
         pm = pos == position
@@ -241,10 +341,12 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                      textposition="top center", showlegend=c == 1,
                                      marker=dict(symbol="circle-open", size=20, color="#CC0000",
                                                  line=dict(width=3))), row=1, col=c)
-        fig.update_xaxes(title=f"eviction rank (1 = first to go) — {SCORE_LABELS.get(key, 'no score')}",
-                         row=1, col=c)
-        if len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
-            fig.update_yaxes(type="log", row=1, col=c)
+        fig.update_xaxes(title="eviction rank (1 = first to go)", row=1, col=c)
+        ytitle = SCORE_LABELS.get(key, "no score")
+        if key not in _COUNTS and len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
+            fig.update_yaxes(type="log", title=ytitle + " (log)", row=1, col=c, **log_ticks(vals))
+        else:
+            fig.update_yaxes(title=ytitle, row=1, col=c)
     base_layout(fig, f"Why position {position} diverged: the candidates each policy ranked "
                      f"at step {step}", 440, legend_below=True)
     return fig

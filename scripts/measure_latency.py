@@ -1,6 +1,8 @@
 """Measure the explorer in a real headless Chromium (also the e2e test's machinery).
 
-    python -m kvviz.ui.measure [--repeat 5] [--screenshot docs/screenshot.png]
+    python scripts/measure_latency.py [--repeat 5] [--screenshot docs/screenshot.png]
+
+A development tool, not part of the kvviz package (the app never imports it).
 
 Starts `streamlit run app.py` on a free port, waits for /_stcore/health, opens the page
 with the canonical trace at budget 512 and times:
@@ -26,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -77,7 +79,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def server(env: dict | None = None):
-    port = free_port()
+    port = int(os.environ.get("KVVIZ_PORT", 0)) or free_port()  # a fixed port if given
     proc = start_server(port, env)
     try:
         wait_health(port, proc)

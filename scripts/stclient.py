@@ -1,0 +1,257 @@
+"""A protocol-level Streamlit client: speaks the app's websocket as its frontend does.
+
+Used by tests/test_crowd.py and scripts/loadtest.py to measure the *server* under a crowd
+(one headless browser rendering 30 pages on 2 cores measures the browser instead).
+
+    async with Session(base_url, "?trace=canonical&step=1300") as s:
+        first = await s.run()                     # page load: rerun_script with the query
+        moved = await s.set_widget("poolKernel", 7)  # a slider moved: rerun with its new value
+
+What the frontend does, and this client with it: connect to /_stcore/stream with subprotocol
+`streamlit`; send a BackMsg `rerun_script` (ClientState: the URL's query string, widget
+states, the hashes of cacheable messages it already holds); read ForwardMsgs until
+`script_finished`; keep the query string the app writes (`page_info_changed`) and send it back
+on the next rerun. A moved widget is sent as its WidgetState. The browser sends every widget's
+value; this client sends only the moved one, which the server treats the same way (a widget
+absent from the message keeps its previous value: `SessionState.on_script_will_rerun`).
+Nothing here imports kvviz; it needs `streamlit` (for the protobufs) and `websockets`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import websockets
+from streamlit.proto.BackMsg_pb2 import BackMsg
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+PLACEHOLDER_TITLE = "Replaying the policies"  # app.py's first-run placeholder chart
+
+
+@dataclass
+class RunResult:
+    """One script run as the client saw it (times in seconds from sending the request)."""
+    status: str = ""
+    seconds: float = 0.0
+    first_chart_s: float | None = None       # first plotly chart that is not the placeholder
+    charts: list = field(default_factory=list)      # (id, spec JSON, seconds) of every plotly chart
+    exceptions: list = field(default_factory=list)  # (type, message, stack) of exception elements
+    errors: list = field(default_factory=list)      # st.error texts
+    bytes: int = 0                           # ForwardMsg bytes received during the run
+    chart_bytes: int = 0                     # of which plotly chart deltas
+    messages: int = 0
+
+    @property
+    def chart_titles(self) -> list[str]:
+        out = []
+        for _, spec, _ in self.charts:
+            try:
+                t = json.loads(spec).get("layout", {}).get("title", {})
+            except ValueError:
+                continue
+            out.append(t.get("text", "") if isinstance(t, dict) else str(t))
+        return out
+
+    def chart_with(self, text: str) -> float | None:
+        """Seconds until the first chart whose figure JSON contains `text` arrived, or None."""
+        return next((t for _, spec, t in self.charts if text in spec), None)
+
+
+class Session:
+    """One browser tab's worth of protocol: a websocket and the state the frontend keeps."""
+
+    def __init__(self, base_url: str, query: str = "", timeout: float = 120.0):
+        u = urlsplit(base_url)
+        self.ws_url = f"ws://{u.netloc}/_stcore/stream"
+        self.query = query.lstrip("?")
+        self.timeout = timeout
+        self.ws = None
+        self.widgets: dict[str, tuple[str, object]] = {}  # label -> (widget id, element proto)
+        self.cache: dict[str, ForwardMsg] = {}            # hash -> cacheable message
+        self.last: RunResult | None = None
+
+    async def __aenter__(self):
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def connect(self) -> None:
+        self.ws = await websockets.connect(self.ws_url, subprotocols=["streamlit"],
+                                           max_size=None, open_timeout=self.timeout,
+                                           ping_interval=None)
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+            self.ws = None
+
+    # --- requests --------------------------------------------------------------------------
+    async def run(self, widget_states=None) -> RunResult:
+        """A whole-page run: what the frontend sends on page load (no widget states) and after
+        a widget changed (the changed WidgetState)."""
+        msg = BackMsg()
+        rs = msg.rerun_script
+        rs.query_string = self.query
+        rs.page_script_hash = ""
+        rs.cached_message_hashes.extend(self.cache)
+        rs.context_info.timezone = "UTC"
+        rs.context_info.locale = "en-US"
+        for ws in widget_states or ():
+            rs.widget_states.widgets.append(ws)
+        return await self._send_and_read(msg)
+
+    async def set_widget(self, label: str, value) -> RunResult:
+        """Move the widget labelled `label` (seen in the last run) to `value`, as a user would."""
+        if label not in self.widgets:
+            raise KeyError(f"no widget labelled {label!r}; seen: {sorted(self.widgets)}")
+        wid, el = self.widgets[label]
+        from streamlit.proto.WidgetStates_pb2 import WidgetState
+        ws = WidgetState(id=wid)
+        kind = el.WhichOneof("type")
+        if kind == "slider":
+            ws.double_array_value.data.extend([float(v) for v in
+                                               (value if isinstance(value, (list, tuple))
+                                                else [value])])
+        elif kind == "number_input":
+            if isinstance(value, int):
+                ws.int_value = value
+            else:
+                ws.double_value = float(value)
+        elif kind in ("checkbox",):
+            ws.bool_value = bool(value)
+        else:
+            raise NotImplementedError(f"widget type {kind} (label {label!r})")
+        return await self.run([ws])
+
+    # --- reading ---------------------------------------------------------------------------
+    async def _send_and_read(self, back: BackMsg) -> RunResult:
+        res = RunResult()
+        t0 = time.perf_counter()
+        await self.ws.send(back.SerializeToString())
+        while True:
+            raw = await asyncio.wait_for(self.ws.recv(), self.timeout)
+            res.bytes += len(raw)
+            res.messages += 1
+            fm = ForwardMsg()
+            fm.ParseFromString(raw)
+            if fm.WhichOneof("type") == "ref_hash":
+                cached = self.cache.get(fm.ref_hash)
+                if cached is None:
+                    raise RuntimeError(f"server referred to unknown message {fm.ref_hash}")
+                fm = cached
+            elif fm.metadata.cacheable and fm.hash:
+                self.cache[fm.hash] = fm
+            kind = fm.WhichOneof("type")
+            if kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
+                self._element(fm.delta.new_element, res, len(raw), time.perf_counter() - t0)
+            elif kind == "page_info_changed":
+                self.query = fm.page_info_changed.query_string
+            elif kind == "script_finished":
+                res.status = ForwardMsg.ScriptFinishedStatus.Name(fm.script_finished)
+                res.seconds = time.perf_counter() - t0
+                self.last = res
+                return res
+
+    def _element(self, el, res: RunResult, size: int, t: float) -> None:
+        kind = el.WhichOneof("type")
+        if kind == "exception":
+            e = el.exception
+            res.exceptions.append((e.type, e.message, "\n".join(e.stack_trace)))
+        elif kind == "alert" and el.alert.format == 1:  # ERROR
+            res.errors.append(el.alert.body)
+        elif kind == "plotly_chart":
+            res.charts.append((el.plotly_chart.id, el.plotly_chart.spec, t))
+            res.chart_bytes += size
+            if res.first_chart_s is None and PLACEHOLDER_TITLE not in el.plotly_chart.spec:
+                res.first_chart_s = t
+        sub = getattr(el, kind, None) if kind else None
+        wid = getattr(sub, "id", "") if sub is not None else ""
+        label = getattr(sub, "label", "") if sub is not None else ""
+        if wid and label:
+            self.widgets[label] = (wid, el)
+
+
+# --- a server to talk to ---------------------------------------------------------------------
+def free_port(lo: int, hi: int) -> int:
+    """A port in [lo, hi] nobody listens on (each helper has its own range)."""
+    import socket
+    for port in range(lo, hi + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {lo}-{hi}")
+
+
+class Server:
+    """`streamlit run app.py` on 127.0.0.1:port, headless, telemetry off, in its own process
+    group (stopped by that group's id). `pid` is the server's process id (for RSS)."""
+
+    def __init__(self, repo, port: int, env: dict | None = None, log=None):
+        import os
+        import subprocess
+        import sys
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+               "--server.address", "127.0.0.1", "--server.headless", "true",
+               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+        self.proc = subprocess.Popen(cmd, cwd=repo, env={**os.environ, **(env or {})},
+                                     stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+
+    def wait_healthy(self, timeout: float = 60.0) -> float:
+        import urllib.request
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        return time.perf_counter() - t0
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("streamlit did not report healthy")
+
+    def stop(self) -> None:
+        import os
+        import signal
+        import subprocess
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGTERM)  # the group we started
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def __enter__(self):
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+async def crowd(url: str, query: str, n: int, timeout: float = 120.0) -> list:
+    """n sessions open the page at the same moment; each a RunResult or the exception raised."""
+    async def one():
+        async with Session(url, query, timeout) as s:
+            return await s.run()
+    return await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)

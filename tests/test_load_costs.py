@@ -1,0 +1,71 @@
+"""What every page load costs: the cache heatmap is built once and moved per step, and its
+hover says less where nothing has been generated yet (issue 9, item 13)."""
+import copy
+import json
+
+import numpy as np
+import plotly.io as pio
+import plotly.tools
+
+from kvviz.replay import run_policy
+from kvviz.trace import canonical
+from kvviz.views.cache import at_step, cache_heatmap, heatmap_grid
+
+
+def runs(n=300, budget=48):
+    t = canonical(n)
+    return run_policy(t, "tova", budget).evicted_at, run_policy(t, "h2o", budget).evicted_at
+
+
+def as_sent(fig) -> dict:
+    """What st.plotly_chart sends for a figure (its own two calls), parsed back."""
+    fig = plotly.tools.return_figure_from_figure_or_data(fig, validate_figure=True)
+    return json.loads(pio.to_json(fig, validate=False))
+
+
+def test_moving_the_step_equals_rebuilding_the_figure():
+    ea, eb = runs()
+    for window in (None, ((100, 165), (40, 169))):
+        sr, pr = window or (None, None)
+        g = heatmap_grid(ea, eb, 128, label_a="tova", label_b="h2o", steps_range=sr,
+                         pos_range=pr)
+        base = cache_heatmap(ea, eb, 0, label_a="tova", label_b="h2o", grid=g).to_dict()
+        kept = copy.deepcopy(base)
+        for step in (0, 1, 120, 150, 299):
+            rebuilt = cache_heatmap(ea, eb, step, label_a="tova", label_b="h2o", grid=g)
+            assert as_sent(at_step(base, step)) == as_sent(rebuilt), (window, step)
+        assert base == kept  # the shared figure is never modified
+
+
+def test_the_moved_figure_marks_the_step():
+    ea, eb = runs()
+    fig = at_step(cache_heatmap(ea, eb, 0).to_dict(), 123)
+    assert [(s.y0, s.y1) for s in fig.layout.shapes if s.name == "step"] == [(123, 123)]
+    assert [a.text for a in fig.layout.annotations if a.name == "step"] == ["step 123"]
+
+
+def test_blocks_not_generated_yet_say_only_that():
+    ea, eb = runs(n=256)
+    g = heatmap_grid(ea, eb, 256, hover_bins=16)  # 16 x 16 positions per hover block
+    text = g["hover_text"]
+    for i in range(16):
+        for j in range(16):
+            s0, s1, p0 = 16 * i, 16 * i + 15, 16 * j
+            # position p is generated at step p: a block is all future iff p0 > its last step
+            if p0 > s1:
+                assert text[i][j] == "not yet generated", (i, j)
+            else:
+                assert text[i][j].startswith(f"steps {s0}–{s1}<br>positions {p0}–"), (i, j)
+
+
+def test_default_page_figure_is_smaller():
+    """The canonical trace's whole-run heatmap, as sent: 549 KB before the future blocks lost
+    their ranges (issue 9 measured ~560 KB of chart data per page load)."""
+    t = canonical()
+    ea = run_policy(t, "tova", 512).evicted_at
+    eb = run_policy(t, "snapkv", 512).evicted_at
+    g = heatmap_grid(ea, eb, 512, label_a="tova", label_b="snapkv")
+    sent = pio.to_json(at_step(cache_heatmap(ea, eb, 0, label_a="tova", label_b="snapkv",
+                                             grid=g).to_dict(), 1300), validate=False)
+    assert len(sent) < 400_000, len(sent)
+    assert np.asarray(json.loads(sent)["data"][1]["text"]).shape == (64, 64)
