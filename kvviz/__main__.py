@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["capture"]:
         from .capture import main as capture_main  # torch stays out of everything else
         return capture_main(argv[1:])
+    if argv[:1] == ["loop"]:
+        from .loop.cli import main as loop_main  # torch is imported only once the inputs check out
+        return loop_main(argv[1:])
     if argv[:1] == ["app"]:
         from .launch import main as app_main  # streamlit run on the explorer page
         return app_main(argv[1:])
@@ -40,6 +43,7 @@ def main(argv=None) -> int:
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
                            "at these stream counts (kvviz.streams_bench)")
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
+    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
     sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
     sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
     args = parser.parse_args(argv)
@@ -73,7 +77,7 @@ def main(argv=None) -> int:
     if args.command == "perf" and args.streams:
         from .streams_bench import bench as streams_bench
         print(f"canonical traces (seeds 0..S-1), {args.steps} steps, budget {args.budget}; rows "
-              "pre-generated; CPU time per stream-step, best of 3 (lean loop: 2); ratio to the lean loop")
+              "pre-generated; CPU time per stream-step, best of 3 interleaved rounds; ratio to the lean loop")
         streams_bench(args.budget, args.steps, streams=[int(x) for x in args.streams.split(",")])
         return 0
     if args.command == "perf":

@@ -1,0 +1,151 @@
+"""`python -m kvviz loop ...`: run configs over a text; `--perf`: what the loop costs.
+
+Every input is checked before the model loads (a bad policy should not cost 20 s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .config import GRANULARITIES, LoopConfig, parse_policy
+
+PERF_POLICIES = ("tova", "h2o", "snapkv", "snapkv:pool_kernel=1", "streaming-llm",
+                 "scissorhands", "random")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line, not usage + message
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m kvviz loop",
+                description="Decode a text with SmolLM2 over its own evicted KV cache, every "
+                            "policy at every budget in one batch, and compare with the full cache.")
+    p.add_argument("--text", help="UTF-8 text file to read")
+    p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
+    p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=0 (repeatable)")
+    p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
+    p.add_argument("--json", help="write {'results': [...]} here")
+    p.add_argument("--out", help="write the full result (.npz: per-token NLL, eviction logs, rows)")
+    p.add_argument("--rows-layers", default="0,14,29", help="model layers whose attention rows --out keeps")
+    p.add_argument("--rows-tokens", type=int, default=None, help="keep rows for the first N tokens only")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
+    p.add_argument("--perf", action="store_true", help="benchmark: bookkeeping share and batch efficiency")
+    p.add_argument("--perf-tokens", type=int, default=384, help="tokens per --perf run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def build_configs(policies: list[str], budgets: list[int]) -> list[LoopConfig]:
+    """Every policy at every budget, `full` first. ValueError names the bad input."""
+    for b in budgets:
+        if b < 1:
+            raise ValueError(f"--budget must be >= 1, got {b}")
+    parsed = [(spec, *parse_policy(spec)) for spec in policies]
+    configs = [LoopConfig("full")]
+    if any(name != "full" for _, name, _ in parsed) and not budgets:
+        raise ValueError("--budget is required for any policy but full")
+    for spec, name, params in parsed:
+        if name == "full":
+            continue
+        for b in budgets:
+            try:
+                cfg = LoopConfig(name, params, b)
+            except ValueError as exc:
+                raise ValueError(f"--policy {spec} at --budget {b}: {exc}") from None
+            if cfg.label not in [c.label for c in configs]:
+                configs.append(cfg)
+    return configs
+
+
+class Progress:
+    """A one-line progress bar on stderr: tokens, tokens/s, ETA."""
+
+    def __init__(self, label: str, quiet: bool = False):
+        self.label, self.quiet = label, quiet
+        self.start = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if self.quiet or (now - self.last < 0.5 and done < total):
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        eta = (total - done) / rate if rate > 0 else 0
+        bar = "#" * int(30 * done / total)
+        print(f"\r[kvviz loop] {self.label} [{bar:<30}] {done}/{total} tokens "
+              f"{rate:.2f} tok/s ETA {int(eta) // 60}:{int(eta) % 60:02d}", end="", file=sys.stderr, flush=True)
+        if done == total:
+            print(file=sys.stderr, flush=True)
+
+
+def write_json(path, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def table(results) -> str:
+    lines = [f"{'config':<58} {'ppl':>8} {'ppl after':>9} {'top1':>6} {'kl':>7}"]
+    for r in results:
+        after = r["perplexity_after_eviction"]
+        lines.append(f"{r['label']:<58} {r['perplexity']:8.3f} "
+                     f"{'-' if after is None else format(after, '.3f'):>9} "
+                     f"{r['top1_agreement']:6.3f} {r['kl']:7.4f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.perf:
+        from .perf import main as perf_main
+        return perf_main(args.perf_tokens, budget=(args.budget or [256])[0])
+    try:
+        if not args.text:
+            raise ValueError("--text is required")
+        if args.max_tokens < 2:
+            raise ValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+        try:
+            text = Path(args.text).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--text {args.text}: cannot read it ({exc})") from None
+        if not text.strip():
+            raise ValueError(f"--text {args.text} is empty")
+        configs = build_configs(args.policy, args.budget)
+        rows_layers = [int(x) for x in args.rows_layers.split(",") if x.strip()]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from . import run_loop
+
+    start = time.perf_counter()
+    try:
+        res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,
+                       progress=Progress(f"{Path(args.text).name} {args.granularity} x{len(configs)}", args.quiet),
+                       rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    res.meta.update(name=Path(args.text).stem, text_file=str(args.text))
+    print(table(res.results))
+    if args.json:
+        write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
+                               "granularity": args.granularity, "seconds": round(seconds, 1),
+                               "results": res.results})
+    if args.out:
+        res.save(args.out)
+    return 0

@@ -1,0 +1,126 @@
+"""Build docs/loop.csv and the tables of docs/loop.md from the shipped loop results.
+
+    python scripts/loop_report.py [--dir traces/loop] [--csv docs/loop.csv]
+
+No torch. Adds to every closed-loop row the replay's retained mass for the same policy,
+parameters and budget: the shipped head-mean trace of the same text (traces/NAME.npz),
+cut to the loop's token count, replayed at each of its layers 0, 14 and 29, averaged.
+Prints markdown tables and the figures the four questions need.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from kvviz.loop import LoopConfig  # noqa: E402
+from kvviz.metrics import retained_mass  # noqa: E402
+from kvviz.replay import Replay  # noqa: E402
+from kvviz.trace import ArrayTrace, load_trace  # noqa: E402
+
+SHORT = {"tova": "tova", "h2o": "h2o", "scissorhands": "scissorhands", "random": "random"}
+
+
+def short(policy: str, params: dict) -> str:
+    if policy == "snapkv":
+        return f"snapkv pk{params['pool_kernel']}"
+    if policy == "streaming-llm":
+        return f"sinks{params['sinks']}+window"
+    return SHORT.get(policy, policy)
+
+
+def shipped_layers(name: str, steps: int) -> list[ArrayTrace]:
+    """The shipped trace's stored layers, each cut to `steps` rows (index or model-layer API)."""
+    path = ROOT / "traces" / f"{name}.npz"
+    first = load_trace(path)
+    out = []
+    for i, layer in enumerate(first.layers):
+        try:
+            tr = load_trace(path, layer=layer)
+            if tr.layer != layer:
+                raise ValueError
+        except ValueError:
+            tr = load_trace(path, layer=i)
+        out.append(ArrayTrace(tr._packed, steps, name=tr.name, layers=tr.layers, layer=layer))
+    return out
+
+
+def replay_mass(traces, cfg: LoopConfig) -> float:
+    return float(np.mean([retained_mass(Replay(tr, cfg.make(0, 0)).run()) for tr in traces]))
+
+
+def frame(folder: Path) -> pd.DataFrame:
+    rows, cache = [], {}
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        name, T = data["text"], data["n_tokens"]
+        if name not in cache:
+            cache[name] = shipped_layers(name, T)
+        for r in data["results"]:
+            cfg = LoopConfig(r["policy"], r["params"], r["budget"])
+            rows.append({
+                "text": name, "granularity": r["granularity"], "n_tokens": T, "policy": r["policy"],
+                "short": short(r["policy"], r["params"]) if r["budget"] else "full",
+                "params": ";".join(f"{k}={v}" for k, v in r["params"].items()),
+                "budget": r["budget"], "perplexity": r["perplexity"],
+                "perplexity_after_eviction": r["perplexity_after_eviction"],
+                "full_perplexity_after_eviction": r["full_perplexity_after_eviction"],
+                "top1_agreement": r["top1_agreement"], "kl": r["kl"],
+                "top1_agreement_after_eviction": r["top1_agreement_after_eviction"],
+                "kl_after_eviction": r["kl_after_eviction"], "first_eviction": r["first_eviction"],
+                "replay_retained_mass": None if cfg.is_full else replay_mass(cache[name], cfg),
+                "seconds": data["seconds"],
+            })
+    return pd.DataFrame(rows)
+
+
+def spearman(a, b) -> float:
+    return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
+
+
+def report(df: pd.DataFrame) -> None:
+    ev = df[df.policy != "full"].copy()
+    order = ["tova", "h2o", "snapkv pk1", "snapkv pk5", "sinks4+window", "sinks0+window", "scissorhands", "random"]
+    for gran in ("layer", "kv-head"):
+        sub = ev[ev.granularity == gran]
+        if sub.empty:
+            continue
+        piv = sub.pivot_table(index=["text", "budget"], columns="short", values="perplexity_after_eviction")
+        full = sub.groupby(["text", "budget"]).full_perplexity_after_eviction.first()
+        piv.insert(0, "full", full)
+        print(f"\n### perplexity after the first eviction, {gran} granularity\n")
+        cols = ["full"] + [c for c in order if c in piv.columns]
+        print("| text | budget | " + " | ".join(cols) + " |")
+        print("|---|---:|" + "---:|" * len(cols))
+        for (text, b), row in piv[cols].iterrows():
+            print(f"| {text} | {b} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
+        print(f"\n### Spearman(replay retained mass, closed-loop perplexity after eviction), {gran}\n")
+        for (text, b), g in sub.groupby(["text", "budget"]):
+            rho = spearman(g.replay_retained_mass, g.perplexity_after_eviction)
+            rm = g.replay_retained_mass.rank(ascending=False)
+            pp = g.perplexity_after_eviction.rank()
+            off = [f"{s} (mass #{int(a)}, ppl #{int(p)})" for s, a, p in zip(g.short, rm, pp) if abs(a - p) >= 3]
+            print(f"- {text} {b}: rho = {rho:+.2f}; rank gaps >= 3: {', '.join(off) or 'none'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", default=str(ROOT / "traces" / "loop"))
+    p.add_argument("--csv", default=str(ROOT / "docs" / "loop.csv"))
+    args = p.parse_args()
+    df = frame(Path(args.dir))
+    df.to_csv(args.csv, index=False, float_format="%.6g")
+    print(f"wrote {args.csv}: {len(df)} rows")
+    report(df)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
