@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+
 from kvviz.replay import NEVER, Replay
 from kvviz.policies import make_policy
 from kvviz.trace import ArrayTrace, packed_offset
