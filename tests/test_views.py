@@ -376,7 +376,7 @@ def test_pooling_explanation_in_the_policys_numbers():
     # the hover over slot 4 says the same numbers
     fig = V.neighbourhood_figure([p], step=5, center=3, half_width=10)
     bar = next(t for t in fig.data if t.name == "window sum")
-    hover = dict(zip(bar.x, bar.customdata))[4]
+    hover = dict(zip(bar.x, bar.customdata))[4].replace("<br>", " ")
     assert "own window sum 0.05" in hover and "pooled score 9 (position 5's sum)" in hover
     assert "Position 2 goes instead" in hover
 

@@ -36,5 +36,5 @@ GLOSSARY = {
 
 
 def glossary_popover() -> None:
-    with st.popover("Glossary", icon=":material/menu_book:", width="stretch"):
+    with st.popover("Glossary", width="stretch"):
         st.markdown("\n".join(f"- **{k}**: {v}" for k, v in GLOSSARY.items()))

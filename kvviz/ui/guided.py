@@ -10,7 +10,7 @@ from kvviz.ui.session import S, apply_state, view_state
 from kvviz.ui.state import ViewState
 from kvviz.views.scores import explain_text
 
-SETTINGS = ("trace", "layer", "budget", "a", "b")  # step, view and positions may move freely
+SETTINGS = ("trace", "layer", "head", "budget", "a", "b")  # step, view and positions may move freely
 
 
 def _defaults(name: str) -> tuple:
@@ -59,10 +59,10 @@ def stale(name: str, now: ViewState) -> bool:
 def experiments_box():
     with st.expander("Guided experiments: one click reproduces a documented fact",
                      expanded=False, icon=":material/science:"):
-        cols = st.columns(len(experiments.EXPERIMENTS))
-        for col, (name, spec) in zip(cols, experiments.EXPERIMENTS.items()):
-            col.button(spec["title"], key=f"exp.{name}", on_click=_run_experiment, args=(name,),
-                       width="stretch")
+        row = st.container(horizontal=True, wrap=True)  # whole titles, wrapping at 1024 px
+        for name, spec in experiments.EXPERIMENTS.items():
+            row.button(spec["title"], key=f"exp.{name}", on_click=_run_experiment, args=(name,),
+                       width="content")
     msg = S.pop("exp_msg", None)
     if msg:
         st.error(msg)

@@ -6,11 +6,15 @@ import streamlit as st
 
 from kvviz import views as V
 from kvviz.ui.context import Ctx
+from kvviz.ui.glossary import glossary_popover
 from kvviz.views.common import A_COLOUR, B_COLOUR
 from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
 
 PLAY_SPEEDS = (1, 4, 16, 64)
 PLAY_INTERVAL_S = 1.0
+# A projector is often 1024x768: give the main column the side padding back.
+NARROW_CSS = ("<style>@media (max-width: 1280px) {[data-testid='stMainBlockContainer']"
+              "{padding-left: 1.2rem; padding-right: 1.2rem}}</style>")
 
 
 def _shift(delta: int, steps: int):
@@ -48,6 +52,7 @@ def navigator(ctx: Ctx) -> int:
                  f"showing step {clamped}")
         S[wkey("step")] = clamped
     nxt = V.next_divergence(ctx.ev_a, ctx.ev_b, int(S[wkey("step")]))
+    st.html(NARROW_CSS)
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
@@ -105,16 +110,19 @@ def status(ctx: Ctx):
         return ("position " if len(v) == 1 else "positions ") + shown
 
     hold_a = int(V.held_mask(ctx.ev_a, s).sum())
+    line, gloss = st.columns([4, 1.1], vertical_alignment="center")
+    with gloss:
+        glossary_popover()  # one click away whatever the view
     if ctx.solo:
         w = ctx.solo.upper()
-        st.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
+        line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
                     f"**{hold_a}** · evicted at step {s}: {pos(va)} · the other policy refused "
                     "its settings (see above)")
     else:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
         diff = int(V.symmetric_difference(ctx.ev_a, ctx.ev_b)[s])
         first = V.first_divergence(ctx.ev_a, ctx.ev_b)
-        st.markdown(
+        line.markdown(
             f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
             f"**|A Δ B|** {diff} · first divergence: "

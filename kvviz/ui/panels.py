@@ -14,7 +14,6 @@ from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, vi
 from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
 from kvviz.ui.navigation import advance, navigator, status  # noqa: F401
-from kvviz.ui.glossary import glossary_popover
 from kvviz.ui.session import S, keep, note, restore, wkey
 from kvviz.ui.state import VIEW_LABELS
 
@@ -32,8 +31,7 @@ RENDER = {
 
 
 def view_selector(has_tokens: bool) -> str:
-    """The view chooser (every registered view; tokens only for traces with text), with the
-    glossary beside it so it is one click away from every view."""
+    """The view chooser: every registered view (tokens only for traces with text)."""
     options = [v for v in RENDER if v != "tokens" or has_tokens]
     cur = restore(wkey("view"), "cache")
     if cur not in options:
@@ -41,12 +39,8 @@ def view_selector(has_tokens: bool) -> str:
              + (" (this trace has no tokens)" if cur == "tokens" else "")
              + "; showing the cache heatmap")
         S[wkey("view")] = "cache"
-    c1, c2 = st.columns([6, 1], vertical_alignment="center")
-    with c1:
-        view = st.segmented_control("view", options, key=wkey("view"), required=True,
-                                    format_func=lambda v: VIEW_LABELS.get(v, v.title()),
-                                    label_visibility="collapsed")
-    with c2:
-        glossary_popover()
+    view = st.segmented_control("view", options, key=wkey("view"), required=True,
+                                format_func=lambda v: VIEW_LABELS.get(v, v.title()),
+                                label_visibility="collapsed")
     keep(wkey("view"), view)
     return view or "cache"

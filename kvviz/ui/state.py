@@ -29,7 +29,7 @@ ZOOMS = (0, 32, 128, 512)
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
 # parameters); anything else is reported. A new key = one entry here.
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-              "zoom", "exp", "embed", "embed_options"}
+              "zoom", "exp", "cmp", "embed", "embed_options"}
 
 
 @dataclass
