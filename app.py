@@ -45,29 +45,39 @@ budget, pols = sidebar.policy_controls(trace.steps)
 
 with top:
     panels.experiments_box()
+for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
+    notices.warning(note, icon=":material/warning:")
 
-refused = [(w, p) for w, p in pols.items() if p[2]]
-if refused:
+refused = {w: p for w, p in pols.items() if p[2]}
+for which in refused:
+    top.error(panels.refusal_message(which, pols))
+if len(refused) == 2:  # nothing left to draw
     main.empty()
-    for which, (name, params, error) in refused:
-        top.error(f"Policy {which.upper()} ({name}) refuses these settings: {error}. "
-                  "Change the parameter in the sidebar; everything else keeps working.")
     session.write_url()
     st.stop()
-
+solo = "" if not refused else "b" if "a" in refused else "a"
+if solo:  # draw the valid policy on both sides (the views say which one refused)
+    pols["a" if solo == "b" else "b"] = pols[solo]
 (a, pa, _), (b, pb, _) = pols["a"], pols["b"]
+head = sidebar.current_head()
 with st.spinner(f"Replaying {a} and {b} over {trace.steps} steps…"):
-    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget)
-    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget)
+    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget, head)
+    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
 ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
                  pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
-                 label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb))
+                 label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo,
+                 head=head)
+if solo:
+    setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
+            f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
     ctx.step = panels.navigator(ctx)
     panels.status(ctx)
 with main.container():
     view = panels.view_selector(trace.tokens is not None)
     panels.RENDER[view](ctx)
+for note in session.pop_notes():  # ... and while drawing the views
+    notices.warning(note, icon=":material/warning:")
 st.session_state["kv.drawn"] = True
 session.write_url()
 st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "

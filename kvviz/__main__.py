@@ -1,4 +1,4 @@
-"""`python -m kvviz bench | perf | capture ...`"""
+"""`kvviz bench | perf | capture | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,13 @@ def main(argv=None) -> int:
     if argv[:1] == ["capture"]:
         from .capture import main as capture_main  # torch stays out of everything else
         return capture_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m kvviz")
+    if argv[:1] == ["app"]:
+        from .launch import main as app_main  # streamlit run on the explorer page
+        return app_main(argv[1:])
+    if argv[:1] == ["sweep"]:
+        from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
+        return sweep_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
     bench.add_argument("--trace", help=".npz trace file (default: the canonical trace)")
@@ -30,7 +36,12 @@ def main(argv=None) -> int:
     perf.add_argument("--budget", type=int, default=512)
     perf.add_argument("--steps", type=int, default=4096)
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
+    perf.add_argument("--streams", nargs="?", const="1,3,9,27", default=None, metavar="S,...",
+                      help="instead: per stream-step cost of the lean loop, Replay and run_streams "
+                           "at these stream counts (kvviz.streams_bench)")
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
+    sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
+    sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
     args = parser.parse_args(argv)
 
     import pandas as pd
@@ -58,6 +69,12 @@ def main(argv=None) -> int:
             df.to_csv(args.csv, index=False)
         if args.json:
             df.to_json(args.json, orient="records", indent=2)
+        return 0
+    if args.command == "perf" and args.streams:
+        from .streams_bench import bench as streams_bench
+        print(f"canonical traces (seeds 0..S-1), {args.steps} steps, budget {args.budget}; rows "
+              "pre-generated; CPU time per stream-step, best of 3 interleaved rounds; ratio to the lean loop")
+        streams_bench(args.budget, args.steps, streams=[int(x) for x in args.streams.split(",")])
         return 0
     if args.command == "perf":
         if args.long_steps:  # first, so the process's peak RSS is the long run's own

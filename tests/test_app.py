@@ -4,6 +4,7 @@ through their JSON (`at.get("plotly_chart")[i].proto.spec`), not just their pres
 import base64
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ def traces(tmp_path_factory):
     save_trace(d / "tiny.npz", softmax_rows(rng, T, 2), tokens=tokens, layers=[3, 7],
                meta={"name": "tiny", "model": "test-model", "source": "random test rows"})
     save_trace(d / "plain.npz", softmax_rows(rng, 90, 1), meta={"name": "plain"})
+    shutil.copy(REPO / "traces" / "prose.npz", d / "prose.npz")  # the pooling experiment's
     old = os.environ.get("KVVIZ_TRACES_DIR")
     os.environ["KVVIZ_TRACES_DIR"] = str(d)
     yield d
@@ -187,7 +189,9 @@ def test_metrics_and_sweeps(traces):
     titles = [title(c) for c in charts]
     assert any("across budgets" in t for t in titles)
     pool = next(c for c in charts if "poolKernel" in title(c))
-    assert arr(pool["data"][0]["x"]).tolist() == [1, 3, 5, 7, 9, 11, 15]
+    assert arr(pool["data"][0]["x"]).tolist() == [1, 3, 5, 7, 9, 11, 13, 15]  # odd only
+    assert pool["layout"]["xaxis"]["title"]["text"] == "poolKernel"
+    assert any(a.get("text", "").strip() == "now: poolKernel=5" for a in pool["layout"]["annotations"])
     obs = next(c for c in charts if "obsWindow" in title(c))
     assert arr(obs["data"][0]["x"]).tolist()[:3] == [1, 2, 4]
     budgets = next(c for c in charts if "across budgets" in title(c))
@@ -347,14 +351,15 @@ def test_refused_parameters_keep_page_up(traces):
     at = tiny(b__recentWindow=60)  # budget 48
     ok(at)
     errors = " ".join(e.value for e in at.error)
-    assert "recent_window must be smaller than budget" in errors
-    assert not at.get("plotly_chart")
+    assert "recentWindow must be smaller than budget" in errors and "recent_window" not in errors
+    assert "Policy A (tova) is drawn alone" in errors
+    assert "A = tova, B = tova" in title(heatmap(at))  # A's views stay up
     at.slider(key="w.pb.recent_window").set_value(8).run()
     ok(at)
-    assert not at.error and at.get("plotly_chart")
+    assert not at.error and "B = snapkv" in title(heatmap(at))
     at = tiny(a="snapkv", a__poolKernel=4)
     ok(at)
-    assert any("pool_kernel must be odd" in e.value for e in at.error)
+    assert any("poolKernel must be odd" in e.value for e in at.error)
     # an experiment button still works from the refused state
     at.button(key="exp.budget-256").click().run()
     ok(at)
@@ -423,12 +428,17 @@ def test_every_policy_in_every_view(traces, name):
         at.segmented_control(key="w.view").set_value(view).run()
         ok(at)
         assert not at.error, (name, view, [e.value for e in at.error])
+        # every view: a one-line caption first, and the glossary one click away
+        assert at.caption, view
+        assert any("**heavy-hitter recall**" in m.value for m in at.markdown), view
 
 
 def test_budget_larger_than_the_trace(traces):
     at = app(trace="file:plain.npz", budget=200)  # 90 steps: nothing is ever evicted
     ok(at)
-    assert qp(at)["budget"] == "90"  # clamped to the trace length
+    assert qp(at)["budget"] == "90"  # clamped to the trace length, and said
+    assert "budget=200 is outside 1–90; using 90" in warnings(at)
+    assert "nothing is ever evicted" in warnings(at)
     for view in VIEWS[:5]:
         at.segmented_control(key="w.view").set_value(view).run()
         ok(at)
@@ -494,3 +504,115 @@ def test_positions_beyond_a_new_trace_are_reset(traces):
     at.segmented_control(key="w.view").set_value("divergence").run()
     ok(at)
     assert qp(at)["why"] == "-1"
+
+
+# --- issue 9: a class's first minutes ---------------------------------------------------------
+def warnings(at: AppTest) -> str:
+    return " ".join(w.value for w in at.warning)
+
+
+def test_refusal_keeps_the_valid_policys_views(traces):
+    at = app(b__poolKernel=4, view="scores", step=1304)
+    ok(at)
+    err = " ".join(e.value for e in at.error)
+    assert "Policy B (snapkv)" in err and "poolKernel" in err and "got 4" in err
+    assert "pool_kernel" not in err
+    spec = specs(at)[0]  # the scores chart, with TOVA's panel only
+    assert spec["layout"]["annotations"][0]["text"].startswith("A: tova")
+    assert not any(a["text"].startswith("B:") for a in spec["layout"]["annotations"]
+                   if "text" in a)
+    at.segmented_control(key="w.view").set_value("divergence").run()
+    ok(at)
+    assert any("needs two policies" in i.value for i in at.info)
+
+
+def test_budget_clamped_and_unevictable_is_said(traces):
+    at = app(budget=999999)
+    ok(at)
+    w = warnings(at)
+    assert "budget=999999 is outside 1–4096; using 4096" in w
+    assert "nothing is ever evicted" in w
+    at = app(budget=-5)
+    ok(at)
+    assert "budget=-5 is outside 1–4096; using 1" in warnings(at)
+
+
+def test_switching_traces_does_not_carry_a_cut_budget(traces):
+    at = tiny()  # budget 48 on tiny (160 steps)
+    at.selectbox(key="w.trace").set_value("file:plain.npz").run()  # 90 steps
+    ok(at)
+    assert qp(at)["budget"] == "22"  # plain's own default (a quarter of its 90 steps)
+    at.number_input(key="w.budget").set_value(90).run()
+    assert "nothing is ever evicted" in warnings(at)
+    at.selectbox(key="w.trace").set_value("canonical").run()
+    ok(at)
+    assert qp(at)["budget"] == "512" and "nothing is ever evicted" not in warnings(at)
+    at.selectbox(key="w.trace").set_value("file:plain.npz").run()
+    assert qp(at)["budget"] == "90"  # remembered per trace
+
+
+def test_stale_experiment_text_goes(traces):
+    at = tiny()
+    at.button(key="exp.obswindow").click().run()
+    ok(at)
+    assert any("identical to the last digit" in m.value for m in at.markdown)
+    at.slider(key="w.step").set_value(100).run()  # moving the step keeps it
+    assert any("Experiment: obsWindow" in m.value for m in at.markdown) and qp(at)["exp"]
+    at.selectbox(key="w.trace").set_value("file:tiny.npz").run()
+    ok(at)
+    assert not any("Experiment:" in m.value for m in at.markdown)
+    assert "exp" not in qp(at)
+    assert any("Settings changed since the experiment" in c.value for c in at.caption)
+    # a link whose settings do not match its experiment opens without the explanation
+    at = app(exp="pooling-off", budget=100)
+    ok(at)
+    assert not any("Experiment:" in m.value for m in at.markdown) and "exp" not in qp(at)
+
+
+def test_out_of_range_link_values_warn(traces):
+    at = tiny(step=999, focus=500, why=-7, zoom=7, view="nope", layer=5, b__obsWindow=500,
+              colour="red")
+    ok(at)
+    w = warnings(at)
+    for s in ("step=999 is not a step of this trace (0–159)", "focus=500", "why=-7",
+              "zoom=7", "view=nope", "layer=5", "b.obsWindow=500 is outside 1–128",
+              "unknown key 'colour'"):
+        assert s in w, s
+    at = app(trace="file:plain.npz", view="tokens")
+    assert "view=tokens is not available here (this trace has no tokens)" in warnings(at)
+
+
+def test_pooling_experiment_explains_with_the_policys_numbers(traces):
+    from kvviz.policies import make_policy
+    from kvviz.replay import Replay
+    from kvviz.trace import load_trace
+
+    at = tiny()
+    at.button(key="exp.pool-defends").click().run()
+    ok(at)
+    q = qp(at)
+    assert (q["trace"], q["view"], q["b"]) == ("file:prose.npz", "scores", "snapkv")
+    step, pos = int(q["step"]), int(q["focus"])
+    text = next(m.value for m in at.markdown if "Experiment: Pooling defends" in m.value)
+    # independently: replay SnapKV to that step and pool its window sums by hand (radius 2)
+    rp = Replay(load_trace(traces / "prose.npz", layer=0),
+                make_policy("snapkv", budget=int(q["budget"])))
+    rp.seek(step - 1)
+    kept, sc = rp.peek(step)
+    victims = rp.step()
+    sums = sc["sums"]
+    pooled = np.array([sums[max(0, i - 2):i + 3].max() for i in range(len(sums))])
+    i = int(np.flatnonzero(kept == pos)[0])
+    nb = kept[max(0, i - 2) + int(np.argmax(sums[max(0, i - 2):i + 3]))]
+    v = int(victims[0])
+    j = int(np.flatnonzero(kept == v)[0])
+    assert pos not in victims and sums[i] < sums[j]  # kept although its own sum is lower
+    for s in (f"position {pos}'s own window sum is {sums[i]:.4g}",
+              f"position {nb}, has {pooled[i]:.4g}", f"pooled score {pooled[i]:.4g}",
+              f"Position {v} goes instead: its own sum {sums[j]:.4g}", f"{pooled[j]:.4g}"):
+        assert s in text, s
+    # hovering that slot in the Scores view says the same
+    spec = specs(at)[0]
+    bar = next(d for d in spec["data"] if d.get("name") == "window sum")
+    hover = dict(zip(arr(bar["x"]).tolist(), bar["customdata"]))[pos].replace("<br>", " ")
+    assert f"own window sum {sums[i]:.4g}" in hover and f"Position {v} goes instead" in hover

@@ -50,10 +50,12 @@ def test_capture_file_format(captured):
 
     assert captured.stat().st_size < 4 * 1024 * 1024
     with np.load(captured, allow_pickle=False) as npz:
-        assert npz["attn"].dtype == np.float16 and npz["attn"].shape[0] == 3
-        assert npz["layers"].tolist() == [0, 14, 29]
-    for layer in range(3):
+        assert npz["attn"].dtype == np.float16 and npz["attn"].shape[:2] == (3, 1)
+        assert npz["layers"].tolist() == [0, 14, 29] and npz["heads"].tolist() == ["mean"]
+        assert int(npz["format_version"]) == 2
+    for layer in (0, 14, 29):
         t = load_trace(captured, layer=layer)
+        assert t.layer == layer and t.heads == ["mean"]
         assert t.steps == 64 and t.layers == [0, 14, 29]
         assert t.meta["aggregation"] == "head-mean" and t.meta["licence"] == "test"
         assert "SmolLM2" in t.meta["model"] and t.meta["layers"] == [0, 14, 29]
@@ -63,7 +65,7 @@ def test_capture_file_format(captured):
 def test_rows_causal_positive_and_sum_to_one_minus_self(captured):
     from kvviz.trace import load_trace
 
-    for layer in range(3):
+    for layer in (0, 14, 29):
         t = load_trace(captured, layer=layer)
         assert t.row(0).shape == (0,)
         sums = []
@@ -99,9 +101,10 @@ def test_capture_function_matches_self_weight():
     with torch.no_grad():
         att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions[14][0]
     self_w = att.mean(0).diagonal().numpy()
-    sums = res["attn"][0].sum(1)
+    assert res["attn"].shape == (1, 1, 32, 32) and res["heads"] == ["mean"]
+    sums = res["attn"][0, 0].sum(1)
     np.testing.assert_allclose(sums + self_w, 1.0, atol=1e-4)
-    assert np.all(np.triu(res["attn"][0]) == 0)         # nothing on or above the diagonal
+    assert np.all(np.triu(res["attn"][0, 0]) == 0)      # nothing on or above the diagonal
 
 
 def test_import_without_torch():
@@ -118,3 +121,91 @@ def test_import_without_torch():
                          timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "ok"
+
+
+def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """No torch needed: loading the model at all would fail this test."""
+    import kvviz.capture as cap
+
+    def no_model():
+        raise AssertionError("the model must not be loaded for an empty text")
+
+    monkeypatch.setattr(cap, "load_model", no_model)
+    for content in ("", "  \n\t\n"):
+        src = tmp_path / "empty.txt"
+        src.write_text(content, encoding="utf-8")
+        assert cap.main(["--text", str(src), "--out", str(tmp_path / "e.npz")]) == 2
+        assert "empty" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="text is empty"):
+            cap.capture(content)
+    assert not (tmp_path / "e.npz").exists()
+
+
+def test_head_groups_labels():
+    from kvviz.capture import head_groups
+
+    assert head_groups("mean", 9, 3) == [("mean", list(range(9)))]
+    assert [g for g, _ in head_groups("all", 9, 3)] == ["mean"] + [f"q{h}" for h in range(9)]
+    with pytest.raises(ValueError, match="heads must be one of mean, kv, all"):
+        head_groups("per-head", 9, 3)
+
+
+def test_kv_groups_follow_transformers_repeat_kv():
+    """Query head h reads the KV head that transformers' own repeat_kv gives it."""
+    _require_capture_stack()
+    import torch
+    from transformers.models.llama.modeling_llama import repeat_kv
+    from kvviz.capture import head_groups, load_model
+
+    _, model = load_model()
+    n_heads, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    assert (n_heads, n_kv) == (9, 3)
+    kv_index = torch.arange(n_kv, dtype=torch.float32).reshape(1, n_kv, 1, 1)
+    served_by = repeat_kv(kv_index, n_heads // n_kv).reshape(-1).int().tolist()
+    groups = dict(head_groups("kv", n_heads, n_kv))
+    assert list(groups) == ["mean", "kv0", "kv1", "kv2"]
+    for g in range(n_kv):
+        assert groups[f"kv{g}"] == [h for h in range(n_heads) if served_by[h] == g]
+
+
+def test_capture_per_head_rows_match_the_model():
+    """--heads kv / all: each stored head's rows are the model's own weights for those heads."""
+    _require_capture_stack()
+    import torch
+    from kvviz.capture import capture, load_model
+
+    tok, model = load_model()
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"][:32]
+    with torch.no_grad():
+        att = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions[29][0].numpy()
+    lower = np.tril(np.ones((32, 32), bool), k=-1)
+    res = capture(TEXT, max_tokens=32, layers=[29], heads="all")
+    assert res["heads"] == ["mean"] + [f"q{h}" for h in range(9)]
+    assert res["attn"].shape == (1, 10, 32, 32)
+    for h in range(9):
+        np.testing.assert_allclose(res["attn"][0, 1 + h], np.where(lower, att[h], 0), atol=1e-6)
+    kv = capture(TEXT, max_tokens=32, layers=[29], heads="kv")
+    assert kv["heads"] == ["mean", "kv0", "kv1", "kv2"]
+    for g in range(3):
+        want = np.where(lower, att[3 * g:3 * g + 3].mean(0), 0)
+        np.testing.assert_allclose(kv["attn"][0, 1 + g], want, atol=1e-6)
+    # equal group sizes: the mean of the three group means is the head-mean
+    np.testing.assert_allclose(kv["attn"][0, 1:].mean(0), kv["attn"][0, 0], atol=1e-6)
+    assert not np.allclose(kv["attn"][0, 1], kv["attn"][0, 2], atol=1e-3)  # heads differ
+
+
+def test_capture_cli_heads_kv_file(tmp_path):
+    _require_capture_stack()
+    from kvviz.capture import main
+    from kvviz.trace import load_trace
+
+    src = tmp_path / "t.txt"
+    src.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "kv.npz"
+    assert main(["--text", str(src), "--out", str(out), "--max-tokens", "40", "--layers", "14,29",
+                 "--heads", "kv", "--licence", "test", "--source", "test"]) == 0
+    t = load_trace(out, layer=29, head="kv2")
+    assert (t.layers, t.heads, t.layer, t.head) == ([14, 29], ["mean", "kv0", "kv1", "kv2"], 29, "kv2")
+    assert t.meta["heads"] == t.heads and t.meta["head_groups"]["kv2"] == [6, 7, 8]
+    mean = load_trace(out, layer=29)
+    assert not np.array_equal(mean.row(39), t.row(39))

@@ -62,3 +62,72 @@ def test_bench_pool_kernels_and_spans(tmp_path):
     assert table.span_whole.notna().all()
     # pooling off reproduces TOVA's retained mass (F4), so the two rows agree to the bit
     assert table.retained_mass[0] == table.retained_mass[1]
+
+
+def heads_file(tmp_path):
+    """Two model layers (14, 29) x heads mean/kv0, each with different attention."""
+    rng = np.random.default_rng(1)
+    m = np.tril(rng.random((2, 2, 90, 90)), k=-1).astype(np.float32)
+    m[..., 1:, :] /= m[..., 1:, :].sum(axis=-1, keepdims=True)
+    return save_trace(tmp_path / "heads.npz", m, layers=[14, 29], heads=["mean", "kv0"],
+                      meta={"name": "heads"})
+
+
+def test_bench_layer_is_a_model_layer_number_and_the_output_says_which_ran(tmp_path):
+    path = heads_file(tmp_path)
+    rows = {}
+    for layer, head in ((None, None), ("29", None), ("29", "kv0")):
+        args = ["bench", "--trace", str(path), "--budgets", "40", "--policies", "tova",
+                "--csv", str(tmp_path / "o.csv")]
+        args += ["--layer", layer] if layer else []
+        args += ["--head", head] if head else []
+        out = kvviz(*args)
+        assert out.returncode == 0, out.stderr
+        want = f"model layer {layer or 14} of stored 14, 29, head {head or 'mean'}"
+        assert f"trace: heads (90 steps), {want}" in out.stdout
+        rows[(layer, head)] = pd.read_csv(tmp_path / "o.csv").retained_mass[0]
+    assert len(set(rows.values())) == 3  # three different attention matrices were replayed
+
+
+def test_bench_refuses_an_index_or_unknown_head_listing_what_is_stored(tmp_path):
+    path = heads_file(tmp_path)
+    out = kvviz("bench", "--trace", str(path), "--layer", "1")
+    assert out.returncode == 2 and "stored layers: 14, 29" in out.stderr
+    out = kvviz("bench", "--trace", str(path), "--head", "q4")
+    assert out.returncode == 2 and "stored heads: mean, kv0" in out.stderr
+    out = kvviz("bench", "--layer", "29")
+    assert out.returncode == 2 and "canonical trace has no model layers" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bench_warns_when_a_budget_never_evicts(tmp_path):
+    path = heads_file(tmp_path)
+    out = kvviz("bench", "--trace", str(path), "--budgets", "40,90,200", "--policies", "tova",
+                "--csv", str(tmp_path / "w.csv"))
+    assert out.returncode == 0, out.stderr
+    warnings = [ln for ln in out.stdout.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 2 and "budget 90 is at least the trace length (90 steps)" in warnings[0]
+    table = pd.read_csv(tmp_path / "w.csv")
+    assert table.evicts.tolist() == [True, False, False]
+    assert table.retained_mass[0] < 1  # the row that evicts is a real measurement
+
+
+def test_pooling_study_head_option(tmp_path):
+    path = heads_file(tmp_path)
+    csv = tmp_path / "study.csv"
+    out = subprocess.run([sys.executable, "-m", "kvviz.pooling_study", "--traces", str(path),
+                          "--head", "kv0", "--budgets", "40", "--kernels", "1,5", "--csv", str(csv)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "head: kv0" in out.stderr
+    table = pd.read_csv(csv)
+    assert set(table["head"]) == {"kv0"} and sorted(set(table["layer"])) == [14, 29]
+    mean = subprocess.run([sys.executable, "-m", "kvviz.pooling_study", "--traces", str(path),
+                           "--budgets", "40", "--kernels", "1,5", "--csv", str(csv)],
+                          capture_output=True, text=True, timeout=300)
+    assert mean.returncode == 0, mean.stderr
+    assert set(pd.read_csv(csv)["head"]) == {"mean"}
+    assert not pd.read_csv(csv).retained_mass.equals(table.retained_mass)  # another head's attention
+    bad = subprocess.run([sys.executable, "-m", "kvviz.pooling_study", "--traces", "canonical",
+                          "--head", "kv0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "stored heads: mean" in bad.stderr

@@ -258,3 +258,26 @@ def test_valid_minimal_version_2_file_loads():
 def test_canonical_has_the_head_attributes():
     t = canonical(steps=10)
     assert t.heads == ["mean"] and t.head == "mean" and t.layers == [] and t.layer is None
+
+
+def test_shipped_per_kv_head_trace():
+    """traces/code-kv.npz: the head axis of a real capture, within the 4 MB budget."""
+    from pathlib import Path
+    traces = Path(__file__).resolve().parents[1] / "traces"
+    path = traces / "code-kv.npz"
+    assert path.stat().st_size <= 4 * 1024 * 1024
+    mean = load_trace(path)
+    assert mean.heads == ["mean", "kv0", "kv1", "kv2"] and mean.layers == [0, 14, 29]
+    assert mean.steps == 512 and mean.meta["head_groups"]["kv1"] == [3, 4, 5]
+    code = load_trace(traces / "code.npz", layer=29)
+    assert code.tokens[:512] == mean.tokens  # the same text prefix as code.npz
+    for layer in (0, 29):
+        m = load_trace(path, layer=layer)
+        kv = [load_trace(path, layer=layer, head=f"kv{g}") for g in range(3)]
+        c = load_trace(traces / "code.npz", layer=layer)
+        for i in (1, 100, 511):
+            # three equal groups: the head-mean is the mean of the group means (fp16 storage)
+            assert np.allclose(np.mean([k.row(i) for k in kv], axis=0), m.row(i), atol=1e-3)
+            # causal attention over the same prefix: what code.npz holds for these rows
+            assert np.allclose(c.row(i), m.row(i), atol=1e-3)
+        assert not np.allclose(kv[0].row(511), kv[1].row(511), atol=1e-2)  # heads differ

@@ -315,8 +315,13 @@ def test_query_round_trip_and_tolerance():
     assert q["a.poolKernel"] == "3" and q["b.recentWindow"] == "8" and q["step"] == "99"
     assert to_query(from_query(q)[0]) == q
     st2, notes = from_query({"a": "nope", "budget": "x", "b.poolKernel": "3", "view": "bad"})
-    assert st2.a == "tova" and st2.budget == 512 and st2.view == "cache"
+    # the view name is checked by the page against its registry (tests/test_app.py)
+    assert st2.a == "tova" and st2.budget == 512 and st2.view == "bad"
     assert len(notes) == 2 and st2.params("b")["pool_kernel"] == 3  # b stays snapkv
+    _, notes = from_query({"b.poolKernel": "99", "zoom": "7", "colour": "red"})
+    assert notes == ["zoom=7 is not one of 0, 32, 128, 512; showing the whole run",
+                     "unknown key 'colour' ignored",
+                     "b.poolKernel=99 is outside 1–15; using 15"]
     _, notes = from_query({"b": "h2o", "b.poolKernel": "3"})
     assert notes == ["h2o has no parameter 'poolKernel'; ignored"]
     assert ViewState().params("b") == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32}
@@ -366,12 +371,12 @@ def test_pooling_explanation_in_the_policys_numbers():
                      victim=2, victim_sum=3.0, victim_pooled=3.0)
     assert V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 3) is None
     text = V.scores.explain_text(e, 5)
-    for s in ("position 4", "0.05", "neighbour 5", "pooled score 9", "Position 2", "3 is"):
+    for s in ("position 4", "0.05", "position 5, has 9", "pooled score 9", "Position 2", "3 is"):
         assert s in text, s
     # the hover over slot 4 says the same numbers
     fig = V.neighbourhood_figure([p], step=5, center=3, half_width=10)
     bar = next(t for t in fig.data if t.name == "window sum")
-    hover = dict(zip(bar.x, bar.customdata))[4]
+    hover = dict(zip(bar.x, bar.customdata))[4].replace("<br>", " ")
     assert "own window sum 0.05" in hover and "pooled score 9 (position 5's sum)" in hover
     assert "Position 2 goes instead" in hover
 

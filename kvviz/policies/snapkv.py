@@ -22,12 +22,12 @@ class SnapKV(Policy):
     name = "snapkv"
     specs: ClassVar = (
         ParamSpec("obs_window", "obsWindow", 16, 1, 128, help="observed steps summed per slot",
-                  source="kvviz issue 2 default (the SnapKV card's 'defaults')"),
+                  source="the SnapKV card: 'the last sixteen steps' (Li et al. 2024 adapted to decoding)"),
         ParamSpec("pool_kernel", "poolKernel", 5, 1, 15, step=2, odd_only=True,
                   help="max-pool width over adjacent kept slots; 1 disables pooling",
-                  source="kvviz issue 2 default; kvpress SnapKVPress uses kernel_size=5"),
+                  source="the default kernel_size=5 of kvpress's SnapKVPress (NVIDIA kvpress)"),
         ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
-                  source="kvviz issue 2 default"),
+                  source="the same 32 as H2O's fixed recent window (the TOVA card)"),
     )
 
     def check_params(self):

@@ -76,22 +76,26 @@ def trace_label(key: str) -> str:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def get_trace(key: str, layer: int | None, version: str = ""):
-    """The trace for a key at a model layer number (None: the first stored); ValueError
-    (with the loader's message) if it cannot be loaded."""
+def get_trace(key: str, layer: int | None, version: str = "", head: str = "mean"):
+    """The trace for a key at a model layer number (None: the first stored) and head label
+    ("mean" unless the file stores heads); ValueError (with the loader's message) if it
+    cannot be loaded."""
     if key == "canonical":
+        if head != "mean":
+            raise ValueError(f"head must be one of ['mean'] for the canonical trace, got {head!r}")
         return canonical()
     if key.startswith("file:"):
         name = key[5:]
         if "/" in name or "\\" in name or name.startswith("."):
             raise ValueError(f"trace name {name!r} is not a file in traces/")
-        return load_trace(traces_dir() / name, layer=layer, name=Path(name).stem)
+        return load_trace(traces_dir() / name, layer=layer, name=Path(name).stem,
+                          head=head)
     if key.startswith("upload:"):
         item = upload_store().get(key[7:])
         if item is None:
             raise ValueError("that uploaded trace is not on this server any more; upload it again")
         data, fname = item
-        return load_trace(data, layer=layer, name=Path(fname).stem)
+        return load_trace(data, layer=layer, name=Path(fname).stem, head=head)
     raise ValueError(f"unknown trace {key!r}: use canonical, file:NAME.npz or upload:ID")
 
 
@@ -100,27 +104,36 @@ def trace_layers(key: str, version: str = "") -> list[int]:
     return list(getattr(t, "layers", []) or [])
 
 
+def trace_heads(key: str, layer: int, version: str = "") -> list[str]:
+    """Head labels the trace stores ("mean" first); ["mean"] for traces without heads."""
+    return list(getattr(get_trace(key, layer, version), "heads", None) or ["mean"])
+
+
 @st.cache_resource(max_entries=16, show_spinner=False)
-def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int) -> Engine:
-    return Engine(get_trace(key, layer, version), policy, budget, dict(params))
+def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
+               head: str = "mean") -> Engine:
+    return Engine(get_trace(key, layer, version, head), policy, budget, dict(params))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def peek(key: str, layer: int, version: str, policy: str, params: tuple, budget: int, step: int):
-    kept, scores = get_engine(key, layer, version, policy, params, budget).peek(step)
+def peek(key: str, layer: int, version: str, policy: str, params: tuple, budget: int, step: int,
+         head: str = "mean"):
+    kept, scores = get_engine(key, layer, version, policy, params, budget, head).peek(step)
     return kept, scores
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, budget: int) -> dict:
-    eng = get_engine(key, layer, version, policy, params, budget)
+def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
+                head: str = "mean") -> dict:
+    eng = get_engine(key, layer, version, policy, params, budget, head)
     return summary(eng.trace, eng.run)
 
 
 @st.cache_data(max_entries=2048, show_spinner=False)
-def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple, budget: int) -> dict:
+def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
+                 head: str = "mean") -> dict:
     """One sweep point: run + summary (not kept as an engine: sweeps touch many configs)."""
-    trace = get_trace(key, layer, version)
+    trace = get_trace(key, layer, version, head)
     run = run_policy(trace, policy, budget, **dict(params))
     return {"policy": policy, "budget": budget, **dict(params), **summary(trace, run)}
 
@@ -133,13 +146,13 @@ def heatmap_bins(steps: int) -> int:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, labels: tuple,
-         max_bins: int | None = None, window: tuple | None = None) -> dict:
+         max_bins: int | None = None, window: tuple | None = None, head: str = "mean") -> dict:
     """Heatmap aggregation for a pair of runs; a, b = (policy, params); window =
     (steps_range, pos_range) for a zoomed view, None for the whole run."""
-    ea = get_engine(key, layer, version, a[0], a[1], budget).evicted_at
-    eb = get_engine(key, layer, version, b[0], b[1], budget).evicted_at
+    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
     sr, pr = window or (None, None)
-    trace = get_trace(key, layer, version)
+    trace = get_trace(key, layer, version, head)
     tokens = trace.tokens
     max_bins = max_bins or heatmap_bins(trace.steps)
     return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1],
@@ -148,13 +161,13 @@ def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, la
 
 @st.cache_resource(max_entries=32, show_spinner=False)
 def cache_figure(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
-                 labels: tuple, window: tuple | None = None) -> dict:
+                 labels: tuple, window: tuple | None = None, head: str = "mean") -> dict:
     """The cache heatmap as a plain dict, built once server-wide per configuration (every
     session at every step shares it; `views.cache.at_step` moves the step marker on a copy).
     Read-only: never modify the returned dict."""
-    ea = get_engine(key, layer, version, a[0], a[1], budget).evicted_at
-    eb = get_engine(key, layer, version, b[0], b[1], budget).evicted_at
-    g = grid(key, layer, version, a, b, budget, labels, window=window)
+    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    g = grid(key, layer, version, a, b, budget, labels, window=window, head=head)
     return cache_heatmap(ea, eb, 0, label_a=labels[0], label_b=labels[1], grid=g).to_dict()
 
 
@@ -164,3 +177,10 @@ def params_key(params: dict) -> tuple:
 
 def evicted(eng: Engine) -> np.ndarray:
     return eng.evicted_at
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def pooling_example(key: str, layer: int, version: str, params: tuple, budget: int):
+    """(step, explanation) where SnapKV's pooling defends a neighbour (experiments.py)."""
+    from kvviz.ui.experiments import pooling_example as find
+    return find(get_trace(key, layer, version), budget, dict(params))

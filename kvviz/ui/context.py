@@ -7,13 +7,28 @@ from kvviz.policies import param_specs
 from kvviz.ui import compute
 from kvviz.views.common import A_COLOUR, B_COLOUR
 
-CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False})
+# the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
+CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
+                                      "toImageButtonOptions": {"format": "png", "scale": 2,
+                                                               "filename": "kvviz-chart"}})
 
 
 def policy_label(name: str, params: dict) -> str:
     specs = {s.name: s for s in param_specs(name)}
     diff = [f"{specs[k].label}={v}" for k, v in params.items() if k in specs and v != specs[k].default]
     return name + (f" ({', '.join(diff)})" if diff else "")
+
+
+def refusal_message(which: str, pols: dict) -> str:
+    """The page's error for a refused policy: its own rule (controls named by their labels)
+    and what is still drawn."""
+    name, _, error = pols[which]
+    other = "b" if which == "a" else "a"
+    oname, oparams, oerror = pols[other]
+    tail = ("Neither policy can run: change a setting in the sidebar." if oerror else
+            f"Policy {other.upper()} ({policy_label(oname, oparams)}) is drawn alone below; "
+            "the next valid setting brings both back.")
+    return f"Policy {which.upper()} ({name}) refuses these settings: {error}. {tail}"
 
 
 @dataclass
@@ -32,6 +47,8 @@ class Ctx:
     label_a: str
     label_b: str
     step: int = 0
+    solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
+    head: str = "mean"  # attention head of a per-head trace (kvviz.trace contract)
 
     @property
     def ev_a(self):
@@ -43,7 +60,8 @@ class Ctx:
 
     def peek(self, which: str, step: int):
         name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
-        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step)
+        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step,
+                            head=self.head)
 
     def panel(self, which: str, step: int) -> dict:
         kept, scores = self.peek(which, step)

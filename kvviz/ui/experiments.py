@@ -63,6 +63,42 @@ EXPERIMENTS = {
 }
 
 
+POOLING_TRACE = "prose.npz"  # a real trace shipped in traces/ (SmolLM2, Python docs prose)
+EXPERIMENTS["pool-defends"] = dict(
+    title="Pooling defends a neighbour",
+    state=dict(trace=f"file:{POOLING_TRACE}", layer=0, budget=128, a="tova", b="snapkv", pa={},
+               pb={}, view="scores", why=-1, zoom=0),
+    text=("SnapKV max-pools each slot's window sum over its poolKernel nearest held slots "
+          "before choosing the victim, so a strong slot defends its weak neighbours: the "
+          "phrase stays whole. On real text ({trace}, first stored layer, budget 128):"),
+)
+
+
+def pooling_example(trace, budget: int, params: dict, start: int | None = None):
+    """The first step at or after `start` (default: half-way) where SnapKV's max-pool
+    defends a slot that its direct neighbour lifts, found by replaying the policy and
+    reading its own `scores()` before each eviction. Returns (step, explanation dict from
+    `kvviz.views.scores.pooling_explanation`) or None."""
+    from kvviz.policies import make_policy
+    from kvviz.replay import Replay
+    from kvviz.views.scores import defended_positions, pooling_explanation
+
+    rp = Replay(trace, make_policy("snapkv", budget=budget, **params))
+    start = trace.steps // 2 if start is None else start
+    for t in range(trace.steps):
+        if t < start:
+            rp.step()
+            continue
+        kept, scores = rp.peek(t)
+        victims = rp.step()
+        for d in defended_positions(kept, scores, victims):
+            e = pooling_explanation(kept, scores, victims, int(d))
+            i, j = (int(np.flatnonzero(kept == p)[0]) for p in (e["position"], e["neighbour"]))
+            if abs(i - j) == 1 and e["victim"] is not None and e["victim_sum"] > e["own_sum"]:
+                return t, e
+    return None
+
+
 def quiet_heavy_hitter(trace, ev_tova, ev_h2o):
     """(position, step): a heavy hitter of epoch 0 that is not one in epoch 1, evicted by
     TOVA while H2O still holds it; the earliest such TOVA eviction. None if none exists

@@ -1,12 +1,30 @@
-"""Guided experiments box: one click sets every control; the explanation stays while it holds."""
+"""Guided experiments box: one click sets every control; the explanation stays while the
+settings are the experiment's and goes (with `exp` leaving the link) once one changes."""
 from __future__ import annotations
 
 import streamlit as st
 
 from kvviz.policies import param_specs
 from kvviz.ui import compute, experiments
-from kvviz.ui.session import S, apply_state
+from kvviz.ui.session import S, apply_state, view_state
 from kvviz.ui.state import ViewState
+from kvviz.views.scores import explain_text
+
+SETTINGS = ("trace", "layer", "head", "budget", "a", "b")  # step, view and positions may move freely
+
+
+def _defaults(name: str) -> tuple:
+    return compute.params_key({s.name: s.default for s in param_specs(name)})
+
+
+def _pooling(vs: ViewState):
+    """(step, explanation) for the pooling experiment on its trace, or None."""
+    key = vs.trace
+    version = compute.trace_version(key)
+    if version == "missing":
+        return None
+    return compute.pooling_example(key, vs.layer, version, compute.params_key(vs.params("b")),
+                                   vs.budget)
 
 
 def _run_experiment(name: str):
@@ -15,27 +33,54 @@ def _run_experiment(name: str):
     if name == "quiet-hh":
         trace = compute.get_trace("canonical", 0, "")
         ea = compute.get_engine("canonical", 0, "", "tova", (), vs.budget).evicted_at
-        eb = compute.get_engine("canonical", 0, "", "h2o", compute.params_key(
-            {s.name: s.default for s in param_specs("h2o")}), vs.budget).evicted_at
+        eb = compute.get_engine("canonical", 0, "", "h2o", _defaults("h2o"), vs.budget).evicted_at
         found = experiments.quiet_heavy_hitter(trace, ea, eb)
         if found:
             vs.why, vs.step = found
             vs.focus = found[0]
+    if name == "pool-defends":
+        found = _pooling(vs)
+        if found is None:
+            S["exp_msg"] = (f"The pooling experiment needs traces/{experiments.POOLING_TRACE}, "
+                            "which is not on this server.")
+            return
+        vs.step, vs.focus = found[0], found[1]["position"]
     apply_state(vs)
+
+
+def stale(name: str, now: ViewState) -> bool:
+    """True once a setting differs from what the experiment set."""
+    spec = experiments.EXPERIMENTS[name]["state"]
+    exp = ViewState(**spec)
+    return (any(getattr(exp, f) != getattr(now, f) for f in SETTINGS if f in spec or f != "layer")
+            or exp.params("a") != now.params("a") or exp.params("b") != now.params("b"))
 
 
 def experiments_box():
     with st.expander("Guided experiments: one click reproduces a documented fact",
                      expanded=False, icon=":material/science:"):
-        cols = st.columns(len(experiments.EXPERIMENTS))
-        for col, (name, spec) in zip(cols, experiments.EXPERIMENTS.items()):
-            col.button(spec["title"], key=f"exp.{name}", on_click=_run_experiment, args=(name,),
-                       width="stretch")
+        row = st.container(horizontal=True, wrap=True)  # whole titles, wrapping at 1024 px
+        for name, spec in experiments.EXPERIMENTS.items():
+            row.button(spec["title"], key=f"exp.{name}", on_click=_run_experiment, args=(name,),
+                       width="content")
+    msg = S.pop("exp_msg", None)
+    if msg:
+        st.error(msg)
     exp = S["kv"].get("exp")
-    if exp in experiments.EXPERIMENTS:
+    if exp and (exp not in experiments.EXPERIMENTS or stale(exp, view_state())):
+        title = experiments.EXPERIMENTS.get(exp, {}).get("title", exp)
+        st.caption(f"Settings changed since the experiment “{title}”: its explanation no longer "
+                   "applies, so it is hidden.")
+        S["kv"]["exp"] = exp = ""
+    if exp:
+        spec = experiments.EXPERIMENTS[exp]
+        text = spec["text"]
+        if exp == "pool-defends":
+            found = _pooling(view_state())
+            text = text.format(trace=experiments.POOLING_TRACE) + " " + (
+                explain_text(found[1], found[0]) if found else "no such step on this trace.")
         box = st.container(border=True)
         c1, c2 = box.columns([12, 1])
-        c1.markdown(f"**Experiment: {experiments.EXPERIMENTS[exp]['title']}** — "
-                    + experiments.EXPERIMENTS[exp]["text"])
+        c1.markdown(f"**Experiment: {spec['title']}** — " + text)
         c2.button("✕", key="exp.close", help="hide this explanation",
                   on_click=lambda: S["kv"].__setitem__("exp", ""))

@@ -6,10 +6,15 @@ import streamlit as st
 
 from kvviz import views as V
 from kvviz.ui.context import Ctx
-from kvviz.ui.session import S, keep, restore, set_value, wkey
+from kvviz.ui.glossary import glossary_popover
+from kvviz.views.common import A_COLOUR, B_COLOUR
+from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
 
 PLAY_SPEEDS = (1, 4, 16, 64)
 PLAY_INTERVAL_S = 1.0
+# A projector is often 1024x768: give the main column the side padding back.
+NARROW_CSS = ("<style>@media (max-width: 1280px) {[data-testid='stMainBlockContainer']"
+              "{padding-left: 1.2rem; padding-right: 1.2rem}}</style>")
 
 
 def _shift(delta: int, steps: int):
@@ -28,19 +33,30 @@ def advance(step: int, speed: int, steps: int) -> tuple[int, bool]:
 
 def navigator(ctx: Ctx) -> int:
     steps = ctx.trace.steps
-    for field in ("focus", "why"):  # positions kept from another trace
-        if not -1 <= int(S["kv"].get(field, -1)) < steps:
+    for field in ("focus", "why"):  # positions from a link or kept from another trace
+        v = int(S["kv"].get(field, -1))
+        if not -1 <= v < steps:
+            if from_link(field):
+                note(f"{field}={v} is not a position of this trace (0–{steps - 1}); "
+                     "using -1 (automatic)")
             S["kv"][field] = -1
             S.pop(wkey(field), None)
     if S["kv"].get("step") is None and wkey("step") not in S:
         first = V.first_divergence(ctx.ev_a, ctx.ev_b)
         S["kv"]["step"] = first if first >= 0 else steps - 1
     restore(wkey("step"), steps - 1)
-    S[wkey("step")] = int(np.clip(int(S[wkey("step")]), 0, steps - 1))
+    if not 0 <= int(S[wkey("step")]) < steps:
+        clamped = int(np.clip(int(S[wkey("step")]), 0, steps - 1))
+        if from_link("step"):
+            note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
+                 f"showing step {clamped}")
+        S[wkey("step")] = clamped
     nxt = V.next_divergence(ctx.ev_a, ctx.ev_b, int(S[wkey("step")]))
+    st.html(NARROW_CSS)
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")
-    cols = st.columns([1.35, 1.35, 1, 0.9, 2.4, 1.6], vertical_alignment="center")
+    # no spacer column: at 1024x768 (a projector) every button keeps its whole label
+    cols = st.columns([1.2, 1.2, 1, 1, 2.1], vertical_alignment="center", gap="small")
     cols[0].button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch",
                    icon=":material/chevron_left:", help="previous step (key J)", shortcut="J")
     cols[1].button("next", key="nav.next", on_click=_shift, args=(1, steps), width="stretch",
@@ -82,20 +98,39 @@ def _ticker(steps: int):
 
 
 def status(ctx: Ctx):
+    """One wrapping line (metrics in five columns are cut at 1024 px): what each policy
+    holds, |A Δ B| now, the first divergence and the positions evicted at this step."""
     s = ctx.step
-    ha = V.held_mask(ctx.ev_a, s).sum()
-    hb = V.held_mask(ctx.ev_b, s).sum()
-    diff = int(V.symmetric_difference(ctx.ev_a, ctx.ev_b)[s])
-    first = V.first_divergence(ctx.ev_a, ctx.ev_b)
-    cols = st.columns(5)
-    cols[0].metric(f"A holds · {ctx.label_a}", f"{ha}")
-    cols[1].metric(f"B holds · {ctx.label_b}", f"{hb}")
-    cols[2].metric("|A Δ B| now", f"{diff}")
-    cols[3].metric("first divergence", "none" if first < 0 else f"step {first}")
     va, vb = ctx.eng_a.victims(s), ctx.eng_b.victims(s)
 
-    def short(v):
-        return "–" if not len(v) else ",".join(map(str, v[:3])) + ("…" if len(v) > 3 else "")
+    def pos(v):
+        if not len(v):
+            return "nothing"
+        shown = ", ".join(map(str, v[:4])) + (f" … ({len(v)} in all)" if len(v) > 4 else "")
+        return ("position " if len(v) == 1 else "positions ") + shown
 
-    cols[4].metric("evicted now (A / B)", f"{short(va)} / {short(vb)}",
-                   help=f"A evicted {list(map(int, va))}; B evicted {list(map(int, vb))}")
+    hold_a = int(V.held_mask(ctx.ev_a, s).sum())
+    line, gloss = st.columns([4, 1.1], vertical_alignment="center")
+    with gloss:
+        glossary_popover()  # one click away whatever the view
+    if ctx.solo:
+        w = ctx.solo.upper()
+        line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
+                    f"**{hold_a}** · evicted at step {s}: {pos(va)} · the other policy refused "
+                    "its settings (see above)")
+    else:
+        hold_b = int(V.held_mask(ctx.ev_b, s).sum())
+        diff = int(V.symmetric_difference(ctx.ev_a, ctx.ev_b)[s])
+        first = V.first_divergence(ctx.ev_a, ctx.ev_b)
+        line.markdown(
+            f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
+            f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
+            f"**|A Δ B|** {diff} · first divergence: "
+            f"{'none' if first < 0 else f'step {first}'}  \n"
+            f"evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
+            help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
+    if ctx.budget >= ctx.trace.steps:
+        st.warning(f"Budget {ctx.budget} ≥ the {ctx.trace.steps} positions of this trace: "
+                   "nothing is ever evicted, so both policies hold everything and the views "
+                   f"show no choices. Set a budget below {ctx.trace.steps} in the sidebar.",
+                   icon=":material/info:")

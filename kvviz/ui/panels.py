@@ -2,20 +2,20 @@
 
 Each view's Streamlit glue is its own module (kvviz/ui/view_*.py) exposing `render(ctx)`;
 the figures come from kvviz/views. Adding a view = a new module + one line in `RENDER`
-(and its key in kvviz.ui.state.VIEWS). Ctx, navigation, status and the experiments box are
+(and its label in kvviz.ui.state.VIEW_LABELS). Ctx, navigation, status and the experiments box are
 re-exported here so `app.py` needs one import.
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.ui import (view_cache, view_divergence, view_export, view_metrics, view_scores,
-                      view_survival, view_tokens)
-from kvviz.ui.context import CHART, Ctx, policy_label  # noqa: F401
+from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, view_metrics,
+                      view_scores, view_slides, view_survival, view_tokens)
+from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
 from kvviz.ui.navigation import advance, navigator, status  # noqa: F401
-from kvviz.ui.session import S, keep, restore, wkey
-from kvviz.ui.state import VIEW_LABELS, VIEWS
+from kvviz.ui.session import S, keep, note, restore, wkey
+from kvviz.ui.state import VIEW_LABELS
 
 RENDER = {
     "cache": view_cache.render,
@@ -24,17 +24,23 @@ RENDER = {
     "divergence": view_divergence.render,
     "metrics": view_metrics.render,
     "tokens": view_tokens.render,
+    "compare": view_compare.render,
+    "slides": view_slides.render,
     "export": view_export.render,
 }
 
 
 def view_selector(has_tokens: bool) -> str:
-    options = [v for v in VIEWS if v != "tokens" or has_tokens]
-    if restore(wkey("view"), "cache") not in options:
+    """The view chooser: every registered view (tokens only for traces with text)."""
+    options = [v for v in RENDER if v != "tokens" or has_tokens]
+    cur = restore(wkey("view"), "cache")
+    if cur not in options:
+        note(f"view={cur} is not available here"
+             + (" (this trace has no tokens)" if cur == "tokens" else "")
+             + "; showing the cache heatmap")
         S[wkey("view")] = "cache"
-    view = st.segmented_control("view", options, key=wkey("view"), format_func=VIEW_LABELS.get,
-                                label_visibility="collapsed", required=True)
+    view = st.segmented_control("view", options, key=wkey("view"), required=True,
+                                format_func=lambda v: VIEW_LABELS.get(v, v.title()),
+                                label_visibility="collapsed")
     keep(wkey("view"), view)
     return view or "cache"
-
-

@@ -6,10 +6,7 @@ import streamlit as st
 
 from kvviz.ui.context import Ctx
 from kvviz.ui.session import S, keep, restore, wkey
-
-
-
-ZOOMS = (0, 32, 128, 512)
+from kvviz.ui.state import ZOOMS  # noqa: F401  (the heatmap's zoom choices)
 
 
 def zoom_window(step: int, steps: int, half: int, centre: int):

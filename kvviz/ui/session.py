@@ -11,11 +11,29 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.policies import param_specs
+from kvviz.policies import POLICIES, param_specs
 from kvviz.ui.state import ViewState, from_query, to_query
 
 S = st.session_state
-FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom")
+FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom",
+          "head", "cmp")
+
+
+def note(msg: str) -> None:
+    """A warning for the page's notice area (a clamped or ignored value), shown this run."""
+    S.setdefault("notes", [])
+    if msg not in S["notes"]:
+        S["notes"].append(msg)
+
+
+def from_link(field: str) -> bool:
+    """True on a session's first run when the link set `field` (a value to check and, if
+    out of range, to warn about; later resets after a trace switch are not warned)."""
+    return field in S.get("from_link", ())
+
+
+def pop_notes() -> list[str]:
+    return S.pop("notes", [])
 
 
 def wkey(field: str) -> str:
@@ -31,6 +49,7 @@ def init() -> list[str]:
     if "kv" in S:
         return []
     st_, notes = from_query(st.query_params.to_dict())
+    S["from_link"] = set(st.query_params.to_dict())
     S["kv"] = {}
     apply_state(st_)
     return notes
@@ -39,6 +58,7 @@ def init() -> list[str]:
 def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
     """Put a whole ViewState into the widget keys (call from callbacks or before widgets)."""
     kv = S["kv"]
+    S["budget_trace"] = vs.trace  # the budget comes with this trace (see sidebar)
     for f in FIELDS:
         v = getattr(vs, f)
         if f == "step" and v is None:
@@ -95,10 +115,12 @@ def view_state() -> ViewState:
                      b=kv.get("b", "snapkv"), pa=current("a"), pb=current("b"),
                      step=kv.get("step"), focus=int(kv.get("focus", -1)),
                      why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
-                     exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)))
+                     exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)),
+                     head=kv.get("head", "mean"), cmp=list(kv.get("cmp") or list(POLICIES)))
 
 
 def write_url() -> None:
+    S.pop("from_link", None)  # the link's values have been checked
     q = to_query(view_state())
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)

@@ -1,11 +1,13 @@
 """The sidebar: trace, layer, budget, policies A/B and their parameters (from the registry)."""
 from __future__ import annotations
 
+import re
+
 import streamlit as st
 
 from kvviz.policies import POLICIES, make_policy, param_specs
 from kvviz.ui import compute, session
-from kvviz.ui.session import S, keep, pkey, restore, set_value, wkey
+from kvviz.ui.session import S, keep, note, pkey, restore, set_value, wkey
 from kvviz.ui.upload import validate_upload
 
 
@@ -60,13 +62,17 @@ def trace_controls():
     if len(layers) > 1:
         restore(wkey("layer"), layer)
         if S[wkey("layer")] not in layers:
+            if session.from_link("layer"):
+                note(f"layer={S[wkey('layer')]} is not stored in this trace (layers "
+                     f"{', '.join(map(str, layers))}); using {layer}")
             S[wkey("layer")] = layer
         layer = st.sidebar.selectbox("layer", layers, key=wkey("layer"),
                                      format_func=lambda n: f"model layer {n}")
         keep(wkey("layer"), layer)
     else:
         S["kv"]["layer"] = layer
-    trace = compute.get_trace(key, layer, version)
+    head = head_control(key, layer, version)
+    trace = compute.get_trace(key, layer, version, head)
     meta = trace.meta or {}
     bits = [f"{trace.steps} steps"]
     if meta.get("model"):
@@ -77,24 +83,92 @@ def trace_controls():
     return key, layer, version, trace
 
 
-def _clamp_restore(key, default, lo, hi):
+HEAD_HELP = ("Which attention the policies see: the mean over all heads, one KV head's group "
+             "(kv0..: the mean of the query heads sharing that KV head, the unit a real cache "
+             "evicts by) or a single query head (q0..). Every view follows it.")
+
+
+def head_label(label: str) -> str:
+    """'kv1' -> 'kv1 · KV head 1 (its query heads' mean)'; 'q4' -> 'q4 · query head 4'."""
+    if label == "mean":
+        return "mean · all heads"
+    if label.startswith("kv") and label[2:].isdigit():
+        return f"{label} · KV head {label[2:]} (its query heads' mean)"
+    if label.startswith("q") and label[1:].isdigit():
+        return f"{label} · query head {label[1:]}"
+    return label
+
+
+def head_control(key: str, layer: int, version: str) -> str:
+    """Head selector under the layer selector, shown only for traces storing several heads.
+    Returns the head label ("mean" otherwise)."""
+    heads = compute.trace_heads(key, layer, version)
+    if len(heads) <= 1:
+        S["kv"]["head"] = "mean"
+        S.pop(wkey("head"), None)
+        return "mean"
+    cur = restore(wkey("head"), "mean")
+    if cur not in heads:
+        st.sidebar.warning(f"Head {cur!r} is not stored in this trace (it has "
+                           f"{', '.join(heads)}); showing mean.")
+        S[wkey("head")] = "mean"
+    head = st.sidebar.selectbox("head", heads, key=wkey("head"), help=HEAD_HELP,
+                                format_func=head_label)
+    keep(wkey("head"), head)
+    return head
+
+
+def current_head() -> str:
+    """The head chosen this run (after `trace_controls`)."""
+    return S["kv"].get("head", "mean")
+
+
+def _clamp_restore(key, default, lo, hi, label=None):
+    """Restore a number widget's value inside lo..hi; a value outside is said (with the
+    value as typed) when `label` names the control."""
     v = restore(key, default)
     try:
         v = int(v)
     except (TypeError, ValueError):
         v = default
+    if label and not lo <= v <= hi:
+        note(f"{label}={v} is outside {lo}–{hi}; using {min(max(v, lo), hi)}")
     S[key] = min(max(v, lo), hi)
     return S[key]
+
+
+def default_budget(steps: int) -> int:
+    return 512 if steps > 512 else max(1, steps // 4)
+
+
+def _budget_for_trace(steps: int) -> None:
+    """A budget belongs to its trace: switching traces brings back the budget last used on
+    the new one, else its default (never a budget cut to fit a short trace)."""
+    key = S["kv"].get("trace", "canonical")
+    prev = S.get("budget_trace")
+    if prev is not None and prev != key:
+        b = S.setdefault("budget_by_trace", {}).get(key, default_budget(steps))
+        S[wkey("budget")] = S["kv"]["budget"] = b
+    S["budget_trace"] = key
+
+
+def labelled(name: str, message: str) -> str:
+    """A policy's refusal with its parameter names replaced by the controls' labels."""
+    for spec in param_specs(name):
+        message = re.sub(rf"\b{spec.name}\b", spec.label, message)
+    return message
 
 
 def policy_controls(steps: int):
     """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...})."""
     st.sidebar.header("Cache")
-    _clamp_restore(wkey("budget"), 512 if steps > 512 else max(1, steps // 4), 1, steps)
+    _budget_for_trace(steps)
+    _clamp_restore(wkey("budget"), default_budget(steps), 1, steps, label="budget")
     budget = st.sidebar.number_input("budget (slots held)", min_value=1, max_value=steps, step=32,
                                      key=wkey("budget"),
                                      help="How many key/value positions each policy may hold.")
     keep(wkey("budget"), int(budget))
+    S.setdefault("budget_by_trace", {})[S["kv"].get("trace", "canonical")] = int(budget)
     out = {}
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):
@@ -107,7 +181,7 @@ def policy_controls(steps: int):
         params = {}
         for spec in param_specs(name):
             k = pkey(which, spec.name)
-            _clamp_restore(k, spec.default, spec.min, spec.max)
+            _clamp_restore(k, spec.default, spec.min, spec.max, label=f"{which}.{spec.label}")
             help_ = spec.help + (" · odd values only" if spec.odd_only else "")
             if spec.source:
                 help_ += f" · default: {spec.source}"
@@ -121,7 +195,7 @@ def policy_controls(steps: int):
         try:
             make_policy(name, budget=int(budget), **params)
         except ValueError as exc:
-            error = str(exc)
-            st.sidebar.error(f"Refused: {exc}")
+            error = labelled(name, str(exc))
+            st.sidebar.error(f"Refused: {error}")
         out[which] = (name, params, error)
     return int(budget), out

@@ -9,6 +9,8 @@ dropped with a note):
     why     divergent position to explain (-1 = automatic)   view  which view is shown
     zoom    cache heatmap range: 0 = whole run, N = +-N steps around the current step
     exp     the guided experiment in effect (explanation shown)
+    head    which attention head of a per-head trace: mean (default), kv0.., q0..
+    cmp     compare view: the policies shown, comma-separated (default all six)
 """
 from __future__ import annotations
 
@@ -16,10 +18,18 @@ from dataclasses import dataclass, field, replace
 
 from kvviz.policies import POLICIES, param_specs
 
-VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "export")
+VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
+         "export")
 VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
                "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
-               "export": "Export"}
+               "compare": "Compare all", "slides": "Slides", "export": "Export"}
+
+
+ZOOMS = (0, 32, 128, 512)
+# Query keys the page understands (a.<label>/b.<label> are checked against the policy's
+# parameters); anything else is reported. A new key = one entry here.
+KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
+              "zoom", "exp", "cmp", "embed", "embed_options"}
 
 
 @dataclass
@@ -37,6 +47,8 @@ class ViewState:
     view: str = "cache"
     exp: str = ""
     zoom: int = 0  # cache heatmap: 0 = whole run, else +-zoom steps around the current step
+    head: str = "mean"  # attention head of a per-head trace
+    cmp: list = field(default_factory=lambda: list(POLICIES))  # compare view's policies
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -71,10 +83,25 @@ def from_query(query) -> tuple[ViewState, list[str]]:
                 notes.append(f"{key}={q[key]!r} is not an integer; ignored")
     if "trace" in q and q["trace"]:
         st.trace = str(q["trace"])
-    if q.get("view") in VIEWS:
-        st.view = q["view"]
+    if q.get("view"):
+        st.view = str(q["view"])  # checked against the registered views by the page
+    if "zoom" in q and st.zoom not in ZOOMS:
+        notes.append(f"zoom={q['zoom']} is not one of {', '.join(map(str, ZOOMS))}; "
+                     "showing the whole run")
+        st.zoom = 0
+    for k in q:
+        if k not in KNOWN_KEYS and not k.startswith(("a.", "b.")):
+            notes.append(f"unknown key {k!r} ignored")
     if "exp" in q:
         st.exp = str(q["exp"])
+    if q.get("head"):
+        st.head = str(q["head"])
+    if "cmp" in q:
+        names = [n for n in str(q["cmp"]).split(",") if n]
+        bad = [n for n in names if n not in POLICIES]
+        if bad:
+            notes.append(f"cmp: unknown policies {', '.join(map(repr, bad))}; ignored")
+        st.cmp = [n for n in dict.fromkeys(names) if n in POLICIES][:6] or list(POLICIES)
     for which in ("a", "b"):
         name = getattr(st, which)
         by_label = {s.label: s for s in param_specs(name)}
@@ -89,9 +116,16 @@ def from_query(query) -> tuple[ViewState, list[str]]:
                 notes.append(f"{name} has no parameter {lab!r}; ignored")
                 continue
             try:
-                out[spec.name] = _int(v)
+                val = _int(v)
             except ValueError:
                 notes.append(f"{k}={v!r} is not an integer; ignored")
+                continue
+            if not spec.min <= val <= spec.max:
+                clamped = min(max(val, spec.min), spec.max)
+                notes.append(f"{which}.{spec.label}={val} is outside {spec.min}–{spec.max}; "
+                             f"using {clamped}")
+                val = clamped
+            out[spec.name] = val
         setattr(st, "pa" if which == "a" else "pb", out)
     return st, notes
 
@@ -113,6 +147,10 @@ def to_query(st: ViewState) -> dict[str, str]:
     q["zoom"] = str(st.zoom)
     if st.exp:
         q["exp"] = st.exp
+    if st.head != "mean":
+        q["head"] = st.head
+    if list(st.cmp) != list(POLICIES):
+        q["cmp"] = ",".join(st.cmp)
     return q
 
 

@@ -11,6 +11,8 @@ from kvviz.ui.session import S, keep, restore, wkey
 
 
 def render(ctx: Ctx):
+    st.caption("Who holds which position after every step: one row per step (down), one "
+               "column per position (across); a position is generated at its own step.")
     restore(wkey("zoom"), 0)
     if S[wkey("zoom")] not in ZOOMS:
         S[wkey("zoom")] = 0
@@ -22,7 +24,7 @@ def render(ctx: Ctx):
     keep(wkey("zoom"), zoom)
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     base = compute.cache_figure(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb),
-                                ctx.budget, (ctx.label_a, ctx.label_b), window=window)
+                                ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
     st.plotly_chart(at_step(base, ctx.step), key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
     st.caption(f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "

@@ -14,6 +14,11 @@ from kvviz.ui.session import keep, wkey
 
 def render(ctx: Ctx):
     s = ctx.step
+    st.caption("Where A and B disagree: how many positions exactly one of them holds, per step, "
+               "and for any such position the scores that made each policy decide.")
+    if ctx.solo:
+        st.info("Divergence needs two policies; one refused its settings (see above).")
+        return
     st.plotly_chart(V.divergence_figure(ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,
                                         label_b=ctx.label_b), key="chart.divergence", **CHART)
     only_a, only_b = V.only_sets(ctx.ev_a, ctx.ev_b, s)

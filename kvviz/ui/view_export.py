@@ -11,9 +11,12 @@ from kvviz.ui.view_metrics import metrics_rows
 
 
 def render(ctx: Ctx):
+    st.caption("Take the run away: the eviction log per position, the metrics, and the whole "
+               "configuration as JSON.")
     rows = metrics_rows(ctx)
     vs = view_state()
     config = {"trace": ctx.key, "trace_name": getattr(ctx.trace, "name", ""), "layer": ctx.layer,
+              "head": ctx.head,
               "budget": ctx.budget, "A": {"policy": ctx.a, "params": dict(ctx.pa)},
               "B": {"policy": ctx.b, "params": dict(ctx.pb)}, "step": ctx.step,
               "url_query": to_query(vs)}

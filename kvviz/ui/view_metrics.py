@@ -11,7 +11,7 @@ from kvviz.ui.session import S
 
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
-POOL_KERNELS = (1, 3, 5, 7, 9, 11, 15)
+POOL_KERNELS = (1, 3, 5, 7, 9, 11, 13, 15)
 OBS_WINDOWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -21,7 +21,7 @@ def _sweep(ctx: Ctx, points):
     for i, (name, params, budget) in enumerate(points):
         try:
             rows.append(compute.evaluate_one(ctx.key, ctx.layer, ctx.version, name,
-                                             compute.params_key(params), budget))
+                                             compute.params_key(params), budget, head=ctx.head))
         except ValueError as exc:
             rows.append({"policy": name, "budget": budget, **params, "refused": str(exc)})
         bar.progress((i + 1) / len(points), text=f"sweeping… {i + 1}/{len(points)}")
@@ -32,7 +32,10 @@ def _sweep(ctx: Ctx, points):
 def metrics_rows(ctx: Ctx) -> list[dict]:
     rows = []
     for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget)
+        if ctx.solo and which != ctx.solo:
+            continue  # that policy refused its settings
+        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
+                                head=ctx.head)
         specs = {sp.name: sp.label for sp in param_specs(name)}
         shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
         rows.append({"run": which.upper(), "policy": name, "params": shown,
@@ -41,17 +44,19 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
 
 
 def render(ctx: Ctx):
+    st.caption("How much of the attention each cache kept, and what it costs; the sweeps rerun "
+               "one setting across values on this trace (terms: Glossary).")
     rows = metrics_rows(ctx)
     st.dataframe(V.metrics_table(rows), hide_index=True,
                  column_config={"retained mass": st.column_config.NumberColumn(format="%.6f"),
                                 "heavy-hitter recall": st.column_config.NumberColumn(format="%.6f"),
                                 "attention loss": st.column_config.NumberColumn(format="%.6f")})
-    same = {k: rows[0][k] == rows[1][k] for k in ("retained_mass", "hh_recall")}
-    st.caption("retained mass: A and B " + ("identical to the last digit" if same["retained_mass"]
+    same = {k: rows[0][k] == rows[-1][k] for k in ("retained_mass", "hh_recall")}
+    st.caption("" if len(rows) < 2 else "retained mass: A and B " + ("identical to the last digit" if same["retained_mass"]
                                             else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")
                + " · heavy-hitter recall: " + ("identical" if same["hh_recall"] else
                                                f"differ by {rows[1]['hh_recall'] - rows[0]['hh_recall']:+.6f}")
-               + ". Definitions: kvviz.metrics.")
+               + ".")
     st.subheader("Sweeps (cached; all on the current trace)")
     metric = st.radio("metric", ["retained_mass", "hh_recall", "memory_bytes"], horizontal=True,
                       key="w.sweep_metric", format_func=lambda m: V.metrics.METRIC_LABELS[m])
@@ -68,7 +73,8 @@ def render(ctx: Ctx):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
         rows = _sweep(ctx, pts)
         st.plotly_chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
-                                       "(registry defaults)", mark_x=ctx.budget),
+                                       "(registry defaults)", mark_x=ctx.budget,
+                                       log_x=True),
                         key="chart.sweep_budget", **CHART)
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
     for tag, param, label, values in (("pool", "pool_kernel", "poolKernel", POOL_KERNELS),
@@ -76,6 +82,9 @@ def render(ctx: Ctx):
         if S.get(f"sweep_on.{tag}") != (ctx.key, ctx.layer, ctx.budget):
             continue
         rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
-        st.plotly_chart(V.sweep_figure(rows, param, metric,
+        st.plotly_chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
                                        title=f"SnapKV across {label}, budget {ctx.budget}"),
                         key=f"chart.sweep_{tag}", **CHART)
+    from kvviz.ui import sweep_view  # a sweep's results.parquet, small multiples
+
+    sweep_view.render(ctx)

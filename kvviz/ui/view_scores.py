@@ -12,10 +12,16 @@ from kvviz.ui.session import set_value
 
 def render(ctx: Ctx):
     s = ctx.step
-    pa, pb = ctx.panel("a", s), ctx.panel("b", s)
-    # show the pooled policy first (the neighbourhood is built around its slots)
-    panels = [pb, pa] if "pooled" in pb["scores"] and "pooled" not in pa["scores"] else [pa, pb]
-    victims = np.concatenate([panels[0]["victims"], panels[1]["victims"]])
+    st.caption("Each held slot's score at this step as the policy computed it (its own "
+               "`scores()`): lowest goes first. Hover a slot for its numbers; for SnapKV, which "
+               "neighbour's window sum set its pooled score.")
+    if ctx.solo:
+        panels = [ctx.panel(ctx.solo, s)]
+    else:
+        pa, pb = ctx.panel("a", s), ctx.panel("b", s)
+        # show the pooled policy first (the neighbourhood is built around its slots)
+        panels = [pb, pa] if "pooled" in pb["scores"] and "pooled" not in pa["scores"] else [pa, pb]
+    victims = np.concatenate([p["victims"] for p in panels])
     auto = int(victims[0]) if len(victims) else int(s // 2)
     center = focus_input(ctx, auto)
     st.plotly_chart(V.neighbourhood_figure(panels, s, center, tokens=ctx.trace.tokens),
@@ -30,5 +36,8 @@ def render(ctx: Ctx):
                             "victims; a neighbour's pooled score kept it).")
                 c2.button(f"zoom to {int(d[0])}", key="scores.defended", on_click=set_value,
                           args=("focus", int(d[0])))
+                shown = center if center in set(d.tolist()) else int(d[0])
+                e = V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], shown)
+                st.info(V.scores.explain_text(e, s), icon=":material/shield:")
             else:
                 st.caption(f"{p['label']} at step {s}: no slot defended by pooling at this step.")

@@ -10,6 +10,8 @@ from kvviz.ui.positions import zoom_centre
 
 
 def render(ctx: Ctx):
+    st.caption("The text itself, each token coloured by whether A, B, both or neither still "
+               "hold it after this step.")
     tokens = ctx.trace.tokens
     s = ctx.step
     st.html(V.token_strip_html(tokens, ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,

@@ -59,11 +59,12 @@ def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group:
                                      hovertemplate=f"{xl} %{{x}}<br>{ml} %{{y:.6g}}<extra>"
                                      + str(name) + "</extra>"))
     if mark_x is not None:
-        fig.add_vline(x=np.log10(mark_x) if log_x else mark_x,
-                      line=dict(color="#CC0000", width=1.5, dash="dot"))
-        fig.add_annotation(x=np.log10(mark_x) if log_x else mark_x, y=1, yref="y domain",
-                           text=f"now: {xl}={mark_x}", showarrow=False, xanchor="left",
-                           yanchor="bottom", font=dict(color="#CC0000", size=12))
+        # shapes take data coordinates; annotations on a log axis take log10 of them
+        fig.add_vline(x=mark_x, line=dict(color="#CC0000", width=1.5, dash="dot"))
+        fig.add_annotation(x=np.log10(mark_x) if log_x else mark_x, y=0, yref="y domain",
+                           text=f" now: {xl}={mark_x}", showarrow=False, xanchor="left",
+                           yanchor="bottom", font=dict(color="#CC0000", size=12),
+                           bgcolor="rgba(255,255,255,0.8)")
     base_layout(fig, title or f"{ml} vs {xl}", height)
     xs = sorted(set(df[x].tolist())) if len(df) else []
     fig.update_xaxes(title=xl, type="log" if log_x else "linear", tickmode="array",

@@ -100,12 +100,23 @@ def pooling_explanation(kept, scores, victims, position: int) -> dict | None:
                 victim_pooled=float(pooled[vk]) if vk is not None else None)
 
 
+def _distinct(*values):
+    """A formatter with 4 significant digits, more if needed to tell `values` apart
+    (a text saying "0.001455 is higher than 0.001455" helps nobody)."""
+    vals = [v for v in values if v is not None]
+    for p in range(4, 12):
+        if len({f"{v:.{p}g}" for v in vals}) == len(set(vals)):
+            break
+    return lambda v: f"{v:.{p}g}"
+
+
 def explain_text(e: dict, step: int) -> str:
     """Two sentences for a defended slot (what the guided experiment and the hover say)."""
-    f = "{:.4g}".format
+    f = _distinct(e["own_sum"], e["victim_sum"])
     first = (f"At step {step}, position {e['position']}'s own window sum is {f(e['own_sum'])}, "
-             f"low enough to be evicted, but its neighbour {e['neighbour']} has "
-             f"{f(e['neighbour_sum'])}, so the max-pool gives {e['position']} the pooled score "
+             f"low enough to be evicted, but the slot beside it in the cache, position "
+             f"{e['neighbour']}, has {f(e['neighbour_sum'])}, so the max-pool gives "
+             f"{e['position']} the pooled score "
              f"{f(e['pooled'])} and keeps it.")
     if e["victim"] is None:
         return first
@@ -238,8 +249,11 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
         ytitle = ("window sum / pooled" if "pooled" in sc else SCORE_LABELS.get(main, "held")
                   if main in sc else "held")
         if row_log:
-            fig.update_yaxes(type="log", title=ytitle + " (log)", row=r, col=1,
-                             **log_ticks(yall))
+            pos = np.asarray(yall, float)
+            pos = pos[np.isfinite(pos) & (pos > 0)]
+            rng = ([np.log10(pos.min() / 2), np.log10(pos.max() * 1.6)] if len(pos) else None)
+            fig.update_yaxes(type="log", title=ytitle + " (log)", row=r, col=1, range=rng,
+                             **log_ticks(np.r_[pos, pos.min() / 2] if len(pos) else pos))
         else:
             fig.update_yaxes(title=ytitle, rangemode="tozero", row=r, col=1,
                              **({"showticklabels": False} if ytitle == "held" else {}))
@@ -256,7 +270,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
         ticks = dict(tickmode="array", tickvals=cats,
                      ticktext=[f"{p} {visible_token(tokens[p])[:12]}" for p in cats])
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
-                     tickangle=-90 if len(cats) > 30 or tokens is not None else 0,
+                     tickangle=-90 if len(cats) > 30 or tokens is not None else None,
                      tickfont=dict(size=11), **ticks)
     fig.update_xaxes(title="position (one column per held slot)", row=len(panels), col=1)
     fig.update_layout(barmode="overlay", bargap=0.2)

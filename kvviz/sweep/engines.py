@@ -1,0 +1,109 @@
+"""Three ways to run the same tasks: in this process, on a local process pool, on Ray.
+
+A task is a group of cells sharing a trace file, a policy configuration and a budget
+(`group`). Each engine calls `cell.compute` and hands every cell's outcome (metrics or an
+error) to `done(cell, metrics, error)` in the driver, which writes the cell file. The
+outcome does not depend on where it ran, so the tables are the same bit for bit.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import cell as C
+from .spec import Cell, TraceInfo
+
+
+class WorkerLost(RuntimeError):
+    """A worker process died; finished cells are kept, re-running resumes."""
+
+
+def group(cells: list[Cell]) -> list[list[Cell]]:
+    """Cells that differ only in layer and head, in the order of their first cell."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.trace, c.policy, c.params, c.budget), []).append(c)
+    return list(groups.values())
+
+
+def _args(cells: list[Cell], info: TraceInfo):
+    c = cells[0]
+    return (info.sha256, c.trace, [(x.layer, x.head) for x in cells], c.policy, c.budget, c.params)
+
+
+def _report(cells, outcomes, done) -> None:
+    for c, (metrics, error) in zip(cells, outcomes):
+        done(c, metrics, error)
+
+
+def serial(cells: list[Cell], traces: dict[str, TraceInfo], done) -> None:
+    for task in group(cells):
+        info = traces[task[0].trace]
+        _report(task, C.compute(info.data, *_args(task, info)), done)
+
+
+def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int) -> None:
+    """concurrent.futures with spawned workers; every trace's bytes reach each worker once
+    (the initializer), tasks carry only their cells."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    blobs = {t.sha256: t.data for t in traces.values() if t.data is not None}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=C.init_worker, initargs=(blobs, os.getpid())) as ex:
+        futures = {ex.submit(C.compute, None, *_args(t, traces[t[0].trace])): t
+                   for t in group(cells)}
+        try:
+            for fut in as_completed(futures):
+                try:
+                    outcomes = fut.result()
+                except BrokenProcessPool as exc:
+                    raise WorkerLost(f"a worker process died ({exc}); finished cells are saved, "
+                                     "re-run the same command to resume") from None
+                _report(futures[fut], outcomes, done)
+        except BaseException:
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: str,
+               workers: int | None) -> None:
+    """Tasks are Ray tasks. Each trace file goes into the object store once (ray.put) and
+    tasks take it by reference. Ray retries a task whose worker or node died (max_retries);
+    a cell's own exception is caught and recorded in the worker (it is deterministic, so
+    retrying it would only repeat it)."""
+    import ray
+    from ray.exceptions import RayError
+
+    started = not ray.is_initialized()
+    if started:
+        if address == "local":
+            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=False)
+        else:  # a running cluster: ship this kvviz so every node runs the same code
+            kvviz_dir = str(Path(C.__file__).resolve().parents[1])
+            ray.init(address=address, log_to_driver=False,
+                     runtime_env={"py_modules": [kvviz_dir], "excludes": ["__pycache__"]})
+    try:
+        task = ray.remote(max_retries=3, retry_exceptions=False)(C.compute)
+        refs = {t.sha256: ray.put(t.data) for t in traces.values() if t.data is not None}
+        pending = {}
+        for t in group(cells):
+            info = traces[t[0].trace]
+            pending[task.remote(refs.get(info.sha256), *_args(t, info))] = t
+        while pending:
+            ready, rest = ray.wait(list(pending), num_returns=1)
+            if rest:
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
+            for ref in ready:
+                cells_of = pending.pop(ref)
+                try:
+                    outcomes = ray.get(ref)
+                except RayError as exc:  # retries exhausted (worker or node lost)
+                    outcomes = [(None, C.describe(exc))] * len(cells_of)
+                _report(cells_of, outcomes, done)
+    finally:
+        if started:
+            ray.shutdown()

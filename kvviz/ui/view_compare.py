@@ -1,0 +1,103 @@
+"""Compare view (Streamlit side): up to six policies on the page's trace and budget.
+
+Each policy is the same cached engine the rest of the page uses (`compute.get_engine`): A's
+and B's policies take their sidebar parameters, the others their registry defaults. The
+small multiples are aggregated on the server (`views.compare.held_shares`, cached per run).
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from kvviz.policies import POLICIES, param_specs
+from kvviz.ui import compute
+from kvviz.ui.session import S, keep, restore, wkey
+from kvviz.views import compare as C
+from kvviz.views.states import held_mask
+
+CONFIG = {"displaylogo": False, "scrollZoom": False}
+
+
+def chart_config(name: str, ctx) -> dict:
+    """Plotly config whose modebar camera saves a 2x PNG named after what is shown."""
+    stem = f"kvviz_{getattr(ctx.trace, 'name', 'trace')}_{name}_b{ctx.budget}_step{ctx.step}"
+    return {**CONFIG, "toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2}}
+
+
+def head_of(ctx) -> str:
+    return getattr(ctx, "head", "mean")
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def shares(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
+           head: str = "mean") -> dict:
+    """The run's aggregated held set and its small PNG (both independent of the step)."""
+    ev = compute.get_engine(key, layer, version, policy, params, budget, head=head).evicted_at
+    sh = C.held_shares(ev)
+    return {**sh, "png": C.rgb_to_png(C.held_rgb(sh, C.policy_colour(policy)))}
+
+
+def config_for(ctx, name: str) -> tuple:
+    """(params key, label): A's or B's sidebar parameters for their policies, else defaults."""
+    for which, pol, params, label in (("A", ctx.a, ctx.pa, ctx.label_a),
+                                      ("B", ctx.b, ctx.pb, ctx.label_b)):
+        if pol == name:
+            return params, label
+    return compute.params_key({s.name: s.default for s in param_specs(name)}), name
+
+
+def params_text(name: str, params: tuple) -> str:
+    labels = {s.name: s.label for s in param_specs(name)}
+    return ", ".join(f"{labels.get(k, k)}={v}" for k, v in params) or "–"
+
+
+def chosen_policies() -> list[str]:
+    names = list(POLICIES)
+    restore(wkey("cmp"), names)
+    if not isinstance(S[wkey("cmp")], list) or not set(S[wkey("cmp")]) <= set(names):
+        S[wkey("cmp")] = [n for n in (S[wkey("cmp")] or []) if n in names] or names
+    chosen = st.multiselect("policies to compare (A's and B's take their sidebar settings, "
+                            "the others their defaults)", names, key=wkey("cmp"),
+                            max_selections=C.MAX_POLICIES)
+    keep(wkey("cmp"), list(chosen))
+    return list(chosen)
+
+
+def render(ctx) -> None:
+    chosen = chosen_policies()
+    if not chosen:
+        st.info("Choose at least one policy to compare.")
+        return
+    head = head_of(ctx)
+    panels, rows = [], []
+    bar = st.progress(0.0, text="replaying…")
+    for i, name in enumerate(chosen):
+        params, label = config_for(ctx, name)
+        bar.progress(i / len(chosen), text=f"replaying {name} ({i + 1}/{len(chosen)})…")
+        try:
+            eng = compute.get_engine(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
+                                     head=head)
+        except ValueError as exc:
+            st.warning(f"{name} refuses these settings: {exc}")
+            continue
+        sh = shares(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget, head=head)
+        panels.append(dict(label=label, evicted_at=eng.evicted_at, shares=sh, png=sh["png"]))
+        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
+                                head=head)
+        rows.append({"policy": name, "params": params_text(name, params), "budget": ctx.budget,
+                     "held now": int(held_mask(eng.evicted_at, ctx.step).sum()), **m})
+    bar.empty()
+    if not panels:
+        return
+    st.plotly_chart(C.small_multiples(panels, ctx.step), key="chart.compare",
+                    config=chart_config("compare", ctx), width="stretch")
+    st.caption("One small heatmap per policy: step down, position across, aggregated on the "
+               "server into blocks of cells; a block's colour is the share of its cells held "
+               "(square-root scale, so one position held through a block stays visible), grey "
+               "evicted, white not yet generated. The red line is the current step.")
+    st.plotly_chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
+                    config=chart_config("compare_survival", ctx), width="stretch")
+    st.dataframe(C.compare_table(rows), hide_index=True,
+                 column_config={c: st.column_config.NumberColumn(format="%.6f") for c in
+                                ("retained mass", "heavy-hitter recall", "attention loss")})
+    st.caption(f"All at budget {ctx.budget} on this trace; metrics from kvviz.metrics.summary "
+               "(the Metrics view's numbers). 'held now': slots held after the current step.")

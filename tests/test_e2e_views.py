@@ -1,0 +1,164 @@
+"""The compare and slides views in a real browser (Debian's chromium driven by playwright,
+never `playwright install`), following tests/test_e2e.py: start `streamlit run app.py` on a
+port of this helper's range (8611-8619), wait for /_stcore/health, drive the page, stop the
+server by PID. At 1024x768 (a projector) the compare view draws its six small multiples and
+its table; the slides view's GIF download delivers a GIF.
+
+Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
+"""
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+ART = REPO / "artifacts"
+CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PORTS = range(8611, 8620)
+CHART = '[data-testid="stPlotlyChart"]'
+
+
+def _require():
+    problems = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problems.append("the playwright package is not installed")
+    if not Path(CHROMIUM).exists():
+        problems.append(f"{CHROMIUM} not found (apt-get install -y chromium)")
+    if problems:
+        msg = "e2e: " + "; ".join(problems)
+        if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
+            pytest.fail(msg + " (KVVIZ_REQUIRE_E2E=1)")
+        pytest.skip(msg)
+
+
+def _free_port() -> int:
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+
+
+@contextlib.contextmanager
+def server():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true",
+         "--browser.gatherUsageStats", "false"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited: {proc.stdout.read().decode(errors='replace')}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("streamlit did not report healthy")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)  # the group we started
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+@contextlib.contextmanager
+def browser(width=1024, height=768):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            ctx = b.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
+            yield ctx.new_page()
+        finally:
+            b.close()
+
+
+def wait_idle(page, timeout=120_000):
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+
+
+def wait_chart_text(page, text, timeout=120_000):
+    page.wait_for_function(
+        "(t) => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+        ".some(e => e.textContent.includes(t))", arg=text, timeout=timeout)
+
+
+def test_compare_and_gif_download_at_1024x768():
+    _require()
+    ART.mkdir(exist_ok=True)
+    errors, took = [], {}
+    with server() as url, browser(1024, 768) as page:
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        # compare: six small multiples, the survival chart and a six-row table
+        # the shipped prose trace (1,024 steps) keeps the cold replays of six policies short
+        page.goto(url + "/?trace=file:prose.npz&budget=128&a=tova&b=snapkv&step=600&view=compare",
+                  wait_until="commit")
+        t0 = time.perf_counter()
+        wait_chart_text(page, "Held set over time")
+        wait_chart_text(page, "every policy")
+        wait_idle(page)
+        took["compare_cold_s"] = time.perf_counter() - t0
+        small = page.locator(CHART).filter(has_text="Held set over time").first
+        assert small.locator("image").count() == 6
+        titles = small.locator("text.annotation-text").all_text_contents()
+        assert [t.split("holds")[0] for t in titles] == ["tova", "snapkv", "h2o", "streaming-llm",
+                                                         "scissorhands", "random"], titles
+        box = small.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= 1024  # fits the projector
+        table = page.locator('[data-testid="stDataFrame"]').first
+        table.wait_for(timeout=30_000)
+        assert table.get_attribute("data-testid") == "stDataFrame"
+        small.scroll_into_view_if_needed()
+        page.screenshot(path=str(ART / "e2e-views-compare-1024.png"))
+
+        # slides: the GIF download delivers an animated GIF with the chosen frame count
+        page.goto(url + "/?trace=file:prose.npz&budget=128&a=tova&b=snapkv&step=600&view=slides",
+                  wait_until="commit")
+        button = page.get_by_role("button", name="animated GIF: 48 frames")
+        button.wait_for(timeout=120_000)
+        wait_idle(page)
+        t0 = time.perf_counter()
+        with page.expect_download(timeout=120_000) as info:
+            button.click()
+        path = info.value.path()
+        took["gif_download_s"] = time.perf_counter() - t0
+        data = Path(path).read_bytes()
+        assert data[:6] == b"GIF89a"
+        assert info.value.suggested_filename.endswith(".gif")
+        assert Image.open(io.BytesIO(data)).n_frames == 48
+        took["gif_bytes"] = len(data)
+        page.screenshot(path=str(ART / "e2e-views-slides-1024.png"))
+    (ART / "e2e-views.json").write_text(json.dumps(took, indent=1))
+    assert not errors, errors

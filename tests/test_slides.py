@@ -1,0 +1,195 @@
+"""Slides export (kvviz.views.slides): GIFs and PNGs drawn from the eviction logs.
+
+Every frame is decoded with Pillow and its cells are checked against the held sets of the
+runs (`Run.held_mask`, the harness's rule), not against the code that drew them."""
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kvviz.replay import run_policy
+from kvviz.trace import ArrayTrace, pack_rows
+from kvviz.views import slides as S
+from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS
+
+T = 160
+
+
+def _rgb(h):
+    h = h.lstrip("#")
+    return tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
+
+
+COLOUR_STATE = {_rgb(c): s for s, c in STATE_COLOURS.items()}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    rng = np.random.default_rng(3)
+    a = np.zeros((T, T), np.float32)
+    for t in range(1, T):
+        w = rng.gamma(0.3, size=t) + (np.arange(t) < 2) * 2.0
+        a[t, :t] = w / w.sum()
+    tokens = ["the", " cat", "\n", "\tsat", "on"] * (T // 5)
+    trace = ArrayTrace(pack_rows(a), T, name="tiny", tokens=tokens)
+    return trace, run_policy(trace, "tova", 48), run_policy(trace, "snapkv", 48)
+
+
+def expected_row(ra, rb, s):
+    """The A/B state of every position after step s, from the runs' held masks."""
+    a, b = ra.held_mask(s), rb.held_mask(s)
+    out = [BOTH if x and y else ONLY_A if x else ONLY_B if y else NEITHER for x, y in zip(a, b)]
+    return [NOT_YET if p > s else c for p, c in enumerate(out)]
+
+
+def frames_rgb(data: bytes) -> list[np.ndarray]:
+    im = Image.open(io.BytesIO(data))
+    assert im.format == "GIF"
+    out = []
+    for k in range(im.n_frames):
+        im.seek(k)
+        out.append(np.asarray(im.convert("RGB")))
+    return out
+
+
+def grid_states(rgb, layout, rows, cols):
+    """State of each cell, read from the pixel in the middle of the cell."""
+    s = layout["scale"]
+    ys = layout["y0"] + np.arange(rows) * s + s // 2
+    xs = layout["x0"] + np.arange(cols) * s + s // 2
+    cells = rgb[ys][:, xs]
+    return np.vectorize(lambda r, g, b: COLOUR_STATE.get((r, g, b), -1))(
+        cells[..., 0], cells[..., 1], cells[..., 2])
+
+
+def test_heatmap_gif_every_step_matches_the_held_sets(runs):
+    trace, ra, rb = runs
+    data = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, T, label_a="tova",
+                         label_b="snapkv")
+    assert data[:6] == b"GIF89a"
+    frames = frames_rgb(data)
+    assert len(frames) == T  # one frame per step: frame k is step k
+    layout = S.heatmap_layout(T, 0, T - 1, labels=("tova", "snapkv"))
+    assert layout["scale"] >= 1 and len(layout["step_edges"]) == T + 1  # one cell per pixel block
+    brute = np.array([expected_row(ra, rb, s) for s in range(T)])
+    assert (brute == ONLY_A).any() and (brute == ONLY_B).any()  # the runs do diverge
+    for k in (0, 47, 48, 60, 101, T - 1):
+        got = grid_states(frames[k], layout, T, T)
+        want = np.where(np.arange(T)[:, None] <= k, brute, NOT_YET)  # rows after k: blank
+        assert (got == want).all(), k
+
+
+def test_heatmap_gif_frame_count_and_steps(runs):
+    _, ra, rb = runs
+    data = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 5)
+    frames = frames_rgb(data)
+    assert len(frames) == 5
+    layout = S.heatmap_layout(T, 0, T - 1)
+    # 5 frames over steps 0..159 land on 0, 40, 80, 119, 159 (evenly spread, rounded)
+    for rgb, step in zip(frames, (0, 40, 80, 119, 159)):
+        got = grid_states(rgb, layout, T, T)
+        assert (got[step + 1:] == NOT_YET).all()
+        row = expected_row(ra, rb, step)
+        assert got[step].tolist() == row
+
+
+def test_heatmap_gif_zoomed_range(runs):
+    _, ra, rb = runs
+    data = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 50, 90, 41, pos_range=(20, 80))
+    frames = frames_rgb(data)
+    assert len(frames) == 41
+    layout = S.heatmap_layout(T, 50, 90, pos_range=(20, 80))
+    got = grid_states(frames[-1], layout, 41, 60)
+    want = [expected_row(ra, rb, s)[20:80] for s in range(50, 91)]
+    assert (got == np.array(want)).all()
+
+
+def test_heatmap_gif_size_limit(runs):
+    _, ra, rb = runs
+    full = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 20)
+    smaller = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 20, max_bytes=len(full) - 1)
+    assert len(smaller) < len(full)
+    assert Image.open(io.BytesIO(smaller)).n_frames == 20
+    with pytest.raises(ValueError, match="max_bytes"):
+        S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 20, max_bytes=100)
+
+
+def test_bad_ranges_are_refused(runs):
+    _, ra, rb = runs
+    ea, eb = ra.evicted_at, rb.evicted_at
+    with pytest.raises(ValueError, match="frames"):
+        S.heatmap_gif(ea, eb, 0, 10, 0)
+    with pytest.raises(ValueError, match="frames must be at most"):
+        S.heatmap_gif(ea, eb, 0, 10, 12)
+    with pytest.raises(ValueError, match="step range"):
+        S.heatmap_gif(ea, eb, 0, T, 3)
+    with pytest.raises(ValueError, match="step range"):
+        S.heatmap_gif(ea, eb, 20, 10, 3)
+    with pytest.raises(ValueError, match="pos_range"):
+        S.heatmap_gif(ea, eb, 0, 10, 3, pos_range=(5, 5))
+    with pytest.raises(ValueError, match="token range"):
+        S.token_gif(["a"] * T, ea, eb, 0, 10, 3, lo=0, hi=T + 1)
+
+
+def test_token_gif_boxes_match_the_held_sets(runs):
+    trace, ra, rb = runs
+    data = S.token_gif(trace.tokens, ra.evicted_at, rb.evicted_at, 60, 159, 10, lo=40, hi=T)
+    frames = frames_rgb(data)
+    assert len(frames) == 10
+    layout = S.token_layout(trace.tokens, 40, T,
+                            max(900, S.legend_width("A", "B")))
+    steps = (60, 71, 82, 93, 104, 115, 126, 137, 148, 159)  # 10 frames over 60..159
+    for rgb, step in zip(frames, steps):
+        want = expected_row(ra, rb, step)
+        for p, (x, y, w, h, _) in zip(range(40, T), layout["boxes"]):
+            # the box's left edge (text starts 3 px in) carries the state colour
+            got = COLOUR_STATE.get(tuple(int(v) for v in rgb[y + h // 2, x + 1]), -1)
+            assert got == want[p], (step, p)
+
+
+def test_pngs_and_determinism(runs):
+    trace, ra, rb = runs
+    png = S.heatmap_png(ra.evicted_at, rb.evicted_at, 100)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    layout = S.heatmap_layout(T, 0, T - 1)
+    got = grid_states(rgb, layout, T, T)
+    # a still shows every step (row 100 carries the red step line)
+    for s in (30, 99, 101, 159):
+        assert got[s].tolist() == expected_row(ra, rb, s)
+    tok = S.token_png(trace.tokens, ra.evicted_at, rb.evicted_at, 100, lo=0, hi=120)
+    assert Image.open(io.BytesIO(tok)).format == "PNG"
+    again = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 8)
+    assert again == S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 8)
+
+
+def test_shown_token_makes_whitespace_visible():
+    out = S.shown_token(" a\n\t")
+    assert " " not in out and "\n" not in out and "\t" not in out and "a" in out
+    assert S.shown_token("")  # an empty token still gets a visible mark
+
+
+def test_heatmap_gif_aggregated_blocks(runs):
+    """Above `max_px` bins per axis the frame shows blocks of cells: a block whose cells all
+    share one state (by the held sets) shows that state; blocks after the step are blank."""
+    _, ra, rb = runs
+    data = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 4, max_px=96)
+    layout = S.heatmap_layout(T, 0, T - 1, max_px=96)
+    se, pe = layout["step_edges"], layout["pos_edges"]
+    assert len(se) - 1 < T and (np.diff(se) == 2).all()  # 2x2 blocks
+    brute = np.array([expected_row(ra, rb, s) for s in range(T)])
+    frames = frames_rgb(data)
+    step = 106  # 4 frames over 0..159: 0, 53, 106, 159
+    got = grid_states(frames[2], layout, len(se) - 1, len(pe) - 1)
+    uniform = 0
+    for i in range(len(se) - 1):
+        for j in range(len(pe) - 1):
+            if se[i] > step:
+                assert got[i, j] == NOT_YET
+                continue
+            cells = brute[se[i]:min(se[i + 1], step + 1), pe[j]:pe[j + 1]]
+            if (cells == cells.flat[0]).all():
+                uniform += 1
+                assert got[i, j] == cells.flat[0], (i, j)
+    assert uniform > 1000
