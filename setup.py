@@ -14,10 +14,11 @@ class BuildWithBundle(build_py):
     def run(self):
         super().run()
         bundle = Path(self.build_lib) / "kvviz" / "_bundle"
-        (bundle / "traces").mkdir(parents=True, exist_ok=True)
+        bundle.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / "app.py", bundle / "app.py")
-        for path in [*sorted((ROOT / "traces").glob("*.npz")), ROOT / "traces" / "README.md"]:
-            shutil.copy2(path, bundle / "traces" / path.name)
+        # the whole folder: traces, their README and sources/ with the licences they require
+        shutil.copytree(ROOT / "traces", bundle / "traces", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.tmp", "__pycache__"))
 
 
 setup(cmdclass={"build_py": BuildWithBundle})

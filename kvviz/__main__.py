@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     if args.command == "perf" and args.streams:
         from .streams_bench import bench as streams_bench
         print(f"canonical traces (seeds 0..S-1), {args.steps} steps, budget {args.budget}; rows "
-              "pre-generated; CPU time per stream-step, best of 3 (lean loop: 2); ratio to the lean loop")
+              "pre-generated; CPU time per stream-step, best of 3 interleaved rounds; ratio to the lean loop")
         streams_bench(args.budget, args.steps, streams=[int(x) for x in args.streams.split(",")])
         return 0
     if args.command == "perf":

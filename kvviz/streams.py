@@ -10,12 +10,11 @@ or harness rule it mirrors; tests/test_streams.py checks every stream's Run agai
 from __future__ import annotations
 
 import copy
-import time
 
 import numpy as np
 
 from .policies import make_policy
-from .replay import NEVER, Replay, Run, held_shares, run_policy
+from .replay import NEVER, Run, run_policy
 from .trace import ArrayTrace, Trace, packed_offset
 
 VECTORISED = ("tova", "h2o", "snapkv")  # see STATES
@@ -50,7 +49,8 @@ def _replay(traces, policy, shares: bool = False):
     """(evicted_at (S, T), retained (S, T) or None): Replay.run, S streams at once."""
     rows = _Rows(traces)
     S, T, B = len(traces), traces[0].steps, policy.budget
-    streams, starts, slots = np.arange(S), rows.starts[:, 0], np.arange(B + 1)
+    streams, starts = np.arange(S), rows.starts[:, 0]
+    stay = np.ones((S, B + 1), bool)  # at an eviction: False at each stream's victim
     victims = np.empty((max(T - B, 0), S), np.int64)  # key evicted at step B + k, per stream
     retained = np.full((S, T), np.nan) if shares else None
     # Held positions, ascending per stream, as keys into `rows` (key = position + the
@@ -80,10 +80,11 @@ def _replay(traces, policy, shares: bool = False):
         if n + 1 > B:  # one over the budget: exactly one victim per stream
             i = state.victim(attn, n + 1)
             victims[t - B] = keys[streams, i]
-            after = slots[:n] >= i[:, None]  # slots past the victim move down one
-            _close_gap(spare, keys, after, n)
+            stay[streams, i] = False
+            _close_gap(spare, keys, stay)
             keys, spare = spare, keys
-            state.remove(i, after, n)
+            state.remove(i, stay)
+            stay[streams, i] = True
     evicted = np.full((S, T), NEVER, np.int64)
     evicted[streams, victims - starts] = np.arange(B, T)[:, None]
     return evicted, retained
@@ -95,10 +96,10 @@ def _refuse(t: int, mass: np.ndarray, raw: np.ndarray) -> None:
                      "negative or non-finite weights on held positions")
 
 
-def _close_gap(dst: np.ndarray, src: np.ndarray, after: np.ndarray, n: int) -> None:
-    """dst[:, :n] = src[:, :n+1] without each row's victim (Policy._remove)."""
-    np.copyto(dst[:, :n], src[:, :n])
-    np.copyto(dst[:, :n], src[:, 1:n + 1], where=after)
+def _close_gap(dst: np.ndarray, src: np.ndarray, stay: np.ndarray) -> None:
+    """dst[:, :B] = src (S, B+1) without each row's victim, order kept (Policy._remove).
+    Evictions happen only with every slot full, so src is whole rows."""
+    dst[:, :-1] = src[stay].reshape(len(src), -1)
 
 
 # Per-slot state of S streams, and each policy's victim rule. Slots are in ascending
@@ -122,7 +123,7 @@ class _Tova:
         # unobserved, never a candidate; the n-1 >= 1 observed slots are `attn`.
         return attn.argmin(axis=1)
 
-    def remove(self, i, after, n):
+    def remove(self, i, stay):
         pass
 
 
@@ -141,8 +142,8 @@ class _H2O(_Tova):
         # H2O: the lowest cumulative outside the `recent_window` newest slots.
         return self.cumulative[:, : n - self.recent].argmin(axis=1)
 
-    def remove(self, i, after, n):
-        _close_gap(self.spare, self.cumulative, after, n)
+    def remove(self, i, stay):
+        _close_gap(self.spare, self.cumulative, stay)
         self.cumulative, self.spare = self.spare, self.cumulative
 
 
@@ -180,9 +181,9 @@ class _SnapKV(_Tova):
             np.maximum(pooled[:, :-d], sums[:, d:], out=pooled[:, :-d])
         return pooled[:, : n - self.recent].argmin(axis=1)
 
-    def remove(self, i, after, n):
+    def remove(self, i, stay):
         self.free = self.ids[self.streams, i]
-        _close_gap(self.ids_spare, self.ids, after, n)
+        _close_gap(self.ids_spare, self.ids, stay)
         self.ids, self.ids_spare = self.ids_spare, self.ids
 
 
@@ -223,7 +224,9 @@ class _Rows:
         if t > np.getbufsize():
             pos = keys - self.starts
             return [_share(tr.row(t), pos[s]) for s, tr in enumerate(self.traces)]
-        block = self.block if self.flat is None else self.base[self.which, packed_offset(t):packed_offset(t + 1)]
+        block = self.block
+        if self.flat is not None:
+            block = self.base[self.which, packed_offset(t):packed_offset(t + 1)]
         total = block.astype(np.float64).sum(axis=1)
         out = np.full(len(total), np.nan)
         np.divide(held_mass, total, out=out, where=total > 0)
@@ -236,19 +239,22 @@ def _share(row: np.ndarray, pos: np.ndarray) -> float:
 
 
 def _common_base(arrays):
-    """If every array is a row of one C-contiguous 2-D array: (that array, row numbers)."""
-    base = arrays[0].base
-    if not (isinstance(base, np.ndarray) and base.ndim == 2 and base.flags.c_contiguous):
+    """If every array is a whole row of one C-contiguous array seen as (rows, len): that
+    2-D view and each array's row number; else (None, None)."""
+    base, width = arrays[0].base, arrays[0].shape[0]
+    if not (isinstance(base, np.ndarray) and base.flags.c_contiguous and width
+            and base.size % width == 0):
         return None, None
-    start0 = base.__array_interface__["data"][0]
-    starts = []
+    rows = base.reshape(-1, width)
+    start0, stride = base.__array_interface__["data"][0], width * base.itemsize
+    which = []
     for a in arrays:
         offset = a.__array_interface__["data"][0] - start0
-        if (a.base is not base or a.ndim != 1 or a.shape[0] != base.shape[1]
-                or a.strides != (base.itemsize,) or offset % base.strides[0]):
+        if (a.base is not base or a.dtype != base.dtype or a.shape != (width,)
+                or a.strides != (base.itemsize,) or offset % stride):
             return None, None
-        starts.append(offset // base.strides[0])
-    return base, np.asarray(starts, np.int64)
+        which.append(offset // stride)
+    return rows, np.asarray(which, np.int64)
 
 
 def _check_traces(traces) -> list:
@@ -259,3 +265,11 @@ def _check_traces(traces) -> list:
     if len(lengths) != 1:
         raise ValueError(f"traces must have equal lengths (steps), got {sorted(lengths)}")
     return traces
+
+
+def bench(*args, **kwargs):
+    """The per stream-step benchmark (`python -m kvviz perf --streams`), from
+    kvviz.streams_bench, imported on demand so the baselines stay out of the replay path."""
+    from .streams_bench import bench as run
+
+    return run(*args, **kwargs)

@@ -98,14 +98,11 @@ def packed_streams(count: int, steps: int) -> list[ArrayTrace]:
     return [ArrayTrace(packed[s], steps, name=f"canonical seed {s}") for s in range(count)]
 
 
-def _cpu(fn, repeat: int):
-    """(best CPU seconds over `repeat` calls, the last call's result)."""
-    best, out = np.inf, None
-    for _ in range(repeat):
-        start = time.process_time()
-        out = fn()
-        best = min(best, time.process_time() - start)
-    return best, out
+def _cpu(fn):
+    """(CPU seconds, result) of one call."""
+    start = time.process_time()
+    out = fn()
+    return time.process_time() - start, out
 
 
 def check_lean(name: str, budget: int = 512, steps: int = 4096) -> bool:
@@ -118,29 +115,36 @@ def check_lean(name: str, budget: int = 512, steps: int = 4096) -> bool:
 
 
 def bench(budget: int = 512, steps: int = 4096, policies=("tova", "h2o", "snapkv"),
-          streams=STREAMS, progress=print) -> pd.DataFrame:
+          streams=STREAMS, repeat: int = 3, progress=print) -> pd.DataFrame:
     """Per stream-step CPU microseconds, and the ratio to the lean loop measured in the same
-    run, per policy and way. `victims` says whether a way's eviction log for seed 0 equals
-    Replay's (the lean loop's included: a baseline that did other work would not count)."""
+    run, per policy and way. Each round times every way once; the best round counts, so a
+    neighbour's load that comes and goes hits all ways alike. `victims` says whether a way's
+    log for seed 0 equals Replay's (the lean loop's too: a baseline doing other work would
+    not count)."""
     traces = packed_streams(max(streams), steps)
     first = CachedTrace(traces[0])
     lists = [first.row(t).tolist() for t in range(steps)]
     out = []
     for name in policies:
-        def replay(trace=first):
-            r = Replay(trace, make_policy(name, budget))
+        def replay():
+            r = Replay(first, make_policy(name, budget))
             r.seek(steps - 1)
             return r.evicted_at.tolist()
-        one, reference = _cpu(replay, 3)
-        lean, lean_log = _cpu(lambda: LEAN[name](lists, budget), 2)
-        rows = [("lean loop", 1, lean / steps, lean_log == reference),
-                ("Replay", 1, one / steps, True)]
+
+        ways = {("lean loop", 1): lambda: LEAN[name](lists, budget), ("Replay", 1): replay}
         for count in streams:
-            cpu, log = _cpu(lambda: replay_streams(traces[:count], name, budget), 3)
-            rows.append(("run_streams", count, cpu / (steps * count), log[0].tolist() == reference))
-        for way, count, cpu, same in rows:
+            ways["run_streams", count] = \
+                lambda group=traces[:count]: replay_streams(group, name, budget)[0].tolist()
+        best, logs = {}, {}
+        for _ in range(repeat):
+            for way, fn in ways.items():
+                cpu, logs[way] = _cpu(fn)
+                best[way] = min(best.get(way, np.inf), cpu / (steps * way[1]))
+        lean, reference = best["lean loop", 1], logs["Replay", 1]
+        for (way, count), cpu in best.items():
             row = {"policy": name, "way": way, "streams": count, "us_per_stream_step": cpu * 1e6,
-                   "speedup_vs_lean": lean / steps / cpu, "victims": "same" if same else "DIFFERENT"}
+                   "speedup_vs_lean": lean / cpu,
+                   "victims": "same" if logs[way, count] == reference else "DIFFERENT"}
             out.append(row)
             if progress:
                 progress(f"{name:>7} {way:>11} S={count:<3} {row['us_per_stream_step']:8.2f} us/stream-step "

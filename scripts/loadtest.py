@@ -138,6 +138,9 @@ async def class_round(url: str, n: int, pool_to: int, timeout: float) -> dict:
                 errors.append(f"{label}: no redrawn chart with {expect!r}")
             else:
                 times.append(t)
+            if label == "step" and r.chart_with(f"poolKernel={pool_to}") is None:
+                # only the moved widget is sent: the others must keep their values
+                errors.append("the step move lost the poolKernel setting")
         updates[label] = times
     await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
     return {"first_chart_s": first, "update_s": updates["poolKernel"] + updates["step"],
@@ -169,10 +172,10 @@ def stats(xs) -> dict:
     return {"p50": statistics.median(xs), "p95": p95, "max": xs[-1], "n": len(xs)}
 
 
-def run_size(n: int, timeout: float, settle: float) -> dict:
+def run_size(n: int, timeout: float, settle: float, repo: Path = REPO) -> dict:
     port = C.free_port(8621, 8649)
     out = {"n": n}
-    with C.Server(REPO, port) as srv:
+    with C.Server(repo, port) as srv:
         out["rss_start_mb"] = rss_mb(srv.pid)
         for phase, pool_to in (("cold", 7), ("warm", 9)):
             with PeakRSS(srv.pid) as peak:
@@ -223,30 +226,35 @@ def browser_round(pages: int) -> dict:
     from playwright.sync_api import sync_playwright
     port = C.free_port(8621, 8649)
     out = {"pages": pages, "first_chart_s": [], "update_s": [], "errors": []}
-    with C.Server(REPO, port) as srv, sync_playwright() as p:
+    with C.Server(REPO, port) as srv:
         asyncio.run(C.crowd(srv.url, QUERY, 1))  # warm: imports and the default replays
-        b = p.chromium.launch(executable_path=M.CHROMIUM, args=M.CHROMIUM_ARGS, headless=True)
-        try:
-            tabs = []
-            for _ in range(pages):
-                page = b.new_context(viewport={"width": 1280, "height": 900}).new_page()
-                page.on("pageerror", lambda e: out["errors"].append(str(e)))
-                tabs.append(page)
-            t0 = time.perf_counter()
-            for page in tabs:  # all loading together
-                page.goto(srv.url + "/" + QUERY, wait_until="commit")
-            for page in tabs:
-                page.wait_for_selector(M.CHART_SEL + " image", state="attached", timeout=90_000)
-                out["first_chart_s"].append(time.perf_counter() - t0)
-            for page in tabs:
-                M.wait_idle(page, timeout=60_000)
-                if PAGE_TITLE not in M.chart_text(page):
-                    out["errors"].append("heatmap title missing")
-                out["update_s"].append(M.press_and_wait(page, "poolKernel", "ArrowRight",
-                                                        "poolKernel=7"))
-        finally:
-            b.close()
+        with sync_playwright() as p:
+            _pages(p, M, srv.url, pages, out)
     return out
+
+
+def _pages(p, M, url: str, pages: int, out: dict) -> None:
+    b = p.chromium.launch(executable_path=M.CHROMIUM, args=M.CHROMIUM_ARGS, headless=True)
+    try:
+        tabs = []
+        for _ in range(pages):
+            page = b.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            page.on("pageerror", lambda e: out["errors"].append(str(e)))
+            tabs.append(page)
+        t0 = time.perf_counter()
+        for page in tabs:  # all loading together
+            page.goto(url + "/" + QUERY, wait_until="commit")
+        for page in tabs:
+            page.wait_for_selector(M.CHART_SEL + " image", state="attached", timeout=180_000)
+            out["first_chart_s"].append(time.perf_counter() - t0)
+        for page in tabs:
+            M.wait_idle(page, timeout=60_000)
+            if PAGE_TITLE not in M.chart_text(page):
+                out["errors"].append("heatmap title missing")
+            out["update_s"].append(M.press_and_wait(page, "poolKernel", "ArrowRight",
+                                                    "poolKernel=7"))
+    finally:
+        b.close()
 
 
 def main(argv=None):
@@ -259,10 +267,13 @@ def main(argv=None):
     ap.add_argument("--settle", type=float, default=5, help="seconds after the sessions close "
                     "before idle RSS is read")
     ap.add_argument("--json", default=None, help="write every figure here")
+    ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose app.py is "
+                    "served (e.g. an older commit's, to compare)")
     args = ap.parse_args(argv)
     print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
           f"on {os.cpu_count()} cores", flush=True)
-    results = [run_size(int(n), args.timeout, args.settle) for n in args.sizes.split(",")]
+    results = [run_size(int(n), args.timeout, args.settle, args.repo)
+               for n in args.sizes.split(",")]
     doc = {"load_before": os.getloadavg(), "sizes": results}
     if args.browser:
         doc["browser"] = browser_round(args.browser)

@@ -81,6 +81,7 @@ def test_kvviz_app_serves_the_installed_page_and_traces(installed):
     assert traces.is_relative_to(bundle)
     shipped = sorted(p.name for p in (ROOT / "traces").glob("*.npz"))
     assert shipped and sorted(p.name for p in traces.glob("*.npz")) == shipped
+    assert (traces / "README.md").is_file() and (traces / "sources" / "PSF-LICENSE.txt").is_file()
     server = subprocess.Popen([kvviz, "app", f"--server.port={PORT}"], cwd=work, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -168,3 +168,28 @@ def test_shown_token_makes_whitespace_visible():
     out = S.shown_token(" a\n\t")
     assert " " not in out and "\n" not in out and "\t" not in out and "a" in out
     assert S.shown_token("")  # an empty token still gets a visible mark
+
+
+def test_heatmap_gif_aggregated_blocks(runs):
+    """Above `max_px` bins per axis the frame shows blocks of cells: a block whose cells all
+    share one state (by the held sets) shows that state; blocks after the step are blank."""
+    _, ra, rb = runs
+    data = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 4, max_px=96)
+    layout = S.heatmap_layout(T, 0, T - 1, max_px=96)
+    se, pe = layout["step_edges"], layout["pos_edges"]
+    assert len(se) - 1 < T and (np.diff(se) == 2).all()  # 2x2 blocks
+    brute = np.array([expected_row(ra, rb, s) for s in range(T)])
+    frames = frames_rgb(data)
+    step = 106  # 4 frames over 0..159: 0, 53, 106, 159
+    got = grid_states(frames[2], layout, len(se) - 1, len(pe) - 1)
+    uniform = 0
+    for i in range(len(se) - 1):
+        for j in range(len(pe) - 1):
+            if se[i] > step:
+                assert got[i, j] == NOT_YET
+                continue
+            cells = brute[se[i]:min(se[i + 1], step + 1), pe[j]:pe[j + 1]]
+            if (cells == cells.flat[0]).all():
+                uniform += 1
+                assert got[i, j] == cells.flat[0], (i, j)
+    assert uniform > 1000

@@ -1,27 +1,54 @@
-"""One cell, computed where it runs (this process, a pool worker or a Ray worker).
+"""Cells, computed where they run (this process, a pool worker or a Ray worker).
 
-A cell gets the trace as the file's bytes (shipped once per worker, not per task), loads it
-with the library's own validation, and returns the metrics of `kvviz.bench.evaluate`.
-Loaded traces are kept per process, so a worker running many cells of one stream loads it
-once. Errors propagate: the driver records them, identically for every engine.
+A task is a group of cells that differ only in layer and head: the streams of one trace
+file under one policy configuration and budget. They are replayed together with
+`kvviz.streams.run_streams` (one vectorised replay across streams, bit-identical to
+`run_policy` per stream) and measured with `kvviz.metrics.summary`, what
+`kvviz.bench.evaluate` reports. A group that raises is run again cell by cell, so every
+cell gets its own result or its own error, whatever it was grouped with.
+
+The trace arrives as the file's bytes (shipped once per worker, not per task) and is loaded
+with the library's own validation. Loaded streams are kept per process.
 """
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections import OrderedDict
 
 from ..bench import evaluate
+from ..metrics import summary
 from ..trace import canonical, load_trace
+
+try:
+    from ..streams import run_streams
+except ImportError:  # an older kvviz: one replay per cell
+    run_streams = None
 
 METRICS = ("retained_mass", "hh_recall", "attention_loss", "memory_bytes")
 _LOADED: OrderedDict = OrderedDict()  # (sha256, layer, head) -> Trace, a few per process
-_KEEP = 8
+_KEEP = 16
 BLOBS: dict[str, bytes] = {}  # sha256 -> trace file bytes, set once per pool worker
 
 
-def set_blobs(blobs: dict[str, bytes]) -> None:
-    """Pool initializer: every trace's bytes, once per worker process."""
+def init_worker(blobs: dict[str, bytes], parent: int) -> None:
+    """Pool initializer: every trace's bytes, once per worker process; and a watch that ends
+    the worker when the driver is gone (a SIGKILLed driver would otherwise leave its
+    workers waiting on the task queue for ever)."""
     BLOBS.clear()
     BLOBS.update(blobs)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def open_trace(data: bytes | None, sha: str, layer: int | None, head: str | None, name: str):
@@ -36,11 +63,26 @@ def open_trace(data: bytes | None, sha: str, layer: int | None, head: str | None
     return _LOADED[key]
 
 
-def compute(data: bytes | None, sha: str, trace: str, layer, head, policy: str, budget: int,
-            params: tuple) -> dict:
-    """The metrics of one cell. `data` None with a known sha: take the bytes from BLOBS."""
+def _one(data, sha, trace, layer, head, policy, budget, params):
+    try:
+        result = evaluate(open_trace(data, sha, layer, head, trace), policy, budget, **dict(params))
+    except Exception as exc:  # recorded in the cell's row; the sweep goes on
+        return None, describe(exc)
+    return {m: result[m] for m in METRICS}, None
+
+
+def compute(data: bytes | None, sha: str, trace: str, streams: list, policy: str, budget: int,
+            params: tuple) -> list[tuple[dict | None, str | None]]:
+    """(metrics, None) or (None, error) per (layer, head) in `streams`, in order.
+    `data` None with a known sha: the bytes are in BLOBS (a pool worker)."""
     if data is None and sha in BLOBS:
         data = BLOBS[sha]
-    t = open_trace(data, sha, layer, head, trace)
-    result = evaluate(t, policy, budget, **dict(params))
-    return {m: result[m] for m in METRICS}
+    if len(streams) > 1 and run_streams is not None:
+        try:
+            traces = [open_trace(data, sha, layer, head, trace) for layer, head in streams]
+            runs = run_streams(traces, policy, budget, **dict(params))
+            return [({m: s[m] for m in METRICS}, None)
+                    for s in (summary(t, r) for t, r in zip(traces, runs))]
+        except Exception:
+            pass  # each cell on its own below, with its own error
+    return [_one(data, sha, trace, layer, head, policy, budget, params) for layer, head in streams]

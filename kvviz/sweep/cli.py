@@ -37,7 +37,11 @@ def main(argv=None) -> int:
     if args.workers is not None and args.workers < 1:
         p.error(f"--workers must be >= 1, got {args.workers}")
     if args.bench:
-        return bench(args.ray)
+        try:
+            return bench(args.ray)
+        except ValueError as exc:
+            print(f"python -m kvviz sweep: error: {exc}", file=sys.stderr)
+            return 2
     if not args.spec or not args.out:
         p.error("give a spec and --out DIR (or --bench)")
     try:
@@ -60,8 +64,12 @@ def main(argv=None) -> int:
 
 
 def bench_spec() -> dict:
-    root = Path(__file__).resolve().parents[2] / "traces"
+    from ..launch import traces_dir
     from ..policies import POLICIES
+
+    root = traces_dir()
+    if root is None:
+        raise ValueError("--bench needs the shipped traces (a checkout, or KVVIZ_TRACES_DIR)")
 
     return {"traces": [str(root / f"{n}.npz") for n in ("prose", "code", "table")],
             "layers": BENCH_LAYERS, "budgets": BENCH_BUDGETS,
@@ -107,12 +115,15 @@ def bench(ray: str | None = None) -> int:
               f"speedup {serial / t:4.2f}, efficiency {serial / t / n:4.2f}, "
               f"table identical to serial: {same}")
     try:
-        from .. import streams
+        from .. import streams_bench
     except ImportError:
-        streams = None
-    if streams is not None and hasattr(streams, "bench"):
-        print("per-step cost (kvviz.streams.bench):")
-        print(streams.bench())
+        streams_bench = None
+    if streams_bench is not None and hasattr(streams_bench, "bench"):
+        print("per stream-step cost, TOVA at budget 512 on 4,096 canonical steps "
+              "(kvviz.streams_bench; all of it: python -m kvviz perf --streams):")
+        df = streams_bench.bench(512, 4096, policies=("tova",), streams=(1, 3),
+                                 progress=None)
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
 

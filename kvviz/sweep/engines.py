@@ -1,8 +1,9 @@
-"""Three ways to run the same cells: in this process, on a local process pool, on Ray.
+"""Three ways to run the same tasks: in this process, on a local process pool, on Ray.
 
-Each engine calls `cell.compute` and hands every outcome (metrics or the exception) to
-`done(cell, metrics, error)` in the driver, which writes the cell file. The outcome of a
-cell does not depend on where it ran, so the tables are the same bit for bit.
+A task is a group of cells sharing a trace file, a policy configuration and a budget
+(`group`). Each engine calls `cell.compute` and hands every cell's outcome (metrics or an
+error) to `done(cell, metrics, error)` in the driver, which writes the cell file. The
+outcome does not depend on where it ran, so the tables are the same bit for bit.
 """
 from __future__ import annotations
 
@@ -17,47 +18,50 @@ class WorkerLost(RuntimeError):
     """A worker process died; finished cells are kept, re-running resumes."""
 
 
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def group(cells: list[Cell]) -> list[list[Cell]]:
+    """Cells that differ only in layer and head, in the order of their first cell."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.trace, c.policy, c.params, c.budget), []).append(c)
+    return list(groups.values())
 
 
-def _args(cell: Cell, info: TraceInfo):
-    return (info.sha256, cell.trace, cell.layer, cell.head, cell.policy, cell.budget, cell.params)
+def _args(cells: list[Cell], info: TraceInfo):
+    c = cells[0]
+    return (info.sha256, c.trace, [(x.layer, x.head) for x in cells], c.policy, c.budget, c.params)
+
+
+def _report(cells, outcomes, done) -> None:
+    for c, (metrics, error) in zip(cells, outcomes):
+        done(c, metrics, error)
 
 
 def serial(cells: list[Cell], traces: dict[str, TraceInfo], done) -> None:
-    for cell in cells:
-        info = traces[cell.trace]
-        try:
-            metrics = C.compute(info.data, *_args(cell, info))
-        except Exception as exc:  # recorded in the cell's row; the sweep goes on
-            done(cell, None, describe(exc))
-        else:
-            done(cell, metrics, None)
+    for task in group(cells):
+        info = traces[task[0].trace]
+        _report(task, C.compute(info.data, *_args(task, info)), done)
 
 
 def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int) -> None:
     """concurrent.futures with spawned workers; every trace's bytes reach each worker once
-    (the initializer), tasks carry only the cell."""
+    (the initializer), tasks carry only their cells."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     blobs = {t.sha256: t.data for t in traces.values() if t.data is not None}
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=C.set_blobs, initargs=(blobs,)) as ex:
-        futures = {ex.submit(C.compute, None, *_args(c, traces[c.trace])): c for c in cells}
+                             initializer=C.init_worker, initargs=(blobs, os.getpid())) as ex:
+        futures = {ex.submit(C.compute, None, *_args(t, traces[t[0].trace])): t
+                   for t in group(cells)}
         try:
             for fut in as_completed(futures):
                 try:
-                    metrics = fut.result()
+                    outcomes = fut.result()
                 except BrokenProcessPool as exc:
                     raise WorkerLost(f"a worker process died ({exc}); finished cells are saved, "
                                      "re-run the same command to resume") from None
-                except Exception as exc:
-                    done(futures[fut], None, describe(exc))
-                else:
-                    done(futures[fut], metrics, None)
+                _report(futures[fut], outcomes, done)
         except BaseException:
             ex.shutdown(wait=False, cancel_futures=True)
             raise
@@ -65,11 +69,12 @@ def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int) ->
 
 def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: str,
                workers: int | None) -> None:
-    """Cells are Ray tasks. Each trace file goes into the object store once (ray.put) and
-    tasks take it by reference. Ray retries a task whose worker died (max_retries); an
-    exception from the cell itself is deterministic, so it is recorded, not retried."""
+    """Tasks are Ray tasks. Each trace file goes into the object store once (ray.put) and
+    tasks take it by reference. Ray retries a task whose worker or node died (max_retries);
+    a cell's own exception is caught and recorded in the worker (it is deterministic, so
+    retrying it would only repeat it)."""
     import ray
-    from ray.exceptions import RayError, RayTaskError
+    from ray.exceptions import RayError
 
     started = not ray.is_initialized()
     if started:
@@ -83,23 +88,22 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
     try:
         task = ray.remote(max_retries=3, retry_exceptions=False)(C.compute)
         refs = {t.sha256: ray.put(t.data) for t in traces.values() if t.data is not None}
-        pending = {task.remote(refs.get(traces[c.trace].sha256), *_args(c, traces[c.trace])): c
-                   for c in cells}
+        pending = {}
+        for t in group(cells):
+            info = traces[t[0].trace]
+            pending[task.remote(refs.get(info.sha256), *_args(t, info))] = t
         while pending:
             ready, rest = ray.wait(list(pending), num_returns=1)
             if rest:
                 more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
                 ready += more
             for ref in ready:
-                cell = pending.pop(ref)
+                cells_of = pending.pop(ref)
                 try:
-                    metrics = ray.get(ref)
-                except RayTaskError as exc:  # the cell raised: record the original exception
-                    done(cell, None, describe(exc.cause if exc.cause is not None else exc))
+                    outcomes = ray.get(ref)
                 except RayError as exc:  # retries exhausted (worker or node lost)
-                    done(cell, None, describe(exc))
-                else:
-                    done(cell, metrics, None)
+                    outcomes = [(None, C.describe(exc))] * len(cells_of)
+                _report(cells_of, outcomes, done)
     finally:
         if started:
             ray.shutdown()

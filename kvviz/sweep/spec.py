@@ -10,6 +10,7 @@ trace is loaded, in the cell; a trace broken inside fails its cells, not the spe
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import json
 import tomllib
@@ -224,8 +225,9 @@ def load(path_or_dict, base: Path = Path(".")) -> tuple[dict, dict[str, TraceInf
     """Read, validate and expand a spec. Raises SpecError before anything runs."""
     raw = read_spec(path_or_dict) if not isinstance(path_or_dict, dict) else path_or_dict
     spec = normalise(raw)
-    if spec["mode"] == "loop":  # kvviz.loop (the model in the loop) is not in this build yet
-        raise SpecError('mode = "loop": model-in-the-loop sweeps are not available yet; '
-                        'use mode = "replay"')
+    if spec["mode"] == "loop":
+        raise SpecError('mode = "loop": the sweep runner does not run model-in-the-loop cells '
+                        'yet; use mode = "replay"' + (", or python -m kvviz loop for the model "
+                        "in the loop" if importlib.util.find_spec("kvviz.loop") else ""))
     traces = {key: trace_info(key, base) for key in spec["traces"]}
     return spec, traces, expand(spec, traces)

@@ -88,6 +88,17 @@ HEAD_HELP = ("Which attention the policies see: the mean over all heads, one KV 
              "evicts by) or a single query head (q0..). Every view follows it.")
 
 
+def head_label(label: str) -> str:
+    """'kv1' -> 'kv1 · KV head 1 (its query heads' mean)'; 'q4' -> 'q4 · query head 4'."""
+    if label == "mean":
+        return "mean · all heads"
+    if label.startswith("kv") and label[2:].isdigit():
+        return f"{label} · KV head {label[2:]} (its query heads' mean)"
+    if label.startswith("q") and label[1:].isdigit():
+        return f"{label} · query head {label[1:]}"
+    return label
+
+
 def head_control(key: str, layer: int, version: str) -> str:
     """Head selector under the layer selector, shown only for traces storing several heads.
     Returns the head label ("mean" otherwise)."""
@@ -101,7 +112,8 @@ def head_control(key: str, layer: int, version: str) -> str:
         st.sidebar.warning(f"Head {cur!r} is not stored in this trace (it has "
                            f"{', '.join(heads)}); showing mean.")
         S[wkey("head")] = "mean"
-    head = st.sidebar.selectbox("head", heads, key=wkey("head"), help=HEAD_HELP)
+    head = st.sidebar.selectbox("head", heads, key=wkey("head"), help=HEAD_HELP,
+                                format_func=head_label)
     keep(wkey("head"), head)
     return head
 

@@ -54,19 +54,22 @@ def render(ctx) -> None:
                                 default="heatmap", format_func={"heatmap": "cache heatmap",
                                                                 "tokens": "token strip"}.get)
     kind = kind if kind in kinds else "heatmap"
-    c = st.columns([3, 3, 1.2, 1.2])
+    c = st.columns([3, 3, 1.1, 1.3])
     _range("slides.steps", 0, T - 1, (0, T - 1))
-    s0, s1 = c[0].slider("steps (the animation runs over these)", 0, T - 1, key="slides.steps")
+    s0, s1 = c[0].slider("steps", 0, T - 1, key="slides.steps",
+                         help="The animation runs over these steps.")
     if kind == "tokens":
-        _range("slides.tokens", 0, T, (max(0, s1 + 1 - 300), s1 + 1))
-        p0, p1 = c[1].slider(f"token positions (at most {MAX_TOKENS})", 0, T,
-                             key="slides.tokens")
+        _range("slides.tokens", 0, T, (0, min(T, 300)))  # the text appears, then is evicted
+        p0, p1 = c[1].slider("tokens", 0, T, key="slides.tokens",
+                             help=f"The token positions shown (at most {MAX_TOKENS}).")
     else:
         _range("slides.pos", 0, T, (0, T))
-        p0, p1 = c[1].slider("positions (columns)", 0, T, key="slides.pos")
+        p0, p1 = c[1].slider("positions", 0, T, key="slides.pos",
+                             help="The positions shown (the heatmap's columns).")
     frames = int(c[2].number_input("frames", min_value=1, max_value=SL.MAX_FRAMES,
                                    value=min(48, s1 - s0 + 1), key="slides.frames"))
-    ms = c[3].selectbox("ms per frame", FRAME_MS, index=1, key="slides.ms")
+    ms = c[3].selectbox("ms/frame", FRAME_MS, index=1, key="slides.ms",
+                        help="How long each frame is shown.")
     step = int(np.clip(ctx.step, s0, s1))
     labels = (ctx.label_a, ctx.label_b)
     try:

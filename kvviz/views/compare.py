@@ -91,8 +91,8 @@ def _title(text: str, ax: dict) -> dict:
 def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
                     height_per_row: int = 300) -> go.Figure:
     """One small heatmap per policy. panels: dicts with 'label' (policy name first), 'shares'
-    (from `held_shares`), 'evicted_at' and optionally 'png' (the panel's image, cached). The red line marks `step`; each title says how
-    many slots the policy holds after it."""
+    (from `held_shares`), 'evicted_at' and optionally 'png' (the panel's image, cached).
+    The red line marks `step`; each title says how many slots the policy holds after it."""
     if not panels:
         raise ValueError("panels must hold at least one policy")
     if len(panels) > MAX_POLICIES:
@@ -110,11 +110,14 @@ def small_multiples(panels: list[dict], step: int, *, cols: int = COLS,
                              x0=int(pe[0]) + (dx - 1) / 2, dx=dx, y0=int(se[0]) + (dy - 1) / 2,
                              dy=dy, hoverinfo="skip", name=p["label"], xaxis=ax["x"],
                              yaxis=ax["y"]))
-        layout[ax["xaxis"]] = dict(domain=ax["xd"], anchor=ax["y"], range=[pe[0] - 0.5, pe[-1] - 0.5],
+        layout[ax["xaxis"]] = dict(domain=ax["xd"], anchor=ax["y"],
+                                   range=[pe[0] - 0.5, pe[-1] - 0.5],
                                    showgrid=False, zeroline=False, nticks=3,
                                    title=dict(text="position") if ax["row"] == rows - 1 else None)
-        layout[ax["yaxis"]] = dict(domain=ax["yd"], anchor=ax["x"], range=[se[-1] - 0.5, se[0] - 0.5],
+        layout[ax["yaxis"]] = dict(domain=ax["yd"], anchor=ax["x"],
+                                   range=[se[-1] - 0.5, se[0] - 0.5],
                                    showgrid=False, zeroline=False, nticks=5,
+                                   showticklabels=ax["col"] == 0,  # same steps in every panel
                                    title=dict(text="step") if ax["col"] == 0 else None)
         shapes.append(dict(type="line", xref=f"{ax['x']} domain", x0=0, x1=1, yref=ax["y"],
                            y0=int(step), y1=int(step), line=dict(color="#CC0000", width=1.5)))

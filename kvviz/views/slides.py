@@ -66,7 +66,7 @@ def shown_token(tok: str, size: int = 13) -> str:
             out.append(alt[0] if _has_glyph(alt[0], size) else alt[1])
         else:
             out.append(ch if _has_glyph(ch, size) else "?")
-    return "".join(out) or "∅"
+    return "".join(out) or ("∅" if _has_glyph("∅", size) else "_")
 
 
 def _new(width: int, height: int) -> Image.Image:
@@ -143,7 +143,8 @@ def heatmap_frame(ev_a, ev_b, step: int, layout: dict, *, label_a: str = "A",
     s = layout["scale"]
     canvas = np.full((layout["height"], layout["width"]), PAPER, np.uint8)
     grid = np.repeat(np.repeat(codes.astype(np.uint8), s, axis=0), s, axis=1)
-    canvas[layout["y0"]:layout["y0"] + grid.shape[0], layout["x0"]:layout["x0"] + grid.shape[1]] = grid
+    y0, x0 = layout["y0"], layout["x0"]
+    canvas[y0:y0 + grid.shape[0], x0:x0 + grid.shape[1]] = grid
     img = Image.frombytes("P", (layout["width"], layout["height"]), canvas.tobytes())
     img.putpalette(_PALETTE)
     draw = ImageDraw.Draw(img)
@@ -165,6 +166,7 @@ def heatmap_frame(ev_a, ev_b, step: int, layout: dict, *, label_a: str = "A",
 
 def heatmap_images(ev_a, ev_b, steps, layout, *, label_a="A", label_b="B",
                    reveal=True) -> list[Image.Image]:
+    """One frame per step of `steps` (the whole range is aggregated once)."""
     full = heatmap_codes(ev_a, ev_b, layout, 0, reveal=False)
     out = []
     for s in steps:
