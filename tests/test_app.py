@@ -191,7 +191,8 @@ def test_metrics_and_sweeps(traces):
     pool = next(c for c in charts if "poolKernel" in title(c))
     assert arr(pool["data"][0]["x"]).tolist() == [1, 3, 5, 7, 9, 11, 13, 15]  # odd only
     assert pool["layout"]["xaxis"]["title"]["text"] == "poolKernel"
-    assert any(a.get("text", "").strip() == "now: poolKernel=5" for a in pool["layout"]["annotations"])
+    marks = [a.get("text", "").strip() for a in pool["layout"]["annotations"]]
+    assert "now: poolKernel=5" in marks
     obs = next(c for c in charts if "obsWindow" in title(c))
     assert arr(obs["data"][0]["x"]).tolist()[:3] == [1, 2, 4]
     budgets = next(c for c in charts if "across budgets" in title(c))

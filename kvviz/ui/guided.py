@@ -10,7 +10,8 @@ from kvviz.ui.session import S, apply_state, note, view_state
 from kvviz.ui.state import ViewState
 from kvviz.views.scores import explain_text
 
-SETTINGS = ("trace", "layer", "head", "budget", "a", "b")  # step, view and positions may move freely
+# what an explanation depends on; the step, the view and chosen positions may move freely
+SETTINGS = ("trace", "layer", "head", "budget", "a", "b")
 
 
 def _defaults(name: str) -> tuple:
