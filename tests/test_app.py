@@ -567,6 +567,8 @@ def test_stale_experiment_text_goes(traces):
     at = app(exp="pooling-off", budget=100)
     ok(at)
     assert not any("Experiment:" in m.value for m in at.markdown) and "exp" not in qp(at)
+    at = app(exp="nonsense")
+    assert "exp='nonsense' is not a guided experiment" in warnings(at) and "exp" not in qp(at)
 
 
 def test_out_of_range_link_values_warn(traces):
