@@ -2,8 +2,8 @@
 
 Each view's Streamlit glue is its own module (kvviz/ui/view_*.py) exposing `render(ctx)`;
 the figures come from kvviz/views. Adding a view = a new module + one line in `RENDER`
-(and its label in kvviz.ui.state.VIEW_LABELS). Ctx, navigation, status and the experiments box are
-re-exported here so `app.py` needs one import.
+(and its label in kvviz.ui.state.VIEW_LABELS). Ctx, navigation, status and the experiments
+box are re-exported here so `app.py` needs one import.
 """
 from __future__ import annotations
 
