@@ -165,10 +165,10 @@ def run_box(ctx):
                 busy = True
             else:
                 st.error("Nothing to run: every chosen policy refuses every chosen budget.")
-        if busy:
-            _poll()
-        elif job and job["error"]:
+        if not busy and job and job["error"]:
             st.error(f"The loop failed: {job['error']}")
+    if busy or (S.get(JOB) and S[JOB]["running"]):
+        _poll()  # outside the expander, so the progress bar shows even when it is closed
 
 
 # --- the view ----------------------------------------------------------------------------
