@@ -78,7 +78,10 @@ def frame(folder: Path) -> pd.DataFrame:
                 "replay_retained_mass": None if cfg.is_full else replay_mass(cache[name], cfg),
                 "seconds": data["seconds"],
             })
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    df["budget"] = df["budget"].astype("Int64")
+    df["first_eviction"] = df["first_eviction"].astype("Int64")
+    return df
 
 
 def spearman(a, b) -> float:
@@ -101,6 +104,13 @@ def report(df: pd.DataFrame) -> None:
         print("|---|---:|" + "---:|" * len(cols))
         for (text, b), row in piv[cols].iterrows():
             print(f"| {text} | {b} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
+        mass = sub.pivot_table(index=["text", "budget"], columns="short", values="replay_retained_mass")
+        print(f"\n### replay retained mass (shipped head-mean traces, layers 0/14/29 averaged)\n")
+        cols2 = [c for c in order if c in mass.columns]
+        print("| text | budget | " + " | ".join(cols2) + " |")
+        print("|---|---:|" + "---:|" * len(cols2))
+        for (text, b), row in mass[cols2].iterrows():
+            print(f"| {text} | {b} | " + " | ".join(f"{row[c]:.3f}" for c in cols2) + " |")
         print(f"\n### Spearman(replay retained mass, closed-loop perplexity after eviction), {gran}\n")
         for (text, b), g in sub.groupby(["text", "budget"]):
             rho = spearman(g.replay_retained_mass, g.perplexity_after_eviction)

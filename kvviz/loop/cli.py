@@ -95,6 +95,7 @@ def write_json(path, data) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=1)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

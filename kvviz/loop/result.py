@@ -161,6 +161,7 @@ class LoopResult:
         os.close(fd)
         try:
             np.savez_compressed(tmp, **arrays)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a shipped file must be readable
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
