@@ -215,7 +215,7 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kvviz capture",
+        prog="kvviz capture",
         description="Record attention rows of SmolLM2-135M over a text into a trace file "
                     "(head-mean, and optionally per KV head or per query head).")
     parser.add_argument("--text", required=True, help="UTF-8 text file to read")

@@ -25,6 +25,7 @@ SETTINGS = {
     "server.maxUploadSize": "64",
     "client.toolbarMode": "minimal",
     "theme.base": "light",
+    "runner.postScriptGC": "false",  # see .streamlit/config.toml: the GC walk cost a class
 }
 
 

@@ -10,12 +10,11 @@ or harness rule it mirrors; tests/test_streams.py checks every stream's Run agai
 from __future__ import annotations
 
 import copy
-import time
 
 import numpy as np
 
 from .policies import make_policy
-from .replay import NEVER, Replay, Run, held_shares, run_policy
+from .replay import NEVER, Run, run_policy
 from .trace import ArrayTrace, Trace, packed_offset
 
 VECTORISED = ("tova", "h2o", "snapkv")  # see STATES
@@ -225,7 +224,9 @@ class _Rows:
         if t > np.getbufsize():
             pos = keys - self.starts
             return [_share(tr.row(t), pos[s]) for s, tr in enumerate(self.traces)]
-        block = self.block if self.flat is None else self.base[self.which, packed_offset(t):packed_offset(t + 1)]
+        block = self.block
+        if self.flat is not None:
+            block = self.base[self.which, packed_offset(t):packed_offset(t + 1)]
         total = block.astype(np.float64).sum(axis=1)
         out = np.full(len(total), np.nan)
         np.divide(held_mass, total, out=out, where=total > 0)

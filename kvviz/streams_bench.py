@@ -133,7 +133,8 @@ def bench(budget: int = 512, steps: int = 4096, policies=("tova", "h2o", "snapkv
 
         ways = {("lean loop", 1): lambda: LEAN[name](lists, budget), ("Replay", 1): replay}
         for count in streams:
-            ways["run_streams", count] = lambda group=traces[:count]: replay_streams(group, name, budget)[0].tolist()
+            ways["run_streams", count] = \
+                lambda group=traces[:count]: replay_streams(group, name, budget)[0].tolist()
         best, logs = {}, {}
         for _ in range(repeat):
             for way, fn in ways.items():

@@ -191,7 +191,8 @@ def test_metrics_and_sweeps(traces):
     pool = next(c for c in charts if "poolKernel" in title(c))
     assert arr(pool["data"][0]["x"]).tolist() == [1, 3, 5, 7, 9, 11, 13, 15]  # odd only
     assert pool["layout"]["xaxis"]["title"]["text"] == "poolKernel"
-    assert any(a.get("text", "").strip() == "now: poolKernel=5" for a in pool["layout"]["annotations"])
+    marks = [a.get("text", "").strip() for a in pool["layout"]["annotations"]]
+    assert "now: poolKernel=5" in marks
     obs = next(c for c in charts if "obsWindow" in title(c))
     assert arr(obs["data"][0]["x"]).tolist()[:3] == [1, 2, 4]
     budgets = next(c for c in charts if "across budgets" in title(c))
@@ -567,6 +568,8 @@ def test_stale_experiment_text_goes(traces):
     at = app(exp="pooling-off", budget=100)
     ok(at)
     assert not any("Experiment:" in m.value for m in at.markdown) and "exp" not in qp(at)
+    at = app(exp="nonsense")
+    assert "exp='nonsense' is not a guided experiment" in warnings(at) and "exp" not in qp(at)
 
 
 def test_out_of_range_link_values_warn(traces):

@@ -52,12 +52,16 @@ def wait_param(page, name, value, timeout=15_000):
     return True
 
 
-CUT_TEXT = """() => [...document.querySelectorAll('[data-testid="stMain"] button p, '
-  + '[data-testid="stMain"] [data-testid="stMarkdownContainer"] p')]
-  .filter(p => p.offsetParent !== null && p.textContent.trim()
-          && (p.scrollWidth > p.clientWidth + 1
-              || p.getBoundingClientRect().right > window.innerWidth + 1))
-  .map(p => p.textContent.trim())"""
+CUT_TEXT = """() => {
+  const cut = e => e.offsetParent !== null && e.textContent.trim()
+      && (e.scrollWidth > e.clientWidth + 1
+          || e.getBoundingClientRect().right > window.innerWidth + 1);
+  const main = document.querySelector('[data-testid="stMain"]');
+  const buttons = [...main.querySelectorAll('button')].filter(
+      b => [b, ...b.querySelectorAll('*')].some(cut));
+  const text = [...main.querySelectorAll('[data-testid="stMarkdownContainer"] p')].filter(cut);
+  return [...buttons, ...text].map(e => e.textContent.trim());
+}"""
 
 
 def projector(browser, url):
@@ -68,8 +72,8 @@ def projector(browser, url):
         page = context.new_page()
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        M.load_first_chart(page, url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300"
-                                       "&view=cache")
+        page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
+        page.wait_for_selector(M.CHART_SEL + " image", state="attached", timeout=180_000)
         page.get_by_text("holds").first.wait_for()
         M.wait_idle(page)
         time.sleep(1.0)

@@ -19,7 +19,8 @@ class H2O(Policy):
     name = "h2o"
     specs: ClassVar = (
         ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
-                  source="the TOVA card (Oren et al. 2024): H2O's recent window is 'a fixed 32 positions'"),
+                  source="the TOVA card (Oren et al. 2024): H2O's recent window is 'a fixed "
+                         "32 positions'"),
     )
 
     def check_params(self):

@@ -26,7 +26,8 @@ class Scissorhands(Policy):
     specs: ClassVar = (
         ParamSpec("history_window", "historyWindow", 32, 1, 64,
                   help="observed steps over which low-attention counts are kept",
-                  source="kvviz's choice, twice SnapKV's obsWindow: the Scissorhands paper (Liu et al. 2023) tunes the window per workload"),
+                  source="kvviz's choice, twice SnapKV's obsWindow: the Scissorhands paper "
+                         "(Liu et al. 2023) tunes the window per workload"),
         ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
                   source="kvviz's choice, the same as H2O's so the two compare directly"),
     )

@@ -22,7 +22,8 @@ class SnapKV(Policy):
     name = "snapkv"
     specs: ClassVar = (
         ParamSpec("obs_window", "obsWindow", 16, 1, 128, help="observed steps summed per slot",
-                  source="the SnapKV card: 'the last sixteen steps' (Li et al. 2024 adapted to decoding)"),
+                  source="the SnapKV card: 'the last sixteen steps' (Li et al. 2024, adapted "
+                         "to decoding)"),
         ParamSpec("pool_kernel", "poolKernel", 5, 1, 15, step=2, odd_only=True,
                   help="max-pool width over adjacent kept slots; 1 disables pooling",
                   source="the default kernel_size=5 of kvpress's SnapKVPress (NVIDIA kvpress)"),

@@ -4,12 +4,13 @@ from __future__ import annotations
 import streamlit as st
 
 GLOSSARY = {
-    "retained mass": "Of all the attention the model paid over the run, the share that landed on "
-                     "positions the cache still held (1 = nothing the model looked at was "
-                     "missing). `kvviz.metrics.summary`.",
-    "heavy-hitter recall": "Of the positions that received the most attention so far (the heavy "
-                           "hitters, as in the H2O paper, Zhang et al. 2023), the share the cache "
-                           "still holds, averaged over steps.",
+    "retained mass": "At each step after the first eviction, the share of the model's attention "
+                     "(in the full, uncompressed trace) that falls on positions the cache still "
+                     "holds, averaged over those steps; 1 = nothing the model looked at was "
+                     "missing. Attention loss = 1 − retained mass.",
+    "heavy-hitter recall": "The heavy hitters are the budget/4 positions with the most attention "
+                           "received so far in the full trace (H2O, Zhang et al. 2023); recall "
+                           "is the share of them the cache holds, averaged over steps.",
     "|A Δ B|": "The symmetric difference: positions held by exactly one of the two policies at "
                "a step. 0 means both caches are identical.",
     "window sum": "SnapKV: the attention a slot received over the last obsWindow observed steps.",
@@ -26,8 +27,9 @@ GLOSSARY = {
              "512-step stretch is an epoch, stationary inside.",
     "sink": "The first positions (0–3): models park attention there whatever the text "
             "(Xiao et al. 2024, StreamingLLM, 'attention sinks').",
-    "memory bytes": "What the policy's per-slot bookkeeping costs at this budget: budget × bytes "
-                    "per slot (position, scores, SnapKV's obsWindow history ring).",
+    "memory bytes": "What the policy's bookkeeping costs at this budget: budget × bytes per slot "
+                    "(position, scores, and SnapKV's obsWindow history ring), the cards' memory "
+                    "layout. Not the keys and values themselves.",
     "budget": "How many key/value positions each policy may hold; beyond it, one is evicted per "
               "new token.",
     "step": "One decode step: the new token is admitted, then the policy evicts down to the "

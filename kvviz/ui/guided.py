@@ -6,11 +6,12 @@ import streamlit as st
 
 from kvviz.policies import param_specs
 from kvviz.ui import compute, experiments
-from kvviz.ui.session import S, apply_state, view_state
+from kvviz.ui.session import S, apply_state, note, view_state
 from kvviz.ui.state import ViewState
 from kvviz.views.scores import explain_text
 
-SETTINGS = ("trace", "layer", "head", "budget", "a", "b")  # step, view and positions may move freely
+# what an explanation depends on; the step, the view and chosen positions may move freely
+SETTINGS = ("trace", "layer", "head", "budget", "a", "b")
 
 
 def _defaults(name: str) -> tuple:
@@ -67,8 +68,11 @@ def experiments_box():
     if msg:
         st.error(msg)
     exp = S["kv"].get("exp")
-    if exp and (exp not in experiments.EXPERIMENTS or stale(exp, view_state())):
-        title = experiments.EXPERIMENTS.get(exp, {}).get("title", exp)
+    if exp and exp not in experiments.EXPERIMENTS:
+        note(f"exp={exp!r} is not a guided experiment; ignored")
+        S["kv"]["exp"] = exp = ""
+    if exp and stale(exp, view_state()):
+        title = experiments.EXPERIMENTS[exp]["title"]
         st.caption(f"Settings changed since the experiment “{title}”: its explanation no longer "
                    "applies, so it is hidden.")
         S["kv"]["exp"] = exp = ""

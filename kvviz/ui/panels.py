@@ -2,15 +2,15 @@
 
 Each view's Streamlit glue is its own module (kvviz/ui/view_*.py) exposing `render(ctx)`;
 the figures come from kvviz/views. Adding a view = a new module + one line in `RENDER`
-(and its label in kvviz.ui.state.VIEW_LABELS). Ctx, navigation, status and the experiments box are
-re-exported here so `app.py` needs one import.
+(and its label in kvviz.ui.state.VIEW_LABELS). Ctx, navigation, status and the experiments
+box are re-exported here so `app.py` needs one import.
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, view_metrics,
-                      view_scores, view_slides, view_survival, view_tokens)
+from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, view_loop,
+                      view_metrics, view_scores, view_slides, view_survival, view_tokens)
 from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
 from kvviz.ui.navigation import advance, navigator, status  # noqa: F401
@@ -27,6 +27,7 @@ RENDER = {
     "compare": view_compare.render,
     "slides": view_slides.render,
     "export": view_export.render,
+    "loop": view_loop.render,
 }
 
 

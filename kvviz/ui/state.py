@@ -19,10 +19,11 @@ from dataclasses import dataclass, field, replace
 from kvviz.policies import POLICIES, param_specs
 
 VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
-         "export")
+         "export", "loop")
 VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
                "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
-               "compare": "Compare all", "slides": "Slides", "export": "Export"}
+               "compare": "Compare all", "slides": "Slides", "export": "Export",
+               "loop": "Model in the loop"}
 
 
 ZOOMS = (0, 32, 128, 512)

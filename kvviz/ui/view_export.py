@@ -20,6 +20,8 @@ def render(ctx: Ctx):
               "budget": ctx.budget, "A": {"policy": ctx.a, "params": dict(ctx.pa)},
               "B": {"policy": ctx.b, "params": dict(ctx.pb)}, "step": ctx.step,
               "url_query": to_query(vs)}
+    if ctx.solo:  # the other policy refused its settings: both sides hold this one's run
+        config["refused"] = "B" if ctx.solo == "a" else "A"
     log = eviction_log(ctx.eng_a.run, ctx.eng_b.run, ctx.trace.tokens)
     stem = f"kvviz_{getattr(ctx.trace, 'name', 'trace')}_{ctx.a}_vs_{ctx.b}_b{ctx.budget}"
     c = st.columns(3)
