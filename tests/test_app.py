@@ -1,11 +1,8 @@
 """The explorer page under AppTest (streamlit.testing.v1): every control, every view, the URL
 round trip, refused parameters, guided experiments and downloads. Figures are checked
 through their JSON (`at.get("plotly_chart")[i].proto.spec`), not just their presence."""
-import base64
 import json
-import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,18 +11,9 @@ from streamlit.testing.v1 import AppTest
 from kvviz.trace import save_trace
 from kvviz.views.cache import png_to_codes
 
-REPO = Path(__file__).resolve().parents[1]
-APP = str(REPO / "app.py")
+from apphelp import REPO, app, arr, ok, softmax_rows, traces_dir
+
 T = 160
-
-
-def softmax_rows(rng, steps, layers):
-    a = np.zeros((layers, steps, steps), np.float32)
-    for layer in range(layers):
-        for t in range(1, steps):
-            w = rng.gamma(0.3, size=t) + (np.arange(t) < 2) * 2.0
-            a[layer, t, :t] = w / w.sum()
-    return a
 
 
 @pytest.fixture(scope="module")
@@ -37,42 +25,16 @@ def traces(tmp_path_factory):
                meta={"name": "tiny", "model": "test-model", "source": "random test rows"})
     save_trace(d / "plain.npz", softmax_rows(rng, 90, 1), meta={"name": "plain"})
     shutil.copy(REPO / "traces" / "prose.npz", d / "prose.npz")  # the pooling experiment's
-    old = os.environ.get("KVVIZ_TRACES_DIR")
-    os.environ["KVVIZ_TRACES_DIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("KVVIZ_TRACES_DIR", None)
-    else:
-        os.environ["KVVIZ_TRACES_DIR"] = old
-
-
-def app(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    for k, v in query.items():
-        at.query_params[k.replace("__", ".")] = str(v)
-    return at.run()
+    with traces_dir(d):
+        yield d
 
 
 def tiny(**query) -> AppTest:
     return app(trace="file:tiny.npz", budget=48, **query)
 
 
-def ok(at: AppTest):
-    assert not at.exception, [e.value for e in at.exception]
-
-
 def specs(at: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-
-
-def arr(v):
-    """Plotly JSON array (list or typed {dtype, bdata, shape}) -> numpy."""
-    if isinstance(v, dict) and "bdata" in v:
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        if "shape" in v:
-            a = a.reshape([int(x) for x in str(v["shape"]).split(",")])
-        return a
-    return np.asarray(v)
 
 
 def qp(at: AppTest) -> dict:

@@ -7,12 +7,10 @@ recentWindow 8) / streaming-llm at budgets 16 and 32, at layer and kv-head granu
 written by kvviz.loop (see tests/fixtures/loop/README.md). Expected values are computed
 here from the files' raw arrays with numpy, not through the view's own code.
 """
-import base64
 import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +20,8 @@ from kvviz.views import loop as LV
 from kvviz.views.cache import png_to_codes
 from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
-REPO = Path(__file__).resolve().parents[1]
-APP = str(REPO / "app.py")
+from apphelp import APP, REPO, arr, ok
+
 FIX = REPO / "tests" / "fixtures" / "loop"
 KV_HEAD = FIX / "prose64_kv-head.npz"
 LAYER = FIX / "prose64_layer.npz"
@@ -34,15 +32,6 @@ def raw(path):
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
         return meta, {k: z[k] for k in z.files if k != "meta"}
-
-
-def arr(v):
-    if isinstance(v, dict) and "bdata" in v:
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        if "shape" in v:
-            a = a.reshape([int(x) for x in str(v["shape"]).split(",")])
-        return a
-    return np.asarray(v)
 
 
 # --- figure builders ---------------------------------------------------------------------
@@ -129,10 +118,6 @@ def loop_page(**query) -> AppTest:
     for k, v in query.items():
         at.query_params[k] = str(v)
     return at.run()
-
-
-def ok(at):
-    assert not at.exception, [e.value for e in at.exception]
 
 
 def charts(at) -> dict:

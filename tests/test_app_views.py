@@ -2,12 +2,9 @@
 
 Expected values come from the policy core directly (run_policy + kvviz.metrics.summary on the
 same file), not from the page's own caches."""
-import base64
 import gc
 import io
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,28 +18,10 @@ from kvviz import views as V
 from kvviz.trace import load_trace, save_trace
 from kvviz.views.cache import png_to_codes
 
-REPO = Path(__file__).resolve().parents[1]
-APP = str(REPO / "app.py")
+import apphelp
+from apphelp import arr, ok, softmax_rows, traces_dir
+
 T = 160
-
-
-def softmax_rows(rng, steps, layers):
-    a = np.zeros((layers, steps, steps), np.float32)
-    for layer in range(layers):
-        for t in range(1, steps):
-            w = rng.gamma(0.3, size=t) + (np.arange(t) < 2) * 2.0
-            a[layer, t, :t] = w / w.sum()
-    return a
-
-
-def arr(v):
-    """Plotly JSON array (list or typed {dtype, bdata, shape}) -> numpy."""
-    if isinstance(v, dict) and "bdata" in v:
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        if "shape" in v:
-            a = a.reshape([int(x) for x in str(v["shape"]).split(",")])
-        return a
-    return np.asarray(v)
 
 
 @pytest.fixture(scope="module")
@@ -51,24 +30,12 @@ def traces(tmp_path_factory):
     rng = np.random.default_rng(11)
     tokens = [" the", "\n", "cat", "\tsat", "<b>"] * (T // 5)
     save_trace(d / "tiny.npz", softmax_rows(rng, T, 1), tokens=tokens, meta={"name": "tiny"})
-    old = os.environ.get("KVVIZ_TRACES_DIR")
-    os.environ["KVVIZ_TRACES_DIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("KVVIZ_TRACES_DIR", None)
-    else:
-        os.environ["KVVIZ_TRACES_DIR"] = old
+    with traces_dir(d):
+        yield d
 
 
 def app(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    for k, v in query.items():
-        at.query_params[k.replace("__", ".")] = str(v)
-    return at.run()
-
-
-def ok(at):
-    assert not at.exception, [e.value for e in at.exception]
+    return apphelp.app(timeout=180, **query)
 
 
 def specs(at):
