@@ -56,3 +56,22 @@ def traces_dir(d):
             os.environ.pop("KVVIZ_TRACES_DIR", None)
         else:
             os.environ["KVVIZ_TRACES_DIR"] = old
+
+
+def require_browser():
+    """Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise."""
+    import pytest
+
+    chromium = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
+    problems = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problems.append("the playwright package is not installed")
+    if not Path(chromium).exists():
+        problems.append(f"{chromium} not found (apt-get install -y chromium)")
+    if problems:
+        msg = "e2e: " + "; ".join(problems)
+        if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
+            pytest.fail(msg + " (KVVIZ_REQUIRE_E2E=1)")
+        pytest.skip(msg)

@@ -3,44 +3,24 @@ tests/test_e2e.py): the page opens on the view from a link, draws the perplexity
 the ΔNLL strip and chart and the cache heatmap from the fixture results, and redraws when
 the policy changes. Ports 8651-8659 (this test's range); the server is stopped by PID.
 """
-import os
-import socket
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import measure_latency as M  # noqa: E402
+import stclient  # noqa: E402
+from apphelp import require_browser  # noqa: E402
 ART = REPO / "artifacts"
 FIX = REPO / "tests" / "fixtures" / "loop"
 
 
-def _require():
-    problems = []
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problems.append("the playwright package is not installed")
-    if not Path(M.CHROMIUM).exists():
-        problems.append(f"{M.CHROMIUM} not found (apt-get install -y chromium)")
-    if problems:
-        msg = "e2e: " + "; ".join(problems)
-        if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
-            pytest.fail(msg + " (KVVIZ_REQUIRE_E2E=1)")
-        pytest.skip(msg)
+_require = require_browser  # a failure in CI, a skip elsewhere
 
 
 def port_in_range() -> int:
-    for port in range(8651, 8660):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 8651-8659")
+    return stclient.free_port(8651, 8659)
 
 
 def test_loop_view_in_chromium():

@@ -11,17 +11,19 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import stclient  # noqa: E402
+from apphelp import require_browser  # noqa: E402
+
 ART = REPO / "artifacts"
 CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -30,30 +32,11 @@ PORTS = range(8611, 8620)
 CHART = '[data-testid="stPlotlyChart"]'
 
 
-def _require():
-    problems = []
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problems.append("the playwright package is not installed")
-    if not Path(CHROMIUM).exists():
-        problems.append(f"{CHROMIUM} not found (apt-get install -y chromium)")
-    if problems:
-        msg = "e2e: " + "; ".join(problems)
-        if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
-            pytest.fail(msg + " (KVVIZ_REQUIRE_E2E=1)")
-        pytest.skip(msg)
+_require = require_browser  # a failure in CI, a skip elsewhere
 
 
 def _free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+    return stclient.free_port(PORTS.start, PORTS.stop - 1)
 
 
 @contextlib.contextmanager
