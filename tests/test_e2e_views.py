@@ -10,24 +10,20 @@ import contextlib
 import io
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+import measure_latency as M  # noqa: E402
 import stclient  # noqa: E402
 from apphelp import require_browser  # noqa: E402
 
 ART = REPO / "artifacts"
-CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM, CHROMIUM_ARGS = M.CHROMIUM, M.CHROMIUM_ARGS
 PORTS = range(8611, 8620)
 CHART = '[data-testid="stPlotlyChart"]'
 
@@ -42,36 +38,12 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def server():
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true",
-         "--browser.gatherUsageStats", "false"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = M.start_server(port)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited: {proc.stdout.read().decode(errors='replace')}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("streamlit did not report healthy")
-            time.sleep(0.2)
+        M.wait_health(port, proc, timeout=90)
         yield f"http://127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)  # the group we started
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        M.stop_server(proc)
 
 
 @contextlib.contextmanager
