@@ -9,7 +9,6 @@ Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip 
 import contextlib
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
