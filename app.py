@@ -5,19 +5,16 @@
 Thin entry point: lays out the page; the work lives in kvviz.ui (state, cached compute,
 controls) and kvviz.views (pure figure builders).
 """
-# Imported here, before any st call, on purpose. Streamlit runs every session's script in its
-# own thread, so on a fresh server the first sessions all import these at the same moment.
-# Python's import lock makes an `import numpy` wait until numpy has finished importing in
-# whichever thread started it, but plotly looks numpy, pandas and PIL.Image up in sys.modules
-# directly, without that lock, and a chart drawn while another session is half-way through
-# importing them fails ("partially initialized module 'numpy' has no attribute 'ndarray'").
-# Importing them here makes each session wait for complete modules before its first chart; no
-# other lock is needed. Only the first session pays (~1-3 s); the rest find them loaded.
-import numpy  # noqa: F401
-import pandas  # noqa: F401
-import PIL.Image  # noqa: F401
-import plotly.graph_objects  # noqa: F401
+import threading
+
 import streamlit as st
+
+
+@st.cache_resource
+def _import_lock() -> threading.Lock:
+    """One lock for the whole server (cache_resource hands every session the same object)."""
+    return threading.Lock()
+
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
@@ -27,12 +24,24 @@ st.markdown("#### kvviz: watch KV-cache eviction policies decide, step by step")
 notices = st.container()   # notes about the link
 top = st.container()       # experiments, step navigation, status line
 main = st.empty()          # the selected view
-if not st.session_state.get("kv.drawn"):
-    # First run of a session: put a tiny chart on the page before the policies are imported
-    # and replayed, so the browser fetches and parses plotly.js (4.7 MB) meanwhile.
-    main.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {
-        "title": {"text": "Replaying the policies…"}, "height": 560, "plot_bgcolor": "white",
-        "xaxis": {"visible": False}, "yaxis": {"visible": False}}}, key="chart.loading")
+# Streamlit runs every session's script in its own thread, so on a fresh server the first
+# sessions import numpy, pandas, PIL and plotly at the same moment. `import numpy` waits for a
+# complete module, but plotly looks numpy, pandas and PIL.Image up in sys.modules directly, so
+# a chart drawn while another session is half-way through importing them fails ("partially
+# initialized module 'numpy' has no attribute 'ndarray'"). Drawing the first chart and doing
+# those imports under one server-wide lock means no chart is ever drawn beside a half-made
+# module, while the very first session still sends its placeholder chart (so the browser
+# fetches plotly.js, 4.7 MB) before paying for the imports. Later runs find them loaded.
+with _import_lock():
+    if not st.session_state.get("kv.drawn"):
+        main.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {
+            "title": {"text": "Replaying the policies…"}, "height": 560,
+            "plot_bgcolor": "white", "xaxis": {"visible": False},
+            "yaxis": {"visible": False}}}, key="chart.loading")
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import plotly.graph_objects  # noqa: F401
 
 from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
 
