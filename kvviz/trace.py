@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import replacing
 
 FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)
@@ -179,18 +179,8 @@ def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
         arrays["tokens"] = np.asarray([str(s) for s in tokens], dtype=np.str_)
     _check_arrays(arrays, "attn")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez_compressed(fh, **arrays)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a trace is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as fh:
+        np.savez_compressed(fh, **arrays)
     return path
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from ..atomic import replacing
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
 PERF_POLICIES = ("tova", "h2o", "snapkv", "snapkv:pool_kernel=1", "streaming-llm",
@@ -90,13 +89,8 @@ class Progress:
 
 
 def write_json(path, data) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with replacing(path) as fh:
+        fh.write(json.dumps(data, indent=1).encode())
 
 
 def table(results) -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import replacing
 from ..replay import NEVER, Run, held_shares
 from ..trace import ArrayTrace, packed_offset
 from .config import LoopConfig
@@ -156,16 +155,8 @@ class LoopResult:
         }
         if self.rows is not None:
             arrays["rows"] = self.rows.astype(rows_dtype)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".npz")
-        os.close(fd)
-        try:
-            np.savez_compressed(tmp, **arrays)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a shipped file must be readable
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with replacing(path) as fh:
+            np.savez_compressed(fh, **arrays)
         return path
 
 

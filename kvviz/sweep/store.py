@@ -10,12 +10,11 @@ Only the driver writes here (workers return values), so there is one writer and 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+from ..atomic import replacing
 from .. import __version__
 from ..policies import param_specs
 from .cell import METRICS
@@ -29,14 +28,8 @@ class SweepDirError(ValueError):
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as fh:
+        fh.write(data)
 
 
 def prepare(out: Path, spec: dict, traces: dict[str, TraceInfo]) -> None:
@@ -123,12 +116,6 @@ def write_table(out: Path, df: pd.DataFrame) -> list[Path]:
         import pyarrow  # noqa: F401
     except ImportError:
         return written
-    fd, tmp = tempfile.mkstemp(dir=out, suffix=".parquet.tmp")
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False, engine="pyarrow")
-        os.replace(tmp, out / "results.parquet")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(out / "results.parquet") as fh:
+        df.to_parquet(fh, index=False, engine="pyarrow")
     return written + [out / "results.parquet"]
