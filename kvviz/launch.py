@@ -26,6 +26,7 @@ SETTINGS = {
     "client.toolbarMode": "minimal",
     "theme.base": "light",
     "runner.postScriptGC": "false",  # see .streamlit/config.toml: the GC walk cost a class
+    "runner.magicEnabled": "false",  # unused; Streamlit recompiles app.py per new session
 }
 
 

@@ -39,9 +39,9 @@ def test_moving_the_step_equals_rebuilding_the_figure():
 
 def test_the_moved_figure_marks_the_step():
     ea, eb = runs()
-    fig = at_step(cache_heatmap(ea, eb, 0).to_dict(), 123)
-    assert [(s.y0, s.y1) for s in fig.layout.shapes if s.name == "step"] == [(123, 123)]
-    assert [a.text for a in fig.layout.annotations if a.name == "step"] == ["step 123"]
+    lay = as_sent(at_step(cache_heatmap(ea, eb, 0).to_dict(), 123))["layout"]
+    assert [(s["y0"], s["y1"]) for s in lay["shapes"] if s.get("name") == "step"] == [(123, 123)]
+    assert [a["text"] for a in lay["annotations"] if a.get("name") == "step"] == ["step 123"]
 
 
 def test_blocks_not_generated_yet_say_only_that():
@@ -69,3 +69,14 @@ def test_default_page_figure_is_smaller():
                                              grid=g).to_dict(), 1300), validate=False)
     assert len(sent) < 400_000, len(sent)
     assert np.asarray(json.loads(sent)["data"][1]["text"]).shape == (64, 64)
+
+
+def test_the_moved_figure_is_sent_without_copying_the_shared_data():
+    """st.plotly_chart turns a Figure into a dict with `to_dict()`, which for a plain Figure
+    deep-copies all 4,096 hover strings of the whole-run heatmap per rerun; the moved figure
+    hands over the shared data itself, and only its layout is new."""
+    ea, eb = runs()
+    base = cache_heatmap(ea, eb, 0).to_dict()
+    sent = plotly.tools.return_figure_from_figure_or_data(at_step(base, 7), validate_figure=True)
+    assert sent["data"] is base["data"]
+    assert sent["layout"] is not base["layout"] and base["layout"]["annotations"][0]["y"] == 0

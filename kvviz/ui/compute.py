@@ -18,6 +18,7 @@ from kvviz.replay import run_policy
 from kvviz.trace import canonical, load_trace
 from kvviz.ui.engine import Engine
 from kvviz.views.cache import cache_heatmap, heatmap_grid
+from kvviz.views.states import divergence_steps, symmetric_difference
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,6 +114,20 @@ def trace_heads(key: str, layer: int, version: str = "") -> list[str]:
 def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
                head: str = "mean") -> Engine:
     return Engine(get_trace(key, layer, version, head), policy, budget, dict(params))
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def pair(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
+         head: str = "mean") -> dict:
+    """What the step navigator and status line need about two runs at every step, once per
+    server (every session and rerun used to recompute them): the divergence steps and
+    |A delta B| per step. Read-only arrays."""
+    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    out = {"divergences": divergence_steps(ea, eb), "symdiff": symmetric_difference(ea, eb)}
+    for v in out.values():
+        v.flags.writeable = False
+    return out
 
 
 @st.cache_data(max_entries=256, show_spinner=False)

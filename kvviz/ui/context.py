@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from kvviz.policies import param_specs
 from kvviz.ui import compute
@@ -57,6 +60,23 @@ class Ctx:
     @property
     def ev_b(self):
         return self.eng_b.evicted_at
+
+    @cached_property
+    def pair(self) -> dict:
+        """compute.pair: divergence steps and |A delta B| per step, shared server-wide."""
+        return compute.pair(self.key, self.layer, self.version, (self.a, self.pa),
+                            (self.b, self.pb), self.budget, self.head)
+
+    @property
+    def first_divergence(self) -> int:
+        d = self.pair["divergences"]
+        return int(d[0]) if len(d) else -1
+
+    def next_divergence(self, after: int) -> int:
+        """First divergence step strictly after `after`, or -1."""
+        d = self.pair["divergences"]
+        i = int(np.searchsorted(d, int(after), side="right"))
+        return int(d[i]) if i < len(d) else -1
 
     def peek(self, which: str, step: int):
         name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)

@@ -42,7 +42,7 @@ def navigator(ctx: Ctx) -> int:
             S["kv"][field] = -1
             S.pop(wkey(field), None)
     if S["kv"].get("step") is None and wkey("step") not in S:
-        first = V.first_divergence(ctx.ev_a, ctx.ev_b)
+        first = ctx.first_divergence
         S["kv"]["step"] = first if first >= 0 else steps - 1
     restore(wkey("step"), steps - 1)
     if not 0 <= int(S[wkey("step")]) < steps:
@@ -51,7 +51,7 @@ def navigator(ctx: Ctx) -> int:
             note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
                  f"showing step {clamped}")
         S[wkey("step")] = clamped
-    nxt = V.next_divergence(ctx.ev_a, ctx.ev_b, int(S[wkey("step")]))
+    nxt = ctx.next_divergence(int(S[wkey("step")]))
     st.html(NARROW_CSS)
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")
@@ -120,8 +120,8 @@ def status(ctx: Ctx):
                     "its settings (see above)")
     else:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
-        diff = int(V.symmetric_difference(ctx.ev_a, ctx.ev_b)[s])
-        first = V.first_divergence(ctx.ev_a, ctx.ev_b)
+        diff = int(ctx.pair["symdiff"][s])
+        first = ctx.first_divergence
         line.markdown(
             f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
