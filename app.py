@@ -5,16 +5,9 @@
 Thin entry point: lays out the page; the work lives in kvviz.ui (state, cached compute,
 controls) and kvviz.views (pure figure builders).
 """
-import threading
-
 import streamlit as st
 
-
-@st.cache_resource
-def _import_lock() -> threading.Lock:
-    """One lock for the whole server (cache_resource hands every session the same object)."""
-    return threading.Lock()
-
+from kvviz.ui.imports import import_lock
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
@@ -32,7 +25,7 @@ main = st.empty()          # the selected view
 # those imports under one server-wide lock means no chart is ever drawn beside a half-made
 # module, while the very first session still sends its placeholder chart (so the browser
 # fetches plotly.js, 4.7 MB) before paying for the imports. Later runs find them loaded.
-with _import_lock():
+with import_lock():
     if not st.session_state.get("kv.drawn"):
         main.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {
             "title": {"text": "Replaying the policies…"}, "height": 560,

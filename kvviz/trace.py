@@ -85,6 +85,15 @@ class CanonicalTrace(Trace):
         decay = np.exp(-np.arange(self.recent) / (self.recent / 2))
         self._recent_shape = decay / decay.sum()  # index 0 = newest position
         self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._memo: dict[int, np.ndarray] | None = None
+
+    def keep_rows(self) -> "CanonicalTrace":
+        """Remember each row once generated (all 4,096: 34 MB of float32), for a server whose
+        replays of one trace would otherwise regenerate every row per policy (a third of a
+        replay). `row` still returns a fresh copy. Returns self."""
+        if self._memo is None:
+            self._memo = {}
+        return self
 
     def heavy_hitters(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(positions, shares) of one epoch; drawn from the context before the epoch."""
@@ -98,6 +107,14 @@ class CanonicalTrace(Trace):
 
     def row(self, i: int) -> np.ndarray:
         t = self._check_step(i)
+        if self._memo is not None:
+            kept = self._memo.get(t)
+            if kept is None:
+                kept = self._memo[t] = self._make_row(t)  # threads may race: same values
+            return kept.copy()
+        return self._make_row(t)
+
+    def _make_row(self, t: int) -> np.ndarray:
         if t == 0:
             return np.zeros(0, np.float32)
         w = np.full(t, self.background_mass / t)

@@ -7,6 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from kvviz.replay import run_policy
 from kvviz.trace import CanonicalTrace, canonical, load_trace, pack_rows, save_trace
 
 # Pinned so that any change to the canonical workload is deliberate: update it together
@@ -281,3 +282,19 @@ def test_shipped_per_kv_head_trace():
             # causal attention over the same prefix: what code.npz holds for these rows
             assert np.allclose(c.row(i), m.row(i), atol=1e-3)
         assert not np.allclose(kv[0].row(511), kv[1].row(511), atol=1e-2)  # heads differ
+
+
+def test_kept_rows_are_the_generated_rows_and_fresh_copies():
+    """The app's canonical trace remembers its rows (keep_rows); every row, asked for in any
+    order and twice, must be bit-identical to a plain trace's, and callers get their own copy."""
+    plain, kept = canonical(700), canonical(700).keep_rows()
+    order = list(range(699, -1, -3)) + list(range(700))
+    for t in order:
+        assert np.array_equal(kept.row(t), plain.row(t)), t
+        assert kept.row(t).dtype == np.float32
+    r = kept.row(650)
+    r[:] = -1
+    assert np.array_equal(kept.row(650), plain.row(650))
+    ra, rb = run_policy(plain, "snapkv", 64), run_policy(kept, "snapkv", 64)
+    assert np.array_equal(ra.evicted_at, rb.evicted_at)
+    assert np.array_equal(ra.retained, rb.retained, equal_nan=True)

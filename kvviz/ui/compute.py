@@ -84,7 +84,7 @@ def get_trace(key: str, layer: int | None, version: str = "", head: str = "mean"
     if key == "canonical":
         if head != "mean":
             raise ValueError(f"head must be one of ['mean'] for the canonical trace, got {head!r}")
-        return canonical()
+        return canonical().keep_rows()  # every policy's replay reads the same rows
     if key.startswith("file:"):
         name = key[5:]
         if "/" in name or "\\" in name or name.startswith("."):
