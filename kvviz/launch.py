@@ -7,6 +7,7 @@ they hold from any working directory; flags given after `kvviz app` override the
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -58,13 +59,16 @@ def command(extra: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: kvviz app [--dry-run] [streamlit flags, e.g. --server.port 8502 "
+        print("usage: kvviz app [--dry-run] [--cold] [streamlit flags, e.g. --server.port 8502 "
               "--server.address 0.0.0.0]\n\nStarts the explorer on http://localhost:8501 "
-              "(offline: no telemetry, bound to 127.0.0.1).\n--dry-run prints the command "
-              "and the traces folder instead of starting.")
+              "(offline: no telemetry, bound to 127.0.0.1).\nBefore it listens it draws the "
+              "default page once, so a class arriving together finds the replays done.\n"
+              "--cold starts without that. --dry-run prints the command and the traces "
+              "folder instead of starting.")
         return 0
     dry = "--dry-run" in argv
-    extra = [a for a in argv if a != "--dry-run"]
+    cold = "--cold" in argv
+    extra = [a for a in argv if a not in ("--dry-run", "--cold")]
     try:
         cmd = command(extra)
     except RuntimeError as exc:
@@ -78,6 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd))
         print(f"traces: {traces}")
         return 0
-    sys.stdout.flush()
-    os.execve(sys.executable, cmd, env)  # the server replaces this process: one pid to stop
-    return 0  # pragma: no cover
+    os.environ.update(env)
+    if not cold:
+        from kvviz.ui.warm import warm
+
+        print("kvviz: drawing the default page once before serving…", flush=True)
+        try:
+            print(f"kvviz: warm in {warm(app_file()):.1f} s", flush=True)
+        except Exception as exc:  # serve anyway: the page shows its own errors
+            print(f"kvviz: warming failed ({exc}); starting cold", file=sys.stderr, flush=True)
+    from streamlit.web import cli  # the server runs in this process: one pid to stop
+
+    # Warming parsed the config files once; the flags below change [server], which Streamlit
+    # reports as needing a restart. The server has not started, so the flags do apply.
+    logging.getLogger("streamlit.config").addFilter(
+        lambda rec: "config option section was detected" not in rec.getMessage())
+
+    return cli.main(args=cmd[3:], prog_name="streamlit", standalone_mode=False) or 0

@@ -2,10 +2,13 @@
 
     python scripts/loadtest.py                                # N = 10, 30, 60, then a browser round
     python scripts/loadtest.py --sizes 30 --browser 0 --json artifacts/load.json
+    python scripts/loadtest.py --launcher kvviz               # servers started by `kvviz app`
 
-For each N, a fresh server (`streamlit run app.py`, headless, 127.0.0.1, port in 8621-8649):
-  cold  N sessions open the default page at the same moment (nobody has loaded it yet, nothing
-        imported or cached), then all move B's poolKernel 5 -> 7 at once, then the step +1;
+For each N, a fresh server (`streamlit run app.py`, or `kvviz app` with --launcher kvviz;
+headless, 127.0.0.1, port in 8621-8649), once it answers its health check:
+  cold  N sessions open the default page at the same moment (nobody has loaded it yet: with
+        `streamlit run` nothing is imported or cached; `kvviz app` drew the default page once
+        before it listened), then all move B's poolKernel 5 -> 7 at once, then the step +1;
   warm  the sessions close, and N new ones do the same on that server (imports and the default
         page's replays cached), moving poolKernel 5 -> 9 (a value the server has not replayed
         yet) and the step +1.
@@ -172,11 +175,14 @@ def stats(xs) -> dict:
     return {"p50": statistics.median(xs), "p95": p95, "max": xs[-1], "n": len(xs)}
 
 
-def run_size(n: int, timeout: float, settle: float, repo: Path = REPO) -> dict:
+def run_size(n: int, timeout: float, settle: float, repo: Path = REPO,
+             launcher: str = "streamlit") -> dict:
     port = C.free_port(8621, 8649)
-    out = {"n": n}
-    with C.Server(repo, port) as srv:
+    out = {"n": n, "launcher": launcher}
+    with C.Server(repo, port, launcher=launcher) as srv:
+        out["ready_s"] = srv.ready_s
         out["rss_start_mb"] = rss_mb(srv.pid)
+        print(f"N={n:3d} server ({launcher}) ready in {srv.ready_s:.1f} s", flush=True)
         for phase, pool_to in (("cold", 7), ("warm", 9)):
             with PeakRSS(srv.pid) as peak:
                 t0 = time.perf_counter()
@@ -266,13 +272,17 @@ def main(argv=None):
                     "any one message")
     ap.add_argument("--settle", type=float, default=5, help="seconds after the sessions close "
                     "before idle RSS is read")
+    ap.add_argument("--launcher", choices=("streamlit", "kvviz"), default="streamlit",
+                    help="streamlit: `streamlit run app.py` (cold: nothing done before the "
+                    "first session); kvviz: `kvviz app`, which draws the default page once "
+                    "before it listens")
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose app.py is "
                     "served (e.g. an older commit's, to compare)")
     args = ap.parse_args(argv)
     print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
           f"on {os.cpu_count()} cores", flush=True)
-    results = [run_size(int(n), args.timeout, args.settle, args.repo)
+    results = [run_size(int(n), args.timeout, args.settle, args.repo, args.launcher)
                for n in args.sizes.split(",")]
     doc = {"load_before": os.getloadavg(), "sizes": results}
     if args.browser:

@@ -191,24 +191,34 @@ def free_port(lo: int, hi: int) -> int:
 
 
 class Server:
-    """`streamlit run app.py` on 127.0.0.1:port, headless, telemetry off, in its own process
-    group (stopped by that group's id). `pid` is the server's process id (for RSS)."""
+    """`streamlit run app.py` (launcher "streamlit") or `kvviz app` (launcher "kvviz": the
+    page drawn once before the server listens) on 127.0.0.1:port, headless, telemetry off,
+    in its own process group (stopped by that group's id). `pid` is the server's process id
+    (for RSS; `kvviz app` runs the server in its own process)."""
 
-    def __init__(self, repo, port: int, env: dict | None = None, log=None):
+    def __init__(self, repo, port: int, env: dict | None = None, log=None,
+                 launcher: str = "streamlit"):
         import os
         import subprocess
         import sys
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-               "--server.address", "127.0.0.1", "--server.headless", "true",
-               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+        flags = ["--server.port", str(port), "--server.address", "127.0.0.1",
+                 "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                 "--server.fileWatcherType", "none"]
+        if launcher == "kvviz":
+            cmd = [sys.executable, "-m", "kvviz", "app", *[f"{k}={v}" for k, v in
+                                                          zip(flags[::2], flags[1::2])]]
+        elif launcher == "streamlit":
+            cmd = [sys.executable, "-m", "streamlit", "run", "app.py", *flags]
+        else:
+            raise ValueError(f"launcher must be streamlit or kvviz, got {launcher!r}")
         self.proc = subprocess.Popen(cmd, cwd=repo, env={**os.environ, **(env or {})},
                                      stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.pid = self.proc.pid
 
-    def wait_healthy(self, timeout: float = 60.0) -> float:
+    def wait_healthy(self, timeout: float = 120.0) -> float:
         import urllib.request
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < timeout:
@@ -239,7 +249,7 @@ class Server:
 
     def __enter__(self):
         try:
-            self.wait_healthy()
+            self.ready_s = self.wait_healthy()
         except BaseException:
             self.stop()
             raise

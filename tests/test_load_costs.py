@@ -80,3 +80,32 @@ def test_the_moved_figure_is_sent_without_copying_the_shared_data():
     sent = plotly.tools.return_figure_from_figure_or_data(at_step(base, 7), validate_figure=True)
     assert sent["data"] is base["data"]
     assert sent["layout"] is not base["layout"] and base["layout"]["annotations"][0]["y"] == 0
+
+
+def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
+    """`kvviz app` draws the default page once before it serves (kvviz.ui.warm): the replays
+    of the default pair are then built, and a first visit builds none."""
+    import sys
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from apphelp import APP, ok
+    from kvviz.ui.engine import Engine
+    from kvviz.ui.warm import warm
+
+    built, init = [], Engine.__init__
+
+    def counting(self, trace, name, *a, **k):
+        built.append(name)
+        init(self, trace, name, *a, **k)
+
+    monkeypatch.setattr(Engine, "__init__", counting)
+    st.cache_resource.clear()
+    main = sys.modules["__main__"]
+    warm(APP)
+    assert sys.modules["__main__"] is main
+    assert sorted(built) == ["snapkv", "tova"]  # the default page: tova against snapkv
+    built.clear()
+    ok(AppTest.from_file(APP, default_timeout=120).run())
+    assert built == []
