@@ -120,6 +120,33 @@ def report(df: pd.DataFrame) -> None:
             print(f"- {text} {b}: rho = {rho:+.2f}; rank gaps >= 3: {', '.join(off) or 'none'}")
 
 
+def answers(df: pd.DataFrame) -> None:
+    """The figures the four questions quote: ratios to full, win counts, pk5 against pk1."""
+    ev = df[df.policy != "full"]
+    print("\n### figures for the answers\n")
+    for gran in ("layer", "kv-head"):
+        sub = ev[ev.granularity == gran]
+        if sub.empty:
+            continue
+        ppl = sub.pivot_table(index=["text", "budget"], columns="short",
+                              values="perplexity_after_eviction")
+        full = sub.groupby(["text", "budget"]).full_perplexity_after_eviction.first()
+        print(f"{gran}:")
+        for col in ("sinks0+window", "sinks4+window"):
+            r = ppl[col] / full
+            print(f"  {col} / full: " + ", ".join(f"{t} {b} x{v:.2f}" for (t, b), v in r.items()))
+        for other in ("h2o", "sinks4+window", "snapkv pk1"):
+            wins = int((ppl["tova"] < ppl[other]).sum())
+            print(f"  tova beats {other} in {wins} of {len(ppl)}: " + ", ".join(
+                f"{t} {b} {a:.2f}/{o:.2f}" for (t, b), a, o in zip(ppl.index, ppl["tova"], ppl[other])))
+        worse = int((ppl["snapkv pk5"] > ppl["snapkv pk1"]).sum())
+        rel = (ppl["snapkv pk5"] / ppl["snapkv pk1"] - 1) * 100
+        print(f"  snapkv pk5 worse than pk1 in {worse} of {len(ppl)}: " + ", ".join(
+            f"{t} {b} {v:+.1f}%" for (t, b), v in rel.items()))
+        best = ppl.drop(columns=["sinks0+window", "random"]).idxmin(axis=1)
+        print("  best policy: " + ", ".join(f"{t} {b} {v}" for (t, b), v in best.items()))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", default=str(ROOT / "traces" / "loop"))
@@ -129,6 +156,7 @@ def main() -> int:
     df.to_csv(args.csv, index=False, float_format="%.6g")
     print(f"wrote {args.csv}: {len(df)} rows")
     report(df)
+    answers(df)
     return 0
 
 
