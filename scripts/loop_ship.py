@@ -1,6 +1,6 @@
 """Run the shipped closed-loop study: texts x one granularity, every config in one batch.
 
-    HF_HUB_OFFLINE=1 python scripts/loop_ship.py --granularity layer [--max-tokens 512]
+    HF_HUB_OFFLINE=1 python scripts/loop_ship.py --granularity layer [--max-tokens 1024] [--out-dir DIR]
 
 Resumable: a (text, granularity) whose result file exists is skipped; each file is
 written atomically (LoopResult.save, write_json). One torch thread: on a shared, busy
@@ -39,6 +39,7 @@ def main() -> int:
 
     configs = build_configs(POLICIES, BUDGETS)
     out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.texts.split(","):
         npz = out_dir / f"{name}-{args.granularity}.npz"
         if npz.exists():
