@@ -11,9 +11,13 @@ from kvviz.ui.imports import import_lock
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
-st.markdown("<style>[data-testid='stMainBlockContainer']{padding-top:2.2rem}</style>",
+# The page's style and title in one element (each element costs every run a message). A
+# projector is often 1024x768: below 1280 px the main column gets its side padding back.
+st.markdown("<style>[data-testid='stMainBlockContainer']{padding-top:2.2rem}"
+            "@media (max-width: 1280px) {[data-testid='stMainBlockContainer']"
+            "{padding-left: 1.2rem; padding-right: 1.2rem}}</style>\n\n"
+            "#### kvviz: watch KV-cache eviction policies decide, step by step",
             unsafe_allow_html=True)
-st.markdown("#### kvviz: watch KV-cache eviction policies decide, step by step")
 notices = st.container()   # notes about the link
 top = st.container()       # experiments, step navigation, status line
 main = st.empty()          # the selected view
@@ -62,9 +66,8 @@ if solo:  # draw the valid policy on both sides (the views say which one refused
     pols["a" if solo == "b" else "b"] = pols[solo]
 (a, pa, _), (b, pb, _) = pols["a"], pols["b"]
 head = sidebar.current_head()
-with st.spinner(f"Replaying {a} and {b} over {trace.steps} steps…"):
-    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget, head)
-    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
+eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget, head)
+eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
 ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
                  pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
                  label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo,

@@ -110,7 +110,10 @@ def trace_heads(key: str, layer: int, version: str = "") -> list[str]:
     return list(getattr(get_trace(key, layer, version), "heads", None) or ["mean"])
 
 
-@st.cache_resource(max_entries=16, show_spinner=False)
+# The spinner shows only while a replay runs (a cache miss); `with st.spinner` around the
+# call would cost every page run a timer thread and a message, replayed or not.
+@st.cache_resource(max_entries=16, show_spinner="Replaying the policy over the trace (once per "
+                   "setting, for the whole server)…")
 def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
                head: str = "mean") -> Engine:
     return Engine(get_trace(key, layer, version, head), policy, budget, dict(params))

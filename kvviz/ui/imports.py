@@ -9,7 +9,7 @@ import threading
 import streamlit as st
 
 
-@st.cache_resource
+@st.cache_resource(show_spinner=False)
 def import_lock() -> threading.Lock:
     """One lock for the whole server (cache_resource hands every session the same object)."""
     return threading.Lock()

@@ -12,9 +12,6 @@ from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
 
 PLAY_SPEEDS = (1, 4, 16, 64)
 PLAY_INTERVAL_S = 1.0
-# A projector is often 1024x768: give the main column the side padding back.
-NARROW_CSS = ("<style>@media (max-width: 1280px) {[data-testid='stMainBlockContainer']"
-              "{padding-left: 1.2rem; padding-right: 1.2rem}}</style>")
 
 
 def _shift(delta: int, steps: int):
@@ -52,7 +49,6 @@ def navigator(ctx: Ctx) -> int:
                  f"showing step {clamped}")
         S[wkey("step")] = clamped
     nxt = ctx.next_divergence(int(S[wkey("step")]))
-    st.html(NARROW_CSS)
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
