@@ -7,7 +7,7 @@ controls) and kvviz.views (pure figure builders).
 """
 import streamlit as st
 
-from kvviz.ui.imports import import_lock
+from kvviz.ui.imports import import_lock, settle
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
@@ -39,6 +39,7 @@ with import_lock():
     import pandas  # noqa: F401
     import PIL.Image  # noqa: F401
     import plotly.graph_objects  # noqa: F401
+    settle()
 
 from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
 
