@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-import numpy as np
-
 from kvviz.policies import param_specs
 from kvviz.ui import compute
 from kvviz.views.common import A_COLOUR, B_COLOUR
+from kvviz.views.states import NEVER, next_after
 
 # the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
 CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
@@ -69,14 +68,11 @@ class Ctx:
 
     @property
     def first_divergence(self) -> int:
-        d = self.pair["divergences"]
-        return int(d[0]) if len(d) else -1
+        return next_after(self.pair["divergences"], NEVER)
 
     def next_divergence(self, after: int) -> int:
         """First divergence step strictly after `after`, or -1."""
-        d = self.pair["divergences"]
-        i = int(np.searchsorted(d, int(after), side="right"))
-        return int(d[i]) if i < len(d) else -1
+        return next_after(self.pair["divergences"], after)
 
     def peek(self, which: str, step: int):
         name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)

@@ -123,16 +123,19 @@ def divergence_steps(ev_a, ev_b) -> np.ndarray:
     return np.unique(events[events != NEVER])
 
 
+def next_after(steps: np.ndarray, after: int) -> int:
+    """The first of ascending `steps` strictly after `after`, or -1 (NEVER)."""
+    i = np.searchsorted(steps, int(after), side="right")
+    return int(steps[i]) if i < len(steps) else NEVER
+
+
 def first_divergence(ev_a, ev_b) -> int:
-    d = divergence_steps(ev_a, ev_b)
-    return int(d[0]) if len(d) else NEVER
+    return next_after(divergence_steps(ev_a, ev_b), NEVER)
 
 
 def next_divergence(ev_a, ev_b, after: int) -> int:
     """First divergence step strictly after `after`, or -1."""
-    d = divergence_steps(ev_a, ev_b)
-    i = np.searchsorted(d, int(after), side="right")
-    return int(d[i]) if i < len(d) else NEVER
+    return next_after(divergence_steps(ev_a, ev_b), after)
 
 
 def sinks_held(evicted_at, sinks: int = 4) -> np.ndarray:
