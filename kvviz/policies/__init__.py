@@ -6,8 +6,11 @@ views, references, CLI lists) is read from the registered classes, so a policy i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import inspect
 import re
+import uuid
 
 from .base import KINDS, ParamSpec, Policy, Rank, param
 from .h2o import H2O
@@ -88,6 +91,7 @@ def register_policy(cls):
         raise ValueError(f"policy name {cls.name!r} is already registered "
                          f"(by {have.__module__}.{have.__qualname__})")
     POLICIES[cls.name] = cls
+    source_hash(cls.name)
     return cls
 
 
@@ -126,22 +130,26 @@ def defaults(name: str) -> dict:
     return {s.name: s.default for s in _policy_class(name).specs}
 
 
-def parse_params(name: str, given, where: str = "") -> dict:
+def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
     """The one parser of parameters, for the sidebar, `name:k=v`, the sweep spec and the URL.
 
     `given` maps a parameter's name (pool_kernel) or label (poolKernel) to a value or its
     text. Returns {name: typed value} for the keys given (defaults are not added).
-    ValueError names the parameter and the rule; `where` prefixes the message."""
+    ValueError names the parameter and the rule; `where` prefixes the message. With
+    check=False only the type is checked (the URL: the page then shows the policy's own
+    refusal, as it does for a control set out of its rule)."""
     specs = param_specs(name)
     by_key = {**{s.label: s for s in specs}, **{s.name: s for s in specs}}
+    given = {str(k).strip(): v for k, v in dict(given).items()}
+    unknown = sorted(set(given) - set(by_key))
+    if unknown:  # worded as make_policy words it
+        raise ValueError(f"{where}{name} has no parameter {unknown}; its parameters are "
+                         f"{sorted(s.name for s in specs) or 'none'}")
     out = {}
-    for key, value in dict(given).items():
-        spec = by_key.get(str(key).strip())
-        if spec is None:
-            raise ValueError(f"{where}{name} has no parameter {key!r}; its parameters are "
-                             f"{[s.name for s in specs] or 'none'}")
+    for key, value in given.items():
+        spec = by_key[key]
         try:
-            out[spec.name] = spec.parse(value)
+            out[spec.name] = spec.parse(value) if check else spec.coerce(value)
         except ValueError as exc:
             raise ValueError(f"{where}{exc}") from None
     return out
@@ -166,6 +174,24 @@ def score_labels() -> dict:
     return out
 
 
+_NO_SOURCE = uuid.uuid4().hex  # this process's stand-in when a policy has no source file
+_SOURCES: dict = {}
+
+
+def source_hash(name: str) -> str:
+    """SHA-256 of the source of the module that defines the policy (what a sweep cell's
+    identity includes, so an edited policy re-runs its cells). A class whose source cannot
+    be read (defined in `python -c`) gets a fresh value per process: never resumed."""
+    cls = _policy_class(name)
+    if cls not in _SOURCES:  # read once per class: the code that runs, not a later edit
+        try:
+            text = inspect.getsource(inspect.getmodule(cls))
+            _SOURCES[cls] = hashlib.sha256(text.encode()).hexdigest()
+        except (OSError, TypeError):
+            _SOURCES[cls] = "unreadable-" + _NO_SOURCE
+    return _SOURCES[cls]
+
+
 def reference_class(name: str):
     """The policy's slow reference class (a "module:Class" string is imported here)."""
     ref = _policy_class(name).reference
@@ -177,4 +203,5 @@ def reference_class(name: str):
 
 __all__ = ["POLICIES", "ParamSpec", "Policy", "Rank", "check_declaration", "defaults",
            "label_of", "make_policy", "param", "param_specs", "parse_params", "policy_class",
-           "rank_of", "reference_class", "register_policy", "score_labels", "unregister_policy"]
+           "rank_of", "reference_class", "register_policy", "score_labels", "source_hash",
+           "unregister_policy"]

@@ -50,45 +50,49 @@ class ParamSpec:
         """The control's upper end: the rule's max, else `ui_max`."""
         return self.max if self.max is not None else self.ui_max
 
+    def _range(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"in {self.min}..{self.max}"
+        return f">= {self.min}" if self.min is not None else ""
+
     def rule(self) -> str:
         """The rule in words, as refusals and `--help` print it."""
         if self.kind == "choice":
             return "one of " + ", ".join(map(repr, self.choices))
-        what = {"int": "an odd integer" if self.odd_only else "an integer", "float": "a number"}[self.kind]
-        if self.min is not None and self.max is not None:
-            return f"{what} in {self.min}..{self.max}"
-        if self.min is not None:
-            return f"{what} >= {self.min}"
-        return what
+        what = "a number" if self.kind == "float" else "an odd integer" if self.odd_only else "an integer"
+        return f"{what} {self._range()}".strip()
 
-    def parse(self, value):
+    def coerce(self, value):
         """`value` (a number, or the text of a CLI flag, URL or form) as this parameter's
-        type; ValueError naming the parameter and the rule it breaks."""
-        bad = ValueError(f"{self.name} must be {self.rule()}, got {value!r}")
+        type, without the range rule; ValueError naming the parameter and the type."""
         if self.kind == "choice":
             if not isinstance(value, str) or value.strip() not in self.choices:
-                raise bad
+                raise ValueError(f"{self.name} must be {self.rule()}, got {value!r}")
             return value.strip()
+        typed = ValueError(f"{self.name} must be {'a number' if self.kind == 'float' else 'an integer'}, "
+                           f"got {value!r}")
         if isinstance(value, str):
-            text = value.strip()
             try:
-                value = int(text) if self.kind == "int" else float(text)
+                value = int(value.strip()) if self.kind == "int" else float(value.strip())
             except ValueError:
-                raise bad from None
+                raise typed from None
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-            raise bad
-        if self.kind == "int":
-            if not math.isfinite(float(value)) or int(value) != value:
-                raise bad
-            value = int(value)
-            if self.odd_only and value % 2 == 0:
-                raise bad
-        else:
-            value = float(value)
-            if not math.isfinite(value):
-                raise bad
-        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
-            raise bad
+            raise typed
+        if not math.isfinite(float(value)) or (self.kind == "int" and int(value) != value):
+            raise typed
+        return int(value) if self.kind == "int" else float(value)
+
+    def parse(self, value):
+        """`coerce`, then the rule: ValueError naming the parameter and the rule it breaks."""
+        value = self.coerce(value)
+        if self.kind == "choice":
+            return value
+        outside = ((self.min is not None and value < self.min)
+                   or (self.max is not None and value > self.max))
+        if self.odd_only and (outside or value % 2 == 0):
+            raise ValueError(f"{self.name} must be odd and {self._range()}, got {value}")
+        if outside:
+            raise ValueError(f"{self.name} must be {self._range()}, got {value}")
         return value
 
 
