@@ -4,3 +4,11 @@ Importing kvviz loads numpy only; the capture stack (torch, transformers) is imp
 lazily by `python -m kvviz capture`.
 """
 __version__ = "0.1.0"
+
+
+def register_policy(cls):
+    """Add a policy class (a kvviz.policies.base.Policy dataclass) to the registry, so every
+    surface shows it; see kvviz.policies.register_policy and README "Write your own policy"."""
+    from .policies import register_policy as register
+
+    return register(cls)

@@ -4,6 +4,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .plugins import add_argument as plugin_arg
+
+
+def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split `--plugin X` / `--plugin=X` out of the arguments streamlit gets."""
+    rest, specs, it = [], [], iter(argv)
+    for a in it:
+        if a == "--plugin":
+            specs.append(next(it, ""))
+        elif a.startswith("--plugin="):
+            specs.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+    return rest, specs
+
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -15,7 +30,15 @@ def main(argv=None) -> int:
         return loop_main(argv[1:])
     if argv[:1] == ["app"]:
         from .launch import main as app_main  # streamlit run on the explorer page
-        return app_main(argv[1:])
+        rest, specs = _take_plugins(argv[1:])
+        if specs:  # checked here, then handed to the page (and what it starts) by $KVVIZ_PLUGINS
+            from . import plugins
+            if plugins.cli_load(specs, "kvviz app"):
+                return 2
+            import os
+            given = [str(plugins.Path(s).resolve()) if plugins._is_path(s) else s for s in specs]
+            os.environ[plugins.ENV] = os.pathsep.join(plugins.env_specs() + given)
+        return app_main(rest)
     if argv[:1] == ["sweep"]:
         from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
         return sweep_main(argv[1:])
@@ -35,6 +58,7 @@ def main(argv=None) -> int:
                        help="add span integrity columns (important attention spans at the last step)")
     bench.add_argument("--csv", help="also write the table as CSV here")
     bench.add_argument("--json", help="also write the table as JSON here")
+    plugin_arg(bench)
     perf = sub.add_parser("perf", help="replay speed against the reference, and a long run's memory")
     perf.add_argument("--budget", type=int, default=512)
     perf.add_argument("--steps", type=int, default=4096)
@@ -42,11 +66,17 @@ def main(argv=None) -> int:
     perf.add_argument("--streams", nargs="?", const="1,3,9,27", default=None, metavar="S,...",
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
                            "at these stream counts (kvviz.streams_bench)")
+    plugin_arg(perf)
     sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
     sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
-    sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
+    sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501 "
+                               "(--plugin PATH.py|MODULE, repeatable, loads policies into it)")
     sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
     args = parser.parse_args(argv)
+    from .plugins import cli_load
+
+    if cli_load(args.plugin, f"kvviz {args.command}"):
+        return 2
 
     import pandas as pd
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..atomic import replacing
+from ..plugins import add_argument as add_plugin_argument, cli_load
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
@@ -47,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--perf", action="store_true", help="benchmark: bookkeeping share and batch efficiency")
     p.add_argument("--perf-tokens", type=int, default=384, help="tokens per --perf run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_plugin_argument(p)
     return p
 
 
@@ -111,6 +113,8 @@ def table(results) -> str:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if cli_load(args.plugin, "kvviz loop"):
+        return 2
     if args.perf:
         from .perf import main as perf_main
         return perf_main(args.perf_tokens, budget=(args.budget or [256])[0])

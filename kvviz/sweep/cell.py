@@ -32,12 +32,34 @@ _KEEP = 16
 BLOBS: dict[str, bytes] = {}  # sha256 -> trace file bytes, set once per pool worker
 
 
-def init_worker(blobs: dict[str, bytes], parent: int) -> None:
-    """Pool initializer: every trace's bytes, once per worker process; and a watch that ends
-    the worker when the driver is gone (a SIGKILLed driver would otherwise leave its
-    workers waiting on the task queue for ever)."""
+class PluginLoadError(RuntimeError):
+    """A worker could not load a plugin the driver sent: the sweep stops."""
+
+
+def ensure_plugins(specs) -> str | None:
+    """Load the driver's plugins in this process (once; a no-op in the driver itself).
+    The first refusal, or None."""
+    if not specs:
+        return None
+    from ..plugins import load_plugins
+
+    refused = load_plugins(specs)
+    return refused[0] if refused else None
+
+
+def _need_plugins(specs) -> None:
+    error = ensure_plugins(specs)
+    if error:
+        raise PluginLoadError(f"a worker could not load a plugin: {error}")
+
+
+def init_worker(blobs: dict[str, bytes], parent: int, plugins=()) -> None:
+    """Pool initializer: every trace's bytes, once per worker process; the driver's plugins;
+    and a watch that ends the worker when the driver is gone (a SIGKILLed driver would
+    otherwise leave its workers waiting on the task queue for ever)."""
     BLOBS.clear()
     BLOBS.update(blobs)
+    ensure_plugins(plugins)  # a refusal is raised by the first task (or probe) instead
 
     def watch():
         while os.getppid() == parent:
@@ -72,9 +94,11 @@ def _one(data, sha, trace, layer, head, policy, budget, params):
 
 
 def compute(data: bytes | None, sha: str, trace: str, streams: list, policy: str, budget: int,
-            params: tuple) -> list[tuple[dict | None, str | None]]:
+            params: tuple, plugins=()) -> list[tuple[dict | None, str | None]]:
     """(metrics, None) or (None, error) per (layer, head) in `streams`, in order.
-    `data` None with a known sha: the bytes are in BLOBS (a pool worker)."""
+    `data` None with a known sha: the bytes are in BLOBS (a pool worker). `plugins`: the
+    driver's plugin specs; PluginLoadError (the sweep stops) if one cannot be loaded."""
+    _need_plugins(plugins)
     if data is None and sha in BLOBS:
         data = BLOBS[sha]
     if len(streams) > 1 and run_streams is not None:

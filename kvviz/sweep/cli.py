@@ -8,7 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..plugins import add_argument as add_plugin_argument, cli_load
 from .run import run_sweep
+from .cell import PluginLoadError
 from .engines import WorkerLost
 
 BENCH_BUDGETS = [64, 128, 256, 512, 768]
@@ -28,6 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--bench", action="store_true",
                    help="time the 270-cell replay sweep serially and with 2 workers")
+    add_plugin_argument(p)
     return p
 
 
@@ -36,6 +39,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         p.error(f"--workers must be >= 1, got {args.workers}")
+    if cli_load(args.plugin, "python -m kvviz sweep"):
+        return 2
     if args.bench:
         try:
             return bench(args.ray)
@@ -48,6 +53,9 @@ def main(argv=None) -> int:
         df = run_sweep(args.spec, args.out, workers=args.workers, ray=args.ray,
                        retry_failed=args.retry_failed, progress=not args.quiet)
     except ValueError as exc:  # SpecError, SweepDirError, --ray without Ray: one line
+        print(f"python -m kvviz sweep: error: {exc}", file=sys.stderr)
+        return 2
+    except PluginLoadError as exc:
         print(f"python -m kvviz sweep: error: {exc}", file=sys.stderr)
         return 2
     except WorkerLost as exc:

@@ -36,28 +36,41 @@ def _report(cells, outcomes, done) -> None:
         done(c, metrics, error)
 
 
-def serial(cells: list[Cell], traces: dict[str, TraceInfo], done) -> None:
+def _stop_if_refused(errors) -> None:
+    errors = [e for e in errors if e]
+    if errors:
+        raise C.PluginLoadError(f"a worker could not load a plugin, no cell ran: {errors[0]}")
+
+
+def serial(cells: list[Cell], traces: dict[str, TraceInfo], done, plugins=()) -> None:
     for task in group(cells):
         info = traces[task[0].trace]
         _report(task, C.compute(info.data, *_args(task, info)), done)
 
 
-def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int) -> None:
-    """concurrent.futures with spawned workers; every trace's bytes reach each worker once
-    (the initializer), tasks carry only their cells."""
+def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int, plugins=()) -> None:
+    """concurrent.futures with spawned workers; every trace's bytes and the driver's plugins
+    reach each worker once (the initializer), tasks carry only their cells. With plugins,
+    the workers are asked first whether they loaded them: a refusal stops the sweep before
+    any cell runs (and a task on a worker that failed raises, stopping it too)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     blobs = {t.sha256: t.data for t in traces.values() if t.data is not None}
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=C.init_worker, initargs=(blobs, os.getpid())) as ex:
-        futures = {ex.submit(C.compute, None, *_args(t, traces[t[0].trace])): t
+                             initializer=C.init_worker,
+                             initargs=(blobs, os.getpid(), tuple(plugins))) as ex:
+        if plugins:
+            _stop_if_refused(ex.map(C.ensure_plugins, [tuple(plugins)] * workers))
+        futures = {ex.submit(C.compute, None, *_args(t, traces[t[0].trace]), tuple(plugins)): t
                    for t in group(cells)}
         try:
             for fut in as_completed(futures):
                 try:
                     outcomes = fut.result()
+                except C.PluginLoadError:
+                    raise
                 except BrokenProcessPool as exc:
                     raise WorkerLost(f"a worker process died ({exc}); finished cells are saved, "
                                      "re-run the same command to resume") from None
@@ -68,7 +81,7 @@ def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int) ->
 
 
 def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: str,
-               workers: int | None) -> None:
+               workers: int | None, plugins=()) -> None:
     """Tasks are Ray tasks. Each trace file goes into the object store once (ray.put) and
     tasks take it by reference. Ray retries a task whose worker or node died (max_retries);
     a cell's own exception is caught and recorded in the worker (it is deterministic, so
@@ -87,11 +100,15 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
                      runtime_env={"py_modules": [kvviz_dir], "excludes": ["__pycache__"]})
     try:
         task = ray.remote(max_retries=3, retry_exceptions=False)(C.compute)
+        if plugins:  # every task loads them too; this asks before any cell runs
+            probe = ray.remote(C.ensure_plugins)
+            n = workers or int(ray.cluster_resources().get("CPU", 1))
+            _stop_if_refused(ray.get([probe.remote(tuple(plugins)) for _ in range(n)]))
         refs = {t.sha256: ray.put(t.data) for t in traces.values() if t.data is not None}
         pending = {}
         for t in group(cells):
             info = traces[t[0].trace]
-            pending[task.remote(refs.get(info.sha256), *_args(t, info))] = t
+            pending[task.remote(refs.get(info.sha256), *_args(t, info), tuple(plugins))] = t
         while pending:
             ready, rest = ray.wait(list(pending), num_returns=1)
             if rest:
@@ -101,6 +118,8 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
                 cells_of = pending.pop(ref)
                 try:
                     outcomes = ray.get(ref)
+                except C.PluginLoadError as exc:
+                    raise C.PluginLoadError(str(getattr(exc, "cause", None) or exc)) from None
                 except RayError as exc:  # retries exhausted (worker or node lost)
                     outcomes = [(None, C.describe(exc))] * len(cells_of)
                 _report(cells_of, outcomes, done)

@@ -6,20 +6,28 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..plugins import PluginError, load_plugins, worker_specs
 from . import engines, store
 from .progress import Progress
 from .spec import load
 
 
 def run_sweep(spec, out, *, workers: int | None = None, ray: str | None = None,
-              base=".", retry_failed: bool = False, progress: bool = True, stream=None) -> pd.DataFrame:
+              base=".", retry_failed: bool = False, progress: bool = True, stream=None,
+              plugins=()) -> pd.DataFrame:
     """Run a sweep into `out` and return its table (also written as results.csv/.parquet).
 
     `spec` is a TOML path or an already-parsed dict; trace paths are relative to `base`.
     Engines: serial (default), a process pool (`workers` > 1), Ray (`ray` = "local",
     "auto" or an address; `workers` sets a local Ray's CPUs). Re-running resumes.
+    `plugins`: plugin specs to load first (kvviz.plugins); workers load every plugin the
+    spec's policies come from, however it was registered here.
     """
+    refused = load_plugins(plugins)
+    if refused:
+        raise PluginError(refused[0])
     spec, traces, cells = load(spec, Path(base))  # SpecError before anything runs or is written
+    sent = worker_specs([e["name"] for e in spec["policies"]])  # PluginError: no file to send
     if ray and importlib.util.find_spec("ray") is None:
         raise ValueError("--ray needs Ray: pip install -r requirements-scale.txt")
     out = Path(out)
@@ -36,9 +44,9 @@ def run_sweep(spec, out, *, workers: int | None = None, ray: str | None = None,
 
     if todo:
         if ray:
-            engines.ray_engine(todo, traces, done, ray, workers)
+            engines.ray_engine(todo, traces, done, ray, workers, sent)
         elif workers and workers > 1:
-            engines.pool(todo, traces, done, workers)
+            engines.pool(todo, traces, done, workers, sent)
         else:
             engines.serial(todo, traces, done)
     df = store.assemble(out, spec, cells)

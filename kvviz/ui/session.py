@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.policies import POLICIES, param_specs
+from kvviz.policies import param_specs
 from kvviz.ui.state import ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
