@@ -41,8 +41,12 @@ with import_lock():
     import plotly.graph_objects  # noqa: F401
     settle()
 
+from kvviz.plugins import load_all  # noqa: E402
 from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
 
+with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
+    for refusal in load_all():  # once per server process; refusals are kept and said each run
+        notices.error(f"Plugin refused (the built-in policies still work): {refusal}")
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")

@@ -21,6 +21,7 @@ from .policies import BUILTINS, POLICIES, Policy, check_declaration, register_po
 ENV = "KVVIZ_PLUGINS"
 GROUP = "kvviz.policies"
 _LOADED: dict[str, list[str]] = {}  # spec as given -> policy names it registered
+_REFUSED: dict[str, str] = {}  # spec as given -> its refusal
 _ORIGIN: dict[type, str] = {}  # class -> the spec a worker process can load it from
 _ENTRY_POINTS: list[str] | None = None  # refusals of the entry points, once per process
 
@@ -128,10 +129,13 @@ def load_plugins(specs) -> list[str]:
     The ones that load stay registered whatever the others do."""
     messages = []
     for spec in specs or ():
-        try:
-            load_plugin(spec)
-        except PluginError as exc:
-            messages.append(str(exc))
+        if spec not in _REFUSED:  # a refused file is not run again on every page run
+            try:
+                load_plugin(spec)
+                continue
+            except PluginError as exc:
+                _REFUSED[spec] = str(exc)
+        messages.append(_REFUSED[spec])
     return messages
 
 
@@ -206,6 +210,17 @@ def cli_load(specs, prog: str = "kvviz") -> int:
     for msg in refused:
         print(f"{prog}: error: {msg}", file=sys.stderr)
     return 2 if refused else 0
+
+
+def forget() -> None:
+    """Unregister every plugin and forget what was loaded (tests share one registry)."""
+    from .policies import unregister_policy
+
+    for name in [n for n, c in POLICIES.items() if c not in BUILTINS]:
+        unregister_policy(name)
+    _LOADED.clear()
+    _REFUSED.clear()
+    _ORIGIN.clear()
 
 
 def add_argument(parser) -> None:

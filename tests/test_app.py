@@ -266,7 +266,8 @@ def test_layer_select(traces):
     assert heatmap(at)["data"][0]["source"] != first  # different attention, different caches
     at.selectbox(key="w.trace").set_value("file:plain.npz").run()
     ok(at)
-    assert not at.selectbox(key="w.layer") if False else True
+    with pytest.raises(KeyError):  # a one-layer trace offers no layer choice
+        at.selectbox(key="w.layer")
     assert all(s.key != "w.layer" for s in at.selectbox)
 
 
