@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["sweep"]:
         from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
         return sweep_main(argv[1:])
+    if argv[:1] == ["check"]:
+        from .check import main as check_main  # hypothesis only with --reference
+        return check_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
@@ -46,6 +49,7 @@ def main(argv=None) -> int:
     sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
     sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
     sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
+    sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] | NAME | --all-builtins")
     args = parser.parse_args(argv)
 
     import pandas as pd
