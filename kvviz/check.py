@@ -101,7 +101,9 @@ def _import(where: str):
             module_spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise ValueError(f"{where}: failed to import ({type(exc).__name__}: {exc})") from None
+            hint = (" (a file inside a package: name it as MODULE:NAME)"
+                    if "relative import" in str(exc) else "")
+            raise ValueError(f"{where}: failed to import ({type(exc).__name__}: {exc}){hint}") from None
         return module
     try:
         return importlib.import_module(where)
