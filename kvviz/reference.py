@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .policies import make_policy
+from .policies import POLICIES, make_policy, reference_class
 
 
 class RefPolicy:
@@ -143,7 +143,12 @@ class RefSnapKV(RefPolicy):
     def rank(self, i):
         lo = max(0, i - self.radius)
         hi = min(len(self.sums) - 1, i + self.radius)
-        return max(self.sums[lo:hi + 1])
+        if self.params["pooling"] == "max":
+            return max(self.sums[lo:hi + 1])
+        total = 0.0
+        for j in range(lo, hi + 1):  # the kept neighbours, lowest first
+            total += self.sums[j]
+        return total / (hi - lo + 1)
 
 
 class RefScissorhands(RefPolicy):
@@ -212,12 +217,11 @@ class RefRandom(RefPolicy):
         return self.drop(sorted(chosen))
 
 
-REFERENCES = {cls.name: cls for cls in (RefTova, RefH2O, RefSnapKV, RefScissorhands, RefStreamingLLM,
-                                       RefRandom)}
-
-
 def make_reference(name, budget=512, rng=None, **params):
-    if name not in REFERENCES:
-        raise ValueError(f"no reference for policy {name!r}; have {sorted(REFERENCES)}")
-    return REFERENCES[name](budget, rng, **params)
+    """The reference a policy class names (its `reference`), built like `make_policy`."""
+    ref = reference_class(name)  # refuses an unknown name as make_policy does
+    if ref is None:
+        have = sorted(n for n in POLICIES if POLICIES[n].reference is not None)
+        raise ValueError(f"no reference for policy {name!r}; have {have}")
+    return ref(budget, rng, **params)
 

@@ -16,10 +16,10 @@ import numpy as np
 
 from . import harness
 from .policies import make_policy
+from .policies.snapkv import pool
 from .replay import NEVER, Run, run_policy
 from .trace import ArrayTrace, Trace, packed_offset
 
-VECTORISED = ("tova", "h2o", "snapkv")  # see STATES
 
 
 def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]:
@@ -182,6 +182,7 @@ class _SnapKV(_Tova):
     def __init__(self, policy, S: int, cap: int):
         self.recent, self.streams = policy.recent_window, np.arange(S)
         self.window, self.radius = policy.obs_window, (policy.pool_kernel - 1) // 2
+        self.pooling = policy.pooling
         self.history = np.zeros((S, self.window, cap), np.float32)  # [stream, ring slot, id]
         self.ids, self.ids_spare = np.empty((S, cap), np.int64), np.empty((S, cap), np.int64)
         self.free = None  # the id a newcomer takes: its slot index until the first eviction
@@ -199,14 +200,11 @@ class _SnapKV(_Tova):
     def victim(self, attn, n):
         # SnapKV card: sums[i] = sum(history[i]) afresh in float64, ring slot 0 upward (a
         # reduction over the ring axis adds slot 0, then 1, ... per id, as SnapKV.sums
-        # does), in position order; pooled[i] = max(sums[i-r .. i+r]) clamped to the kept
-        # slots; the lowest pooled outside the recent window goes.
+        # does), in position order; pooled[i] = max (or avg) of sums[i-r .. i+r] clamped to
+        # the kept slots (SnapKV's own `pool`); the lowest pooled outside the recent window goes.
         by_id = self.history.sum(axis=1, dtype=np.float64)
         sums = np.take_along_axis(by_id, self.ids[:, :n], axis=1)
-        pooled = sums.copy()
-        for d in range(1, self.radius + 1):
-            np.maximum(pooled[:, d:], sums[:, :-d], out=pooled[:, d:])
-            np.maximum(pooled[:, :-d], sums[:, d:], out=pooled[:, :-d])
+        pooled = pool(sums, self.radius, self.pooling)
         return pooled[:, : n - self.recent].argmin(axis=1)
 
     def remove(self, i, stay):
@@ -215,7 +213,8 @@ class _SnapKV(_Tova):
         self.ids, self.ids_spare = self.ids_spare, self.ids
 
 
-STATES = {"tova": _Tova, "h2o": _H2O, "snapkv": _SnapKV}
+STATES = {"tova": _Tova, "h2o": _H2O, "snapkv": _SnapKV}  # by registry name
+VECTORISED = tuple(STATES)
 
 
 class _Rows:

@@ -57,10 +57,11 @@ def test_streaming_llm_without_sinks_is_accepted():
     cfgs = build_configs(["streaming-llm:sinks=0", "snapkv:poolKernel=1,obsWindow=16"], [64, 128])
     assert [c.label for c in cfgs] == [
         "full", "streaming-llm(sinks=0)@64", "streaming-llm(sinks=0)@128",
-        "snapkv(obs_window=16,pool_kernel=1,recent_window=32)@64",
-        "snapkv(obs_window=16,pool_kernel=1,recent_window=32)@128"]
+        "snapkv(obs_window=16,pool_kernel=1,recent_window=32,pooling=max)@64",
+        "snapkv(obs_window=16,pool_kernel=1,recent_window=32,pooling=max)@128"]
     assert cfgs[3].to_dict() == {"policy": "snapkv", "budget": 64,
-                                 "params": {"obs_window": 16, "pool_kernel": 1, "recent_window": 32}}
+                                 "params": {"obs_window": 16, "pool_kernel": 1, "recent_window": 32,
+                                            "pooling": "max"}}
 
 
 def test_configs_get_a_full_row_and_refuse_duplicates():

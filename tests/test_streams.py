@@ -76,6 +76,7 @@ def cases(draw, name):
         # 1..4 wraps the ring many times in 40 steps; 8..12 crosses numpy's 8-way unrolled sum
         params["obs_window"] = draw(st.one_of(st.integers(1, 4), st.integers(8, 12)))
         params["pool_kernel"] = draw(st.sampled_from([1, 3, 5]))
+        params["pooling"] = draw(st.sampled_from(["max", "avg"]))
     S, T = draw(st.integers(1, 4)), draw(st.integers(1, 40))
     mats = matrices(S, T, draw(st.integers(0, 2**32 - 1)), draw(st.sampled_from([np.float16, np.float32])))
     return budget, params, make_traces(mats, draw(st.sampled_from(["shared", "separate", "rows"])))
@@ -105,7 +106,8 @@ def test_snapkv_random_streams(case):
 
 
 REAL_CONFIGS = [("tova", 512, {}), ("tova", 100, {}), ("h2o", 300, {}), ("snapkv", 200, {}),
-                ("snapkv", 400, {"pool_kernel": 1, "obs_window": 3, "recent_window": 0})]
+                ("snapkv", 400, {"pool_kernel": 1, "obs_window": 3, "recent_window": 0}),
+                ("snapkv", 200, {"pooling": "avg"})]
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)

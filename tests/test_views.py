@@ -324,7 +324,8 @@ def test_query_round_trip_and_tolerance():
                      "b.poolKernel=99 is outside 1–15; using 15"]
     _, notes = from_query({"b": "h2o", "b.poolKernel": "3"})
     assert notes == ["h2o has no parameter 'poolKernel'; ignored"]
-    assert ViewState().params("b") == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32}
+    assert ViewState().params("b") == {"obs_window": 16, "pool_kernel": 5, "recent_window": 32,
+                                       "pooling": "max"}
 
 
 # --- exports -----------------------------------------------------------------------------

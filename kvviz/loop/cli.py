@@ -13,8 +13,14 @@ from pathlib import Path
 from ..atomic import replacing
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
-PERF_POLICIES = ("tova", "h2o", "snapkv", "snapkv:pool_kernel=1", "streaming-llm",
-                 "scissorhands", "random")
+PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
+
+
+def perf_policies() -> list[str]:
+    """What `--perf` runs: every registered policy at its defaults, and the variants above."""
+    from ..policies import POLICIES
+
+    return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -5,16 +5,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..policies import POLICIES, make_policy, param_specs
+from ..policies import POLICIES, make_policy, parse_params
 
 FULL = "full"
 GRANULARITIES = ("layer", "kv-head")
-
-
-def _names(policy: str, params: dict) -> dict:
-    """Accept the registry's names (pool_kernel) and the cards' labels (poolKernel)."""
-    by_label = {s.label: s.name for s in param_specs(policy)}
-    return {by_label.get(k, k): v for k, v in params.items()}
 
 
 @dataclass
@@ -32,7 +26,7 @@ class LoopConfig:
             return
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {sorted(POLICIES) + [FULL]}, got {self.policy!r}")
-        self.params = _names(self.policy, dict(self.params or {}))
+        self.params = parse_params(self.policy, dict(self.params or {}))  # names or labels
         self.make(0)  # the registry's own checks: unknown parameter, even poolKernel, ...
 
     @property
@@ -71,13 +65,12 @@ def parse_policy(spec: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"--policy {spec!r}: parameters are k=v, got {item!r}")
-        try:
-            params[key.strip()] = int(value)
-        except ValueError:
-            raise ValueError(f"--policy {spec!r}: {key.strip()} must be an integer, got {value!r}") from None
-    if name == FULL and params:
-        raise ValueError(f"--policy full takes no parameters, got {sorted(params)}")
-    return name, (_names(name, params) if name != FULL else {})
+        params[key.strip()] = value
+    if name == FULL:
+        if params:
+            raise ValueError(f"--policy full takes no parameters, got {sorted(params)}")
+        return name, {}
+    return name, parse_params(name, params, where=f"--policy {spec!r}: ")
 
 
 def check_configs(configs) -> list[LoopConfig]:

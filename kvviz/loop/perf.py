@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import PERF_POLICIES, Progress, build_configs
+from .cli import Progress, build_configs, perf_policies
 
 TEXT = Path(__file__).resolve().parents[2] / "traces" / "sources" / "execmodel.txt"
 
@@ -51,7 +51,7 @@ def main(tokens: int = 384, budget: int = 256) -> int:
         return 1000 * float(np.mean(x[after]))
 
     plain = {b: ms(plain_decode(mdl, ids, b)) for b in (1, 8)}
-    configs = build_configs(list(PERF_POLICIES), [budget])
+    configs = build_configs(perf_policies(), [budget])
     for gran in ("layer", "kv-head"):
         tm = {}
         run(text, configs, granularity=gran, max_tokens=tokens, rows_layers=(), timings=tm,

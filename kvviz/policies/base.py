@@ -6,7 +6,7 @@ which slots may go (`candidates`) and their rank (`priority`, lowest evicted fir
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
 import numpy as np
@@ -14,19 +14,121 @@ import numpy as np
 DEFAULT_SEED = 0
 
 
+KINDS = ("int", "float", "choice")
+
+
 @dataclass(frozen=True)
 class ParamSpec:
-    """What the UI needs to build a control, and where the default comes from."""
+    """One parameter: what the constructor enforces, what a control shows, where the default
+    comes from. Declared with `param(...)` on a dataclass field, so the default is written
+    once (the field's); `name` and `default` are filled in from the field.
 
-    name: str
-    label: str
-    default: int
-    min: int
-    max: int
-    step: int = 1
+    `min`/`max` are the rule (None: unbounded; rules relative to the budget live in
+    `check_params`); `ui_min`/`ui_max` only bound a slider when the rule has no end.
+    """
+
+    name: str = ""
+    label: str = ""
+    default: object = None
+    min: float | None = None
+    max: float | None = None
+    choices: tuple = ()
+    step: float | None = None
     odd_only: bool = False
     help: str = ""
     source: str = ""
+    kind: str = ""  # int | float | choice, from the default's type
+    ui_max: float | None = None
+
+    @property
+    def low(self):
+        """The control's lower end."""
+        return self.min if self.min is not None else 0
+
+    @property
+    def high(self):
+        """The control's upper end: the rule's max, else `ui_max`."""
+        return self.max if self.max is not None else self.ui_max
+
+    def _range(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"in {self.min}..{self.max}"
+        return f">= {self.min}" if self.min is not None else ""
+
+    def rule(self) -> str:
+        """The rule in words, as refusals and `--help` print it."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(map(repr, self.choices))
+        what = "a number" if self.kind == "float" else "an odd integer" if self.odd_only else "an integer"
+        return f"{what} {self._range()}".strip()
+
+    def coerce(self, value):
+        """`value` (a number, or the text of a CLI flag, URL or form) as this parameter's
+        type, without the range rule; ValueError naming the parameter and the type."""
+        if self.kind == "choice":
+            if not isinstance(value, str) or value.strip() not in self.choices:
+                raise ValueError(f"{self.name} must be {self.rule()}, got {value!r}")
+            return value.strip()
+        typed = ValueError(f"{self.name} must be {'a number' if self.kind == 'float' else 'an integer'}, "
+                           f"got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = int(value.strip()) if self.kind == "int" else float(value.strip())
+            except ValueError:
+                raise typed from None
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+            raise typed
+        if not math.isfinite(float(value)) or (self.kind == "int" and int(value) != value):
+            raise typed
+        return int(value) if self.kind == "int" else float(value)
+
+    def parse(self, value):
+        """`coerce`, then the rule: ValueError naming the parameter and the rule it breaks."""
+        value = self.coerce(value)
+        if self.kind == "choice":
+            return value
+        outside = ((self.min is not None and value < self.min)
+                   or (self.max is not None and value > self.max))
+        if self.odd_only and (outside or value % 2 == 0):
+            raise ValueError(f"{self.name} must be odd and {self._range()}, got {value}")
+        if outside:
+            raise ValueError(f"{self.name} must be {self._range()}, got {value}")
+        return value
+
+
+def param(default, *, label: str, help: str, source: str, min=None, max=None, choices=(),
+          step=None, odd_only: bool = False, ui_max=None):
+    """A policy parameter: a dataclass field whose default is written here, once."""
+    kind = ("choice" if isinstance(default, str) else "float" if isinstance(default, float)
+            else "int" if isinstance(default, int) and not isinstance(default, bool) else "")
+    spec = ParamSpec(label=label, min=min, max=max, choices=tuple(choices), step=step,
+                     odd_only=odd_only, help=help, source=source, kind=kind, ui_max=ui_max)
+    return field(default=default, metadata={"kvviz": spec})
+
+
+@dataclass(frozen=True)
+class Rank:
+    """The score a policy evicts by, for the Scores view and the explanations (display
+    only: the policy's `priority` decides). `key` names an entry of `scores()`."""
+
+    key: str
+    label: str            # e.g. "current-step weight"
+    order: str            # which end goes first, in words: "lowest ... goes first"
+    descending: bool = False  # True when the highest score goes first
+    count: bool = False       # an integer count: drawn on a linear axis
+
+
+class _Specs:
+    """`cls.specs`: the ParamSpecs of the dataclass fields declared with `param`."""
+
+    def __get__(self, obj, cls):
+        if "__dataclass_fields__" not in cls.__dict__:
+            return ()  # @dataclass looking at the class before it is one (not cached)
+        if "_specs_cache" not in cls.__dict__:
+            cls._specs_cache = tuple(
+                replace(f.metadata["kvviz"], name=f.name, default=f.default)
+                for f in fields(cls) if "kvviz" in f.metadata)
+        return cls._specs_cache
 
 
 @dataclass
@@ -35,18 +137,20 @@ class Policy:
     rng: np.random.Generator | None = field(default=None, repr=False, compare=False)
 
     name: ClassVar[str] = "policy"
+    label: ClassVar[str] = ""          # how the page and tables name it
+    rank: ClassVar[Rank | None] = None  # None: ranks without a score (drawn as "held")
+    score_labels: ClassVar[dict] = {}   # labels of its other scores() entries
+    colour: ClassVar[str | None] = None  # "#RRGGBB"; None takes one from the palette
+    reference: ClassVar = None  # the slow reference class, or "module:Class"
     uses_attention: ClassVar[bool] = True
-    specs: ClassVar[tuple[ParamSpec, ...]] = ()
+    specs: ClassVar = _Specs()
 
     def __post_init__(self):
         if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
             raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
         self.budget = int(self.budget)
         for spec in self.specs:
-            value = getattr(self, spec.name)
-            if isinstance(value, bool) or int(value) != value:
-                raise ValueError(f"{spec.name} must be an integer, got {value!r}")
-            setattr(self, spec.name, int(value))
+            setattr(self, spec.name, spec.parse(getattr(self, spec.name)))
         if self.rng is None:
             self.rng = np.random.default_rng(DEFAULT_SEED)
         self.check_params()  # the policy's own rules first: their messages say more

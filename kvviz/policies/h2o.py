@@ -5,23 +5,23 @@ Score = attention accumulated over every observed step since admission. The
 accumulate anything.
 """
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
-from .base import ParamSpec, Policy, check_recent
+from .base import Policy, Rank, check_recent, param
 
 
 @dataclass
 class H2O(Policy):
-    recent_window: int = 32
+    recent_window: int = param(
+        32, label="recentWindow", min=0, ui_max=1024, help="newest positions never evicted",
+        source="the TOVA card (Oren et al. 2024): H2O's recent window is 'a fixed 32 positions'")
 
     name = "h2o"
-    specs: ClassVar = (
-        ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
-                  source="the TOVA card (Oren et al. 2024): H2O's recent window is 'a fixed "
-                         "32 positions'"),
-    )
+    label = "H2O"
+    rank = Rank("cumulative", "accumulated attention", "lowest accumulated attention goes first")
+    colour = "#009E73"
+    reference = "kvviz.reference:RefH2O"
 
     def check_params(self):
         check_recent(self)

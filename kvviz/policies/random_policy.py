@@ -9,6 +9,9 @@ from .base import Policy
 @dataclass
 class RandomPolicy(Policy):
     name = "random"
+    label = "random"
+    colour = "#999999"
+    reference = "kvviz.reference:RefRandom"
     uses_attention = False
 
     def choose(self, count):

@@ -7,11 +7,10 @@ newest. The flags live in a ring of bits (bit k = ring slot k of one uint64), so
 count covers exactly the last `history_window` observed steps and is a popcount.
 """
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
-from .base import ParamSpec, Policy, check_recent
+from .base import Policy, Rank, check_recent, param
 
 BITS = [np.uint64(1 << k) for k in range(64)]
 CLEAR = [~bit for bit in BITS]
@@ -19,23 +18,23 @@ CLEAR = [~bit for bit in BITS]
 
 @dataclass
 class Scissorhands(Policy):
-    history_window: int = 32
-    recent_window: int = 32
+    history_window: int = param(
+        32, label="historyWindow", min=1, max=64,  # one bit per step in a uint64
+        help="observed steps over which low-attention counts are kept",
+        source="kvviz's choice, twice SnapKV's obsWindow: the Scissorhands paper "
+               "(Liu et al. 2023) tunes the window per workload")
+    recent_window: int = param(
+        32, label="recentWindow", min=0, ui_max=1024, help="newest positions never evicted",
+        source="kvviz's choice, the same as H2O's so the two compare directly")
 
     name = "scissorhands"
-    specs: ClassVar = (
-        ParamSpec("history_window", "historyWindow", 32, 1, 64,
-                  help="observed steps over which low-attention counts are kept",
-                  source="kvviz's choice, twice SnapKV's obsWindow: the Scissorhands paper "
-                         "(Liu et al. 2023) tunes the window per workload"),
-        ParamSpec("recent_window", "recentWindow", 32, 0, 1024, help="newest positions never evicted",
-                  source="kvviz's choice, the same as H2O's so the two compare directly"),
-    )
+    label = "Scissorhands"
+    rank = Rank("low_count", "steps below uniform share",
+                "most often below the uniform share goes first", descending=True, count=True)
+    colour = "#56B4E9"
+    reference = "kvviz.reference:RefScissorhands"
 
     def check_params(self):
-        if not 1 <= self.history_window <= 64:
-            raise ValueError(f"history_window must be in 1..64 (one bit per step in a uint64), "
-                             f"got {self.history_window}")
         check_recent(self)
 
     def columns(self):

@@ -4,27 +4,24 @@ Keeps the first `sinks` positions and the most recent rest; reads no attention a
 so it is the floor any attention-aware policy has to beat cheaply.
 """
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
-from .base import ParamSpec, Policy, need_candidates
+from .base import Policy, need_candidates, param
 
 
 @dataclass
 class StreamingLLM(Policy):
-    sinks: int = 4
+    sinks: int = param(4, label="sinks", min=0, ui_max=64, help="first positions always kept",
+                       source="Xiao et al. 2024: four initial tokens as attention sinks")
 
     name = "streaming-llm"
+    label = "StreamingLLM"
+    colour = "#CC79A7"
+    reference = "kvviz.reference:RefStreamingLLM"
     uses_attention = False
-    specs: ClassVar = (
-        ParamSpec("sinks", "sinks", 4, 0, 64, help="first positions always kept",
-                  source="Xiao et al. 2024: four initial tokens as attention sinks"),
-    )
 
     def check_params(self):
-        if self.sinks < 0:
-            raise ValueError(f"sinks must be >= 0, got {self.sinks}")
         if self.sinks >= self.budget:
             raise ValueError(f"sinks must be smaller than budget: sinks={self.sinks} >= "
                              f"budget={self.budget} leaves no room for recent positions")

@@ -8,12 +8,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Policy
+from .base import Policy, Rank
 
 
 @dataclass
 class Tova(Policy):
     name = "tova"
+    label = "TOVA"
+    rank = Rank("last", "current-step weight", "lowest current-step weight goes first")
+    colour = "#E69F00"
+    reference = "kvviz.reference:RefTova"
 
     def columns(self):
         return {"last": (np.float64, (), np.inf)}  # +inf = not yet observed

@@ -57,9 +57,15 @@ def main(argv=None) -> int:
         print("\ninterrupted: finished cells are saved; re-run the same command to resume",
               file=sys.stderr)
         return 130
-    failed = int((df["status"] != "ok").sum())
-    print(f"{len(df)} cells, {failed} failed -> {Path(args.out) / 'results.csv'}"
+    failed = df["status"] != "ok"
+    print(f"{len(df)} cells, {int(failed.sum())} failed -> {Path(args.out) / 'results.csv'}"
           + (" and results.parquet" if (Path(args.out) / "results.parquet").exists() else ""))
+    if failed.any():
+        first = df[failed].iloc[0]
+        print(f"python -m kvviz sweep: {int(failed.sum())} of {len(df)} cells failed; first "
+              f"({first['policy']} at budget {first['budget']} on {first['trace']}): "
+              f"{first['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..policies import POLICIES, make_policy, param_specs
+from ..policies import POLICIES, make_policy, param_specs, parse_params, source_hash
 
 CANONICAL = "canonical"
 MODES = ("replay", "loop")
@@ -42,10 +42,11 @@ class Cell:
     policy: str
     budget: int
     params: tuple  # ((name, value), ...) every parameter of the policy, defaults included
+    source: str = ""  # SHA-256 of the policy's module source: an edited policy re-runs
 
     def key(self) -> str:
         return json.dumps([self.trace, self.layer, self.head, self.policy, self.budget,
-                           [list(p) for p in self.params]])
+                           [list(p) for p in self.params], self.source])
 
 
 @dataclass
@@ -87,6 +88,24 @@ def _axis(raw: dict, key: str, kind, default=None, where: str = "") -> list | No
     return list(values)
 
 
+def _param_axis(name: str, entry: dict, key: str, where: str) -> list:
+    """A parameter's value or list of values, each read by the registry's parser (its type
+    here; its rule, which may depend on the budget, when `expand` builds the cell)."""
+    value = entry[key]
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise SpecError(f"{where}.{key} = {value!r}: must not be empty")
+    out = []
+    for v in values:
+        try:
+            out.append(parse_params(name, {key: v}, check=False)[key])
+        except ValueError as exc:
+            raise SpecError(f"{where}.{key} = {value!r}: {exc}") from None
+    if len(set(out)) != len(out):
+        raise SpecError(f"{where}.{key} = {value!r}: a value repeats")
+    return out
+
+
 def normalise(raw: dict) -> dict:
     """Check keys and types; return the spec in one canonical shape (lists everywhere)."""
     unknown = sorted(set(raw) - set(KEYS))
@@ -122,7 +141,7 @@ def normalise(raw: dict) -> dict:
             if k not in allowed:
                 raise SpecError(f"{where}.{k} = {entry[k]!r}: {name} has no parameter {k!r}; "
                                 f"its parameters are {allowed or 'none'}")
-            params[k] = _axis(entry, k, int, where=where + ".")
+            params[k] = _param_axis(name, entry, k, where)
         norm_policies.append({"name": name, "params": params})
     return {"mode": mode, "traces": traces, "layers": _axis(raw, "layers", int),
             "heads": _axis(raw, "heads", str, ["mean"]), "budgets": budgets,
@@ -207,11 +226,12 @@ def expand(spec: dict, traces: dict[str, TraceInfo]) -> list[Cell]:
                 for i, entry in enumerate(spec["policies"]):
                     name, axes = entry["name"], entry["params"]
                     defaults = {s.name: s.default for s in param_specs(name)}
+                    source = source_hash(name)
                     for combo in itertools.product(*axes.values()):
                         params = {**defaults, **dict(zip(axes, combo))}
                         for budget in spec["budgets"]:
                             cell = Cell(len(cells), key, layer, head, name, budget,
-                                        tuple(sorted(params.items())))
+                                        tuple(sorted(params.items())), source)
                             k = cell.key()
                             if k in seen:
                                 raise SpecError(f"policies[{i}] ({name}) repeats a cell of "

@@ -84,10 +84,13 @@ def save_cell(out: Path, cell: Cell, row: dict) -> None:
     write_atomic(cell_path(out, cell), json.dumps({"key": cell.key(), "row": row}).encode())
 
 
-def param_columns(spec: dict) -> list[str]:
-    cols: list[str] = []
+def param_columns(spec: dict) -> dict[str, str]:
+    """Parameter column -> its pandas dtype, from the first policy that declares it."""
+    dtypes = {"int": "Int64", "float": "float64", "choice": "str"}
+    cols: dict[str, str] = {}
     for entry in spec["policies"]:
-        cols += [s.name for s in param_specs(entry["name"]) if s.name not in cols]
+        for s in param_specs(entry["name"]):
+            cols.setdefault(s.name, dtypes[s.kind])
     return cols
 
 
@@ -103,7 +106,7 @@ def assemble(out: Path, spec: dict, cells: list[Cell]) -> pd.DataFrame:
             "kvviz_version", "trace_sha256", "model"]
     df = pd.DataFrame(rows, columns=cols)
     types = {"layer": "Int64", "budget": "int64", "memory_bytes": "Int64",
-             **{k: "Int64" for k in params},
+             **params,
              **{m: "float64" for m in METRICS if m != "memory_bytes"}}
     return df.astype(types)
 

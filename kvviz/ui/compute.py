@@ -190,7 +190,8 @@ def cache_figure(key: str, layer: int, version: str, a: tuple, b: tuple, budget:
 
 
 def params_key(params: dict) -> tuple:
-    return tuple(sorted((k, int(v)) for k, v in params.items()))
+    """Hashable and plain (numpy scalars become Python ones); the policy types its values."""
+    return tuple(sorted((k, v.item() if hasattr(v, "item") else v) for k, v in params.items()))
 
 
 def evicted(eng: Engine) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvviz.policies import POLICIES, param_specs
-from kvviz.ui.state import ViewState, from_query, to_query
+from kvviz.ui.state import ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
 FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom",
@@ -71,7 +71,7 @@ def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
         name = getattr(vs, which)
         given = vs.pa if which == "a" else vs.pb
         for spec in param_specs(name):
-            val = int(given.get(spec.name, spec.default))
+            val = given.get(spec.name, spec.default)
             kv[pkey(which, spec.name)] = val
             S[pkey(which, spec.name)] = val
 
@@ -104,7 +104,10 @@ def current(which: str) -> dict:
     out = {}
     for spec in param_specs(name):
         k = pkey(which, spec.name)
-        out[spec.name] = int(S.get(k, S["kv"].get(k, spec.default)))
+        try:  # a key another policy's parameter of the same name left behind may not fit
+            out[spec.name] = spec.coerce(S.get(k, S["kv"].get(k, spec.default)))
+        except ValueError:
+            out[spec.name] = spec.default
     return out
 
 
@@ -116,7 +119,8 @@ def view_state() -> ViewState:
                      step=kv.get("step"), focus=int(kv.get("focus", -1)),
                      why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
                      exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)),
-                     head=kv.get("head", "mean"), cmp=list(kv.get("cmp") or list(POLICIES)))
+                     head=kv.get("head", "mean"), cmp=list(kv.get("cmp") or default_cmp(kv.get("a", "tova"),
+                                                                             kv.get("b", "snapkv"))))
 
 
 def write_url() -> None:

@@ -123,12 +123,12 @@ def current_head() -> str:
     return S["kv"].get("head", "mean")
 
 
-def _clamp_restore(key, default, lo, hi, label=None):
+def _clamp_restore(key, default, lo, hi, label=None, cast=int):
     """Restore a number widget's value inside lo..hi; a value outside is said (with the
     value as typed) when `label` names the control."""
     v = restore(key, default)
     try:
-        v = int(v)
+        v = cast(v)
     except (TypeError, ValueError):
         v = default
     if label and not lo <= v <= hi:
@@ -159,6 +159,30 @@ def labelled(name: str, message: str) -> str:
     return message
 
 
+def param_control(which: str, spec):
+    """One parameter's control, built from its declaration: a slider for int and float,
+    a select box for a choice. Returns the value as the widget holds it."""
+    k = pkey(which, spec.name)
+    help_ = spec.help + (" · odd values only" if spec.odd_only else "")
+    if spec.source:
+        help_ += f" · default: {spec.source}"
+    if spec.kind == "choice":
+        if restore(k, spec.default) not in spec.choices:
+            S[k] = spec.default
+        value = st.sidebar.selectbox(spec.label, spec.choices, key=k, help=help_)
+    elif spec.kind == "float":
+        lo, hi = float(spec.low), float(spec.high)
+        _clamp_restore(k, float(spec.default), lo, hi, label=f"{which}.{spec.label}", cast=float)
+        value = float(st.sidebar.slider(spec.label, min_value=lo, max_value=hi,
+                                        step=float(spec.step or (hi - lo) / 100), key=k, help=help_))
+    else:
+        _clamp_restore(k, spec.default, spec.low, spec.high, label=f"{which}.{spec.label}")
+        value = int(st.sidebar.slider(spec.label, min_value=spec.low, max_value=spec.high,
+                                      step=spec.step or 1, key=k, help=help_))
+    keep(k, value)
+    return value
+
+
 def policy_controls(steps: int):
     """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...})."""
     st.sidebar.header("Cache")
@@ -178,17 +202,7 @@ def policy_controls(steps: int):
         name = st.sidebar.selectbox(f"policy {which.upper()}", names, key=wkey(which),
                                     label_visibility="collapsed")
         keep(wkey(which), name)
-        params = {}
-        for spec in param_specs(name):
-            k = pkey(which, spec.name)
-            _clamp_restore(k, spec.default, spec.min, spec.max, label=f"{which}.{spec.label}")
-            help_ = spec.help + (" · odd values only" if spec.odd_only else "")
-            if spec.source:
-                help_ += f" · default: {spec.source}"
-            params[spec.name] = int(st.sidebar.slider(spec.label, min_value=spec.min,
-                                                      max_value=spec.max, step=spec.step,
-                                                      key=k, help=help_))
-            keep(k, params[spec.name])
+        params = {spec.name: param_control(which, spec) for spec in param_specs(name)}
         if not param_specs(name):
             st.sidebar.caption(f"{name} has no parameters.")
         error = None

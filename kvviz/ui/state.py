@@ -10,13 +10,14 @@ dropped with a note):
     zoom    cache heatmap range: 0 = whole run, N = +-N steps around the current step
     exp     the guided experiment in effect (explanation shown)
     head    which attention head of a per-head trace: mean (default), kv0.., q0..
-    cmp     compare view: the policies shown, comma-separated (default all six)
+    cmp     compare view: the policies shown, comma-separated (default: every registered
+            policy, or A, B and the first others when more than MAX_COMPARE are registered)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvviz.policies import POLICIES, param_specs
+from kvviz.policies import POLICIES, defaults, param_specs, parse_params
 
 VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
          "export", "loop")
@@ -27,6 +28,20 @@ VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores":
 
 
 ZOOMS = (0, 32, 128, 512)
+MAX_COMPARE = 6  # the compare view's limit (kvviz.views.compare.MAX_POLICIES)
+
+
+def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
+    """The compare view's default: every policy while they fit, else A, B and the first
+    registered others up to the limit, in registry order."""
+    names = list(POLICIES)
+    pick = [n for n in (a, b) if n in POLICIES]
+    for n in names:
+        if len(set(pick)) >= MAX_COMPARE:
+            break
+        pick.append(n)
+    return [n for n in names if n in pick]
+
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
 # parameters); anything else is reported. A new key = one entry here.
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
@@ -40,7 +55,7 @@ class ViewState:
     budget: int = 512
     a: str = "tova"
     b: str = "snapkv"
-    pa: dict = field(default_factory=dict)  # parameter *name* -> int (only non-defaults needed)
+    pa: dict = field(default_factory=dict)  # parameter *name* -> value (only non-defaults needed)
     pb: dict = field(default_factory=dict)
     step: int | None = None  # None: choose (first divergence) once the runs exist
     focus: int = -1
@@ -49,13 +64,14 @@ class ViewState:
     exp: str = ""
     zoom: int = 0  # cache heatmap: 0 = whole run, else +-zoom steps around the current step
     head: str = "mean"  # attention head of a per-head trace
-    cmp: list = field(default_factory=lambda: list(POLICIES))  # compare view's policies
+    cmp: list = field(default_factory=default_cmp)  # compare view's policies
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
         name = self.a if which == "a" else self.b
         given = self.pa if which == "a" else self.pb
-        return {s.name: int(given.get(s.name, s.default)) for s in param_specs(name)}
+        full = defaults(name)
+        return {**full, **{k: v for k, v in given.items() if k in full}}
 
 
 def _first(v):
@@ -102,28 +118,29 @@ def from_query(query) -> tuple[ViewState, list[str]]:
         bad = [n for n in names if n not in POLICIES]
         if bad:
             notes.append(f"cmp: unknown policies {', '.join(map(repr, bad))}; ignored")
-        st.cmp = [n for n in dict.fromkeys(names) if n in POLICIES][:6] or list(POLICIES)
+        st.cmp = ([n for n in dict.fromkeys(names) if n in POLICIES][:MAX_COMPARE]
+                  or default_cmp(st.a, st.b))
+    else:
+        st.cmp = default_cmp(st.a, st.b)
     for which in ("a", "b"):
         name = getattr(st, which)
-        by_label = {s.label: s for s in param_specs(name)}
-        by_name = {s.name: s for s in param_specs(name)}
+        by_key = {**{s.label: s for s in param_specs(name)}, **{s.name: s for s in param_specs(name)}}
         out = {}
         for k, v in q.items():
             if not k.startswith(which + "."):
                 continue
-            lab = k[2:]
-            spec = by_label.get(lab) or by_name.get(lab)
+            spec = by_key.get(k[2:])
             if spec is None:
-                notes.append(f"{name} has no parameter {lab!r}; ignored")
+                notes.append(f"{name} has no parameter {k[2:]!r}; ignored")
                 continue
-            try:
-                val = _int(v)
-            except ValueError:
-                notes.append(f"{k}={v!r} is not an integer; ignored")
+            try:  # the type here; the rule is the policy's, refused on the page like a control
+                val = parse_params(name, {spec.name: v}, check=False)[spec.name]
+            except ValueError as exc:
+                notes.append(f"{k}={v!r}: {exc}; ignored")
                 continue
-            if not spec.min <= val <= spec.max:
-                clamped = min(max(val, spec.min), spec.max)
-                notes.append(f"{which}.{spec.label}={val} is outside {spec.min}–{spec.max}; "
+            if spec.kind != "choice" and not spec.low <= val <= spec.high:
+                clamped = min(max(val, spec.low), spec.high)
+                notes.append(f"{which}.{spec.label}={val} is outside {spec.low}–{spec.high}; "
                              f"using {clamped}")
                 val = clamped
             out[spec.name] = val
@@ -150,7 +167,7 @@ def to_query(st: ViewState) -> dict[str, str]:
         q["exp"] = st.exp
     if st.head != "mean":
         q["head"] = st.head
-    if list(st.cmp) != list(POLICIES):
+    if list(st.cmp) != default_cmp(st.a, st.b):
         q["cmp"] = ",".join(st.cmp)
     return q
 

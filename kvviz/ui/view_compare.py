@@ -11,6 +11,7 @@ import streamlit as st
 from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
 from kvviz.ui.session import S, keep, restore, wkey
+from kvviz.ui.state import default_cmp
 from kvviz.views import compare as C
 from kvviz.views.states import held_mask
 
@@ -50,20 +51,27 @@ def params_text(name: str, params: tuple) -> str:
     return ", ".join(f"{labels.get(k, k)}={v}" for k, v in params) or "–"
 
 
-def chosen_policies() -> list[str]:
+def chosen_policies(ctx) -> list[str]:
+    """The multiselect, never holding more than its limit however many are registered."""
     names = list(POLICIES)
-    restore(wkey("cmp"), names)
-    if not isinstance(S[wkey("cmp")], list) or not set(S[wkey("cmp")]) <= set(names):
-        S[wkey("cmp")] = [n for n in (S[wkey("cmp")] or []) if n in names] or names
+    default = default_cmp(ctx.a, ctx.b)
+    restore(wkey("cmp"), default)
+    held = S[wkey("cmp")]
+    if not isinstance(held, list) or not set(held) <= set(names) or len(held) > C.MAX_POLICIES:
+        held = [n for n in (held if isinstance(held, list) else []) if n in names]
+        S[wkey("cmp")] = held[:C.MAX_POLICIES] or default
     chosen = st.multiselect("policies to compare (A's and B's take their sidebar settings, "
                             "the others their defaults)", names, key=wkey("cmp"),
                             max_selections=C.MAX_POLICIES)
+    if len(names) > C.MAX_POLICIES:
+        st.caption(f"{len(names)} policies are registered and at most {C.MAX_POLICIES} are "
+                   "compared at once: remove one from the box to add another.")
     keep(wkey("cmp"), list(chosen))
     return list(chosen)
 
 
 def render(ctx) -> None:
-    chosen = chosen_policies()
+    chosen = chosen_policies(ctx)
     if not chosen:
         st.info("Choose at least one policy to compare.")
         return

@@ -18,13 +18,13 @@ import pandas as pd
 import streamlit as st
 
 from kvviz import views as V
+from kvviz.policies import POLICIES
 from kvviz.ui.context import CHART
 from kvviz.views import loop as LV
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
-NEW_POLICIES = ("tova", "h2o", "snapkv", "streaming-llm", "scissorhands", "random")
 POLL_S = 1.0
 S = st.session_state
 JOB = "loop.job"
@@ -145,8 +145,8 @@ def run_box(ctx):
                        "choose a real trace in the sidebar to run the model on it.")
             return
         c = st.columns([3, 2, 2, 2])
-        pols = c[0].multiselect("policies", NEW_POLICIES, default=["tova", "snapkv",
-                                                                  "streaming-llm"],
+        pols = c[0].multiselect("policies", list(POLICIES),  # every registered policy
+                                default=["tova", "snapkv", "streaming-llm"],
                                 key="loop.new.policies")
         buds = c[1].multiselect("budgets", NEW_BUDGETS, default=[64, 128],
                                 key="loop.new.budgets")

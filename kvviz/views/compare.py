@@ -17,12 +17,13 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from .common import base_layout
-from .metrics import METRIC_LABELS, POLICY_COLOURS
+from .metrics import METRIC_LABELS
+from .metrics import policy_colour as _colour_of
 from .states import (BOTH, NEITHER, NOT_YET, STATE_COLOURS, bin_edges, held_mask,
                      recent_held_fraction, sinks_held, state_counts)
 
 SMALL_BINS = 192      # pixels per axis of each small multiple (4,096 steps -> 22-cell blocks)
-MAX_POLICIES = 6
+MAX_POLICIES = 6  # kvviz.ui.state.MAX_COMPARE says the same (it has no plotly)
 COLS = 3
 
 
@@ -64,7 +65,7 @@ def rgb_to_png(rgb: np.ndarray) -> str:
 
 
 def policy_colour(label: str) -> str:
-    return POLICY_COLOURS.get(label.split(" ")[0], "#555555")
+    return _colour_of(label.split(" ")[0])
 
 
 def _grid_axes(rows: int, cols: int, hgap: float, vgap: float) -> list[dict]:

@@ -5,12 +5,26 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .common import A_COLOUR, B_COLOUR, base_layout
+from .common import base_layout
 
 METRIC_LABELS = {"retained_mass": "retained mass", "hh_recall": "heavy-hitter recall",
                  "attention_loss": "attention loss", "memory_bytes": "memory (bytes)"}
-POLICY_COLOURS = {"tova": A_COLOUR, "snapkv": B_COLOUR, "h2o": "#009E73",
-                  "streaming-llm": "#CC79A7", "scissorhands": "#56B4E9", "random": "#999999"}
+# For policies that declare no colour (Policy.colour), in registration order.
+PALETTE = ("#D55E00", "#F0E442", "#882255", "#44AA99", "#332288", "#AA4499", "#117733",
+           "#661100", "#6699CC", "#888833")
+
+
+def policy_colour(name) -> str:
+    """A registered policy's declared colour, else the next palette colour; grey if unknown."""
+    from kvviz.policies import POLICIES
+
+    cls = POLICIES.get(str(name))
+    if cls is None:
+        return "#555555"
+    if cls.colour:
+        return cls.colour
+    plain = [n for n, c in POLICIES.items() if not c.colour]
+    return PALETTE[plain.index(cls.name) % len(PALETTE)]
 
 
 def metrics_table(rows: list[dict]) -> pd.DataFrame:
@@ -54,7 +68,7 @@ def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group:
         for name, g in df.groupby(group, sort=False):
             g = g.sort_values(x)
             fig.add_trace(go.Scatter(x=g[x], y=g[metric], mode="lines+markers", name=str(name),
-                                     line=dict(color=POLICY_COLOURS.get(str(name)), width=2.5),
+                                     line=dict(color=policy_colour(name), width=2.5),
                                      marker=dict(size=8),
                                      hovertemplate=f"{xl} %{{x}}<br>{ml} %{{y:.6g}}<extra>"
                                      + str(name) + "</extra>"))

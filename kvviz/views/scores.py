@@ -14,20 +14,27 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.policies import POLICIES, rank_of, score_labels
+
 from .common import DEFENDED_COLOUR, base_layout, log_ticks, visible_token
 
-# Which score decides eviction, as the policies document it, and in which direction.
+# Which score decides eviction, and in which direction, as each policy class declares it
+# (`Policy.rank`, `Policy.score_labels`), read from the registry when drawn so plugins show.
 # Display only: the ranking shown is the policy's documented order, ties to the lower position.
-RANK_SCORE = {
-    "tova": ("last", "lowest current-step weight goes first"),
-    "snapkv": ("pooled", "lowest pooled window sum goes first"),
-    "h2o": ("cumulative", "lowest accumulated attention goes first"),
-    "scissorhands": ("low_count", "most often below the uniform share goes first"),
-}
-SCORE_LABELS = {"last": "current-step weight", "sums": "window sum", "pooled": "pooled (max) sum",
-                "cumulative": "accumulated attention", "low_count": "steps below uniform share"}
-_DESCENDING = {"low_count"}
-_COUNTS = {"low_count"}  # integer counts: a linear axis
+_NO_SCORE = "no scores: ranks without attention"
+
+
+def _key(policy: str):
+    r = rank_of(policy)
+    return r.key if r is not None else None
+
+
+def _is_count(key) -> bool:
+    return any(r.count for r in (c.rank for c in POLICIES.values()) if r is not None and r.key == key)
+
+
+def score_label(key, default=None):
+    return score_labels().get(key, key if default is None else default)
 
 
 def eviction_order(policy: str, kept, scores) -> np.ndarray:
@@ -35,11 +42,12 @@ def eviction_order(policy: str, kept, scores) -> np.ndarray:
     kept = np.asarray(kept)
     cand = np.asarray(scores.get("candidate", np.ones(len(kept), bool)), bool)
     idx = np.flatnonzero(cand)
-    key = RANK_SCORE.get(policy, (None,))[0]
+    rank = rank_of(policy)
+    key = rank.key if rank is not None else None
     if key is None or key not in scores:
         return idx
     vals = np.asarray(scores[key], dtype=np.float64)[idx]
-    if key in _DESCENDING:
+    if rank.descending:
         vals = -vals
     return idx[np.lexsort((kept[idx], vals))]
 
@@ -184,8 +192,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
     lo, hi = window_positions(panels, center, half_width)
     titles = []
     for p in panels:
-        key = RANK_SCORE.get(p["policy"], (None, "no scores: ranks without attention"))
-        titles.append(f"{p['label']}: {key[1]}")
+        r = rank_of(p["policy"])
+        titles.append(f"{p['label']}: {r.order if r is not None else _NO_SCORE}")
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.14,
                         subplot_titles=titles)
     union = set()
@@ -198,8 +206,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
         victims = np.intersect1d(np.asarray(p["victims"], np.int64), x)
         cand = np.asarray(sc.get("candidate", np.ones(len(kept), bool)), bool)[sel]
         colour = p.get("colour", "#555555")
-        main = RANK_SCORE.get(p["policy"], (None,))[0]
-        row_log = log and main not in _COUNTS and ("pooled" in sc or (main and main in sc))
+        main = _key(p["policy"])
+        row_log = log and not _is_count(main) and ("pooled" in sc or (main and main in sc))
         fix = _positive if row_log else (lambda v: np.asarray(v, float))
         if "pooled" in sc and "sums" in sc:
             sums = np.asarray(sc["sums"], float)[sel]
@@ -225,11 +233,11 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
             yall = np.concatenate([sums, pooled])
         elif main and main in sc:
             vals = np.asarray(sc[main], float)[sel]
-            fig.add_trace(go.Bar(x=x, y=fix(vals), name=SCORE_LABELS.get(main, main),
+            fig.add_trace(go.Bar(x=x, y=fix(vals), name=score_label(main),
                                  marker_color=np.where(cand, colour, "#bbbbbb").tolist(),
                                  customdata=np.where(np.isnan(vals), "unobserved (newest)",
                                                      np.char.mod("%.4g", np.nan_to_num(vals))))
-                          .update(hovertemplate="position %{x}<br>" + SCORE_LABELS.get(main, main)
+                          .update(hovertemplate="position %{x}<br>" + score_label(main)
                                   + " %{customdata}<extra></extra>"), row=r, col=1)
             yv = yall = fix(vals)
         else:
@@ -246,7 +254,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
                                                  line=dict(width=2, color="black")),
                                      hovertemplate="position %{x}: evicted at step " + str(step)
                                      + "<extra></extra>"), row=r, col=1)
-        ytitle = ("window sum / pooled" if "pooled" in sc else SCORE_LABELS.get(main, "held")
+        ytitle = ("window sum / pooled" if "pooled" in sc else score_label(main, "held")
                   if main in sc else "held")
         if row_log:
             pos = np.asarray(yall, float)
@@ -298,7 +306,7 @@ def why_rows(position: int, step: int, panels, tokens=None) -> list[dict]:
                     row["candidate"] = bool(np.asarray(vals)[i])
                 else:
                     v = float(np.asarray(vals, float)[i])
-                    row[SCORE_LABELS.get(key, key)] = None if np.isnan(v) else v
+                    row[score_label(key)] = None if np.isnan(v) else v
             order = eviction_order(p["policy"], kept, p["scores"])
             where = np.flatnonzero(order == i)
             row["eviction rank"] = (f"{int(where[0]) + 1} of {len(order)}" if len(where)
@@ -315,7 +323,7 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
     for c, p in enumerate(panels, start=1):
         kept = np.asarray(p["kept"])
         order = eviction_order(p["policy"], kept, p["scores"])
-        key = RANK_SCORE.get(p["policy"], (None,))[0]
+        key = _key(p["policy"])
         vals = (np.asarray(p["scores"][key], float)[order] if key in p["scores"]
                 else np.zeros(len(order)))
         ranks = np.arange(1, len(order) + 1)
@@ -342,8 +350,8 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                      marker=dict(symbol="circle-open", size=20, color="#CC0000",
                                                  line=dict(width=3))), row=1, col=c)
         fig.update_xaxes(title="eviction rank (1 = first to go)", row=1, col=c)
-        ytitle = SCORE_LABELS.get(key, "no score")
-        if key not in _COUNTS and len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
+        ytitle = score_label(key, "no score") if key is not None else "no score"
+        if not _is_count(key) and len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
             fig.update_yaxes(type="log", title=ytitle + " (log)", row=1, col=c, **log_ticks(vals))
         else:
             fig.update_yaxes(title=ytitle, row=1, col=c)

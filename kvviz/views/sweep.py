@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .common import base_layout
-from .metrics import METRIC_LABELS, POLICY_COLOURS
+from .metrics import METRIC_LABELS, policy_colour
 
 REQUIRED = ("trace", "layer", "policy", "budget", "retained_mass", "hh_recall", "memory_bytes",
             "status")
@@ -77,7 +77,7 @@ def sweep_grid_figure(df: pd.DataFrame, metric: str = "retained_mass",
         fig.add_trace(go.Scatter(
             x=g["budget"], y=g[metric].astype(float), mode="lines+markers", name=label,
             legendgroup=label, showlegend=label not in shown,
-            line=dict(color=POLICY_COLOURS.get(policy), dash=dash[label], width=2),
+            line=dict(color=policy_colour(policy), dash=dash[label], width=2),
             marker=dict(size=6),
             hovertemplate=f"budget %{{x}}<br>{METRIC_LABELS.get(metric, metric)} %{{y:.6g}}"
                           f"<extra>{label}</extra>"), row=r, col=c)
