@@ -3,7 +3,8 @@
 Each is compiled and checked for names it uses but never defines (the loop snippet once
 used an undefined `text`), then run in a fresh folder that sees the checkout's traces/, so
 what a snippet writes (out/...) lands there and the checkout stays clean. Snippets that run
-the model need the capture stack (a failure in CI, KVVIZ_REQUIRE_CAPTURE=1).
+the model need the capture stack (a failure in CI, KVVIZ_REQUIRE_CAPTURE=1) and share the
+session's one model load.
 """
 import ast
 import builtins
@@ -11,8 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-
-from apphelp import require_capture_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -57,11 +56,11 @@ def test_the_name_check_catches_an_undefined_name():
 
 
 @pytest.mark.parametrize("code", SNIPPETS)
-def test_snippet_runs_as_shown(code, tmp_path, monkeypatch):
+def test_snippet_runs_as_shown(code, tmp_path, monkeypatch, request):
     compiled = compile(code, "<snippet>", "exec")
     assert not undefined_names(code), undefined_names(code)
     if "run_loop(" in code or "capture(" in code:
-        require_capture_stack()
+        request.getfixturevalue("smollm")  # the session's one model load (tests/conftest.py)
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "traces").symlink_to(ROOT / "traces")
     monkeypatch.chdir(tmp_path)
