@@ -45,8 +45,9 @@ def main(argv=None) -> int:
     perf.add_argument("--streams", nargs="?", const="1,3,9,27", default=None, metavar="S,...",
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
                            "at these stream counts (kvviz.streams_bench)")
-    sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
-    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
+    sub.add_parser("capture", help="capture a trace from a real model (needs pip install 'kvviz[capture]')")
+    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses "
+                        "(needs pip install 'kvviz[capture]')")
     sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501")
     sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
     sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] | NAME | --all-builtins")

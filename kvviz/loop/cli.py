@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..atomic import replacing
+from ..capture import require_stack
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--text {args.text} is empty")
         configs = build_configs(args.policy, args.budget)
         rows_layers = [int(x) for x in args.rows_layers.split(",") if x.strip()]
-    except ValueError as exc:
+        require_stack("loop")
+    except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from . import run_loop

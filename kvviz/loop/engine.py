@@ -95,7 +95,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
 
     from ..capture import load_model, token_strings
 
-    tok, mdl = model if model is not None else load_model()
+    tok, mdl = model if model is not None else load_model("loop")
     ids = tokenize(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
