@@ -27,14 +27,12 @@ main = st.empty()          # the selected view
 # a chart drawn while another session is half-way through importing them fails ("partially
 # initialized module 'numpy' has no attribute 'ndarray'"). Drawing the first chart and doing
 # those imports under one server-wide lock means no chart is ever drawn beside a half-made
-# module, while the very first session still sends its placeholder chart (so the browser
-# fetches plotly.js, 4.7 MB) before paying for the imports. Later runs find them loaded.
+# module. Later runs find them loaded. The placeholder is text, not a chart: a Plotly element
+# makes the browser load and run plotly.js (4.7 MB), which held up drawing the first chart's
+# server-built image (kvviz.ui.view_cache's preview).
 with import_lock():
     if not st.session_state.get("kv.drawn"):
-        main.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {
-            "title": {"text": "Replaying the policies…"}, "height": 560,
-            "plot_bgcolor": "white", "xaxis": {"visible": False},
-            "yaxis": {"visible": False}}}, key="chart.loading")
+        main.caption("Replaying the policies…")
     import numpy  # noqa: F401
     import pandas  # noqa: F401
     import PIL.Image  # noqa: F401

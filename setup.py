@@ -1,6 +1,11 @@
 """Build hook only (the metadata is in pyproject.toml): an installed kvviz carries the
 explorer page (app.py) and the shipped traces in kvviz/_bundle/, so `kvviz app` works from
-anywhere. They are copied at build time; the checkout keeps one copy of each."""
+anywhere. They are copied at build time; the checkout keeps one copy of each.
+
+SHIPPED is the explicit list (tests/test_install.py checks it against `git ls-files`): a
+user's own traces/mine.npz never goes into a wheel. The bundle folder is emptied first,
+because setuptools reuses build/ and copying only adds files.
+"""
 import shutil
 from pathlib import Path
 
@@ -9,16 +14,32 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 
+SHIPPED = (
+    "app.py",
+    "traces/README.md",
+    "traces/code-kv.npz",
+    "traces/code.npz",
+    "traces/prose.npz",
+    "traces/table.npz",
+    *(f"traces/loop/{text}-{gran}.{ext}" for text in ("code", "prose", "table")
+      for gran in ("kv-head", "layer") for ext in ("json", "npz")),
+    "traces/sources/PSF-LICENSE.txt",
+    "traces/sources/elements.md",
+    "traces/sources/execmodel.txt",
+    "traces/sources/graphlib.py.txt",
+    "traces/sources/make_table.py",
+)
+
 
 class BuildWithBundle(build_py):
     def run(self):
         super().run()
         bundle = Path(self.build_lib) / "kvviz" / "_bundle"
-        bundle.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / "app.py", bundle / "app.py")
-        # the whole folder: traces, their README and sources/ with the licences they require
-        shutil.copytree(ROOT / "traces", bundle / "traces", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("*.tmp", "__pycache__"))
+        shutil.rmtree(bundle, ignore_errors=True)
+        for name in SHIPPED:
+            target = bundle / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target)
 
 
 setup(cmdclass={"build_py": BuildWithBundle})

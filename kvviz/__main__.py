@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | app | sweep ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["sweep"]:
         from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
         return sweep_main(argv[1:])
+    if argv[:1] == ["check"]:
+        from .check import main as check_main  # hypothesis only with --reference
+        return check_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvviz")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
@@ -67,11 +70,13 @@ def main(argv=None) -> int:
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
                            "at these stream counts (kvviz.streams_bench)")
     plugin_arg(perf)
-    sub.add_parser("capture", help="capture a trace from a real model (needs requirements-capture.txt)")
-    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses (needs torch)")
+    sub.add_parser("capture", help="capture a trace from a real model (needs pip install 'kvviz[capture]')")
+    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses "
+                        "(needs pip install 'kvviz[capture]')")
     sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501 "
                                "(--plugin PATH.py|MODULE, repeatable, loads policies into it)")
     sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
+    sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] | NAME | --all-builtins")
     args = parser.parse_args(argv)
     from .plugins import cli_load
 

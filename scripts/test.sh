@@ -4,11 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x /usr/bin/chromium ]; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
-fi
+./scripts/apt_deps.sh  # chromium, if missing (waits out another install's apt lock)
 
 PY=${PYTHON:-python3}
 VENV=${KVVIZ_VENV:-.venv}

@@ -1,9 +1,10 @@
 """`pip install .` gives a working `kvviz` command outside the checkout.
 
-Offline and quick: the package is built from a copy of the checkout into a fresh venv that
-sees this test environment's packages through a .pth file (so --no-deps and no index), with
-this environment's setuptools (--no-build-isolation). Everything then runs from a temporary
-directory with no PYTHONPATH, so only the installed copy can be imported.
+Offline and quick: a wheel is built from a copy of the checkout (with this environment's
+setuptools, --no-build-isolation) and installed into a fresh venv that sees this test
+environment's packages through a .pth file (so --no-deps and no index). Everything then runs
+from a temporary directory with no PYTHONPATH, so only the installed copy can be imported.
+The copy also holds a user's own trace and a stale file in a reused build/: neither may ship.
 """
 import os
 import shutil
@@ -12,6 +13,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -35,21 +37,45 @@ def installed(tmp_path_factory):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "kvviz", src / "kvviz", ignore=shutil.ignore_patterns("__pycache__", "_bundle"))
     shutil.copytree(ROOT / "traces", src / "traces")
+    (src / "traces" / "mine.npz").write_bytes(b"a user's own capture")  # not tracked
+    stale = src / "build" / "lib" / "kvviz" / "_bundle" / "traces" / "old.npz"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"left by an earlier build")  # setuptools reuses build/
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = next(venv.glob("lib/python3*/site-packages"))
     outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "outer.pth").write_text("\n".join(sorted(outer)) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    dist = tmp / "dist"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(dist), str(src)], cwd=tmp, env=env)
+    wheel = next(dist.glob("kvviz-*.whl"))
     run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-         "--no-deps", "--no-build-isolation", "--no-index", str(src)], cwd=tmp, env=env)
+         "--no-deps", "--no-index", str(wheel)], cwd=tmp, env=env)
     work = tmp / "elsewhere"
     work.mkdir()
-    return venv, work, env
+    return venv, work, env, wheel
+
+
+def tracked(*paths) -> list[str]:
+    res = subprocess.run(["git", "ls-files", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, f"tests run from a git checkout: {res.stderr}"
+    return sorted(res.stdout.split())
+
+
+def test_wheel_ships_the_tracked_page_and_traces_only(installed):
+    wheel = installed[3]
+    with zipfile.ZipFile(wheel) as zf:
+        bundled = sorted(n.removeprefix("kvviz/_bundle/") for n in zf.namelist()
+                         if n.startswith("kvviz/_bundle/"))
+        assert zf.read("kvviz/_bundle/app.py") == (ROOT / "app.py").read_bytes()
+    assert bundled == tracked("app.py", "traces")  # so no mine.npz and no stale old.npz
+    assert "traces/mine.npz" not in bundled and "traces/old.npz" not in bundled
 
 
 def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
-    venv, work, env = installed
+    venv, work, env, _ = installed
     kvviz = venv / "bin" / "kvviz"
     where = run([venv / "bin" / "python", "-c", "import kvviz; print(kvviz.__file__)"], work, env)
     assert where.stdout.strip().startswith(str(venv))  # the installed copy, not the checkout
@@ -68,11 +94,11 @@ def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
 
 
 def test_kvviz_app_serves_the_installed_page_and_traces(installed):
-    venv, work, env = installed
+    venv, work, env, _ = installed
     kvviz = venv / "bin" / "kvviz"
     dry = run([kvviz, "app", "--dry-run", f"--server.port={PORT}"], work, env)
     bundle = venv / "lib"
-    app_line, traces_line = dry.stdout.strip().splitlines()
+    app_line, traces_line, loop_line = dry.stdout.strip().splitlines()
     app = Path(app_line.split(" run ")[1].split()[0])
     assert app.is_relative_to(bundle) and app.read_bytes() == (ROOT / "app.py").read_bytes()
     assert "--server.address=127.0.0.1" in app_line and "--browser.gatherUsageStats=false" in app_line
@@ -82,6 +108,7 @@ def test_kvviz_app_serves_the_installed_page_and_traces(installed):
     shipped = sorted(p.name for p in (ROOT / "traces").glob("*.npz"))
     assert shipped and sorted(p.name for p in traces.glob("*.npz")) == shipped
     assert (traces / "README.md").is_file() and (traces / "sources" / "PSF-LICENSE.txt").is_file()
+    assert loop_line == f"loop results: {traces / 'loop'}"
     server = subprocess.Popen([kvviz, "app", f"--server.port={PORT}"], cwd=work, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -97,3 +124,21 @@ def test_kvviz_app_serves_the_installed_page_and_traces(installed):
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_installed_kvviz_app_in_a_checkout_serves_its_traces(installed):
+    """The rule `kvviz app --help` states: inside a kvviz checkout, its traces/ (and the
+    user's own capture in it); the page stays the installed one."""
+    venv, work, env, _ = installed
+    checkout = work.parent / "src"  # the copy the wheel was built from, with traces/mine.npz
+    helped = run([venv / "bin" / "kvviz", "app", "--help"], checkout, env)
+    assert "./traces when the current directory is a kvviz checkout" in " ".join(helped.stdout.split())
+    app_line, traces_line, loop_line = run([venv / "bin" / "kvviz", "app", "--dry-run"],
+                                           checkout, env).stdout.strip().splitlines()
+    assert traces_line == f"traces: {checkout.resolve() / 'traces'}"
+    assert (checkout / "traces" / "mine.npz").is_file()
+    assert loop_line == f"loop results: {checkout.resolve() / 'traces' / 'loop'}"
+    assert Path(app_line.split(" run ")[1].split()[0]).is_relative_to(venv / "lib")
+    inner = checkout / "kvviz"  # a sub-folder of a checkout is not the checkout
+    elsewhere = run([venv / "bin" / "kvviz", "app", "--dry-run"], inner, env).stdout.splitlines()[1]
+    assert Path(elsewhere.removeprefix("traces: ")).is_relative_to(venv / "lib")

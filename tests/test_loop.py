@@ -1,9 +1,8 @@
 """The model in the loop (kvviz.loop): SmolLM2 decoding over its own evicted cache.
 
-The refusal tests run without the model. The rest load SmolLM2 once for the module;
+The refusal tests run without the model. The rest share one SmolLM2 load (tests/conftest.py);
 without torch they skip, unless KVVIZ_REQUIRE_CAPTURE=1 (set by CI), where that fails.
 """
-import os
 import sys
 from pathlib import Path
 
@@ -75,31 +74,30 @@ def test_configs_get_a_full_row_and_refuse_duplicates():
 
 # -- the model in the loop ---------------------------------------------------------
 
-B = 16  # small budget: evictions start at step 16 of 96
-SMALL = [LoopConfig("tova", {}, B), LoopConfig("snapkv", {"pool_kernel": 5, "recent_window": 4}, B),
-         LoopConfig("h2o", {"recent_window": 4}, B),
-         LoopConfig("streaming-llm", {"sinks": 4}, B), LoopConfig("streaming-llm", {"sinks": 0}, B)]
+B = 16  # small budget: evictions start at step 16
+REPLAYED = [LoopConfig("tova", {}, B), LoopConfig("snapkv", {"pool_kernel": 5, "recent_window": 4}, B),
+            LoopConfig("h2o", {"recent_window": 4}, B)]
+SINKS = [LoopConfig("streaming-llm", {"sinks": 4}, B), LoopConfig("streaming-llm", {"sinks": 0}, B)]
+# The smallest runs that still prove each point (a decode step costs the same at any
+# length here; the steps are the cost): 64 tokens at layer granularity (48 steps
+# evicting: StreamingLLM's collapse shows, figures below), 48 per KV head with only the
+# configs its tests read, one with a budget equal to the text.
+RUNS = {"layer": (64, REPLAYED + SINKS), "kv-head": (48, REPLAYED + [LoopConfig("tova", {}, 48)])}
 
 
 @pytest.fixture(scope="module")
-def model():
-    require_capture_stack()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from kvviz.capture import load_model
-
-    return load_model()
+def model(smollm):
+    return smollm
 
 
 @pytest.fixture(scope="module")
 def runs(model):
-    """One batched loop per granularity over the first 96 tokens of the shipped prose."""
+    """One batched loop per granularity over the start of the shipped prose."""
     from kvviz.loop import run_loop
 
-    out = {}
-    for gran, extra in (("layer", []), ("kv-head", [LoopConfig("tova", {}, 128)])):
-        out[gran] = run_loop(PROSE, SMALL + extra, granularity=gran, max_tokens=96, model=model,
-                             rows_layers=range(30))
-    return out
+    return {gran: run_loop(PROSE, configs, granularity=gran, max_tokens=tokens, model=model,
+                           rows_layers=range(30))
+            for gran, (tokens, configs) in RUNS.items()}
 
 
 def _plain_nll(model, ids, mask=None):
@@ -119,7 +117,7 @@ def test_budget_at_least_the_text_is_the_plain_forward_pass(model, runs):
     res = runs["kv-head"]
     ref = _plain_nll(model, res.token_ids)
     never = [i for i, c in enumerate(res.configs) if c.is_full or c.budget >= len(res.tokens)]
-    assert [res.configs[i].label for i in never] == ["full", "tova@128"]
+    assert len(res.tokens) == 48 and [res.configs[i].label for i in never] == ["full", "tova@48"]
     for i in never:
         assert (res.evicted_at[i] == -1).all()
         assert np.abs(res.nll[i] - ref).max() < 1e-4
@@ -199,11 +197,12 @@ def test_loop_victims_equal_replay_of_the_rows_it_recorded(runs, gran):
 
 
 def test_sliding_window_without_sinks_loses_to_four_sinks(runs):
-    """StreamingLLM's collapse, on the shipped prose (first 96 tokens, budget 16, layer
+    """StreamingLLM's collapse, on the shipped prose (first 64 tokens, budget 16, layer
     granularity, perplexity over the tokens predicted after the first eviction). Measured
-    2026-11-30 (torch 2.13 CPU, 1 thread): full cache 22.79; 4 sinks + 12 recent 41.38;
-    16 recent, no sink 1587.30. KL(full || .) 0.371 vs 3.356; top-1 agreement with the
-    full cache 0.768 vs 0.347 (over all 95 predictions)."""
+    2026-12-01 (torch 2.13 CPU, 1 thread): 4 sinks + 12 recent 25.68; 16 recent, no sink
+    2652.0 (full cache 20.87 over all 63 predictions). KL(full || .) 0.206 vs 3.664; top-1
+    agreement with the full cache 0.857 vs 0.333 (over all 63). At 96 tokens, as measured
+    2026-11-30 and again 2026-12-01: 41.38 vs 1587.30, KL 0.371 vs 3.356, top-1 0.768 vs 0.347."""
     by = {r["label"]: r for r in runs["layer"].results}
     zero, four = by["streaming-llm(sinks=0)@16"], by["streaming-llm(sinks=4)@16"]
     assert zero["perplexity_after_eviction"] > 2 * four["perplexity_after_eviction"]

@@ -37,7 +37,7 @@ class RefDecaySinks(RefPolicy):
 
 @dataclass
 class DecaySinks(Policy):
-    sinks: int = param(4, label="sinks", min=0, ui_max=64, help="first positions always kept",
+    sinks: int = param(4, label="sinks", min=0, max=64, help="first positions always kept",
                        source="StreamingLLM's four attention sinks (Xiao et al. 2024)")
     half_life: float = param(8.0, label="halfLife", min=0.5, max=1024.0, step=0.5,
                              help="observed steps after which a weight counts half",

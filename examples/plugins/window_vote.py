@@ -51,7 +51,7 @@ class WindowVote(Policy):
     reduce: str = param("mean", label="reduce", choices=("mean", "max"),
                         help="how a slot's remembered weights become its score",
                         source="mean is SnapKV's window sum without pooling; max is the example's")
-    recent_window: int = param(8, label="recentWindow", min=0, ui_max=1024,
+    recent_window: int = param(8, label="recentWindow", min=0, max=1024,
                                help="newest positions never evicted",
                                source="an example value, a quarter of H2O's 32")
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..atomic import replacing
+from ..capture import require_stack
 from ..plugins import add_argument as add_plugin_argument, cli_load
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
@@ -131,7 +132,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--text {args.text} is empty")
         configs = build_configs(args.policy, args.budget)
         rows_layers = [int(x) for x in args.rows_layers.split(",") if x.strip()]
-    except ValueError as exc:
+        require_stack("loop")
+    except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from . import run_loop

@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
-from ..replay import NEVER, Replay
+from .. import harness
+from ..replay import NEVER
+from ..streams import STATES, Streams
 from ..trace import packed_offset
 from .config import GRANULARITIES, check_configs
 from .result import LoopResult
@@ -32,11 +34,6 @@ class _State:
         self.bias = self.bias_t.numpy()
         self.cur_t = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
         self.cur = self.cur_t.numpy()
-        self.trace = self  # quacks like a Replay for Replay._feed: .trace.row(t)
-        self.idx = (0, 0, 0)
-
-    def row(self, t: int) -> np.ndarray:
-        return self.cur[self.idx][:t]
 
 
 def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -98,7 +95,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
 
     from ..capture import load_model, token_strings
 
-    tok, mdl = model if model is not None else load_model()
+    tok, mdl = model if model is not None else load_model("loop")
     ids = tokenize(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
@@ -112,7 +109,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
         raise ValueError(f"rows_layers must be model layers 0..{L - 1}, got {bad}")
     Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
     C = len(configs)
-    policies = [[[c.make(l, g, seed) for g in range(G)] for l in range(L)] for c in configs]
+    policies = [_policies(c, L, G, T, seed) for c in configs]
     evicted_at = np.full((C, L, G, T), NEVER, np.int64)
     rows = np.zeros((C, len(rows_layers), G, packed_offset(Tr)), np.float32) if rows_layers else None
     nll = np.zeros((C, T - 1))
@@ -167,20 +164,41 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
                             "seed": seed})
 
 
+def _policies(cfg, L: int, G: int, T: int, seed: int):
+    """A config's policy state: None for full; one Streams over its L x G streams where the
+    policy is vectorised (stream s = layer * G + head, keyed into the flat (L, G, T) step
+    weights); else one policy per (layer, head), rng seeded per (seed, layer, head)."""
+    if cfg.is_full:
+        return None
+    if cfg.policy in STATES:
+        S = L * G
+        return Streams(cfg.make(0, 0, seed), S, offsets=np.arange(S) * T)
+    return [[cfg.make(l, g, seed) for g in range(G)] for l in range(L)]
+
+
 def _bookkeeping(state: _State, configs, policies, evicted_at, t: int) -> None:
-    """Each policy observes the step's weights (Replay._feed: held positions, renormalised
-    in float64, rounded to float32 once), admits t, evicts to budget; victims get -inf."""
-    feed = Replay._feed
+    """Each policy takes one harness step (kvviz.harness.step: the step's weights on its
+    held positions, renormalised, admit t, evict to budget); victims get -inf."""
     bias, G = state.bias, state.G
     for c, cfg in enumerate(configs):
-        if cfg.is_full:
+        pol = policies[c]
+        if pol is None:
             continue
-        budget = cfg.budget
-        for l, per_layer in enumerate(policies[c]):
-            for g, pol in enumerate(per_layer):
-                state.idx = (c, l, g)
-                feed(state, pol, t)
-                victims = pol.evict(budget)
+        if isinstance(pol, Streams):
+            raw = state.cur[c].reshape(-1).take(pol.held())  # (L*G, n); row t is cur[..., :t]
+            victims = harness.step(pol, t, raw, cfg.budget)
+            if victims.shape[1]:
+                v = victims[:, 0]
+                evicted_at[c].reshape(len(v), -1)[pol.streams, v] = t
+                if G == 1:
+                    bias[c][pol.streams, :, v] = -np.inf
+                else:
+                    bias[c].reshape(len(v), -1)[pol.streams, v] = -np.inf
+            continue
+        for l, per_layer in enumerate(pol):
+            for g, p in enumerate(per_layer):
+                raw = state.cur[c, l, g][p.held()] if p.uses_attention else None
+                victims = harness.step(p, t, raw, cfg.budget)
                 if len(victims):
                     evicted_at[c, l, g, victims] = t
                     if G == 1:

@@ -18,7 +18,7 @@ from .cli import Progress, build_configs, perf_policies
 TEXT = Path(__file__).resolve().parents[2] / "traces" / "sources" / "execmodel.txt"
 
 
-def plain_decode(mdl, ids, batch: int) -> np.ndarray:
+def plain_decode(mdl, ids, batch: int, progress=None) -> np.ndarray:
     """Seconds per step of the unmodified model (eager attention) decoding `ids` at `batch`."""
     import torch
     from transformers import DynamicCache
@@ -31,17 +31,27 @@ def plain_decode(mdl, ids, batch: int) -> np.ndarray:
             mdl(input_ids=torch.full((batch, 1), i, dtype=torch.long),
                 position_ids=torch.full((batch, 1), t, dtype=torch.long), cache=cache, use_cache=True)
         out[t] = time.perf_counter() - s
+        if progress is not None:
+            progress(t + 1, len(ids))
     return out
 
 
 def main(tokens: int = 384, budget: int = 256) -> int:
-    from ..capture import load_model
+    import sys
+
+    from ..capture import load_model, require_stack
     from .engine import run, tokenize
 
     if tokens <= budget + 16:
-        print(f"error: --perf-tokens must exceed the budget by more than 16, got {tokens} <= {budget} + 16")
+        print(f"error: --perf-tokens must exceed the budget by more than 16, got {tokens} <= {budget} + 16",
+              file=sys.stderr)
         return 2
-    tok, mdl = load_model()
+    try:
+        require_stack("loop --perf")
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tok, mdl = load_model("loop --perf")
     text = TEXT.read_text(encoding="utf-8")
     ids = tokenize(tok, text, tokens)
     after = slice(budget + 1, len(ids))  # steps where every policy evicts
@@ -50,7 +60,7 @@ def main(tokens: int = 384, budget: int = 256) -> int:
     def ms(x):
         return 1000 * float(np.mean(x[after]))
 
-    plain = {b: ms(plain_decode(mdl, ids, b)) for b in (1, 8)}
+    plain = {b: ms(plain_decode(mdl, ids, b, Progress(f"perf plain decode x{b}"))) for b in (1, 8)}
     configs = build_configs(perf_policies(), [budget])
     for gran in ("layer", "kv-head"):
         tm = {}

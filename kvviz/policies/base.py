@@ -24,7 +24,7 @@ class ParamSpec:
     once (the field's); `name` and `default` are filled in from the field.
 
     `min`/`max` are the rule (None: unbounded; rules relative to the budget live in
-    `check_params`); `ui_min`/`ui_max` only bound a slider when the rule has no end.
+    `check_params`); `ui_max` only bounds a slider when the rule has no upper end.
     """
 
     name: str = ""
@@ -221,11 +221,11 @@ class Policy:
         if n and pos <= self._pos[n - 1]:
             raise ValueError(f"pos must be above every kept position: got {pos}, "
                              f"highest kept is {int(self._pos[n - 1])}")
-        self._step(pos, None if attn is None else _check_attn(attn, n))
+        self.advance(pos, None if attn is None else _check_attn(attn, n))
 
-    def _step(self, pos: int, attn: np.ndarray | None) -> None:
-        """on_decode_step without the checks, for the harness, whose rows are already
-        validated and renormalised (see Replay._feed)."""
+    def advance(self, pos: int, attn: np.ndarray | None) -> None:
+        """on_decode_step without the checks: observe `attn`, admit `pos`. For the harness
+        (kvviz.harness.step), whose rows are already validated and renormalised."""
         n = self._n
         if attn is not None:
             self.observe(attn)

@@ -7,6 +7,7 @@ outcome does not depend on where it ran, so the tables are the same bit for bit.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -90,14 +91,7 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
     from ray.exceptions import RayError
 
     started = not ray.is_initialized()
-    if started:
-        if address == "local":
-            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=False)
-        else:  # a running cluster: ship this kvviz so every node runs the same code
-            kvviz_dir = str(Path(C.__file__).resolve().parents[1])
-            ray.init(address=address, log_to_driver=False,
-                     runtime_env={"py_modules": [kvviz_dir], "excludes": ["__pycache__"]})
+    restore = _start_ray(ray, address, workers) if started else None
     try:
         task = ray.remote(max_retries=3, retry_exceptions=False)(C.compute)
         if plugins:  # every task loads them too; this asks before any cell runs
@@ -126,3 +120,80 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
     finally:
         if started:
             ray.shutdown()
+            restore()
+
+
+_TOKEN: list[str] = []  # one per process: Ray's token loader caches the first it reads
+
+
+def _local_ray_env() -> tuple[str, dict]:
+    """A temporary folder for a local Ray's session files, and a token held in memory for
+    the token authentication Ray turns on for a new local cluster: Ray would otherwise
+    write one to ~/.ray/auth_token (docs/sweeps.md). A user's own RAY_AUTH_* settings win."""
+    import secrets
+    import tempfile
+
+    if not _TOKEN:
+        _TOKEN.append(secrets.token_hex(32))
+    env = {}
+    if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
+        env["RAY_AUTH_TOKEN"] = _TOKEN[0]
+    base = tempfile.gettempdir()
+    if len(base) > 40 and os.path.isdir("/tmp"):  # Ray's socket paths must stay under 108 bytes
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="kvviz-ray-", dir=base), env
+
+
+def _start_ray(ray, address: str, workers: int | None):
+    """ray.init, with Ray's connection errors turned into one line naming kvviz's own flags
+    (Ray's own message points to an --address flag kvviz does not have). Returns what to
+    call after ray.shutdown(): it puts the environment back and removes the temporary folder."""
+    import shutil
+
+    tmp, env = (_local_ray_env() if address == "local" else (None, {}))
+    saved = {k: os.environ.get(k) for k in (*env, "RAY_AUTH_MODE")}  # ray.init sets the mode
+    os.environ.update(env)
+    quiet = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = quiet.level
+    if env:  # "Token authentication is enabled for this Ray cluster": kvviz chose that
+        quiet.setLevel(logging.ERROR)
+
+    def restore():
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    try:
+        if address == "local":
+            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=False, _temp_dir=tmp)
+        else:  # a running cluster: ship this kvviz so every node runs the same code
+            kvviz_dir = str(Path(C.__file__).resolve().parents[1])
+            ray.init(address=address, log_to_driver=False,
+                     runtime_env={"py_modules": [kvviz_dir], "excludes": ["__pycache__"]})
+    except (RuntimeError, OSError, ValueError) as exc:  # ConnectionError is an OSError
+        restore()
+        raise _ray_error(exc, address) from None
+    except BaseException:
+        restore()
+        raise
+    finally:
+        quiet.setLevel(level)
+    return restore
+
+
+def _ray_error(exc: Exception, address: str) -> ValueError:
+    """One line for a failed ray.init, naming kvviz's flags."""
+    if isinstance(exc, ConnectionError) and address == "auto":
+        return ValueError("--ray auto: no Ray cluster found: start one with `ray start --head` "
+                          "or use --ray local")
+    msg = " ".join(str(exc).split())  # Ray's messages span lines
+    if isinstance(exc, ConnectionError):
+        return ValueError(f"--ray {address}: cannot reach a Ray cluster there ({msg}); check the "
+                          "head's address and port, or use --ray local")
+    where = "cannot start a local Ray" if address == "local" else "cannot join the Ray cluster"
+    return ValueError(f"--ray {address}: {where}: {msg}")

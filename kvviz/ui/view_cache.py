@@ -1,6 +1,8 @@
 """Cache heatmap view: who holds what, every step (whole run or zoomed)."""
 from __future__ import annotations
 
+import html
+
 import streamlit as st
 
 from kvviz.views.cache import at_step
@@ -8,6 +10,30 @@ from kvviz.ui import compute
 from kvviz.ui.context import CHART, Ctx
 from kvviz.ui.positions import ZOOMS, zoom_centre, zoom_window
 from kvviz.ui.session import S, keep, restore, wkey
+
+
+# The Plotly chart's own image sits in a plot area of these margins (views.cache and
+# views.common.base_layout); the preview puts the same PNG there, hidden once Plotly has drawn.
+PREVIEW_CSS = (".st-key-cache-chart:has(.js-plotly-plot .main-svg) .kv-preview{display:none}"
+               ".kv-preview{height:560px;box-sizing:border-box;padding:70px 20px 90px 60px;"
+               "font-size:17px;color:#222;position:relative}"
+               ".kv-preview img{width:100%!important;height:100%!important;max-width:none;"
+               "object-fit:fill!important;image-rendering:pixelated;display:block;margin:0}"
+               ".kv-preview span{position:absolute;left:4px;top:14px;font-weight:600}"
+               ".kv-preview b{position:absolute;left:60px;right:20px;height:2px;"
+               "background:#CC0000}")
+
+
+def preview_html(base: dict, step: int) -> str:
+    """The whole-run heatmap's PNG (built on the server) with its title and step line, as
+    plain HTML: a first visit sees the chart without waiting for the browser to load
+    Streamlit's Plotly bundle (4.7 MB); the Plotly chart, with hover, replaces it."""
+    lo, hi = base["layout"]["yaxis"]["range"][::-1]  # reversed axis: step 0 at the top
+    top = 70 + 400 * min(max((step - lo) / max(hi - lo, 1), 0.0), 1.0)
+    title = html.escape(base["layout"]["title"]["text"])
+    return (f"<style>{PREVIEW_CSS}</style><div class='kv-preview'><span>{title}</span>"
+            f"<img src='{base['data'][0]['source']}' alt='cache heatmap'><b style='top:{top:.0f}px'></b>"
+            "</div>")
 
 
 def render(ctx: Ctx):
@@ -25,7 +51,12 @@ def render(ctx: Ctx):
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     base = compute.cache_figure(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb),
                                 ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
-    st.plotly_chart(at_step(base, ctx.step), key="chart.cache", **CHART)
+    with st.container(key="cache-chart"):
+        preview = st.empty()
+        if not S.get("kv.previewed"):  # the session's first heatmap: its PNG before Plotly
+            S["kv.previewed"] = True
+            preview.markdown(preview_html(base, ctx.step), unsafe_allow_html=True)
+        st.plotly_chart(at_step(base, ctx.step), key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
     st.caption(f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "
                "by the disagreement (only A / only B) when the policies differ on a whole line "

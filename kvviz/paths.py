@@ -1,0 +1,57 @@
+"""Where the shipped things are: the explorer page, the traces, the closed-loop results.
+
+One rule for all of them, from a checkout or an install: $KVVIZ_TRACES_DIR if set; else
+the current directory's traces/ when the current directory is a kvviz checkout (so a
+trace captured there shows up even when an installed `kvviz` runs); else this package's
+own (the installed bundle, kvviz/_bundle/, or the checkout beside the package). The page is
+always this package's own, so page and library never come from two versions.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+BUNDLE = Path(__file__).resolve().parent / "_bundle"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout(folder: Path | None = None) -> Path | None:
+    """`folder` (default: the current directory) if it is a kvviz checkout: a pyproject.toml
+    naming the project kvviz, with app.py and traces/ beside it."""
+    folder = Path.cwd() if folder is None else Path(folder)
+    try:
+        name = tomllib.loads((folder / "pyproject.toml").read_text(encoding="utf-8"))["project"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if name == "kvviz" and (folder / "app.py").is_file() and (folder / "traces").is_dir():
+        return folder.resolve()
+    return None
+
+
+def app_file() -> Path:
+    for path in (BUNDLE / "app.py", REPO / "app.py"):
+        if path.is_file():
+            return path
+    raise RuntimeError(f"the explorer's app.py is neither in {BUNDLE} nor in {REPO}; "
+                       "reinstall kvviz with `pip install .` from a checkout")
+
+
+def traces_dir() -> Path | None:
+    """$KVVIZ_TRACES_DIR, the current checkout's traces/, the bundle's or the package's checkout's."""
+    if os.environ.get("KVVIZ_TRACES_DIR"):
+        return Path(os.environ["KVVIZ_TRACES_DIR"])
+    here = checkout()
+    candidates = ([here / "traces"] if here else []) + [BUNDLE / "traces", REPO / "traces"]
+    for path in candidates:
+        if path.is_dir() and any(path.glob("*.npz")):
+            return path
+    return None
+
+
+def loop_dir() -> Path | None:
+    """$KVVIZ_LOOP_DIR, else loop/ in the traces folder chosen above."""
+    if os.environ.get("KVVIZ_LOOP_DIR"):
+        return Path(os.environ["KVVIZ_LOOP_DIR"])
+    traces = traces_dir()
+    return traces / "loop" if traces is not None and (traces / "loop").is_dir() else None

@@ -1,0 +1,118 @@
+"""scripts/apt_deps.sh (test.sh's apt step) waits out a held apt lock instead of failing.
+
+A fake apt-get behaves as apt does when it cannot wait: it fails at once with apt's own
+message while another process holds its lock. The test holds that lock with `flock` for a
+few seconds and checks the script says it is waiting, then installs once the lock is free.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "apt_deps.sh"
+
+pytestmark = pytest.mark.skipif(not (shutil.which("flock") and shutil.which("fuser")),
+                                reason="needs flock and fuser (util-linux, psmisc)")
+
+FAKE_APT = """#!/usr/bin/env bash
+# like apt-get without a lock timeout: fail at once while the lock is held
+if ! flock -n "$FAKE_LOCK" true; then
+  echo "E: Could not get lock $FAKE_LOCK. It is held by process 1 (apt-get)" >&2
+  echo "$(date +%s.%N) locked $*" >> "$FAKE_LOG"; exit 100
+fi
+if [ -n "${FAKE_FAIL:-}" ]; then
+  echo "E: Unable to locate package chromium" >&2; echo "$(date +%s.%N) fail $*" >> "$FAKE_LOG"
+  exit 100
+fi
+echo "$(date +%s.%N) ok $*" >> "$FAKE_LOG"
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+    apt = tmp_path / "apt-get"
+    apt.write_text(FAKE_APT)
+    apt.chmod(0o755)
+    lock, log = tmp_path / "lock-frontend", tmp_path / "apt.log"
+    lock.touch()
+    env = {**os.environ, "KVVIZ_CHROMIUM": str(tmp_path / "no-chromium"), "KVVIZ_APT": str(apt),
+           "KVVIZ_APT_LOCKS": str(lock), "FAKE_LOCK": str(lock), "FAKE_LOG": str(log)}
+    return env, lock, log
+
+
+def calls(log: Path) -> list[tuple[float, str, str]]:
+    if not log.exists():
+        return []
+    return [(float(t), kind, args) for t, kind, args in
+            (line.split(" ", 2) for line in log.read_text().splitlines())]
+
+
+def hold(lock: Path, seconds: float) -> subprocess.Popen:
+    holder = subprocess.Popen(["flock", str(lock), "sleep", str(seconds)])
+    for _ in range(100):  # until the holder has the lock
+        if subprocess.run(["flock", "-n", str(lock), "true"]).returncode:
+            return holder
+        time.sleep(0.02)
+    raise AssertionError("the holder never took the lock")
+
+
+def run(env, timeout=60):
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_waits_for_a_held_lock_then_installs(fake):
+    env, lock, log = fake
+    holder = hold(lock, 3)
+    start = time.time()
+    try:
+        r = run(env)
+    finally:
+        holder.wait(10)
+    released = start + 3
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "waiting" in r.stdout and str(lock) in r.stdout
+    got = calls(log)
+    kinds = [k for _, k, _ in got]
+    assert "locked" in kinds  # it really met the lock ...
+    ok = [(t, a) for t, k, a in got if k == "ok"]
+    assert [a.split()[2] for _, a in ok] == ["update", "install"]  # ... and went on after it
+    assert "chromium" in ok[1][1]
+    assert all(t >= released - 0.5 for t, _ in ok)
+    assert all("DPkg::Lock::Timeout=600" in a for _, _, a in got)
+
+
+def test_gives_up_after_its_timeout(fake):
+    env, lock, log = fake
+    holder = hold(lock, 8)
+    try:
+        r = run({**env, "KVVIZ_APT_LOCK_TIMEOUT": "1"})
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert r.returncode == 100
+    assert "still held after 1 s" in r.stderr
+    assert {k for _, k, _ in calls(log)} == {"locked"}
+
+
+def test_other_failures_are_not_retried(fake):
+    env, _, log = fake
+    r = run({**env, "FAKE_FAIL": "1"})
+    assert r.returncode == 100
+    assert "Unable to locate package" in r.stdout  # apt's output is shown
+    assert len(calls(log)) == 1
+
+
+def test_nothing_to_do_when_chromium_is_there(fake, tmp_path):
+    env, _, log = fake
+    browser = tmp_path / "chromium"
+    browser.write_text("#!/bin/sh\n")
+    browser.chmod(0o755)
+    r = run({**env, "KVVIZ_CHROMIUM": str(browser)})
+    assert r.returncode == 0 and calls(log) == []
