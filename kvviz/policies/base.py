@@ -49,11 +49,7 @@ class Policy:
             setattr(self, spec.name, int(value))
         if self.rng is None:
             self.rng = np.random.default_rng(DEFAULT_SEED)
-        self.check_params()  # the policy's own rules first: their messages say more
-        for spec in self.specs:
-            value = getattr(self, spec.name)
-            if not spec.min <= value <= spec.max:
-                raise ValueError(f"{spec.name} must be in {spec.min}..{spec.max}, got {value!r}")
+        self.check_params()
         self.reset_state()
 
     # -- what a subclass provides -------------------------------------------------
