@@ -82,11 +82,12 @@ class Nondeterministic(RandomPolicy):
 
 @dataclass
 class NoRangeCheck(H2O):
-    """Refuses only a recent window that leaves no room: not 2,000, not budget 0 by name."""
+    """Refuses only a recent window that leaves no room, so -1 (below its minimum) passes."""
 
     def __post_init__(self):
         self.rng = self.rng or np.random.default_rng(0)
-        check_recent(self)
+        if self.recent_window >= self.budget:
+            raise ValueError(f"recent_window must be smaller than budget, got {self.recent_window}")
         self.reset_state()
 
 
@@ -131,11 +132,26 @@ def test_a_broken_policy_fails_its_rule_only(cls, expected):
 def test_refusal_failures_name_the_values():
     detail = next(r.detail for r in check_policy(NoRangeCheck, steps=STEPS, speed=False)
                   if r.rule == "refusals")
-    assert "recent_window=1025: accepted" in detail
-    assert "recent_window=-1" not in detail and "budget" not in detail  # check_recent refuses those
+    assert detail == "recent_window=-1: accepted"  # budget 0 and -1 are refused, naming budget
     detail = next(r.detail for r in check_policy(NoBudgetCheck, steps=STEPS, speed=False)
                   if r.rule == "refusals")
     assert detail == "budget=0: accepted; budget=-1: accepted"
+
+
+def test_the_declared_max_is_a_refusal_bound_only_when_asked():
+    """Today's max is the control's range (SnapKV's obs_window may exceed 128): reported,
+    not failed, unless --strict-max."""
+    from kvviz.check import check_refusals
+
+    lenient = check_refusals(POLICIES["snapkv"])
+    assert [r.passed for r in lenient] == [True, True] and lenient[1].info
+    assert lenient[1].detail == "accepted: obs_window=129, recent_window=1025"
+    strict = check_refusals(POLICIES["snapkv"], strict_max=True)
+    assert len(strict) == 1 and not strict[0].passed
+    assert strict[0].detail == "obs_window=129: accepted; recent_window=1025: accepted"
+    # history_window 65 is refused (one bit per step in a uint64); only the recent window is not
+    assert check_refusals(POLICIES["scissorhands"], strict_max=True)[0].detail == \
+        "recent_window=1025: accepted"
 
 
 def test_differential_fails_a_disagreeing_reference_and_passes_the_real_one():
