@@ -99,3 +99,12 @@ def test_ray_local_writes_nothing_in_home_and_cleans_its_files(tmp_path, raytmp)
     assert not (tmp_path / "home" / ".ray").exists()  # no ~/.ray/auth_token
     assert "Token authentication" not in res.stderr
     assert list(raytmp.iterdir()) == []  # the session folder went with Ray
+
+
+def test_ray_without_ray_names_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as after `pip install .` without extras
+    assert main(["sweep", str(_spec(tmp_path)), "--out", str(tmp_path / "out"), "--ray", "local"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("python -m kvviz sweep: error: --ray needs Ray: pip install 'kvviz[scale]' "
+                   "(in a checkout: pip install -r requirements-scale.txt)")
+    assert not (tmp_path / "out").exists()  # refused before anything was written

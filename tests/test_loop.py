@@ -229,3 +229,18 @@ def test_cli_writes_json_and_result(model, tmp_path):
     assert back.results == results and back.evicted_at.shape == (3, 30, 3, 24)
     run = back.run(1, 29, 2)
     assert run.held_at(23).tolist() == list(range(16, 24))  # sinks=0: the 8 newest
+
+
+def test_perf_plain_decode_shows_progress_every_step():
+    """`loop --perf` once sat silent for minutes while timing the model's own decode."""
+    require_capture_stack()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvviz.loop.perf import plain_decode
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    calls = []
+    secs = plain_decode(LlamaForCausalLM(cfg).eval(), [3, 1, 4, 1, 5], 2,
+                        lambda done, total: calls.append((done, total)))
+    assert calls == [(t, 5) for t in range(1, 6)] and len(secs) == 5 and (secs > 0).all()

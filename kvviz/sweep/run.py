@@ -29,7 +29,8 @@ def run_sweep(spec, out, *, workers: int | None = None, ray: str | None = None,
     spec, traces, cells = load(spec, Path(base))  # SpecError before anything runs or is written
     sent = worker_specs([e["name"] for e in spec["policies"]])  # PluginError: no file to send
     if ray and importlib.util.find_spec("ray") is None:
-        raise ValueError("--ray needs Ray: pip install -r requirements-scale.txt")
+        raise ValueError("--ray needs Ray: pip install 'kvviz[scale]' (in a checkout: "
+                         "pip install -r requirements-scale.txt)")
     out = Path(out)
     store.prepare(out, spec, traces)
     finished = store.finished(out, cells, retry_failed)
