@@ -16,7 +16,8 @@ the page with the canonical trace at budget 512 and times, from navigation start
   * slider change -> updated charts: a key press on the poolKernel / obsWindow / step
     slider -> the chart shows the new setting (title or step marker text changes), on the
     cache view; and the step slider on the scores view (both policies' scores at the new step).
-Prints the load average before and after: on a shared machine the figures follow it.
+Prints the 1-minute load average beside each figure (the median over its samples, taken as
+each starts) and before and after the run: on a shared machine the figures follow it.
 Needs the `playwright` package and Debian's /usr/bin/chromium (never `playwright install`).
 """
 from __future__ import annotations
@@ -201,29 +202,39 @@ def measure(repeat: int = 3, screenshot: str | None = None, launcher: str = "str
     key presses on sliders until the chart shows the change."""
     cold, cold_i, fresh, fresh_i, loads, loads_i = [], [], [], [], [], []
     pool, obs, step, scores = [], [], [], []
+    load = {"cold": [], "new_browser": [], "reload": [], "sliders": []}  # 1-min load averages
+
+    def note(case):
+        load[case].append(os.getloadavg()[0])
+
     q = "?trace=canonical&budget=512&a=tova&b=snapkv&view=cache"
     for i in range(repeat - 1):  # the other cold visits, each on a server of its own
         with server(launcher=launcher) as url, browser() as page:
+            note("cold")
             px, inter = load_timed(page, url + "/" + q + f"&step={1000 + i}")
             cold.append(px)
             cold_i.append(inter)
     with server(launcher=launcher) as url:
         with browser() as page:
+            note("cold")
             px, inter = load_timed(page, url + "/" + q + "&step=1050")
             cold.append(px)
             cold_i.append(inter)
         for i in range(repeat):
             with browser() as page:
+                note("new_browser")
                 px, inter = load_timed(page, url + "/" + q + f"&step={1100 + i}")
                 fresh.append(px)
                 fresh_i.append(inter)
         with browser() as page:
             for i in range(repeat):
+                note("reload")
                 px, inter = load_timed(page, url + "/" + q + f"&step={1200 + i}")
                 loads.append(px)
                 loads_i.append(inter)
                 wait_idle(page)
             # poolKernel 5 -> 7 -> 9 ..., obsWindow 16 -> 17 ..., step +1
+            note("sliders")
             for i in range(repeat):
                 pool.append(press_and_wait(page, "poolKernel", "ArrowRight",
                                            f"poolKernel={5 + 2 * (i + 1)}"))
@@ -242,6 +253,7 @@ def measure(repeat: int = 3, screenshot: str | None = None, launcher: str = "str
             for i in range(repeat):
                 scores.append(press_and_wait(page, "step", "ArrowRight", f"at step {2001 + i}"))
                 wait_idle(page)
+            note("sliders")
             if screenshot:
                 page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
                 page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
@@ -250,14 +262,17 @@ def measure(repeat: int = 3, screenshot: str | None = None, launcher: str = "str
                 page.screenshot(path=screenshot)
     med = statistics.median
 
-    def stats(xs):
-        return {"median": med(xs), "max": max(xs), "all": xs}
+    def stats(xs, case):
+        return {"median": med(xs), "max": max(xs), "all": xs, "load1": med(load[case])}
 
-    return {"first_pixels_cold_s": stats(cold), "interactive_cold_s": stats(cold_i),
-            "first_pixels_new_browser_s": stats(fresh), "interactive_new_browser_s": stats(fresh_i),
-            "first_pixels_reload_s": stats(loads), "interactive_reload_s": stats(loads_i),
-            "poolKernel_s": stats(pool),
-            "obsWindow_s": stats(obs), "step_s": stats(step), "step_scores_view_s": stats(scores)}
+    return {"first_pixels_cold_s": stats(cold, "cold"),
+            "interactive_cold_s": stats(cold_i, "cold"),
+            "first_pixels_new_browser_s": stats(fresh, "new_browser"),
+            "interactive_new_browser_s": stats(fresh_i, "new_browser"),
+            "first_pixels_reload_s": stats(loads, "reload"),
+            "interactive_reload_s": stats(loads_i, "reload"),
+            "poolKernel_s": stats(pool, "sliders"), "obsWindow_s": stats(obs, "sliders"),
+            "step_s": stats(step, "sliders"), "step_scores_view_s": stats(scores, "sliders")}
 
 
 def main(argv=None):
@@ -277,7 +292,7 @@ def main(argv=None):
     for k, v in res.items():
         if "median" in v:
             print(f"{k:28s} median {v['median']:.2f} s  max {v['max']:.2f} s  "
-                  f"({', '.join(f'{x:.2f}' for x in v['all'])})")
+                  f"({', '.join(f'{x:.2f}' for x in v['all'])})  load {v['load1']:.1f}")
     print(json.dumps(res))
 
 

@@ -14,7 +14,7 @@ from kvviz.ui.session import S, keep, restore, wkey
 
 # The Plotly chart's own image sits in a plot area of these margins (views.cache and
 # views.common.base_layout); the preview puts the same PNG there, hidden once Plotly has drawn.
-PREVIEW_CSS = (".st-key-cache-chart:has(.js-plotly-plot .main-svg) .kv-preview{display:none}"
+PREVIEW_CSS = (".st-key-cache-chart:has(.js-plotly-plot image) .kv-preview{display:none}"
                ".kv-preview{height:560px;box-sizing:border-box;padding:70px 20px 90px 60px;"
                "font-size:17px;color:#222;position:relative}"
                ".kv-preview img{width:100%!important;height:100%!important;max-width:none;"
