@@ -260,7 +260,7 @@ def test_run_button_runs_in_background(monkeypatch, tmp_path):
     text, labels, gran, n = calls[0]
     assert n == 48 and gran == "layer" and labels[0] == "full"
     assert labels[1:] == ["tova@32", "tova@64",
-                          "snapkv(obs_window=16,pool_kernel=5,recent_window=32)@64"]
+                          "snapkv(obs_window=16,pool_kernel=5,recent_window=32,pooling=max)@64"]
     assert text.startswith("Execution model")
     at.run()
     ok(at)

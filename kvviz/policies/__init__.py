@@ -164,10 +164,12 @@ def rank_of(name: str) -> Rank | None:
     return cls.rank if cls is not None else None
 
 
-def score_labels() -> dict:
-    """Every registered policy's score labels: its rank score and its other scores."""
+def score_labels(name: str | None = None) -> dict:
+    """Score key -> label: every registered policy's (its rank score and its other
+    scores), with policy `name`'s own taking precedence where two share a key."""
     out = {}
-    for cls in POLICIES.values():
+    classes = list(POLICIES.values()) + ([POLICIES[name]] if name in POLICIES else [])
+    for cls in classes:
         out.update(cls.score_labels)
         if cls.rank is not None:
             out[cls.rank.key] = cls.rank.label

@@ -33,8 +33,9 @@ def _is_count(key) -> bool:
     return any(r.count for r in (c.rank for c in POLICIES.values()) if r is not None and r.key == key)
 
 
-def score_label(key, default=None):
-    return score_labels().get(key, key if default is None else default)
+def score_label(key, default=None, policy=None):
+    """The label of a scores() entry: the policy's own, else any registered policy's."""
+    return score_labels(policy).get(key, key if default is None else default)
 
 
 def eviction_order(policy: str, kept, scores) -> np.ndarray:
@@ -233,11 +234,11 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
             yall = np.concatenate([sums, pooled])
         elif main and main in sc:
             vals = np.asarray(sc[main], float)[sel]
-            fig.add_trace(go.Bar(x=x, y=fix(vals), name=score_label(main),
+            fig.add_trace(go.Bar(x=x, y=fix(vals), name=score_label(main, policy=p["policy"]),
                                  marker_color=np.where(cand, colour, "#bbbbbb").tolist(),
                                  customdata=np.where(np.isnan(vals), "unobserved (newest)",
                                                      np.char.mod("%.4g", np.nan_to_num(vals))))
-                          .update(hovertemplate="position %{x}<br>" + score_label(main)
+                          .update(hovertemplate="position %{x}<br>" + score_label(main, policy=p["policy"])
                                   + " %{customdata}<extra></extra>"), row=r, col=1)
             yv = yall = fix(vals)
         else:
@@ -254,7 +255,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
                                                  line=dict(width=2, color="black")),
                                      hovertemplate="position %{x}: evicted at step " + str(step)
                                      + "<extra></extra>"), row=r, col=1)
-        ytitle = ("window sum / pooled" if "pooled" in sc else score_label(main, "held")
+        ytitle = ("window sum / pooled" if "pooled" in sc else score_label(main, "held", p["policy"])
                   if main in sc else "held")
         if row_log:
             pos = np.asarray(yall, float)
@@ -306,7 +307,7 @@ def why_rows(position: int, step: int, panels, tokens=None) -> list[dict]:
                     row["candidate"] = bool(np.asarray(vals)[i])
                 else:
                     v = float(np.asarray(vals, float)[i])
-                    row[score_label(key)] = None if np.isnan(v) else v
+                    row[score_label(key, policy=p["policy"])] = None if np.isnan(v) else v
             order = eviction_order(p["policy"], kept, p["scores"])
             where = np.flatnonzero(order == i)
             row["eviction rank"] = (f"{int(where[0]) + 1} of {len(order)}" if len(where)
@@ -350,7 +351,7 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                      marker=dict(symbol="circle-open", size=20, color="#CC0000",
                                                  line=dict(width=3))), row=1, col=c)
         fig.update_xaxes(title="eviction rank (1 = first to go)", row=1, col=c)
-        ytitle = score_label(key, "no score") if key is not None else "no score"
+        ytitle = score_label(key, "no score", p["policy"]) if key is not None else "no score"
         if not _is_count(key) and len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
             fig.update_yaxes(type="log", title=ytitle + " (log)", row=1, col=c, **log_ticks(vals))
         else:

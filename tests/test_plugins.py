@@ -1,0 +1,376 @@
+"""Policies from outside the package: the two examples in examples/plugins/ through every
+surface (Python API, bench, sweep on three engines, the app, the loop CLI), the refusals
+of broken plugins, and the sweep rules that plugins made necessary (an edited policy
+re-runs its cells; failed cells give a non-zero exit)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvviz
+from kvviz import plugins
+from kvviz.policies import (BUILTINS, POLICIES, make_policy, param_specs, parse_params,
+                            score_labels, unregister_policy)
+from kvviz.sweep.cell import PluginLoadError
+from kvviz.sweep.run import run_sweep
+from kvviz.trace import save_trace
+
+from apphelp import APP, REPO, ok, softmax_rows, traces_dir
+from test_policies import replay_both, scenarios
+
+EXAMPLES = REPO / "examples" / "plugins"
+DECAY, VOTE = str(EXAMPLES / "decay_sinks.py"), str(EXAMPLES / "window_vote.py")
+BUILTIN_NAMES = [c.name for c in BUILTINS]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def loaded():
+    assert plugins.load_plugins([DECAY, VOTE]) == []
+    yield
+    plugins.forget()
+    assert list(POLICIES) == BUILTIN_NAMES
+
+
+def kvviz_cli(*args, cwd=REPO, env=None):
+    return subprocess.run([sys.executable, "-m", "kvviz", *map(str, args)], cwd=cwd,
+                          env=env or ENV, capture_output=True, text=True, timeout=300)
+
+
+# --- the Python API --------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["decay-sinks", "window-vote"])
+def test_examples_match_their_slow_references(loaded, name):
+    @settings(max_examples=200, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(data=st.data())
+    def check(data):
+        replay_both(name, data.draw(scenarios(name)))
+
+    check()
+
+
+def test_declarations_reach_every_list(loaded):
+    from kvviz.loop.cli import perf_policies
+    from kvviz.loop.config import parse_policy
+    from kvviz.ui.state import MAX_COMPARE, default_cmp
+    from kvviz.views.metrics import policy_colour
+
+    half_life, = [s for s in param_specs("decay-sinks") if s.name == "half_life"]
+    assert (half_life.kind, half_life.default, half_life.label) == ("float", 8.0, "halfLife")
+    reduce_, = [s for s in param_specs("window-vote") if s.name == "reduce"]
+    assert (reduce_.kind, reduce_.choices) == ("choice", ("mean", "max"))
+    assert score_labels("decay-sinks")["score"] == "decayed attention"  # the two share a key
+    assert score_labels("window-vote")["score"] == "window score"
+    assert score_labels("snapkv")["pooled"] == "pooled window sum"
+    colours = [policy_colour(n) for n in POLICIES]
+    assert len(set(colours)) == len(colours) == 8  # the two plugins take palette colours
+    assert {"decay-sinks", "window-vote"} <= set(perf_policies())
+    assert len(POLICIES) > MAX_COMPARE
+    picked = default_cmp("decay-sinks", "window-vote")
+    assert len(picked) == MAX_COMPARE and {"decay-sinks", "window-vote"} <= set(picked)
+    # one parser: labels or names, text or numbers, the rule named when refused
+    assert parse_params("decay-sinks", {"halfLife": "0.5", "sinks": 2}) == {"half_life": 0.5, "sinks": 2}
+    with pytest.raises(ValueError, match=r"half_life must be in 0.5..1024.0, got 0.25"):
+        parse_params("decay-sinks", {"half_life": "0.25"})
+    with pytest.raises(ValueError, match=r"reduce must be one of 'mean', 'max', got 'median'"):
+        make_policy("window-vote", reduce="median")
+    assert parse_policy("window-vote:reduce=max,window=4") == ("window-vote", {"reduce": "max", "window": 4})
+    assert make_policy("decay-sinks", half_life=2).half_life == 2.0  # an int is a float here
+
+
+# --- refusals --------------------------------------------------------------------------
+BROKEN = {
+    "boom.py": ("raise RuntimeError('boom at import')", "import failed: RuntimeError: boom at import"),
+    "syntax.py": ("def f(:\n    pass", "import failed: SyntaxError"),
+    "nothing.py": ("X = 1", "defines no Policy subclass with a name"),
+    "dupe.py": ("""
+        from dataclasses import dataclass
+        from kvviz.policies.base import Policy
+        @dataclass
+        class Mine(Policy):
+            name = "tova"
+            label = "not TOVA"
+            def priority(self):
+                return self.held() * 0.0
+        """, "policy name 'tova' is already registered"),
+    "undeclared.py": ("""
+        from dataclasses import dataclass
+        from kvviz.policies.base import Policy
+        @dataclass
+        class Mine(Policy):
+            rate: float = 0.5
+            name = "undeclared"
+            label = "undeclared"
+        """, "field 'rate' must be declared with param(...)"),
+    "outside.py": ("""
+        from dataclasses import dataclass
+        from kvviz.policies.base import Policy, param
+        @dataclass
+        class Mine(Policy):
+            rate: float = param(5.0, label="rate", min=0.0, max=1.0, help="h", source="s")
+            name = "outside"
+            label = "outside"
+        """, "outside.rate: the default breaks its own rule: rate must be in 0.0..1.0, got 5.0"),
+}
+
+
+def test_a_broken_plugin_is_refused_in_one_line_and_the_builtins_keep_working(tmp_path):
+    paths = []
+    for fname, (code, _) in BROKEN.items():
+        (tmp_path / fname).write_text(textwrap.dedent(code))
+        paths.append(str(tmp_path / fname))
+    try:
+        messages = plugins.load_plugins(paths + [DECAY])
+        assert len(messages) == len(BROKEN)
+        for msg, path, (_, rule) in zip(messages, paths, BROKEN.values()):
+            assert "\n" not in msg and msg.startswith(f"plugin {path}: ") and rule in msg, msg
+        assert list(POLICIES) == BUILTIN_NAMES + ["decay-sinks"]  # the good one loaded anyway
+        assert POLICIES["tova"].__module__ == "kvviz.policies.tova"
+        assert len(make_policy("tova", budget=4).kept) == 0
+    finally:
+        plugins.forget()
+
+
+def test_register_policy_same_class_twice_is_a_no_op_another_is_refused():
+    from kvviz.policies.tova import Tova
+
+    assert kvviz.register_policy(Tova) is Tova
+    try:
+        assert plugins.load_plugins([DECAY]) == []
+        cls = POLICIES["decay-sinks"]
+        assert kvviz.register_policy(cls) is cls
+        fake = dataclass(type("Other", (cls,), {"name": "decay-sinks", "__module__": __name__}))
+        with pytest.raises(ValueError, match="'decay-sinks' is already registered"):
+            kvviz.register_policy(fake)
+        with pytest.raises(ValueError, match="built in"):
+            unregister_policy("tova")
+    finally:
+        plugins.forget()
+
+
+# --- bench ------------------------------------------------------------------------------
+def test_bench_rows_for_plugins_by_flag_and_by_environment(tmp_path):
+    r = kvviz_cli("bench", "--plugin", DECAY, "--plugin", VOTE, "--policies",
+                  "tova,decay-sinks,window-vote", "--budgets", "256", "--json", tmp_path / "b.json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "b.json").read_text())
+    assert [x["policy"] for x in rows] == ["tova", "decay-sinks", "window-vote"]
+    assert rows[1]["params"] == "sinks=4, half_life=8.0"
+    assert all(0 < x["retained_mass"] < 1 for x in rows)
+    env = {**ENV, "KVVIZ_PLUGINS": os.pathsep.join([DECAY, VOTE])}
+    r2 = kvviz_cli("bench", "--policies", "window-vote", "--budgets", "256", env=env)
+    assert r2.returncode == 0 and "window-vote" in r2.stdout, r2.stderr
+    bad = kvviz_cli("bench", "--plugin", tmp_path / "nope.py", "--budgets", "256")
+    assert bad.returncode == 2 and bad.stderr.strip() == f"kvviz bench: error: plugin {tmp_path / 'nope.py'}: file not found"
+
+
+# --- sweeps -----------------------------------------------------------------------------
+SPEC = """
+traces = ["two.npz"]
+budgets = [24, 40]
+[[policies]]
+name = "decay-sinks"
+half_life = [2.0, 8.0]
+[[policies]]
+name = "window-vote"
+reduce = ["mean", "max"]
+[[policies]]
+name = "tova"
+"""
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plugin_sweep")
+    save_trace(d / "two.npz", softmax_rows(np.random.default_rng(5), 80, 2), layers=[0, 1])
+    (d / "spec.toml").write_text(SPEC)
+    return d
+
+
+def test_sweep_serial_pool_and_ray_give_one_table(sweep_dir):
+    tables = {}
+    try:
+        for label, kw in [("serial", {}), ("pool", {"workers": 2}), ("ray", {"ray": "local", "workers": 2})]:
+            tables[label] = run_sweep(sweep_dir / "spec.toml", sweep_dir / label, base=sweep_dir,
+                                      progress=False, plugins=[DECAY, VOTE], **kw)
+    finally:
+        plugins.forget()
+    serial = tables["serial"]
+    assert len(serial) == 2 * 2 * (2 + 2 + 1) and (serial["status"] == "ok").all()
+    assert set(serial["policy"]) == {"decay-sinks", "window-vote", "tova"}
+    assert serial["half_life"].dtype == "float64" and set(serial["reduce"].dropna()) == {"mean", "max"}
+    for label in ("pool", "ray"):
+        assert tables[label].equals(serial), label
+        assert (sweep_dir / label / "results.csv").read_bytes() == (sweep_dir / "serial" / "results.csv").read_bytes()
+
+
+def test_a_worker_that_cannot_load_a_plugin_stops_the_sweep_before_any_cell(sweep_dir, tmp_path):
+    src = (EXAMPLES / "decay_sinks.py").read_text()
+    fails = tmp_path / "only_here.py"  # loads in the driver, refuses in a worker process
+    fails.write_text("import multiprocessing\nif multiprocessing.parent_process() is not None:\n"
+                     "    raise ImportError('not in a worker')\n" + src.replace('"decay-sinks"', '"only-here"'))
+    (tmp_path / "spec.toml").write_text('traces = ["canonical"]\nbudgets = [32]\n'
+                                        '[[policies]]\nname = "only-here"\n')
+    try:
+        with pytest.raises(PluginLoadError, match=rf"no cell ran: plugin {fails}.*not in a worker"):
+            run_sweep(tmp_path / "spec.toml", tmp_path / "out", workers=2, progress=False,
+                      plugins=[str(fails)])
+    finally:
+        plugins.forget()
+    assert not list((tmp_path / "out" / "cells").glob("*.json"))
+
+
+def test_a_policy_registered_without_a_file_cannot_go_to_workers():
+    code = ("from dataclasses import dataclass\nimport kvviz\nfrom kvviz.policies.tova import Tova\n"
+            "@dataclass\nclass T2(Tova):\n    name = 'tova-two'\n    label = 'tova two'\n"
+            "kvviz.register_policy(T2)\nfrom kvviz.sweep.run import run_sweep\n"
+            "spec = {'traces': ['canonical'], 'budgets': [32], 'policies': [{'name': 'tova-two'}]}\n"
+            "try:\n    run_sweep(spec, 'out_never', workers=2, progress=False)\n"
+            "except ValueError as exc:\n    print(exc)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert "policy tova-two was registered from code with no file" in r.stdout, r.stderr
+    assert not (REPO / "out_never").exists()
+
+
+def _cells(out):
+    return {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
+
+
+def test_an_edited_policy_re_runs_its_cells_and_an_unchanged_one_resumes(tmp_path):
+    plugin = tmp_path / "mine.py"
+    plugin.write_text((EXAMPLES / "decay_sinks.py").read_text())
+    (tmp_path / "spec.toml").write_text('traces = ["canonical"]\nbudgets = [64, 128]\n'
+                                        '[[policies]]\nname = "decay-sinks"\n[[policies]]\nname = "tova"\n')
+    cmd = ("sweep", "spec.toml", "--out", "out", "--plugin", "mine.py", "--quiet")
+    first = kvviz_cli(*cmd, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    out = tmp_path / "out"
+    before, table = _cells(out), (out / "results.csv").read_text()
+    assert len(before) == 4
+    again = kvviz_cli(*cmd, cwd=tmp_path)
+    assert again.returncode == 0 and _cells(out) == before  # unchanged: every cell resumed
+    plugin.write_text(plugin.read_text().replace("score *= 0.5 ** (1.0 / self.half_life)",
+                                                 "score *= 0.9 ** (1.0 / self.half_life)"))
+    edited = kvviz_cli(*cmd, cwd=tmp_path)
+    assert edited.returncode == 0, edited.stderr
+    after = _cells(out)
+    # cells 0, 1: decay-sinks at 64 and 128 (re-run); 2, 3: tova (resumed)
+    assert [after[n] != before[n] for n in sorted(after)] == [True, True, False, False]
+    rows_before, rows_after = table.splitlines(), (out / "results.csv").read_text().splitlines()
+    assert rows_before[3:] == rows_after[3:] and rows_before[1:3] != rows_after[1:3]
+
+
+def test_a_sweep_with_failed_cells_exits_non_zero_with_the_count_and_first_error(tmp_path):
+    (tmp_path / "flaky.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        from kvviz.policies.tova import Tova
+
+        @dataclass
+        class Flaky(Tova):
+            name = "flaky"
+            label = "flaky"
+
+            def observe(self, attn):
+                if self.budget == 8 and len(attn) == 8:  # once full
+                    raise ValueError("flaky gives up at budget 8")
+                super().observe(attn)
+        """))
+    (tmp_path / "spec.toml").write_text('traces = ["canonical"]\nbudgets = [8, 16, 32]\n'
+                                        '[[policies]]\nname = "flaky"\n')
+    r = kvviz_cli("sweep", "spec.toml", "--out", "out", "--plugin", "flaky.py", "--quiet", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "3 cells, 1 failed" in r.stdout
+    assert ("1 of 3 cells failed; first (flaky at budget 8 on canonical): "
+            "ValueError: flaky gives up at budget 8") in r.stderr
+    assert (tmp_path / "out" / "results.csv").exists()  # the table is still written
+
+
+# --- the app ------------------------------------------------------------------------------
+def test_app_selectors_controls_compare_and_colours(loaded):
+    from streamlit.testing.v1 import AppTest
+
+    from kvviz.views.metrics import policy_colour
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    for k, v in {"a": "decay-sinks", "b": "window-vote", "a.halfLife": "2.5", "b.reduce": "max",
+                 "budget": "256"}.items():
+        at.query_params[k] = v
+    at.run()
+    ok(at)
+    assert {"decay-sinks", "window-vote"} <= set(at.selectbox(key="w.a").options)
+    assert at.slider(key="w.pa.half_life").value == 2.5  # a float control
+    reduce_ = at.selectbox(key="w.pb.reduce")  # a choice control
+    assert reduce_.options == ["mean", "max"] and reduce_.value == "max"
+    reduce_.set_value("mean").run()
+    ok(at)
+    assert not at.error
+    at.segmented_control(key="w.view").set_value("compare").run()
+    ok(at)  # eight registered, the multiselect holds at most six: no crash
+    chosen = at.multiselect(key="w.cmp").value
+    assert len(chosen) == 6 and {"decay-sinks", "window-vote"} <= set(chosen)
+    assert any("8 policies are registered and at most 6 are compared at once" in c.value
+               for c in at.caption)
+    survival = [s for s in (c.proto.spec for c in at.get("plotly_chart")) if "survival" in s.lower()]
+    colours = {t["name"]: t["line"]["color"] for t in json.loads(survival[-1])["data"]
+               if "line" in t and "name" in t}
+    label = next(n for n in colours if n.startswith("decay-sinks"))
+    assert colours[label] == policy_colour("decay-sinks")
+
+
+def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("KVVIZ_PLUGINS", os.pathsep.join([VOTE, str(tmp_path / "missing.py")]))
+    try:
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.query_params["b"] = "window-vote"
+        at.run()
+        ok(at)
+        assert at.selectbox(key="w.b").value == "window-vote"
+        assert any(f"plugin {tmp_path / 'missing.py'}: file not found" in e.value for e in at.error)
+    finally:
+        plugins.forget()
+
+
+def test_loop_view_offers_every_registered_policy(loaded):
+    from streamlit.testing.v1 import AppTest
+
+    pytest.importorskip("torch")
+    with traces_dir(REPO / "traces"):
+        at = AppTest.from_file(APP, default_timeout=120)
+        for k, v in {"view": "loop", "trace": "file:prose.npz", "budget": "128"}.items():
+            at.query_params[k] = v
+        at.run()
+        ok(at)
+        assert list(at.multiselect(key="loop.new.policies").options) == list(POLICIES)
+
+
+# --- the model in the loop ------------------------------------------------------------------
+def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
+    import kvviz.capture
+
+    monkeypatch.setattr(kvviz.capture, "load_model", lambda *a, **k: smollm)  # loaded once per session
+    src, js = tmp_path / "t.txt", tmp_path / "r.json"
+    src.write_text((REPO / "traces" / "sources" / "execmodel.txt").read_text()[:300])
+    from kvviz.__main__ import main
+
+    try:
+        assert main(["loop", "--text", str(src), "--max-tokens", "20", "--budget", "12",
+                     "--policy", "decay-sinks:sinks=2,halfLife=4", "--policy", "window-vote:reduce=max,recentWindow=2",
+                     "--plugin", DECAY, "--plugin", VOTE, "--json", str(js), "--quiet"]) == 0
+    finally:
+        plugins.forget()
+    results = json.loads(js.read_text())["results"]
+    assert [(r["policy"], r["budget"]) for r in results] == [("full", None), ("decay-sinks", 12),
+                                                             ("window-vote", 12)]
+    assert results[1]["params"] == {"sinks": 2, "half_life": 4.0}
+    assert results[2]["params"]["reduce"] == "max"
+    assert all(np.isfinite(r["perplexity"]) for r in results)
