@@ -390,3 +390,10 @@ def test_app_command_checks_its_plugins_and_hands_them_on(monkeypatch, capsys, t
         plugins.forget()
     assert os.environ["KVVIZ_PLUGINS"] == os.pathsep.join([DECAY, VOTE])  # absolute, for the page
     assert "--plugin" not in capsys.readouterr().out  # not passed on to streamlit
+
+
+@pytest.mark.parametrize("path, ref", [(DECAY, "RefDecaySinks"), (VOTE, "RefWindowVote")])
+def test_kvviz_check_passes_the_examples_with_their_references(path, ref):
+    r = kvviz_cli("check", path, "--reference", f"{path}:{ref}", "--examples", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout and "PASS  differential" in r.stdout
