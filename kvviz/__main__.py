@@ -36,7 +36,7 @@ def main(argv=None) -> int:
             if plugins.cli_load(specs, "kvviz app"):
                 return 2
             import os
-            given = [str(plugins.Path(s).resolve()) if plugins._is_path(s) else s for s in specs]
+            given = [plugins.absolute(s) for s in specs]
             os.environ[plugins.ENV] = os.pathsep.join(plugins.env_specs() + given)
         return app_main(rest)
     if argv[:1] == ["sweep"]:

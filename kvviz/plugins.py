@@ -35,7 +35,15 @@ def env_specs() -> list[str]:
 
 
 def _is_path(spec: str) -> bool:
-    return spec.endswith(".py") or os.sep in spec or Path(spec).is_file()
+    return spec.partition(":")[0].endswith(".py") or os.sep in spec or Path(spec).is_file()
+
+
+def absolute(spec: str) -> str:
+    """A path spec made absolute (for another working directory); a module as it is."""
+    if Path(spec).is_file():
+        return str(Path(spec).resolve())
+    target, sep, cls = spec.partition(":")
+    return str(Path(target).expanduser().resolve()) + sep + cls if _is_path(target) else spec
 
 
 def _import_path(path: Path):

@@ -31,10 +31,14 @@ BUDGETS = (64, 128, 256)
 KERNELS = (1, 3, 5, 7)
 
 
-def configs(kernels=KERNELS):
-    """(label, policy name, params) in table order."""
+def configs(kernels=KERNELS, poolings=("max",)):
+    """(label, policy name, params) in table order. `poolings` max and/or avg: SnapKV's
+    pooling kind ("snapkv k=5 avg"; k=1 pools nothing, so it has no avg row)."""
     out = [("tova", "tova", {})]
-    out += [(f"snapkv k={k}", "snapkv", {"pool_kernel": k}) for k in kernels]
+    for pooling in poolings:
+        out += [(f"snapkv k={k}" + ("" if pooling == "max" else f" {pooling}"), "snapkv",
+                 {"pool_kernel": k, **({} if pooling == "max" else {"pooling": pooling})})
+                for k in kernels if pooling == "max" or k > 1]
     out += [("h2o", "h2o", {}), ("streaming-llm", "streaming-llm", {})]
     return out
 
@@ -86,7 +90,7 @@ def integrity(trace, run, spans, totals, checkpoints, top=DEFAULT_TOP) -> dict:
 
 
 def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
-          log=lambda msg: None) -> pd.DataFrame:
+          log=lambda msg: None, poolings=("max",)) -> pd.DataFrame:
     rows = []
     for name, layer, trace in traces:
         totals = received(trace)
@@ -97,7 +101,7 @@ def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
             + ", ".join(f"{len(v)} {k} spans" for k, v in span_sets.items()))
         for budget in budgets:
             checkpoints = list(range(budget, trace.steps, every)) + [trace.steps - 1]
-            for label, policy, params in configs(kernels):
+            for label, policy, params in configs(kernels, poolings):
                 run = run_policy(trace, policy, budget, **params)
                 row = {"trace": name, "layer": layer, "head": getattr(trace, "head", "mean"),
                        "policy": label, "budget": budget}
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated .npz paths and/or 'canonical'")
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     parser.add_argument("--kernels", default=",".join(map(str, KERNELS)))
+    parser.add_argument("--pooling", default="max",
+                        help="SnapKV pooling kinds: max (the card's), avg, or max,avg")
     parser.add_argument("--every", type=int, default=16, help="checkpoint spacing for span integrity")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP, help="heavy positions defining important spans")
     parser.add_argument("--head", default=None,
@@ -171,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     log(f"head: {args.head or 'mean'}")
+    poolings = [p.strip() for p in args.pooling.split(",") if p.strip()]
+    bad = [p for p in poolings if p not in ("max", "avg")]
+    if bad or not poolings:
+        parser.error(f"--pooling must list max and/or avg, got {args.pooling!r}")
     df = study(traces, [int(b) for b in args.budgets.split(",")],
-               [int(k) for k in args.kernels.split(",")], args.every, args.top, log)
+               [int(k) for k in args.kernels.split(",")], args.every, args.top, log, poolings)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_rows", 500)
     fmt = lambda v: f"{v:.3f}"  # noqa: E731

@@ -374,3 +374,26 @@ def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
     assert results[1]["params"] == {"sinks": 2, "half_life": 4.0}
     assert results[2]["params"]["reduce"] == "max"
     assert all(np.isfinite(r["perplexity"]) for r in results)
+
+
+def test_app_command_checks_its_plugins_and_hands_them_on(monkeypatch, capsys, tmp_path):
+    from kvviz.__main__ import main
+
+    monkeypatch.delenv("KVVIZ_PLUGINS", raising=False)
+    assert main(["app", "--plugin", str(tmp_path / "nope.py"), "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == f"kvviz app: error: plugin {tmp_path / 'nope.py'}: file not found"
+    monkeypatch.chdir(REPO)
+    try:
+        assert main(["app", "--plugin", "examples/plugins/decay_sinks.py", f"--plugin={VOTE}",
+                     "--dry-run"]) == 0
+    finally:
+        plugins.forget()
+    assert os.environ["KVVIZ_PLUGINS"] == os.pathsep.join([DECAY, VOTE])  # absolute, for the page
+    assert "--plugin" not in capsys.readouterr().out  # not passed on to streamlit
+
+
+@pytest.mark.parametrize("path, ref", [(DECAY, "RefDecaySinks"), (VOTE, "RefWindowVote")])
+def test_kvviz_check_passes_the_examples_with_their_references(path, ref):
+    r = kvviz_cli("check", path, "--reference", f"{path}:{ref}", "--examples", "60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout and "PASS  differential" in r.stdout

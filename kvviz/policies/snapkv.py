@@ -42,7 +42,7 @@ def pool(sums: np.ndarray, radius: int, kind: str = "max") -> np.ndarray:
 @dataclass
 class SnapKV(Policy):
     obs_window: int = param(
-        16, label="obsWindow", min=1, max=128, help="observed steps summed per slot",
+        16, label="obsWindow", min=1, ui_max=128, help="observed steps summed per slot",
         source="the SnapKV card: 'the last sixteen steps' (Li et al. 2024, adapted to decoding)")
     pool_kernel: int = param(
         5, label="poolKernel", min=1, max=15, step=2, odd_only=True,

@@ -117,7 +117,7 @@ def bench(ray: str | None = None) -> int:
                                       progress=False, **kw)
             times[label], cpus[label] = time.perf_counter() - start, _cpu() - cpu
     cells = len(tables["serial"])
-    print(f"replay sweep: {cells} cells (6 policies x {len(BENCH_BUDGETS)} budgets x 3 shipped "
+    print(f"replay sweep: {cells} cells ({len(spec['policies'])} policies x {len(BENCH_BUDGETS)} budgets x 3 shipped "
           f"traces x {len(BENCH_LAYERS)} layers); {os.cpu_count()} CPUs, load average "
           f"{load0:.1f} before, {os.getloadavg()[0]:.1f} after")
     serial = times["serial"]
