@@ -23,9 +23,11 @@ else
   APT=(sudo apt-get)
 fi
 
-# Say who holds a lock before apt starts waiting on it (fuser sees any process with it open).
+# Say who holds a lock before apt starts waiting on it (fuser, from psmisc, sees any process
+# with it open; without fuser the retry loop below still says it is waiting).
 say_if_locked() {
   local lock pids
+  command -v fuser >/dev/null || return 0
   for lock in $LOCKS; do
     pids=$(fuser "$lock" 2>/dev/null | tr -s ' ' || true)
     if [ -n "${pids// /}" ]; then

@@ -7,7 +7,6 @@ few seconds and checks the script says it is waiting, then installs once the loc
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,9 +15,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "apt_deps.sh"
-
-pytestmark = pytest.mark.skipif(not (shutil.which("flock") and shutil.which("fuser")),
-                                reason="needs flock and fuser (util-linux, psmisc)")
 
 FAKE_APT = """#!/usr/bin/env bash
 # like apt-get without a lock timeout: fail at once while the lock is held

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import measure_latency as M  # noqa: E402
 
 SRC = re.compile(r"<img src='([^']+)'")
-LINE = re.compile(r"<b style='top:(\d+)px'>")
+LINE = re.compile(r"<b style='top:(\d+)px;")
 
 
 def previews(at) -> list[str]:
@@ -50,10 +50,12 @@ def test_first_run_sends_the_heatmap_png_before_the_plotly_chart_then_stops():
 
 def test_preview_step_line_follows_the_step():
     fig = {"data": [{"source": "data:image/png;base64,"}],
-           "layout": {"title": {"text": "A <&> B"}, "yaxis": {"range": [4095.5, -0.5]}}}
+           "layout": {"title": {"text": "A <&> B"}, "yaxis": {"range": [4095.5, -0.5]},
+                      "height": 560, "margin": {"l": 60, "r": 20, "t": 70, "b": 90}}}
     tops = [int(LINE.search(preview_html(fig, s)).group(1)) for s in (0, 2048, 4095, 9999)]
     assert tops[0] == 70 and tops[2] == 470 and tops[3] == 470  # the plot area: 70..470 px
     assert abs(tops[1] - 270) <= 1
+    assert "height:560px;padding:70px 20px 90px 60px" in preview_html(fig, 0)
     assert "A &lt;&amp;&gt; B" in preview_html(fig, 0)  # the title is escaped
 
 

@@ -12,28 +12,30 @@ from kvviz.ui.positions import ZOOMS, zoom_centre, zoom_window
 from kvviz.ui.session import S, keep, restore, wkey
 
 
-# The Plotly chart's own image sits in a plot area of these margins (views.cache and
-# views.common.base_layout); the preview puts the same PNG there, hidden once Plotly has drawn.
+# The Plotly chart hides the preview as soon as its own image is in place.
 PREVIEW_CSS = (".st-key-cache-chart:has(.js-plotly-plot image) .kv-preview{display:none}"
-               ".kv-preview{height:560px;box-sizing:border-box;padding:70px 20px 90px 60px;"
-               "font-size:17px;color:#222;position:relative}"
+               ".kv-preview{box-sizing:border-box;font-size:17px;color:#222;position:relative}"
                ".kv-preview img{width:100%!important;height:100%!important;max-width:none;"
                "object-fit:fill!important;image-rendering:pixelated;display:block;margin:0}"
                ".kv-preview span{position:absolute;left:4px;top:14px;font-weight:600}"
-               ".kv-preview b{position:absolute;left:60px;right:20px;height:2px;"
-               "background:#CC0000}")
+               ".kv-preview b{position:absolute;height:2px;background:#CC0000}")
 
 
 def preview_html(base: dict, step: int) -> str:
-    """The whole-run heatmap's PNG (built on the server) with its title and step line, as
-    plain HTML: a first visit sees the chart without waiting for the browser to load
-    Streamlit's Plotly bundle (4.7 MB); the Plotly chart, with hover, replaces it."""
-    lo, hi = base["layout"]["yaxis"]["range"][::-1]  # reversed axis: step 0 at the top
-    top = 70 + 400 * min(max((step - lo) / max(hi - lo, 1), 0.0), 1.0)
-    title = html.escape(base["layout"]["title"]["text"])
-    return (f"<style>{PREVIEW_CSS}</style><div class='kv-preview'><span>{title}</span>"
-            f"<img src='{base['data'][0]['source']}' alt='cache heatmap'><b style='top:{top:.0f}px'></b>"
-            "</div>")
+    """The heatmap's PNG (built on the server) with its title and step line, as plain HTML
+    laid out with the figure's own height, margins and step axis: a first visit sees the chart
+    without waiting for the browser to load Streamlit's Plotly bundle (4.7 MB); the Plotly
+    chart, with hover, replaces it."""
+    lay = base["layout"]
+    m, height = lay["margin"], lay["height"]
+    lo, hi = lay["yaxis"]["range"][::-1]  # reversed axis: the first step at the top
+    plot = height - m["t"] - m["b"]
+    top = m["t"] + plot * min(max((step - lo) / max(hi - lo, 1), 0.0), 1.0)
+    box = f"height:{height}px;padding:{m['t']}px {m['r']}px {m['b']}px {m['l']}px"
+    return (f"<style>{PREVIEW_CSS}</style><div class='kv-preview' style='{box}'>"
+            f"<span>{html.escape(lay['title']['text'])}</span>"
+            f"<img src='{base['data'][0]['source']}' alt='cache heatmap'>"
+            f"<b style='top:{top:.0f}px;left:{m['l']}px;right:{m['r']}px'></b></div>")
 
 
 def render(ctx: Ctx):
