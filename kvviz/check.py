@@ -165,15 +165,25 @@ def _rows(rng, n: int, kinds=("random", "ties")) -> tuple[str, np.ndarray | None
     return kind, rng.random(n, dtype=np.float32) + np.float32(1e-3)
 
 
+def _kn(policy, pos: int) -> dict:
+    """A synthetic key norm for a policy that reads them (varied, with ties), else nothing."""
+    return {"key_norm": 1 + (pos * 7919 % 13) / 4} if policy.reads_key_norms else {}
+
+
 def truncated(trace, steps: int | None):
-    """The first `steps` rows of a trace as an ArrayTrace (generated once)."""
+    """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key norms
+    are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that reads
+    key norms replays every trace; that a real replay refuses such a trace is its own rule."""
     steps = trace.steps if steps is None else min(int(steps), trace.steps)
+    norms = (trace.key_norms[:steps] if trace.key_norms is not None else
+             np.array([1 + (t * 7919 % 13) / 4 for t in range(steps)], np.float32))
     if isinstance(trace, ArrayTrace):
-        return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name)
+        return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
+                          key_norms=norms)
     packed = np.empty(packed_offset(steps), np.float32)
     for t in range(1, steps):
         packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
-    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"))
+    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms)
 
 
 @functools.lru_cache(maxsize=2)
@@ -215,7 +225,7 @@ def check_contract(cls, steps: int = STEPS, seed: int = 0) -> list[RuleResult]:
         for i in range(max(steps, budget + 32)):
             kept = np.array(policy.kept)
             _, row = _rows(rng, len(kept))
-            policy.on_decode_step(pos, row)
+            policy.on_decode_step(pos, row, **_kn(policy, pos))
             pos += 1
             if pending:
                 pending -= 1
@@ -304,41 +314,28 @@ def _contract_budget_or(cls, default: int) -> int:
 REFUSALS = "out-of-range parameters and budget < 1 raise ValueError naming them"
 
 
-def bad_values(spec, strict_max: bool = False) -> list:
-    """Values outside a parameter's declared range (or not among its choices).
-
-    Today's ParamSpec.max is the control's range, not a refusal bound (the SnapKV card lets
-    obs_window grow to cover the run: tests/test_facts.py f6 uses 2,048 against a max of
-    128), so the value above it is a refusal probe only with `strict_max`."""
+def bad_values(spec) -> list:
+    """Values outside a parameter's rule: below min, above a declared max (a `ui_max` is
+    only a control's end, not a rule), or not among its choices."""
     choices = getattr(spec, "choices", None)
     if choices:
         return ["<not one of the choices>"]
     out = []
-    bounds = [(getattr(spec, "min", None), -1)] + ([(getattr(spec, "max", None), 1)] if strict_max else [])
-    for bound, step in bounds:
+    for bound, step in ((getattr(spec, "min", None), -1), (getattr(spec, "max", None), 1)):
         if bound is not None and np.isfinite(bound):
             out.append(bound + step)
     return out
 
 
-def check_refusals(cls, strict_max: bool = False) -> list[RuleResult]:
+def check_refusals(cls) -> list[RuleResult]:
     problems = [_refused(cls, "budget", {}, budget) for budget in (0, -1)]
     for spec in cls.specs:
-        for value in bad_values(spec, strict_max):
+        for value in bad_values(spec):
             problems.append(_refused(cls, spec.name, {spec.name: value}, BIG_BUDGET, spec))
     failed = [p for p in problems if p is not None]
-    results = [RuleResult("refusals", REFUSALS, not failed,
-                          "; ".join(failed) or f"{len(problems)} probes (budget 0 and -1, each "
-                          f"parameter {'outside its range' if strict_max else 'below its minimum'})")]
-    if not strict_max:
-        above = [f"{s.name}={s.max + 1}" for s in cls.specs if not getattr(s, "choices", None)
-                 and getattr(s, "max", None) is not None and np.isfinite(s.max)
-                 and _refused(cls, s.name, {s.name: s.max + 1}, BIG_BUDGET, s) is not None]
-        if above:
-            results.append(RuleResult("refusals", "values above the declared max (the control's "
-                                      "range; --strict-max makes it a refusal bound)", True,
-                                      "accepted: " + ", ".join(above), info=True))
-    return results
+    return [RuleResult("refusals", REFUSALS, not failed,
+                       "; ".join(failed) or f"{len(problems)} probes (budget 0 and -1, each "
+                       "parameter outside its rule)")]
 
 
 def _refused(cls, name: str, params: dict, budget: int, spec=None) -> str | None:
@@ -377,12 +374,28 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
             except Exception as exc:
                 fails.append(f"{trace.name} at budget {budget} {params or ''}: step {replay.t}: "
                              f"{type(exc).__name__}: {exc}")
+    if cls.reads_key_norms:
+        fails += _refuses_without_norms(cls)
     names = ", ".join(tr.name for tr in traces)
     detail = "; ".join(fails) if fails else (
         f"{runs} replays: {names} x budgets {list(BUDGETS)}, "
         f"{'all' if full else f'first {steps}'} steps each")
     return results + [RuleResult("robustness", "replays the canonical and every shipped trace at "
                                  f"budgets {', '.join(map(str, BUDGETS))}", not fails, detail)]
+
+
+def _refuses_without_norms(cls) -> list[str]:
+    """A policy that reads key norms must be refused (ValueError naming them) on a trace
+    that has none, not replayed on made-up values."""
+    bare = canonical(8)
+    try:
+        Replay(bare, _make(cls, 4, **_fit_params(cls, 4))).seek(7)
+    except ValueError as exc:
+        return [] if "key norm" in str(exc) else [f"a trace without key norms: ValueError does "
+                                                 f"not name key norms ({exc})"]
+    except Exception as exc:
+        return [f"a trace without key norms: raised {type(exc).__name__}, not ValueError ({exc})"]
+    return ["a trace without key norms was replayed instead of refused"]
 
 
 def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
@@ -397,7 +410,7 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
         kinds = ("null", "zero", "onehot", "random")
         for t in range(max(steps, budget + 64)):
             kind, row = _rows(rng, len(policy.kept), kinds if kind != "null" else kinds[1:])
-            harness.step(policy, t, row, budget)
+            harness.step(policy, t, row, budget, _kn(policy, t).get("key_norm"))
     except Exception as exc:
         return RuleResult("robustness", name, False,
                           f"step {t} ({kind} row): {type(exc).__name__}: {exc}")
@@ -512,7 +525,7 @@ def _compare(cls, reference, scenario, failure: list) -> None:
         outcome = []
         for policy in (fast, ref):
             try:
-                policy.on_decode_step(pos, None if attn is None else attn.copy())
+                policy.on_decode_step(pos, None if attn is None else attn.copy(), **_kn(fast, pos))
                 outcome.append(None if evict is None else _victims(policy.evict(evict)).tolist())
             except ValueError:
                 outcome.append("refused")
@@ -527,11 +540,10 @@ def _compare(cls, reference, scenario, failure: list) -> None:
 
 
 def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
-                 examples: int = 200, shrink: bool = True, speed: bool = True,
-                 strict_max: bool = False) -> list[RuleResult]:
+                 examples: int = 200, shrink: bool = True, speed: bool = True) -> list[RuleResult]:
     """Every rule for one Policy subclass; `reference(budget, rng, **params)` adds the
     differential check."""
-    results = check_contract(cls, steps) + check_determinism(cls, steps) + check_refusals(cls, strict_max)
+    results = check_contract(cls, steps) + check_determinism(cls, steps) + check_refusals(cls)
     results += check_robustness(cls, steps, full)
     if reference is not None:
         results += check_differential(cls, reference, examples, shrink)
@@ -561,8 +573,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
     p.add_argument("--steps", type=int, default=STEPS, help="rows per replay (default %(default)s)")
     p.add_argument("--full", action="store_true", help="replay every row of every trace")
-    p.add_argument("--strict-max", action="store_true",
-                   help="a value above a parameter's declared max must be refused too")
     return p
 
 
@@ -584,7 +594,7 @@ def main(argv=None) -> int:
     ok = True
     for label, cls in targets:
         results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
-                               examples=args.examples, strict_max=args.strict_max)
+                               examples=args.examples)
         good = passed(results)
         ok &= good
         print(f"{label} ({cls.__module__}.{cls.__name__}): {'PASS' if good else 'FAIL'}")

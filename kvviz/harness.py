@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .policies.base import check_key_norm
+
 
 def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
     """float32 weights from the raw weights on the held positions, (n,) or (S, n) per row.
@@ -40,20 +42,21 @@ def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
     return attn
 
 
-def feed(policy, pos: int, raw) -> None:
+def feed(policy, pos: int, raw, key_norm=None) -> None:
     """The first half of `step`: observe the renormalised row, admit `pos`; no eviction.
 
     `raw` holds the weights at `policy.held()`; it is ignored (and may be None) for a
     policy that reads no attention.
     """
-    if raw is None or not policy.uses_attention:
-        policy.advance(pos, None)
+    attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
+    if getattr(policy, "reads_key_norms", False):
+        policy.advance(pos, attn, check_key_norm(key_norm, policy.name))
     else:
-        policy.advance(pos, renormalise(raw, pos))
+        policy.advance(pos, attn)
 
 
-def step(policy, pos: int, raw, budget: int) -> np.ndarray:
+def step(policy, pos: int, raw, budget: int, key_norm=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`; returns the victims' positions."""
-    feed(policy, pos, raw)
+    feed(policy, pos, raw, key_norm)
     return policy.evict(budget)
 

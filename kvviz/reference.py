@@ -39,6 +39,7 @@ class RefPolicy:
         self.params = self.fast.params
         self.bytes_per_slot = self.fast.bytes_per_slot
         self.uses_attention = self.fast.uses_attention
+        self.reads_key_norms = self.fast.reads_key_norms
         self.keep = []  # positions, ascending
         self.state = []  # one record per kept position
 
@@ -49,10 +50,10 @@ class RefPolicy:
     def held(self):
         return self.kept
 
-    def advance(self, pos, attn):
-        self.on_decode_step(pos, attn)
+    def advance(self, pos, attn, key_norm=None):
+        self.on_decode_step(pos, attn, key_norm)
 
-    def on_decode_step(self, pos, attn):
+    def on_decode_step(self, pos, attn, key_norm=None):
         if self.keep and pos <= self.keep[-1]:
             raise ValueError("pos must be above every kept position")
         if attn is not None:
@@ -66,7 +67,7 @@ class RefPolicy:
                     raise ValueError("attn weights must be non-negative")
             self.observe(weights)
         self.keep.append(int(pos))
-        self.state.append(self.new_record())
+        self.state.append(self.new_record(key_norm) if self.reads_key_norms else self.new_record())
 
     def evict(self, budget):
         excess = len(self.keep) - budget
@@ -202,6 +203,23 @@ class RefStreamingLLM(RefPolicy):
 
     def rank(self, i):
         return 0  # ties: oldest non-sink goes
+
+
+class RefKnorm(RefPolicy):
+    """The key with the highest L2 norm goes; ties to the lower position; nothing protected."""
+
+    name = "knorm"
+
+    def observe(self, weights):
+        pass  # reads no attention
+
+    def new_record(self, key_norm):
+        if key_norm is None:
+            raise ValueError("knorm reads key norms, and none was given")
+        return float(np.float32(key_norm))  # stored as float32, like the cache's keys
+
+    def rank(self, i):
+        return -self.state[i]
 
 
 class RefRandom(RefPolicy):

@@ -66,6 +66,10 @@ class Replay:
     def __init__(self, trace: Trace, policy, checkpoint_every: int | None = None):
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        if policy.reads_key_norms and trace.key_norms is None:
+            raise ValueError(f"{policy.name} reads key norms, and trace {trace.name!r} has none: "
+                             "pick a trace captured with key norms (format version 3, e.g. "
+                             "code-kv) or run it in the model loop")
         self.trace = trace
         self.policy = policy
         self.budget = policy.budget
@@ -84,7 +88,8 @@ class Replay:
         t = self.t
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
-        victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget)
+        victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget,
+                               self.trace.key_norm(t))
         self.evicted_at[victims] = t
         self.t += 1
         return victims
@@ -119,7 +124,7 @@ class Replay:
             probe.t = start
             probe.seek(step - 1)
             policy = probe.policy
-        harness.feed(policy, step, self._raw(policy, step))
+        harness.feed(policy, step, self._raw(policy, step), self.trace.key_norm(step))
         return policy.kept.copy(), policy.scores()
 
     def run(self) -> Run:

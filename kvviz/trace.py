@@ -7,6 +7,10 @@ long trace never needs its T x T matrix in memory.
 File format version 2 stores `attn` as (layers, heads, packed rows) with a `heads` array of
 labels: "mean" (always, first), "kv0".. (mean over the query heads sharing one KV head),
 "q0".. (single query heads). Version 1 files (layers, packed rows) load as heads ("mean",).
+Version 3 adds an optional `key_norms` (layers, heads, T) float32: the L2 norm of each
+position's cached key (after RoPE) for policies that read key norms (knorm); for "kvN" and
+"qN" the norm of the KV head they read, for "mean" the mean over the KV heads. Older files
+still load, with no key norms.
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ import numpy as np
 
 from .atomic import replacing
 
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 
 
@@ -42,9 +46,14 @@ class Trace:
     layer: int | None = None    # the one loaded
     heads: list[str] = ["mean"]  # head labels stored
     head: str = "mean"          # the one loaded
+    key_norms: np.ndarray | None = None  # float32 (T,): each position's key L2 norm, if recorded
 
     def row(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def key_norm(self, i: int) -> float | None:
+        """Position i's key L2 norm, or None when the trace has none (synthetic, version < 3)."""
+        return None if self.key_norms is None else float(self.key_norms[i])
 
     def _check_step(self, i: int) -> int:
         i = int(i)
@@ -136,8 +145,9 @@ class ArrayTrace(Trace):
     """A trace held as packed lower-triangle rows (float16 or float32) of one layer and head."""
 
     def __init__(self, packed: np.ndarray, steps: int, *, name="trace", tokens=None,
-                 meta=None, layers=None, layer=None, heads=None, head="mean"):
+                 meta=None, layers=None, layer=None, heads=None, head="mean", key_norms=None):
         self._packed = packed
+        self.key_norms = None if key_norms is None else np.asarray(key_norms, np.float32)
         self.steps = steps
         self.name = name
         self.tokens = tokens
@@ -168,8 +178,11 @@ def pack_rows(matrix: np.ndarray) -> np.ndarray:
 
 
 def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
-               dtype="float16") -> Path:
-    """Write a trace file (format version 2). Row t of each matrix uses columns 0..t-1.
+               dtype="float16", key_norms=None) -> Path:
+    """Write a trace file (format version 3). Row t of each matrix uses columns 0..t-1.
+
+    `key_norms`, when given, is (L, H, T) like `attn` without its last axis (see the module
+    docstring); kept float32, since a norm's scale is far from float16's sweet spot.
 
     `attn` is (T, T), (L, T, T) (head-mean only) or (L, H, T, T) with `heads` naming the H
     heads ("mean" first). Written to a temporary file and renamed, so an interrupted save
@@ -199,6 +212,8 @@ def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
         if len(tokens) != steps:
             raise ValueError(f"tokens must have one entry per step ({steps}), got {len(tokens)}")
         arrays["tokens"] = np.asarray([str(s) for s in tokens], dtype=np.str_)
+    if key_norms is not None:
+        arrays["key_norms"] = np.asarray(key_norms, np.float32)
     _check_arrays(arrays, "attn")
     path = Path(path)
     with replacing(path) as fh:
@@ -237,9 +252,10 @@ def load_trace(source, layer: int | None = None, head: str | None = None, *,
     tokens = [str(s) for s in arrays["tokens"]] if "tokens" in arrays else None
     meta = json.loads(str(arrays["meta"])) if "meta" in arrays else {}
     rows = packed[li, hi].copy()  # a copy, so the other layers and heads can be freed
+    norms = arrays["key_norms"][li, hi].copy() if "key_norms" in arrays else None
     return ArrayTrace(rows, steps, name=name or meta.get("name") or default_name,
                       tokens=tokens, meta=meta, layers=layers, layer=layers[li],
-                      heads=heads, head=heads[hi])
+                      heads=heads, head=heads[hi], key_norms=norms)
 
 
 def _pick(field_name: str, wanted, stored: list, default) -> int:
@@ -284,7 +300,7 @@ def _check_arrays(arrays: dict, key: str) -> int:
     version = arrays["format_version"]
     if (version.shape != () or version.dtype.kind not in "iu"
             or int(version) not in READ_VERSIONS):
-        raise ValueError(f"format_version must be 1 or 2, got {version!r}")
+        raise ValueError(f"format_version must be 1, 2 or 3, got {version!r}")
     version = int(version)
     if key not in arrays:
         raise ValueError(f"trace file has no '{key}' field")
@@ -300,8 +316,8 @@ def _check_arrays(arrays: dict, key: str) -> int:
                              "head-mean attention only")
     else:
         if packed.ndim != 3:
-            raise ValueError(f"attn must be 3-D (layers, heads, packed rows) in format_version 2, "
-                             f"got shape {packed.shape}")
+            raise ValueError(f"attn must be 3-D (layers, heads, packed rows) in format_version "
+                             f"{version}, got shape {packed.shape}")
         _check_heads(arrays, packed.shape[1])
     n = packed.shape[-1]
     steps = int((1 + np.sqrt(1 + 8 * n)) // 2)
@@ -317,6 +333,8 @@ def _check_arrays(arrays: dict, key: str) -> int:
         raise ValueError("attn weights must be finite (found NaN or inf)")
     if (packed < 0).any():
         raise ValueError("attn weights must be non-negative")
+    if "key_norms" in arrays:
+        _check_key_norms(arrays, version, packed.shape[:-1] + (steps,))
     if "tokens" in arrays and arrays["tokens"].shape != (steps,):
         raise ValueError(f"tokens must have one entry per step ({steps}), "
                          f"got shape {arrays['tokens'].shape}")
@@ -333,6 +351,17 @@ def _check_arrays(arrays: dict, key: str) -> int:
         if not isinstance(meta, dict):
             raise ValueError("meta must be a JSON object string")
     return steps
+
+
+def _check_key_norms(arrays: dict, version: int, shape: tuple) -> None:
+    if version < 3:
+        raise ValueError(f"key_norms is a format_version 3 field; this file says {version}")
+    kn = arrays["key_norms"]
+    if kn.dtype != np.float32 or kn.shape != shape:
+        raise ValueError(f"key_norms must be float32 of shape {shape} (layers, heads, steps), "
+                         f"got {kn.dtype} of shape {kn.shape}")
+    if not np.isfinite(kn).all() or (kn < 0).any():
+        raise ValueError("key_norms must be finite and non-negative (they are L2 norms)")
 
 
 HEAD_LABEL = re.compile(r"mean|kv\d+|q\d+")

@@ -82,7 +82,8 @@ SINKS = [LoopConfig("streaming-llm", {"sinks": 4}, B), LoopConfig("streaming-llm
 # length here; the steps are the cost): 64 tokens at layer granularity (48 steps
 # evicting: StreamingLLM's collapse shows, figures below), 48 per KV head with only the
 # configs its tests read, one with a budget equal to the text.
-RUNS = {"layer": (64, REPLAYED + SINKS), "kv-head": (48, REPLAYED + [LoopConfig("tova", {}, 48)])}
+KNORM = [LoopConfig("knorm", {}, B), LoopConfig("knorm", {}, 48)]  # the attention-free one
+RUNS = {"layer": (64, REPLAYED + SINKS), "kv-head": (48, REPLAYED + [LoopConfig("tova", {}, 48)] + KNORM)}
 
 
 @pytest.fixture(scope="module")
@@ -117,12 +118,36 @@ def test_budget_at_least_the_text_is_the_plain_forward_pass(model, runs):
     res = runs["kv-head"]
     ref = _plain_nll(model, res.token_ids)
     never = [i for i, c in enumerate(res.configs) if c.is_full or c.budget >= len(res.tokens)]
-    assert len(res.tokens) == 48 and [res.configs[i].label for i in never] == ["full", "tova@48"]
+    assert len(res.tokens) == 48 and [res.configs[i].label for i in never] == ["full", "tova@48", "knorm@48"]
     for i in never:
         assert (res.evicted_at[i] == -1).all()
         assert np.abs(res.nll[i] - ref).max() < 1e-4
         assert res.results[i]["perplexity"] == pytest.approx(np.exp(ref.mean()), rel=1e-4)
-    assert res.results[never[1]]["top1_agreement"] == 1.0 and res.results[never[1]]["kl"] < 1e-6
+    for i in never[1:]:
+        assert res.results[i]["top1_agreement"] == 1.0 and res.results[i]["kl"] < 1e-6
+
+
+def test_knorm_in_the_loop_evicts_the_highest_key_norms_of_the_cache(model, runs):
+    """Layer 0's keys depend only on the tokens (embedding, projection, RoPE), not on what
+    was evicted, so the L2 norms of a plain forward pass's cached layer-0 keys, fed to the
+    slow reference one position at a time, must give the loop's victims per KV head."""
+    import torch
+
+    from kvviz.reference import make_reference
+
+    res = runs["kv-head"]
+    c = next(i for i, x in enumerate(res.configs) if x.label == f"knorm@{B}")
+    with torch.no_grad():
+        out = model[1](input_ids=torch.tensor([list(res.token_ids)]), use_cache=True)
+    norms = out.cache.layers[0].keys[0].float().norm(dim=-1).numpy()  # (KV heads, T)
+    T = len(res.tokens)
+    for h in range(norms.shape[0]):
+        ref, expect = make_reference("knorm", B), np.full(T, -1)
+        for t in range(T):
+            ref.on_decode_step(t, None, key_norm=float(np.float32(norms[h, t])))
+            expect[ref.evict(B)] = t
+        assert (expect != -1).sum() == T - B
+        np.testing.assert_array_equal(res.evicted_at[c, 0, h], expect, err_msg=f"KV head {h}")
 
 
 def test_masked_keys_are_removed_keys(model, runs):

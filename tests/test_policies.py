@@ -49,6 +49,11 @@ def weights(n, seed, ties):
     return rng.random(n, dtype=np.float32)
 
 
+def norms(p, t):
+    """A key norm for a policy that reads them (a varied, deterministic one), else nothing."""
+    return {"key_norm": float(1 + (t * 7919) % 13) / 4} if p.reads_key_norms else {}
+
+
 def replay_both(name, scenario):
     """Drive fast and reference through the same calls; every outcome must agree."""
     budget, params, steps, seed = scenario
@@ -56,8 +61,9 @@ def replay_both(name, scenario):
     ref = make_reference(name, budget, rng=np.random.default_rng(seed), **params)
     for pos, null, evict, seed_w, ties in steps:
         attn = None if null else weights(len(fast.kept), seed_w, ties)
-        fast.on_decode_step(pos, attn)
-        ref.on_decode_step(pos, attn)
+        extra = {"key_norm": 4 * weights(1, seed_w + 1, ties)[0]} if fast.reads_key_norms else {}
+        fast.on_decode_step(pos, attn, **extra)
+        ref.on_decode_step(pos, attn, **extra)
         if evict is None:
             continue
         outcome = []
@@ -109,7 +115,7 @@ def test_snapkv_sums_in_ring_order():
 
 @pytest.mark.parametrize("name, expected", [
     ("tova", 13), ("h2o", 13), ("snapkv", 21 + 4 * 16), ("streaming-llm", 4), ("random", 4),
-    ("scissorhands", 13),
+    ("scissorhands", 13), ("knorm", 9),
 ])
 def test_bytes_per_slot(name, expected):
     assert make_policy(name).bytes_per_slot == expected
@@ -157,14 +163,14 @@ def test_budget_must_be_positive_integer(budget):
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_bad_steps_are_refused_and_change_nothing(name):
     p = make_policy(name)  # defaults at the default budget (a declaration rule)
-    p.on_decode_step(0, [])
-    p.on_decode_step(1, [1.0])
+    p.on_decode_step(0, [], **norms(p, 0))
+    p.on_decode_step(1, [1.0], **norms(p, 1))
     before = p.kept.tolist()
     for pos, attn, rule in [(2, [0.5], "length"), (2, [0.5, -0.5], "negative"),
                             (2, [np.nan, 0.5], "finite"), (2, [np.inf, 0.0], "finite"),
                             (1, [0.5, 0.5], "pos"), (-1, None, "pos")]:
         with pytest.raises(ValueError, match=rule):
-            p.on_decode_step(pos, attn)
+            p.on_decode_step(pos, attn, **norms(p, pos))
         assert p.kept.tolist() == before
     with pytest.raises(ValueError, match="budget"):
         p.evict(-1)
@@ -175,7 +181,8 @@ def test_scores_align_with_kept(name):
     p = make_policy(name, budget=40)
     rng = np.random.default_rng(1)
     for t in range(60):
-        p.on_decode_step(t, rng.dirichlet(np.ones(len(p.kept))).astype(np.float32) if t else [])
+        p.on_decode_step(t, rng.dirichlet(np.ones(len(p.kept))).astype(np.float32) if t else [],
+                         **norms(p, t))
         p.evict(40)
     scores = p.scores()
     assert "candidate" in scores
@@ -213,3 +220,26 @@ def test_random_evicts_uniformly():
         p.on_decode_step(t, None)
         older += int(p.evict(1)[0] != t)
     assert 1850 < older < 2150  # 4000 fair coin flips: +-4.7 sigma
+
+
+def test_knorm_refuses_a_missing_or_bad_key_norm_and_changes_nothing():
+    p = make_policy("knorm", budget=4)
+    p.on_decode_step(0, None, key_norm=1.0)
+    for value, rule in [(None, "key norms"), (-1.0, "non-negative"), (np.nan, "finite")]:
+        with pytest.raises(ValueError, match=rule):
+            p.on_decode_step(1, None, key_norm=value)
+        assert p.kept.tolist() == [0]
+
+
+def test_knorm_keeps_the_lowest_norms_and_breaks_ties_low():
+    """Devoto et al.: low-norm keys are the ones attention seeks; the highest norm goes first,
+    and it may be the newest position (its norm is known on admission)."""
+    p = make_policy("knorm", budget=3)
+    for t, kn in enumerate([2.0, 1.0, 3.0, 1.0]):
+        p.on_decode_step(t, None, key_norm=kn)
+    assert p.evict(3).tolist() == [2]          # the 3.0
+    p.on_decode_step(4, None, key_norm=5.0)
+    assert p.evict(3).tolist() == [4]          # the newcomer itself
+    p.on_decode_step(5, None, key_norm=2.0)
+    assert p.evict(3).tolist() == [0]          # 2.0 at 0 and 5 tie: the lower position
+    assert p.kept.tolist() == [1, 3, 5]

@@ -114,7 +114,7 @@ GOOD = dict(format_version=np.int64(1), attn=np.full((1, 6), 0.25, np.float32))
     (npz_bytes(**{**GOOD, "attn": np.full((1, 6), 1, np.int32)}), "float16 or float32"),
     (npz_bytes(**{**GOOD, "attn": np.full(6, 0.1, np.float32)}), "2-D"),
     (npz_bytes(attn=GOOD["attn"]), "format_version"),
-    (npz_bytes(format_version=np.int64(3), attn=GOOD["attn"]), "format_version must be 1 or 2"),
+    (npz_bytes(format_version=np.int64(4), attn=GOOD["attn"]), "format_version must be 1, 2 or 3"),
     (npz_bytes(format_version=np.float64(1), attn=GOOD["attn"]), "format_version"),
     (npz_bytes(**GOOD, heads=np.array(["mean"])), "heads is a format_version 2 field"),
     (npz_bytes(**{**GOOD, "layers": np.array([0.5])}), "layers must be integers"),
@@ -193,7 +193,7 @@ def test_version_2_round_trip_every_layer_and_head(tmp_path):
     path = save_trace(tmp_path / "h.npz", m, layers=[14, 29], heads=labels, dtype="float32",
                       tokens=[str(i) for i in range(12)])
     with np.load(path, allow_pickle=False) as npz:
-        assert int(npz["format_version"]) == 2
+        assert int(npz["format_version"]) == 3  # written as the newest version; read as 2 was
         assert npz["attn"].shape == (2, 4, 66) and npz["heads"].tolist() == labels
     for li, layer in enumerate([14, 29]):
         for hi, head in enumerate(labels):
@@ -298,3 +298,35 @@ def test_kept_rows_are_the_generated_rows_and_fresh_copies():
     ra, rb = run_policy(plain, "snapkv", 64), run_policy(kept, "snapkv", 64)
     assert np.array_equal(ra.evicted_at, rb.evicted_at)
     assert np.array_equal(ra.retained, rb.retained, equal_nan=True)
+
+
+# ---- format version 3: key norms ---------------------------------------------------------
+def test_version_3_key_norms_round_trip_per_layer_and_head(tmp_path):
+    labels = ["mean", "kv0", "kv1"]
+    m = heads_stack(labels=labels)
+    norms = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12) / 7  # distinct per cell
+    path = save_trace(tmp_path / "k.npz", m, layers=[0, 5], heads=labels, key_norms=norms)
+    for li, layer in enumerate([0, 5]):
+        for hi, head in enumerate(labels):
+            t = load_trace(path, layer=layer, head=head)
+            assert np.array_equal(t.key_norms, norms[li, hi])
+            assert t.key_norm(11) == float(norms[li, hi, 11])
+
+
+def test_a_trace_without_key_norms_has_none(tmp_path):
+    path = save_trace(tmp_path / "n.npz", matrix(6))
+    assert load_trace(path).key_norms is None and load_trace(path).key_norm(3) is None
+
+
+@pytest.mark.parametrize("version, norms, keyword", [
+    (2, np.ones((1, 1, 4), np.float32), "format_version 3 field"),
+    (3, np.ones((1, 1, 5), np.float32), "shape"),
+    (3, np.ones((1, 1, 4), np.float64), "float32"),
+    (3, -np.ones((1, 1, 4), np.float32), "non-negative"),
+    (3, np.full((1, 1, 4), np.nan, np.float32), "finite"),
+])
+def test_bad_key_norms_are_refused(version, norms, keyword):
+    data = npz_bytes(format_version=np.int64(version), attn=np.full((1, 1, 6), 0.25, np.float32),
+                     heads=np.array(["mean"]), key_norms=norms)
+    with pytest.raises(ValueError, match=keyword):
+        load_trace(data)

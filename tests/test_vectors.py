@@ -39,6 +39,11 @@ def _attn(raw):
     return np.asarray(vals, dtype=np.float32)
 
 
+def _norm(step: dict) -> dict:
+    """A step's "key_norm" (vectors of policies that read key norms), passed only when given."""
+    return {"key_norm": step["key_norm"]} if "key_norm" in step else {}
+
+
 def _ints(xs) -> list[int]:
     return [int(x) for x in np.asarray(xs).ravel()]
 
@@ -112,12 +117,12 @@ def test_vector(path: Path):
         attn = _attn(st["attn"])
         if "expect_error" in st:
             with pytest.raises(ValueError) as excinfo:
-                p.on_decode_step(st["pos"], attn)
+                p.on_decode_step(st["pos"], attn, **_norm(st))
             _check_error(excinfo, st["expect_error"], where)
             if "kept" in st:
                 assert _ints(p.kept) == st["kept"], f"{where}: refused step changed kept"
             continue
-        p.on_decode_step(st["pos"], attn)
+        p.on_decode_step(st["pos"], attn, **_norm(st))
         if st["evict"] is not None:
             victims = p.evict(st["evict"])
             assert _ints(victims) == st["victims"], f"{where}: victims"

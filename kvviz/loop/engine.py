@@ -34,6 +34,8 @@ class _State:
         self.bias = self.bias_t.numpy()
         self.cur_t = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
         self.cur = self.cur_t.numpy()
+        self.knorm_t = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
+        self.knorm = self.knorm_t.numpy()
 
 
 def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -58,10 +60,13 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     if st is not None and q == 1:
         t = k - 1  # self weight dropped: the policies decide about earlier positions
         w = w.view(B, Hk, g, k)[..., :t]
+        norms = key[:, :, t].float().norm(dim=-1)  # (B, Hk): the new key, after RoPE, as cached
         if st.G == 1:
             st.cur_t[:, module.layer_idx, 0, :t] = w.mean(dim=(1, 2))
+            st.knorm_t[:, module.layer_idx, 0] = norms.mean(dim=1)
         else:
             st.cur_t[:, module.layer_idx, :, :t] = w.mean(dim=2)
+            st.knorm_t[:, module.layer_idx] = norms
     return out, None
 
 
@@ -198,7 +203,8 @@ def _bookkeeping(state: _State, configs, policies, evicted_at, t: int) -> None:
         for l, per_layer in enumerate(pol):
             for g, p in enumerate(per_layer):
                 raw = state.cur[c, l, g][p.held()] if p.uses_attention else None
-                victims = harness.step(p, t, raw, cfg.budget)
+                norm = state.knorm[c, l, g] if p.reads_key_norms else None
+                victims = harness.step(p, t, raw, cfg.budget, norm)
                 if len(victims):
                     evicted_at[c, l, g, victims] = t
                     if G == 1:

@@ -14,13 +14,14 @@ import uuid
 
 from .base import KINDS, ParamSpec, Policy, Rank, param
 from .h2o import H2O
+from .knorm import Knorm
 from .random_policy import RandomPolicy
 from .scissorhands import Scissorhands
 from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 from .tova import Tova
 
-BUILTINS = (Tova, SnapKV, H2O, StreamingLLM, Scissorhands, RandomPolicy)
+BUILTINS = (Tova, SnapKV, H2O, StreamingLLM, Scissorhands, Knorm, RandomPolicy)
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in BUILTINS}
 RESERVED = {"policy", "full"}  # the base class's name; the loop's no-eviction row
 _COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")

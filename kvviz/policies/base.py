@@ -143,6 +143,7 @@ class Policy:
     colour: ClassVar[str | None] = None  # "#RRGGBB"; None takes one from the palette
     reference: ClassVar = None  # the slow reference class, or "module:Class"
     uses_attention: ClassVar[bool] = True
+    reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     specs: ClassVar = _Specs()
 
     def __post_init__(self):
@@ -215,17 +216,22 @@ class Policy:
     def bytes_per_slot(self) -> int:
         raise NotImplementedError
 
-    def on_decode_step(self, pos, attn) -> None:
+    def on_decode_step(self, pos, attn, key_norm=None) -> None:
         pos = _as_position(pos)
         n = self._n
         if n and pos <= self._pos[n - 1]:
             raise ValueError(f"pos must be above every kept position: got {pos}, "
                              f"highest kept is {int(self._pos[n - 1])}")
-        self.advance(pos, None if attn is None else _check_attn(attn, n))
+        attn = None if attn is None else _check_attn(attn, n)
+        if self.reads_key_norms:
+            self.advance(pos, attn, check_key_norm(key_norm, self.name))
+        else:
+            self.advance(pos, attn)
 
-    def advance(self, pos: int, attn: np.ndarray | None) -> None:
+    def advance(self, pos: int, attn: np.ndarray | None, key_norm: float | None = None) -> None:
         """on_decode_step without the checks: observe `attn`, admit `pos`. For the harness
-        (kvviz.harness.step), whose rows are already validated and renormalised."""
+        (kvviz.harness.step), whose rows are already validated and renormalised. `key_norm`
+        (the admitted key's L2 norm) is passed only to a policy that `reads_key_norms`."""
         n = self._n
         if attn is not None:
             self.observe(attn)
@@ -306,6 +312,18 @@ def check_recent(policy, spec_name: str = "recent_window") -> None:
     if value >= policy.budget:
         raise ValueError(f"{spec_name} must be smaller than budget: "
                          f"{spec_name}={value} >= budget={policy.budget} leaves no room to evict")
+
+
+def check_key_norm(value, name: str) -> float:
+    """The admitted key's L2 norm, for a policy that reads key norms: finite and >= 0."""
+    if value is None:
+        raise ValueError(f"{name} reads key norms, and none was given for this position: "
+                         "replay a trace captured with key norms (format version 3) or run it "
+                         "in the model loop")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"key_norm must be a finite non-negative L2 norm, got {value!r}")
+    return v
 
 
 def _as_position(pos) -> int:

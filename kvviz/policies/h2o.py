@@ -14,7 +14,7 @@ from .base import Policy, Rank, check_recent, param
 @dataclass
 class H2O(Policy):
     recent_window: int = param(
-        32, label="recentWindow", min=0, max=1024, help="newest positions never evicted",
+        32, label="recentWindow", min=0, ui_max=1024, help="newest positions never evicted",
         source="the TOVA card (Oren et al. 2024): H2O's recent window is 'a fixed 32 positions'")
 
     name = "h2o"

@@ -24,7 +24,7 @@ class Scissorhands(Policy):
         source="kvviz's choice, twice SnapKV's obsWindow: the Scissorhands paper "
                "(Liu et al. 2023) tunes the window per workload")
     recent_window: int = param(
-        32, label="recentWindow", min=0, max=1024, help="newest positions never evicted",
+        32, label="recentWindow", min=0, ui_max=1024, help="newest positions never evicted",
         source="kvviz's choice, the same as H2O's so the two compare directly")
 
     name = "scissorhands"

@@ -45,11 +45,11 @@ class SnapKV(Policy):
         16, label="obsWindow", min=1, ui_max=128, help="observed steps summed per slot",
         source="the SnapKV card: 'the last sixteen steps' (Li et al. 2024, adapted to decoding)")
     pool_kernel: int = param(
-        5, label="poolKernel", min=1, max=15, step=2, odd_only=True,
+        5, label="poolKernel", min=1, ui_max=15, step=2, odd_only=True,
         help="pool width over adjacent kept slots (odd: it has a centre); 1 disables pooling",
         source="the default kernel_size=5 of kvpress's SnapKVPress (NVIDIA kvpress)")
     recent_window: int = param(
-        32, label="recentWindow", min=0, max=1024, help="newest positions never evicted",
+        32, label="recentWindow", min=0, ui_max=1024, help="newest positions never evicted",
         source="the same 32 as H2O's fixed recent window (the TOVA card)")
     pooling: str = param(
         "max", label="pooling", choices=("max", "avg"),

@@ -12,7 +12,7 @@ from .base import Policy, need_candidates, param
 
 @dataclass
 class StreamingLLM(Policy):
-    sinks: int = param(4, label="sinks", min=0, max=64, help="first positions always kept",
+    sinks: int = param(4, label="sinks", min=0, ui_max=64, help="first positions always kept",
                        source="Xiao et al. 2024: four initial tokens as attention sinks")
 
     name = "streaming-llm"
