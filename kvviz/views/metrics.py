@@ -9,7 +9,8 @@ from .common import base_layout
 
 METRIC_LABELS = {"retained_mass": "retained mass", "hh_recall": "heavy-hitter recall",
                  "attention_loss": "attention loss", "memory_bytes": "memory (bytes)"}
-# For policies that declare no colour (Policy.colour), in registration order.
+# For policies that declare no colour (Policy.colour), in registration order, skipping
+# colours a policy declares.
 PALETTE = ("#D55E00", "#F0E442", "#882255", "#44AA99", "#332288", "#AA4499", "#117733",
            "#661100", "#6699CC", "#888833")
 
@@ -24,7 +25,8 @@ def policy_colour(name) -> str:
     if cls.colour:
         return cls.colour
     plain = [n for n, c in POLICIES.items() if not c.colour]
-    return PALETTE[plain.index(cls.name) % len(PALETTE)]
+    free = [c for c in PALETTE if c not in {k.colour for k in POLICIES.values()}] or list(PALETTE)
+    return free[plain.index(cls.name) % len(free)]
 
 
 def metrics_table(rows: list[dict]) -> pd.DataFrame:
