@@ -1,6 +1,7 @@
 """Run the shipped closed-loop study: texts x one granularity, every config in one batch.
 
     HF_HUB_OFFLINE=1 python scripts/loop_ship.py --granularity layer [--max-tokens 1024] [--out-dir DIR]
+        [--policies tova,knorm,...]   (default: the shipped study's eight)
 
 Resumable: a (text, granularity) whose result file exists is skipped; each file is
 written atomically (LoopResult.save, write_json). One torch thread: on a shared, busy
@@ -30,6 +31,8 @@ def main() -> int:
     p.add_argument("--rows-tokens", type=int, default=128)
     p.add_argument("--texts", default=",".join(TEXTS))
     p.add_argument("--out-dir", default=str(ROOT / "traces" / "loop"))
+    p.add_argument("--policies", default=None,
+                   help="semicolon-separated name:k=v,... specs (default: the shipped study's)")
     args = p.parse_args()
     import torch
 
@@ -37,7 +40,7 @@ def main() -> int:
     from kvviz.loop import run_loop
     from kvviz.loop.cli import Progress, build_configs, write_json
 
-    configs = build_configs(POLICIES, BUDGETS)
+    configs = build_configs(args.policies.split(";") if args.policies else POLICIES, BUDGETS)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.texts.split(","):
