@@ -24,18 +24,20 @@ __all__ = ["GRANULARITIES", "LoopConfig", "LoopResult", "check_configs", "load_l
 
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
-             progress=None, model=None, rows_layers=(0, 14, 29), rows_tokens=None,
+             progress=None, model=None, rows_layers=None, rows_tokens=None,
              seed: int = 0) -> LoopResult:
     """Run every config over `text` as one batch; return a LoopResult.
 
     - `configs`: LoopConfig list; a `full` (no eviction) row is added first if absent,
       since agreement and KL are measured against it.
-    - `granularity`: "layer" (one policy per layer, fed the mean over the 9 query heads)
-      or "kv-head" (one per layer and KV head, fed the mean over its 3 query heads).
+    - `granularity`: "layer" (one policy per layer, fed the mean over all query heads)
+      or "kv-head" (one per layer and KV head, fed the mean over its query heads).
     - `progress(done, total)` is called after every token.
-    - `model`: a (tokenizer, model) pair; None loads SmolLM2 offline (kvviz.capture).
-    - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep, and for
-      how many leading tokens (None = all), so the app can open the run in its views.
+    - `model`: a (tokenizer, model) pair, or a spec for kvviz.models.resolve (a local
+      folder, a .gguf file, an installed model's name); None loads SmolLM2 offline.
+    - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep (None: the
+      model's first, middle and last), and for how many leading tokens (None = all), so
+      the app can open the run in its views.
     - `seed`: each policy gets rng default_rng([seed, layer, head]) (only `random` uses it).
     """
     from .engine import run  # torch lives there

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from ..atomic import replacing
-from ..capture import require_stack
+from ..capture import parse_layers, require_stack
+from ..models import resolve
 from ..plugins import add_argument as add_plugin_argument, cli_load
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
@@ -33,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kvviz loop",
-                description="Decode a text with SmolLM2 over its own evicted KV cache, every "
+                description="Decode a text with a model (default: SmolLM2) over its own evicted KV cache, every "
                             "policy at every budget in one batch, and compare with the full cache.")
     p.add_argument("--text", help="UTF-8 text file to read")
     p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
@@ -43,7 +44,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
     p.add_argument("--json", help="write {'results': [...]} here")
     p.add_argument("--out", help="write the full result (.npz: per-token NLL, eviction logs, rows)")
-    p.add_argument("--rows-layers", default="0,14,29", help="model layers whose attention rows --out keeps")
+    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
+                   "model's name (default: the bundled SmolLM2-135M); never the hub")
+    p.add_argument("--rows-layers", default=None,
+                   help="model layers whose attention rows --out keeps (default: first, middle, last)")
     p.add_argument("--rows-tokens", type=int, default=None, help="keep rows for the first N tokens only")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
     p.add_argument("--perf", action="store_true", help="benchmark: bookkeeping share and batch efficiency")
@@ -131,8 +135,10 @@ def main(argv=None) -> int:
         if not text.strip():
             raise ValueError(f"--text {args.text} is empty")
         configs = build_configs(args.policy, args.budget)
-        rows_layers = [int(x) for x in args.rows_layers.split(",") if x.strip()]
-        require_stack("loop")
+        rows_layers = [] if args.rows_layers is not None and not args.rows_layers.strip() \
+            else parse_layers(args.rows_layers)
+        resolve(args.model)  # a missing or incomplete model refused before anything loads
+        require_stack("loop", args.model)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +148,8 @@ def main(argv=None) -> int:
     try:
         res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,
                        progress=Progress(f"{Path(args.text).name} {args.granularity} x{len(configs)}", args.quiet),
-                       rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed)
+                       rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed,
+                       model=args.model)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

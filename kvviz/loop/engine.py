@@ -49,6 +49,9 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores = (scores.view(B, Hk, g, q, k) + attention_mask[..., :k].unsqueeze(2)).view(B, Hk, g * q, k)
     if st is not None:
@@ -72,8 +75,10 @@ def register():
 
 
 def tokenize(tok, text: str, max_tokens: int) -> list[int]:
-    """As kvviz.capture does: no special tokens, the first `max_tokens`."""
-    return tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    """As kvviz.capture does (kvviz.models.tokenize): BOS as the tokenizer's convention says."""
+    from ..models import tokenize as tokens
+
+    return tokens(tok, text, max_tokens)[0]
 
 
 def check_inputs(text, granularity, max_tokens) -> None:
@@ -86,27 +91,26 @@ def check_inputs(text, granularity, max_tokens) -> None:
 
 
 def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,
-        rows_layers=(0, 14, 29), rows_tokens=None, seed=0, timings=None) -> LoopResult:
+        rows_layers=None, rows_tokens=None, seed=0, timings=None) -> LoopResult:
     global _STATE
     check_inputs(text, granularity, max_tokens)
     configs = check_configs(configs)
     import torch
     from transformers import DynamicCache
 
-    from ..capture import load_model, token_strings
+    from ..models import check_layers, default_layers, load_model, model_provenance, text_config, \
+        token_strings, tokenize as tokens
 
-    tok, mdl = model if model is not None else load_model("loop")
-    ids = tokenize(tok, text, int(max_tokens))
+    tok, mdl = load_model(model, "loop")
+    ids, offsets, bos = tokens(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
         raise ValueError("text must tokenise to at least 2 tokens")
-    cfg = mdl.config
+    cfg = text_config(mdl)
+    check_architecture(mdl, T)
     L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
     G = 1 if granularity == "layer" else Hk
-    rows_layers = [int(x) for x in (rows_layers or ())]
-    bad = [x for x in rows_layers if not 0 <= x < L]
-    if bad:
-        raise ValueError(f"rows_layers must be model layers 0..{L - 1}, got {bad}")
+    rows_layers = default_layers(L) if rows_layers is None else check_layers(rows_layers, L, "rows_layers")
     Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
     C = len(configs)
     policies = [_policies(c, L, G, T, seed) for c in configs]
@@ -126,7 +130,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
         _STATE = state
         try:
             mdl.set_attn_implementation(ATTN_NAME)
-            cache = DynamicCache(config=cfg)
+            cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
             ids_t = torch.tensor(ids, dtype=torch.long)
             for t in range(T):
                 t0 = time.perf_counter()
@@ -156,12 +160,29 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     np.exp(-nll, out=p_true)
     if timings is not None:
         timings.update(model=model_s, bookkeeping=book_s)
-    return LoopResult(configs=configs, granularity=granularity, tokens=token_strings(tok, ids),
+    return LoopResult(configs=configs, granularity=granularity, tokens=token_strings(tok, ids, text, offsets),
                       token_ids=np.array(ids, np.int64), nll=nll, p_true=p_true, kl_tokens=kl, top1=top1,
                       evicted_at=evicted_at, layers=list(range(L)), rows=rows, rows_layers=rows_layers,
                       rows_tokens=Tr,
                       meta={"model_seconds": float(model_s.sum()), "bookkeeping_seconds": float(book_s.sum()),
-                            "seed": seed})
+                            "seed": seed, "bos": bos, **model_provenance(mdl)})
+
+
+def check_architecture(mdl, T: int) -> None:
+    """Refuse, naming the model and the feature, what the masking attention function does not
+    reproduce: sliding-window layers once the text is longer than the window (within the
+    window a sliding layer attends to everything). Softcapping is implemented (`attention`)."""
+    from ..models import model_provenance, text_config
+
+    cfg = text_config(mdl)
+    name = model_provenance(mdl)["model"]
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None) or []
+    sliding = "sliding_attention" in types or (window and getattr(cfg, "use_sliding_window", True)
+                                               and not types)
+    if sliding and window and T > window:
+        raise ValueError(f"model {name}: sliding-window attention (window {window}) is not supported "
+                         f"by the loop for a text of {T} tokens; use --max-tokens {window} or less")
 
 
 def _policies(cfg, L: int, G: int, T: int, seed: int):

@@ -9,13 +9,11 @@ full cache alone). Wall time, on a machine other jobs may share: read ratios, no
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
 import numpy as np
 
 from .cli import Progress, build_configs, perf_policies
 
-TEXT = Path(__file__).resolve().parents[2] / "traces" / "sources" / "execmodel.txt"
+TEXT_NAME = "execmodel.txt"  # a shipped source, found by kvviz.paths.source_file
 
 
 def plain_decode(mdl, ids, batch: int, progress=None) -> np.ndarray:
@@ -51,7 +49,14 @@ def main(tokens: int = 384, budget: int = 256) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    tok, mdl = load_model("loop --perf")
+    from ..paths import source_file
+
+    try:
+        TEXT = source_file(TEXT_NAME)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tok, mdl = load_model(None, "loop --perf")
     text = TEXT.read_text(encoding="utf-8")
     ids = tokenize(tok, text, tokens)
     after = slice(budget + 1, len(ids))  # steps where every policy evicts

