@@ -8,7 +8,6 @@ fragment polls its progress once a second, so the page never blocks.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,6 @@ from kvviz.policies import POLICIES
 from kvviz.ui.context import CHART
 from kvviz.views import loop as LV
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
 POLL_S = 1.0
@@ -33,7 +31,9 @@ INSTALL_NOTE = ("Running a new loop needs torch: `pip install -r requirements-ca
 
 
 def loop_dir() -> Path:
-    return Path(os.environ.get("KVVIZ_LOOP_DIR") or REPO / "traces" / "loop")
+    from kvviz.paths import loop_or_default
+
+    return loop_or_default()
 
 
 def shipped() -> list[Path]:
