@@ -45,11 +45,11 @@ def model_dir() -> Path:
     return bundled_gguf().parent
 
 
-def load_model(spec=None, command: str = "capture"):
+def load_model(spec=None, command: str = "capture", device: str = "cpu", dtype: str = "float32"):
     """(tokenizer, model) for `spec` (see kvviz.models.resolve), loaded once per process."""
     from .models import load_model as load
 
-    return load(spec, command)
+    return load(spec, command, device, dtype)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -104,6 +104,15 @@ def _complete_prefix(data: bytes) -> tuple[str, bytes]:
     return data.decode("utf-8", errors="replace"), b""
 
 
+def add_device_arguments(parser) -> None:
+    from .models import DEVICES, DTYPES
+
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="auto: CUDA if available, else the CPU")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="float32 (the CPU's only choice); bfloat16 or float16 on CUDA")
+
+
 def parse_layers(spec, n_layers: int | None = None) -> list[int] | None:
     """'0,14,29' -> [0, 14, 29]; negative indices count from the last layer. None or ""
     means the model's default (first, middle, last): None without `n_layers`. Without
@@ -147,7 +156,7 @@ def head_groups(mode: str, n_heads: int, n_kv_heads: int) -> list[tuple[str, lis
 
 
 def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean", model=None,
-            **meta) -> dict:
+            device: str = "cpu", dtype: str = "float32", **meta) -> dict:
     """Tokenise `text`, run one forward pass, return the trace arrays.
 
     Returns {"attn": float32 (L, H, T, T), "heads": list[str], "tokens": list[str],
@@ -155,7 +164,8 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     kvviz.trace.save_trace. `heads`: "mean" (H = 1), "kv" (the mean plus one mean per KV
     head) or "all" (the mean plus every query head); see head_groups. `model`: a spec for
     kvviz.models.resolve (folder, .gguf, installed name; None = SmolLM2) or a loaded
-    (tokenizer, model) pair. `layers` None: the model's first, middle and last.
+    (tokenizer, model) pair; `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16
+    or float16 on CUDA) apply to a spec. `layers` None: the model's first, middle and last.
 
     Aggregation: for each chosen layer, the mean over the attention heads of the
     softmax weights. This is the head aggregation used by TOVA's reference code and by
@@ -174,7 +184,7 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
     from .models import model_provenance, text_config, tokenize
 
-    tok, mdl = load_model(model)
+    tok, mdl = load_model(model, "capture", device, dtype)
     cfg = text_config(mdl)
     layers = parse_layers(layers, cfg.num_hidden_layers)
     ids, offsets, bos = tokenize(tok, text, max_tokens)
@@ -184,7 +194,8 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     log(f"forward pass over {T} tokens (layers {layers}) ...")
     start = time.perf_counter()
     with torch.no_grad():
-        out = mdl(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+        out = mdl(input_ids=torch.tensor([ids], device=next(mdl.parameters()).device),
+                  output_attentions=True, use_cache=False)
     forward = time.perf_counter() - start
     log(f"forward done in {forward:.1f} s")
     groups = head_groups(heads, cfg.num_attention_heads, cfg.num_key_value_heads)
@@ -224,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=1024, help="keep the first N tokens")
     parser.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an "
                         "installed model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(parser)
     parser.add_argument("--layers", default=None,
                         help="comma-separated model layers to store (default: first, middle, last)")
     parser.add_argument("--heads", default="mean", choices=HEAD_MODES,
@@ -247,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         resolve(args.model)  # a missing or incomplete model refused before anything loads
         require_stack("capture", args.model)
         result = capture(text, max_tokens=args.max_tokens, layers=layers, heads=args.heads,
-                         model=args.model,
+                         model=args.model, device=args.device, dtype=args.dtype,
                          name=args.name or out.stem, source=args.source or str(args.text),
                          licence=args.licence)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -163,13 +163,36 @@ def provenance(model, src: Source | None = None, sha256: str | None = None) -> d
             "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def load_model(spec=None, command: str = "capture"):
-    """(tokenizer, model) for `spec`, loaded once per process per resolved spec, eager
-    attention, fp32, eval mode. The pair's model carries `kvviz_provenance`."""
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_device(device: str = "cpu", dtype: str = "float32") -> tuple[str, str]:
+    """(device, dtype) resolved ("auto": CUDA if available); ValueError names the rule."""
+    if device not in DEVICES and not str(device).startswith("cuda:"):
+        raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device here (torch.cuda.is_available() is False)")
+    if device == "cpu" and dtype != "float32":
+        raise ValueError(f"--dtype {dtype} needs --device cuda; the CPU runs float32")
+    return device, dtype
+
+
+def load_model(spec=None, command: str = "capture", device: str = "cpu", dtype: str = "float32"):
+    """(tokenizer, model) for `spec`, loaded once per process per (resolved spec, device,
+    dtype), eager attention, eval mode. The pair's model carries `kvviz_provenance`."""
     if isinstance(spec, tuple):
         return spec
     src = resolve(spec)
-    if src.key not in _LOADED:
+    device, dtype = check_device(device, dtype)
+    key = (src.key, device, dtype)
+    if key not in _LOADED:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         start = time.perf_counter()
@@ -180,28 +203,28 @@ def load_model(spec=None, command: str = "capture"):
 
             folder = cached_folder(src.path, sha, command)
             try:
-                tok, model = _load_folder(folder)
+                tok, model = _load_folder(folder, device, dtype)
             except Exception as exc:  # a corrupt cache entry: rebuild it once
                 folder = cached_folder(src.path, sha, command, reason=f"{type(exc).__name__}: {exc}")
-                tok, model = _load_folder(folder)
+                tok, model = _load_folder(folder, device, dtype)
         else:
-            tok, model = _load_folder(src.path)
+            tok, model = _load_folder(src.path, device, dtype)
         model.kvviz_provenance = provenance(model, src, sha)
         model.kvviz_load_seconds = time.perf_counter() - start
-        _LOADED[src.key] = (tok, model)
+        _LOADED[key] = (tok, model)
         log(f"model loaded in {model.kvviz_load_seconds:.1f} s", command)
-    return _LOADED[src.key]
+    return _LOADED[key]
 
 
-def _load_folder(folder: Path):
+def _load_folder(folder: Path, device: str = "cpu", dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     # eager attention: the fused kernels (sdpa) never materialise the weights.
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                 attn_implementation="eager", dtype=torch.float32)
-    model.eval()
+                                                 attn_implementation="eager", dtype=getattr(torch, dtype))
+    model.to(device).eval()
     return tok, model
 
 

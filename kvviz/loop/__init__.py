@@ -25,7 +25,7 @@ __all__ = ["GRANULARITIES", "LoopConfig", "LoopResult", "check_configs", "load_l
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
              progress=None, model=None, rows_layers=None, rows_tokens=None,
-             seed: int = 0) -> LoopResult:
+             seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoopResult:
     """Run every config over `text` as one batch; return a LoopResult.
 
     - `configs`: LoopConfig list; a `full` (no eviction) row is added first if absent,
@@ -38,10 +38,12 @@ def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1
     - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep (None: the
       model's first, middle and last), and for how many leading tokens (None = all), so
       the app can open the run in its views.
+    - `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16 or float16 on CUDA)
+      apply when `model` is a spec; a loaded pair runs where it is.
     - `seed`: each policy gets rng default_rng([seed, layer, head]) (only `random` uses it).
     """
     from .engine import run  # torch lives there
 
     return run(text, configs, granularity=granularity, max_tokens=max_tokens,
                progress=progress, model=model, rows_layers=rows_layers,
-               rows_tokens=rows_tokens, seed=seed)
+               rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..atomic import replacing
-from ..capture import parse_layers, require_stack
+from ..capture import add_device_arguments, parse_layers, require_stack
 from ..models import resolve
 from ..plugins import add_argument as add_plugin_argument, cli_load
 from .config import GRANULARITIES, LoopConfig, parse_policy
@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the full result (.npz: per-token NLL, eviction logs, rows)")
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(p)
     p.add_argument("--rows-layers", default=None,
                    help="model layers whose attention rows --out keeps (default: first, middle, last)")
     p.add_argument("--rows-tokens", type=int, default=None, help="keep rows for the first N tokens only")
@@ -122,7 +123,8 @@ def main(argv=None) -> int:
         return 2
     if args.perf:
         from .perf import main as perf_main
-        return perf_main(args.perf_tokens, budget=(args.budget or [256])[0])
+        return perf_main(args.perf_tokens, budget=(args.budget or [256])[0], device=args.device,
+                         dtype=args.dtype)
     try:
         if not args.text:
             raise ValueError("--text is required")
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
         res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,
                        progress=Progress(f"{Path(args.text).name} {args.granularity} x{len(configs)}", args.quiet),
                        rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed,
-                       model=args.model)
+                       model=args.model, device=args.device, dtype=args.dtype)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,14 +26,35 @@ _STATE = None
 
 
 class _State:
-    """What the attention function and the bookkeeping share for one run."""
+    """What the attention function and the bookkeeping share for one run. The host arrays
+    (numpy views of CPU tensors) are what the policies read and write; on a GPU the device
+    tensors are separate: the step's weights come to the host in one copy with the step's
+    losses (`pull`), the bias goes back after the bookkeeping (`push`). On the CPU they are
+    the same memory and neither copies."""
 
-    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int):
+    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu"):
         self.G = G
-        self.bias_t = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
-        self.bias = self.bias_t.numpy()
-        self.cur_t = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
-        self.cur = self.cur_t.numpy()
+        self.bias_h = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
+        self.bias = self.bias_h.numpy()
+        self.cur_h = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
+        self.cur = self.cur_h.numpy()
+        self.on_host = torch.device(device).type == "cpu"
+        self.bias_t = self.bias_h if self.on_host else self.bias_h.to(device)
+        self.cur_t = self.cur_h if self.on_host else self.cur_h.to(device)
+
+    def pull(self, torch, stats):
+        """Host copy of this step's weights (into `cur`) and of `stats` (returned, or None)."""
+        if self.on_host:
+            return None if stats is None else stats.numpy()
+        parts = [self.cur_t.reshape(-1).double()] + ([] if stats is None else [stats.reshape(-1)])
+        host = torch.cat(parts).cpu().numpy()
+        n = self.cur.size
+        self.cur.reshape(-1)[:] = host[:n]
+        return None if stats is None else host[n:].reshape(stats.shape)
+
+    def push(self):
+        if not self.on_host:
+            self.bias_t.copy_(self.bias_h)
 
 
 def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -91,7 +112,8 @@ def check_inputs(text, granularity, max_tokens) -> None:
 
 
 def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,
-        rows_layers=None, rows_tokens=None, seed=0, timings=None) -> LoopResult:
+        rows_layers=None, rows_tokens=None, seed=0, timings=None, device="cpu",
+        dtype="float32") -> LoopResult:
     global _STATE
     check_inputs(text, granularity, max_tokens)
     configs = check_configs(configs)
@@ -101,7 +123,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     from ..models import check_layers, default_layers, load_model, model_provenance, text_config, \
         token_strings, tokenize as tokens
 
-    tok, mdl = load_model(model, "loop")
+    tok, mdl = load_model(model, "loop", device, dtype)
     ids, offsets, bos = tokens(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
@@ -126,30 +148,35 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     with _LOCK:
         register()
         previous = mdl.config._attn_implementation
-        state = _State(torch, C, L, Hk, G, T)
+        device = next(mdl.parameters()).device
+        state = _State(torch, C, L, Hk, G, T, device)
         _STATE = state
         try:
             mdl.set_attn_implementation(ATTN_NAME)
             cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
-            ids_t = torch.tensor(ids, dtype=torch.long)
+            ids_t = torch.tensor(ids, dtype=torch.long, device=device)
             for t in range(T):
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     out = mdl(input_ids=ids_t[t].view(1, 1).expand(C, 1),
-                              position_ids=torch.full((C, 1), t, dtype=torch.long),
+                              position_ids=torch.full((C, 1), t, dtype=torch.long, device=device),
                               cache=cache, use_cache=True)
+                    stats = None
+                    if t < T - 1:  # (C, 3): nll, argmax, KL(full || config), on the device
+                        logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
+                        stats = torch.stack([-logp[:, ids[t + 1]], logp.argmax(dim=-1).double(),
+                                             (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0)], 1)
+                    host = state.pull(torch, stats)  # the step's one copy to the host
                 t1 = time.perf_counter()
-                if t < T - 1:
-                    logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
-                    nll[:, t] = (-logp[:, ids[t + 1]]).numpy()
-                    top1[:, t] = logp.argmax(dim=-1).numpy()
-                    kl[:, t] = (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0).numpy()
+                if host is not None:
+                    nll[:, t], top1[:, t], kl[:, t] = host[:, 0], host[:, 1].astype(np.int64), host[:, 2]
                 del out
                 if t < Tr and rows is not None:
                     off = packed_offset(t)
                     rows[:, :, :, off:off + t] = state.cur[:, rows_layers, :, :t]
                 t2 = time.perf_counter()
                 _bookkeeping(state, configs, policies, evicted_at, t)
+                state.push()
                 book_s[t] = time.perf_counter() - t2
                 model_s[t] = t1 - t0
                 if progress is not None:
