@@ -9,6 +9,8 @@ are the eager forward pass's attentions, head-averaged.
 """
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,64 +20,32 @@ from apphelp import require_capture_stack
 TEXT = ("The committee met at noon; the minutes record that the motion passed. "
         "Topological Sorter sorts a graph. It was a bright cold day in April.")
 T = 24  # tokens read: shorter than the Gemma 2 model's sliding window below
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
-
-
-def _config(arch: str):
-    import transformers as tf
-
-    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    if arch == "llama":
-        return tf.LlamaConfig(**common)
-    if arch == "mistral":
-        return tf.MistralConfig(**common, sliding_window=4096)
-    if arch == "qwen2":
-        return tf.Qwen2Config(**dict(common, num_hidden_layers=2))
-    if arch == "qwen3":
-        return tf.Qwen3Config(**common, head_dim=16)
-    if arch == "phi3":
-        return tf.Phi3Config(**dict(common, num_hidden_layers=2))
-    if arch == "gemma2":
-        return tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=32,
-                               attn_logit_softcapping=5.0, final_logit_softcapping=30.0)
-    raise KeyError(arch)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from tiny_model import ARCHS, build  # noqa: E402  (the README's tiny-model folders, built the same way)
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     require_capture_stack()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
+    from tiny_model import save_tokenizer
 
-    from kvviz.models import bundled_gguf
-
-    gguf = bundled_gguf()
     out = tmp_path_factory.mktemp("tokenizer")
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    save_tokenizer(out)
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory, tokenizer_dir):
     """arch -> a saved model folder (built on first use)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     made = {}
 
-    def build(arch: str):
+    def get(arch: str):
         if arch not in made:
-            torch.manual_seed(0)
-            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
-            AutoModelForCausalLM.from_config(_config(arch)).save_pretrained(folder)
-            for f in tokenizer_dir.iterdir():
-                shutil.copy(f, folder / f.name)
-            made[arch] = folder
+            made[arch] = build(arch, tmp_path_factory.mktemp(f"tiny-{arch}"), tokenizer_from=tokenizer_dir)
         return made[arch]
 
-    return build
+    return get
 
 
 def _pair(tiny, arch):
@@ -298,3 +268,24 @@ def test_gguf_cache_rebuilds_a_truncated_entry(tmp_path, monkeypatch, capsys, ti
     assert weights.stat().st_size == size and gguf_cache.problem(folder) is None
     _load_folder(folder)  # the rebuilt entry loads
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys):
+    import torch
+
+    from kvviz.capture import main as capture_main
+    from kvviz.loop.cli import main as loop_main
+    from kvviz.models import check_device
+
+    with pytest.raises(ValueError, match="--dtype bfloat16 needs --device cuda; the CPU runs float32"):
+        check_device("cpu", "bfloat16")
+    assert check_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu", "float32")
+    if torch.cuda.is_available():
+        return
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    model = ["--model", str(tiny("qwen2")), "--device", "cuda"]
+    assert loop_main(["--text", str(text), "--max-tokens", "8", *model]) == 2
+    assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), *model]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"] * 2
