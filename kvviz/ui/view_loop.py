@@ -52,6 +52,17 @@ def load(path: Path):
     return _load(str(path), path.stat().st_mtime)
 
 
+def model_caption(meta: dict) -> str:
+    """Which model produced a result, from its own record (results written before provenance
+    was recorded were all made by the bundled SmolLM2, which is what they say)."""
+    if not meta.get("model"):
+        return "model: SmolLM2-135M-Instruct (recorded before results named their model)"
+    extra = ", ".join(f"{k} {meta[k]}" for k in ("dtype", "device") if meta.get(k))
+    sha = meta.get("model_sha256")
+    return (f"model: {meta['model']} ({meta.get('model_source', '')}"
+            f"{', sha256 ' + sha[:12] if sha else ''}{', ' + extra if extra else ''})")
+
+
 def result_label(res, path: Path | None) -> str:
     name = res.meta.get("name") or (path.stem if path else "result")
     return f"{name} · {res.granularity} · {len(res.tokens)} tokens"
@@ -187,7 +198,7 @@ def _sources() -> dict[str, tuple]:
 
 
 def render(ctx):
-    st.markdown("**Model in the loop.** SmolLM2-135M reads a text token by token on its own "
+    st.markdown("**Model in the loop.** A model reads a text token by token on its own "
                 "evicted cache (each layer holds at most *budget* positions, chosen by the "
                 "kvviz policies); here is what that cost its predictions.")
     sources = _sources()
@@ -206,6 +217,7 @@ def render(ctx):
     kind, obj = sources[label]
     res = load(obj) if kind == "file" else obj
     rows = res.results
+    st.caption(model_caption(res.meta))
     draw(res, rows)
     run_box(ctx)
 
