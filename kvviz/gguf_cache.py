@@ -59,12 +59,13 @@ def dequantise(gguf: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def cached_folder(gguf: Path, sha256: str, command: str = "capture", build=dequantise,
+def cached_folder(gguf: Path, sha256: str, command: str = "capture", build=None,
                   reason: str | None = None) -> Path:
-    """The cache folder for `gguf`, built with `build(gguf, folder)` if absent or broken.
-    `reason` forces a rebuild (a load of the folder failed), naming why."""
+    """The cache folder for `gguf`, built with `build(gguf, folder)` (default `dequantise`)
+    if absent or broken. `reason` forces a rebuild (a load of the folder failed), naming why."""
     from .models import log
 
+    build = build or dequantise
     root = cache_root() / "gguf"
     folder = root / sha256
     why = reason or (problem(folder) if folder.exists() else None)

@@ -289,3 +289,38 @@ def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys):
     assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), *model]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"] * 2
+
+
+def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tmp_path, monkeypatch, capsys,
+                                                                               tiny):
+    """load_model(".gguf"): built once into the cache, keyed by the file's SHA-256; an entry
+    whose sizes are right but which does not load is rebuilt, with a message."""
+    import hashlib
+
+    from kvviz import gguf_cache, models
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    builds = []
+
+    def fake_dequantise(gguf, out):  # the dequantisation, replaced by a tiny model folder
+        builds.append(gguf)
+        shutil.copytree(tiny("llama"), out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(gguf_cache, "dequantise", fake_dequantise)
+    monkeypatch.setattr(models, "_LOADED", {})
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"not really a gguf, only hashed here")
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    tok, mdl = models.load_model(str(gguf))
+    assert builds == [gguf.resolve()] and mdl.kvviz_provenance["model_sha256"] == sha
+    assert mdl.kvviz_provenance["model_source"] == "mine.gguf" and mdl.kvviz_provenance["model"] == "mine"
+    folder = tmp_path / "cache" / "kvviz" / "gguf" / sha
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    weights.write_bytes(b"\xff" * size)  # same size, garbage: only loading it finds out
+    monkeypatch.setattr(models, "_LOADED", {})
+    capsys.readouterr()
+    models.load_model(str(gguf))
+    err = capsys.readouterr().err
+    assert len(builds) == 2 and "unusable" in err and "rebuilding" in err
+    assert weights.read_bytes()[:1] != b"\xff" and gguf_cache.problem(folder) is None
