@@ -81,25 +81,23 @@ def build_configs(policies: list[str], budgets: list[int]) -> list[LoopConfig]:
 
 
 class Progress:
-    """A one-line progress bar on stderr: tokens, tokens/s, ETA."""
+    """A tqdm bar on stderr (tokens, tokens/s, ETA), as a `progress(done, total)` callable.
+    tqdm comes with transformers, which every loop run needs."""
 
     def __init__(self, label: str, quiet: bool = False):
-        self.label, self.quiet = label, quiet
-        self.start = time.perf_counter()
-        self.last = 0.0
+        self.label, self.quiet, self.bar = label, quiet, None
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if self.quiet or (now - self.last < 0.5 and done < total):
+        if self.quiet:
             return
-        self.last = now
-        rate = done / max(now - self.start, 1e-9)
-        eta = (total - done) / rate if rate > 0 else 0
-        bar = "#" * int(30 * done / total)
-        print(f"\r[kvviz loop] {self.label} [{bar:<30}] {done}/{total} tokens "
-              f"{rate:.2f} tok/s ETA {int(eta) // 60}:{int(eta) % 60:02d}", end="", file=sys.stderr, flush=True)
-        if done == total:
-            print(file=sys.stderr, flush=True)
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"[kvviz loop] {self.label}", unit="tok",
+                            file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.bar.close()
 
 
 def write_json(path, data) -> None:
