@@ -324,3 +324,18 @@ def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tm
     err = capsys.readouterr().err
     assert len(builds) == 2 and "unusable" in err and "rebuilding" in err
     assert weights.read_bytes()[:1] != b"\xff" and gguf_cache.problem(folder) is None
+
+
+def test_cli_refuses_a_layer_outside_the_model_in_one_line(tiny, tmp_path, capsys):
+    from kvviz.capture import main as capture_main
+    from kvviz.loop.cli import main as loop_main
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    model = ["--model", str(tiny("qwen2"))]  # 2 layers
+    assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), "--layers", "0,7", *model]) == 2
+    assert loop_main(["--text", str(text), "--max-tokens", "8", "--rows-layers", "-3", *model]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert err == ["error: layers: layer 7 is outside this model's layers 0..1",
+                   "error: rows_layers: layer -3 is outside this model's layers 0..1"]
+    assert not (tmp_path / "x.npz").exists()
