@@ -101,6 +101,25 @@ def resolve(spec=None) -> Source:
                      f"(installed: {', '.join(INSTALLED)})")
 
 
+MODELS_ENV = "KVVIZ_MODELS"
+
+
+def available() -> dict:
+    """Models this machine offers by name -> spec: the bundled SmolLM2 (spec None) when its
+    package is installed, then each folder or .gguf listed in $KVVIZ_MODELS (os.pathsep-
+    separated) that passes resolve's checks; the app's run box offers them."""
+    out = {}
+    if importlib.util.find_spec(MODEL_PACKAGE) is not None:
+        out["SmolLM2-135M (bundled)"] = None
+    for item in filter(None, os.environ.get(MODELS_ENV, "").split(os.pathsep)):
+        try:
+            src = resolve(item)
+        except (ValueError, RuntimeError):
+            continue
+        out.setdefault(src.name, str(src.path))
+    return out
+
+
 def file_sha256(path: Path) -> str:
     """SHA-256 of a file, remembered per (path, size, mtime) within the process."""
     st = path.stat()

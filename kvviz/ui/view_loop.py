@@ -98,7 +98,7 @@ def new_configs(policies, budgets) -> tuple[list, list[str]]:
     return configs, refused
 
 
-def start_job(text: str, configs, granularity: str, max_tokens: int) -> dict:
+def start_job(text: str, configs, granularity: str, max_tokens: int, model=None) -> dict:
     """Start one loop in a thread; its progress and result live in the returned dict (the
     thread never touches session state, which belongs to the script thread)."""
     from kvviz.loop import run_loop
@@ -112,7 +112,8 @@ def start_job(text: str, configs, granularity: str, max_tokens: int) -> dict:
     def work():
         try:
             job["result"] = run_loop(text, configs, granularity=granularity,
-                                     max_tokens=max_tokens, progress=progress, rows_layers=())
+                                     max_tokens=max_tokens, progress=progress, rows_layers=(),
+                                     model=model)
         except Exception as exc:  # shown on the page, never a traceback
             job["error"] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -164,6 +165,14 @@ def run_box(ctx):
         gran = c[2].selectbox("granularity", ("layer", "kv-head"), key="loop.new.gran")
         n = c[3].number_input("tokens", 16, MAX_NEW_TOKENS, min(MAX_NEW_TOKENS, len(tokens)),
                               step=16, key="loop.new.tokens")
+        from kvviz.models import available
+
+        models = available()  # a choice only when there is one to make
+        model = None
+        if len(models) > 1:
+            model = models[st.selectbox("model", list(models), key="loop.new.model",
+                                        help="the bundled SmolLM2, or a folder / .gguf listed in "
+                                             "$KVVIZ_MODELS")]
         go = st.button("run the model in the loop", key="loop.new.run", disabled=busy or not pols
                        or not buds, icon=":material/play_arrow:",
                        help="one run per session at a time; the page stays usable meanwhile")
@@ -172,7 +181,7 @@ def run_box(ctx):
             for r in refused:
                 st.warning(f"Left out: {r}")
             if len(configs) > 1:
-                S[JOB] = start_job("".join(tokens[:int(n)]), configs, gran, int(n))
+                S[JOB] = start_job("".join(tokens[:int(n)]), configs, gran, int(n), model)
                 busy = True
             else:
                 st.error("Nothing to run: every chosen policy refuses every chosen budget.")
