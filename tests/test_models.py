@@ -339,3 +339,25 @@ def test_cli_refuses_a_layer_outside_the_model_in_one_line(tiny, tmp_path, capsy
     assert err == ["error: layers: layer 7 is outside this model's layers 0..1",
                    "error: rows_layers: layer -3 is outside this model's layers 0..1"]
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_token_strings_render_a_sentencepiece_vocabulary():
+    """A Metaspace (SentencePiece-style, "▁") tokenizer trained here: the pieces are the
+    text's own characters and join to it, which decoding token by token does not give."""
+    require_capture_stack()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from kvviz.capture import byte_token_strings
+    from kvviz.models import token_strings, tokenize
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    raw.train_from_iterator([TEXT] * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>")
+    ids, offsets, bos = tokenize(tok, TEXT, 500)
+    assert bos is False and any(p.startswith("▁") for p in tok.convert_ids_to_tokens(ids))
+    pieces = token_strings(tok, ids, TEXT, offsets)
+    assert "".join(pieces) == TEXT and not any("▁" in p for p in pieces)
+    assert "".join(byte_token_strings(tok, ids)) != TEXT  # decoding token by token loses the spaces
