@@ -168,6 +168,10 @@ def check_layers(layers, n_layers: int, what: str = "layers") -> list[int]:
     return out
 
 
+PROVENANCE = ("model", "model_source", "model_sha256", "model_type", "dtype", "device", "torch",
+              "transformers", "bos")  # what results record about the model (bos: kvviz.models.tokenize)
+
+
 def provenance(model, src: Source | None = None, sha256: str | None = None) -> dict:
     """What every trace, loop result and sweep row records about the model that made it."""
     import torch

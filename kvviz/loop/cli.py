@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..atomic import replacing
 from ..capture import add_device_arguments, parse_layers, require_stack
-from ..models import resolve
+from ..models import PROVENANCE, resolve
 from ..plugins import add_argument as add_plugin_argument, cli_load
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
@@ -159,6 +159,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
                                "granularity": args.granularity, "seconds": round(seconds, 1),
+                               **{k: res.meta[k] for k in PROVENANCE if k in res.meta},
                                "results": res.results})
     if args.out:
         res.save(args.out)
