@@ -120,16 +120,44 @@ def available() -> dict:
     return out
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, remembered per (path, size, mtime) within the process."""
+def file_sha256(path: Path, remember: bool = False) -> str:
+    """SHA-256 of a file, remembered per (path, size, mtime) within the process; with
+    `remember`, also across processes in the cache folder (a GGUF's hash is its cache key,
+    and hashing it costs a few tenths of a second on every load)."""
+    import json
+
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-        _HASHES[key] = h.hexdigest()
+    if key in _HASHES:
+        return _HASHES[key]
+    book, known = None, {}
+    if remember:
+        from .gguf_cache import cache_root
+
+        book = cache_root() / "sha256.json"
+        try:
+            known = json.loads(book.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+    entry = known.get(key[0]) if isinstance(known, dict) else None
+    if isinstance(entry, dict) and entry.get("size") == key[1] and entry.get("mtime_ns") == key[2]:
+        _HASHES[key] = str(entry["sha256"])
+        return _HASHES[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    _HASHES[key] = h.hexdigest()
+    if book is not None:
+        from .atomic import replacing
+
+        known = known if isinstance(known, dict) else {}
+        known[key[0]] = {"size": key[1], "mtime_ns": key[2], "sha256": _HASHES[key]}
+        try:
+            with replacing(book) as fh:
+                fh.write(json.dumps(known, indent=1).encode())
+        except OSError:
+            pass  # a read-only cache folder only costs the hash next time
     return _HASHES[key]
 
 
@@ -137,7 +165,7 @@ def source_sha256(src: Source) -> str:
     """The file's hash; for a folder, the hash of its weight files' names and hashes."""
     files = src.weight_files()
     if len(files) == 1 and src.kind == "gguf":
-        return file_sha256(files[0])
+        return file_sha256(files[0], remember=True)
     h = hashlib.sha256()
     for f in files:
         h.update(f"{f.name}\0{file_sha256(f)}\n".encode())

@@ -361,3 +361,26 @@ def test_token_strings_render_a_sentencepiece_vocabulary():
     pieces = token_strings(tok, ids, TEXT, offsets)
     assert "".join(pieces) == TEXT and not any("▁" in p for p in pieces)
     assert "".join(byte_token_strings(tok, ids)) != TEXT  # decoding token by token loses the spaces
+
+
+def test_a_gguf_hash_is_remembered_across_processes_until_the_file_changes(tmp_path, monkeypatch):
+    import hashlib
+    import os as _os
+
+    from kvviz import models
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"one")
+    monkeypatch.setattr(models, "_HASHES", {})
+    assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"one").hexdigest()
+    assert (tmp_path / "cache" / "kvviz" / "sha256.json").is_file()
+    monkeypatch.setattr(models, "_HASHES", {})  # a new process: read back, not recomputed
+    st = gguf.stat()
+    with open(gguf, "r+b") as fh:  # same size and mtime, other bytes: the book is believed
+        fh.write(b"two")
+    _os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"one").hexdigest()
+    monkeypatch.setattr(models, "_HASHES", {})
+    gguf.write_bytes(b"three")  # a new size: hashed again
+    assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"three").hexdigest()
