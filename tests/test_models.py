@@ -384,3 +384,14 @@ def test_a_gguf_hash_is_remembered_across_processes_until_the_file_changes(tmp_p
     monkeypatch.setattr(models, "_HASHES", {})
     gguf.write_bytes(b"three")  # a new size: hashed again
     assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"three").hexdigest()
+
+
+def test_a_model_listed_in_kvviz_models_is_found_by_name(tiny, monkeypatch):
+    from kvviz.models import available, resolve
+
+    folder = tiny("qwen2")
+    monkeypatch.setenv("KVVIZ_MODELS", str(folder))
+    assert resolve(folder.name).path == folder.resolve()
+    assert available()[folder.name] == str(folder.resolve())
+    with pytest.raises(ValueError, match=rf"not an installed model \(installed: smollm2, {folder.name}\)"):
+        resolve("no-such-model")
