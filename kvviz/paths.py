@@ -3,16 +3,18 @@
 One rule for all of them, from a checkout or an install: $KVVIZ_TRACES_DIR if set; else
 the current directory's traces/ when the current directory is a kvviz checkout (so a
 trace captured there shows up even when an installed `kvviz` runs); else this package's
-own (the installed bundle, kvviz/_bundle/, or the checkout beside the package). The page is
-always this package's own, so page and library never come from two versions.
+own (the installed bundle, kvviz/_bundle/ found through importlib.resources, or the checkout
+beside the package). The page is always this package's own, so page and library never come
+from two versions. Every module that needs a shipped file asks here.
 """
 from __future__ import annotations
 
 import os
 import tomllib
+from importlib import resources
 from pathlib import Path
 
-BUNDLE = Path(__file__).resolve().parent / "_bundle"
+BUNDLE = Path(str(resources.files("kvviz") / "_bundle"))
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -55,3 +57,46 @@ def loop_dir() -> Path | None:
         return Path(os.environ["KVVIZ_LOOP_DIR"])
     traces = traces_dir()
     return traces / "loop" if traces is not None and (traces / "loop").is_dir() else None
+
+
+def traces_or_default() -> Path:
+    """traces_dir(), or the folder it would be (for a message) when there is none."""
+    return traces_dir() or (BUNDLE / "traces" if BUNDLE.is_dir() else REPO / "traces")
+
+
+def loop_or_default() -> Path:
+    return loop_dir() or traces_or_default() / "loop"
+
+
+def source_file(name: str) -> Path:
+    """A shipped source text (traces/sources/NAME): beside the chosen traces, else the
+    bundle's, else the checkout's. FileNotFoundError names where it looked."""
+    looked = []
+    for folder in ([traces_dir()] if traces_dir() else []) + [BUNDLE / "traces", REPO / "traces"]:
+        path = folder / "sources" / name
+        if path.is_file():
+            return path
+        looked.append(str(path.parent))
+    raise FileNotFoundError(f"shipped source {name} is in none of {', '.join(looked)}")
+
+
+def trace_file(name: str) -> Path:
+    """A shipped trace (NAME.npz, e.g. "prose") in traces_or_default()."""
+    return traces_or_default() / (name if name.endswith(".npz") else f"{name}.npz")
+
+
+def version() -> str:
+    """kvviz's version from its one source, pyproject.toml: read from the checkout this package
+    sits in, else from the installed package's metadata (built from that same file)."""
+    try:
+        data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        if data["name"] == "kvviz" and (REPO / "kvviz" / "__init__.py").is_file():
+            return data["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("kvviz")
+    except PackageNotFoundError:
+        return "unknown"

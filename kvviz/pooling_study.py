@@ -26,7 +26,7 @@ from .replay import run_policy
 from .spans import DEFAULT_TOP, attention_spans, important_spans, judge, received, word_spans
 from .trace import canonical, load_trace
 
-TRACES = ("traces/prose.npz", "traces/code.npz", "traces/table.npz", "canonical")
+TRACES = ("prose", "code", "table", "canonical")  # shipped names (kvviz.paths) or .npz paths
 BUDGETS = (64, 128, 256)
 KERNELS = (1, 3, 5, 7)
 
@@ -54,6 +54,10 @@ def load_all(specs, all_layers=True, head=None):
                                  "stored heads: mean")
             out.append(("canonical", None, canonical()))
             continue
+        if not spec.endswith(".npz"):
+            from .paths import trace_file
+
+            spec = str(trace_file(spec))
         first = load_trace(spec, head=head)
         for layer in first.layers if all_layers else first.layers[:1]:
             t = load_trace(spec, layer=layer, head=head)

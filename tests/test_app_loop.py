@@ -299,3 +299,48 @@ def test_run_button_runs_the_real_model(monkeypatch):
     at.run()
     ok(at)
     assert at.selectbox(key="loop.source").value.startswith("your run")
+
+
+def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path):
+    """One model: no choice shown. A second (a folder in $KVVIZ_MODELS): a selectbox, and the
+    run gets the chosen model's folder."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.fail("torch is not installed: the run button cannot be tested")
+    import kvviz.loop
+    from kvviz.loop import load_loop_result
+
+    calls = []
+
+    def fake_run_loop(text, configs, progress=None, max_tokens=1024, **kw):
+        calls.append(kw.get("model"))
+        progress(max_tokens, max_tokens)
+        return load_loop_result(LAYER)
+
+    monkeypatch.setattr(kvviz.loop, "run_loop", fake_run_loop)
+    monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
+    monkeypatch.delenv("KVVIZ_MODELS", raising=False)
+    at = loop_page(trace="file:prose.npz", budget=128)
+    ok(at)
+    assert not [s for s in at.selectbox if s.key == "loop.new.model"]
+    mine = tmp_path / "mine"  # what resolve checks: config, weights, tokenizer
+    mine.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (mine / name).write_text("{}")
+    monkeypatch.setenv("KVVIZ_MODELS", str(mine))
+    at = loop_page(trace="file:prose.npz", budget=128)
+    ok(at)
+    box = at.selectbox(key="loop.new.model")
+    assert box.options == ["SmolLM2-135M (bundled)", "mine"]
+    box.set_value("mine")
+    at.multiselect(key="loop.new.policies").set_value(["tova"])
+    at.multiselect(key="loop.new.budgets").set_value([32])
+    at.number_input(key="loop.new.tokens").set_value(32)
+    at.button(key="loop.new.run").click().run()
+    ok(at)
+    for _ in range(50):
+        if calls:
+            break
+        time.sleep(0.1)
+    assert calls == [str(mine.resolve())]

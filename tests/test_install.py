@@ -142,3 +142,26 @@ def test_installed_kvviz_app_in_a_checkout_serves_its_traces(installed):
     inner = checkout / "kvviz"  # a sub-folder of a checkout is not the checkout
     elsewhere = run([venv / "bin" / "kvviz", "app", "--dry-run"], inner, env).stdout.splitlines()[1]
     assert Path(elsewhere.removeprefix("traces: ")).is_relative_to(venv / "lib")
+
+
+def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed):
+    """From outside the checkout: the loop view finds the bundled results, the version is
+    pyproject's, and `kvviz loop --perf` finds its shipped text (a tiny run)."""
+    import tomllib
+
+    from apphelp import require_capture_stack
+
+    venv, work, env, _ = installed
+    code = ("import kvviz\nfrom kvviz.ui.view_loop import shipped\n"
+            "print(kvviz.__version__)\nprint('\\n'.join(str(p) for p in shipped()))")
+    lines = run([venv / "bin" / "python", "-c", code], work, env).stdout.split()
+    want = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert lines[0] == want
+    listed = [Path(x) for x in lines[1:]]
+    assert sorted(p.name for p in listed) == sorted(p.name for p in (ROOT / "traces" / "loop").glob("*.npz"))
+    assert listed and all(p.is_relative_to(venv / "lib") for p in listed)
+    require_capture_stack()
+    perf = run([venv / "bin" / "kvviz", "loop", "--perf", "--perf-tokens", "50", "--budget", "33"],
+               work, dict(env, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), timeout=900)
+    assert "perf: 50 tokens of execmodel.txt, budget 33" in perf.stdout
+    assert list(work.iterdir()) == []

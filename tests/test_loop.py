@@ -244,7 +244,12 @@ def test_cli_writes_json_and_result(model, tmp_path):
                  "--out", str(npz), "--quiet"]) == 0
     import json
 
-    results = json.loads(js.read_text())["results"]
+    data = json.loads(js.read_text())
+    results = data["results"]
+    # provenance: the bundled model, by name and the GGUF's own hash; no BOS (SmolLM2's convention)
+    assert "SmolLM2" in data["model"] and data["model_source"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert len(data["model_sha256"]) == 64 and data["bos"] is False
+    assert (data["dtype"], data["device"]) == ("float32", "cpu") and data["torch"] and data["transformers"]
     assert [(r["policy"], r["budget"]) for r in results] == [
         ("full", None), ("streaming-llm", 8), ("streaming-llm", 12)]
     keys = {"policy", "params", "budget", "granularity", "perplexity", "perplexity_after_eviction",
@@ -252,6 +257,8 @@ def test_cli_writes_json_and_result(model, tmp_path):
     assert all(keys <= set(r) for r in results) and results[1]["params"] == {"sinks": 0}
     back = load_loop_result(npz)
     assert back.results == results and back.evicted_at.shape == (3, 30, 3, 24)
+    assert {k: back.meta[k] for k in ("model", "model_sha256", "bos")} == \
+        {k: data[k] for k in ("model", "model_sha256", "bos")}
     run = back.run(1, 29, 2)
     assert run.held_at(23).tolist() == list(range(16, 24))  # sinks=0: the 8 newest
 

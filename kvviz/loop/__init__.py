@@ -1,4 +1,4 @@
-"""The model in the loop: SmolLM2 decodes a text over its own evicted cache.
+"""The model in the loop: a model (SmolLM2 by default) decodes a text over its own evicted cache.
 
 Every other number in kvviz comes from replaying recorded attention, which says what a
 policy *covers*. This package measures what eviction *costs*: the model reads a text
@@ -24,22 +24,26 @@ __all__ = ["GRANULARITIES", "LoopConfig", "LoopResult", "check_configs", "load_l
 
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
-             progress=None, model=None, rows_layers=(0, 14, 29), rows_tokens=None,
-             seed: int = 0) -> LoopResult:
+             progress=None, model=None, rows_layers=None, rows_tokens=None,
+             seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoopResult:
     """Run every config over `text` as one batch; return a LoopResult.
 
     - `configs`: LoopConfig list; a `full` (no eviction) row is added first if absent,
       since agreement and KL are measured against it.
-    - `granularity`: "layer" (one policy per layer, fed the mean over the 9 query heads)
-      or "kv-head" (one per layer and KV head, fed the mean over its 3 query heads).
+    - `granularity`: "layer" (one policy per layer, fed the mean over all query heads)
+      or "kv-head" (one per layer and KV head, fed the mean over its query heads).
     - `progress(done, total)` is called after every token.
-    - `model`: a (tokenizer, model) pair; None loads SmolLM2 offline (kvviz.capture).
-    - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep, and for
-      how many leading tokens (None = all), so the app can open the run in its views.
+    - `model`: a (tokenizer, model) pair, or a spec for kvviz.models.resolve (a local
+      folder, a .gguf file, an installed model's name); None loads SmolLM2 offline.
+    - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep (None: the
+      model's first, middle and last), and for how many leading tokens (None = all), so
+      the app can open the run in its views.
+    - `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16 or float16 on CUDA)
+      apply when `model` is a spec; a loaded pair runs where it is.
     - `seed`: each policy gets rng default_rng([seed, layer, head]) (only `random` uses it).
     """
     from .engine import run  # torch lives there
 
     return run(text, configs, granularity=granularity, max_tokens=max_tokens,
                progress=progress, model=model, rows_layers=rows_layers,
-               rows_tokens=rows_tokens, seed=seed)
+               rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype)

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from ..atomic import replacing
-from ..capture import require_stack
+from ..capture import add_device_arguments, parse_layers, require_stack
+from ..models import PROVENANCE, resolve
 from ..plugins import add_argument as add_plugin_argument, cli_load
 from .config import GRANULARITIES, LoopConfig, parse_policy
 
@@ -33,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kvviz loop",
-                description="Decode a text with SmolLM2 over its own evicted KV cache, every "
+                description="Decode a text with a model (default: SmolLM2) over its own evicted KV cache, every "
                             "policy at every budget in one batch, and compare with the full cache.")
     p.add_argument("--text", help="UTF-8 text file to read")
     p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
@@ -43,7 +44,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
     p.add_argument("--json", help="write {'results': [...]} here")
     p.add_argument("--out", help="write the full result (.npz: per-token NLL, eviction logs, rows)")
-    p.add_argument("--rows-layers", default="0,14,29", help="model layers whose attention rows --out keeps")
+    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
+                   "model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(p)
+    p.add_argument("--rows-layers", default=None,
+                   help="model layers whose attention rows --out keeps (default: first, middle, last)")
     p.add_argument("--rows-tokens", type=int, default=None, help="keep rows for the first N tokens only")
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
     p.add_argument("--perf", action="store_true", help="benchmark: bookkeeping share and batch efficiency")
@@ -76,25 +81,23 @@ def build_configs(policies: list[str], budgets: list[int]) -> list[LoopConfig]:
 
 
 class Progress:
-    """A one-line progress bar on stderr: tokens, tokens/s, ETA."""
+    """A tqdm bar on stderr (tokens, tokens/s, ETA), as a `progress(done, total)` callable.
+    tqdm comes with transformers, which every loop run needs."""
 
     def __init__(self, label: str, quiet: bool = False):
-        self.label, self.quiet = label, quiet
-        self.start = time.perf_counter()
-        self.last = 0.0
+        self.label, self.quiet, self.bar = label, quiet, None
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if self.quiet or (now - self.last < 0.5 and done < total):
+        if self.quiet:
             return
-        self.last = now
-        rate = done / max(now - self.start, 1e-9)
-        eta = (total - done) / rate if rate > 0 else 0
-        bar = "#" * int(30 * done / total)
-        print(f"\r[kvviz loop] {self.label} [{bar:<30}] {done}/{total} tokens "
-              f"{rate:.2f} tok/s ETA {int(eta) // 60}:{int(eta) % 60:02d}", end="", file=sys.stderr, flush=True)
-        if done == total:
-            print(file=sys.stderr, flush=True)
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"[kvviz loop] {self.label}", unit="tok",
+                            file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.bar.close()
 
 
 def write_json(path, data) -> None:
@@ -118,7 +121,8 @@ def main(argv=None) -> int:
         return 2
     if args.perf:
         from .perf import main as perf_main
-        return perf_main(args.perf_tokens, budget=(args.budget or [256])[0])
+        return perf_main(args.perf_tokens, budget=(args.budget or [256])[0], device=args.device,
+                         dtype=args.dtype)
     try:
         if not args.text:
             raise ValueError("--text is required")
@@ -131,8 +135,10 @@ def main(argv=None) -> int:
         if not text.strip():
             raise ValueError(f"--text {args.text} is empty")
         configs = build_configs(args.policy, args.budget)
-        rows_layers = [int(x) for x in args.rows_layers.split(",") if x.strip()]
-        require_stack("loop")
+        rows_layers = [] if args.rows_layers is not None and not args.rows_layers.strip() \
+            else parse_layers(args.rows_layers)
+        resolve(args.model)  # a missing or incomplete model refused before anything loads
+        require_stack("loop", args.model)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +148,8 @@ def main(argv=None) -> int:
     try:
         res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,
                        progress=Progress(f"{Path(args.text).name} {args.granularity} x{len(configs)}", args.quiet),
-                       rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed)
+                       rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed,
+                       model=args.model, device=args.device, dtype=args.dtype)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -152,6 +159,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
                                "granularity": args.granularity, "seconds": round(seconds, 1),
+                               **{k: res.meta[k] for k in PROVENANCE if k in res.meta},
                                "results": res.results})
     if args.out:
         res.save(args.out)

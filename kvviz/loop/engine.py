@@ -26,16 +26,39 @@ _STATE = None
 
 
 class _State:
-    """What the attention function and the bookkeeping share for one run."""
+    """What the attention function and the bookkeeping share for one run. The host arrays
+    (numpy views of CPU tensors) are what the policies read and write; on a GPU the device
+    tensors are separate: the step's weights come to the host in one copy with the step's
+    losses (`pull`), the bias goes back after the bookkeeping (`push`). On the CPU they are
+    the same memory and neither copies."""
 
-    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int):
+    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu"):
         self.G = G
-        self.bias_t = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
-        self.bias = self.bias_t.numpy()
-        self.cur_t = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
-        self.cur = self.cur_t.numpy()
-        self.knorm_t = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
-        self.knorm = self.knorm_t.numpy()
+        self.bias_h = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
+        self.bias = self.bias_h.numpy()
+        self.cur_h = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
+        self.cur = self.cur_h.numpy()
+        self.knorm_h = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
+        self.knorm = self.knorm_h.numpy()
+        self.on_host = torch.device(device).type == "cpu"
+        self.bias_t = self.bias_h if self.on_host else self.bias_h.to(device)
+        self.cur_t = self.cur_h if self.on_host else self.cur_h.to(device)
+        self.knorm_t = self.knorm_h if self.on_host else self.knorm_h.to(device)
+
+    def pull(self, torch, stats):
+        """Host copy of this step's weights (into `cur`) and of `stats` (returned, or None)."""
+        if self.on_host:
+            return None if stats is None else stats.numpy()
+        parts = [self.cur_t.reshape(-1).double(), self.knorm_t.reshape(-1).double()]
+        host = torch.cat(parts + ([] if stats is None else [stats.reshape(-1)])).cpu().numpy()
+        n, k = self.cur.size, self.knorm.size
+        self.cur.reshape(-1)[:] = host[:n]
+        self.knorm.reshape(-1)[:] = host[n:n + k]
+        return None if stats is None else host[n + k:].reshape(stats.shape)
+
+    def push(self):
+        if not self.on_host:
+            self.bias_t.copy_(self.bias_h)
 
 
 def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -51,6 +74,9 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores = (scores.view(B, Hk, g, q, k) + attention_mask[..., :k].unsqueeze(2)).view(B, Hk, g * q, k)
     if st is not None:
@@ -77,8 +103,10 @@ def register():
 
 
 def tokenize(tok, text: str, max_tokens: int) -> list[int]:
-    """As kvviz.capture does: no special tokens, the first `max_tokens`."""
-    return tok(text, add_special_tokens=False)["input_ids"][:max_tokens]
+    """As kvviz.capture does (kvviz.models.tokenize): BOS as the tokenizer's convention says."""
+    from ..models import tokenize as tokens
+
+    return tokens(tok, text, max_tokens)[0]
 
 
 def check_inputs(text, granularity, max_tokens) -> None:
@@ -91,27 +119,27 @@ def check_inputs(text, granularity, max_tokens) -> None:
 
 
 def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,
-        rows_layers=(0, 14, 29), rows_tokens=None, seed=0, timings=None) -> LoopResult:
+        rows_layers=None, rows_tokens=None, seed=0, timings=None, device="cpu",
+        dtype="float32") -> LoopResult:
     global _STATE
     check_inputs(text, granularity, max_tokens)
     configs = check_configs(configs)
     import torch
     from transformers import DynamicCache
 
-    from ..capture import load_model, token_strings
+    from ..models import check_layers, default_layers, load_model, model_provenance, text_config, \
+        token_strings, tokenize as tokens
 
-    tok, mdl = model if model is not None else load_model("loop")
-    ids = tokenize(tok, text, int(max_tokens))
+    tok, mdl = load_model(model, "loop", device, dtype)
+    ids, offsets, bos = tokens(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
         raise ValueError("text must tokenise to at least 2 tokens")
-    cfg = mdl.config
+    cfg = text_config(mdl)
+    check_architecture(mdl, T)
     L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
     G = 1 if granularity == "layer" else Hk
-    rows_layers = [int(x) for x in (rows_layers or ())]
-    bad = [x for x in rows_layers if not 0 <= x < L]
-    if bad:
-        raise ValueError(f"rows_layers must be model layers 0..{L - 1}, got {bad}")
+    rows_layers = default_layers(L) if rows_layers is None else check_layers(rows_layers, L, "rows_layers")
     Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
     C = len(configs)
     policies = [_policies(c, L, G, T, seed) for c in configs]
@@ -127,30 +155,35 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     with _LOCK:
         register()
         previous = mdl.config._attn_implementation
-        state = _State(torch, C, L, Hk, G, T)
+        device = next(mdl.parameters()).device
+        state = _State(torch, C, L, Hk, G, T, device)
         _STATE = state
         try:
             mdl.set_attn_implementation(ATTN_NAME)
-            cache = DynamicCache(config=cfg)
-            ids_t = torch.tensor(ids, dtype=torch.long)
+            cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
+            ids_t = torch.tensor(ids, dtype=torch.long, device=device)
             for t in range(T):
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     out = mdl(input_ids=ids_t[t].view(1, 1).expand(C, 1),
-                              position_ids=torch.full((C, 1), t, dtype=torch.long),
+                              position_ids=torch.full((C, 1), t, dtype=torch.long, device=device),
                               cache=cache, use_cache=True)
+                    stats = None
+                    if t < T - 1:  # (C, 3): nll, argmax, KL(full || config), on the device
+                        logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
+                        stats = torch.stack([-logp[:, ids[t + 1]], logp.argmax(dim=-1).double(),
+                                             (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0)], 1)
+                    host = state.pull(torch, stats)  # the step's one copy to the host
                 t1 = time.perf_counter()
-                if t < T - 1:
-                    logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
-                    nll[:, t] = (-logp[:, ids[t + 1]]).numpy()
-                    top1[:, t] = logp.argmax(dim=-1).numpy()
-                    kl[:, t] = (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0).numpy()
+                if host is not None:
+                    nll[:, t], top1[:, t], kl[:, t] = host[:, 0], host[:, 1].astype(np.int64), host[:, 2]
                 del out
                 if t < Tr and rows is not None:
                     off = packed_offset(t)
                     rows[:, :, :, off:off + t] = state.cur[:, rows_layers, :, :t]
                 t2 = time.perf_counter()
                 _bookkeeping(state, configs, policies, evicted_at, t)
+                state.push()
                 book_s[t] = time.perf_counter() - t2
                 model_s[t] = t1 - t0
                 if progress is not None:
@@ -161,12 +194,29 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     np.exp(-nll, out=p_true)
     if timings is not None:
         timings.update(model=model_s, bookkeeping=book_s)
-    return LoopResult(configs=configs, granularity=granularity, tokens=token_strings(tok, ids),
+    return LoopResult(configs=configs, granularity=granularity, tokens=token_strings(tok, ids, text, offsets),
                       token_ids=np.array(ids, np.int64), nll=nll, p_true=p_true, kl_tokens=kl, top1=top1,
                       evicted_at=evicted_at, layers=list(range(L)), rows=rows, rows_layers=rows_layers,
                       rows_tokens=Tr,
                       meta={"model_seconds": float(model_s.sum()), "bookkeeping_seconds": float(book_s.sum()),
-                            "seed": seed})
+                            "seed": seed, "bos": bos, **model_provenance(mdl)})
+
+
+def check_architecture(mdl, T: int) -> None:
+    """Refuse, naming the model and the feature, what the masking attention function does not
+    reproduce: sliding-window layers once the text is longer than the window (within the
+    window a sliding layer attends to everything). Softcapping is implemented (`attention`)."""
+    from ..models import model_provenance, text_config
+
+    cfg = text_config(mdl)
+    name = model_provenance(mdl)["model"]
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None) or []
+    sliding = "sliding_attention" in types or (window and getattr(cfg, "use_sliding_window", True)
+                                               and not types)
+    if sliding and window and T > window:
+        raise ValueError(f"model {name}: sliding-window attention (window {window}) is not supported "
+                         f"by the loop for a text of {T} tokens; use --max-tokens {window} or less")
 
 
 def _policies(cfg, L: int, G: int, T: int, seed: int):

@@ -9,13 +9,11 @@ full cache alone). Wall time, on a machine other jobs may share: read ratios, no
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
 import numpy as np
 
 from .cli import Progress, build_configs, perf_policies
 
-TEXT = Path(__file__).resolve().parents[2] / "traces" / "sources" / "execmodel.txt"
+TEXT_NAME = "execmodel.txt"  # a shipped source, found by kvviz.paths.source_file
 
 
 def plain_decode(mdl, ids, batch: int, progress=None) -> np.ndarray:
@@ -25,18 +23,21 @@ def plain_decode(mdl, ids, batch: int, progress=None) -> np.ndarray:
 
     cache = DynamicCache(config=mdl.config)
     out = np.zeros(len(ids))
+    dev = next(mdl.parameters()).device
     for t, i in enumerate(ids):
         s = time.perf_counter()
         with torch.no_grad():
-            mdl(input_ids=torch.full((batch, 1), i, dtype=torch.long),
-                position_ids=torch.full((batch, 1), t, dtype=torch.long), cache=cache, use_cache=True)
+            logits = mdl(input_ids=torch.full((batch, 1), i, dtype=torch.long, device=dev),
+                         position_ids=torch.full((batch, 1), t, dtype=torch.long, device=dev),
+                         cache=cache, use_cache=True).logits
+            logits[:, -1, :1].cpu()  # the loop's one host copy per step (and a GPU sync)
         out[t] = time.perf_counter() - s
         if progress is not None:
             progress(t + 1, len(ids))
     return out
 
 
-def main(tokens: int = 384, budget: int = 256) -> int:
+def main(tokens: int = 384, budget: int = 256, device: str = "cpu", dtype: str = "float32") -> int:
     import sys
 
     from ..capture import load_model, require_stack
@@ -47,11 +48,27 @@ def main(tokens: int = 384, budget: int = 256) -> int:
               file=sys.stderr)
         return 2
     try:
+        configs = build_configs(perf_policies(), [budget])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         require_stack("loop --perf")
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    tok, mdl = load_model("loop --perf")
+    from ..paths import source_file
+
+    try:
+        TEXT = source_file(TEXT_NAME)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        tok, mdl = load_model(None, "loop --perf", device, dtype)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     text = TEXT.read_text(encoding="utf-8")
     ids = tokenize(tok, text, tokens)
     after = slice(budget + 1, len(ids))  # steps where every policy evicts
@@ -61,7 +78,6 @@ def main(tokens: int = 384, budget: int = 256) -> int:
         return 1000 * float(np.mean(x[after]))
 
     plain = {b: ms(plain_decode(mdl, ids, b, Progress(f"perf plain decode x{b}"))) for b in (1, 8)}
-    configs = build_configs(perf_policies(), [budget])
     for gran in ("layer", "kv-head"):
         tm = {}
         run(text, configs, granularity=gran, max_tokens=tokens, rows_layers=(), timings=tm,
@@ -71,8 +87,9 @@ def main(tokens: int = 384, budget: int = 256) -> int:
     run(text, configs[:1], granularity="layer", max_tokens=tokens, rows_layers=(), timings=tm,
         model=(tok, mdl), progress=Progress("perf layer x1"))
     rows.append(("layer", 1, ms(tm["model"]), ms(tm["bookkeeping"])))
+    where = f"{next(mdl.parameters()).device} {next(mdl.parameters()).dtype}".replace("torch.", "")
     print(f"perf: {len(ids)} tokens of {TEXT.name}, budget {budget}, means over steps {budget + 1}.."
-          f"{len(ids) - 1} (every policy evicting); wall ms per token")
+          f"{len(ids) - 1} (every policy evicting); wall ms per token; {where}")
     print(f"model's own decode (eager, no masking): batch 1 {plain[1]:.1f} ms, batch 8 {plain[8]:.1f} ms")
     print(f"{'granularity':<12}{'configs':>8}{'loop forward':>14}{'bookkeeping':>13}"
           f"{'book/decode':>13}{'book/forward':>14}")

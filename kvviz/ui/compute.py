@@ -7,7 +7,6 @@ arrays and dicts with `st.cache_data`.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +19,12 @@ from kvviz.ui.engine import Engine
 from kvviz.views.cache import cache_heatmap, heatmap_grid
 from kvviz.views.states import divergence_steps, symmetric_difference
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def traces_dir() -> Path:
-    return Path(os.environ.get("KVVIZ_TRACES_DIR", REPO / "traces"))
+    from kvviz.paths import traces_or_default
+
+    return traces_or_default()
 
 
 def list_trace_files() -> list[str]:

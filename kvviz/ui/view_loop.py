@@ -8,7 +8,6 @@ fragment polls its progress once a second, so the page never blocks.
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,6 @@ from kvviz.policies import POLICIES
 from kvviz.ui.context import CHART
 from kvviz.views import loop as LV
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
 POLL_S = 1.0
@@ -33,7 +31,9 @@ INSTALL_NOTE = ("Running a new loop needs torch: `pip install -r requirements-ca
 
 
 def loop_dir() -> Path:
-    return Path(os.environ.get("KVVIZ_LOOP_DIR") or REPO / "traces" / "loop")
+    from kvviz.paths import loop_or_default
+
+    return loop_or_default()
 
 
 def shipped() -> list[Path]:
@@ -50,6 +50,17 @@ def _load(path: str, mtime: float):
 
 def load(path: Path):
     return _load(str(path), path.stat().st_mtime)
+
+
+def model_caption(meta: dict) -> str:
+    """Which model produced a result, from its own record (results written before provenance
+    was recorded were all made by the bundled SmolLM2, which is what they say)."""
+    if not meta.get("model"):
+        return "model: SmolLM2-135M-Instruct (recorded before results named their model)"
+    extra = ", ".join(f"{k} {meta[k]}" for k in ("dtype", "device") if meta.get(k))
+    sha = meta.get("model_sha256")
+    return (f"model: {meta['model']} ({meta.get('model_source', '')}"
+            f"{', sha256 ' + sha[:12] if sha else ''}{', ' + extra if extra else ''})")
 
 
 def result_label(res, path: Path | None) -> str:
@@ -87,7 +98,7 @@ def new_configs(policies, budgets) -> tuple[list, list[str]]:
     return configs, refused
 
 
-def start_job(text: str, configs, granularity: str, max_tokens: int) -> dict:
+def start_job(text: str, configs, granularity: str, max_tokens: int, model=None) -> dict:
     """Start one loop in a thread; its progress and result live in the returned dict (the
     thread never touches session state, which belongs to the script thread)."""
     from kvviz.loop import run_loop
@@ -101,7 +112,8 @@ def start_job(text: str, configs, granularity: str, max_tokens: int) -> dict:
     def work():
         try:
             job["result"] = run_loop(text, configs, granularity=granularity,
-                                     max_tokens=max_tokens, progress=progress, rows_layers=())
+                                     max_tokens=max_tokens, progress=progress, rows_layers=(),
+                                     model=model)
         except Exception as exc:  # shown on the page, never a traceback
             job["error"] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -153,6 +165,14 @@ def run_box(ctx):
         gran = c[2].selectbox("granularity", ("layer", "kv-head"), key="loop.new.gran")
         n = c[3].number_input("tokens", 16, MAX_NEW_TOKENS, min(MAX_NEW_TOKENS, len(tokens)),
                               step=16, key="loop.new.tokens")
+        from kvviz.models import available
+
+        models = available()  # a choice only when there is one to make
+        model = None
+        if len(models) > 1:
+            model = models[st.selectbox("model", list(models), key="loop.new.model",
+                                        help="the bundled SmolLM2, or a folder / .gguf listed in "
+                                             "$KVVIZ_MODELS")]
         go = st.button("run the model in the loop", key="loop.new.run", disabled=busy or not pols
                        or not buds, icon=":material/play_arrow:",
                        help="one run per session at a time; the page stays usable meanwhile")
@@ -161,7 +181,7 @@ def run_box(ctx):
             for r in refused:
                 st.warning(f"Left out: {r}")
             if len(configs) > 1:
-                S[JOB] = start_job("".join(tokens[:int(n)]), configs, gran, int(n))
+                S[JOB] = start_job("".join(tokens[:int(n)]), configs, gran, int(n), model)
                 busy = True
             else:
                 st.error("Nothing to run: every chosen policy refuses every chosen budget.")
@@ -187,7 +207,7 @@ def _sources() -> dict[str, tuple]:
 
 
 def render(ctx):
-    st.markdown("**Model in the loop.** SmolLM2-135M reads a text token by token on its own "
+    st.markdown("**Model in the loop.** A model reads a text token by token on its own "
                 "evicted cache (each layer holds at most *budget* positions, chosen by the "
                 "kvviz policies); here is what that cost its predictions.")
     sources = _sources()
@@ -206,6 +226,7 @@ def render(ctx):
     kind, obj = sources[label]
     res = load(obj) if kind == "file" else obj
     rows = res.results
+    st.caption(model_caption(res.meta))
     draw(res, rows)
     run_box(ctx)
 

@@ -1,0 +1,397 @@
+"""Other models without downloads: tiny random-weight models built here from configs.
+
+Each architecture (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 with softcapping and
+sliding-window layers) gets hidden size 64, 2-3 layers, 4 heads, 2 KV heads and the bundled
+SmolLM2 tokenizer, saved to a folder once per session. On each: the loop with a budget of
+the whole text reproduces a plain forward pass's per-token NLL; the registered attention
+function ran in every layer at every step; masking one key is removing it; capture's rows
+are the eager forward pass's attentions, head-averaged.
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from apphelp import require_capture_stack
+
+TEXT = ("The committee met at noon; the minutes record that the motion passed. "
+        "Topological Sorter sorts a graph. It was a bright cold day in April.")
+T = 24  # tokens read: shorter than the Gemma 2 model's sliding window below
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from tiny_model import ARCHS, build  # noqa: E402  (the README's tiny-model folders, built the same way)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    require_capture_stack()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tiny_model import save_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory, tokenizer_dir):
+    """arch -> a saved model folder (built on first use)."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = build(arch, tmp_path_factory.mktemp(f"tiny-{arch}"), tokenizer_from=tokenizer_dir)
+        return made[arch]
+
+    return get
+
+
+def _pair(tiny, arch):
+    from kvviz.models import load_model
+
+    return load_model(str(tiny(arch)))
+
+
+def _plain_nll(mdl, ids):
+    import torch
+
+    with torch.no_grad():
+        logp = torch.log_softmax(mdl(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+    return (-logp[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]).numpy()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch):
+    from kvviz.loop import LoopConfig, engine, run_loop
+    from kvviz.models import text_config, tokenize
+
+    tok, mdl = _pair(tiny, arch)
+    calls = {}
+    inner = engine.attention
+
+    def counting(module, *a, **kw):
+        calls[module.layer_idx] = calls.get(module.layer_idx, 0) + 1
+        return inner(module, *a, **kw)
+
+    monkeypatch.setattr(engine, "attention", counting)
+    cfgs = [LoopConfig("full"), LoopConfig("tova", {}, T), LoopConfig("streaming-llm", {}, T + 5)]
+    res = run_loop(TEXT, cfgs, max_tokens=T, model=(tok, mdl), granularity="kv-head")
+    ids = tokenize(tok, TEXT, T)[0]
+    assert len(ids) == T and res.token_ids.tolist() == ids
+    want = _plain_nll(mdl, ids)
+    for c in range(len(cfgs)):
+        np.testing.assert_allclose(res.nll[c], want, atol=1e-4, rtol=0)
+    L = text_config(mdl).num_hidden_layers
+    assert calls == {layer: T for layer in range(L)}  # every layer, every step
+    assert (res.evicted_at == -1).all()  # nothing had to go
+    assert res.rows_layers == sorted({0, (L - 1) // 2, L - 1})
+    assert res.meta["model"] == tiny(arch).name and res.meta["model_type"] == arch
+    assert res.meta["bos"] is False and "SmolLM2" not in res.meta["model"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_masking_one_key_is_removing_it(tiny, arch):
+    """The registered attention function with key j at -inf equals attention over the keys
+    without j: only j's contribution changes, the rest is renormalised."""
+    import torch
+
+    from kvviz.loop import engine
+    from kvviz.models import text_config
+
+    tok, mdl = _pair(tiny, arch)
+    cfg = text_config(mdl)
+    layer = mdl.model.layers[-1].self_attn
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    g = torch.Generator().manual_seed(1)
+    k = 9
+    q = torch.randn(1, cfg.num_attention_heads, 1, D, generator=g)
+    key = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
+    val = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
+    kw = {"softcap": getattr(cfg, "attn_logit_softcapping", None)}
+    j = 4
+    state = engine._State(torch, 1, cfg.num_hidden_layers, cfg.num_key_value_heads, 1, k)
+    try:
+        engine._STATE = state
+        full, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)
+        state.bias[0, layer.layer_idx, :, j] = -np.inf
+        masked, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)
+    finally:
+        engine._STATE = None
+    keep = [i for i in range(k) if i != j]
+    removed, _ = engine.attention(layer, q, key[:, :, keep], val[:, :, keep], None, layer.scaling, **kw)
+    torch.testing.assert_close(masked, removed, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(masked, full, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch):
+    import torch
+
+    from kvviz.capture import capture
+    from kvviz.models import source_sha256, resolve, text_config
+
+    tok, mdl = _pair(tiny, arch)
+    cfg = text_config(mdl)
+    res = capture(TEXT, max_tokens=T, heads="kv", model=str(tiny(arch)))
+    L = cfg.num_hidden_layers
+    assert res["layers"] == sorted({0, (L - 1) // 2, L - 1})
+    with torch.no_grad():
+        att = mdl(input_ids=torch.tensor([res_ids(tok)]), output_attentions=True).attentions
+    lower = np.tril(np.ones((T, T), bool), k=-1)
+    r = cfg.num_attention_heads // cfg.num_key_value_heads
+    for i, layer in enumerate(res["layers"]):
+        a = att[layer][0].numpy()
+        np.testing.assert_allclose(res["attn"][i, 0], np.where(lower, a.mean(0), 0), atol=1e-6)
+        for h in range(cfg.num_key_value_heads):
+            np.testing.assert_allclose(res["attn"][i, 1 + h], np.where(lower, a[h * r:(h + 1) * r].mean(0), 0),
+                                       atol=1e-6)
+    meta = res["meta"]
+    assert meta["model"] == tiny(arch).name and meta["model_source"] == tiny(arch).name
+    assert meta["model_sha256"] == source_sha256(resolve(str(tiny(arch))))
+    assert meta["dtype"] == "float32" and meta["device"] == "cpu" and meta["torch"] and meta["transformers"]
+    assert "".join(res["tokens"]) == TEXT[:len("".join(res["tokens"]))]
+
+
+def res_ids(tok):
+    from kvviz.models import tokenize
+
+    return tokenize(tok, TEXT, T)[0]
+
+
+def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(tiny):
+    from kvviz.loop import LoopConfig, run_loop
+
+    tok, mdl = _pair(tiny, "gemma2")
+    with pytest.raises(ValueError, match=r"model tiny-gemma2\d*: sliding-window attention \(window 32\)"):
+        run_loop(TEXT * 3, [LoopConfig("full")], max_tokens=40, model=(tok, mdl))
+
+
+def test_layers_outside_the_model_are_refused_naming_the_range(tiny):
+    from kvviz.capture import capture
+    from kvviz.loop import LoopConfig, run_loop
+
+    pair = _pair(tiny, "qwen2")  # 2 layers
+    with pytest.raises(ValueError, match=r"layer 5 is outside this model's layers 0\.\.1"):
+        capture(TEXT, max_tokens=8, layers=[0, 5], model=pair)
+    with pytest.raises(ValueError, match=r"rows_layers: layer 2 is outside this model's layers 0\.\.1"):
+        run_loop(TEXT, [LoopConfig("full")], max_tokens=8, model=pair, rows_layers=[2])
+    assert capture(TEXT, max_tokens=8, model=pair)["layers"] == [0, 1]
+
+
+def test_bos_follows_the_tokenizer(tiny):
+    """SmolLM2's tokenizer adds no BOS; one told to add it gets it first, and results say so."""
+    from transformers import AutoTokenizer
+
+    from kvviz.capture import capture
+    from kvviz.models import tokenize
+
+    folder = tiny("llama")
+    tok, mdl = _pair(tiny, "llama")
+    plain, _, bos = tokenize(tok, TEXT, 10)
+    assert bos is False and plain[0] != tok.bos_token_id
+    with_bos = AutoTokenizer.from_pretrained(folder, add_bos_token=True)
+    if with_bos("x")["input_ids"][0] != with_bos.bos_token_id:
+        pytest.fail("add_bos_token=True did not make the tokenizer add a BOS")
+    ids, offsets, bos = tokenize(with_bos, TEXT, 10)
+    assert bos is True and ids[0] == with_bos.bos_token_id and ids[1:] == plain[:9]
+    res = capture(TEXT, max_tokens=10, model=(with_bos, mdl))
+    assert res["meta"]["bos"] is True and res["tokens"][0] == with_bos.bos_token
+
+
+def test_token_strings_from_offsets_render_words_whole(tiny):
+    from kvviz.models import token_strings, tokenize
+
+    tok, _ = _pair(tiny, "llama")
+    ids, offsets, _ = tokenize(tok, TEXT, 200)
+    pieces = token_strings(tok, ids, TEXT, offsets)
+    assert "".join(pieces) == TEXT
+    assert " Sorter" in "".join(pieces) and "Ġ" not in "".join(pieces)
+
+
+def test_missing_or_incomplete_model_refused_before_any_load(tmp_path, monkeypatch, capsys, tiny):
+    import kvviz.models as models
+    from kvviz.capture import main as capture_main
+    from kvviz.loop.cli import main as loop_main
+
+    def no_load(*a, **k):
+        raise AssertionError("nothing may load for a bad --model")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    monkeypatch.setattr(models, "_load_folder", no_load)
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    for argv in (["--model", str(broken)], ["--model", str(tmp_path / "nope")]):
+        assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and argv[1] in err
+        assert loop_main(["--text", str(text), *argv]) == 2
+        assert argv[1] in capsys.readouterr().err
+    assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), "--model", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "weights" in err and "tokenizer" in err and "config.json" not in err.split("missing")[1]
+    no_tok = tmp_path / "notok"
+    shutil.copytree(tiny("qwen2"), no_tok, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(ValueError, match=r"notok: incomplete model folder, missing a tokenizer"):
+        models.resolve(str(no_tok))
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_gguf_cache_rebuilds_a_truncated_entry(tmp_path, monkeypatch, capsys, tiny):
+    """The cache folder is keyed by the hash, built once, and rebuilt when truncated."""
+    from kvviz import gguf_cache
+    from kvviz.models import _load_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    builds = []
+
+    def build(gguf, out):  # stands in for the dequantisation: copies a model folder
+        builds.append(out)
+        shutil.copytree(tiny("llama"), out, dirs_exist_ok=True)
+
+    sha = "ab" * 32
+    folder = gguf_cache.cached_folder(tmp_path / "m.gguf", sha, build=build)
+    assert folder == tmp_path / "cache" / "kvviz" / "gguf" / sha and len(builds) == 1
+    assert gguf_cache.cached_folder(tmp_path / "m.gguf", sha, build=build) == folder and len(builds) == 1
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as fh:
+        fh.truncate(size // 2)
+    capsys.readouterr()
+    assert gguf_cache.cached_folder(tmp_path / "m.gguf", sha, build=build) == folder and len(builds) == 2
+    err = capsys.readouterr().err
+    assert "unusable" in err and "truncated" in err and "rebuilding" in err
+    assert weights.stat().st_size == size and gguf_cache.problem(folder) is None
+    _load_folder(folder)  # the rebuilt entry loads
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys):
+    import torch
+
+    from kvviz.capture import main as capture_main
+    from kvviz.loop.cli import main as loop_main
+    from kvviz.models import check_device
+
+    with pytest.raises(ValueError, match="--dtype bfloat16 needs --device cuda; the CPU runs float32"):
+        check_device("cpu", "bfloat16")
+    assert check_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu", "float32")
+    if torch.cuda.is_available():
+        return
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    model = ["--model", str(tiny("qwen2")), "--device", "cuda"]
+    assert loop_main(["--text", str(text), "--max-tokens", "8", *model]) == 2
+    assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), *model]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"] * 2
+
+
+def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tmp_path, monkeypatch, capsys,
+                                                                               tiny):
+    """load_model(".gguf"): built once into the cache, keyed by the file's SHA-256; an entry
+    whose sizes are right but which does not load is rebuilt, with a message."""
+    import hashlib
+
+    from kvviz import gguf_cache, models
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    builds = []
+
+    def fake_dequantise(gguf, out):  # the dequantisation, replaced by a tiny model folder
+        builds.append(gguf)
+        shutil.copytree(tiny("llama"), out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(gguf_cache, "dequantise", fake_dequantise)
+    monkeypatch.setattr(models, "_LOADED", {})
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"not really a gguf, only hashed here")
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    tok, mdl = models.load_model(str(gguf))
+    assert builds == [gguf.resolve()] and mdl.kvviz_provenance["model_sha256"] == sha
+    assert mdl.kvviz_provenance["model_source"] == "mine.gguf" and mdl.kvviz_provenance["model"] == "mine"
+    folder = tmp_path / "cache" / "kvviz" / "gguf" / sha
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    weights.write_bytes(b"\xff" * size)  # same size, garbage: only loading it finds out
+    monkeypatch.setattr(models, "_LOADED", {})
+    capsys.readouterr()
+    models.load_model(str(gguf))
+    err = capsys.readouterr().err
+    assert len(builds) == 2 and "unusable" in err and "rebuilding" in err
+    assert weights.read_bytes()[:1] != b"\xff" and gguf_cache.problem(folder) is None
+
+
+def test_cli_refuses_a_layer_outside_the_model_in_one_line(tiny, tmp_path, capsys):
+    from kvviz.capture import main as capture_main
+    from kvviz.loop.cli import main as loop_main
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    model = ["--model", str(tiny("qwen2"))]  # 2 layers
+    assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), "--layers", "0,7", *model]) == 2
+    assert loop_main(["--text", str(text), "--max-tokens", "8", "--rows-layers", "-3", *model]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert err == ["error: layers: layer 7 is outside this model's layers 0..1",
+                   "error: rows_layers: layer -3 is outside this model's layers 0..1"]
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_token_strings_render_a_sentencepiece_vocabulary():
+    """A Metaspace (SentencePiece-style, "▁") tokenizer trained here: the pieces are the
+    text's own characters and join to it, which decoding token by token does not give."""
+    require_capture_stack()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from kvviz.capture import byte_token_strings
+    from kvviz.models import token_strings, tokenize
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    raw.train_from_iterator([TEXT] * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>")
+    ids, offsets, bos = tokenize(tok, TEXT, 500)
+    assert bos is False and any(p.startswith("▁") for p in tok.convert_ids_to_tokens(ids))
+    pieces = token_strings(tok, ids, TEXT, offsets)
+    assert "".join(pieces) == TEXT and not any("▁" in p for p in pieces)
+    assert "".join(byte_token_strings(tok, ids)) != TEXT  # decoding token by token loses the spaces
+
+
+def test_a_gguf_hash_is_remembered_across_processes_until_the_file_changes(tmp_path, monkeypatch):
+    import hashlib
+    import os as _os
+
+    from kvviz import models
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"one")
+    monkeypatch.setattr(models, "_HASHES", {})
+    assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"one").hexdigest()
+    assert (tmp_path / "cache" / "kvviz" / "sha256.json").is_file()
+    monkeypatch.setattr(models, "_HASHES", {})  # a new process: read back, not recomputed
+    st = gguf.stat()
+    with open(gguf, "r+b") as fh:  # same size and mtime, other bytes: the book is believed
+        fh.write(b"two")
+    _os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"one").hexdigest()
+    monkeypatch.setattr(models, "_HASHES", {})
+    gguf.write_bytes(b"three")  # a new size: hashed again
+    assert models.file_sha256(gguf, remember=True) == hashlib.sha256(b"three").hexdigest()
+
+
+def test_a_model_listed_in_kvviz_models_is_found_by_name(tiny, monkeypatch):
+    from kvviz.models import available, resolve
+
+    folder = tiny("qwen2")
+    monkeypatch.setenv("KVVIZ_MODELS", str(folder))
+    assert resolve(folder.name).path == folder.resolve()
+    assert available()[folder.name] == str(folder.resolve())
+    with pytest.raises(ValueError, match=rf"not an installed model \(installed: smollm2, {folder.name}\)"):
+        resolve("no-such-model")
