@@ -156,6 +156,28 @@ def head_groups(mode: str, n_heads: int, n_kv_heads: int) -> list[tuple[str, lis
     return groups
 
 
+def cache_key_norms(cache, layers, groups, r: int, T: int) -> np.ndarray:
+    """(L, H, T) float32 key L2 norms per stored layer and head label: "kvN" its KV head,
+    "qN" the KV head query head N reads (N // r, transformers' repeat_kv), "mean" the mean
+    over the KV heads (what a head-mean policy would see of the cache's keys)."""
+    out = []
+    for i in layers:
+        kv = cache.layers[i].keys[0].float().norm(dim=-1).cpu().numpy()  # (Hk, T)
+        if kv.shape[1] != T:
+            raise ValueError(f"layer {i}'s cache holds {kv.shape[1]} keys, not one per token "
+                             "(a sliding-window layer): capture a text no longer than its window")
+        per = []
+        for label, _ in groups:
+            if label == "mean":
+                per.append(kv.mean(axis=0))
+            elif label.startswith("kv"):
+                per.append(kv[int(label[2:])])
+            else:
+                per.append(kv[int(label[1:]) // r])
+        out.append(np.stack(per))
+    return np.stack(out).astype(np.float32)
+
+
 def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean", model=None,
             device: str = "cpu", dtype: str = "float32", **meta) -> dict:
     """Tokenise `text`, run one forward pass, return the trace arrays.
@@ -196,7 +218,7 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     start = time.perf_counter()
     with torch.no_grad():
         out = mdl(input_ids=torch.tensor([ids], device=next(mdl.parameters()).device),
-                  output_attentions=True, use_cache=False)
+                  output_attentions=True, use_cache=True)  # the cache: its keys' norms
     forward = time.perf_counter() - start
     log(f"forward done in {forward:.1f} s")
     groups = head_groups(heads, cfg.num_attention_heads, cfg.num_key_value_heads)
@@ -205,6 +227,7 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         np.stack([np.where(strict_lower, out.attentions[i][0][idx].float().mean(0).cpu().numpy(), 0.0)
                   for _, idx in groups])
         for i in layers]).astype(np.float32)
+    key_norms = cache_key_norms(out.cache, layers, groups, cfg.num_attention_heads // cfg.num_key_value_heads, T)
     del out
     tokens = token_strings(tok, ids, text, offsets)
     info = {
@@ -215,12 +238,13 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         "heads": [label for label, _ in groups],
         "head_groups": {label: idx for label, idx in groups},
         "diagonal": "dropped (rows sum to 1 minus the self weight)",
-        "format_version": 2,
+        "format_version": 3,
+        "key_norms": "L2 norm of each position's cached key (after RoPE); for mean, the mean over the KV heads",
         "n_tokens": T,
         "text": "".join(tokens),
     }
     info.update({k: v for k, v in meta.items() if v is not None})
-    return {"attn": attn, "heads": [label for label, _ in groups], "tokens": tokens,
+    return {"attn": attn, "key_norms": key_norms, "heads": [label for label, _ in groups], "tokens": tokens,
             "layers": layers, "meta": info,
             "seconds": {"load": getattr(mdl, "kvviz_load_seconds", 0.0), "forward": forward}}
 
@@ -268,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log(f"writing {out} ...")
     save_trace(out, result["attn"], tokens=result["tokens"], layers=result["layers"],
-               heads=result["heads"], meta=result["meta"])
+               heads=result["heads"], meta=result["meta"], key_norms=result["key_norms"])
     size = out.stat().st_size
     load_trace(out)  # prove it reads back under the same validation the app uses
     log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, "

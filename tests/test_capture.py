@@ -184,6 +184,30 @@ def test_capture_per_head_rows_match_the_model():
     assert not np.allclose(kv["attn"][0, 1], kv["attn"][0, 2], atol=1e-3)  # heads differ
 
 
+def test_capture_key_norms_are_the_models_key_norms():
+    """Format 3's key norms, checked against the keys before RoPE: the k_proj output of the
+    layer, per KV head (RoPE rotates pairs of coordinates, which keeps every L2 norm)."""
+    require_capture_stack()
+    import torch
+    from kvviz.capture import capture, load_model
+
+    tok, model = load_model()
+    seen = []
+    hook = model.model.layers[29].self_attn.k_proj.register_forward_hook(
+        lambda mod, inp, out: seen.append(out[0].detach()))
+    try:
+        res = capture(TEXT, max_tokens=32, layers=[29], heads="all")
+    finally:
+        hook.remove()
+    pre = seen[-1].reshape(32, 3, 64).float().norm(dim=-1).T.numpy()  # (KV heads, T)
+    kn = res["key_norms"]
+    assert kn.shape == (1, 10, 32) and kn.dtype == np.float32
+    np.testing.assert_allclose(kn[0, 0], pre.mean(axis=0), rtol=1e-5)
+    for h in range(9):
+        np.testing.assert_allclose(kn[0, 1 + h], pre[h // 3], rtol=1e-5)
+    assert not np.allclose(pre[0], pre[1], rtol=1e-2)  # KV heads differ, so the mapping is tested
+
+
 def test_capture_cli_heads_kv_file(tmp_path):
     require_capture_stack()
     from kvviz.capture import main
@@ -199,3 +223,5 @@ def test_capture_cli_heads_kv_file(tmp_path):
     assert t.meta["heads"] == t.heads and t.meta["head_groups"]["kv2"] == [6, 7, 8]
     mean = load_trace(out, layer=29)
     assert not np.array_equal(mean.row(39), t.row(39))
+    assert t.key_norms.shape == (40,) and (t.key_norms > 0).all()  # format 3 carries key norms
+    assert not np.array_equal(t.key_norms, mean.key_norms)
