@@ -330,3 +330,22 @@ def test_bad_key_norms_are_refused(version, norms, keyword):
                      heads=np.array(["mean"]), key_norms=norms)
     with pytest.raises(ValueError, match=keyword):
         load_trace(data)
+
+
+def test_shipped_per_kv_head_trace_has_key_norms_that_replay_knorm():
+    """code-kv.npz is format 3: per head, mean = the mean of the KV heads' norms; knorm
+    replays it, and refuses the format-2 code.npz beside it with a message."""
+    from pathlib import Path
+
+    from kvviz.policies import make_policy
+    from kvviz.replay import Replay
+    traces = Path(__file__).resolve().parents[1] / "traces"
+    for layer in (0, 14, 29):
+        kv = [load_trace(traces / "code-kv.npz", layer=layer, head=f"kv{g}").key_norms for g in range(3)]
+        mean = load_trace(traces / "code-kv.npz", layer=layer).key_norms
+        np.testing.assert_allclose(np.mean(kv, axis=0), mean, rtol=1e-6)
+        assert (mean > 0).all() and not np.allclose(kv[0], kv[1], rtol=1e-2)
+    run = run_policy(load_trace(traces / "code-kv.npz", layer=29, head="kv1"), "knorm", 64)
+    assert (run.evicted_at != -1).sum() == 512 - 64
+    with pytest.raises(ValueError, match="reads key norms, and trace 'code' has none"):
+        Replay(load_trace(traces / "code.npz"), make_policy("knorm", 64))
