@@ -10,7 +10,7 @@ import pandas as pd
 from .metrics import summary
 from .policies import POLICIES, make_policy
 from .reference import make_reference
-from .replay import Replay, run_policy
+from .replay import Replay, run_policy, runnable
 from .trace import Trace, canonical, load_trace
 
 BUDGETS = (256, 512, 1024)
@@ -54,7 +54,7 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     """Policies x budgets. `pool_kernels` gives snapkv one row per kernel; `spans` adds
     span integrity (kvviz.spans: important attention spans whole / fragmented / dropped at the end)."""
     configs = []
-    for name in policies or POLICIES:
+    for name in policies or runnable(trace):
         kernels = pool_kernels if name == "snapkv" and pool_kernels else [None]
         configs += [(name, {} if k is None else {"pool_kernel": k}) for k in kernels]
     if spans:
@@ -103,7 +103,7 @@ def _time_replay(trace, policy) -> float:
 def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
     trace = CachedTrace(canonical(steps))
     rows = []
-    for name in policies or POLICIES:
+    for name in policies or runnable(trace):
         fast = min(_time_replay(trace, make_policy(name, budget)) for _ in range(3))
         try:
             ref = _time_replay(trace, make_reference(name, budget))

@@ -147,5 +147,13 @@ def held_shares(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
     return shares
 
 
+def runnable(trace: Trace) -> list[str]:
+    """The registered policies this trace can drive: all, less those that read key norms
+    when the trace has none (a default list; asking for one of those by name is refused)."""
+    from .policies import POLICIES
+
+    return [n for n, cls in POLICIES.items() if trace.key_norms is not None or not cls.reads_key_norms]
+
+
 def run_policy(trace: Trace, name: str, budget: int, rng=None, **params) -> Run:
     return Replay(trace, make_policy(name, budget=budget, rng=rng, **params)).run()

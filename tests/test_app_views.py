@@ -12,8 +12,8 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from kvviz.metrics import summary
-from kvviz.policies import POLICIES
 from kvviz.replay import run_policy
+from kvviz.ui.state import default_cmp
 from kvviz import views as V
 from kvviz.trace import load_trace, save_trace
 from kvviz.views.cache import png_to_codes
@@ -68,17 +68,19 @@ def download(button) -> bytes:
 def test_compare_view_six_policies(traces):
     at = app(trace="file:tiny.npz", budget=48, view="compare", step=100)
     ok(at)
+    shown = default_cmp("tova", "snapkv")  # seven registered: the first six every trace can run
+    assert len(shown) == 6 and "knorm" not in shown
     sp = specs(at)
     small = next(s for s in sp if s["layout"]["title"]["text"].startswith("Held set over time"))
     assert sum(t["type"] == "image" for t in small["data"]) == 6
     titles = [a["text"] for a in small["layout"]["annotations"]]
-    assert [t.split("<br>")[0] for t in titles] == list(POLICIES)
+    assert [t.split("<br>")[0] for t in titles] == shown
     surv = next(s for s in sp if s["layout"]["title"]["text"].startswith("Sinks and recent"))
     assert len(surv["data"]) == 12  # sinks + recent per policy
     df = at.dataframe[0].value
-    assert len(df) == 6 and df["policy"].tolist() == list(POLICIES)
+    assert len(df) == 6 and df["policy"].tolist() == shown
     trace = load_trace(traces / "tiny.npz")
-    for name, row in zip(POLICIES, df.to_dict("records")):
+    for name, row in zip(shown, df.to_dict("records")):
         run = run_policy(trace, name, 48)
         m = summary(trace, run)
         assert row["retained mass"] == pytest.approx(m["retained_mass"], abs=1e-12), name
@@ -86,9 +88,9 @@ def test_compare_view_six_policies(traces):
         assert row["memory (bytes)"] == m["memory_bytes"]
         assert row["held now"] == int(run.held_mask(100).sum())
         # each panel's title says how many slots it holds at the current step
-        assert titles[list(POLICIES).index(name)].endswith(f"holds {int(run.held_mask(100).sum())}")
+        assert titles[shown.index(name)].endswith(f"holds {int(run.held_mask(100).sum())}")
         # the survival chart's sinks line is the run's: positions 0-3 held per step
-        sinks = arr(surv["data"][2 * list(POLICIES).index(name)]["y"])
+        sinks = arr(surv["data"][2 * shown.index(name)]["y"])
         want = [int(sum(run.held_mask(s)[:4])) for s in range(T)]
         assert sinks.tolist() == want, name
 

@@ -42,7 +42,7 @@ def test_capture_file_format(captured):
     with np.load(captured, allow_pickle=False) as npz:
         assert npz["attn"].dtype == np.float16 and npz["attn"].shape[:2] == (3, 1)
         assert npz["layers"].tolist() == [0, 14, 29] and npz["heads"].tolist() == ["mean"]
-        assert int(npz["format_version"]) == 2
+        assert int(npz["format_version"]) == 3 and npz["key_norms"].shape == (3, 1, 64)
     for layer in (0, 14, 29):
         t = load_trace(captured, layer=layer)
         assert t.layer == layer and t.heads == ["mean"]

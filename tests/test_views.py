@@ -281,7 +281,9 @@ def test_token_strip_visible_whitespace_and_states():
 # --- engine: fast peek equals the contract's Replay.peek --------------------------------
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_engine_peek_equals_replay_peek(name):
-    t = canonical(300)
+    from kvviz.check import truncated  # the canonical rows, with key norms for knorm
+
+    t = truncated(canonical(300), 300)
     eng = Engine(t, name, 40, every=64)
     ref = Replay(t, make_policy(name, budget=40))
     run = run_policy(t, name, 40)
