@@ -50,7 +50,7 @@ for note in notes:
     notices.warning(f"Link: {note}")
 
 key, layer, version, trace = sidebar.trace_controls()
-budget, pols = sidebar.policy_controls(trace.steps)
+budget, pols = sidebar.policy_controls(trace.steps, trace)
 
 with top:
     panels.experiments_box()

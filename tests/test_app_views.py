@@ -202,3 +202,15 @@ def test_unknown_head_in_a_link_warns_and_shows_mean(heads_trace):
     ok(at)
     assert at.selectbox(key="w.head").value == "mean"
     assert any("q5" in w.value for w in at.sidebar.warning)
+
+
+def test_knorm_on_a_trace_without_key_norms_is_an_error_not_a_traceback():
+    """A = knorm on the canonical trace: the page says why (the library's refusal) and
+    B still draws; on code-kv (format 3, key norms) the same policy replays."""
+    at = apphelp.app(a="knorm", b="tova", budget=256, step=600)
+    ok(at)
+    assert any("reads key norms" in e.value and "canonical" in e.value for e in at.error)
+    at = apphelp.app(trace="file:code-kv.npz", a="knorm", b="tova", budget=64, step=300)
+    ok(at)
+    assert not at.error
+    assert at.get("plotly_chart") or at.get("html")  # the page drew its view

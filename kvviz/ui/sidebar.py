@@ -6,6 +6,7 @@ import re
 import streamlit as st
 
 from kvviz.policies import POLICIES, make_policy, param_specs
+from kvviz.replay import Replay
 from kvviz.ui import compute, session
 from kvviz.ui.session import S, keep, note, pkey, restore, set_value, wkey
 from kvviz.ui.upload import validate_upload
@@ -183,8 +184,10 @@ def param_control(which: str, spec):
     return value
 
 
-def policy_controls(steps: int):
-    """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...})."""
+def policy_controls(steps: int, trace=None):
+    """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...}).
+    With `trace`, a policy the trace cannot drive (knorm without key norms) is refused too,
+    in the replay's own words."""
     st.sidebar.header("Cache")
     _budget_for_trace(steps)
     _clamp_restore(wkey("budget"), default_budget(steps), 1, steps, label="budget")
@@ -207,7 +210,9 @@ def policy_controls(steps: int):
             st.sidebar.caption(f"{name} has no parameters.")
         error = None
         try:
-            make_policy(name, budget=int(budget), **params)
+            policy = make_policy(name, budget=int(budget), **params)
+            if trace is not None and policy.reads_key_norms:
+                Replay(trace, policy)  # refuses a trace without key norms; runs nothing
         except ValueError as exc:
             error = labelled(name, str(exc))
             st.sidebar.error(f"Refused: {error}")
