@@ -31,6 +31,15 @@ BUILTIN_NAMES = [c.name for c in BUILTINS]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.fixture(autouse=True)
+def _registry_left_as_found():
+    """Later test files count the built-ins: no plugin and no KVVIZ_PLUGINS outlive a test."""
+    env = os.environ.get("KVVIZ_PLUGINS")
+    yield
+    plugins.forget()
+    assert os.environ.get("KVVIZ_PLUGINS") == env
+
+
 @pytest.fixture
 def loaded():
     assert plugins.load_plugins([DECAY, VOTE]) == []
@@ -379,7 +388,7 @@ def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
 def test_app_command_checks_its_plugins_and_hands_them_on(monkeypatch, capsys, tmp_path):
     from kvviz.__main__ import main
 
-    monkeypatch.delenv("KVVIZ_PLUGINS", raising=False)
+    monkeypatch.setenv("KVVIZ_PLUGINS", "")  # main() sets it; monkeypatch puts it back after
     assert main(["app", "--plugin", str(tmp_path / "nope.py"), "--dry-run"]) == 2
     assert capsys.readouterr().err.strip() == f"kvviz app: error: plugin {tmp_path / 'nope.py'}: file not found"
     monkeypatch.chdir(REPO)
