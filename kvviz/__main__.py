@@ -7,46 +7,7 @@ import sys
 from .plugins import add_argument as plugin_arg
 
 
-def _take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Split `--plugin X` / `--plugin=X` out of the arguments streamlit gets."""
-    rest, specs, it = [], [], iter(argv)
-    for a in it:
-        if a == "--plugin":
-            specs.append(next(it, ""))
-        elif a.startswith("--plugin="):
-            specs.append(a.split("=", 1)[1])
-        else:
-            rest.append(a)
-    return rest, specs
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["capture"]:
-        from .capture import main as capture_main  # torch stays out of everything else
-        return capture_main(argv[1:])
-    if argv[:1] == ["loop"]:
-        from .loop.cli import main as loop_main  # torch is imported only once the inputs check out
-        return loop_main(argv[1:])
-    if argv[:1] == ["app"]:
-        from .launch import main as app_main  # streamlit run on the explorer page
-        rest, specs = _take_plugins(argv[1:])
-        if specs:  # checked here, then handed to the page (and what it starts) by $KVVIZ_PLUGINS
-            from . import plugins
-            if plugins.cli_load(specs, "kvviz app"):
-                return 2
-            import os
-            given = [plugins.absolute(s) for s in specs]
-            os.environ[plugins.ENV] = os.pathsep.join(plugins.env_specs() + given)
-        return app_main(rest)
-    if argv[:1] == ["sweep"]:
-        from .sweep.cli import main as sweep_main  # ray and pyarrow only when sweeping
-        return sweep_main(argv[1:])
-    if argv[:1] == ["check"]:
-        from .check import main as check_main  # hypothesis only with --reference
-        return check_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="kvviz")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="metrics table: policies x budgets")
     bench.add_argument("--trace", help=".npz trace file (default: the canonical trace)")
     bench.add_argument("--layer", type=int, default=None,
@@ -62,6 +23,10 @@ def main(argv=None) -> int:
     bench.add_argument("--csv", help="also write the table as CSV here")
     bench.add_argument("--json", help="also write the table as JSON here")
     plugin_arg(bench)
+    bench.set_defaults(func=_bench_perf, parser=bench)
+
+
+def _perf_parser(sub) -> None:
     perf = sub.add_parser("perf", help="replay speed against the reference, and a long run's memory")
     perf.add_argument("--budget", type=int, default=512)
     perf.add_argument("--steps", type=int, default=4096)
@@ -70,14 +35,36 @@ def main(argv=None) -> int:
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
                            "at these stream counts (kvviz.streams_bench)")
     plugin_arg(perf)
-    sub.add_parser("capture", help="capture a trace from a real model (needs pip install 'kvviz[capture]')")
-    sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses "
-                        "(needs pip install 'kvviz[capture]')")
-    sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501 "
-                               "(--plugin PATH.py|MODULE, repeatable, loads policies into it)")
-    sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)")
-    sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] | NAME | --all-builtins")
-    args = parser.parse_args(argv)
+    perf.set_defaults(func=_bench_perf, parser=perf)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The one tree: each command's module adds its node (importing none of torch, ray,
+    streamlit or hypothesis: those load inside its `run`)."""
+    from . import capture, check, launch
+    from .loop import cli as loop_cli
+    from .sweep import cli as sweep_cli
+
+    tree = argparse.ArgumentParser(prog="kvviz")
+    sub = tree.add_subparsers(dest="command", required=True)
+    _bench_parser(sub)
+    _perf_parser(sub)
+    for module in (capture, loop_cli, launch, sweep_cli, check):
+        module.parser(sub)
+    return tree
+
+
+def main(argv=None) -> int:
+    args, extra = parser().parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if extra:  # only `kvviz app` takes flags it does not know: they are Streamlit's
+        if not getattr(args, "passes_unknown", False):
+            args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.extra = extra
+    return args.func(args)
+
+
+def _bench_perf(args) -> int:
+    parser = args.parser
     from .plugins import cli_load
 
     if cli_load(args.plugin, f"kvviz {args.command}"):

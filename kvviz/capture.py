@@ -249,12 +249,15 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
             "seconds": {"load": getattr(mdl, "kvviz_load_seconds", 0.0), "forward": forward}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="kvviz capture",
-        description="Record attention rows of a model (default: the bundled SmolLM2-135M) over a "
-                    "text into a trace file "
-                    "(head-mean, and optionally per KV head or per query head).")
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz capture`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="kvviz capture",
+              description="Record attention rows of a model (default: the bundled SmolLM2-135M) over a "
+                          "text into a trace file "
+                          "(head-mean, and optionally per KV head or per query head).")
+    parser = (sub.add_parser("capture", help="capture a trace from a real model "
+                             "(needs pip install 'kvviz[capture]')", **kw)
+              if sub is not None else argparse.ArgumentParser(**kw))
     parser.add_argument("--text", required=True, help="UTF-8 text file to read")
     parser.add_argument("--out", required=True, help="output .npz, e.g. traces/prose.npz")
     parser.add_argument("--max-tokens", type=int, default=1024, help="keep the first N tokens")
@@ -270,7 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="trace name (default: the output file's stem)")
     parser.add_argument("--source", help="where the text came from")
     parser.add_argument("--licence", help="the text's licence")
-    args = parser.parse_args(argv)
+    parser.set_defaults(func=run, parser=parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
     from kvviz.trace import save_trace, load_trace
 
     try:

@@ -557,15 +557,19 @@ def passed(results) -> bool:
 
 
 # -- the command ----------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line, not usage + message
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+def _error(message):  # one clear line, not usage + message
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvviz check", description="Check a policy against the "
-                                "harness contract, determinism, refusals and robustness.")
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz check`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="kvviz check", description="Check a policy against the "
+                                  "harness contract, determinism, refusals and robustness.")
+    p = (sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] "
+                        "| NAME | --all-builtins", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.error = _error
     p.add_argument("target", nargs="*", help="a built-in name (tova), PATH.py[:CLASS] or MODULE[:CLASS]")
     p.add_argument("--all-builtins", action="store_true", help="check every built-in policy")
     p.add_argument("--reference", help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) "
@@ -573,12 +577,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
     p.add_argument("--steps", type=int, default=STEPS, help="rows per replay (default %(default)s)")
     p.add_argument("--full", action="store_true", help="replay every row of every trace")
+    p.set_defaults(func=run, parser=p)
     return p
 
 
 def main(argv=None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
     try:
         targets = [load_target(t) for t in args.target]
         if args.all_builtins:

@@ -7,11 +7,13 @@ override them.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import socket
 import sys
 
+from .plugins import add_argument as plugin_arg
 from .paths import app_file, loop_dir, traces_dir  # noqa: F401  (bench and sweep use traces_dir)
 
 # Offline and local-only: no telemetry, no external IP lookup, bound to 127.0.0.1.
@@ -93,14 +95,38 @@ def command(extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(app_file()), *flags, *extra]
 
 
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz app`'s own flags; every other flag is Streamlit's, collected by parse_known_args
+    into `args.extra` (allow_abbrev=False: no Streamlit flag is taken for a prefix of ours)."""
+    kw = dict(prog="kvviz app", add_help=False, allow_abbrev=False)
+    p = (sub.add_parser("app", help="start the explorer (streamlit) on http://localhost:8501 "
+                        "(--plugin PATH.py|MODULE, repeatable, loads policies into it)", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.add_argument("-h", "--help", action="store_true")  # prints HELP, which names Streamlit's flags
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--cold", action="store_true")
+    plugin_arg(p)
+    p.set_defaults(func=run, parser=p, extra=[], passes_unknown=True)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
+    args, extra = parser().parse_known_args(argv)
+    args.extra = extra
+    return run(args)
+
+
+def run(args) -> int:
+    if args.help:
         print(HELP)
         return 0
-    dry = "--dry-run" in argv
-    cold = "--cold" in argv
-    extra = [a for a in argv if a not in ("--dry-run", "--cold")]
+    if args.plugin:  # checked here, then handed to the page (and what it starts) by $KVVIZ_PLUGINS
+        from . import plugins
+        if plugins.cli_load(args.plugin, "kvviz app"):
+            return 2
+        given = [plugins.absolute(s) for s in args.plugin]
+        os.environ[plugins.ENV] = os.pathsep.join(plugins.env_specs() + given)
+    dry, cold, extra = args.dry_run, args.cold, list(args.extra)
     try:
         cmd = command(extra)
     except RuntimeError as exc:

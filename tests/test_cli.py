@@ -131,3 +131,48 @@ def test_pooling_study_head_option(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kvviz.pooling_study", "--traces", "canonical",
                           "--head", "kv0"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "stored heads: mean" in bad.stderr
+
+
+COMMANDS = ("bench", "perf", "capture", "loop", "app", "sweep", "check")
+
+
+def test_help_lists_every_command_and_each_command_has_help(capsys):
+    """One argparse tree: `kvviz --help` names every command, each `--help` exits 0 with its
+    own usage, and building the tree imports none of the heavy stacks."""
+    import pytest
+
+    from kvviz.__main__ import main
+
+    with pytest.raises(SystemExit) as top:
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert top.value.code == 0
+    assert "{" + ",".join(COMMANDS) + "}" in listed
+    for command in COMMANDS:
+        try:
+            code = main([command, "--help"])  # `kvviz app --help` prints its own text and returns
+        except SystemExit as exc:
+            code = exc.code
+        out = capsys.readouterr().out
+        assert code in (0, None), command
+        assert "usage: " in out and f"kvviz {command}" in out, command
+    heavy = subprocess.run([sys.executable, "-c", "import sys; from kvviz.__main__ import parser; "
+                            "parser(); print(sorted({'torch', 'transformers', 'ray', 'streamlit', "
+                            "'hypothesis'} & set(sys.modules)))"],
+                           capture_output=True, text=True, timeout=120)
+    assert heavy.stdout.strip() == "[]", heavy.stderr
+
+
+def test_unknown_flags_are_refused_except_the_streamlit_ones_app_passes_on(capsys):
+    import pytest
+
+    from kvviz.__main__ import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["check", "tova", "--no-such-flag"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: unrecognized arguments: --no-such-flag"
+    assert main(["app", "--dry-run", "--server.port", "8502", "--server.runOnSave=true"]) == 0
+    command = capsys.readouterr().out.splitlines()[0]
+    assert command.endswith("--server.port 8502 --server.runOnSave=true")
+    assert "--server.runOnSave=false" not in command  # the user's setting replaces the default

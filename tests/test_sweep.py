@@ -307,20 +307,24 @@ def test_retry_failed_runs_only_the_failed_cells_again(workdir, serial_table):
     _same(df, serial_table)
 
 
-def test_progress_line_counts_done_failed_and_eta():
+def test_progress_bar_counts_done_failed_and_eta():
     import io
 
     from kvviz.sweep.progress import Progress
 
     buf = io.StringIO()
     bar = Progress(10, already=4, failed=1, stream=buf, every=0)
-    assert "4/10 cells, 1 failed" in buf.getvalue() and "ETA ?" in buf.getvalue()
-    bar.t0 -= 2.0  # two cells in two seconds: 1 cell/s, 4 left
+    assert "4/10" in buf.getvalue() and "1 failed" in buf.getvalue()
+    bar.bar.start_t -= 2.0  # two cells in two seconds: 1 cell/s, 4 left
     bar.update(ok=True)
     bar.update(ok=False)
-    last = buf.getvalue().strip().splitlines()[-1]
-    assert "6/10 cells, 2 failed" in last
-    assert re.search(r"ETA 0:00:0[45]$", last)  # 4 s, or 5 if this process stalled
+    last = buf.getvalue().split("\r")[-1]
+    assert "6/10" in last and "2 failed" in last
+    assert re.search(r"<00:0[45],", last)  # 4 s, or 5 if this process stalled
+    for _ in range(4):
+        bar.update(ok=True)
+    final = buf.getvalue().split("\r")[-1]
+    assert "10/10" in final and "2 failed" in final and final.endswith("\n")  # closed when done
 
 
 def test_small_multiples_give_the_canonical_trace_one_panel(serial_table):

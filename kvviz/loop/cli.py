@@ -26,16 +26,20 @@ def perf_policies() -> list[str]:
     return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line, not usage + message
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+def _error(message):  # one clear line, not usage + message
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m kvviz loop",
-                description="Decode a text with a model (default: SmolLM2) over its own evicted KV cache, every "
-                            "policy at every budget in one batch, and compare with the full cache.")
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz loop`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="python -m kvviz loop",
+              description="Decode a text with a model (default: SmolLM2) over its own evicted KV cache, every "
+                          "policy at every budget in one batch, and compare with the full cache.")
+    p = (sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses "
+                        "(needs pip install 'kvviz[capture]')", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.error = _error
     p.add_argument("--text", help="UTF-8 text file to read")
     p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
     p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
@@ -55,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--perf-tokens", type=int, default=384, help="tokens per --perf run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_plugin_argument(p)
+    p.set_defaults(func=run, parser=p)
     return p
 
 
@@ -82,7 +87,7 @@ def build_configs(policies: list[str], budgets: list[int]) -> list[LoopConfig]:
 
 class Progress:
     """A tqdm bar on stderr (tokens, tokens/s, ETA), as a `progress(done, total)` callable.
-    tqdm comes with transformers, which every loop run needs."""
+    tqdm is a main dependency (the sweep's bar is tqdm too)."""
 
     def __init__(self, label: str, quiet: bool = False):
         self.label, self.quiet, self.bar = label, quiet, None
@@ -116,7 +121,10 @@ def table(results) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
     if cli_load(args.plugin, "kvviz loop"):
         return 2
     if args.perf:

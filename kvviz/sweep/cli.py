@@ -17,9 +17,11 @@ BENCH_BUDGETS = [64, 128, 256, 512, 768]
 BENCH_LAYERS = [0, 14, 29]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvviz sweep",
-                                description="Run a grid of replay cells; re-running resumes.")
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz sweep`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="python -m kvviz sweep", description="Run a grid of replay cells; re-running resumes.")
+    p = (sub.add_parser("sweep", help="run a grid of cells from a TOML spec, resumable (docs/sweeps.md)", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
     p.add_argument("spec", nargs="?", help="sweep spec (TOML); see docs/sweeps.md")
     p.add_argument("--out", help="results folder (cells/, results.parquet, results.csv)")
     p.add_argument("--workers", type=int, default=None,
@@ -27,16 +29,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", default=None, metavar="local|auto|ADDRESS",
                    help="run cells as Ray tasks: start a local Ray, or join a cluster")
     p.add_argument("--retry-failed", action="store_true", help="run failed cells again")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--bench", action="store_true",
                    help="time the 270-cell replay sweep serially and with 2 workers")
     add_plugin_argument(p)
+    p.set_defaults(func=run, parser=p)
     return p
 
 
 def main(argv=None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
+    p = args.parser
     if args.workers is not None and args.workers < 1:
         p.error(f"--workers must be >= 1, got {args.workers}")
     if cli_load(args.plugin, "python -m kvviz sweep"):
