@@ -577,6 +577,9 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
     p.add_argument("--steps", type=int, default=STEPS, help="rows per replay (default %(default)s)")
     p.add_argument("--full", action="store_true", help="replay every row of every trace")
+    from .plugins import add_argument as add_plugin_argument
+
+    add_plugin_argument(p)  # --plugin: its policies are then checked by name
     p.set_defaults(func=run, parser=p)
     return p
 
@@ -586,10 +589,15 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    from .plugins import cli_load
+    from .policies import BUILTINS
+
+    if cli_load(getattr(args, "plugin", []), "kvviz check"):
+        return 2
     try:
         targets = [load_target(t) for t in args.target]
         if args.all_builtins:
-            targets += [(name, cls) for name, cls in POLICIES.items()]
+            targets += [(cls.name, cls) for cls in BUILTINS]
         if not targets:
             raise ValueError("name a policy to check, or pass --all-builtins")
         if args.steps < 2 or args.examples < 1:

@@ -406,3 +406,17 @@ def test_kvviz_check_passes_the_examples_with_their_references(path, ref):
     r = kvviz_cli("check", path, "--reference", f"{path}:{ref}", "--examples", "60")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "FAIL" not in r.stdout and "PASS  differential" in r.stdout
+
+
+def test_kvviz_check_takes_plugin_and_all_builtins_stays_the_builtins():
+    """--plugin registers the file's policies, which are then checked by name; a refused
+    plugin is exit 2 in one line; --all-builtins checks the built-ins, not the plugins."""
+    r = kvviz_cli("check", "window-vote", "--plugin", VOTE, "--steps", "64")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("window-vote (") and "FAIL" not in r.stdout
+    r = kvviz_cli("check", "tova", "--plugin", "no/such/plugin.py")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "kvviz check: error:" in r.stderr
+    r = kvviz_cli("check", "--all-builtins", "--plugin", VOTE, "--steps", "32")
+    from kvviz.policies import BUILTINS
+    checked = [ln.split(" (")[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")]
+    assert checked == [c.name for c in BUILTINS], r.stdout + r.stderr
