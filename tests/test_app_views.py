@@ -210,7 +210,10 @@ def test_knorm_on_a_trace_without_key_norms_is_an_error_not_a_traceback():
     at = apphelp.app(a="knorm", b="tova", budget=256, step=600)
     ok(at)
     assert any("reads key norms" in e.value and "canonical" in e.value for e in at.error)
-    at = apphelp.app(trace="file:code-kv.npz", a="knorm", b="tova", budget=64, step=300)
+    from pathlib import Path
+
+    with traces_dir(Path(__file__).resolve().parents[1] / "traces"):  # the shipped ones
+        at = apphelp.app(trace="file:code-kv.npz", a="knorm", b="tova", budget=64, step=300)
     ok(at)
     assert not at.error
     assert at.get("plotly_chart") or at.get("html")  # the page drew its view
