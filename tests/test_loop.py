@@ -129,11 +129,12 @@ def test_budget_at_least_the_text_is_the_plain_forward_pass(model, runs):
 
 def test_knorm_in_the_loop_evicts_the_highest_key_norms_of_the_cache(model, runs):
     """Layer 0's keys depend only on the tokens (embedding, projection, RoPE), not on what
-    was evicted, so the L2 norms of a plain forward pass's cached layer-0 keys, fed to the
-    slow reference one position at a time, must give the loop's victims per KV head."""
+    was evicted, so the L2 norms of a plain forward pass's cached layer-0 keys say what
+    knorm must do: at every step, per KV head, the position the loop evicted has the
+    highest norm of everything it held then. (Up to float rounding: the loop decodes a
+    batch of configurations, the plain pass one sequence, and a multi-threaded matmul may
+    round the two differently, which can swap two near-equal norms.)"""
     import torch
-
-    from kvviz.reference import make_reference
 
     res = runs["kv-head"]
     c = next(i for i, x in enumerate(res.configs) if x.label == f"knorm@{B}")
@@ -142,13 +143,13 @@ def test_knorm_in_the_loop_evicts_the_highest_key_norms_of_the_cache(model, runs
     norms = out.cache.layers[0].keys[0].float().norm(dim=-1).numpy()  # (KV heads, T)
     T = len(res.tokens)
     for h in range(norms.shape[0]):
-        ref, expect = make_reference("knorm", B), np.full(T, -1)
-        for t in range(T):
-            ref.on_decode_step(t, None, key_norm=float(np.float32(norms[h, t])))
-            expect[ref.evict(B)] = t
-        assert (expect != -1).sum() == T - B
-        np.testing.assert_array_equal(res.evicted_at[c, 0, h], expect, err_msg=f"KV head {h}")
-
+        ev = res.evicted_at[c, 0, h]
+        assert (ev != -1).sum() == T - B
+        for t in range(B, T):
+            held = [p for p in range(t + 1) if ev[p] == -1 or ev[p] >= t]  # before step t's eviction
+            victim, = [p for p in held if ev[p] == t]
+            top = max(norms[h, p] for p in held)
+            assert norms[h, victim] >= top * (1 - 1e-5), (h, t, victim, norms[h, victim], top)
 
 def test_masked_keys_are_removed_keys(model, runs):
     """StreamingLLM's held set is known in closed form: query t sees the 4 sinks and the
