@@ -341,3 +341,18 @@ def test_small_multiples_give_the_canonical_trace_one_panel(serial_table):
     assert sorted(y for d in canon_lines for y in d.y) == sorted(canon.hh_recall)
     with pytest.raises(ValueError, match="no column 'status'"):
         check_results(df.drop(columns="status"))
+
+
+def test_bench_spec_holds_only_policies_its_traces_can_run():
+    """sweep --bench replays the three shipped texts, which carry no key norms: every policy
+    in its spec must be able to replay them (knorm would fail every cell)."""
+    from kvviz.policies import POLICIES
+    from kvviz.replay import runnable
+    from kvviz.sweep.cli import bench_spec
+    from kvviz.trace import load_trace
+
+    spec = bench_spec()
+    names = [p["name"] for p in spec["policies"]]
+    for path in spec["traces"]:
+        assert set(names) <= set(runnable(load_trace(path)))
+    assert "knorm" in POLICIES and "knorm" not in names and "tova" in names
