@@ -165,9 +165,14 @@ def _rows(rng, n: int, kinds=("random", "ties")) -> tuple[str, np.ndarray | None
     return kind, rng.random(n, dtype=np.float32) + np.float32(1e-3)
 
 
+def _norm(pos: int) -> float:
+    """A synthetic key norm for position `pos`: varied, with ties."""
+    return 1 + (pos * 7919 % 13) / 4
+
+
 def _kn(policy, pos: int) -> dict:
-    """A synthetic key norm for a policy that reads them (varied, with ties), else nothing."""
-    return {"key_norm": 1 + (pos * 7919 % 13) / 4} if policy.reads_key_norms else {}
+    """The synthetic key norm, for a policy that reads them; else nothing."""
+    return {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
 
 
 def truncated(trace, steps: int | None):
@@ -176,7 +181,7 @@ def truncated(trace, steps: int | None):
     key norms replays every trace; that a real replay refuses such a trace is its own rule."""
     steps = trace.steps if steps is None else min(int(steps), trace.steps)
     norms = (trace.key_norms[:steps] if trace.key_norms is not None else
-             np.array([1 + (t * 7919 % 13) / 4 for t in range(steps)], np.float32))
+             np.array([_norm(t) for t in range(steps)], np.float32))
     if isinstance(trace, ArrayTrace):
         return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
                           key_norms=norms)
