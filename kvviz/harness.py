@@ -49,7 +49,7 @@ def feed(policy, pos: int, raw, key_norm=None) -> None:
     policy that reads no attention.
     """
     attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
-    if getattr(policy, "reads_key_norms", False):
+    if policy.reads_key_norms:
         policy.advance(pos, attn, check_key_norm(key_norm, policy.name))
     else:
         policy.advance(pos, attn)

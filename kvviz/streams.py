@@ -75,6 +75,7 @@ class Streams:
     """
 
     uses_attention = True
+    reads_key_norms = False  # the vectorised policies read attention only
 
     def __init__(self, policy, S: int, offsets=None):
         if policy.name not in STATES:
