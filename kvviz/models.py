@@ -279,10 +279,45 @@ def _load_folder(folder: Path, device: str = "cpu", dtype: str = "float32"):
 
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     # eager attention: the fused kernels (sdpa) never materialise the weights.
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                 attn_implementation="eager", dtype=getattr(torch, dtype))
+    model = _direct_load(folder) if dtype == "float32" else None
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                     attn_implementation="eager", dtype=getattr(torch, dtype))
     model.to(device).eval()
     return tok, model
+
+
+def _direct_load(folder: Path):
+    """The model built with empty parameters and its one safetensors file assigned into
+    them, or None to leave it to `from_pretrained`. from_pretrained spends ~2 s on 540 MB
+    (per-key conversion rules compiled as regexes, a random init it then overwrites); this
+    is ~0.1 s. Only the plain case: one file whose keys are exactly the model's (tied weights
+    filled from their partner), fp32; anything else (renamed legacy keys, shards, other
+    dtypes) goes the long way, so the result is always the same model."""
+    weights = folder / "model.safetensors"
+    if not weights.is_file() or any(folder.glob("*.safetensors.index.json")):
+        return None
+    import torch
+    from accelerate import init_empty_weights
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    with init_empty_weights(include_buffers=False):  # buffers (rotary tables) built as usual
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    state = load_file(str(weights))
+    if any(t.dtype != torch.float32 for t in state.values()):
+        return None
+    result = model.load_state_dict(state, assign=True, strict=False)
+    if result.unexpected_keys:
+        return None
+    model.tie_weights(missing_keys=set(result.missing_keys))
+    if any(p.is_meta for p in model.parameters()):
+        return None
+    if (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    model.kvviz_direct_load = True
+    return model
 
 
 def model_provenance(model) -> dict:

@@ -395,3 +395,47 @@ def test_a_model_listed_in_kvviz_models_is_found_by_name(tiny, monkeypatch):
     assert available()[folder.name] == str(folder.resolve())
     with pytest.raises(ValueError, match=rf"not an installed model \(installed: smollm2, {folder.name}\)"):
         resolve("no-such-model")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_direct_load_is_the_same_model_as_from_pretrained(tiny, arch):
+    """The fast path (empty parameters, the safetensors file assigned in) must give exactly
+    from_pretrained's model: every parameter and buffer, tied weights, logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kvviz.models import _load_folder
+
+    folder = tiny(arch)
+    _, fast = _load_folder(folder)
+    assert getattr(fast, "kvviz_direct_load", False), f"{arch}: the direct path was not taken"
+    slow = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, attn_implementation="eager",
+                                                dtype=torch.float32).eval()
+    a, b = fast.state_dict(), slow.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    bufs = dict(slow.named_buffers())
+    assert {n for n, _ in fast.named_buffers()} == set(bufs)
+    assert all(torch.equal(v, bufs[n]) for n, v in fast.named_buffers())
+    emb, head = fast.get_input_embeddings().weight, fast.get_output_embeddings().weight
+    tied = slow.get_input_embeddings().weight.data_ptr() == slow.get_output_embeddings().weight.data_ptr()
+    assert (emb.data_ptr() == head.data_ptr()) == tied
+    ids = torch.tensor([[1, 500, 600, 700, 800]])
+    with torch.no_grad():
+        assert torch.equal(fast(ids).logits, slow(ids).logits)
+
+
+def test_direct_load_leaves_other_folders_to_from_pretrained(tiny, tmp_path):
+    """A checkpoint whose keys are not the model's own (here one renamed) must not be
+    half-loaded by the fast path: it declines and from_pretrained's rules apply."""
+    from safetensors.torch import load_file, save_file
+
+    from kvviz.models import _direct_load
+
+    folder = tmp_path / "renamed"
+    shutil.copytree(tiny("llama"), folder)
+    state = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in state if k.endswith("q_proj.weight"))
+    state["legacy." + key] = state.pop(key)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert _direct_load(folder) is None
