@@ -341,6 +341,36 @@ def test_token_strip_visible_whitespace_and_states():
     assert fig.data[0].x[2] == "2 ⏎"
 
 
+def _rules(html: str) -> dict:
+    css = html.split("<style>")[1].split("</style>")[0]
+    return {sel.strip(): body for sel, body in (r.split("{") for r in css.split("}") if "{" in r)}
+
+
+def test_token_strips_wrap_and_put_nothing_between_subwords():
+    from kvviz.views import loop as LV
+    from kvviz.views import tokens as TV
+
+    toks = ["Top", "ological", " S", "orter", "\n", "np", "red", "ecess", "ors"]
+    ev = np.full(len(toks), -1)
+    strip = V.token_strip_html(toks, ev, ev, len(toks) - 1)
+    d = np.zeros(len(toks) - 1)
+    loop = LV.delta_strip_html(toks, d, d, d + 0.5, d + 0.5, label="x")
+    for html in (strip, loop):
+        rules = _rules(html)
+        assert "overflow-wrap:anywhere" in rules[".kv-strip"]  # long lines wrap, never cut
+        assert "white-space:normal" in rules[".kv-strip"] and "white-space:pre" not in html
+        assert "margin:0" in rules[".kv-strip .kv-tok"] and "padding:1px 0" in rules[".kv-strip .kv-tok"]
+        body = html.split('class="kv-strip')[1]
+        spans = body.split('<span class="kv-tok')[1:]
+        # subwords touch; a line may break only at a word boundary (around " S" and "\n")
+        gaps = [sp.rsplit("</span>", 1)[1] for sp in spans[:-1]]
+        assert gaps == ["", "<wbr>", "", "<wbr>", "<wbr>", "", "", ""], gaps
+    # the Tokens strip opens at its end (the current step), the loop strip at the start
+    assert 'class="kv-strip kv-end"' in strip and "column-reverse" in _rules(strip)[".kv-strip.kv-end"]
+    assert LV.token_html is TV.token_html  # the loop view uses the public function
+
+
+
 # --- engine: fast peek equals the contract's Replay.peek --------------------------------
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_engine_peek_equals_replay_peek(name):
