@@ -509,3 +509,23 @@ def test_sweep_marks_the_current_value_and_keeps_shares_honest():
     mem = V.sweep_figure([{"policy": "snapkv", "b": 1, "memory_bytes": 100},
                           {"policy": "snapkv", "b": 2, "memory_bytes": 101}], "b", "memory_bytes")
     assert mem.layout.yaxis.range[0] == 0
+
+
+def test_obs_window_sweep_is_on_a_log_axis_and_bytes_have_separators():
+    rows = [{"policy": "snapkv", "obs_window": w, "retained_mass": 0.9} for w in (1, 2, 4, 8, 16)]
+    fig = V.sweep_figure(rows, "obs_window", x_label="obsWindow", mark_x=4)
+    ax = fig.layout.xaxis
+    # 1, 2, 4, 8 a decade apart at most: on a linear axis their labels ran into "124 8"
+    assert ax.type == "log" and list(ax.tickvals) == [1, 2, 4, 8, 16]
+    assert list(ax.ticktext) == ["1", "2", "4", "8", "16"]
+    kernels = [{"policy": "snapkv", "k": k, "retained_mass": 0.9} for k in (1, 3, 5, 7, 9)]
+    assert V.sweep_figure(kernels, "k").layout.xaxis.type == "linear"  # evenly spaced
+    mem = V.sweep_figure([{"policy": "snapkv", "b": b, "memory_bytes": 85 * b} for b in (64, 512)],
+                         "b", "memory_bytes")
+    assert mem.layout.yaxis.tickformat == "," and "%{y:,}" in mem.data[0].hovertemplate
+    df = V.metrics_table([{"run": "A", "policy": "snapkv", "params": "", "budget": 512,
+                           "retained_mass": 1.0, "hh_recall": 0.5, "attention_loss": 0.0,
+                           "memory_bytes": 43520}])
+    numeric = [c for c in df.columns if df[c].dtype.kind in "if" and c != "budget"]
+    assert set(numeric) <= set(V.metrics.TABLE_FORMATS)  # every metric column has a format
+    assert V.metrics.TABLE_FORMATS["memory (bytes)"] == "%,d"  # 43,520: Streamlit's printf
