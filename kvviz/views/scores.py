@@ -194,7 +194,7 @@ def _positive(v):
 TICK_FONT = 13  # x labels a projector shows: horizontal, at least 12 px
 
 
-def neighbourhood_figure(panels, step: int, center: int, half_width: int = 8,
+def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                          height: int | None = None, log: bool = True,
                          tokens=None) -> go.Figure:
     """Per panel, the scores of the policy's own held slots near `center` at `step`,
