@@ -158,15 +158,6 @@ def _wrap(text: str, width: int = 70) -> list[str]:
     return textwrap.wrap(text, width)
 
 
-def window_positions(panels, center: int, half_width: int):
-    """Position range [lo, hi] covering `half_width` kept slots either side of `center`
-    in the reference panel (the first with pooled scores, else the first)."""
-    ref = next((p for p in panels if "pooled" in p["scores"]), panels[0])
-    lo, hi = slot_window(ref["kept"], center, half_width)
-    kept = np.asarray(ref["kept"])
-    return (int(center), int(center)) if hi <= lo else (int(kept[lo]), int(kept[hi - 1]))
-
-
 def slot_window(kept, center: int, half_width: int) -> tuple[int, int]:
     """Slot indices [lo, hi) of `half_width` held slots either side of the slot nearest
     `center` (ties to the lower position): a policy's own cache neighbourhood."""
