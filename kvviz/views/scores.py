@@ -11,6 +11,7 @@ A "panel" is one policy's view of one step, as a dict:
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -326,8 +327,6 @@ def why_table(position: int, step: int, panels, tokens=None):
     """`why_rows` as a table a class reads: one column per policy, one row per quantity,
     every cell text ("–" where a quantity is not that policy's, "unobserved (newest)" for
     a score not yet computed), so no cell shows None."""
-    import pandas as pd
-
     rows = why_rows(position, step, panels, tokens)
     keys = list(dict.fromkeys(k for r in rows for k in r if k != "policy"))
 
@@ -405,7 +404,7 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                              range=[lo - 0.08 * span, hi + 0.2 * span], **log_ticks(vals))
         else:
             lo, hi = (float(fin.min()), float(fin.max())) if len(fin) else (0.0, 1.0)
-            span = max(hi - lo, 1e-9 if hi else 1.0)
+            span = (hi - lo) or max(abs(hi), 1.0)  # equal scores: a unit of room
             fig.update_yaxes(title=ytitle, row=1, col=c,
                              range=[lo - 0.08 * span, hi + 0.2 * span])
     base_layout(fig, f"Why position {position} diverged: each policy's candidates at "
