@@ -372,10 +372,11 @@ def test_experiment_quiet_heavy_hitter(traces):
     q = qp(at)
     assert (q["a"], q["b"], q["view"]) == ("tova", "h2o", "divergence")
     pos, step = int(q["why"]), int(q["step"])
-    rows = at.dataframe[0].value
-    tova, h2o = rows.iloc[0], rows.iloc[1]
-    assert tova["evicted at this step"] and not h2o["evicted at this step"]
-    assert h2o["held before eviction"] and tova["position"] == pos and tova["step"] == step
+    table = at.dataframe[0].value  # one row per quantity, one column per policy
+    tova, h2o = (dict(zip(table[""], table[c])) for c in table.columns[1:3])
+    assert tova["evicted at this step"] == "yes" and h2o["evicted at this step"] == "no"
+    assert h2o["held before eviction"] == "yes"
+    assert tova["position"] == str(pos) and tova["step"] == str(step)
     assert step >= 512  # after the heavy hitters are redrawn
 
 
@@ -418,12 +419,13 @@ def test_remaining_controls(traces):
     ok(at)
     assert qp(at)["b"] == "scissorhands" and "b.historyWindow" in qp(at)
     # the "why" position by its number box, then "go to step"
-    rows = at.dataframe[0].value
-    pos = int(rows["position"].iloc[0])
+    why = dict(zip(*at.dataframe[0].value.iloc[:, :2].T.values))  # quantity -> A's value
+    pos = int(why["position"])
     at.number_input(key="w.why").set_value(pos).run()
     ok(at)
     assert qp(at)["why"] == str(pos)
-    dstep = int(at.dataframe[0].value["step"].iloc[0])
+    why = dict(zip(*at.dataframe[0].value.iloc[:, :2].T.values))
+    dstep = int(why["step"])
     at.button(key="why.go").click().run()
     ok(at)
     assert at.slider(key="w.step").value == dstep

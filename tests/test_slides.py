@@ -155,9 +155,17 @@ def test_pngs_and_determinism(runs):
     rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
     layout = S.heatmap_layout(T, 0, T - 1)
     got = grid_states(rgb, layout, T, T)
-    # a still shows every step (row 100 carries the red step line)
-    for s in (30, 99, 101, 159):
+    # the still of step 100 shows the steps up to 100 and nothing of the future
+    for s in (30, 99, 100):
         assert got[s].tolist() == expected_row(ra, rb, s)
+    y0, x0, sc = layout["y0"], layout["x0"], layout["scale"]
+    future = rgb[y0 + 101 * sc:y0 + T * sc, x0:x0 + T * sc]
+    assert future.size and (future == 255).all()  # every pixel after the step's row: background
+    # the PNG is the GIF's frame of that step, pixel for pixel
+    frame = frames_rgb(S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, T))[100]
+    assert (frame == rgb).all()
+    with pytest.raises(ValueError, match="step must lie in the step range"):
+        S.heatmap_png(ra.evicted_at, rb.evicted_at, 100, start=0, stop=50)
     tok = S.token_png(trace.tokens, ra.evicted_at, rb.evicted_at, 100, lo=0, hi=120)
     assert Image.open(io.BytesIO(tok)).format == "PNG"
     again = S.heatmap_gif(ra.evicted_at, rb.evicted_at, 0, T - 1, 8)
@@ -193,3 +201,69 @@ def test_heatmap_gif_aggregated_blocks(runs):
                 uniform += 1
                 assert got[i, j] == cells.flat[0], (i, j)
     assert uniform > 1000
+
+
+def test_nice_ticks():
+    assert S.nice_ticks(0, 4095, 5) == [0, 1000, 2000, 3000, 4000]
+    assert S.nice_ticks(500, 560, 6) == [500, 510, 520, 530, 540, 550, 560]
+    assert S.nice_ticks(7, 7, 3) == [7]
+    assert S.nice_ticks(3, 98, 4) == [3, 20, 40, 60, 80]  # starts at the range's first value
+
+
+def test_heatmap_frames_have_step_and_position_axes(runs):
+    """Every frame (GIF and PNG) has tick labels at round steps down the left and round
+    positions along the bottom, at the pixel of the row / column they name, and titles."""
+    _, ra, rb = runs
+    layout = S.heatmap_layout(T, 50, 90, pos_range=(20, 80))
+    sc, x0, y0 = layout["scale"], layout["x0"], layout["y0"]
+    steps = [v for v, _ in layout["step_ticks"]]
+    gaps = set(np.diff(steps[1:]).tolist())
+    assert steps[0] == 50 and steps[-1] <= 90 and len(steps) >= 3 and len(gaps) == 1
+    assert gaps <= {1, 2, 5, 10, 20, 50} and all(v % gaps.copy().pop() == 0 for v in steps[1:])
+    ys = [y for _, y in layout["step_ticks"]]
+    assert min(np.diff(ys)) >= 24  # labels never touch
+    for v, y in layout["step_ticks"]:
+        assert y == y0 + (v - 50) * sc + sc // 2  # one row per step: the tick is on its row
+    for v, x in layout["pos_ticks"]:
+        assert 20 <= v < 80 and x == x0 + (v - 20) * sc + sc // 2
+    png = S.heatmap_png(ra.evicted_at, rb.evicted_at, 70, start=50, stop=90, pos_range=(20, 80))
+    gif = frames_rgb(S.heatmap_gif(ra.evicted_at, rb.evicted_at, 50, 90, 3, pos_range=(20, 80)))
+    gh, gw = 41 * sc, 60 * sc
+    for rgb in (np.asarray(Image.open(io.BytesIO(png)).convert("RGB")), gif[0], gif[-1]):
+        ink = (rgb == (20, 20, 20)).all(axis=-1)
+        for _, y in layout["step_ticks"]:  # a label left of the grid, on the tick's row
+            assert ink[y - 3:y + 4, 14:x0 - 12].any(), y
+        for _, x in layout["pos_ticks"]:  # a label under the grid, at the tick's column
+            assert ink[y0 + gh + 4:y0 + gh + 17, max(0, x - 8):x + 9].any(), x
+        assert ink[y0:y0 + gh, 0:14].any()  # the "step" title
+        assert ink[y0 + gh + 19:, x0:x0 + gw].any()  # the "position" title
+
+
+def test_slides_position_slider_ends_where_the_steps_end(tmp_path, monkeypatch):
+    """The page's positions slider runs 0..T-1 like the steps slider (not 0..T), and the
+    last position chosen is drawn (the library's range is half-open)."""
+    import apphelp
+    from kvviz.trace import save_trace
+
+    from kvviz.ui import view_slides
+
+    view_slides._preview.clear()  # the page's preview cache: every draw below reaches the library
+    asked = []
+    real = S.heatmap_png
+    monkeypatch.setattr(S, "heatmap_png", lambda *a, **k: asked.append(k) or real(*a, **k))
+    rng = np.random.default_rng(5)
+    save_trace(tmp_path / "tiny.npz", apphelp.softmax_rows(rng, T, 1),
+               tokens=["a", " b"] * (T // 2), meta={"name": "tiny"})
+    with apphelp.traces_dir(tmp_path):
+        at = apphelp.app(timeout=180, trace="file:tiny.npz", budget=48, view="slides", step=90)
+        apphelp.ok(at)
+        steps, pos = at.slider(key="slides.steps"), at.slider(key="slides.pos")
+        assert steps.max == pos.max == T - 1 and pos.value == (0, T - 1)
+        assert asked[-1]["pos_range"] == (0, T)  # every position, the last one included
+        pos.set_value((10, 19)).run()
+        apphelp.ok(at)
+        assert asked[-1]["pos_range"] == (10, 20) and asked[-1]["stop"] == T - 1
+        at.segmented_control(key="slides.kind").set_value("tokens").run()
+        apphelp.ok(at)
+        tok = at.slider(key="slides.tokens")
+        assert tok.max == T - 1 and tok.value == (0, T - 1)

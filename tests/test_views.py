@@ -221,7 +221,31 @@ def test_neighbourhood_figure_marks_victims_and_defended():
     assert list(tova_bar.x) == [0, 1, 3, 4, 5]
     fig = V.neighbourhood_figure([snap_panel(), tova], step=5, center=3, half_width=10,
                                  tokens=["a", " b", "c", "\nd", "e", "f"])
-    assert list(fig.layout.xaxis2.ticktext) == ["0 a", "1 ·b", "2 c", "3 ⏎d", "4 e", "5 f"]
+    # A's axis is A's own cache: position 2 (held by B only) is not a column of it
+    assert list(fig.layout.xaxis2.ticktext) == ["0<br>a", "1<br>·b", "3<br>⏎d", "4<br>e", "5<br>f"]
+
+
+def test_neighbourhood_columns_are_the_policys_own_cache_slots():
+    # B (snapkv) holds 355 and 376 side by side in its cache; A holds four positions between
+    snap_kept = np.array([350, 352, 355, 376, 380, 390])
+    sums = np.array([0.3, 0.2, 0.01, 0.4, 0.2, 0.5])
+    snap = dict(label="B: snapkv", policy="snapkv", kept=snap_kept, victims=np.array([352]),
+                scores={"sums": sums, "pooled": np.array([0.3, 0.3, 0.4, 0.4, 0.5, 0.5]),
+                        "candidate": np.array([1, 1, 1, 1, 1, 0], bool)})
+    tova = dict(label="A: tova", policy="tova", kept=np.array([355, 360, 365, 370, 375, 390]),
+                scores={"last": np.array([0.1, 0.2, 0.3, 0.4, 0.5, np.nan]),
+                        "candidate": np.array([1, 1, 1, 1, 1, 0], bool)}, victims=np.array([]))
+    fig = V.neighbourhood_figure([snap, tova], step=400, center=355, half_width=3,
+                                 tokens=[f"t{i}" for i in range(400)])
+    b_axis, a_axis = list(fig.layout.xaxis.categoryarray), list(fig.layout.xaxis2.categoryarray)
+    assert b_axis == [350, 352, 355, 376, 380, 390]  # B's slots only, in cache order
+    assert b_axis.index(376) - b_axis.index(355) == 1  # pooling neighbours drawn as neighbours
+    assert a_axis == [355, 360, 365, 370]  # A's nearest slot to 355 and three after it
+    for ax in (fig.layout.xaxis, fig.layout.xaxis2):  # readable from the back of the room
+        assert ax.tickangle == 0 and ax.tickfont.size >= 12
+        assert ax.matches is None  # each panel has its own axis
+    bar = next(t for t in fig.data if t.name == "window sum")
+    assert list(bar.x) == b_axis and list(bar.y) == pytest.approx(sums)
 
 
 def test_why_rows_and_figure():
@@ -235,6 +259,45 @@ def test_why_rows_and_figure():
     assert rows[0]["token"] == "c"
     fig = V.why_figure(2, 5, [p])
     assert [t.name for t in fig.data][:2] == ["B: snapkv", "victim of B"]
+
+
+def test_why_figure_plots_the_victim_at_rank_one_and_labels_fit():
+    tova = dict(label="A: tova", policy="tova", kept=np.arange(40),
+                scores={"last": np.r_[np.linspace(0.5, 0.01, 39), np.nan],
+                        "candidate": np.r_[np.ones(39, bool), False]}, victims=np.array([38]))
+    fig = V.why_figure(38, 5, [tova, snap_panel()])
+    victims = [t for t in fig.data if t.name.startswith("victim")]
+    assert [list(t.x) for t in victims] == [[1], [1]]  # the first to go is rank 1, not 0
+    for ax in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert ax.tickvals[0] == 1 and 0 not in ax.tickvals and ax.range[0] < 1
+    # the highlighted position's label is not clipped and has headroom above the top point
+    mark = next(t for t in fig.data if t.name == "position 38")
+    assert mark.cliponaxis is False and mark.text == ("p38",)
+    top = np.log10(0.5)
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.range[1] > top + 0.1
+    # the right panel's y title and ticks sit in the gap, not over the left panel's points
+    gap = fig.layout.xaxis2.domain[0] - fig.layout.xaxis.domain[1]
+    assert gap * 650 >= 100  # px at the page's chart width on a 1024-wide screen
+
+
+def test_why_table_has_no_none():
+    p = dict(snap_panel(), label="B: snapkv")
+    tova = dict(label="A: tova", policy="tova", kept=np.array([0, 1, 2, 3, 4, 5]),
+                scores={"last": np.array([0.5, 0.1, 0.2, 0.15, 0.3, np.nan]),
+                        "candidate": np.array([1, 1, 1, 1, 1, 0], bool)}, victims=np.array([1]))
+    df = V.why_table(5, 5, [tova, p], tokens=list("abcdef"))
+    assert list(df.columns) == ["", "A: tova", "B: snapkv"]
+    cells = df[["A: tova", "B: snapkv"]].to_numpy().ravel().tolist()
+    assert all(isinstance(c, str) for c in cells) and "None" not in cells and "nan" not in cells
+    row = dict(zip(df[""], df["A: tova"]))
+    assert row["current-step weight"] == "unobserved (newest)"  # TOVA's newest slot, NaN
+    assert row["window sum"] == "–"  # SnapKV's score, not TOVA's
+    assert row["evicted at this step"] == "no" and row["held before eviction"] == "yes"
+    assert dict(zip(df[""], df["B: snapkv"]))["window sum"] == "9"
+    gone = V.why_table(7, 5, [dict(tova, kept=np.arange(6))], tokens=list("abcdefgh"))
+    assert dict(zip(gone[""], gone["A: tova"]))["held before eviction"] == "no"
+    assert V.divergence.when_evicted(-1) == "never"
+    assert V.divergence.when_evicted(512) == "at step 512"
 
 
 # --- view 4 ---------------------------------------------------------------------------
@@ -276,6 +339,36 @@ def test_token_strip_visible_whitespace_and_states():
     z = np.asarray(fig.data[0].z)
     assert z[-1].tolist() == V.states_at(EA, EB, 5).tolist()
     assert fig.data[0].x[2] == "2 ⏎"
+
+
+def _rules(html: str) -> dict:
+    css = html.split("<style>")[1].split("</style>")[0]
+    return {sel.strip(): body for sel, body in (r.split("{") for r in css.split("}") if "{" in r)}
+
+
+def test_token_strips_wrap_and_put_nothing_between_subwords():
+    from kvviz.views import loop as LV
+    from kvviz.views import tokens as TV
+
+    toks = ["Top", "ological", " S", "orter", "\n", "np", "red", "ecess", "ors"]
+    ev = np.full(len(toks), -1)
+    strip = V.token_strip_html(toks, ev, ev, len(toks) - 1)
+    d = np.zeros(len(toks) - 1)
+    loop = LV.delta_strip_html(toks, d, d, d + 0.5, d + 0.5, label="x")
+    for html in (strip, loop):
+        rules = _rules(html)
+        assert "overflow-wrap:anywhere" in rules[".kv-strip"]  # long lines wrap, never cut
+        assert "white-space:normal" in rules[".kv-strip"] and "white-space:pre" not in html
+        assert "margin:0" in rules[".kv-strip .kv-tok"] and "padding:1px 0" in rules[".kv-strip .kv-tok"]
+        body = html.split('class="kv-strip')[1]
+        spans = body.split('<span class="kv-tok')[1:]
+        # subwords touch; a line may break only at a word boundary (around " S" and "\n")
+        gaps = [sp.rsplit("</span>", 1)[1] for sp in spans[:-1]]
+        assert gaps == ["", "<wbr>", "", "<wbr>", "<wbr>", "", "", ""], gaps
+    # the Tokens strip opens at its end (the current step), the loop strip at the start
+    assert 'class="kv-strip kv-end"' in strip and "column-reverse" in _rules(strip)[".kv-strip.kv-end"]
+    assert LV.token_html is TV.token_html  # the loop view uses the public function
+
 
 
 # --- engine: fast peek equals the contract's Replay.peek --------------------------------
@@ -416,3 +509,23 @@ def test_sweep_marks_the_current_value_and_keeps_shares_honest():
     mem = V.sweep_figure([{"policy": "snapkv", "b": 1, "memory_bytes": 100},
                           {"policy": "snapkv", "b": 2, "memory_bytes": 101}], "b", "memory_bytes")
     assert mem.layout.yaxis.range[0] == 0
+
+
+def test_obs_window_sweep_is_on_a_log_axis_and_bytes_have_separators():
+    rows = [{"policy": "snapkv", "obs_window": w, "retained_mass": 0.9} for w in (1, 2, 4, 8, 16)]
+    fig = V.sweep_figure(rows, "obs_window", x_label="obsWindow", mark_x=4)
+    ax = fig.layout.xaxis
+    # 1, 2, 4, 8 a decade apart at most: on a linear axis their labels ran into "124 8"
+    assert ax.type == "log" and list(ax.tickvals) == [1, 2, 4, 8, 16]
+    assert list(ax.ticktext) == ["1", "2", "4", "8", "16"]
+    kernels = [{"policy": "snapkv", "k": k, "retained_mass": 0.9} for k in (1, 3, 5, 7, 9)]
+    assert V.sweep_figure(kernels, "k").layout.xaxis.type == "linear"  # evenly spaced
+    mem = V.sweep_figure([{"policy": "snapkv", "b": b, "memory_bytes": 85 * b} for b in (64, 512)],
+                         "b", "memory_bytes")
+    assert mem.layout.yaxis.tickformat == "," and "%{y:,}" in mem.data[0].hovertemplate
+    df = V.metrics_table([{"run": "A", "policy": "snapkv", "params": "", "budget": 512,
+                           "retained_mass": 1.0, "hh_recall": 0.5, "attention_loss": 0.0,
+                           "memory_bytes": 43520}])
+    numeric = [c for c in df.columns if df[c].dtype.kind in "if" and c != "budget"]
+    assert set(numeric) <= set(V.metrics.TABLE_FORMATS)  # every metric column has a format
+    assert V.metrics.TABLE_FORMATS["memory (bytes)"] == "%,d"  # 43,520: Streamlit's printf

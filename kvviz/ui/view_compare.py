@@ -13,6 +13,7 @@ from kvviz.ui import compute
 from kvviz.ui.session import S, keep, restore, wkey
 from kvviz.ui.state import default_cmp
 from kvviz.views import compare as C
+from kvviz.views.metrics import TABLE_FORMATS
 from kvviz.views.states import held_mask
 
 CONFIG = {"displaylogo": False, "scrollZoom": False}
@@ -105,7 +106,7 @@ def render(ctx) -> None:
     st.plotly_chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
                     config=chart_config("compare_survival", ctx), width="stretch")
     st.dataframe(C.compare_table(rows), hide_index=True,
-                 column_config={c: st.column_config.NumberColumn(format="%.6f") for c in
-                                ("retained mass", "heavy-hitter recall", "attention loss")})
+                 column_config={c: st.column_config.NumberColumn(format=f)
+                                for c, f in TABLE_FORMATS.items()})
     st.caption(f"All at budget {ctx.budget} on this trace; metrics from kvviz.metrics.summary "
                "(the Metrics view's numbers). 'held now': slots held after the current step.")

@@ -48,9 +48,8 @@ def render(ctx: Ctx):
                "one setting across values on this trace (terms: Glossary).")
     rows = metrics_rows(ctx)
     st.dataframe(V.metrics_table(rows), hide_index=True,
-                 column_config={"retained mass": st.column_config.NumberColumn(format="%.6f"),
-                                "heavy-hitter recall": st.column_config.NumberColumn(format="%.6f"),
-                                "attention loss": st.column_config.NumberColumn(format="%.6f")})
+                 column_config={c: st.column_config.NumberColumn(format=f)
+                                for c, f in V.metrics.TABLE_FORMATS.items()})
     same = {k: rows[0][k] == rows[-1][k] for k in ("retained_mass", "hh_recall")}
     st.caption("" if len(rows) < 2 else "retained mass: A and B " + ("identical to the last digit" if same["retained_mass"]
                                             else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")

@@ -58,14 +58,17 @@ def render(ctx) -> None:
     _range("slides.steps", 0, T - 1, (0, T - 1))
     s0, s1 = c[0].slider("steps", 0, T - 1, key="slides.steps",
                          help="The animation runs over these steps.")
+    # positions are chosen first to last, like steps (0..T-1); the library takes [p0, p1)
     if kind == "tokens":
-        _range("slides.tokens", 0, T, (0, min(T, 300)))  # the text appears, then is evicted
-        p0, p1 = c[1].slider("tokens", 0, T, key="slides.tokens",
-                             help=f"The token positions shown (at most {MAX_TOKENS}).")
+        _range("slides.tokens", 0, T - 1, (0, min(T, 300) - 1))  # the text appears, then goes
+        p0, last = c[1].slider("tokens", 0, T - 1, key="slides.tokens",
+                               help=f"The token positions shown, first to last (at most "
+                                    f"{MAX_TOKENS}).")
     else:
-        _range("slides.pos", 0, T, (0, T))
-        p0, p1 = c[1].slider("positions", 0, T, key="slides.pos",
-                             help="The positions shown (the heatmap's columns).")
+        _range("slides.pos", 0, T - 1, (0, T - 1))
+        p0, last = c[1].slider("positions", 0, T - 1, key="slides.pos",
+                               help="The positions shown, first to last (the heatmap's columns).")
+    p1 = int(last) + 1
     frames = int(c[2].number_input("frames", min_value=1, max_value=SL.MAX_FRAMES,
                                    value=min(48, s1 - s0 + 1), key="slides.frames"))
     ms = c[3].selectbox("ms/frame", FRAME_MS, index=1, key="slides.ms",

@@ -6,7 +6,7 @@ from .cache import cache_heatmap, heatmap_grid, state_labels
 from .divergence import (decision_step, divergence_figure, divergent_positions, only_sets)
 from .metrics import metrics_table, sweep_figure
 from .scores import (defended_positions, eviction_order, neighbourhood_figure, why_figure,
-                     why_rows)
+                     why_rows, why_table)
 from .states import (first_divergence, held_mask, next_divergence, recent_held_fraction,
                      sinks_held, states_at, symmetric_difference)
 from .survival import survival_figure
@@ -15,7 +15,7 @@ from .tokens import token_strip_html, token_timeline_figure
 __all__ = [
     "cache_heatmap", "heatmap_grid", "state_labels", "decision_step", "divergence_figure",
     "divergent_positions", "only_sets", "metrics_table", "sweep_figure", "defended_positions",
-    "eviction_order", "neighbourhood_figure", "why_figure", "why_rows", "first_divergence",
+    "eviction_order", "neighbourhood_figure", "why_figure", "why_rows", "why_table", "first_divergence",
     "held_mask", "next_divergence", "recent_held_fraction", "sinks_held", "states_at",
     "symmetric_difference", "survival_figure", "token_strip_html", "token_timeline_figure",
 ]

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from kvviz.policies import param_specs
 
 from .common import base_layout, visible_token
-from .tokens import _token_html
+from .tokens import join_token_spans, strip_css, token_html
 
 FULL = "full"
 # colour-blind safe, matching common.LIGHT's colorway order
@@ -141,7 +141,7 @@ def delta_strip_html(tokens, nll_full, nll_evicted, p_full, p_evicted, *, label:
     hi = len(tokens) if hi is None else min(int(hi), len(tokens))
     spans = []
     for p in range(int(lo), hi):
-        tok = _token_html(tokens[p])
+        tok = token_html(tokens[p])
         if p == 0:
             spans.append(f'<span class="kv-tok" title="position 0: not predicted" '
                          f'style="background:#eeeeee;color:#777">{tok}</span>')
@@ -157,14 +157,11 @@ def delta_strip_html(tokens, nll_full, nll_evicted, p_full, p_evicted, *, label:
         f'{_delta_colour(v)[1]};border:1px solid #999">{t}</span>'
         for v, t in ((-DELTA_CLIP, f"−{DELTA_CLIP:g} nats: helped"), (-0.5, "−0.5"), (0, "0"),
                      (0.5, "+0.5"), (DELTA_CLIP, f"+{DELTA_CLIP:g} nats or more: hurt")))
-    style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:15px;"
-             "line-height:1.9;max-height:420px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
-             "border-radius:6px;background:#fff}"
-             ".kv-tok{padding:1px 1px;margin:0 1px 0 0;border-radius:3px;white-space:pre}"
-             ".kv-ws{opacity:0.55}.kv-legend{margin-bottom:6px;font-size:13px}</style>")
+    style = strip_css()
     return (f'{style}<div class="kv-legend">ΔNLL of each token, {html.escape(label)} against '
             f'the full cache (hover a token for both probabilities): {legend}</div>'
-            f'<div class="kv-strip" data-testid="kv-loop-strip">{"".join(spans)}</div>')
+            f'<div class="kv-strip" data-testid="kv-loop-strip" style="max-height:420px">'
+            f'{join_token_spans(tokens[int(lo):hi], spans)}</div>')
 
 
 def delta_figure(tokens, nll_full, nll_evicted, p_full, p_evicted, *, label: str,

@@ -39,6 +39,29 @@ def metrics_table(rows: list[dict]) -> pd.DataFrame:
 
 
 SHARES = {"retained_mass", "hh_recall", "attention_loss"}  # fractions of 1
+# How the tables' number columns are shown (Streamlit NumberColumn printf formats): shares to
+# six places, bytes as whole numbers with thousands separators (43,520, not 43520).
+TABLE_FORMATS = {"retained mass": "%.6f", "heavy-hitter recall": "%.6f",
+                 "attention loss": "%.6f", "memory (bytes)": "%,d"}
+
+
+def value_format(metric: str) -> dict:
+    """Plotly axis tick format and hover format of a metric (d3 syntax)."""
+    return ({"tickformat": ".2f", "hover": ".6g"} if metric in SHARES
+            else {"tickformat": ",", "hover": ","})
+
+
+def log_spaced(values) -> bool:
+    """True when positive swept values are more evenly spaced on a log axis than on a
+    linear one (1, 2, 4, 8 … on a linear axis crowd their first ticks into one label)."""
+    v = np.unique(np.asarray(values, float))
+    if len(v) < 3 or v[0] <= 0:
+        return False
+
+    def unevenness(d):
+        return float(np.std(d) / np.mean(d))
+
+    return unevenness(np.diff(np.log(v))) < unevenness(np.diff(v))
 
 
 def honest_range(values, share: bool) -> list[float] | None:
@@ -58,13 +81,17 @@ def honest_range(values, share: bool) -> list[float] | None:
 
 def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group: str = "policy",
                  title: str | None = None, height: int = 360, mark_x=None,
-                 x_label: str | None = None, log_x: bool = False) -> go.Figure:
+                 x_label: str | None = None, log_x: bool | None = None) -> go.Figure:
     """Line per `group` of `metric` against `x`. rows: dicts holding x, group and metric keys.
     `x_label` names the control as the page does (poolKernel); ticks sit on the swept
-    values only; `mark_x` marks the current setting."""
+    values only; `mark_x` marks the current setting. `log_x` None: a log axis when the swept
+    values are log-spaced (obsWindow 1, 2, 4 … 128), else linear (poolKernel 1, 3, 5 …)."""
     df = pd.DataFrame(rows)
     xl = x_label or x
     ml = METRIC_LABELS.get(metric, metric)
+    if log_x is None:
+        log_x = bool(len(df)) and log_spaced(df[x])
+    fmt = value_format(metric)
     fig = go.Figure()
     if len(df):
         for name, g in df.groupby(group, sort=False):
@@ -72,7 +99,7 @@ def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group:
             fig.add_trace(go.Scatter(x=g[x], y=g[metric], mode="lines+markers", name=str(name),
                                      line=dict(color=policy_colour(name), width=2.5),
                                      marker=dict(size=8),
-                                     hovertemplate=f"{xl} %{{x}}<br>{ml} %{{y:.6g}}<extra>"
+                                     hovertemplate=f"{xl} %{{x}}<br>{ml} %{{y:{fmt['hover']}}}<extra>"
                                      + str(name) + "</extra>"))
     if mark_x is not None:
         # shapes take data coordinates; annotations on a log axis take log10 of them
@@ -86,5 +113,5 @@ def sweep_figure(rows: list[dict], x: str, metric: str = "retained_mass", group:
     fig.update_xaxes(title=xl, type="log" if log_x else "linear", tickmode="array",
                      tickvals=xs, ticktext=[str(v) for v in xs])
     rng = honest_range(df[metric] if len(df) else [], metric in SHARES)
-    fig.update_yaxes(title=ml, range=rng, **({"tickformat": ".2f"} if metric in SHARES else {}))
+    fig.update_yaxes(title=ml, range=rng, tickformat=fmt["tickformat"])
     return fig

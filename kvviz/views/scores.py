@@ -11,6 +11,7 @@ A "panel" is one policy's view of one step, as a dict:
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -158,19 +159,22 @@ def _wrap(text: str, width: int = 70) -> list[str]:
     return textwrap.wrap(text, width)
 
 
-def window_positions(panels, center: int, half_width: int):
-    """Position range [lo, hi] covering `half_width` kept slots either side of `center`
-    in the reference panel (the first with pooled scores, else the first)."""
-    ref = next((p for p in panels if "pooled" in p["scores"]), panels[0])
-    kept = np.asarray(ref["kept"])
+def slot_window(kept, center: int, half_width: int) -> tuple[int, int]:
+    """Slot indices [lo, hi) of `half_width` held slots either side of the slot nearest
+    `center` (ties to the lower position): a policy's own cache neighbourhood."""
+    kept = np.asarray(kept)
     if len(kept) == 0:
-        return int(center), int(center)
+        return 0, 0
     i = int(np.clip(np.searchsorted(kept, center), 0, len(kept) - 1))
     if i > 0 and abs(kept[i - 1] - center) <= abs(kept[i] - center):
         i -= 1
-    lo = int(kept[max(0, i - half_width)])
-    hi = int(kept[min(len(kept) - 1, i + half_width)])
-    return lo, hi
+    return max(0, i - half_width), min(len(kept), i + half_width + 1)
+
+
+def _tick_token(tok) -> str:
+    """A token short enough to sit under its column, horizontal, at 13 px."""
+    t = visible_token(tok)
+    return t if len(t) <= 4 else t[:3] + "…"
 
 
 def _positive(v):
@@ -179,31 +183,34 @@ def _positive(v):
     return np.where(np.isfinite(v) & (v > 0), v, np.nan)
 
 
-def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
+TICK_FONT = 13  # x labels a projector shows: horizontal, at least 12 px
+
+
+def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                          height: int | None = None, log: bool = True,
                          tokens=None) -> go.Figure:
-    """Per panel, the scores of the kept slots near `center` at `step`, victims marked;
-    for a pooled policy also the pooled envelope and the defended slots.
+    """Per panel, the scores of the policy's own held slots near `center` at `step`,
+    victims marked; for a pooled policy also the pooled envelope and the defended slots.
 
-    The x axis has one category per slot held by any panel in the window, so slots that
-    are adjacent in the cache (what pooling looks at) are adjacent on the page, and both
-    panels line up position by position. Scores are on a log axis by default: eviction
+    Each panel's x axis is that policy's cache: one column per slot it holds, in cache
+    order, labelled with the position (and token), so the slots pooling looks at are
+    drawn side by side however far apart their positions are; `half_width` slots each
+    side of the slot nearest `center`. Scores are on a log axis by default: eviction
     happens among the smallest scores, which a linear axis squashes to zero.
     """
-    lo, hi = window_positions(panels, center, half_width)
     titles = []
     for p in panels:
         r = rank_of(p["policy"])
         titles.append(f"{p['label']}: {r.order if r is not None else _NO_SCORE}")
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.14,
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=False, vertical_spacing=0.2,
                         subplot_titles=titles)
-    union = set()
     for r, p in enumerate(panels, start=1):
         kept = np.asarray(p["kept"])
         sc = p["scores"]
-        sel = (kept >= lo) & (kept <= hi)
+        lo, hi = slot_window(kept, center, half_width)
+        sel = np.zeros(len(kept), bool)
+        sel[lo:hi] = True
         x = kept[sel]
-        union.update(int(v) for v in x)
         victims = np.intersect1d(np.asarray(p["victims"], np.int64), x)
         cand = np.asarray(sc.get("candidate", np.ones(len(kept), bool)), bool)[sel]
         colour = p.get("colour", "#555555")
@@ -266,22 +273,22 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 20,
         else:
             fig.update_yaxes(title=ytitle, rangemode="tozero", row=r, col=1,
                              **({"showticklabels": False} if ytitle == "held" else {}))
-    cats = sorted(union)
-    if center in union:
-        for r in range(1, len(panels) + 1):
-            fig.add_vline(x=cats.index(center), line=dict(color="#CC0000", width=1, dash="dot"),
-                          row=r, col=1)
+        cats = [int(v) for v in x]
+        text = ([f"{c}<br>{_tick_token(tokens[c])}" for c in cats] if tokens is not None
+                else [str(c) for c in cats])
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
+                         tickmode="array", tickvals=cats, ticktext=text, tickangle=0,
+                         tickfont=dict(size=TICK_FONT), row=r, col=1,
+                         title=dict(text=f"{p['label'].split(':')[0]}'s held slots in cache "
+                                         "order (label: position)", font=dict(size=13),
+                                    standoff=4))
+        if cats:  # the centre position, or where it would sit between two held slots
+            where = (cats.index(center) if center in cats
+                     else float(np.searchsorted(cats, center)) - 0.5)
+            fig.add_vline(x=where, line=dict(color="#CC0000", width=1, dash="dot"), row=r, col=1)
     base_layout(fig, f"Scores of the slots around position {center} at step {step} "
-                     f"(grey = protected or not yet ranked)", height or 270 * len(panels) + 170,
-                legend_below=True, bottom=190 if tokens is not None else 130)
-    ticks = {}
-    if tokens is not None:
-        ticks = dict(tickmode="array", tickvals=cats,
-                     ticktext=[f"{p} {visible_token(tokens[p])[:12]}" for p in cats])
-    fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
-                     tickangle=-90 if len(cats) > 30 or tokens is not None else None,
-                     tickfont=dict(size=11), **ticks)
-    fig.update_xaxes(title="position (one column per held slot)", row=len(panels), col=1)
+                     f"(grey = protected or not yet ranked)", height or 300 * len(panels) + 170,
+                legend_below=True, bottom=150 if tokens is not None else 130)
     fig.update_layout(barmode="overlay", bargap=0.2)
     seen = set()
     for tr in fig.data:
@@ -316,10 +323,45 @@ def why_rows(position: int, step: int, panels, tokens=None) -> list[dict]:
     return rows
 
 
+def why_table(position: int, step: int, panels, tokens=None):
+    """`why_rows` as a table a class reads: one column per policy, one row per quantity,
+    every cell text ("–" where a quantity is not that policy's, "unobserved (newest)" for
+    a score not yet computed), so no cell shows None."""
+    rows = why_rows(position, step, panels, tokens)
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "policy"))
+
+    def cell(r, k):
+        if k not in r:  # a score of the other policy's, or none: the slot is not held
+            return "–" if r["held before eviction"] else "not held"
+        v = r[k]
+        if v is None:
+            return "unobserved (newest)"
+        if isinstance(v, (bool, np.bool_)):
+            return "yes" if v else "no"
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        return str(v)
+
+    return pd.DataFrame({"": keys, **{r["policy"]: [cell(r, k) for k in keys] for r in rows}})
+
+
+def _rank_ticks(n: int) -> dict:
+    """Rank ticks that start at 1 (the first to go) and never show a rank 0."""
+    if n <= 1:
+        return dict(tickmode="array", tickvals=[1], ticktext=["1"], range=[0.5, 1.5])
+    raw = n / 4
+    mag = 10 ** np.floor(np.log10(raw))
+    step = int(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw))
+    vals = [1] + [v for v in range(step, n + 1, step) if v - 1 > step / 3]
+    pad = max(0.5, 0.06 * n)  # room for the rank-1 marker beside the y tick labels
+    return dict(tickmode="array", tickvals=vals, ticktext=[str(v) for v in vals],
+                range=[1 - pad, n + pad])
+
+
 def why_figure(position: int, step: int, panels) -> go.Figure:
-    """Each policy's candidates at `step` in eviction order (first to go on the left) with
-    their ranking score; victims marked, `position` highlighted."""
-    fig = make_subplots(rows=1, cols=len(panels), horizontal_spacing=0.08,
+    """Each policy's candidates at `step` in eviction order (rank 1, the first to go, on
+    the left) with their ranking score; victims marked, `position` highlighted."""
+    fig = make_subplots(rows=1, cols=len(panels), horizontal_spacing=0.17,
                         subplot_titles=[p["label"] for p in panels])
     for c, p in enumerate(panels, start=1):
         kept = np.asarray(p["kept"])
@@ -341,21 +383,30 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                      marker=dict(symbol="x", size=14, color=colour,
                                                  line=dict(width=1, color="black")),
                                      customdata=pos[vm],
-                                     hovertemplate="evicted: position %{customdata}<extra></extra>"),
-                          row=1, col=c)
+                                     hovertemplate="rank %{x}, evicted: position %{customdata}"
+                                     "<extra></extra>"), row=1, col=c)
         pm = pos == position
         if pm.any():
             fig.add_trace(go.Scatter(x=ranks[pm], y=vals[pm], mode="markers+text",
                                      name=f"position {position}", text=[f"p{position}"],
                                      textposition="top center", showlegend=c == 1,
+                                     cliponaxis=False, textfont=dict(size=14),
                                      marker=dict(symbol="circle-open", size=20, color="#CC0000",
                                                  line=dict(width=3))), row=1, col=c)
-        fig.update_xaxes(title="eviction rank (1 = first to go)", row=1, col=c)
+        fig.update_xaxes(title="eviction rank (1 = first to go)", row=1, col=c,
+                         **_rank_ticks(len(order)))
         ytitle = score_label(key, "no score", p["policy"]) if key is not None else "no score"
+        fin = vals[np.isfinite(vals)]
         if not _is_count(key) and len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
-            fig.update_yaxes(type="log", title=ytitle + " (log)", row=1, col=c, **log_ticks(vals))
+            lo, hi = np.log10(vals.min()), np.log10(vals.max())
+            span = max(hi - lo, 0.5)  # headroom above the top point for its label
+            fig.update_yaxes(type="log", title=ytitle + " (log)", row=1, col=c,
+                             range=[lo - 0.08 * span, hi + 0.2 * span], **log_ticks(vals))
         else:
-            fig.update_yaxes(title=ytitle, row=1, col=c)
-    base_layout(fig, f"Why position {position} diverged: the candidates each policy ranked "
-                     f"at step {step}", 440, legend_below=True)
+            lo, hi = (float(fin.min()), float(fin.max())) if len(fin) else (0.0, 1.0)
+            span = (hi - lo) or max(abs(hi), 1.0)  # equal scores: a unit of room
+            fig.update_yaxes(title=ytitle, row=1, col=c,
+                             range=[lo - 0.08 * span, hi + 0.2 * span])
+    base_layout(fig, f"Why position {position} diverged: each policy's candidates at "
+                     f"step {step}", 440, legend_below=True)
     return fig

@@ -7,8 +7,9 @@ harness's held rule), so a GIF is small and its colours are exactly the app's st
 
 * Heatmap frame at step s: rows are the steps of the chosen range, columns the positions;
   rows up to s show the states (aggregated to at most `max_px` pixels per axis, the cache
-  view's display rule), later rows are still blank, and a red mark in the left gutter points
-  at row s. The animation draws the heatmap as the run unfolds.
+  view's display rule), later rows are still blank, and a red mark left of the grid points
+  at row s. A step axis (left) and a position axis (below) carry ticks and titles. The
+  animation draws the heatmap as the run unfolds; the PNG of a step is that step's frame.
 * Token frame at step s: the tokens of a position range as boxes coloured by their state
   after step s (layout fixed across frames, only the colours change).
 """
@@ -34,7 +35,8 @@ _EXTRA = [(204, 0, 0), (20, 20, 20), (255, 255, 255), (150, 150, 150)]
 _PALETTE = [int(v) for rgb in [*map(tuple, PALETTE), *_EXTRA] for v in rgb]
 _TEXT_ON = {BOTH: PAPER, ONLY_A: INK, ONLY_B: PAPER, NEITHER: INK, NOT_YET: FAINT}
 HEADER = 40
-GUTTER = 10
+AXIS_LEFT = 60    # step title, step tick labels, the red step mark
+AXIS_BOTTOM = 36  # position tick labels and title
 FONT_PATHS = ("/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf",
               "/usr/share/fonts/TTF/DejaVuSansMono.ttf")
 
@@ -112,8 +114,8 @@ def _legend(draw: ImageDraw.ImageDraw, x: int, y: int, label_a: str, label_b: st
 def heatmap_layout(steps: int, start: int, stop: int, pos_range=None,
                    max_px: int = 640, labels=("A", "B")) -> dict:
     """Geometry shared by every frame: step/position bin edges (at most `max_px` bins per
-    axis), pixels per bin (`scale`, integer upscaling of small ranges), and where the grid
-    starts in the image (`x0`, `y0`)."""
+    axis), pixels per bin (`scale`, integer upscaling of small ranges), where the grid
+    starts in the image (`x0`, `y0`), and the axes' ticks as (value, pixel) pairs."""
     if not 0 <= int(start) <= int(stop) < int(steps):
         raise ValueError(f"step range must lie within 0..{steps - 1}, got {start}..{stop}")
     p0, p1 = pos_range if pos_range is not None else (0, int(stop) + 1)
@@ -123,9 +125,61 @@ def heatmap_layout(steps: int, start: int, stop: int, pos_range=None,
     se = bin_edges(int(stop) + 1, max_px, int(start))
     pe = bin_edges(int(p1), max_px, int(p0))
     scale = max(1, max_px // max(len(se) - 1, len(pe) - 1))
-    width = max(GUTTER + (len(pe) - 1) * scale, legend_width(*labels))
-    return dict(step_edges=se, pos_edges=pe, scale=scale, x0=GUTTER, y0=HEADER,
-                width=width, height=HEADER + (len(se) - 1) * scale)
+    gw, gh = (len(pe) - 1) * scale, (len(se) - 1) * scale
+    width = max(AXIS_LEFT + gw + 24, legend_width(*labels))
+    return dict(step_edges=se, pos_edges=pe, scale=scale, x0=AXIS_LEFT, y0=HEADER,
+                width=width, height=HEADER + gh + AXIS_BOTTOM,
+                step_ticks=_ticks(se, scale, HEADER, max(2, gh // 60)),
+                pos_ticks=_ticks(pe, scale, AXIS_LEFT, max(2, gw // 90)))
+
+
+def nice_ticks(lo: int, hi: int, n: int) -> list[int]:
+    """About `n` round values in [lo, hi] (steps of 1, 2 or 5 × 10^k), always with `lo`."""
+    if hi <= lo:
+        return [int(lo)]
+    raw = (hi - lo) / max(1, n)
+    mag = 10 ** int(np.floor(np.log10(max(raw, 1))))
+    step = min((m * mag for m in (1, 2, 5, 10)), key=lambda c: abs(np.log(c / raw)))
+    vals = [v for v in range(-(-int(lo) // step) * step, int(hi) + 1, step)]
+    return [int(lo)] + [v for v in vals if v - lo >= step / 2]
+
+
+def _ticks(edges, scale: int, origin: int, n: int) -> list[tuple[int, int]]:
+    """(value, pixel centre of the bin holding it) for round values along one axis."""
+    edges = np.asarray(edges)
+    out = []
+    for v in nice_ticks(int(edges[0]), int(edges[-1]) - 1, n):
+        i = int(np.searchsorted(edges, v, side="right")) - 1
+        out.append((v, origin + i * scale + scale // 2))
+    return out
+
+
+def _axes(draw: ImageDraw.ImageDraw, img: Image.Image, layout: dict) -> None:
+    """Tick labels and titles: steps down the left, positions along the bottom."""
+    f = font(11)
+    x0, y0 = layout["x0"], layout["y0"]
+    gw = (len(layout["pos_edges"]) - 1) * layout["scale"]
+    gh = (len(layout["step_edges"]) - 1) * layout["scale"]
+    draw.rectangle([x0 - 1, y0 - 1, x0 + gw, y0 + gh], outline=FAINT)  # the grid's extent
+    for v, y in layout["step_ticks"]:
+        t = str(v)
+        draw.line([(x0 - 13, y), (x0 - 11, y)], fill=INK)
+        draw.text((x0 - 15 - int(f.getlength(t)), y - 6), t, fill=INK, font=f)
+    for v, x in layout["pos_ticks"]:
+        t = str(v)
+        draw.line([(x, y0 + gh + 1), (x, y0 + gh + 3)], fill=INK)
+        tx = min(max(x - int(f.getlength(t)) // 2, x0 - 4), layout["width"] - 2 - int(f.getlength(t)))
+        draw.text((tx, y0 + gh + 4), t, fill=INK, font=f)
+    title = "position"
+    draw.text((x0 + (gw - int(f.getlength(title))) // 2, y0 + gh + 19), title, fill=INK, font=f)
+    # the step title, written upwards beside the step ticks
+    w = int(f.getlength("step")) + 2
+    label = Image.new("1", (w, 14), 0)
+    ImageDraw.Draw(label).text((1, 0), "step", fill=1, font=f)
+    label = label.rotate(90, expand=True)
+    ys = y0 + max(0, (gh - label.height) // 2)
+    ink = Image.new("P", label.size, INK)
+    img.paste(ink, (1, ys), label)
 
 
 def heatmap_codes(ev_a, ev_b, layout: dict, step: int, reveal: bool = True) -> np.ndarray:
@@ -138,7 +192,7 @@ def heatmap_codes(ev_a, ev_b, layout: dict, step: int, reveal: bool = True) -> n
 
 def heatmap_frame(ev_a, ev_b, step: int, layout: dict, *, label_a: str = "A",
                   label_b: str = "B", reveal: bool = True, codes=None) -> Image.Image:
-    """One palette image: header (step, legend), gutter with the red step mark, the grid."""
+    """One palette image: header (step, legend), axes, the red step mark, the grid."""
     codes = heatmap_codes(ev_a, ev_b, layout, step, reveal) if codes is None else codes
     s = layout["scale"]
     canvas = np.full((layout["height"], layout["width"]), PAPER, np.uint8)
@@ -155,12 +209,13 @@ def heatmap_frame(ev_a, ev_b, step: int, layout: dict, *, label_a: str = "A",
     draw.text((4, 22), f"rows: steps {int(layout['step_edges'][0])}–"
                        f"{int(layout['step_edges'][-1]) - 1} · columns: positions "
                        f"{int(pe[0])}–{int(pe[-1]) - 1}", fill=FAINT, font=font(11))
+    _axes(draw, img, layout)
     i = int(np.searchsorted(layout["step_edges"], int(step), side="right")) - 1
     if 0 <= i < len(layout["step_edges"]) - 1:
         y = layout["y0"] + i * s + s // 2
-        draw.polygon([(0, y - 4), (GUTTER - 2, y), (0, y + 4)], fill=RED)
-        if not reveal:  # a still: the whole range is drawn, so a line marks the step
-            draw.line([(layout["x0"], y), (layout["width"] - 1, y)], fill=RED, width=1)
+        draw.polygon([(x0 - 10, y - 4), (x0 - 2, y), (x0 - 10, y + 4)], fill=RED)
+        if not reveal:  # the whole range is drawn, so a line marks the step
+            draw.line([(x0, y), (x0 + grid.shape[1] - 1, y)], fill=RED, width=1)
     return img
 
 
@@ -281,11 +336,14 @@ def heatmap_gif(ev_a, ev_b, start: int, stop: int, frames: int, *, label_a="A", 
 
 def heatmap_png(ev_a, ev_b, step: int, *, start: int = 0, stop: int | None = None,
                 label_a="A", label_b="B", pos_range=None, max_px: int = 640) -> bytes:
-    """The whole heatmap over start..stop (default the whole run) with `step` marked."""
+    """The GIF's frame of `step` over start..stop (default the whole run): rows up to the
+    step drawn, later rows blank (no future on a slide of the present)."""
     stop = len(ev_a) - 1 if stop is None else int(stop)
+    if not int(start) <= int(step) <= stop:
+        raise ValueError(f"step must lie in the step range {start}..{stop}, got {step}")
     layout = heatmap_layout(len(ev_a), start, stop, pos_range, max_px, (label_a, label_b))
     return encode_png(heatmap_frame(ev_a, ev_b, step, layout, label_a=label_a,
-                                    label_b=label_b, reveal=False))
+                                    label_b=label_b, reveal=True))
 
 
 def token_gif(tokens, ev_a, ev_b, start: int, stop: int, frames: int, *, lo: int, hi: int,

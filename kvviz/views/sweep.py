@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .common import base_layout
-from .metrics import METRIC_LABELS, policy_colour
+from .metrics import METRIC_LABELS, policy_colour, value_format
 
 REQUIRED = ("trace", "layer", "policy", "budget", "retained_mass", "hh_recall", "memory_bytes",
             "status")
@@ -79,7 +79,8 @@ def sweep_grid_figure(df: pd.DataFrame, metric: str = "retained_mass",
             legendgroup=label, showlegend=label not in shown,
             line=dict(color=policy_colour(policy), dash=dash[label], width=2),
             marker=dict(size=6),
-            hovertemplate=f"budget %{{x}}<br>{METRIC_LABELS.get(metric, metric)} %{{y:.6g}}"
+            hovertemplate=f"budget %{{x}}<br>{METRIC_LABELS.get(metric, metric)} "
+                          f"%{{y:{value_format(metric)['hover']}}}"
                           f"<extra>{label}</extra>"), row=r, col=c)
         shown.add(label)
     base_layout(fig, f"{METRIC_LABELS.get(metric, metric)} against budget, by trace and layer",
@@ -87,4 +88,5 @@ def sweep_grid_figure(df: pd.DataFrame, metric: str = "retained_mass",
                 bottom=140)
     budgets = sorted(int(b) for b in df["budget"].unique())
     fig.update_xaxes(type="log", tickvals=budgets, ticktext=[str(b) for b in budgets])
+    fig.update_yaxes(tickformat=value_format(metric)["tickformat"])
     return fig

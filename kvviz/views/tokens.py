@@ -17,7 +17,9 @@ _TEXT_ON = {BOTH: "#ffffff", ONLY_A: "#000000", ONLY_B: "#ffffff", NEITHER: "#55
             NOT_YET: "#9a9a9a"}
 
 
-def _token_html(tok: str) -> str:
+def token_html(tok: str) -> str:
+    """One token as HTML: escaped, whitespace made visible (· space, ⏎ newline + line
+    break, ⇥ tab, ␍), ∅ for an empty token."""
     out = []
     for ch in str(tok):
         if ch == "\n":
@@ -33,9 +35,44 @@ def _token_html(tok: str) -> str:
     return "".join(out) or '<span class="kv-ws">∅</span>'
 
 
+_token_html = token_html  # the old private name
+
+
+def join_token_spans(tokens, spans) -> str:
+    """Token spans side by side with nothing between them (a word split into subwords
+    reads as one word), and a line-break opportunity (<wbr>) at each word boundary:
+    before a token that starts with whitespace, after one that ends with it."""
+    out = []
+    prev_ws = False
+    for tok, span in zip(tokens, spans):
+        t = str(tok)
+        if out and (prev_ws or t[:1].isspace()):
+            out.append("<wbr>")
+        out.append(span)
+        prev_ws = t[-1:].isspace()
+    return "".join(out)
+
+
+def strip_css() -> str:
+    """The token strips' shared style: text that wraps at the box's edge (long words break
+    anywhere rather than overflow), token spans with no margin or side padding; a box of
+    class `kv-end` opens scrolled to its end (CSS column-reverse, no script). The box's
+    height is set on each box (two strips' styles on one page must not fight)."""
+    return ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:15px;"
+            "line-height:1.9;overflow-y:auto;overflow-x:hidden;"
+            "padding:8px;border:1px solid #ddd;border-radius:6px;background:#fff;"
+            "white-space:normal;overflow-wrap:anywhere;word-break:normal}"
+            ".kv-strip.kv-end{display:flex;flex-direction:column-reverse}"
+            ".kv-strip .kv-tok{margin:0;padding:1px 0;border-radius:0}"
+            ".kv-tok{white-space:normal}"
+            ".kv-legend .kv-tok{padding:1px 4px;margin-right:4px;border-radius:3px}"
+            ".kv-ws{opacity:0.55}.kv-legend{margin-bottom:6px;font-size:13px}</style>")
+
+
 def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
                      lo: int = 0, hi: int | None = None) -> str:
-    """Tokens lo..hi-1 as inline spans coloured by their state after `step`.
+    """Tokens lo..hi-1 as inline spans coloured by their state after `step`, wrapped at
+    the box's edge.
 
     The strip is a scroll box that opens scrolled to its end (the current step); scroll up
     for the start of the text (CSS column-reverse, no script)."""
@@ -52,14 +89,10 @@ def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
         c = int(codes[p])
         spans.append(
             f'<span class="kv-tok kv-s{c}" title="position {p}: {html.escape(names[c])}" '
-            f'style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]}">{_token_html(tokens[p])}</span>')
-    style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:15px;"
-             "line-height:1.9;max-height:640px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
-             "border-radius:6px;background:#fff;display:flex;flex-direction:column-reverse}"
-             ".kv-tok{padding:1px 1px;margin:0 1px 0 0;border-radius:3px;white-space:pre}"
-             ".kv-ws{opacity:0.55}.kv-legend{margin-bottom:6px;font-size:13px}</style>")
-    return (f'{style}<div class="kv-legend">step {int(step)}: {legend}</div>'
-            f'<div class="kv-strip"><div>{"".join(spans)}</div></div>')
+            f'style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]}">{token_html(tokens[p])}</span>')
+    body = join_token_spans([tokens[p] for p in range(int(lo), hi)], spans)
+    return (f'{strip_css()}<div class="kv-legend">step {int(step)}: {legend}</div>'
+            f'<div class="kv-strip kv-end" style="max-height:640px"><div>{body}</div></div>')
 
 
 def token_timeline_figure(tokens, ev_a, ev_b, step: int, *, lo: int, hi: int,
