@@ -74,28 +74,41 @@ EXPERIMENTS["pool-defends"] = dict(
 )
 
 
+TOY_TRACE = "toy.npz"  # kvviz/toy.py's 16 tokens, shipped in traces/
+TOY_PARAMS = {"obs_window": 4, "pool_kernel": 3, "recent_window": 1}  # SnapKV that fits budget 4
+EXPERIMENTS = {"toy": dict(
+    title="Start here: 16 tokens, budget 4",
+    state=dict(trace=f"file:{TOY_TRACE}", layer=0, budget=4, a="tova", b="snapkv", pa={},
+               pb=TOY_PARAMS, view="cache", why=-1, zoom=0),
+    text=("Sixteen tokens and a cache of **4** slots, every number on the chart: each row is "
+          "a step, each cell the attention that step's query paid a position, its colour "
+          "who still holds the position. Step with **prev/next** (keys J/K). A is TOVA (the "
+          "current step's weight decides), B is SnapKV (the last 4 steps' weights summed, "
+          "then max-pooled over 3 neighbouring slots; the newest slot is protected). "
+          "The Scores view shows the same numbers as bars.")), **EXPERIMENTS}
+
+
 def pooling_example(trace, budget: int, params: dict, start: int | None = None):
     """The first step at or after `start` (default: half-way) where SnapKV's max-pool
-    defends a slot that its direct neighbour lifts, found by replaying the policy and
-    reading its own `scores()` before each eviction. Returns (step, explanation dict from
-    `kvviz.views.scores.pooling_explanation`) or None."""
-    from kvviz.policies import make_policy
+    defends a slot that the next held slot lifts, while the victim's own window sum is
+    higher than the defended slot's, found by replaying the policy and reading its own
+    `scores()` before each eviction. Returns (step, `kvviz.explain.Pooling` facts) or None."""
+    from kvviz.explain import defended, pooling_facts
+    from kvviz.policies import defaults, make_policy
     from kvviz.replay import Replay
-    from kvviz.views.scores import defended_positions, pooling_explanation
 
+    full = {**defaults("snapkv"), **params}
     rp = Replay(trace, make_policy("snapkv", budget=budget, **params))
     start = trace.steps // 2 if start is None else start
-    for t in range(trace.steps):
-        if t < start:
-            rp.step()
-            continue
+    rp.seek(start - 1)
+    for t in range(start, trace.steps):
         kept, scores = rp.peek(t)
         victims = rp.step()
-        for d in defended_positions(kept, scores, victims):
-            e = pooling_explanation(kept, scores, victims, int(d))
-            i, j = (int(np.flatnonzero(kept == p)[0]) for p in (e["position"], e["neighbour"]))
-            if abs(i - j) == 1 and e["victim"] is not None and e["victim_sum"] > e["own_sum"]:
-                return t, e
+        for d in defended(kept, scores, victims):
+            f = pooling_facts(kept, scores, victims, int(d), full, t)
+            if (f.defended.distance == 1 and f.victim is not None
+                    and f.victim.own > f.defended.own):
+                return t, f
     return None
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from kvviz import explain
 from kvviz import views as V
 from kvviz.ui.context import CHART, Ctx
 from kvviz.ui.navigation import goto
@@ -39,16 +40,16 @@ def render(ctx: Ctx):
         pos = int(why)
     dstep = V.decision_step(ctx.ev_a, ctx.ev_b, pos)
     if dstep < 0:
-        c2.warning(f"A and B treat position {pos} the same way (both evict it at step "
-                   f"{int(ctx.ev_a[pos])}, -1 = never). Divergent positions include "
+        same = ("both hold it to the end" if int(ctx.ev_a[pos]) < 0 else
+                f"both evict it at step {int(ctx.ev_a[pos])}")
+        c2.warning(f"A and B treat position {pos} the same way ({same}). Divergent positions include "
                    f"{', '.join(map(str, cands[:8]))}…")
         return
-    who = "A" if int(ctx.ev_a[pos]) == dstep else "B"
-    c2.markdown(f"Position **{pos}**: A evicted it at step {int(ctx.ev_a[pos])}, B at step "
-                f"{int(ctx.ev_b[pos])} (-1 = never). **{who}** evicted it first, at step "
-                f"**{dstep}**; below, both policies' candidates at that step.")
-    c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
     panels = [ctx.panel("a", dstep), ctx.panel("b", dstep)]
+    facts = [explain.decision(w, p, pos) for w, p in zip("AB", panels)]
+    c2.markdown(explain.why_text(pos, ctx.ev_a, ctx.ev_b, facts, dstep)
+                + " Below, both policies' candidates at that step.")
+    c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
     st.plotly_chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)
     st.dataframe(pd.DataFrame(V.why_rows(pos, dstep, panels, tokens=ctx.trace.tokens)),
                  hide_index=True)
