@@ -192,12 +192,12 @@ def pooling_text(f: Pooling) -> str:
             f"({_rank_words(d.by_sum, 'own window sum', n(d.own))}): without pooling {go}. ")
     if f.kind == "max" and d.source is not None:
         text += (f"Position {d.source}, {_away(d)}, has the window sum {n(d.source_sum)}, "
-                 f"the largest within the poolKernel of {f.kernel} ({f.radius} held slots each "
-                 f"side), so the max-pool gives {d.position} the pooled score {n(d.pooled)} "
+                 f"the largest within the poolKernel of {f.kernel} "
+                 f"({_plural(f.radius, 'held slot')} each side), so the max-pool gives {d.position} the pooled score {n(d.pooled)} "
                  "and it stays.")
     else:
-        text += (f"Averaging over its poolKernel of {f.kernel} ({f.radius} held slots each "
-                 f"side) gives it the pooled score {n(d.pooled)}, and it stays.")
+        text += (f"Averaging over its poolKernel of {f.kernel} "
+                 f"({_plural(f.radius, 'held slot')} each side) gives it the pooled score {n(d.pooled)}, and it stays.")
     if v is None:
         return text
     text += (f" Position {v.position} is evicted instead: its own sum {n(v.own)} is "

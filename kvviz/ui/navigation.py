@@ -78,13 +78,14 @@ def jumps_row(ctx: Ctx, step: int):
     restore("w.share", jumps.NOTABLE_SHARE)
     if S["w.share"] not in SHARES:
         S["w.share"] = jumps.NOTABLE_SHARE
-    share = row.selectbox("notable: a position with over", SHARES, key="w.share", width=240,
+    share = row.selectbox("next divergence: one side only holds a position with over", SHARES,
+                          key="w.share", width=270,
                           format_func=lambda v: f"{v:.1%} of a step's attention",
                           help="What the notable-divergence jump (D) looks for.")
     steps, positions = _notable(*_args(ctx), share)
     i = np.searchsorted(steps, step, side="right")
     nxt, why = (int(steps[i]), int(positions[i])) if i < len(steps) else (NEVER, None)
-    _jump_button(row, "next notable divergence", "nav.div", nxt,
+    _jump_button(row, "next divergence", "nav.div", nxt,
                  f"The next step at which A or B evicts a position the other keeps that, while "
                  f"only the other holds it, carries over {share:.1%} of a step's attention "
                  "(the Divergence view then explains that position).", "D", why)
