@@ -298,7 +298,7 @@ def why_text(position: int, ev_a, ev_b, decisions, step: int, steps: int | None 
 
 
 def _decision_words(d: Decision, position: int, n) -> str:
-    name = f"{d.who} ({d.label.split(': ', 1)[-1]})"
+    name = f"{d.who}, {d.label.split(': ', 1)[-1]},"
     if not d.held:
         return f"{name} no longer held it."
     if not d.candidate:
@@ -401,7 +401,7 @@ def evictions_text(who: str, panel: dict) -> str:
     """What one policy evicted at a step and how it ranked each victim (its own scores)."""
     victims = [int(v) for v in np.asarray(panel["victims"])]
     if not victims:
-        return f"{who} ({panel['label'].split(': ', 1)[-1]}) evicts nothing at this step."
+        return f"{who}, {panel['label'].split(': ', 1)[-1]}, evicts nothing at this step."
     ds = [decision(who, panel, v) for v in victims]
     n = number_format([d.score for d in ds])
     return " ".join(f"Position {v}: " + _decision_words(d, v, n) for v, d in zip(victims, ds))

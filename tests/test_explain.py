@@ -331,7 +331,7 @@ def test_why_text_against_the_reference(pair, seed, budget, steps, pick):
         order = ref_ranked(ref)
         gone = ref.evict(budget).tolist()
         assert d.evicted == (pos in gone)
-        part = text.split(f" {d.who} ({name})", 1)[1].split(". ")[0]
+        part = text.split(f" {d.who}, {name},", 1)[1].split(". ")[0]
         if pos not in before:
             assert d.held is False and part.startswith(" no longer held it")
             continue
