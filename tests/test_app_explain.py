@@ -164,3 +164,33 @@ def test_glossary_lists_the_policies(traces):
     gloss = text_of(at)
     for key in ("**TOVA (tova)**", "**SnapKV (snapkv)**", "**H2O (h2o)**"):
         assert key in gloss
+
+
+def test_experiment_texts_say_the_runs_numbers(traces):
+    from kvviz.metrics import retained_mass
+
+    trace = canonical()
+    at = app()
+    at.button(key="exp.budget-256").click().run()
+    ok(at)
+    text = next(m.value for m in at.markdown if "Experiment: Budget 256" in m.value)
+    for who, name, kw in (("A", "tova", {}), ("B", "h2o", {})):
+        ev = run_policy(trace, name, 256, **kw).evicted_at
+        held = [p for p in range(4096) if ev[p] == NEVER]  # at the last step
+        sinks, recent = sum(p < 4 for p in held), sum(p > 4095 - 64 for p in held)
+        assert f"{who} ({name}) holds {sinks} of the 4 sinks and {recent} of the 64 newest" in text
+    at.button(key="exp.pooling-off").click().run()
+    ok(at)
+    text = next(m.value for m in at.markdown if "Experiment: Pooling off" in m.value)
+    ra = retained_mass(run_policy(trace, "tova", 512))
+    rb = retained_mass(run_policy(trace, "snapkv", 512, pool_kernel=1))
+    assert ra == rb and f"retained mass A {ra:.4g}, B {rb:.4g}: identical to the last digit" in text
+    at.button(key="exp.quiet-hh").click().run()
+    ok(at)
+    q = qp(at)
+    text = next(m.value for m in at.markdown if "Experiment: The quiet" in m.value)
+    pos, step = int(q["why"]), int(q["step"])
+    ea = run_policy(trace, "tova", 512).evicted_at
+    assert int(ea[pos]) == step
+    assert f"Position {pos}: A evicted it at step {step}" in text
+    assert "A, tova, ranks it" in text and text.rstrip(".").split("B, h2o,")[1].endswith("it stays")

@@ -17,8 +17,8 @@ EXPERIMENTS = {
             "SnapKV with **poolKernel = 1** has no max-pool left: it ranks each slot on the "
             "sum of its last obsWindow weights. The canonical trace is stationary inside each "
             "512-step epoch, so that sum orders the slots the same way as the latest weight "
-            "alone, which is TOVA's score. Look at the **retained mass** of A and B: identical "
-            "to the last digit. The caches are not identical, though (Divergence view, then "
+            "alone, which is TOVA's score. Look at the **retained mass** of A and B (below, from "
+            "the runs). The caches are not identical, though (Divergence view, then "
             "*jump to next divergence*): for a few dozen steps after each epoch boundary, "
             "SnapKV's window still remembers the old heavy hitters and keeps them a little "
             "longer, where TOVA drops them at once. Once quiet, every position in this trace "
@@ -32,8 +32,8 @@ EXPERIMENTS = {
         text=(
             "Both sides are SnapKV; A sums the last **1** step, B the last **64**. Inside an "
             "epoch the trace does not change, so a longer window multiplies every slot's score "
-            "by about the same factor and the ranking stays put. Retained mass is identical to "
-            "the last digit. The two caches do part ways for a while after each epoch boundary "
+            "by about the same factor and the ranking stays put: compare the retained mass "
+            "below. The two caches do part ways for a while after each epoch boundary "
             "(the longer window remembers old heavy hitters longer), but only over quiet "
             "positions that all carry the same weight. What B does pay for is memory: the "
             "window is stored per slot (see memory bytes). Try *sweep obsWindow* below.")),
@@ -43,12 +43,11 @@ EXPERIMENTS = {
                    step=4095, view="survival", focus=-1, why=-1),
         text=(
             "TOVA has no rule protecting the first tokens (attention sinks) or the newest ones. "
-            "It keeps them anyway, because they are what the model keeps looking at: at budget "
-            "256, at the last step, TOVA (orange) still holds **all 4 sinks and all 64 most "
-            "recent positions**. H2O (blue) keeps the sinks too (they accumulate the most "
-            "attention) but protects only a fixed 32 newest positions; the 33rd to 64th newest "
-            "must compete on *accumulated* score against old heavy hitters and lose: it ends "
-            "holding half of the 64.")),
+            "It keeps them anyway, because they are what the model keeps looking at: see what "
+            "TOVA (orange) holds at the last step, below. H2O (blue) keeps the sinks too (they "
+            "accumulate the most attention) but protects only a fixed 32 newest positions; the "
+            "33rd to 64th newest must compete on *accumulated* score against old heavy "
+            "hitters.")),
     "quiet-hh": dict(
         title="The quiet former heavy hitter",
         state=dict(trace="canonical", budget=512, a="tova", b="h2o", pa={}, pb={},

@@ -60,6 +60,47 @@ def _toy_text(vs: ViewState) -> str:
             + " ".join(words) + " " + pooling_text(facts))
 
 
+def _engine(vs: ViewState, which: str):
+    name = getattr(vs, which)
+    return compute.get_engine(vs.trace, vs.layer, compute.trace_version(vs.trace), name,
+                              compute.params_key(vs.params(which)), vs.budget)
+
+
+def _from_runs(exp: str, vs: ViewState) -> str:
+    """The numbers an experiment's text points at, read from the runs on the page now."""
+    labels = {w: f"{w.upper()}, {getattr(vs, w)}" for w in ("a", "b")}
+    if exp in ("pooling-off", "obswindow"):
+        m = {w: compute.run_summary(vs.trace, vs.layer, compute.trace_version(vs.trace),
+                                    getattr(vs, w), compute.params_key(vs.params(w)), vs.budget)
+             for w in ("a", "b")}
+        ra, rb = m["a"]["retained_mass"], m["b"]["retained_mass"]
+        n = explain.number_format([ra, rb])
+        same = ("identical to the last digit" if ra == rb else
+                f"A's is {explain.relation(ra, rb)} B's")
+        return (f"**From the runs:** retained mass A {n(ra)}, B {n(rb)}: {same}; memory "
+                f"{m['a']['memory_bytes']:,} vs {m['b']['memory_bytes']:,} bytes.")
+    if exp == "budget-256":
+        step = vs.step if vs.step is not None else -1
+        facts = [explain.survival_facts(w.upper(), getattr(vs, w), _engine(vs, w).evicted_at,
+                                        step) for w in ("a", "b")]
+        return "**From the runs:** " + explain.survival_text(facts, step)
+    if exp == "quiet-hh" and vs.why >= 0 and vs.step is not None:
+        ea, eb = _engine(vs, "a").evicted_at, _engine(vs, "b").evicted_at
+        dstep = min((e for e in (int(ea[vs.why]), int(eb[vs.why])) if e >= 0), default=-1)
+        if dstep < 0 or int(ea[vs.why]) == int(eb[vs.why]):
+            return ""
+        version = compute.trace_version(vs.trace)
+        panels = []
+        for w in ("a", "b"):
+            kept, scores = compute.peek(vs.trace, vs.layer, version, getattr(vs, w),
+                                        compute.params_key(vs.params(w)), vs.budget, dstep)
+            panels.append(dict(label=labels[w], policy=getattr(vs, w), kept=kept,
+                               scores=scores, victims=_engine(vs, w).victims(dstep)))
+        facts = [explain.decision(w, p, vs.why) for w, p in zip("AB", panels)]
+        return "**From the runs:** " + explain.why_text(vs.why, ea, eb, facts, dstep)
+    return ""
+
+
 def _run_experiment(name: str):
     spec = experiments.EXPERIMENTS[name]
     vs = ViewState(**{**spec["state"], "exp": name})
@@ -121,6 +162,9 @@ def experiments_box():
         text = spec["text"]
         if exp == "toy":
             text = text + " " + _toy_text(view_state())
+        extra = _from_runs(exp, view_state())
+        if extra:
+            text = text + "  \n" + extra
         if exp == "pool-defends":
             found = _pooling(view_state())
             text = text.format(trace=experiments.POOLING_TRACE) + " " + (
