@@ -56,8 +56,8 @@ def _toy_text(vs: ViewState) -> str:
         panel = dict(label=f"{which.upper()}: {name}", policy=name, kept=kept, scores=scores,
                      victims=victims)
         words.append(explain.evictions_text(which.upper(), panel))
-    return (f"At step **{step}** (boxed in red; position {facts.defended.position} is tracked): "
-            + " ".join(words) + " " + pooling_text(facts))
+    return (f"  \nAt step **{step}** (boxed in red; position {facts.defended.position} is "
+            "tracked): " + " ".join(words) + "  \n" + pooling_text(facts))
 
 
 def _engine(vs: ViewState, which: str):

@@ -78,10 +78,12 @@ def jumps_row(ctx: Ctx, step: int):
     restore("w.share", jumps.NOTABLE_SHARE)
     if S["w.share"] not in SHARES:
         S["w.share"] = jumps.NOTABLE_SHARE
-    share = row.selectbox("next divergence: one side only holds a position with over", SHARES,
+    share = row.selectbox("next divergence finds a position with", SHARES,
                           key="w.share", width=270,
-                          format_func=lambda v: f"{v:.1%} of a step's attention",
-                          help="What the notable-divergence jump (D) looks for.")
+                          format_func=lambda v: f"over {v:.1%} of a step's attention",
+                          help="What the next-divergence jump (D) looks for: a position that "
+                               "one policy has evicted and the other still holds, carrying over "
+                               "this share of a step's attention while only one holds it.")
     steps, positions = _notable(*_args(ctx), share)
     i = np.searchsorted(steps, step, side="right")
     nxt, why = (int(steps[i]), int(positions[i])) if i < len(steps) else (NEVER, None)

@@ -62,8 +62,7 @@ def labelled_heatmap(trace, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
     if 0 <= track < n:
         fig.add_shape(type="rect", x0=track - 0.5, x1=track + 0.5, y0=-0.5, y1=n - 0.5,
                       line=dict(color="#CC0000", width=2, dash="dot"), name="track")
-    base_layout(fig, f"Cache contents with every weight: A = {label_a}, B = {label_b} "
-                     f"(step {step} boxed in red)", height)
+    base_layout(fig, f"Who holds what, with every weight (step {step} boxed in red)", height)
     fig.update_xaxes(title="position", tickmode="array", tickvals=list(range(n)),
                      ticktext=xlab, tickangle=-45, tickfont=dict(size=13), range=[-0.5, n - 0.5],
                      showgrid=False, zeroline=False)
