@@ -375,3 +375,31 @@ def test_relations_and_number_format():
     assert X.relation(1.0, 1.0) == "equal to" and X.relation(2.0, 1.0) == "higher than"
     n = X.number_format([0.0031731679919175804, 0.0031731679919175804, 0.00317317])
     assert n(0.0031731679919175804) != n(0.00317317)  # different values never print the same
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_avg_pooling_text_names_no_source(seed):
+    """With pooling=avg a pooled score is a mean, not any one slot's sum: the text says so."""
+    trace = CanonicalTrace(steps=160, seed=seed, epoch=40, recent=12, hh_per_epoch=5)
+    params = dict(pool_kernel=5, obs_window=4, recent_window=4, pooling="avg")
+    rp = Replay(trace, make_policy("snapkv", budget=24, **params))
+    ref = make_reference("snapkv", budget=24, **params)
+    ref_to(trace, ref, 40)
+    rp.seek(39)
+    for t in range(40, trace.steps):
+        kept, scores = rp.peek(t)
+        victims = rp.step().tolist()
+        ref.sums = [sum(ring) for ring in ref.state]
+        ref_pooled = [ref.rank(i) for i in range(len(ref.keep))]
+        assert np.asarray(scores["pooled"]).tolist() == ref_pooled
+        ref.evict(24)
+        got = X.defended(kept, scores, victims).tolist()
+        if got:
+            f = X.pooling_facts(kept, scores, victims, got[0], {**defaults("snapkv"), **params}, t)
+            text = X.pooling_text(f)
+            i = kept.tolist().index(got[0])
+            assert f.defended.pooled == ref_pooled[i] and "max-pool" not in text
+            assert "Averaging over its poolKernel of 5 (2 held slots each side)" in text
+            return
+        harness.feed(ref, t + 1, trace.row(t + 1)[ref.kept]) if t + 1 < trace.steps else None
+    pytest.fail("no defended slot under avg pooling")
