@@ -64,30 +64,33 @@ def _jump_button(where, label, key, target, help_, shortcut, why=None):
 
 
 def jumps_row(ctx: Ctx, step: int):
-    """The tracked position and the jumps a lecturer wants, on one wrapping row (whole
-    labels at 1024 px and 125 % zoom)."""
-    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    """The jumps a lecturer wants on one wrapping row (whole labels at 1024 px and 125 %
+    zoom); their settings, the tracked position and the threshold, at the foot of the
+    sidebar, so the first chart stays high on the page."""
+    side = st.sidebar
+    side.header("Track and jump")
     restore_position("track", ctx.trace.steps)
-    track = row.number_input("track position (-1: none)", min_value=-1,
-                             max_value=ctx.trace.steps - 1, step=1, key=wkey("track"), width=190,
-                             help="Pin one position: every view marks it, and a jump finds "
-                                  "its next eviction.")
+    track = side.number_input("track position (-1: none)", min_value=-1,
+                              max_value=ctx.trace.steps - 1, step=1, key=wkey("track"),
+                              help="Pin one position: every view marks it, and a jump finds "
+                                   "its next eviction.")
     keep(wkey("track"), int(track))
     if ctx.solo:
         return
     restore("w.share", jumps.NOTABLE_SHARE)
     if S["w.share"] not in SHARES:
         S["w.share"] = jumps.NOTABLE_SHARE
-    share = row.selectbox("next divergence finds a position with", SHARES,
-                          key="w.share", width=270,
-                          format_func=lambda v: f"over {v:.1%} of a step's attention",
-                          help="What the next-divergence jump (D) looks for: a position that "
-                               "one policy has evicted and the other still holds, carrying over "
-                               "this share of a step's attention while only one holds it.")
+    share = side.selectbox("next divergence finds a position with", SHARES, key="w.share",
+                           format_func=lambda v: f"over {v:.1%} of a step's attention",
+                           help="What the next-divergence jump (D) looks for: a position "
+                                "that one policy has evicted and the other still holds, "
+                                "carrying over this share of a step's attention while only "
+                                "one holds it.")
+    row = st.container(horizontal=True, wrap=True, gap="small")
     steps, positions = _notable(*_args(ctx), share)
     i = np.searchsorted(steps, step, side="right")
     nxt, why = (int(steps[i]), int(positions[i])) if i < len(steps) else (NEVER, None)
-    _jump_button(row, "next divergence", "nav.div", nxt,
+    _jump_button(row, f"next divergence > {share:.1%}", "nav.div", nxt,
                  f"The next step at which A or B evicts a position the other keeps that, while "
                  f"only the other holds it, carries over {share:.1%} of a step's attention "
                  "(the Divergence view then explains that position).", "D", why)
