@@ -6,8 +6,6 @@ the views then show what the policy core actually computed.
 """
 from __future__ import annotations
 
-import numpy as np
-
 EXPERIMENTS = {
     "pooling-off": dict(
         title="Pooling off = TOVA",
