@@ -21,6 +21,7 @@ SHIPPED = (
     "traces/code.npz",
     "traces/prose.npz",
     "traces/table.npz",
+    "traces/toy.npz",
     *(f"traces/loop/{text}-{gran}.{ext}" for text in ("code", "prose", "table")
       for gran in ("kv-head", "layer") for ext in ("json", "npz")),
     "traces/sources/PSF-LICENSE.txt",

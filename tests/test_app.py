@@ -576,11 +576,13 @@ def test_pooling_experiment_explains_with_the_policys_numbers(traces):
     j = int(np.flatnonzero(kept == v)[0])
     assert pos not in victims and sums[i] < sums[j]  # kept although its own sum is lower
     for s in (f"position {pos}'s own window sum is {sums[i]:.4g}",
-              f"position {nb}, has {pooled[i]:.4g}", f"pooled score {pooled[i]:.4g}",
-              f"Position {v} goes instead: its own sum {sums[j]:.4g}", f"{pooled[j]:.4g}"):
+              f"Position {nb}, the next held slot in the cache, has the window sum {pooled[i]:.4g}",
+              f"pooled score {pooled[i]:.4g}",
+              f"Position {v} is evicted instead: its own sum {sums[j]:.4g} is higher than",
+              f"{pooled[j]:.4g}"):
         assert s in text, s
     # hovering that slot in the Scores view says the same
     spec = specs(at)[0]
     bar = next(d for d in spec["data"] if d.get("name") == "window sum")
     hover = dict(zip(arr(bar["x"]).tolist(), bar["customdata"]))[pos].replace("<br>", " ")
-    assert f"own window sum {sums[i]:.4g}" in hover and f"Position {v} goes instead" in hover
+    assert f"own window sum {sums[i]:.4g}" in hover and f"Position {v} is evicted instead" in hover

@@ -462,19 +462,23 @@ def test_state_counts_on_a_long_trace_use_wide_integers():
 def test_pooling_explanation_in_the_policys_numbers():
     p = snap_panel()  # pooled by hand above: 4 (sum 0.05) is lifted by 5 (sum 9); 2 goes
     assert V.scores.pooled_from(p["kept"], p["scores"]).tolist() == [0, 0, 2, 2, 5, 5]
-    e = V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 4)
-    assert e == dict(position=4, own_sum=0.05, neighbour=5, neighbour_sum=9.0, pooled=9.0,
-                     victim=2, victim_sum=3.0, victim_pooled=3.0)
+    e = V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 4, {"pool_kernel": 3})
+    d, v = e.defended, e.victim
+    assert (d.position, d.own, d.source, d.source_sum, d.pooled, d.distance) == (4, 0.05, 5, 9.0, 9.0, 1)
+    assert (v.position, v.own, v.pooled, v.source) == (2, 3.0, 3.0, 2)
+    assert v.by_pooled.ties == (3,)  # 2 and 3 both pool to 3; the lower position goes
     assert V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], 3) is None
     text = V.scores.explain_text(e, 5)
-    for s in ("position 4", "0.05", "position 5, has 9", "pooled score 9", "Position 2", "3 is"):
+    for s in ("position 4's own window sum is 0.05", "Position 5, the next held slot in the "
+              "cache, has the window sum 9", "pooled score 9", "Position 2 is evicted instead: "
+              "its own sum 3 is higher than 4's", "1 other candidate (3) has exactly 3 too"):
         assert s in text, s
     # the hover over slot 4 says the same numbers
     fig = V.neighbourhood_figure([p], step=5, center=3, half_width=10)
     bar = next(t for t in fig.data if t.name == "window sum")
     hover = dict(zip(bar.x, bar.customdata))[4].replace("<br>", " ")
     assert "own window sum 0.05" in hover and "pooled score 9 (position 5's sum)" in hover
-    assert "Position 2 goes instead" in hover
+    assert "Position 2 is evicted instead" in hover
 
 
 def test_victim_marker_takes_the_policy_colour_and_log_ticks_are_plain():

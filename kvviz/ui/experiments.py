@@ -6,8 +6,6 @@ the views then show what the policy core actually computed.
 """
 from __future__ import annotations
 
-import numpy as np
-
 EXPERIMENTS = {
     "pooling-off": dict(
         title="Pooling off = TOVA",
@@ -17,8 +15,8 @@ EXPERIMENTS = {
             "SnapKV with **poolKernel = 1** has no max-pool left: it ranks each slot on the "
             "sum of its last obsWindow weights. The canonical trace is stationary inside each "
             "512-step epoch, so that sum orders the slots the same way as the latest weight "
-            "alone, which is TOVA's score. Look at the **retained mass** of A and B: identical "
-            "to the last digit. The caches are not identical, though (Divergence view, then "
+            "alone, which is TOVA's score. Look at the **retained mass** of A and B (below, from "
+            "the runs). The caches are not identical, though (Divergence view, then "
             "*jump to next divergence*): for a few dozen steps after each epoch boundary, "
             "SnapKV's window still remembers the old heavy hitters and keeps them a little "
             "longer, where TOVA drops them at once. Once quiet, every position in this trace "
@@ -32,8 +30,8 @@ EXPERIMENTS = {
         text=(
             "Both sides are SnapKV; A sums the last **1** step, B the last **64**. Inside an "
             "epoch the trace does not change, so a longer window multiplies every slot's score "
-            "by about the same factor and the ranking stays put. Retained mass is identical to "
-            "the last digit. The two caches do part ways for a while after each epoch boundary "
+            "by about the same factor and the ranking stays put: compare the retained mass "
+            "below. The two caches do part ways for a while after each epoch boundary "
             "(the longer window remembers old heavy hitters longer), but only over quiet "
             "positions that all carry the same weight. What B does pay for is memory: the "
             "window is stored per slot (see memory bytes). Try *sweep obsWindow* below.")),
@@ -43,12 +41,11 @@ EXPERIMENTS = {
                    step=4095, view="survival", focus=-1, why=-1),
         text=(
             "TOVA has no rule protecting the first tokens (attention sinks) or the newest ones. "
-            "It keeps them anyway, because they are what the model keeps looking at: at budget "
-            "256, at the last step, TOVA (orange) still holds **all 4 sinks and all 64 most "
-            "recent positions**. H2O (blue) keeps the sinks too (they accumulate the most "
-            "attention) but protects only a fixed 32 newest positions; the 33rd to 64th newest "
-            "must compete on *accumulated* score against old heavy hitters and lose: it ends "
-            "holding half of the 64.")),
+            "It keeps them anyway, because they are what the model keeps looking at: see what "
+            "TOVA (orange) holds at the last step, below. H2O (blue) keeps the sinks too (they "
+            "accumulate the most attention) but protects only a fixed 32 newest positions; the "
+            "33rd to 64th newest must compete on *accumulated* score against old heavy "
+            "hitters.")),
     "quiet-hh": dict(
         title="The quiet former heavy hitter",
         state=dict(trace="canonical", budget=512, a="tova", b="h2o", pa={}, pb={},
@@ -74,28 +71,41 @@ EXPERIMENTS["pool-defends"] = dict(
 )
 
 
+TOY_TRACE = "toy.npz"  # kvviz/toy.py's 16 tokens, shipped in traces/
+TOY_PARAMS = {"obs_window": 4, "pool_kernel": 3, "recent_window": 1}  # SnapKV that fits budget 4
+EXPERIMENTS = {"toy": dict(
+    title="Start here: 16 tokens, budget 4",
+    state=dict(trace=f"file:{TOY_TRACE}", layer=0, budget=4, a="tova", b="snapkv", pa={},
+               pb=TOY_PARAMS, view="cache", why=-1, zoom=0),
+    text=("Sixteen tokens and a cache of **4** slots, every number on the chart: each row is "
+          "a step, each cell the attention that step's query paid a position, its colour "
+          "who still holds the position. Step with **prev/next** (keys J/K). A is TOVA (the "
+          "current step's weight decides), B is SnapKV (the last 4 steps' weights summed, "
+          "then max-pooled over 3 neighbouring slots; the newest slot is protected). "
+          "The Scores view shows the same numbers as bars.")), **EXPERIMENTS}
+
+
 def pooling_example(trace, budget: int, params: dict, start: int | None = None):
     """The first step at or after `start` (default: half-way) where SnapKV's max-pool
-    defends a slot that its direct neighbour lifts, found by replaying the policy and
-    reading its own `scores()` before each eviction. Returns (step, explanation dict from
-    `kvviz.views.scores.pooling_explanation`) or None."""
-    from kvviz.policies import make_policy
+    defends a slot that the next held slot lifts, while the victim's own window sum is
+    higher than the defended slot's, found by replaying the policy and reading its own
+    `scores()` before each eviction. Returns (step, `kvviz.explain.Pooling` facts) or None."""
+    from kvviz.explain import defended, pooling_facts
+    from kvviz.policies import defaults, make_policy
     from kvviz.replay import Replay
-    from kvviz.views.scores import defended_positions, pooling_explanation
 
+    full = {**defaults("snapkv"), **params}
     rp = Replay(trace, make_policy("snapkv", budget=budget, **params))
     start = trace.steps // 2 if start is None else start
-    for t in range(trace.steps):
-        if t < start:
-            rp.step()
-            continue
+    rp.seek(start - 1)
+    for t in range(start, trace.steps):
         kept, scores = rp.peek(t)
         victims = rp.step()
-        for d in defended_positions(kept, scores, victims):
-            e = pooling_explanation(kept, scores, victims, int(d))
-            i, j = (int(np.flatnonzero(kept == p)[0]) for p in (e["position"], e["neighbour"]))
-            if abs(i - j) == 1 and e["victim"] is not None and e["victim_sum"] > e["own_sum"]:
-                return t, e
+        for d in defended(kept, scores, victims):
+            f = pooling_facts(kept, scores, victims, int(d), full, t)
+            if (f.defended.distance == 1 and f.victim is not None
+                    and f.victim.own > f.defended.own):
+                return t, f
     return None
 
 

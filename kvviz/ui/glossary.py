@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvviz.explain import policy_entries
+
 GLOSSARY = {
     "retained mass": "At each step after the first eviction, the share of the model's attention "
                      "(in the full, uncompressed trace) that falls on positions the cache still "
@@ -37,6 +39,12 @@ GLOSSARY = {
 }
 
 
+def entries() -> dict[str, str]:
+    """The terms above, then one entry per registered policy (read from the registry each
+    time, so a plugin appears too)."""
+    return {**GLOSSARY, **policy_entries()}
+
+
 def glossary_popover() -> None:
     with st.popover("Glossary", width="stretch"):
-        st.markdown("\n".join(f"- **{k}**: {v}" for k, v in GLOSSARY.items()))
+        st.markdown("\n".join(f"- **{k}**: {v}" for k, v in entries().items()))

@@ -8,7 +8,8 @@ from kvviz.policies import param_specs
 from kvviz.ui import compute, experiments
 from kvviz.ui.session import S, apply_state, note, view_state
 from kvviz.ui.state import ViewState
-from kvviz.views.scores import explain_text
+from kvviz import explain
+from kvviz.explain import pooling_text
 
 # what an explanation depends on; the step, the view and chosen positions may move freely
 SETTINGS = ("trace", "layer", "head", "budget", "a", "b")
@@ -28,6 +29,78 @@ def _pooling(vs: ViewState):
                                    vs.budget)
 
 
+def _toy(vs: ViewState):
+    """(step, Pooling facts): the toy trace's first step where SnapKV's pooling defends a
+    slot (16 steps: searched directly, no cache needed), or None."""
+    version = compute.trace_version(vs.trace)
+    if version == "missing":
+        return None
+    trace = compute.get_trace(vs.trace, vs.layer, version)
+    return experiments.pooling_example(trace, vs.budget, vs.params("b"), start=0)
+
+
+def _toy_text(vs: ViewState) -> str:
+    """What both policies do at the experiment's step, from their own scores."""
+    found = _toy(vs)
+    if found is None:
+        return "no step on this trace where pooling defends a slot."
+    step, facts = found
+    version = compute.trace_version(vs.trace)
+    words = []
+    for which in ("a", "b"):
+        name = getattr(vs, which)
+        params = compute.params_key(vs.params(which))
+        kept, scores = compute.peek(vs.trace, vs.layer, version, name, params, vs.budget, step)
+        victims = compute.get_engine(vs.trace, vs.layer, version, name, params,
+                                     vs.budget).victims(step)
+        panel = dict(label=f"{which.upper()}: {name}", policy=name, kept=kept, scores=scores,
+                     victims=victims)
+        words.append(explain.evictions_text(which.upper(), panel))
+    return (f"  \nAt step **{step}** (boxed in red; position {facts.defended.position} is "
+            "tracked): " + " ".join(words) + "  \n" + pooling_text(facts))
+
+
+def _engine(vs: ViewState, which: str):
+    name = getattr(vs, which)
+    return compute.get_engine(vs.trace, vs.layer, compute.trace_version(vs.trace), name,
+                              compute.params_key(vs.params(which)), vs.budget)
+
+
+def _from_runs(exp: str, vs: ViewState) -> str:
+    """The numbers an experiment's text points at, read from the runs on the page now."""
+    labels = {w: f"{w.upper()}, {getattr(vs, w)}" for w in ("a", "b")}
+    if exp in ("pooling-off", "obswindow"):
+        m = {w: compute.run_summary(vs.trace, vs.layer, compute.trace_version(vs.trace),
+                                    getattr(vs, w), compute.params_key(vs.params(w)), vs.budget)
+             for w in ("a", "b")}
+        ra, rb = m["a"]["retained_mass"], m["b"]["retained_mass"]
+        n = explain.number_format([ra, rb])
+        same = ("identical to the last digit" if ra == rb else
+                f"A's is {explain.relation(ra, rb)} B's")
+        return (f"**From the runs:** retained mass A {n(ra)}, B {n(rb)}: {same}; memory "
+                f"{m['a']['memory_bytes']:,} vs {m['b']['memory_bytes']:,} bytes.")
+    if exp == "budget-256":
+        step = vs.step if vs.step is not None else -1
+        facts = [explain.survival_facts(w.upper(), getattr(vs, w), _engine(vs, w).evicted_at,
+                                        step) for w in ("a", "b")]
+        return "**From the runs:** " + explain.survival_text(facts, step)
+    if exp == "quiet-hh" and vs.why >= 0 and vs.step is not None:
+        ea, eb = _engine(vs, "a").evicted_at, _engine(vs, "b").evicted_at
+        dstep = min((e for e in (int(ea[vs.why]), int(eb[vs.why])) if e >= 0), default=-1)
+        if dstep < 0 or int(ea[vs.why]) == int(eb[vs.why]):
+            return ""
+        version = compute.trace_version(vs.trace)
+        panels = []
+        for w in ("a", "b"):
+            kept, scores = compute.peek(vs.trace, vs.layer, version, getattr(vs, w),
+                                        compute.params_key(vs.params(w)), vs.budget, dstep)
+            panels.append(dict(label=labels[w], policy=getattr(vs, w), kept=kept,
+                               scores=scores, victims=_engine(vs, w).victims(dstep)))
+        facts = [explain.decision(w, p, vs.why) for w, p in zip("AB", panels)]
+        return "**From the runs:** " + explain.why_text(vs.why, ea, eb, facts, dstep)
+    return ""
+
+
 def _run_experiment(name: str):
     spec = experiments.EXPERIMENTS[name]
     vs = ViewState(**{**spec["state"], "exp": name})
@@ -39,13 +112,21 @@ def _run_experiment(name: str):
         if found:
             vs.why, vs.step = found
             vs.focus = found[0]
+    if name == "toy":
+        found = _toy(vs)
+        if found is None:
+            S["exp_msg"] = (f"The toy experiment needs traces/{experiments.TOY_TRACE}, "
+                            "which is not on this server.")
+            return
+        vs.step, vs.focus = found[0], found[1].defended.position
+        vs.track = vs.focus
     if name == "pool-defends":
         found = _pooling(vs)
         if found is None:
             S["exp_msg"] = (f"The pooling experiment needs traces/{experiments.POOLING_TRACE}, "
                             "which is not on this server.")
             return
-        vs.step, vs.focus = found[0], found[1]["position"]
+        vs.step, vs.focus = found[0], found[1].defended.position
     apply_state(vs)
 
 
@@ -79,10 +160,15 @@ def experiments_box():
     if exp:
         spec = experiments.EXPERIMENTS[exp]
         text = spec["text"]
+        if exp == "toy":
+            text = text + " " + _toy_text(view_state())
+        extra = _from_runs(exp, view_state())
+        if extra:
+            text = text + "  \n" + extra
         if exp == "pool-defends":
             found = _pooling(view_state())
             text = text.format(trace=experiments.POOLING_TRACE) + " " + (
-                explain_text(found[1], found[0]) if found else "no such step on this trace.")
+                pooling_text(found[1]) if found else "no such step on this trace.")
         box = st.container(border=True)
         c1, c2 = box.columns([12, 1])
         c1.markdown(f"**Experiment: {spec['title']}** — " + text)

@@ -1,14 +1,21 @@
-"""Step navigation (slider, prev/next, play, next divergence) and the status line."""
+"""Step navigation (slider, prev/next, play, the jumps, the tracked position) and the
+status line. What each jump looks for is `kvviz.jumps`; the buttons' help says it."""
 from __future__ import annotations
 
 import numpy as np
 import streamlit as st
 
+from kvviz import explain, jumps
 from kvviz import views as V
+from kvviz.ui import compute
 from kvviz.ui.context import Ctx
 from kvviz.ui.glossary import glossary_popover
+from kvviz.ui.positions import restore_position
 from kvviz.views.common import A_COLOUR, B_COLOUR
+from kvviz.views.states import NEVER, next_after
 from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
+
+SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 
 PLAY_SPEEDS = (1, 4, 16, 64)
 PLAY_INTERVAL_S = 1.0
@@ -18,8 +25,90 @@ def _shift(delta: int, steps: int):
     set_value("step", int(np.clip(int(S.get(wkey("step"), 0)) + delta, 0, steps - 1)))
 
 
-def goto(step: int):
+def goto(step: int, why: int | None = None):
     set_value("step", int(step))
+    if why is not None:
+        set_value("why", int(why))
+
+
+@st.cache_data(max_entries=32, show_spinner="Finding the steps worth a look…")
+def _notable(key, layer, version, a, b, budget, head, share):
+    ea = compute.get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = compute.get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    return jumps.notable_divergences(compute.get_trace(key, layer, version, head), ea, eb, share)
+
+
+@st.cache_data(max_entries=32, show_spinner="Finding the heavy hitters…")
+def _heavy(key, layer, version, a, b, budget, head):
+    trace = compute.get_trace(key, layer, version, head)
+    ea = compute.get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = compute.get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    return jumps.heavy_hitter_evictions(jumps.first_heavy(trace, budget // 4), ea, eb)
+
+
+def _args(ctx: Ctx) -> tuple:
+    return (ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb), ctx.budget,
+            ctx.head)
+
+
+def tracked(ctx: Ctx) -> int:
+    """The tracked position (-1: none), checked against this trace."""
+    v = int(S["kv"].get("track", -1))
+    return v if -1 <= v < ctx.trace.steps else -1
+
+
+def _jump_button(where, label, key, target, help_, shortcut, why=None):
+    where.button(label, key=key, on_click=goto, args=(target, why), disabled=target < 0,
+                 width="content", shortcut=shortcut,
+                 help=help_ + (f" Next: step {target}." if target >= 0 else " None after this step."))
+
+
+def jumps_row(ctx: Ctx, step: int):
+    """The jumps a lecturer wants on one wrapping row (whole labels at 1024 px and 125 %
+    zoom); their settings, the tracked position and the threshold, at the foot of the
+    sidebar, so the first chart stays high on the page."""
+    side = st.sidebar
+    side.header("Track and jump")
+    restore_position("track", ctx.trace.steps)
+    track = side.number_input("track position (-1: none)", min_value=-1,
+                              max_value=ctx.trace.steps - 1, step=1, key=wkey("track"),
+                              help="Pin one position: every view marks it, and a jump finds "
+                                   "its next eviction.")
+    keep(wkey("track"), int(track))
+    if ctx.solo:
+        return
+    restore("w.share", jumps.NOTABLE_SHARE)
+    if S["w.share"] not in SHARES:
+        S["w.share"] = jumps.NOTABLE_SHARE
+    share = side.selectbox("next divergence finds a position with", SHARES, key="w.share",
+                           format_func=lambda v: f"over {v:.1%} of a step's attention",
+                           help="What the next-divergence jump (D) looks for: a position "
+                                "that one policy has evicted and the other still holds, "
+                                "carrying over this share of a step's attention while only "
+                                "one holds it.")
+    row = st.container(horizontal=True, wrap=True, gap="small")
+    steps, positions = _notable(*_args(ctx), share)
+    i = np.searchsorted(steps, step, side="right")
+    nxt, why = (int(steps[i]), int(positions[i])) if i < len(steps) else (NEVER, None)
+    _jump_button(row, f"next divergence > {share:.1%}", "nav.div", nxt,
+                 f"The next step at which A or B evicts a position the other keeps that, while "
+                 f"only the other holds it, carries over {share:.1%} of a step's attention "
+                 "(the Divergence view then explains that position).", "D", why)
+    epochs = jumps.epoch_boundaries(ctx.trace)
+    if len(epochs):
+        _jump_button(row, "next epoch", "nav.epoch", next_after(epochs, step),
+                     f"The canonical trace redraws its heavy hitters every {ctx.trace.epoch} "
+                     "steps: the next first step of an epoch.", "E")
+    hh = _heavy(*_args(ctx))
+    _jump_button(row, "next heavy-hitter eviction", "nav.hh", next_after(hh, step),
+                 f"The next step at which A or B evicts a position that has been a heavy hitter "
+                 f"(one of the {max(1, ctx.budget // 4)} = budget/4 positions with the most "
+                 "attention received so far in the full trace, see Glossary).", "H")
+    if track >= 0:
+        _jump_button(row, f"next eviction of {int(track)}", "nav.track",
+                     next_after(jumps.position_evictions(ctx.ev_a, ctx.ev_b, int(track)), step),
+                     f"The next step at which A or B evicts the tracked position {int(track)}.",
+                     "T")
 
 
 def advance(step: int, speed: int, steps: int) -> tuple[int, bool]:
@@ -30,7 +119,7 @@ def advance(step: int, speed: int, steps: int) -> tuple[int, bool]:
 
 def navigator(ctx: Ctx) -> int:
     steps = ctx.trace.steps
-    for field in ("focus", "why"):  # positions from a link or kept from another trace
+    for field in ("focus", "why", "track"):  # positions from a link or kept from another trace
         v = int(S["kv"].get(field, -1))
         if not -1 <= v < steps:
             if from_link(field):
@@ -48,11 +137,10 @@ def navigator(ctx: Ctx) -> int:
             note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
                  f"showing step {clamped}")
         S[wkey("step")] = clamped
-    nxt = ctx.next_divergence(int(S[wkey("step")]))
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
-    cols = st.columns([1.2, 1.2, 1, 1, 2.1], vertical_alignment="center", gap="small")
+    cols = st.columns([1.2, 1.2, 1, 1], vertical_alignment="center", gap="small")
     cols[0].button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch",
                    icon=":material/chevron_left:", help="previous step (key J)", shortcut="J")
     cols[1].button("next", key="nav.next", on_click=_shift, args=(1, steps), width="stretch",
@@ -61,12 +149,8 @@ def navigator(ctx: Ctx) -> int:
     cols[3].selectbox("speed", PLAY_SPEEDS, key="w.speed", label_visibility="collapsed",
                       format_func=lambda v: f"+{v}", help="steps per tick while playing "
                       "(one tick a second)")
-    cols[4].button("next divergence", key="nav.div", on_click=goto, args=(nxt,),
-                   disabled=nxt < 0, width="stretch", icon=":material/fast_forward:",
-                   shortcut="D",
-                   help=f"jump to the next step where A and B evict differently: {nxt}"
-                   if nxt >= 0 else "A and B make no different eviction after this step")
     keep(wkey("step"), int(step))
+    jumps_row(ctx, int(step))
     if S.get("w.play"):
         _ticker(steps)
     return int(step)
@@ -125,6 +209,10 @@ def status(ctx: Ctx):
             f"{'none' if first < 0 else f'step {first}'}  \n"
             f"evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
+    track = tracked(ctx)
+    if track >= 0:
+        st.markdown(explain.track_text(track, ctx.trace.tokens, ctx.ev_a, ctx.ev_b, s,
+                                       solo=bool(ctx.solo)))
     if ctx.budget >= ctx.trace.steps:
         st.warning(f"Budget {ctx.budget} ≥ the {ctx.trace.steps} positions of this trace: "
                    "nothing is ever evicted, so both policies hold everything and the views "

@@ -9,6 +9,7 @@ dropped with a note):
     why     divergent position to explain (-1 = automatic)   view  which view is shown
     zoom    cache heatmap range: 0 = whole run, N = +-N steps around the current step
     exp     the guided experiment in effect (explanation shown)
+    track   the tracked position, shown in every view (-1 = none)
     head    which attention head of a per-head trace: mean (default), kv0.., q0..
     cmp     compare view: the policies shown, comma-separated (default: every registered
             policy, or A, B and the first others when more than MAX_COMPARE are registered)
@@ -46,7 +47,7 @@ def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
 # parameters); anything else is reported. A new key = one entry here.
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-              "zoom", "exp", "cmp", "embed", "embed_options"}
+              "zoom", "exp", "cmp", "embed", "embed_options", "track"}
 
 
 @dataclass
@@ -66,6 +67,7 @@ class ViewState:
     zoom: int = 0  # cache heatmap: 0 = whole run, else +-zoom steps around the current step
     head: str = "mean"  # attention head of a per-head trace
     cmp: list = field(default_factory=default_cmp)  # compare view's policies
+    track: int = -1  # the tracked position (-1 = none)
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -93,7 +95,7 @@ def from_query(query) -> tuple[ViewState, list[str]]:
                 setattr(st, key, q[key])
             else:
                 notes.append(f"unknown policy {q[key]!r} for {key}; using {getattr(st, key)}")
-    for key in ("layer", "budget", "step", "focus", "why", "zoom"):
+    for key in ("layer", "budget", "step", "focus", "why", "zoom", "track"):
         if key in q:
             try:
                 setattr(st, key, _int(q[key]))
@@ -166,6 +168,8 @@ def to_query(st: ViewState) -> dict[str, str]:
     q["zoom"] = str(st.zoom)
     if st.exp:
         q["exp"] = st.exp
+    if st.track >= 0:
+        q["track"] = str(st.track)
     if st.head != "mean":
         q["head"] = st.head
     if list(st.cmp) != default_cmp(st.a, st.b):

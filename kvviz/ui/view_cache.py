@@ -8,6 +8,9 @@ import streamlit as st
 from kvviz.views.cache import at_step
 from kvviz.ui import compute
 from kvviz.ui.context import CHART, Ctx
+from kvviz.ui.navigation import tracked
+from kvviz.views.toy import SMALL, labelled_heatmap
+from kvviz.views.track import heatmap_with_track
 from kvviz.ui.positions import ZOOMS, zoom_centre, zoom_window
 from kvviz.ui.session import S, keep, restore, wkey
 
@@ -41,6 +44,15 @@ def preview_html(base: dict, step: int) -> str:
 def render(ctx: Ctx):
     st.caption("Who holds which position after every step: one row per step (down), one "
                "column per position (across); a position is generated at its own step.")
+    track = tracked(ctx)
+    if ctx.trace.steps <= SMALL:  # the toy trace: every cell with its number
+        st.plotly_chart(labelled_heatmap(ctx.trace, ctx.ev_a, ctx.ev_b, ctx.step,
+                                         label_a=ctx.label_a, label_b=ctx.label_b, track=track),
+                        key="chart.cache", **CHART)
+        st.caption("Each cell is one (step, position): its colour is who holds the position "
+                   "after that step, its number the attention that step's query paid it in "
+                   "the full trace (each policy sees the row renormalised over what it holds).")
+        return
     restore(wkey("zoom"), 0)
     if S[wkey("zoom")] not in ZOOMS:
         S[wkey("zoom")] = 0
@@ -58,7 +70,11 @@ def render(ctx: Ctx):
         if not S.get("kv.previewed"):  # the session's first heatmap: its PNG before Plotly
             S["kv.previewed"] = True
             preview.markdown(preview_html(base, ctx.step), unsafe_allow_html=True)
-        st.plotly_chart(at_step(base, ctx.step), key="chart.cache", **CHART)
+        fig = at_step(base, ctx.step)
+        if track >= 0:
+            fig = heatmap_with_track(fig, track, ctx.ev_a, ctx.ev_b, ctx.trace.steps,
+                                     ctx.label_a, ctx.label_b)
+        st.plotly_chart(fig, key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
     st.caption(f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "
                "by the disagreement (only A / only B) when the policies differ on a whole line "

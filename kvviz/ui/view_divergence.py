@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from kvviz import explain
 from kvviz import views as V
 from kvviz.ui.context import CHART, Ctx
 from kvviz.ui.navigation import goto
@@ -38,16 +39,15 @@ def render(ctx: Ctx):
         pos = int(why)
     dstep = V.decision_step(ctx.ev_a, ctx.ev_b, pos)
     if dstep < 0:
-        same = ("neither evicts it" if ctx.ev_a[pos] < 0
-                else f"both evict it at step {int(ctx.ev_a[pos])}")
+        same = ("both hold it to the end" if int(ctx.ev_a[pos]) < 0 else
+                f"both evict it at step {int(ctx.ev_a[pos])}")
         c2.warning(f"A and B treat position {pos} the same way ({same}). Divergent positions include "
                    f"{', '.join(map(str, cands[:8]))}…")
         return
-    who = "A" if int(ctx.ev_a[pos]) == dstep else "B"
-    c2.markdown(f"Position **{pos}**: A evicts it {V.divergence.when_evicted(ctx.ev_a[pos])}, "
-                f"B {V.divergence.when_evicted(ctx.ev_b[pos])}. **{who}** evicted it first, at step "
-                f"**{dstep}**; below, both policies' candidates at that step.")
-    c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
     panels = [ctx.panel("a", dstep), ctx.panel("b", dstep)]
+    facts = [explain.decision(w, p, pos) for w, p in zip("AB", panels)]
+    c2.markdown(explain.why_text(pos, ctx.ev_a, ctx.ev_b, facts, dstep)
+                + " Below, both policies' candidates at that step.")
+    c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
     st.plotly_chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)
     st.dataframe(V.why_table(pos, dstep, panels, tokens=ctx.trace.tokens), hide_index=True)

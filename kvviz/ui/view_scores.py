@@ -4,10 +4,25 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from kvviz import explain
 from kvviz import views as V
 from kvviz.ui.context import CHART, Ctx
+from kvviz.ui.navigation import tracked
 from kvviz.ui.positions import focus_input
 from kvviz.ui.session import set_value
+from kvviz.views.toy import SMALL, label_bars
+
+
+def panels(ctx: Ctx, s: int) -> list[dict]:
+    """The panels shown (each with its policy's parameters, which the explanation reads)."""
+    def one(which):
+        return dict(ctx.panel(which, s), params=dict(ctx.pa if which == "a" else ctx.pb))
+
+    if ctx.solo:
+        return [one(ctx.solo)]
+    pa, pb = one("a"), one("b")
+    # show the pooled policy first (the neighbourhood is built around its slots)
+    return [pb, pa] if "pooled" in pb["scores"] and "pooled" not in pa["scores"] else [pa, pb]
 
 
 def render(ctx: Ctx):
@@ -15,18 +30,22 @@ def render(ctx: Ctx):
     st.caption("Each held slot's score at this step as the policy computed it (its own "
                "`scores()`): lowest goes first. Hover a slot for its numbers; for SnapKV, which "
                "neighbour's window sum set its pooled score.")
-    if ctx.solo:
-        panels = [ctx.panel(ctx.solo, s)]
-    else:
-        pa, pb = ctx.panel("a", s), ctx.panel("b", s)
-        # show the pooled policy first (the neighbourhood is built around its slots)
-        panels = [pb, pa] if "pooled" in pb["scores"] and "pooled" not in pa["scores"] else [pa, pb]
-    victims = np.concatenate([p["victims"] for p in panels])
-    auto = int(victims[0]) if len(victims) else int(s // 2)
+    shown = panels(ctx, s)
+    victims = np.concatenate([p["victims"] for p in shown])
+    track = tracked(ctx)
+    auto = track if track >= 0 else int(victims[0]) if len(victims) else int(s // 2)
     center = focus_input(ctx, auto)
-    st.plotly_chart(V.neighbourhood_figure(panels, s, center, tokens=ctx.trace.tokens),
-                    key="chart.scores", **CHART)
-    for p in panels:
+    fig = V.neighbourhood_figure(shown, s, center, tokens=ctx.trace.tokens)
+    if ctx.trace.steps <= SMALL:
+        label_bars(fig)
+    st.plotly_chart(fig, key="chart.scores", **CHART)
+    if track >= 0:
+        n = explain.number_format([d.score for d in (explain.decision(p["label"][0], p, track)
+                                                     for p in shown)])
+        lines = [explain.tracked_score_text(explain.decision(p["label"][0], p, track), track, s, n)
+                 for p in shown]
+        st.markdown(f"**Tracked position {track}** at step {s}: " + " ".join(lines))
+    for p in shown:
         if "pooled" in p["scores"]:
             d = V.defended_positions(p["kept"], p["scores"], p["victims"])
             if len(d):
@@ -36,8 +55,9 @@ def render(ctx: Ctx):
                             "victims; a neighbour's pooled score kept it).")
                 c2.button(f"zoom to {int(d[0])}", key="scores.defended", on_click=set_value,
                           args=("focus", int(d[0])))
-                shown = center if center in set(d.tolist()) else int(d[0])
-                e = V.scores.pooling_explanation(p["kept"], p["scores"], p["victims"], shown)
-                st.info(V.scores.explain_text(e, s), icon=":material/shield:")
+                pos = center if center in set(d.tolist()) else int(d[0])
+                f = explain.pooling_facts(p["kept"], p["scores"], p["victims"], pos,
+                                          p["params"], s)
+                st.info(explain.pooling_text(f), icon=":material/shield:")
             else:
                 st.caption(f"{p['label']} at step {s}: no slot defended by pooling at this step.")

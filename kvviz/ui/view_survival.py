@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from kvviz import explain
 from kvviz import views as V
 from kvviz.ui.context import CHART, Ctx
 
@@ -14,6 +15,10 @@ def render(ctx: Ctx):
     st.plotly_chart(V.survival_figure(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a,
                                       label_b=ctx.label_b), key="chart.survival", **CHART)
     s = ctx.step
+    sides = (("A", ctx.label_a, ctx.ev_a),) if ctx.solo else (
+        ("A", ctx.label_a, ctx.ev_a), ("B", ctx.label_b, ctx.ev_b))
+    st.caption(explain.survival_text([explain.survival_facts(w, lab, ev, s)
+                                      for w, lab, ev in sides], s))
     rows = []
     for lab, ev in ((f"A: {ctx.label_a}", ctx.ev_a), (f"B: {ctx.label_b}", ctx.ev_b)):
         rows.append({"policy": lab, "sinks held": int(V.sinks_held(ev)[s]),

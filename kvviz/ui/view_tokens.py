@@ -5,7 +5,10 @@ import numpy as np
 import streamlit as st
 
 from kvviz import views as V
+from kvviz import explain
 from kvviz.ui.context import CHART, Ctx
+from kvviz.ui.navigation import tracked
+from kvviz.views.track import strip_track_css
 from kvviz.ui.positions import zoom_centre
 
 
@@ -14,8 +17,14 @@ def render(ctx: Ctx):
                "hold it after this step.")
     tokens = ctx.trace.tokens
     s = ctx.step
-    st.html(V.token_strip_html(tokens, ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,
-                               label_b=ctx.label_b, hi=min(len(tokens), s + 1 + 24)))
+    track = tracked(ctx)
+    strip = V.token_strip_html(tokens, ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,
+                               label_b=ctx.label_b, hi=min(len(tokens), s + 1 + 24))
+    if track >= 0:  # the tracked token outlined in red, its state said
+        st.markdown(explain.track_text(track, tokens, ctx.ev_a, ctx.ev_b, s, bool(ctx.solo))
+                    + " (outlined in red below)")
+        strip = strip_track_css(track) + strip
+    st.html(strip)
     centre = zoom_centre(ctx)
     lo = int(np.clip(centre - 30, 0, max(0, len(tokens) - 60)))
     st.plotly_chart(V.token_timeline_figure(tokens, ctx.ev_a, ctx.ev_b, s, lo=lo, hi=lo + 60,

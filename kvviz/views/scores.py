@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz import explain
 from kvviz.policies import POLICIES, rank_of, score_labels
 
 from .common import DEFENDED_COLOUR, base_layout, log_ticks, visible_token
@@ -55,100 +56,55 @@ def eviction_order(policy: str, kept, scores) -> np.ndarray:
 
 
 def defended_positions(kept, scores, victims) -> np.ndarray:
-    """SnapKV's "defended" slots at one step: kept only because pooling lifted them.
-
-    With k = number of victims this step, these are the candidates whose own window sum
-    would have ranked among the k lowest (ties to the lower position) but which the
-    pooled score did not evict. Empty when nothing was evicted or scores lack pooling.
-    """
-    kept = np.asarray(kept)
-    victims = np.asarray(victims, dtype=np.int64)
-    if "sums" not in scores or "pooled" not in scores or len(victims) == 0:
-        return np.empty(0, np.int64)
-    cand = np.flatnonzero(np.asarray(scores["candidate"], bool))
-    sums = np.asarray(scores["sums"], dtype=np.float64)[cand]
-    by_sum = cand[np.lexsort((kept[cand], sums))][:len(victims)]
-    would_go = kept[by_sum]
-    return np.setdiff1d(would_go, victims).astype(np.int64)
+    """SnapKV's "defended" slots at one step: kept only because pooling lifted them
+    (`kvviz.explain.defended`)."""
+    return explain.defended(kept, scores, victims)
 
 
-def pooled_from(kept, scores) -> np.ndarray:
-    """Per slot, the position whose own window sum is its pooled score (the nearest kept
-    slot with that sum, itself when pooling did not lift it). Read off the policy's own
-    `sums` and `pooled`, so it needs no kernel size."""
+def pooled_from(kept, scores, radius: int | None = None) -> np.ndarray:
+    """Per slot, the position whose own window sum is its pooled score: the nearest held
+    slot within `radius` slots with that sum (ties to the lower position), itself when
+    pooling did not lift it. Without `radius`, any held slot (nearest)."""
     kept = np.asarray(kept)
     sums = np.asarray(scores["sums"], float)
     pooled = np.asarray(scores["pooled"], float)
+    r = len(kept) if radius is None else int(radius)
     out = kept.copy()
     for i in np.flatnonzero(pooled != sums):
-        js = np.flatnonzero(sums == pooled[i])
-        if len(js):
-            out[i] = kept[js[np.argmin(np.abs(js - i))]]
+        src = explain.pooling_source(kept, sums, pooled, int(i), r)
+        if src is not None:
+            out[i] = kept[src[0]]
     return out
 
 
-def pooling_explanation(kept, scores, victims, position: int) -> dict | None:
-    """Why pooling kept `position` at this step, in the policy's own numbers: its window
-    sum, the neighbour whose sum lifted it, its pooled score, and the slot evicted
-    instead (the first victim, its own sum and pooled score). None unless `position` is
-    a defended slot (see `defended_positions`)."""
-    kept = np.asarray(kept)
-    if position not in set(defended_positions(kept, scores, victims).tolist()):
-        return None
-    sums = np.asarray(scores["sums"], float)
-    pooled = np.asarray(scores["pooled"], float)
-    src = pooled_from(kept, scores)
-    i = int(np.flatnonzero(kept == position)[0])
-    n = int(src[i])
-    j = int(np.flatnonzero(kept == n)[0])
-    vic = [int(v) for v in victims if v in set(kept.tolist())]
-    vk = int(np.flatnonzero(kept == vic[0])[0]) if vic else None
-    return dict(position=int(position), own_sum=float(sums[i]), neighbour=n,
-                neighbour_sum=float(sums[j]), pooled=float(pooled[i]),
-                victim=vic[0] if vic else None,
-                victim_sum=float(sums[vk]) if vk is not None else None,
-                victim_pooled=float(pooled[vk]) if vk is not None else None)
+def pooling_explanation(kept, scores, victims, position: int, params: dict | None = None):
+    """Why pooling kept `position` at this step (`kvviz.explain.Pooling` facts, step
+    unset), or None unless it is a defended slot. `params`: SnapKV's (pool_kernel)."""
+    return explain.pooling_facts(kept, scores, victims, position, params or {}, -1)
 
 
-def _distinct(*values):
-    """A formatter with 4 significant digits, more if needed to tell `values` apart
-    (a text saying "0.001455 is higher than 0.001455" helps nobody)."""
-    vals = [v for v in values if v is not None]
-    for p in range(4, 12):
-        if len({f"{v:.{p}g}" for v in vals}) == len(set(vals)):
-            break
-    return lambda v: f"{v:.{p}g}"
+def explain_text(e, step: int) -> str:
+    """The defended slot's sentences (the guided experiment, the Scores view, the hover)."""
+    from dataclasses import replace
+
+    return explain.pooling_text(replace(e, step=int(step)))
 
 
-def explain_text(e: dict, step: int) -> str:
-    """Two sentences for a defended slot (what the guided experiment and the hover say)."""
-    f = _distinct(e["own_sum"], e["victim_sum"])
-    first = (f"At step {step}, position {e['position']}'s own window sum is {f(e['own_sum'])}, "
-             f"low enough to be evicted, but the slot beside it in the cache, position "
-             f"{e['neighbour']}, has {f(e['neighbour_sum'])}, so the max-pool gives "
-             f"{e['position']} the pooled score "
-             f"{f(e['pooled'])} and keeps it.")
-    if e["victim"] is None:
-        return first
-    return first + (f" Position {e['victim']} goes instead: its own sum {f(e['victim_sum'])} "
-                    f"is higher, but no neighbour lifts it, so its pooled score "
-                    f"{f(e['victim_pooled'])} is the lowest.")
-
-
-def slot_hover(kept, scores, victims, step: int) -> np.ndarray:
+def slot_hover(kept, scores, victims, step: int, params: dict | None = None) -> np.ndarray:
     """Hover text per slot of a pooled policy: its window sum and pooled score, the
     position the pooled score comes from, and for a defended slot the full explanation."""
     kept = np.asarray(kept)
     sums = np.asarray(scores["sums"], float)
     pooled = np.asarray(scores["pooled"], float)
-    src = pooled_from(kept, scores)
+    radius = (int((params or {}).get("pool_kernel", 5)) - 1) // 2
+    src = pooled_from(kept, scores, radius)
     defended = set(defended_positions(kept, scores, victims).tolist())
     out = []
     for i, pos in enumerate(kept):
         t = (f"position {pos}<br>own window sum {sums[i]:.4g}<br>pooled score {pooled[i]:.4g}"
              + (f" (position {src[i]}'s sum)" if src[i] != pos else " (its own sum)"))
         if int(pos) in defended:
-            e = pooling_explanation(kept, scores, victims, int(pos))
+            e = pooling_explanation(kept, scores, victims, int(pos), params)
             t += "<br><b>defended by pooling</b>: " + "<br>".join(_wrap(explain_text(e, step)))
         out.append(t)
     return np.asarray(out, dtype=object)
@@ -221,7 +177,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
             sums = np.asarray(sc["sums"], float)[sel]
             pooled = np.asarray(sc["pooled"], float)[sel]
             defended = np.intersect1d(defended_positions(kept, sc, p["victims"]), x)
-            hover = slot_hover(kept, sc, p["victims"], step)[sel]
+            hover = slot_hover(kept, sc, p["victims"], step, p.get("params"))[sel]
             fig.add_trace(go.Bar(x=x, y=fix(sums), name="window sum", marker_color=np.where(
                 cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=hover,
                 hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
