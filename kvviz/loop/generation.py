@@ -126,10 +126,11 @@ class Generation:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "granularity": self.granularity,
                 "prompt_mode": self.prompt_mode, "configs": [c.to_dict() for c in self.configs],
-                "prompt_ids": self.prompt_ids.tolist(), "tokens": list(self.tokens),
+                "prompt_ids": self.prompt_ids.tolist(), "prompt_len": self.prompt_len, "tokens": list(self.tokens),
                 "new_ids": self.new_ids.tolist(),
                 "logprobs": [[None if np.isnan(x) else float(x) for x in row] for row in self.logprobs],
-                "texts": list(self.texts), "stopped": list(self.stopped),
+                "texts": list(self.texts), "stopped": list(self.stopped), "agreement": self.agreement,
+                "departure": self.departure,
                 "pieces": [list(p) for p in self.pieces], "evicted_at": self.evicted_at.tolist(),
                 "results": self.results, "meta": self.meta}
 
