@@ -10,7 +10,6 @@ import pytest
 from kvviz.loop import Generation, LoopConfig, generate, load_generation
 from kvviz.replay import NEVER
 
-from apphelp import require_capture_stack
 
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
 N = 6
