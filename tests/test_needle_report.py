@@ -48,3 +48,27 @@ def test_report_counts_and_verdicts(tmp_path):
     assert "H2O and Scissorhands both keep it (answer right): 1 of 3; the reverse: 1" in doc
     assert "prefill eviction is right more often than decode-time eviction in 1 of 3" in doc
     assert "Not computed: run this script with --predictors" in doc
+
+
+def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
+    """setup.py's NEEDLE and scripts/needle_ship.sh describe the same grid."""
+    import runpy
+    import shlex
+
+    import setuptools
+
+    from kvviz.needle.cli import grid_from, parser
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    shipped = runpy.run_path(str(root / "setup.py"))["NEEDLE"]
+    env, ids = {}, []
+    for line in (root / "scripts" / "needle_ship.sh").read_text().splitlines():
+        if "=" in line.split(" ")[0] and not line.startswith("export"):
+            k, v = line.split("=", 1)
+            env[k] = " ".join(shlex.split(v.replace("$SIX", env.get("SIX", ""))))
+        elif line.startswith("$N "):
+            argv = shlex.split(env["N"])[3:] + shlex.split(line[3:].replace("$SIX", env["SIX"]).replace("$ALL", env["ALL"]))
+            ids += [s.id for s in grid_from(parser().parse_args(argv[1:])).prompts()]
+    assert len(ids) == len(set(ids)) == 40  # 5 + 10 + 10 + 5 + 10 prompts
+    assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == sorted(x for x in shipped if "/runs/" in x)
