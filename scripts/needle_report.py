@@ -202,6 +202,11 @@ def q4(df) -> str:
             f"the held share gap {(t['held prefill'] - t['held decode']).mean():+.2f}.")
 
 
+def spearman(a: pd.Series, b: pd.Series) -> float:
+    """Rank correlation, ties averaged (pandas' own method="spearman" needs scipy)."""
+    return a.rank().corr(b.rank())
+
+
 def q5(df, out: Path) -> str:
     path = out / "predictors.json"
     if not path.is_file():
@@ -217,9 +222,9 @@ def q5(df, out: Path) -> str:
             continue
         j = pred.join(acc.rename("accuracy"), how="inner")
         rows.append({"accuracy in": mode, "configs": len(j),
-                     "rho retained mass": j.retained_mass.corr(j.accuracy, method="spearman"),
-                     "rho -perplexity": (-j.perplexity).corr(j.accuracy, method="spearman"),
-                     "rho top-1 agreement": j.top1_agreement.corr(j.accuracy, method="spearman")})
+                     "rho retained mass": spearman(j.retained_mass, j.accuracy),
+                     "rho -perplexity": spearman(-j.perplexity, j.accuracy),
+                     "rho top-1 agreement": spearman(j.top1_agreement, j.accuracy)})
     if not rows:
         return "Too few configurations in common with predictors.json."
     t = pd.DataFrame(rows)
