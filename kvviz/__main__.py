@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | needle | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     """The one tree: each command's module adds its node (importing none of torch, ray,
     streamlit or hypothesis: those load inside its `run`)."""
     from . import capture, check, launch
-    from .loop import cli as loop_cli
+    from .loop import cli as loop_cli, generate_cli
     from .needle import cli as needle_cli
     from .sweep import cli as sweep_cli
 
@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     sub = tree.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _perf_parser(sub)
-    for module in (capture, loop_cli, needle_cli, launch, sweep_cli, check):
+    for module in (capture, loop_cli, generate_cli, needle_cli, launch, sweep_cli, check):
         module.parser(sub)
     return tree
 

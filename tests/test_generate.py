@@ -10,7 +10,6 @@ import pytest
 from kvviz.loop import Generation, LoopConfig, generate, load_generation
 from kvviz.replay import NEVER
 
-from apphelp import require_capture_stack
 
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
 N = 6
@@ -40,6 +39,40 @@ def test_generate_refuses_before_loading_the_model(monkeypatch, kwargs, needle):
     with pytest.raises(ValueError) as err:
         generate(args.pop("prompt"), [LoopConfig("tova", {}, 8)], args.pop("max_new_tokens"), **args)
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--prompt", "   "], "--prompt is empty"),
+    (["--prompt-file", "{empty}"], "is empty"),
+    (["--prompt", "hi", "--prompt-file", "{empty}"], "not allowed with argument"),
+    ([], "--prompt or --prompt-file is required"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--prompt", "hi", "--max-new-tokens", "x"], "--max-new-tokens: invalid int value"),
+    (["--prompt", "hi", "--budget", "0"], "--budget must be >= 1, got 0"),
+    (["--prompt", "hi", "--policy", "nosuch"], "unknown policy 'nosuch'"),
+    (["--prompt", "hi", "--policy", "tova:sinks=2"], "tova has no parameter ['sinks']"),
+    (["--prompt", "hi", "--prompt-mode", "chunked"], "--prompt-mode: invalid choice: 'chunked'"),
+])
+def test_cli_refuses_in_one_line_before_loading_the_model(tmp_path, monkeypatch, capsys, args, needle):
+    from kvviz.__main__ import main
+
+    (tmp_path / "empty.txt").write_text(" \n", encoding="utf-8")
+    for name in ("torch", "transformers"):  # a refusal must come before either is imported
+        monkeypatch.setitem(sys.modules, name, None)
+    argv = ["generate", *[a.format(empty=tmp_path / "empty.txt") for a in args]]
+    if "--max-new-tokens" not in args:
+        argv += ["--max-new-tokens", "4"]
+    if "--policy" not in args:
+        argv += ["--policy", "tova"]
+    if "--budget" not in args:
+        argv += ["--budget", "8"]
+    with pytest.raises(SystemExit) as stop:
+        sys.exit(main(argv))
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert out == ""
 
 
 def test_budget_refused_by_the_config():
@@ -213,3 +246,20 @@ def test_a_row_stops_at_eos_and_records_nothing_more(smollm):
     assert "4" in gen.texts[0] and "<|im_end|>" not in gen.texts[0]
     assert len(gen.generated(1)) == 12 and tok.eos_token_id not in gen.generated(1)
     assert (gen.evicted_at[1] != NEVER).any()
+
+
+def test_cli_prints_full_first_marks_the_departure_and_writes_json(smollm, tmp_path, capsys):
+    from kvviz.__main__ import main
+
+    out = tmp_path / "g.json"
+    assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "6", "--policy", "streaming-llm:sinks=1",
+                 "--budget", "4", "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    gen = load_generation(out)
+    assert gen.labels == ["full", "streaming-llm(sinks=1)@4"] and gen.prompt_mode == "decode"
+    rows = [line for line in printed if line.startswith(("full ", "streaming-llm"))]
+    assert [r.split()[0] for r in rows] == gen.labels
+    d = gen.departure[1]
+    assert d >= 0, printed  # 4 positions decoding the prompt lose the pattern
+    assert rows[1].endswith(("".join(gen.pieces[1][:d]) + "|>" + "".join(gen.pieces[1][d:])).replace("\n", "\\n"))
+    assert "|>" not in rows[0]

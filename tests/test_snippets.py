@@ -59,7 +59,7 @@ def test_the_name_check_catches_an_undefined_name():
 def test_snippet_runs_as_shown(code, tmp_path, monkeypatch, request):
     compiled = compile(code, "<snippet>", "exec")
     assert not undefined_names(code), undefined_names(code)
-    if "run_loop(" in code or "capture(" in code:
+    if "run_loop(" in code or "capture(" in code or "generate(" in code:
         request.getfixturevalue("smollm")  # the session's one model load (tests/conftest.py)
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "traces").symlink_to(ROOT / "traces")

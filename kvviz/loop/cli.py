@@ -26,7 +26,8 @@ def perf_policies() -> list[str]:
     return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
 
 
-def _error(message):  # one clear line, not usage + message
+def one_line_error(message):
+    """argparse's `error` for kvviz's commands: one clear line and exit 2, not usage + message."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -39,7 +40,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p = (sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses "
                         "(needs pip install 'kvviz[capture]')", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
-    p.error = _error
+    p.error = one_line_error
     p.add_argument("--text", help="UTF-8 text file to read")
     p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
     p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
@@ -89,8 +90,8 @@ class Progress:
     """A tqdm bar on stderr (tokens, tokens/s, ETA), as a `progress(done, total)` callable.
     tqdm is a main dependency (the sweep's bar is tqdm too)."""
 
-    def __init__(self, label: str, quiet: bool = False):
-        self.label, self.quiet, self.bar = label, quiet, None
+    def __init__(self, label: str, quiet: bool = False, command: str = "loop"):
+        self.label, self.quiet, self.bar, self.command = label, quiet, None, command
 
     def __call__(self, done: int, total: int) -> None:
         if self.quiet:
@@ -98,7 +99,7 @@ class Progress:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc=f"[kvviz loop] {self.label}", unit="tok",
+            self.bar = tqdm(total=total, desc=f"[kvviz {self.command}] {self.label}", unit="tok",
                             file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
         self.bar.update(done - self.bar.n)
         if done >= total:

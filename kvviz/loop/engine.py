@@ -33,23 +33,34 @@ class State:
     statistics (`pull`), the bias goes back after the bookkeeping (`push`). On the CPU they
     are the same memory and neither copies.
 
-    `record_prompt(T0)` arms a prefill: the next multi-token forward writes batch row 0's
+    `record_prompt(T0)` arms a prefill: the next forward (any length) writes batch row 0's
     prompt rows (L, G, T0, T0) and key norms (L, G, T0) into `prompt` / `prompt_norms`."""
 
     def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu"):
-        self.G, self.T = G, T
-        self.bias_h = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
-        self.bias = self.bias_h.numpy()
-        self.cur_h = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
-        self.cur = self.cur_h.numpy()
-        self.knorm_h = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
-        self.knorm = self.knorm_h.numpy()
+        self.G, self.T = G, 0
         self.on_host = torch.device(device).type == "cpu"
         self.device = device
-        self.bias_t = self.bias_h if self.on_host else self.bias_h.to(device)
-        self.cur_t = self.cur_h if self.on_host else self.cur_h.to(device)
+        self.knorm_h = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
+        self.knorm = self.knorm_h.numpy()
         self.knorm_t = self.knorm_h if self.on_host else self.knorm_h.to(device)
+        self.bias_h = torch.zeros(B, L, Hk, 0)
+        self.cur_h = torch.zeros(B, L, G, 0)
+        self.grow(torch, T)
         self.prompt_t = self.prompt_norms_t = self.prompt = self.prompt_norms = None
+
+    def grow(self, torch, T: int) -> None:
+        """Room for T positions, what is set kept (kvviz.hf does not know the length ahead)."""
+        if T <= self.T:
+            return
+        B, L, Hk, old = self.bias_h.shape
+        bias = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
+        bias[..., :old] = self.bias_h
+        self.bias_h, self.bias = bias, bias.numpy()
+        self.cur_h = torch.zeros(B, L, self.G, T)  # this step's weights, mean over each group's query heads
+        self.cur = self.cur_h.numpy()
+        self.bias_t = self.bias_h if self.on_host else self.bias_h.to(self.device)
+        self.cur_t = self.cur_h if self.on_host else self.cur_h.to(self.device)
+        self.T = T
 
     def record_prompt(self, torch, T0: int) -> None:
         L, G = self.cur.shape[1:3]
@@ -102,7 +113,16 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         scores = scores + st.bias_t[:B, module.layer_idx, :, None, :k]
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
-    if st is not None and q == 1:
+    if st is not None and st.prompt_t is not None:
+        w0 = w.view(B, Hk, g, q, k)[0].float()  # row i is query i over keys 0..k-1 (row i's self at i)
+        norms = key[0].float().norm(dim=-1)  # (Hk, k)
+        if st.G == 1:
+            st.prompt_t[module.layer_idx, 0, :q, :k] = w0.mean(dim=(0, 1))
+            st.prompt_norms_t[module.layer_idx, 0, :k] = norms.mean(dim=0)
+        else:
+            st.prompt_t[module.layer_idx, :, :q, :k] = w0.mean(dim=1)
+            st.prompt_norms_t[module.layer_idx, :, :k] = norms
+    elif st is not None and q == 1:
         t = k - 1  # self weight dropped: the policies decide about earlier positions
         w = w.view(B, Hk, g, k)[..., :t]
         norms = key[:, :, t].float().norm(dim=-1)  # (B, Hk): the new key, after RoPE, as cached
@@ -112,15 +132,6 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         else:
             st.cur_t[:, module.layer_idx, :, :t] = w.mean(dim=2)
             st.knorm_t[:, module.layer_idx] = norms
-    elif st is not None and st.prompt_t is not None:
-        w0 = w.view(B, Hk, g, q, k)[0].float()  # row i is query i over keys 0..k-1 (row i's self at i)
-        norms = key[0].float().norm(dim=-1)  # (Hk, k)
-        if st.G == 1:
-            st.prompt_t[module.layer_idx, 0, :q, :k] = w0.mean(dim=(0, 1))
-            st.prompt_norms_t[module.layer_idx, 0, :k] = norms.mean(dim=0)
-        else:
-            st.prompt_t[module.layer_idx, :, :q, :k] = w0.mean(dim=1)
-            st.prompt_norms_t[module.layer_idx, :, :k] = norms
     return out, None
 
 

@@ -45,7 +45,8 @@ class Generation:
 
     - `new_ids` int64 (C, N): each row's generated tokens, -1 after the row stopped;
       `logprobs` float64 (C, N): each token's log-probability under its own row, NaN-padded.
-    - `stopped`: "eos" or "length" per row; `texts`: the decoded continuations.
+    - `stopped`: "eos" or "length" per row; `texts`: the decoded continuations; `pieces`:
+      per row, one display string per generated token (kvviz.models.token_strings).
     - `evicted_at` int64 (C, L, G, T0 + N): the step at which each position was evicted,
       kvviz.replay.NEVER if never (prefill victims: step T0 - 1).
     - `agreement[c]`: share of the N columns where row c's token equals the full row's (two
@@ -64,6 +65,7 @@ class Generation:
     stopped: list
     evicted_at: np.ndarray
     meta: dict = field(default_factory=dict)
+    pieces: list = field(default_factory=list)  # per row, one display string per generated token
     agreement: list = field(init=False)
     departure: list = field(init=False)
 
@@ -101,6 +103,15 @@ class Generation:
         ev = self.evicted_at[c, :, :, : step + 1]
         return (ev == NEVER) | (ev > step)
 
+    def marked(self, c: int, marker: str = "|>") -> str:
+        """Row c's continuation with `marker` before the first token that differs from the
+        full row's (none if it never departs); newlines shown as \\n."""
+        pieces = self.pieces[c] if self.pieces else [self.texts[c]]
+        d = self.departure[c]
+        if d >= 0 and self.pieces:
+            pieces = pieces[:d] + [marker] + pieces[d:]
+        return "".join(pieces).replace("\n", "\\n")
+
     @property
     def results(self) -> list[dict]:
         out = []
@@ -115,11 +126,13 @@ class Generation:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "granularity": self.granularity,
                 "prompt_mode": self.prompt_mode, "configs": [c.to_dict() for c in self.configs],
-                "prompt_ids": self.prompt_ids.tolist(), "tokens": list(self.tokens),
+                "prompt_ids": self.prompt_ids.tolist(), "prompt_len": self.prompt_len, "tokens": list(self.tokens),
                 "new_ids": self.new_ids.tolist(),
                 "logprobs": [[None if np.isnan(x) else float(x) for x in row] for row in self.logprobs],
-                "texts": list(self.texts), "stopped": list(self.stopped),
-                "evicted_at": self.evicted_at.tolist(), "results": self.results, "meta": self.meta}
+                "texts": list(self.texts), "stopped": list(self.stopped), "agreement": self.agreement,
+                "departure": self.departure,
+                "pieces": [list(p) for p in self.pieces], "evicted_at": self.evicted_at.tolist(),
+                "results": self.results, "meta": self.meta}
 
     def save(self, path) -> None:
         """JSON, written atomically (a temporary file, then os.replace)."""
@@ -138,7 +151,8 @@ class Generation:
         return cls(configs=configs, granularity=d["granularity"], prompt_mode=d["prompt_mode"],
                    prompt_ids=np.asarray(d["prompt_ids"], np.int64), tokens=d["tokens"],
                    new_ids=new_ids, logprobs=logprobs, texts=d["texts"], stopped=d["stopped"],
-                   evicted_at=np.asarray(d["evicted_at"], np.int64), meta=d.get("meta", {}))
+                   evicted_at=np.asarray(d["evicted_at"], np.int64), meta=d.get("meta", {}),
+                   pieces=d.get("pieces", []))
 
 
 def load_generation(path) -> Generation:

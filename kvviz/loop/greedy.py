@@ -98,7 +98,8 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             state.push()
             model_s, book_s = model_s + t1 - t0, book_s + time.perf_counter() - t1
             report(T0, T)
-        prompt_s = time.perf_counter() - t_prompt
+        t_gen = time.perf_counter()
+        prompt_s = t_gen - t_prompt
         for i in range(N):
             chosen = host[:, 0].astype(np.int64)
             for c in np.flatnonzero(active):
@@ -112,13 +113,16 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             host, m, b = step(mdl, cache, state, torch.tensor(chosen, device=dev), T0 + i, configs, policies,
                               evicted_at, greedy_stats, active)
             model_s, book_s = model_s + m, book_s + b
+    gen_s = time.perf_counter() - t_gen
     if progress is not None:
         progress(T, T)
     texts = [tok.decode([int(x) for x in row[row >= 0]], skip_special_tokens=True) for row in new_ids]
+    pieces = [token_strings(tok, [int(x) for x in row[row >= 0]]) for row in new_ids]
     meta = {**model_provenance(mdl), "bos": bos, "seed": seed, "prompt_mode": prompt_mode,
             "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
             "model_seconds": model_s, "bookkeeping_seconds": book_s, "prompt_seconds": prompt_s,
+            "generation_seconds": gen_s,
             "seconds": time.perf_counter() - start}
     return Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,
                       prompt_ids=np.array(ids, np.int64), tokens=shown, new_ids=new_ids, logprobs=logprobs,
-                      texts=texts, stopped=stopped, evicted_at=evicted_at, meta=meta)
+                      texts=texts, stopped=stopped, evicted_at=evicted_at, meta=meta, pieces=pieces)
