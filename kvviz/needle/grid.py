@@ -93,11 +93,3 @@ def build_configs(policies, budgets) -> list[LoopConfig]:
     except ValueError as exc:  # the loop's messages name its own flags
         msg = re.sub(r"--budget\b", "--budgets", re.sub(r"--policy\b", "--policies", str(exc)))
         raise ValueError(msg) from None
-
-
-def split(value: str, kind, name: str) -> list:
-    """'256,512' -> [256, 512]; ValueError names the option."""
-    try:
-        return [kind(x) for x in str(value).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated {kind.__name__} values, got {value!r}") from None

@@ -105,7 +105,7 @@ def build(tok, length: int, depth, seed: int, haystack: str | None = None) -> Ne
             best = (text, ids, offsets)
         if len(ids) == length:
             break
-        n = max(0, min(len(hay_ids), n + length - len(ids) + (0 if len(ids) < length else 0)))
+        n = max(0, min(len(hay_ids), n + length - len(ids)))
     if best is None:
         raise ValueError(f"--lengths {length}: cannot build a prompt this short around the pass key")
     text, ids, offsets = best
