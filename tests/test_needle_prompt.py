@@ -75,3 +75,13 @@ def test_refusals_name_the_parameter_before_the_model_loads(tok, tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_without_the_capture_stack_needle_names_the_install(tmp_path, capsys, monkeypatch):
+    import sys
+
+    for name in ("torch", "transformers"):  # as after `pip install .` without extras
+        monkeypatch.setitem(sys.modules, name, None)
+    code = main(["needle", "--out", str(tmp_path / "o"), "--policies", "tova", "--budgets", "64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "kvviz needle needs the capture stack" in err[0]
