@@ -9,7 +9,7 @@ from kvviz.needle import list_runs, load_results, load_run
 from kvviz.needle.grid import Grid
 from kvviz.needle.prompt import build
 
-LENGTH, DEPTH, SEED, N = 128, 25, 0, 6
+LENGTH, DEPTH, SEED, N = 96, 25, 0, 6
 SINKS, BUDGET = 4, 32
 
 
