@@ -14,6 +14,14 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 
+DEPTHS = (10, 30, 50, 70, 90)  # the pass-key grid of README, "The pass-key test"
+NEEDLE = (
+    "traces/needle/results.csv", "traces/needle/results.json", "traces/needle/predictors.json",
+    *(f"traces/needle/runs/L{n}-d{d}-s{s}-{mode}-{gran}.npz" for n, seeds, mode, gran in (
+        (256, (0,), "decode", "layer"), (256, (0, 1), "prefill", "layer"), (512, (0, 1), "prefill", "layer"),
+        (1024, (0,), "prefill", "layer"), (512, (0, 1), "prefill", "kv-head")) for d in DEPTHS for s in seeds),
+)
+
 SHIPPED = (
     "app.py",
     "traces/README.md",
@@ -29,6 +37,7 @@ SHIPPED = (
     "traces/sources/execmodel.txt",
     "traces/sources/graphlib.py.txt",
     "traces/sources/make_table.py",
+    *(NEEDLE if (ROOT / "traces/needle/results.csv").is_file() else ()),
 )
 
 

@@ -77,7 +77,7 @@ def run(args) -> int:
     if failed.any():
         first = df[failed].iloc[0]
         print(f"python -m kvviz sweep: {int(failed.sum())} of {len(df)} cells failed; first "
-              f"({first['policy']} at budget {first['budget']} on {first['trace']}): "
+              f"({first['policy']} at budget {first['budget']} on {first.get('trace', first.get('text'))}): "
               f"{first['error']}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,353 @@
+"""The pass-key grid's numbers: README's table and docs/needle.md, from the results CSV.
+
+    .venv/bin/python scripts/needle_report.py traces/needle                 # print the report
+    .venv/bin/python scripts/needle_report.py traces/needle --predictors    # first run the loop (question 5)
+    .venv/bin/python scripts/needle_report.py traces/needle --write         # also rewrite docs/needle.md
+                                                                            # and README's marked table
+
+Every number is computed here from DIR/results.csv (kvviz.needle.load_results); nothing is
+typed. `--predictors` runs kvviz.loop.run_loop once on the grid's first decode-mode prompt
+with that prompt's configurations, and keeps, per configuration, the loop's perplexity and
+the replay's retained mass (kvviz.bench.evaluate on the full cache's own attention rows,
+layers 0, 14 and 29) in DIR/predictors.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvviz.needle import load_results, load_run  # noqa: E402
+
+MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
+
+
+def short(row) -> str:
+    p = row["params"]
+    if row["policy"] == "snapkv":
+        return f"snapkv k={p.get('pool_kernel')}"
+    if row["policy"] == "streaming-llm":
+        return f"streaming-llm sinks={p.get('sinks')}"
+    return row["policy"]
+
+
+def prepare(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["name"] = [short(r) for _, r in df.iterrows()]
+    df["L"] = df["held_end_by_layer"].map(len)
+    df["whole"] = df["layers_whole"] == df["L"]
+    df["prompt"] = df["length"].astype(str) + "/" + df["depth"].astype(str) + "/" + df["seed"].astype(str)
+    return df
+
+
+def pct(x) -> str:
+    return "–" if pd.isna(x) else f"{100 * x:.0f} %"
+
+
+def table(df: pd.DataFrame) -> str:
+    """Accuracy per policy (rows) at each prompt mode x budget, layer granularity, all lengths."""
+    d = df[df.granularity == "layer"]
+    cols = sorted({(m, b) for m, b in zip(d.prompt_mode, d.budget) if b > 0}, key=lambda x: (x[0] != "decode", x[1]))
+    names = ["full"] + sorted(set(d.name) - {"full"})
+    head = "| policy | " + " | ".join(f"{m} {b}" for m, b in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    full = d[d.policy == "full"]
+    lines.append("| full cache | " + " | ".join(
+        pct(full[full.prompt_mode == m].correct.mean()) for m, _ in cols) + " |")
+    for n in names[1:]:
+        cells = []
+        for m, b in cols:
+            x = d[(d.name == n) & (d.prompt_mode == m) & (d.budget == b)]
+            cells.append(f"{pct(x.correct.mean())} ({x.held_end.mean():.2f})" if len(x) else "–")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    runs = {m: d[(d.prompt_mode == m) & (d.policy == "full")].id.nunique() for m in ("decode", "prefill")}
+    lines.append("")
+    lines.append(f"Share of prompts answered with the key (in brackets: share of the key's positions held at "
+                 f"the end of the prompt, mean over layers); {runs['decode']} decode and {runs['prefill']} "
+                 f"prefill prompts at layer granularity, lengths {sorted(d.length.unique().tolist())}.")
+    return "\n".join(lines)
+
+
+def paired(df, a: str, b: str, keys=("prompt_mode", "budget")):
+    """Per prompt mode x budget: accuracy, held_end and 'whole' of a and b on the same prompts,
+    and how often a is wrong where b is right (and the reverse)."""
+    out = []
+    d = df[df.granularity == "layer"]
+    for (m, bud), g in d[d.name.isin([a, b])].groupby(list(keys)):
+        x = g[g.name == a].set_index("id")
+        y = g[g.name == b].set_index("id")
+        common = x.index.intersection(y.index)
+        if not len(common):
+            continue
+        x, y = x.loc[common], y.loc[common]
+        out.append({"mode": m, "budget": bud, "n": len(common),
+                    f"acc {a}": x.correct.mean(), f"acc {b}": y.correct.mean(),
+                    f"held {a}": x.held_end.mean(), f"held {b}": y.held_end.mean(),
+                    f"whole {a}": x.whole.mean(), f"whole {b}": y.whole.mean(),
+                    f"{a} wrong, {b} right": int((~x.correct & y.correct).sum()),
+                    f"{a} right, {b} wrong": int((x.correct & ~y.correct).sum())})
+    return pd.DataFrame(out)
+
+
+def fmt(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "(no runs)"
+    return df.to_markdown(index=False, floatfmt=".2f") if _has_tabulate() else "```\n" + df.to_string(
+        index=False, float_format=lambda v: f"{v:.2f}") + "\n```"
+
+
+def _has_tabulate() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tabulate") is not None
+
+
+def q1(df) -> str:
+    parts = []
+    verdicts = []
+    for other in ("h2o", "scissorhands"):
+        t = paired(df, "tova", other)
+        parts.append(f"TOVA against {other}:\n\n" + fmt(t))
+        if not t.empty:
+            lose = int(t[f"tova wrong, {other} right"].sum())
+            win = int(t[f"tova right, {other} wrong"].sum())
+            held_less = int((t[f"held tova"] < t[f"held {other}"]).sum())
+            verdicts.append(f"against {other}, TOVA is wrong where {other} is right on {lose} prompts and "
+                            f"right where it is wrong on {win}; TOVA holds less of the key in {held_less} of "
+                            f"{len(t)} mode x budget cells")
+    if not verdicts:
+        return "No TOVA / H2O / Scissorhands runs in this grid."
+    both = paired3(df)
+    return ("\n\n".join(parts) + "\n\n**Answer:** " + "; ".join(verdicts) + ". " + both)
+
+
+def paired3(df) -> str:
+    d = df[(df.granularity == "layer") & df.name.isin(["tova", "h2o", "scissorhands"])]
+    piv = d.pivot_table(index=["id", "budget"], columns="name", values="correct", aggfunc="first").dropna()
+    if piv.empty or not {"tova", "h2o", "scissorhands"} <= set(piv.columns):
+        return ""
+    piv = piv.astype(bool)
+    card = int((~piv.tova & piv.h2o & piv.scissorhands).sum())
+    rev = int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum())
+    verdict = "The card's warning holds in this grid" if card > rev else "The card's warning does not hold in this grid"
+    return (f"Runs where TOVA loses the key while H2O and Scissorhands both keep it (answer right): {card} of "
+            f"{len(piv)}; the reverse: {rev}. {verdict}.")
+
+
+def q2(df) -> str:
+    t = paired(df, "snapkv k=5", "snapkv k=1")
+    if t.empty:
+        return "No SnapKV poolKernel 5 / 1 pairs in this grid."
+    whole5, whole1 = (df[df.name == n].whole.mean() for n in ("snapkv k=5", "snapkv k=1"))
+    acc5, acc1 = (df[df.name == n].correct.mean() for n in ("snapkv k=5", "snapkv k=1"))
+    more = "more" if whole5 > whole1 else "not more"
+    turns = "and it is right more often" if acc5 > acc1 else "but that does not make it right more often"
+    return (fmt(t) + f"\n\n**Answer:** over all runs, poolKernel 5 keeps the key whole in every layer in "
+            f"{pct(whole5)} of runs, poolKernel 1 in {pct(whole1)} ({more} often), {turns} "
+            f"(accuracy {pct(acc5)} against {pct(acc1)}).")
+
+
+def q3(df) -> str:
+    d = df[(df.policy != "full") & (df.granularity == "layer")]
+    if d.empty:
+        return "No evicting runs."
+    c, w = d.correct.astype(bool), d.whole
+    n = {"right, whole": int((c & w).sum()), "right, not whole": int((c & ~w).sum()),
+         "wrong, whole": int((~c & w).sum()), "wrong, not whole": int((~c & ~w).sum())}
+    necessary = n["right, not whole"] == 0
+    sufficient = n["wrong, whole"] == 0
+    verdict = {(True, True): "necessary and sufficient", (True, False): "necessary, not sufficient",
+               (False, True): "sufficient, not necessary", (False, False): "neither necessary nor sufficient"}
+    L = int(d.L.max())
+    held = pd.DataFrame(d.held_end_by_layer.tolist(), index=d.index).iloc[:, :L]
+    corr = held.apply(lambda col: col.corr(c.astype(float)) if col.std() > 0 else float("nan"))
+    top = corr.dropna().sort_values(ascending=False).head(5)
+    whole_l = held.eq(1.0)
+    lines = [f"- layer {int(l)}: r = {r:.2f}; accuracy {pct(c[whole_l[l]].mean())} when it holds the whole key, "
+             f"{pct(c[~whole_l[l]].mean())} when not" for l, r in top.items()]
+    return (f"Over {len(d)} evicting runs (layer granularity): " + ", ".join(f"{k} {v}" for k, v in n.items())
+            + f". **Answer:** \"every key token held in every layer\" is {verdict[(necessary, sufficient)]} for a "
+            f"correct answer in this grid.\n\nLayers whose held share at the end of the prompt goes most with a "
+            f"right answer (Pearson r over runs):\n\n" + "\n".join(lines))
+
+
+def q4(df) -> str:
+    d = df[(df.policy != "full") & (df.granularity == "layer")]
+    rows = []
+    for (n, b), g in d.groupby(["name", "budget"]):
+        x = g[g.prompt_mode == "decode"].set_index("prompt")
+        y = g[g.prompt_mode == "prefill"].set_index("prompt")
+        common = x.index.intersection(y.index)
+        if not len(common):
+            continue
+        x, y = x.loc[common], y.loc[common]
+        rows.append({"policy": n, "budget": b, "n": len(common), "acc decode": x.correct.mean(),
+                     "acc prefill": y.correct.mean(), "held decode": x.held_end.mean(),
+                     "held prefill": y.held_end.mean(),
+                     "same verdict": (x.correct.values == y.correct.values).mean()})
+    if not rows:
+        return "No prompts ran in both modes."
+    t = pd.DataFrame(rows)
+    gap = (t["acc prefill"] - t["acc decode"])
+    return (fmt(t) + f"\n\n**Answer:** on the same prompts, prefill eviction is right more often than decode-time "
+            f"eviction in {int((gap > 0).sum())} of {len(t)} policy x budget pairs, less often in "
+            f"{int((gap < 0).sum())}; the mean accuracy gap (prefill − decode) is {100 * gap.mean():+.0f} points, "
+            f"the held share gap {(t['held prefill'] - t['held decode']).mean():+.2f}.")
+
+
+def spearman(a: pd.Series, b: pd.Series) -> float:
+    """Rank correlation, ties averaged (pandas' own method="spearman" needs scipy)."""
+    return a.rank().corr(b.rank())
+
+
+def q5(df, out: Path) -> str:
+    path = out / "predictors.json"
+    if not path.is_file():
+        return "Not computed: run this script with --predictors (it runs the loop once)."
+    pred = pd.DataFrame(json.loads(path.read_text())["configs"]).set_index("label")
+    lines = [f"Loop and replay on prompt {json.loads(path.read_text())['id']} (the same haystack), "
+             f"against accuracy over the grid's runs of each configuration:"]
+    rows = []
+    for mode in ("decode", "prefill"):
+        d = df[(df.prompt_mode == mode) & (df.granularity == "layer") & df.label.isin(pred.index) & (df.policy != "full")]
+        acc = d.groupby("label").correct.mean()
+        if len(acc) < 3:
+            continue
+        j = pred.join(acc.rename("accuracy"), how="inner")
+        rows.append({"accuracy in": mode, "configs": len(j),
+                     "rho retained mass": spearman(j.retained_mass, j.accuracy),
+                     "rho -perplexity": spearman(-j.perplexity, j.accuracy),
+                     "rho top-1 agreement": spearman(j.top1_agreement, j.accuracy)})
+    if not rows:
+        return "Too few configurations in common with predictors.json."
+    t = pd.DataFrame(rows)
+    best = t.iloc[:, 2:].abs().mean().idxmax()
+    return ("\n".join(lines) + "\n\n" + fmt(t) + f"\n\n**Answer:** Spearman rank correlation across configurations; "
+            f"the strongest predictor here is {best.replace('rho ', '')} "
+            f"(mean |rho| {t[best].abs().mean():.2f}).")
+
+
+def predictors(out: Path, df: pd.DataFrame) -> None:
+    """Run the loop once on the first decode prompt's text with its configs; save DIR/predictors.json."""
+    import torch
+
+    torch.set_num_threads(1)
+    from kvviz.bench import evaluate
+    from kvviz.loop import LoopConfig, run_loop
+
+    d = df[df.prompt_mode == "decode"].sort_values(["length", "depth", "seed"])
+    id_ = d.id.iloc[0]
+    run = load_run(out, id_)
+    text = "".join(str(t) for t in run["tokens"])
+    configs = [LoopConfig(c["policy"], c["params"], c["budget"]) for c in run["meta"]["configs"]]
+    res = run_loop(text, configs, granularity="layer", max_tokens=len(run["tokens"]))
+    f = next(i for i, c in enumerate(configs) if c.is_full)
+    rows = []
+    for c, (cfg, r) in enumerate(zip(configs, res.results)):
+        mass = None
+        if not cfg.is_full:
+            mass = float(sum(evaluate(res.trace(f, layer), cfg.policy, cfg.budget, **cfg.params)["retained_mass"]
+                             for layer in res.rows_layers) / len(res.rows_layers))
+        rows.append({"label": cfg.label, "perplexity": r["perplexity"], "top1_agreement": r["top1_agreement"],
+                     "retained_mass": mass})
+    (out / "predictors.json").write_text(json.dumps({"id": id_, "layers": res.rows_layers, "configs": rows}, indent=1))
+
+
+def report(out: Path) -> tuple[str, str]:
+    df = prepare(load_results(out))
+    tab = table(df)
+    lengths = sorted(df.length.unique().tolist())
+    n_runs = df.id.nunique()
+    cfg_n = df.groupby("id").size()
+    doc = [
+        "# The pass-key test under eviction",
+        "",
+        "Generated by `scripts/needle_report.py` from `traces/needle/results.csv`; every number below is "
+        "computed from that file (and, for question 5, `traces/needle/predictors.json`). Rerun the script after "
+        "the grid to refresh it. The grid and how long it took: README, \"The pass-key test\".",
+        "",
+        f"What ran: {n_runs} prompts ({', '.join(map(str, lengths))} tokens; depths "
+        f"{sorted(df.depth.unique().tolist())} %; seeds {sorted(df.seed.unique().tolist())}; prompt modes "
+        f"{sorted(df.prompt_mode.unique().tolist())}; granularities {sorted(df.granularity.unique().tolist())}), "
+        f"{int(cfg_n.min())}–{int(cfg_n.max())} configurations each, {len(df)} rows. Model: "
+        f"{load_run(out, df.id.iloc[0])['meta']['model'].get('model', '?')}.",
+        "",
+        "A run is right when the key's five digits appear in its greedy answer. *Held at the end* is the share of "
+        "the key's token positions (both mentions) still in the cache after the prompt's last step, mean over "
+        "layers (and KV heads); *whole* means every key position held in every layer.",
+        "",
+        "## Accuracy by policy, prompt mode and budget",
+        "",
+        tab,
+        "",
+        "## By depth and length (accuracy of evicting runs, layer granularity)",
+        "",
+        fmt(df[(df.policy != "full") & (df.granularity == "layer")].pivot_table(
+            index="depth", columns=["prompt_mode", "length"], values="correct", aggfunc="mean").reset_index()),
+        "",
+        "## 1. Does TOVA lose the pass key where H2O and Scissorhands keep it?",
+        "",
+        q1(df),
+        "",
+        "## 2. Does SnapKV's pooling keep the key whole more often than poolKernel 1?",
+        "",
+        q2(df),
+        "",
+        "## 3. Is every key token in every layer necessary, sufficient, or neither?",
+        "",
+        q3(df),
+        "",
+        "## 4. Decode-time against prefill eviction, policy by policy",
+        "",
+        q4(df),
+        "",
+        "## 5. Do the replay's retained mass or the loop's perplexity predict accuracy?",
+        "",
+        q5(df, out),
+        "",
+    ]
+    kv = df[df.granularity == "kv-head"]
+    if len(kv):
+        doc[-1:-1] = ["## Per KV head (one budget)", "",
+                      fmt(kv[kv.policy != "full"].groupby(["name", "budget", "prompt_mode"]).agg(
+                          n=("correct", "size"), accuracy=("correct", "mean"), held_end=("held_end", "mean"),
+                          whole=("whole", "mean")).reset_index()), ""]
+    return tab, "\n".join(doc)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/needle_report.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", nargs="?", default=str(ROOT / "traces" / "needle"))
+    p.add_argument("--predictors", action="store_true", help="run the loop for question 5 first")
+    p.add_argument("--write", action="store_true", help="rewrite docs/needle.md and README's marked table")
+    args = p.parse_args(argv)
+    out = Path(args.dir)
+    try:
+        df = load_results(out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.predictors:
+        predictors(out, df)
+    tab, doc = report(out)
+    print(doc)
+    if args.write:
+        (ROOT / "docs" / "needle.md").write_text(doc)
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        if MARK[0] in text:
+            text = re.sub(re.escape(MARK[0]) + ".*?" + re.escape(MARK[1]),
+                          lambda _: f"{MARK[0]}\n{tab}\n{MARK[1]}", text, flags=re.S)
+            readme.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

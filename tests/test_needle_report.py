@@ -1,0 +1,74 @@
+"""scripts/needle_report.py computes its answers from the CSV: hand-built runs whose
+counts are known give those counts and verdicts."""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kvviz.needle.results import run_id, save_run, write_tables
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import needle_report  # noqa: E402
+
+CONFIGS = [("full", {}, None), ("tova", {}, 4), ("h2o", {"recent_window": 1}, 4),
+           ("scissorhands", {"history_window": 1, "recent_window": 1}, 4)]
+
+
+def _save(out, mode, depth, correct, lost):
+    """T0 = 10, key at 3 and 4, 2 layers; `lost[c]` = layers where config c loses position 3."""
+    ev = np.full((4, 2, 1, 12), -1, np.int32)
+    for c, layers in enumerate(lost):
+        for layer in layers:
+            ev[c, layer, 0, 3] = 8
+    meta = {"id": run_id(10, depth, 0, mode, "layer"), "length": 10, "depth": depth, "seed": 0,
+            "prompt_mode": mode, "granularity": "layer", "key": "12", "key_positions": [3, 4],
+            "question_start": 7, "prompt_len": 10, "max_new_tokens": 2,
+            "configs": [{"policy": p, "params": q, "budget": b, "label": f"{p}@{b}" if b else "full"}
+                        for p, q, b in CONFIGS],
+            "answers": ["12" if ok else "x" for ok in correct], "correct": correct,
+            "model": {"model": "hand-built"}, "layers": 2, "kv_heads": 1}
+    save_run(out, meta, np.arange(10), [str(i) for i in range(10)], np.zeros((4, 2)), ev)
+
+
+def test_report_counts_and_verdicts(tmp_path):
+    # decode, depth 10: tova loses the key in layer 1 and is wrong, h2o and scissorhands keep it and are right
+    _save(tmp_path, "decode", 10, [True, False, True, True], [[], [1], [], []])
+    # decode, depth 90: everyone right; scissorhands right without the whole key
+    _save(tmp_path, "decode", 90, [True, True, True, True], [[], [], [], [0]])
+    # prefill, depth 10: tova right, the others wrong with the key whole
+    _save(tmp_path, "prefill", 10, [True, True, False, False], [[], [], [], []])
+    write_tables(tmp_path)
+    table, doc = needle_report.report(tmp_path)
+    assert "| full cache | 100 % | 100 % |" in table
+    assert "| tova | 50 % (0.88) | 100 % (1.00) |" in table
+    # 9 evicting runs: right+whole 5 (tova d90, h2o d10, d90, sc d10, tova prefill), right+not whole 1
+    # (sc d90), wrong+whole 2 (h2o, sc prefill), wrong+not whole 1 (tova d10)
+    assert "right, whole 5, right, not whole 1, wrong, whole 2, wrong, not whole 1" in doc
+    assert "neither necessary nor sufficient" in doc
+    assert "H2O and Scissorhands both keep it (answer right): 1 of 3; the reverse: 1" in doc
+    assert "prefill eviction is right more often than decode-time eviction in 1 of 3" in doc
+    assert "Not computed: run this script with --predictors" in doc
+
+
+def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
+    """setup.py's NEEDLE and scripts/needle_ship.sh describe the same grid."""
+    import runpy
+    import shlex
+
+    import setuptools
+
+    from kvviz.needle.cli import grid_from, parser
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    shipped = runpy.run_path(str(root / "setup.py"))["NEEDLE"]
+    env, ids = {}, []
+    for line in (root / "scripts" / "needle_ship.sh").read_text().splitlines():
+        if "=" in line.split(" ")[0] and not line.startswith("export"):
+            k, v = line.split("=", 1)
+            env[k] = " ".join(shlex.split(v.replace("$SIX", env.get("SIX", ""))))
+        elif line.startswith("$N "):
+            argv = shlex.split(env["N"])[3:] + shlex.split(line[3:].replace("$SIX", env["SIX"]).replace("$ALL", env["ALL"]))
+            ids += [s.id for s in grid_from(parser().parse_args(argv[1:])).prompts()]
+    assert len(ids) == len(set(ids)) == 40  # 5 + 10 + 10 + 5 + 10 prompts
+    assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == sorted(x for x in shipped if "/runs/" in x)
