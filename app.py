@@ -48,8 +48,23 @@ with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the lin
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")
+panels.open_linked_experiment()
 
 key, layer, version, trace = sidebar.trace_controls()
+if panels.current_view(trace.tokens is not None) == "loop":
+    # the closed-loop results carry their own policies, budgets and steps: the page-wide
+    # ones would be a second, unrelated set of controls on the screen
+    sidebar.loop_note()
+    with top:
+        panels.experiments_box()
+    with main.container():
+        panels.view_selector(trace.tokens is not None)
+        panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
+    for note in session.pop_notes():
+        notices.warning(note, icon=":material/warning:")
+    st.session_state["kv.drawn"] = True
+    session.write_url()
+    st.stop()
 budget, pols = sidebar.policy_controls(trace.steps, trace)
 
 with top:
@@ -80,6 +95,7 @@ if solo:
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
     ctx.step = panels.navigator(ctx)
+    session.check_positions(ctx.step)
     panels.status(ctx)
 with main.container():
     view = panels.view_selector(trace.tokens is not None)

@@ -48,6 +48,9 @@ def navigator(ctx: Ctx) -> int:
             note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
                  f"showing step {clamped}")
         S[wkey("step")] = clamped
+    # set, not left to the widget: a slider whose range changed (another trace) would
+    # otherwise start again at 0
+    S[wkey("step")] = int(S[wkey("step")])
     nxt = ctx.next_divergence(int(S[wkey("step")]))
     step = st.slider("step", 0, steps - 1, key=wkey("step"),
                      help="the decode step shown (state after that step's eviction)")

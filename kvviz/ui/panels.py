@@ -13,6 +13,7 @@ from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, vi
                       view_metrics, view_scores, view_slides, view_survival, view_tokens)
 from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
+from kvviz.ui.guided import open_linked as open_linked_experiment  # noqa: F401
 from kvviz.ui.navigation import advance, navigator, status  # noqa: F401
 from kvviz.ui.session import S, keep, note, restore, wkey
 from kvviz.ui.state import VIEW_LABELS
@@ -29,6 +30,18 @@ RENDER = {
     "export": view_export.render,
     "loop": view_loop.render,
 }
+
+
+def current_view(has_tokens: bool) -> str:
+    """The view this run will draw, before its selector is drawn (the sidebar depends on it)."""
+    cur = S.get(wkey("view"), S["kv"].get("view", "cache"))
+    return cur if cur in RENDER and (cur != "tokens" or has_tokens) else "cache"
+
+
+def loop_ctx(key, layer, version, trace) -> Ctx:
+    """The loop view's context: the trace only (its runs come from its result files)."""
+    return Ctx(key=key, layer=layer, version=version, trace=trace, budget=0, a="", b="",
+               pa=(), pb=(), eng_a=None, eng_b=None, label_a="", label_b="")
 
 
 def view_selector(has_tokens: bool) -> str:

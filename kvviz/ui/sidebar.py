@@ -184,13 +184,27 @@ def param_control(which: str, spec):
     return value
 
 
+def loop_note() -> None:
+    """In place of the budget and policies on the loop view, which has its own."""
+    st.sidebar.header("Cache")
+    st.sidebar.caption("The model-in-the-loop results carry their own policies and budgets: "
+                       "choose them in the view. The page's budget and policies A/B come back "
+                       "on the other views, as they were.")
+
+
 def policy_controls(steps: int, trace=None):
     """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...}).
     With `trace`, a policy the trace cannot drive (knorm without key norms) is refused too,
     in the replay's own words."""
     st.sidebar.header("Cache")
     _budget_for_trace(steps)
-    _clamp_restore(wkey("budget"), default_budget(steps), 1, steps, label="budget")
+    default = default_budget(steps)
+    asked = restore(wkey("budget"), default)
+    if session.from_link("budget") and not 1 <= int(asked) <= steps:
+        # a budget cut to 1 or to the trace's length shows nothing worth seeing
+        note(f"budget={asked} is outside 1–{steps}; using this trace's default, {default}")
+        S[wkey("budget")] = default
+    _clamp_restore(wkey("budget"), default, 1, steps)
     budget = st.sidebar.number_input("budget (slots held)", min_value=1, max_value=steps, step=32,
                                      key=wkey("budget"),
                                      help="How many key/value positions each policy may hold.")
