@@ -7,17 +7,13 @@ controls) and kvviz.views (pure figure builders).
 """
 import streamlit as st
 
+from kvviz.ui import layout
 from kvviz.ui.imports import import_lock, settle
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
-# The page's style and title in one element (each element costs every run a message). A
-# projector is often 1024x768: below 1280 px the main column gets its side padding back.
-st.markdown("<style>[data-testid='stMainBlockContainer']{padding-top:2.2rem}"
-            "@media (max-width: 1280px) {[data-testid='stMainBlockContainer']"
-            "{padding-left: 1.2rem; padding-right: 1.2rem}}</style>\n\n"
-            "#### kvviz: watch KV-cache eviction policies decide, step by step",
-            unsafe_allow_html=True)
+# The page's style and title in one element (each element costs every run a message).
+st.markdown(f"<style>{layout.CSS}</style>\n\n#### {layout.TITLE}", unsafe_allow_html=True)
 notices = st.container()   # notes about the link
 top = st.container()       # experiments, step navigation, status line
 main = st.empty()          # the selected view
@@ -94,7 +90,8 @@ if solo:
     setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
-    ctx.step = panels.navigator(ctx)
+    with st.container(key="nav"):  # its button row wraps instead of cutting labels
+        ctx.step = panels.navigator(ctx)
     session.check_positions(ctx.step)
     panels.status(ctx)
 with main.container():

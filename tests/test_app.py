@@ -142,7 +142,7 @@ def test_token_view_follows_step(traces):
 def test_metrics_and_sweeps(traces):
     at = tiny(view="metrics")
     ok(at)
-    df = at.dataframe[0].value
+    df = at.table[0].value
     assert list(df["run"]) == ["A", "B"] and 0 < df["retained mass"].iloc[0] <= 1
     for key in ("sweep.budget", "sweep.pool", "sweep.obs"):
         at.button(key=key).click().run()
@@ -338,7 +338,7 @@ def test_experiment_pooling_off(traces):
     q = qp(at)
     assert (q["trace"], q["a"], q["b"], q["b.poolKernel"], q["budget"]) == (
         "canonical", "tova", "snapkv", "1", "512")
-    df = at.dataframe[0].value
+    df = at.table[0].value
     assert df["retained mass"].iloc[0] == df["retained mass"].iloc[1]
     assert "Pooling off" in " ".join(m.value for m in at.markdown)
 
@@ -349,7 +349,7 @@ def test_experiment_obswindow(traces):
     ok(at)
     q = qp(at)
     assert q["a"] == q["b"] == "snapkv" and q["a.obsWindow"] == "1" and q["b.obsWindow"] == "64"
-    df = at.dataframe[0].value
+    df = at.table[0].value
     assert df["retained mass"].iloc[0] == df["retained mass"].iloc[1]
     assert df["memory (bytes)"].iloc[1] > df["memory (bytes)"].iloc[0]
 
@@ -372,7 +372,7 @@ def test_experiment_quiet_heavy_hitter(traces):
     q = qp(at)
     assert (q["a"], q["b"], q["view"]) == ("tova", "h2o", "divergence")
     pos, step = int(q["why"]), int(q["step"])
-    rows = at.dataframe[0].value
+    rows = at.table[0].value
     tova, h2o = rows.iloc[0], rows.iloc[1]
     assert tova["evicted at this step"] and not h2o["evicted at this step"]
     assert h2o["held before eviction"] and tova["position"] == pos and tova["step"] == step
@@ -417,12 +417,12 @@ def test_remaining_controls(traces):
     ok(at)
     assert qp(at)["b"] == "scissorhands" and "b.historyWindow" in qp(at)
     # the "why" position by its number box, then "go to step"
-    rows = at.dataframe[0].value
+    rows = at.table[0].value
     pos = int(rows["position"].iloc[0])
     at.number_input(key="w.why").set_value(pos).run()
     ok(at)
     assert qp(at)["why"] == str(pos)
-    dstep = int(at.dataframe[0].value["step"].iloc[0])
+    dstep = int(at.table[0].value["step"].iloc[0])
     at.button(key="why.go").click().run()
     ok(at)
     assert at.slider(key="w.step").value == dstep

@@ -171,3 +171,21 @@ def test_loop_view_has_one_step_slider_and_no_page_budget(monkeypatch):
     at.segmented_control(key="w.view").set_value("cache").run()
     ok(at)
     assert at.slider(key="w.step").value == 700 and at.number_input(key="w.budget").value == 256
+
+
+# --- waiting -----------------------------------------------------------------------------
+def test_a_sweep_says_what_it_is_doing(traces):
+    at = app(trace="file:short.npz", view="metrics")
+    ok(at)
+    at.button(key="sweep.obs").click().run()
+    ok(at)
+    labels = [s.label for s in at.status]
+    assert any(lab.startswith("Swept 8 settings in ") for lab in labels), labels
+
+
+def test_memory_has_a_thousands_separator(traces):
+    at = app(view="metrics")  # 512 slots: tens of thousands of bytes
+    ok(at)
+    body = at.table[0].proto.arrow_data.styler.display_values.hex()  # the Styler's shown text
+    memory = at.table[0].value["memory (bytes)"].iloc[0]
+    assert memory >= 1000 and f"{memory:,}".encode().hex() in body

@@ -11,6 +11,7 @@ from kvviz.views.common import A_COLOUR, B_COLOUR
 from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
 
 PLAY_SPEEDS = (1, 4, 16, 64)
+NBSP = "\u00a0"
 PLAY_INTERVAL_S = 1.0
 
 
@@ -52,7 +53,7 @@ def navigator(ctx: Ctx) -> int:
     # otherwise start again at 0
     S[wkey("step")] = int(S[wkey("step")])
     nxt = ctx.next_divergence(int(S[wkey("step")]))
-    step = st.slider("step", 0, steps - 1, key=wkey("step"),
+    step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
     cols = st.columns([1.2, 1.2, 1, 1, 2.1], vertical_alignment="center", gap="small")
@@ -124,8 +125,8 @@ def status(ctx: Ctx):
         line.markdown(
             f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
-            f"**|A Δ B|** {diff} · first divergence: "
-            f"{'none' if first < 0 else f'step {first}'}  \n"
+            f"**|A Δ B|** {diff} · first\u00a0divergence:\u00a0"  # kept on one line
+            f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
             f"evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
     if ctx.budget >= ctx.trace.steps:

@@ -90,11 +90,12 @@ HEAD_HELP = ("Which attention the policies see: the mean over all heads, one KV 
 
 
 def head_label(label: str) -> str:
-    """'kv1' -> 'kv1 · KV head 1 (its query heads' mean)'; 'q4' -> 'q4 · query head 4'."""
+    """'kv1' -> 'kv1 · KV head 1'; 'q4' -> 'q4 · query head 4' (short: the sidebar's box
+    is narrow, and the help says what a KV head's attention is)."""
     if label == "mean":
         return "mean · all heads"
-    if label.startswith("kv") and label[2:].isdigit():
-        return f"{label} · KV head {label[2:]} (its query heads' mean)"
+    if label.startswith("kv") and label[2:].isdigit():  # the mean of its query heads (help)
+        return f"{label} · KV head {label[2:]}"
     if label.startswith("q") and label[1:].isdigit():
         return f"{label} · query head {label[1:]}"
     return label

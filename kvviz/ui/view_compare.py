@@ -10,6 +10,7 @@ import streamlit as st
 
 from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
+from kvviz.ui.context import table
 from kvviz.ui.session import S, keep, restore, wkey
 from kvviz.ui.state import default_cmp
 from kvviz.views import compare as C
@@ -104,8 +105,6 @@ def render(ctx) -> None:
                "evicted, white not yet generated. The red line is the current step.")
     st.plotly_chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
                     config=chart_config("compare_survival", ctx), width="stretch")
-    st.dataframe(C.compare_table(rows), hide_index=True,
-                 column_config={c: st.column_config.NumberColumn(format="%.6f") for c in
-                                ("retained mass", "heavy-hitter recall", "attention loss")})
+    table(C.compare_table(rows).drop(columns=["budget"]))  # one budget: said below
     st.caption(f"All at budget {ctx.budget} on this trace; metrics from kvviz.metrics.summary "
                "(the Metrics view's numbers). 'held now': slots held after the current step.")
