@@ -15,7 +15,7 @@ st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="ðŸ
 # The page's style and title in one element (each element costs every run a message).
 st.markdown(f"<style>{layout.CSS}</style>\n\n#### {layout.TITLE}", unsafe_allow_html=True)
 notices = st.container()   # notes about the link
-top = st.container()       # experiments, step navigation, status line
+top = st.container()       # step navigation, status line
 main = st.empty()          # the selected view
 # Streamlit runs every session's script in its own thread, so on a fresh server the first
 # sessions import numpy, pandas, PIL and plotly at the same moment. `import numpy` waits for a
@@ -46,12 +46,15 @@ for note in notes:
     notices.warning(f"Link: {note}")
 panels.open_linked_experiment()
 
+# The guided experiments and an open experiment's text head the sidebar: beside the chart
+# they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
+experiments = st.sidebar.container()
 key, layer, version, trace = sidebar.trace_controls()
 if panels.current_view(trace.tokens is not None) == "loop":
     # the closed-loop results carry their own policies, budgets and steps: the page-wide
     # ones would be a second, unrelated set of controls on the screen
     sidebar.loop_note()
-    with top:
+    with experiments:
         panels.experiments_box()
     with main.container():
         panels.view_selector(trace.tokens is not None)
@@ -63,7 +66,7 @@ if panels.current_view(trace.tokens is not None) == "loop":
     st.stop()
 budget, pols = sidebar.policy_controls(trace.steps, trace)
 
-with top:
+with experiments:
     panels.experiments_box()
 for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
     notices.warning(note, icon=":material/warning:")

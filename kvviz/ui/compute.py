@@ -67,7 +67,7 @@ def trace_version(key: str) -> str:
 
 def trace_label(key: str) -> str:
     if key == "canonical":
-        return "canonical (synthetic, 4096 steps)"
+        return "canonical (synthetic)"  # its steps: the caption below (a narrow box)
     if key.startswith("file:"):
         return f"traces/{key[5:]}"
     if key.startswith("upload:"):

@@ -86,7 +86,7 @@ def experiments_box():
             found = _pooling(view_state())
             text = text.format(trace=experiments.POOLING_TRACE) + " " + (
                 explain_text(found[1], found[0]) if found else "no such step on this trace.")
-        box = st.container(border=True, key="exp-box")  # its height: kvviz.ui.layout
+        box = st.container(border=True)
         c1, c2 = box.columns([12, 1])
         c1.markdown(f"**Experiment: {spec['title']}** — " + text)
         c2.button("✕", key="exp.close", help="hide this explanation",

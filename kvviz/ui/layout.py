@@ -2,12 +2,12 @@
 zoom, which leaves an 819x614 CSS-pixel window), measured by tests/test_e2e_projector.py.
 
 Why each rule: the first chart must be on the first screen, so the top of the page is tight
-(less padding, the step slider's label hidden: its value shows on the thumb; below 900 px
-a narrower sidebar, smaller title and tighter view buttons); a row of buttons wraps to a
-second line instead of cutting its labels ("p… J"); the collapsed sidebar's "»" sits over
-the top-left corner, so the title moves right of it; an experiment's explanation scrolls
-inside a box of a few lines; small tables (st.table) wrap their headers and tighten
-their cells instead of running off the right edge.
+(less padding, the step slider's label and min/max hidden: its value shows on the thumb;
+below 900 px a narrower sidebar, smaller title, tighter buttons); a row of buttons wraps to
+a second line instead of cutting its labels ("p… J"); the header holding the collapsed
+sidebar's "»" is drawn over the page's top, so the title moves below it; small tables
+(st.table) wrap their headers and tighten their cells instead of running off the right edge.
+The guided experiments head the sidebar (app.py), beside the chart they explain.
 """
 TITLE = "kvviz: watch KV-cache eviction policies decide, step by step"
 
@@ -23,14 +23,22 @@ CSS = (
     "[data-testid='stSidebar']{width:15rem!important;min-width:15rem!important}"
     f"{MAIN} h4{{font-size:1rem}}"
     f"{MAIN} [data-testid='stButtonGroup'] button{{padding:.2rem .55rem;min-height:2rem}}"
-    ".st-key-exp-box{max-height:6.5rem}"
+    ".st-key-nav button{padding-left:.5rem;padding-right:.5rem}"
+    f"{ROW}{{column-gap:.4rem}}"
     "[data-testid='stTable'] th,[data-testid='stTable'] td{padding:.2rem .3rem;"
     "font-size:.8rem}}"
-    ".st-key-exp-box{max-height:9.5rem;overflow-y:auto}"
     "[data-testid='stTable'] th{white-space:normal;overflow-wrap:anywhere}"
-    # the sidebar collapsed: its expand control is over the title's first letters
-    ".stApp:has([data-testid='stSidebar'][aria-expanded='false']) "
-    f"{MAIN} h4{{padding-left:2.6rem}}"
+    # the sidebar collapsed: the header, with its expand control, is drawn over the top
+    ".stApp:has([data-testid='stExpandSidebarButton']) "
+    f"{MAIN}{{padding-top:3.9rem}}"
+    # a button too narrow for its label wraps it rather than cut it with an ellipsis
+    "button [data-testid='stMarkdownContainer'] p{white-space:normal;overflow:visible;"
+    "text-overflow:clip}"
+    # a column holding only a button (the experiment's ✕) is as wide as the button
+    "[data-testid='stSidebar'] [data-testid='stColumn']:has(button)"
+    "{min-width:max-content!important}"
+    # the step slider's min/max labels under its track (shown on hover) take a line
+    ".st-key-nav [data-testid='stSliderTickBar']{display:none}"
     # the step navigator's buttons: as wide as their labels, wrapping as a row
     f"{ROW}{{flex-wrap:wrap;row-gap:.4rem}}"
     f"{ROW}>[data-testid='stColumn']{{flex:1 0 auto!important;width:auto!important;"

@@ -72,7 +72,14 @@ def chosen_policies(ctx) -> list[str]:
 
 
 def render(ctx) -> None:
-    chosen = chosen_policies(ctx)
+    charts = st.container()  # above the chooser: the first chart on the first screen
+    with st.expander("choose the policies compared", expanded=False, icon=":material/tune:"):
+        chosen = chosen_policies(ctx)
+    with charts:
+        _draw(ctx, chosen)
+
+
+def _draw(ctx, chosen: list) -> None:
     if not chosen:
         st.info("Choose at least one policy to compare.")
         return
