@@ -76,11 +76,16 @@ class Ctx:
     def ev_b(self):
         return self.eng_b.evicted_at
 
+    def run(self, which: str) -> compute.RunKey:
+        """The cache key of policy 'a' or 'b' on this page (its engine, summary, peeks)."""
+        name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
+        return compute.RunKey(self.key, self.layer, self.version, name, params, self.budget,
+                              self.head)
+
     @cached_property
     def pair(self) -> dict:
-        """compute.pair: divergence steps and |A delta B| per step, shared server-wide."""
-        return compute.pair(self.key, self.layer, self.version, (self.a, self.pa),
-                            (self.b, self.pb), self.budget, self.head)
+        """compute.pair_of: divergence steps and |A delta B| per step, shared server-wide."""
+        return compute.pair_of(self.run("a"), self.run("b"))
 
     @property
     def first_divergence(self) -> int:
@@ -91,9 +96,7 @@ class Ctx:
         return next_after(self.pair["divergences"], after)
 
     def peek(self, which: str, step: int):
-        name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
-        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step,
-                            head=self.head)
+        return self.run(which).peek(step)
 
     def panel(self, which: str, step: int) -> dict:
         kept, scores = self.peek(which, step)

@@ -25,26 +25,20 @@ def chart_config(name: str, ctx) -> dict:
     return {**CONFIG, "toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2}}
 
 
-def head_of(ctx) -> str:
-    return getattr(ctx, "head", "mean")
-
-
 @st.cache_data(max_entries=64, show_spinner=False)
-def shares(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-           head: str = "mean") -> dict:
+def shares(rk: compute.RunKey) -> dict:
     """The run's aggregated held set and its small PNG (both independent of the step)."""
-    ev = compute.get_engine(key, layer, version, policy, params, budget, head=head).evicted_at
-    sh = C.held_shares(ev)
-    return {**sh, "png": C.rgb_to_png(C.held_rgb(sh, C.policy_colour(policy)))}
+    sh = C.held_shares(rk.engine().evicted_at)
+    return {**sh, "png": C.rgb_to_png(C.held_rgb(sh, C.policy_colour(rk.policy)))}
 
 
 def config_for(ctx, name: str) -> tuple:
-    """(params key, label): A's or B's sidebar parameters for their policies, else defaults."""
-    for which, pol, params, label in (("A", ctx.a, ctx.pa, ctx.label_a),
-                                      ("B", ctx.b, ctx.pb, ctx.label_b)):
+    """(run key, label): A's or B's sidebar parameters for their policies, else defaults."""
+    for which, pol, label in (("a", ctx.a, ctx.label_a), ("b", ctx.b, ctx.label_b)):
         if pol == name:
-            return params, label
-    return compute.params_key({s.name: s.default for s in param_specs(name)}), name
+            return ctx.run(which), label
+    defaults = compute.params_key({s.name: s.default for s in param_specs(name)})
+    return ctx.run("a").with_policy(name, defaults), name
 
 
 def params_text(name: str, params: tuple) -> str:
@@ -83,23 +77,20 @@ def _draw(ctx, chosen: list) -> None:
     if not chosen:
         st.info("Choose at least one policy to compare.")
         return
-    head = head_of(ctx)
     panels, rows = [], []
     bar = st.progress(0.0, text="replaying…")
     for i, name in enumerate(chosen):
-        params, label = config_for(ctx, name)
+        rk, label = config_for(ctx, name)
         bar.progress(i / len(chosen), text=f"replaying {name} ({i + 1}/{len(chosen)})…")
         try:
-            eng = compute.get_engine(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
-                                     head=head)
+            eng = rk.engine()
         except ValueError as exc:
             st.warning(f"{name} refuses these settings: {exc}")
             continue
-        sh = shares(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget, head=head)
+        sh = shares(rk)
         panels.append(dict(label=label, evicted_at=eng.evicted_at, shares=sh, png=sh["png"]))
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
-                                head=head)
-        rows.append({"policy": name, "params": params_text(name, params), "budget": ctx.budget,
+        m = rk.summary()
+        rows.append({"policy": name, "params": params_text(name, rk.params), "budget": ctx.budget,
                      "held now": int(held_mask(eng.evicted_at, ctx.step).sum()), **m})
     bar.empty()
     if not panels:

@@ -1,6 +1,8 @@
 """Metrics & sweeps view: summary metrics of A and B, cached sweeps on the current trace."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from kvviz import views as V
@@ -26,8 +28,9 @@ def _sweep(ctx: Ctx, points):
     for i, (name, params, budget) in enumerate(points):
         bar.progress(i / len(points), text=f"{i}/{len(points)}: {name} at budget {budget}")
         try:
-            rows.append(compute.evaluate_one(ctx.key, ctx.layer, ctx.version, name,
-                                             compute.params_key(params), budget, head=ctx.head))
+            rk = replace(ctx.run("a"), policy=name, params=compute.params_key(params),
+                         budget=budget)
+            rows.append(rk.evaluate())
         except ValueError as exc:
             rows.append({"policy": name, "budget": budget, **params, "refused": str(exc)})
     bar.progress(1.0, text=f"{len(points)}/{len(points)}")
@@ -43,8 +46,7 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
     for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
         if ctx.solo and which != ctx.solo:
             continue  # that policy refused its settings
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
-                                head=ctx.head)
+        m = ctx.run(which).summary()
         specs = {sp.name: sp.label for sp in param_specs(name)}
         shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
         rows.append({"run": which.upper(), "policy": name, "params": shown,
