@@ -27,7 +27,7 @@ main = st.empty()          # the selected view
 # makes the browser load and run plotly.js (4.7 MB), which held up drawing the first chart's
 # server-built image (kvviz.ui.view_cache's preview).
 with import_lock():
-    if not st.session_state.get("kv.drawn"):
+    if not st.session_state.get("kv.drawn"):  # session.DRAWN (imported below)
         main.caption("Replaying the policies…")
     import numpy  # noqa: F401
     import pandas  # noqa: F401
@@ -61,7 +61,7 @@ if panels.current_view(trace.tokens is not None) == "loop":
         panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
     for note in session.pop_notes():
         notices.warning(note, icon=":material/warning:")
-    st.session_state["kv.drawn"] = True
+    st.session_state[session.DRAWN] = True
     session.write_url()
     st.stop()
 budget, pols = sidebar.policy_controls(trace.steps, trace)
@@ -102,7 +102,7 @@ with main.container():
     panels.RENDER[view](ctx)
 for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
-st.session_state["kv.drawn"] = True
+st.session_state[session.DRAWN] = True
 session.write_url()
 st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
            "them. The address bar always links to exactly this view.")

@@ -189,3 +189,28 @@ def test_memory_has_a_thousands_separator(traces):
     body = at.table[0].proto.arrow_data.styler.display_values.hex()  # the Styler's shown text
     memory = at.table[0].value["memory (bytes)"].iloc[0]
     assert memory >= 1000 and f"{memory:,}".encode().hex() in body
+
+
+# --- the session keys are gathered ------------------------------------------------------------
+def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch):
+    """After every view, each session key is a widget's, the page state's, or one of
+    kvviz.ui.session.PAGE_KEYS: no ad-hoc key elsewhere."""
+    from kvviz.ui import session
+    from kvviz.ui.state import VIEWS
+
+    monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
+    at = app(trace="file:long.npz")
+    for view in VIEWS:
+        at.segmented_control(key="w.view").set_value(view).run()
+        ok(at)
+    at.segmented_control(key="w.view").set_value("metrics").run()
+    at.button(key="sweep.obs").click().run()
+    ok(at)
+    keys = set(at.session_state.keys())
+    prefixes = ("w.", "loop.", "slides.", "nav.", "exp.", "chart.", "dl.", "sweep.", "why.",
+                "$$")
+    stray = {k for k in keys if not k.startswith(prefixes)
+             and not any(k == p or (p.endswith(".") and k.startswith(p))
+                         for p in session.PAGE_KEYS)}
+    assert not stray, stray
+    assert session.KV in keys and any(k.startswith(session.SWEEP_ON) for k in keys)

@@ -24,21 +24,41 @@ BLANK = ViewState()
 PLAIN_KEYS = {f: k for k, f in PLAIN.items()}
 
 
+# The page's own session keys beside the widgets' and `kv`, gathered here with what each is
+# for (a view's widget keys are its own: "w.<field>", "w.pa.<name>", "loop.*", "slides.*",
+# "nav.*", "exp.*", "chart.*", "dl.*", "sweep.*", "why.*"). Prefix keys end in ".".
+KV = "kv"                        # the page state: ViewState fields and parameters, every run
+NOTES = "notes"                  # warnings collected while drawing, shown once (note)
+FROM_LINK = "from_link"          # the link's keys, on a session's first run only
+UPLOADS = "uploads"              # this session's uploaded traces (upload:SHA)
+UPLOAD_MSG = "upload_msg"        # the last upload's result, shown once
+BUDGET_TRACE = "budget_trace"    # the trace the budget belongs to (sidebar)
+BUDGET_BY_TRACE = "budget_by_trace"  # the budget last used on each trace
+PREVIEWED = "kv.previewed"       # the first heatmap's server-drawn preview has been shown
+DRAWN = "kv.drawn"               # the page has drawn once (app.py's placeholder text)
+SWEEP_ON = "sweep_on."           # + budget/pool/obs: the sweep asked for, on which setting
+PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_TRACE,
+             PREVIEWED, DRAWN, SWEEP_ON,
+             # kept by other modules: the guided experiments' message, the loop view's
+             # background job, the slides' trace and automatic frame count
+             "exp_msg", "loop.job", "slides.src", "slides.auto")
+
+
 def note(msg: str) -> None:
     """A warning for the page's notice area (a clamped or ignored value), shown this run."""
-    S.setdefault("notes", [])
-    if msg not in S["notes"]:
-        S["notes"].append(msg)
+    S.setdefault(NOTES, [])
+    if msg not in S[NOTES]:
+        S[NOTES].append(msg)
 
 
 def from_link(field: str) -> bool:
     """True on a session's first run when the link set `field` (a value to check and, if
     out of range, to warn about; later resets after a trace switch are not warned)."""
-    return field in S.get("from_link", ())
+    return field in S.get(FROM_LINK, ())
 
 
 def pop_notes() -> list[str]:
-    return S.pop("notes", [])
+    return S.pop(NOTES, [])
 
 
 def wkey(field: str) -> str:
@@ -55,7 +75,7 @@ def init() -> list[str]:
         return []
     query = {k: st.query_params.get_all(k) for k in st.query_params}  # repeats are said
     st_, notes = from_query(query)
-    S["from_link"] = set(query)
+    S[FROM_LINK] = set(query)
     S["kv"] = {}
     apply_state(st_)
     return notes
@@ -64,7 +84,7 @@ def init() -> list[str]:
 def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
     """Put a whole ViewState into the widget keys (call from callbacks or before widgets)."""
     kv = S["kv"]
-    S["budget_trace"] = vs.trace  # the budget comes with this trace (see sidebar)
+    S[BUDGET_TRACE] = vs.trace  # the budget comes with this trace (see sidebar)
     for f in FIELDS:
         v = getattr(vs, f)
         key = PLAIN_KEYS.get(f, wkey(f))
@@ -168,7 +188,7 @@ def check_positions(step: int) -> None:
 
 
 def write_url() -> None:
-    S.pop("from_link", None)  # the link's values have been checked
+    S.pop(FROM_LINK, None)  # the link's values have been checked
     q = to_query(view_state())
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)

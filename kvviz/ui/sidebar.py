@@ -18,25 +18,25 @@ def _on_upload():
         return
     key, err = validate_upload(f.getvalue(), f.name)
     if err:
-        S["upload_msg"] = ("error", err)
+        S[session.UPLOAD_MSG] = ("error", err)
         return
-    S.setdefault("uploads", [])
-    if key not in S["uploads"]:
-        S["uploads"].append(key)
+    S.setdefault(session.UPLOADS, [])
+    if key not in S[session.UPLOADS]:
+        S[session.UPLOADS].append(key)
     set_value("trace", key)
     set_value("layer", 0)
-    S["upload_msg"] = ("success", f"loaded {f.name}")
+    S[session.UPLOAD_MSG] = ("success", f"loaded {f.name}")
 
 
 def trace_controls():
     """Trace chooser + upload + layer. Returns (trace key, layer, version, trace)."""
     st.sidebar.header("Trace")
     files = compute.list_trace_files()
-    options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get("uploads", []))
+    options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get(session.UPLOADS, []))
     cur = restore(wkey("trace"), "canonical")
     if cur not in options:
         if cur.startswith("upload:") and cur[7:] in compute.upload_store():
-            S.setdefault("uploads", []).append(cur)
+            S.setdefault(session.UPLOADS, []).append(cur)
             options.append(cur)
         else:
             st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
@@ -49,7 +49,7 @@ def trace_controls():
                              on_change=_on_upload,
                              help="Loaded with allow_pickle=False and validated; a bad file "
                                   "is refused with the reason and the current trace stays.")
-    msg = S.pop("upload_msg", None)
+    msg = S.pop(session.UPLOAD_MSG, None)
     if msg:
         (st.sidebar.error if msg[0] == "error" else st.sidebar.success)(msg[1])
     version = compute.trace_version(key)
@@ -147,11 +147,11 @@ def _budget_for_trace(steps: int) -> None:
     """A budget belongs to its trace: switching traces brings back the budget last used on
     the new one, else its default (never a budget cut to fit a short trace)."""
     key = S["kv"].get("trace", "canonical")
-    prev = S.get("budget_trace")
+    prev = S.get(session.BUDGET_TRACE)
     if prev is not None and prev != key:
-        b = S.setdefault("budget_by_trace", {}).get(key, default_budget(steps))
+        b = S.setdefault(session.BUDGET_BY_TRACE, {}).get(key, default_budget(steps))
         S[wkey("budget")] = S["kv"]["budget"] = b
-    S["budget_trace"] = key
+    S[session.BUDGET_TRACE] = key
 
 
 def labelled(name: str, message: str) -> str:
@@ -210,7 +210,7 @@ def policy_controls(steps: int, trace=None):
                                      key=wkey("budget"),
                                      help="How many key/value positions each policy may hold.")
     keep(wkey("budget"), int(budget))
-    S.setdefault("budget_by_trace", {})[S["kv"].get("trace", "canonical")] = int(budget)
+    S.setdefault(session.BUDGET_BY_TRACE, {})[S["kv"].get("trace", "canonical")] = int(budget)
     out = {}
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):

@@ -9,7 +9,7 @@ from kvviz.views.cache import at_step
 from kvviz.ui import compute
 from kvviz.ui.context import CHART, Ctx
 from kvviz.ui.positions import ZOOMS, zoom_centre, zoom_window
-from kvviz.ui.session import S, widget
+from kvviz.ui.session import PREVIEWED, S, widget
 
 
 # The Plotly chart hides the preview as soon as its own image is in place.
@@ -51,8 +51,8 @@ def render(ctx: Ctx):
                                 ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
     with chart:
         preview = st.empty()
-        if not S.get("kv.previewed"):  # the session's first heatmap: its PNG before Plotly
-            S["kv.previewed"] = True
+        if not S.get(PREVIEWED):  # the session's first heatmap: its PNG before Plotly
+            S[PREVIEWED] = True
             preview.markdown(preview_html(base, ctx.step), unsafe_allow_html=True)
         st.plotly_chart(at_step(base, ctx.step), key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps

@@ -9,7 +9,7 @@ from kvviz import views as V
 from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
 from kvviz.ui.context import CHART, Ctx, table
-from kvviz.ui.session import S
+from kvviz.ui.session import S, SWEEP_ON
 
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
@@ -71,13 +71,13 @@ def render(ctx: Ctx):
     row = st.container(horizontal=True, wrap=True)  # whole labels at 125 % zoom
     budgets = tuple(b for b in SWEEP_BUDGETS if b < ctx.trace.steps)
     if row.button("sweep budgets (all policies)", key="sweep.budget", width="content"):
-        S["sweep_on.budget"] = (ctx.key, ctx.layer)
+        S[SWEEP_ON + "budget"] = (ctx.key, ctx.layer)
     if row.button("sweep poolKernel (snapkv)", key="sweep.pool", width="content"):
-        S["sweep_on.pool"] = (ctx.key, ctx.layer, ctx.budget)
+        S[SWEEP_ON + "pool"] = (ctx.key, ctx.layer, ctx.budget)
     if row.button("sweep obsWindow (snapkv)", key="sweep.obs", width="content"):
-        S["sweep_on.obs"] = (ctx.key, ctx.layer, ctx.budget)
+        S[SWEEP_ON + "obs"] = (ctx.key, ctx.layer, ctx.budget)
     defaults = {n: {s.name: s.default for s in param_specs(n)} for n in POLICIES}
-    if S.get("sweep_on.budget") == (ctx.key, ctx.layer):
+    if S.get(SWEEP_ON + "budget") == (ctx.key, ctx.layer):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
         rows = _sweep(ctx, pts)
         st.plotly_chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
@@ -87,7 +87,7 @@ def render(ctx: Ctx):
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
     for tag, param, label, values in (("pool", "pool_kernel", "poolKernel", POOL_KERNELS),
                                       ("obs", "obs_window", "obsWindow", OBS_WINDOWS)):
-        if S.get(f"sweep_on.{tag}") != (ctx.key, ctx.layer, ctx.budget):
+        if S.get(SWEEP_ON + tag) != (ctx.key, ctx.layer, ctx.budget):
             continue
         rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
         st.plotly_chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
