@@ -8,7 +8,7 @@ import streamlit as st
 from kvviz.policies import POLICIES, make_policy, param_specs
 from kvviz.replay import Replay
 from kvviz.ui import compute, session
-from kvviz.ui.session import S, keep, note, pkey, restore, set_value, wkey
+from kvviz.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
 from kvviz.ui.upload import validate_upload
 
 
@@ -109,15 +109,15 @@ def head_control(key: str, layer: int, version: str) -> str:
         S["kv"]["head"] = "mean"
         S.pop(wkey("head"), None)
         return "mean"
-    cur = restore(wkey("head"), "mean")
-    if cur not in heads:
+    def fit(cur):
+        if cur in heads:
+            return cur
         st.sidebar.warning(f"Head {cur!r} is not stored in this trace (it has "
                            f"{', '.join(heads)}); showing mean.")
-        S[wkey("head")] = "mean"
-    head = st.sidebar.selectbox("head", heads, key=wkey("head"), help=HEAD_HELP,
-                                format_func=head_label)
-    keep(wkey("head"), head)
-    return head
+        return "mean"
+
+    return widget(st.sidebar.selectbox, "head", "head", heads, fit=fit, help=HEAD_HELP,
+                  format_func=head_label)
 
 
 def current_head() -> str:
@@ -215,11 +215,9 @@ def policy_controls(steps: int, trace=None):
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):
         st.sidebar.header(f"Policy {which.upper()}")
-        if restore(wkey(which), default) not in names:
-            S[wkey(which)] = default
-        name = st.sidebar.selectbox(f"policy {which.upper()}", names, key=wkey(which),
-                                    label_visibility="collapsed")
-        keep(wkey(which), name)
+        name = widget(st.sidebar.selectbox, which, f"policy {which.upper()}", names,
+                      fit=lambda v, d=default: v if v in names else d,
+                      label_visibility="collapsed")
         params = {spec.name: param_control(which, spec) for spec in param_specs(name)}
         if not param_specs(name):
             st.sidebar.caption(f"{name} has no parameters.")

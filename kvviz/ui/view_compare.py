@@ -11,7 +11,7 @@ import streamlit as st
 from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
 from kvviz.ui.context import table
-from kvviz.ui.session import S, keep, restore, wkey
+from kvviz.ui.session import widget
 from kvviz.ui.state import default_cmp
 from kvviz.views import compare as C
 from kvviz.views.states import held_mask
@@ -50,18 +50,19 @@ def chosen_policies(ctx) -> list[str]:
     """The multiselect, never holding more than its limit however many are registered."""
     names = list(POLICIES)
     default = default_cmp(ctx.a, ctx.b)
-    restore(wkey("cmp"), default)
-    held = S[wkey("cmp")]
-    if not isinstance(held, list) or not set(held) <= set(names) or len(held) > C.MAX_POLICIES:
+
+    def fit(held):
+        if isinstance(held, list) and set(held) <= set(names) and len(held) <= C.MAX_POLICIES:
+            return held
         held = [n for n in (held if isinstance(held, list) else []) if n in names]
-        S[wkey("cmp")] = held[:C.MAX_POLICIES] or default
-    chosen = st.multiselect("policies to compare (A's and B's take their sidebar settings, "
-                            "the others their defaults)", names, key=wkey("cmp"),
-                            max_selections=C.MAX_POLICIES)
+        return held[:C.MAX_POLICIES] or default
+
+    chosen = widget(st.multiselect, "cmp", "policies to compare (A's and B's take their "
+                    "sidebar settings, the others their defaults)", names, fit=fit,
+                    max_selections=C.MAX_POLICIES, store=list)
     if len(names) > C.MAX_POLICIES:
         st.caption(f"{len(names)} policies are registered and at most {C.MAX_POLICIES} are "
                    "compared at once: remove one from the box to add another.")
-    keep(wkey("cmp"), list(chosen))
     return list(chosen)
 
 
