@@ -33,18 +33,21 @@ def trace_controls():
     st.sidebar.header("Trace")
     files = compute.list_trace_files()
     options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get(session.UPLOADS, []))
-    cur = restore(wkey("trace"), "canonical")
-    if cur not in options:
+
+    def fit_trace(cur):
+        if cur in options:
+            return cur
         if cur.startswith("upload:") and cur[7:] in compute.upload_store():
-            S.setdefault(session.UPLOADS, []).append(cur)
+            S.setdefault(session.UPLOADS, []).append(cur)  # an upload on this server
             options.append(cur)
-        else:
-            st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
-            S[wkey("trace")] = "canonical"
-    key = st.sidebar.selectbox("trace", options, key=wkey("trace"), format_func=compute.trace_label,
-                               help="The canonical synthetic trace, every file in traces/, "
-                                    "or a file you upload.")
-    keep(wkey("trace"), key)
+            return cur
+        st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
+        return "canonical"
+
+    key = widget(st.sidebar.selectbox, "trace", "trace", options, fit=fit_trace,
+                 format_func=compute.trace_label,
+                 help="The canonical synthetic trace, every file in traces/, or a file you "
+                      "upload.")
     st.sidebar.file_uploader("upload a trace (.npz, kvviz format)", key="w.upload",
                              on_change=_on_upload,
                              help="Loaded with allow_pickle=False and validated; a bad file "
@@ -61,15 +64,16 @@ def trace_controls():
         S["kv"]["trace"] = key
     layer = layers[0] if layers else 0  # a model layer number (the URL's `layer`)
     if len(layers) > 1:
-        restore(wkey("layer"), layer)
-        if S[wkey("layer")] not in layers:
+        def fit_layer(cur, first=layer):
+            if cur in layers:
+                return cur
             if session.from_link("layer"):
-                note(f"layer={S[wkey('layer')]} is not stored in this trace (layers "
-                     f"{', '.join(map(str, layers))}); using {layer}")
-            S[wkey("layer")] = layer
-        layer = st.sidebar.selectbox("layer", layers, key=wkey("layer"),
-                                     format_func=lambda n: f"model layer {n}")
-        keep(wkey("layer"), layer)
+                note(f"layer={cur} is not stored in this trace (layers "
+                     f"{', '.join(map(str, layers))}); using {first}")
+            return first
+
+        layer = widget(st.sidebar.selectbox, "layer", "layer", layers, fit=fit_layer,
+                       format_func=lambda n: f"model layer {n}")
     else:
         S["kv"]["layer"] = layer
     head = head_control(key, layer, version)
