@@ -7,19 +7,15 @@ controls) and kvviz.views (pure figure builders).
 """
 import streamlit as st
 
+from kvviz.ui import layout
 from kvviz.ui.imports import import_lock, settle
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
-# The page's style and title in one element (each element costs every run a message). A
-# projector is often 1024x768: below 1280 px the main column gets its side padding back.
-st.markdown("<style>[data-testid='stMainBlockContainer']{padding-top:2.2rem}"
-            "@media (max-width: 1280px) {[data-testid='stMainBlockContainer']"
-            "{padding-left: 1.2rem; padding-right: 1.2rem}}</style>\n\n"
-            "#### kvviz: watch KV-cache eviction policies decide, step by step",
-            unsafe_allow_html=True)
+# The page's style and title in one element (each element costs every run a message).
+st.markdown(f"<style>{layout.CSS}</style>\n\n#### {layout.TITLE}", unsafe_allow_html=True)
 notices = st.container()   # notes about the link
-top = st.container()       # experiments, step navigation, status line
+top = st.container()       # step navigation, status line
 main = st.empty()          # the selected view
 # Streamlit runs every session's script in its own thread, so on a fresh server the first
 # sessions import numpy, pandas, PIL and plotly at the same moment. `import numpy` waits for a
@@ -31,7 +27,7 @@ main = st.empty()          # the selected view
 # makes the browser load and run plotly.js (4.7 MB), which held up drawing the first chart's
 # server-built image (kvviz.ui.view_cache's preview).
 with import_lock():
-    if not st.session_state.get("kv.drawn"):
+    if not st.session_state.get("kv.drawn"):  # session.DRAWN (imported below)
         main.caption("Replaying the policies…")
     import numpy  # noqa: F401
     import pandas  # noqa: F401
@@ -48,11 +44,29 @@ with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the lin
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")
+panels.open_linked_experiment()
 
+# The guided experiments and an open experiment's text head the sidebar: beside the chart
+# they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
+experiments = st.sidebar.container()
 key, layer, version, trace = sidebar.trace_controls()
+if panels.current_view(trace.tokens is not None) == "loop":
+    # the closed-loop results carry their own policies, budgets and steps: the page-wide
+    # ones would be a second, unrelated set of controls on the screen
+    sidebar.loop_note()
+    with experiments:
+        panels.experiments_box()
+    with main.container():
+        panels.view_selector(trace.tokens is not None)
+        panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
+    for note in session.pop_notes():
+        notices.warning(note, icon=":material/warning:")
+    st.session_state[session.DRAWN] = True
+    session.write_url()
+    st.stop()
 budget, pols = sidebar.policy_controls(trace.steps, trace)
 
-with top:
+with experiments:
     panels.experiments_box()
 for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
     notices.warning(note, icon=":material/warning:")
@@ -79,14 +93,16 @@ if solo:
     setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
-    ctx.step = panels.navigator(ctx)
+    with st.container(key="nav"):  # its button row wraps instead of cutting labels
+        ctx.step = panels.navigator(ctx)
+    session.check_positions(ctx.step)
     panels.status(ctx)
 with main.container():
     view = panels.view_selector(trace.tokens is not None)
     panels.RENDER[view](ctx)
 for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
-st.session_state["kv.drawn"] = True
+st.session_state[session.DRAWN] = True
 session.write_url()
 st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
            "them. The address bar always links to exactly this view.")

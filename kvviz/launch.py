@@ -155,7 +155,8 @@ def run(args) -> int:
     if not cold:
         from kvviz.ui.warm import warm
 
-        print("kvviz: drawing the default page once before serving…", flush=True)
+        print("kvviz: drawing the default page and Compare all once before serving…",
+              flush=True)
         try:
             print(f"kvviz: warm in {warm(app_file()):.1f} s", flush=True)
         except Exception as exc:  # serve anyway: the page shows its own errors

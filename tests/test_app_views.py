@@ -77,7 +77,7 @@ def test_compare_view_six_policies(traces):
     assert [t.split("<br>")[0] for t in titles] == shown
     surv = next(s for s in sp if s["layout"]["title"]["text"].startswith("Sinks and recent"))
     assert len(surv["data"]) == 12  # sinks + recent per policy
-    df = at.dataframe[0].value
+    df = at.table[0].value
     assert len(df) == 6 and df["policy"].tolist() == shown
     trace = load_trace(traces / "tiny.npz")
     for name, row in zip(shown, df.to_dict("records")):
@@ -99,7 +99,7 @@ def test_compare_view_subset_and_sidebar_params(traces):
     at = app(trace="file:tiny.npz", budget=48, view="compare", cmp="snapkv,h2o",
              b__poolKernel=3)
     ok(at)
-    df = at.dataframe[0].value
+    df = at.table[0].value
     assert df["policy"].tolist() == ["snapkv", "h2o"]
     assert "poolKernel=3" in df["params"].iloc[0]  # B's sidebar setting, not the default
     trace = load_trace(traces / "tiny.npz")
@@ -109,7 +109,7 @@ def test_compare_view_subset_and_sidebar_params(traces):
     # choosing another set in the multiselect redraws and updates the link
     at.multiselect(key="w.cmp").set_value(["tova", "random", "h2o"]).run()
     ok(at)
-    assert at.dataframe[0].value["policy"].tolist() == ["tova", "random", "h2o"]
+    assert at.table[0].value["policy"].tolist() == ["tova", "random", "h2o"]
     assert at.query_params["cmp"] in ("tova,random,h2o", ["tova,random,h2o"])
 
 
@@ -191,7 +191,7 @@ def test_head_selector_drives_the_views(heads_trace):
     at2 = app(trace="file:heads.npz", budget=48, step=120, head="kv1", view="compare")
     ok(at2)
     assert at2.selectbox(key="w.head").value == "kv1"
-    df = at2.dataframe[0].value
+    df = at2.table[0].value
     m = summary(kv1, run_policy(kv1, "h2o", 48))
     assert df.set_index("policy").loc["h2o", "retained mass"] == pytest.approx(
         m["retained_mass"], abs=1e-12)

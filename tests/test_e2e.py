@@ -66,8 +66,7 @@ def projector(browser, url):
         M.wait_idle(page)
         time.sleep(1.0)
         page.screenshot(path=str(ART / "e2e-05-1024x768.png"))
-        if os.environ.get("KVVIZ_SCREENSHOT") == "1":
-            page.screenshot(path=str(REPO / "docs" / "screenshot-1024.png"))
+        # docs/screenshot-1024.png: tests/test_e2e_projector.py (the default page)
         for name in ("prev", "next", "next divergence", "Glossary"):
             assert page.get_by_role("button", name=re.compile("^" + name)).first.is_visible()
         cut = page.evaluate(CUT_TEXT)

@@ -2,7 +2,7 @@
 never `playwright install`), following tests/test_e2e.py: start `streamlit run app.py` on a
 port of this helper's range (8611-8619), wait for /_stcore/health, drive the page, stop the
 server by PID. At 1024x768 (a projector) the compare view draws its six small multiples and
-its table; the slides view's GIF download delivers a GIF.
+its table, whole; the slides view's GIF download delivers a GIF.
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
 """
@@ -91,9 +91,12 @@ def test_compare_and_gif_download_at_1024x768():
                                                          "scissorhands", "random"], titles
         box = small.bounding_box()
         assert box and box["x"] >= 0 and box["x"] + box["width"] <= 1024  # fits the projector
-        table = page.locator('[data-testid="stDataFrame"]').first
+        table = page.locator('[data-testid="stTable"]').first  # drawn whole (st.table)
         table.wait_for(timeout=30_000)
-        assert table.get_attribute("data-testid") == "stDataFrame"
+        assert table.locator("tbody tr").count() == 6
+        tbox = table.bounding_box()
+        assert tbox and tbox["x"] + tbox["width"] <= 1024
+        assert table.evaluate("e => e.scrollWidth <= e.clientWidth + 1")  # no column hidden
         small.scroll_into_view_if_needed()
         page.screenshot(path=str(ART / "e2e-views-compare-1024.png"))
 

@@ -103,9 +103,14 @@ def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
     monkeypatch.setattr(Engine, "__init__", counting)
     st.cache_resource.clear()
     main = sys.modules["__main__"]
-    warm(APP)
+    # the default page, then a compare link (two policies here, to keep the test short;
+    # `kvviz app` opens Compare all: kvviz.ui.warm.FIRST_OPENED)
+    warm(APP, queries=("", "view=compare&cmp=tova,h2o"))
     assert sys.modules["__main__"] is main
-    assert sorted(built) == ["snapkv", "tova"]  # the default page: tova against snapkv
+    assert sorted(built) == ["h2o", "snapkv", "tova"]  # tova against snapkv, then h2o
     built.clear()
     ok(AppTest.from_file(APP, default_timeout=120).run())
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["view"], at.query_params["cmp"] = "compare", "tova,h2o"
+    ok(at.run())
     assert built == []

@@ -1,12 +1,14 @@
 """Cached compute for the app: traces, checkpointed runs, peeks, metrics, sweeps.
 
-Everything heavy is keyed on (trace id, layer, policy, params, budget). Engines (a run plus
+Everything heavy is keyed on one `RunKey` (trace id, layer, version, head, policy,
+params, budget). Engines (a run plus
 checkpoints) are kept with `st.cache_resource` (large, shared read-only objects); derived
 arrays and dicts with `st.cache_data`.
 """
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +69,7 @@ def trace_version(key: str) -> str:
 
 def trace_label(key: str) -> str:
     if key == "canonical":
-        return "canonical (synthetic, 4096 steps)"
+        return "canonical (synthetic)"  # its steps: the caption below (a narrow box)
     if key.startswith("file:"):
         return f"traces/{key[5:]}"
     if key.startswith("upload:"):
@@ -110,23 +112,50 @@ def trace_heads(key: str, layer: int, version: str = "") -> list[str]:
     return list(getattr(get_trace(key, layer, version), "heads", None) or ["mean"])
 
 
+@dataclass(frozen=True)
+class RunKey:
+    """One replay's identity, the key of every cached result below: the trace (its key,
+    model layer, file version and head), the policy, its parameters (`params_key`) and the
+    budget. A new ingredient of a run = one field here, not an argument on every function."""
+    trace: str
+    layer: int
+    version: str
+    policy: str
+    params: tuple
+    budget: int
+    head: str = "mean"
+
+    def engine(self) -> Engine:
+        return engine(self)
+
+    def summary(self) -> dict:
+        return summary_of(self)
+
+    def peek(self, step: int):
+        return peek_at(self, int(step))
+
+    def evaluate(self) -> dict:
+        return evaluate(self)
+
+    def with_policy(self, policy: str, params: tuple) -> "RunKey":
+        return replace(self, policy=policy, params=params)
+
+
 # The spinner shows only while a replay runs (a cache miss); `with st.spinner` around the
 # call would cost every page run a timer thread and a message, replayed or not.
 @st.cache_resource(max_entries=16, show_spinner="Replaying the policy over the trace (once per "
                    "setting, for the whole server)…")
-def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-               head: str = "mean") -> Engine:
-    return Engine(get_trace(key, layer, version, head), policy, budget, dict(params))
+def engine(rk: RunKey) -> Engine:
+    return Engine(get_trace(rk.trace, rk.layer, rk.version, rk.head), rk.policy, rk.budget,
+                  dict(rk.params))
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
-def pair(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
-         head: str = "mean") -> dict:
+def pair_of(a: RunKey, b: RunKey) -> dict:
     """What the step navigator and status line need about two runs at every step, once per
     server (every session and rerun used to recompute them): the divergence steps and
     |A delta B| per step. Read-only arrays."""
-    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
-    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    ea, eb = engine(a).evicted_at, engine(b).evicted_at
     out = {"divergences": divergence_steps(ea, eb), "symdiff": symmetric_difference(ea, eb)}
     for v in out.values():
         v.flags.writeable = False
@@ -134,26 +163,50 @@ def pair(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def peek(key: str, layer: int, version: str, policy: str, params: tuple, budget: int, step: int,
-         head: str = "mean"):
-    kept, scores = get_engine(key, layer, version, policy, params, budget, head).peek(step)
+def peek_at(rk: RunKey, step: int):
+    kept, scores = engine(rk).peek(step)
     return kept, scores
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-                head: str = "mean") -> dict:
-    eng = get_engine(key, layer, version, policy, params, budget, head)
+def summary_of(rk: RunKey) -> dict:
+    eng = engine(rk)
     return summary(eng.trace, eng.run)
 
 
 @st.cache_data(max_entries=2048, show_spinner=False)
+def evaluate(rk: RunKey) -> dict:
+    """One sweep point: run + summary (not kept as an engine: sweeps touch many configs)."""
+    trace = get_trace(rk.trace, rk.layer, rk.version, rk.head)
+    run = run_policy(trace, rk.policy, rk.budget, **dict(rk.params))
+    return {"policy": rk.policy, "budget": rk.budget, **dict(rk.params), **summary(trace, run)}
+
+
+# The positional forms, for callers not yet moved to RunKey (same caches underneath).
+def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
+               head: str = "mean") -> Engine:
+    return engine(RunKey(key, layer, version, policy, params, budget, head))
+
+
+def pair(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
+         head: str = "mean") -> dict:
+    return pair_of(RunKey(key, layer, version, a[0], a[1], budget, head),
+                   RunKey(key, layer, version, b[0], b[1], budget, head))
+
+
+def peek(key: str, layer: int, version: str, policy: str, params: tuple, budget: int, step: int,
+         head: str = "mean"):
+    return peek_at(RunKey(key, layer, version, policy, params, budget, head), int(step))
+
+
+def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
+                head: str = "mean") -> dict:
+    return summary_of(RunKey(key, layer, version, policy, params, budget, head))
+
+
 def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
                  head: str = "mean") -> dict:
-    """One sweep point: run + summary (not kept as an engine: sweeps touch many configs)."""
-    trace = get_trace(key, layer, version, head)
-    run = run_policy(trace, policy, budget, **dict(params))
-    return {"policy": policy, "budget": budget, **dict(params), **summary(trace, run)}
+    return evaluate(RunKey(key, layer, version, policy, params, budget, head))
 
 
 def heatmap_bins(steps: int) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import streamlit as st
+
 from kvviz.policies import param_specs
 from kvviz.ui import compute
 from kvviz.views.common import A_COLOUR, B_COLOUR
@@ -13,6 +15,20 @@ from kvviz.views.states import NEVER, next_after
 CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
                                       "toImageButtonOptions": {"format": "png", "scale": 2,
                                                                "filename": "kvviz-chart"}})
+
+
+SHARES = ("retained mass", "heavy-hitter recall", "attention loss")  # fractions of 1
+COUNTS = ("memory (bytes)", "budget", "held now")
+
+
+def table(df) -> None:
+    """Draw a small table whole: st.table wraps its cells to the page's width, where
+    st.dataframe's grid hides the columns past the right edge (1024 px, 125 % zoom). The
+    values stay the numbers (a Styler only formats them: shares to 6 decimals, counts with
+    a thousands separator)."""
+    fmt = {c: "{:.6f}" for c in SHARES if c in df.columns}
+    fmt.update({c: "{:,}" for c in COUNTS if c in df.columns})
+    st.table(df.style.format(fmt, na_rep="–"), hide_index=True)
 
 
 def policy_label(name: str, params: dict) -> str:
@@ -60,11 +76,16 @@ class Ctx:
     def ev_b(self):
         return self.eng_b.evicted_at
 
+    def run(self, which: str) -> compute.RunKey:
+        """The cache key of policy 'a' or 'b' on this page (its engine, summary, peeks)."""
+        name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
+        return compute.RunKey(self.key, self.layer, self.version, name, params, self.budget,
+                              self.head)
+
     @cached_property
     def pair(self) -> dict:
-        """compute.pair: divergence steps and |A delta B| per step, shared server-wide."""
-        return compute.pair(self.key, self.layer, self.version, (self.a, self.pa),
-                            (self.b, self.pb), self.budget, self.head)
+        """compute.pair_of: divergence steps and |A delta B| per step, shared server-wide."""
+        return compute.pair_of(self.run("a"), self.run("b"))
 
     @property
     def first_divergence(self) -> int:
@@ -75,9 +96,7 @@ class Ctx:
         return next_after(self.pair["divergences"], after)
 
     def peek(self, which: str, step: int):
-        name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
-        return compute.peek(self.key, self.layer, self.version, name, params, self.budget, step,
-                            head=self.head)
+        return self.run(which).peek(step)
 
     def panel(self, which: str, step: int) -> dict:
         kept, scores = self.peek(which, step)

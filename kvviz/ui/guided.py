@@ -6,7 +6,7 @@ import streamlit as st
 
 from kvviz.policies import param_specs
 from kvviz.ui import compute, experiments
-from kvviz.ui.session import S, apply_state, note, view_state
+from kvviz.ui.session import S, apply_state, from_link, note, view_state
 from kvviz.ui.state import ViewState
 from kvviz import explain
 from kvviz.explain import pooling_text
@@ -154,6 +154,9 @@ def experiments_box():
         S["kv"]["exp"] = exp = ""
     if exp and stale(exp, view_state()):
         title = experiments.EXPERIMENTS[exp]["title"]
+        if from_link("exp"):
+            note(f"exp={exp}: this link's settings are not the experiment's, so its "
+                 f"explanation is not shown; open “{title}” from Guided experiments")
         st.caption(f"Settings changed since the experiment “{title}”: its explanation no longer "
                    "applies, so it is hidden.")
         S["kv"]["exp"] = exp = ""
@@ -174,3 +177,13 @@ def experiments_box():
         c1.markdown(f"**Experiment: {spec['title']}** — " + text)
         c2.button("✕", key="exp.close", help="hide this explanation",
                   on_click=lambda: S["kv"].__setitem__("exp", ""))
+
+
+def open_linked() -> None:
+    """A link naming an experiment and none of its settings (`?exp=pool-defends`) opens
+    that experiment, as its button would."""
+    exp = S["kv"].get("exp")
+    given = S.get("from_link", set())
+    if (exp in experiments.EXPERIMENTS and "exp" in given  # a session's first run only
+            and not any(k in SETTINGS or k.startswith(("a.", "b.")) for k in given)):
+        _run_experiment(exp)

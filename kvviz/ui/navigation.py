@@ -18,6 +18,7 @@ from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
 SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 
 PLAY_SPEEDS = (1, 4, 16, 64)
+NBSP = "\u00a0"
 PLAY_INTERVAL_S = 1.0
 
 
@@ -137,7 +138,10 @@ def navigator(ctx: Ctx) -> int:
             note(f"step={int(S[wkey('step')])} is not a step of this trace (0–{steps - 1}); "
                  f"showing step {clamped}")
         S[wkey("step")] = clamped
-    step = st.slider("step", 0, steps - 1, key=wkey("step"),
+    # set, not left to the widget: a slider whose range changed (another trace) would
+    # otherwise start again at 0
+    S[wkey("step")] = int(S[wkey("step")])
+    step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
     cols = st.columns([1.2, 1.2, 1, 1], vertical_alignment="center", gap="small")
@@ -205,8 +209,8 @@ def status(ctx: Ctx):
         line.markdown(
             f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
-            f"**|A Δ B|** {diff} · first divergence: "
-            f"{'none' if first < 0 else f'step {first}'}  \n"
+            f"**|A Δ B|** {diff} · first\u00a0divergence:\u00a0"  # kept on one line
+            f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
             f"evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
     track = tracked(ctx)

@@ -13,8 +13,9 @@ from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, vi
                       view_metrics, view_scores, view_slides, view_survival, view_tokens)
 from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
+from kvviz.ui.guided import open_linked as open_linked_experiment  # noqa: F401
 from kvviz.ui.navigation import advance, navigator, status  # noqa: F401
-from kvviz.ui.session import S, keep, note, restore, wkey
+from kvviz.ui.session import S, note, widget, wkey
 from kvviz.ui.state import VIEW_LABELS
 
 RENDER = {
@@ -31,17 +32,30 @@ RENDER = {
 }
 
 
+def current_view(has_tokens: bool) -> str:
+    """The view this run will draw, before its selector is drawn (the sidebar depends on it)."""
+    cur = S.get(wkey("view"), S["kv"].get("view", "cache"))
+    return cur if cur in RENDER and (cur != "tokens" or has_tokens) else "cache"
+
+
+def loop_ctx(key, layer, version, trace) -> Ctx:
+    """The loop view's context: the trace only (its runs come from its result files)."""
+    return Ctx(key=key, layer=layer, version=version, trace=trace, budget=0, a="", b="",
+               pa=(), pb=(), eng_a=None, eng_b=None, label_a="", label_b="")
+
+
 def view_selector(has_tokens: bool) -> str:
     """The view chooser: every registered view (tokens only for traces with text)."""
     options = [v for v in RENDER if v != "tokens" or has_tokens]
-    cur = restore(wkey("view"), "cache")
-    if cur not in options:
+    def fit(cur):
+        if cur in options:
+            return cur
         note(f"view={cur} is not available here"
              + (" (this trace has no tokens)" if cur == "tokens" else "")
              + "; showing the cache heatmap")
-        S[wkey("view")] = "cache"
-    view = st.segmented_control("view", options, key=wkey("view"), required=True,
-                                format_func=lambda v: VIEW_LABELS.get(v, v.title()),
-                                label_visibility="collapsed")
-    keep(wkey("view"), view)
+        return "cache"
+
+    view = widget(st.segmented_control, "view", "view", options, required=True, fit=fit,
+                  format_func=lambda v: VIEW_LABELS.get(v, v.title()),
+                  label_visibility="collapsed")
     return view or "cache"

@@ -3,37 +3,62 @@
 Widgets use keys "w.<field>" (parameters: "w.pa.<name>", "w.pb.<name>"). On a session's
 first run the URL is parsed into those keys. Streamlit forgets a widget's value when the
 widget is not drawn in a run (e.g. the zoom box on another view), so every value is also
-kept in a plain dict (`kv`) and restored when its widget key is missing. After the page
-is drawn, the state is written back to the URL, so the address bar is always a link to
-exactly this view.
+kept in a plain dict (`kv`) and restored when its widget key is missing; `widget` does both
+around drawing one. After the page is drawn, the state is written back to the URL, so the
+address bar is always a link to exactly this view.
 """
 from __future__ import annotations
 
 import streamlit as st
 
 from kvviz.policies import param_specs
-from kvviz.ui.state import ViewState, default_cmp, from_query, to_query
+from dataclasses import fields
+
+from kvviz.ui.state import PLAIN, ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
-FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom",
-          "head", "cmp", "track")
+# every ViewState field but the parameter dicts (kept per parameter, see pkey)
+FIELDS = tuple(f.name for f in fields(ViewState) if f.name not in ("pa", "pb"))
+BLANK = ViewState()
+# widget keys of the plain fields (state.PLAIN), so a view keeps its existing keys
+PLAIN_KEYS = {f: k for k, f in PLAIN.items()}
+
+
+# The page's own session keys beside the widgets' and `kv`, gathered here with what each is
+# for (a view's widget keys are its own: "w.<field>", "w.pa.<name>", "loop.*", "slides.*",
+# "nav.*", "exp.*", "chart.*", "dl.*", "sweep.*", "why.*"). Prefix keys end in ".".
+KV = "kv"                        # the page state: ViewState fields and parameters, every run
+NOTES = "notes"                  # warnings collected while drawing, shown once (note)
+FROM_LINK = "from_link"          # the link's keys, on a session's first run only
+UPLOADS = "uploads"              # this session's uploaded traces (upload:SHA)
+UPLOAD_MSG = "upload_msg"        # the last upload's result, shown once
+BUDGET_TRACE = "budget_trace"    # the trace the budget belongs to (sidebar)
+BUDGET_BY_TRACE = "budget_by_trace"  # the budget last used on each trace
+PREVIEWED = "kv.previewed"       # the first heatmap's server-drawn preview has been shown
+DRAWN = "kv.drawn"               # the page has drawn once (app.py's placeholder text)
+SWEEP_ON = "sweep_on."           # + budget/pool/obs: the sweep asked for, on which setting
+PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_TRACE,
+             PREVIEWED, DRAWN, SWEEP_ON,
+             # kept by other modules: the guided experiments' message, the loop view's
+             # background job, the slides' trace and automatic frame count
+             "exp_msg", "loop.job", "slides.src", "slides.auto")
 
 
 def note(msg: str) -> None:
     """A warning for the page's notice area (a clamped or ignored value), shown this run."""
-    S.setdefault("notes", [])
-    if msg not in S["notes"]:
-        S["notes"].append(msg)
+    S.setdefault(NOTES, [])
+    if msg not in S[NOTES]:
+        S[NOTES].append(msg)
 
 
 def from_link(field: str) -> bool:
     """True on a session's first run when the link set `field` (a value to check and, if
     out of range, to warn about; later resets after a trace switch are not warned)."""
-    return field in S.get("from_link", ())
+    return field in S.get(FROM_LINK, ())
 
 
 def pop_notes() -> list[str]:
-    return S.pop("notes", [])
+    return S.pop(NOTES, [])
 
 
 def wkey(field: str) -> str:
@@ -48,8 +73,9 @@ def init() -> list[str]:
     """First run of a session: URL -> session state. Returns notes about ignored keys."""
     if "kv" in S:
         return []
-    st_, notes = from_query(st.query_params.to_dict())
-    S["from_link"] = set(st.query_params.to_dict())
+    query = {k: st.query_params.get_all(k) for k in st.query_params}  # repeats are said
+    st_, notes = from_query(query)
+    S[FROM_LINK] = set(query)
     S["kv"] = {}
     apply_state(st_)
     return notes
@@ -58,15 +84,19 @@ def init() -> list[str]:
 def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
     """Put a whole ViewState into the widget keys (call from callbacks or before widgets)."""
     kv = S["kv"]
-    S["budget_trace"] = vs.trace  # the budget comes with this trace (see sidebar)
+    S[BUDGET_TRACE] = vs.trace  # the budget comes with this trace (see sidebar)
     for f in FIELDS:
         v = getattr(vs, f)
-        if f == "step" and v is None:
-            kv.pop("step", None)
-            S.pop(wkey("step"), None)
+        key = PLAIN_KEYS.get(f, wkey(f))
+        if f in ("step", "budget") and v is None:  # chosen once the trace is known
+            kv.pop(f, None)
+            S.pop(key, None)
             continue
         kv[f] = v
-        S[wkey(f)] = v
+        if f in PLAIN_KEYS and v == getattr(BLANK, f):
+            S.pop(key, None)  # the view's own default
+        else:
+            S[key] = v
     for which in ("a", "b"):
         name = getattr(vs, which)
         given = vs.pa if which == "a" else vs.pb
@@ -92,6 +122,27 @@ def keep(key: str, value) -> None:
         S["kv"][key[2:]] = value
 
 
+def widget(draw, field: str, *args, key: str | None = None, fit=None, show=None, store=None,
+           **kw):
+    """Draw a widget (`draw(*args, key=..., **kw)`, e.g. `st.slider` or `col.selectbox`)
+    whose value is the page state `field`, so it is in the link and survives runs where
+    the widget is not drawn. `show` turns a state value into the widget's (a name into its
+    label), `store` the widget's back; `fit(value)` returns the value to show instead of one
+    that does not fit (the view's default for the blank state). Returns the widget's value."""
+    key = key or PLAIN_KEYS.get(field) or wkey(field)
+    if key in S:
+        value = S[key]
+    else:
+        value = S["kv"].get(field, getattr(BLANK, field))
+        value = show(value) if show is not None else value
+    if fit is not None:
+        value = fit(value)
+    S[key] = value
+    out = draw(*args, key=key, **kw)
+    S["kv"][field] = store(out) if store is not None else out
+    return out
+
+
 def set_value(field: str, value) -> None:
     """From a callback: change a field (widget key and kept copy)."""
     S[wkey(field)] = value
@@ -113,18 +164,31 @@ def current(which: str) -> dict:
 
 def view_state() -> ViewState:
     kv = S["kv"]
-    return ViewState(trace=kv.get("trace", "canonical"), layer=int(kv.get("layer", 0)),
-                     budget=int(kv.get("budget", 512)), a=kv.get("a", "tova"),
-                     b=kv.get("b", "snapkv"), pa=current("a"), pb=current("b"),
-                     step=kv.get("step"), focus=int(kv.get("focus", -1)),
-                     why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
-                     exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)),
-                     head=kv.get("head", "mean"), track=int(kv.get("track", -1)), cmp=list(kv.get("cmp") or default_cmp(kv.get("a", "tova"),
-                                                                             kv.get("b", "snapkv"))))
+    vs = ViewState(**{f: kv[f] for f in FIELDS if kv.get(f) is not None},
+                   pa=current("a"), pb=current("b"))
+    for f in ("layer", "budget", "focus", "why", "zoom", "track"):
+        if getattr(vs, f) is not None:
+            setattr(vs, f, int(getattr(vs, f)))
+    vs.cmp = list(kv.get("cmp") or default_cmp(vs.a, vs.b))
+    if isinstance(vs.slides_steps, list):
+        vs.slides_steps = tuple(vs.slides_steps)
+    return vs
+
+
+def check_positions(step: int) -> None:
+    """A link's zoom or explained position not yet generated at its step goes back to
+    automatic, said (a title "around position 4000" at step 600 names nothing on screen)."""
+    for f in ("focus", "why"):
+        v = int(S["kv"].get(f, -1))
+        if v > step and from_link(f):
+            note(f"{f}={v} is not generated until step {v} (this link shows step {step}); "
+                 "using -1 (automatic)")
+            S["kv"][f] = -1
+            S.pop(wkey(f), None)
 
 
 def write_url() -> None:
-    S.pop("from_link", None)  # the link's values have been checked
+    S.pop(FROM_LINK, None)  # the link's values have been checked
     q = to_query(view_state())
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)

@@ -8,7 +8,7 @@ import streamlit as st
 from kvviz.policies import POLICIES, make_policy, param_specs
 from kvviz.replay import Replay
 from kvviz.ui import compute, session
-from kvviz.ui.session import S, keep, note, pkey, restore, set_value, wkey
+from kvviz.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
 from kvviz.ui.upload import validate_upload
 
 
@@ -18,38 +18,41 @@ def _on_upload():
         return
     key, err = validate_upload(f.getvalue(), f.name)
     if err:
-        S["upload_msg"] = ("error", err)
+        S[session.UPLOAD_MSG] = ("error", err)
         return
-    S.setdefault("uploads", [])
-    if key not in S["uploads"]:
-        S["uploads"].append(key)
+    S.setdefault(session.UPLOADS, [])
+    if key not in S[session.UPLOADS]:
+        S[session.UPLOADS].append(key)
     set_value("trace", key)
     set_value("layer", 0)
-    S["upload_msg"] = ("success", f"loaded {f.name}")
+    S[session.UPLOAD_MSG] = ("success", f"loaded {f.name}")
 
 
 def trace_controls():
     """Trace chooser + upload + layer. Returns (trace key, layer, version, trace)."""
     st.sidebar.header("Trace")
     files = compute.list_trace_files()
-    options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get("uploads", []))
-    cur = restore(wkey("trace"), "canonical")
-    if cur not in options:
+    options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get(session.UPLOADS, []))
+
+    def fit_trace(cur):
+        if cur in options:
+            return cur
         if cur.startswith("upload:") and cur[7:] in compute.upload_store():
-            S.setdefault("uploads", []).append(cur)
+            S.setdefault(session.UPLOADS, []).append(cur)  # an upload on this server
             options.append(cur)
-        else:
-            st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
-            S[wkey("trace")] = "canonical"
-    key = st.sidebar.selectbox("trace", options, key=wkey("trace"), format_func=compute.trace_label,
-                               help="The canonical synthetic trace, every file in traces/, "
-                                    "or a file you upload.")
-    keep(wkey("trace"), key)
+            return cur
+        st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
+        return "canonical"
+
+    key = widget(st.sidebar.selectbox, "trace", "trace", options, fit=fit_trace,
+                 format_func=compute.trace_label,
+                 help="The canonical synthetic trace, every file in traces/, or a file you "
+                      "upload.")
     st.sidebar.file_uploader("upload a trace (.npz, kvviz format)", key="w.upload",
                              on_change=_on_upload,
                              help="Loaded with allow_pickle=False and validated; a bad file "
                                   "is refused with the reason and the current trace stays.")
-    msg = S.pop("upload_msg", None)
+    msg = S.pop(session.UPLOAD_MSG, None)
     if msg:
         (st.sidebar.error if msg[0] == "error" else st.sidebar.success)(msg[1])
     version = compute.trace_version(key)
@@ -61,15 +64,16 @@ def trace_controls():
         S["kv"]["trace"] = key
     layer = layers[0] if layers else 0  # a model layer number (the URL's `layer`)
     if len(layers) > 1:
-        restore(wkey("layer"), layer)
-        if S[wkey("layer")] not in layers:
+        def fit_layer(cur, first=layer):
+            if cur in layers:
+                return cur
             if session.from_link("layer"):
-                note(f"layer={S[wkey('layer')]} is not stored in this trace (layers "
-                     f"{', '.join(map(str, layers))}); using {layer}")
-            S[wkey("layer")] = layer
-        layer = st.sidebar.selectbox("layer", layers, key=wkey("layer"),
-                                     format_func=lambda n: f"model layer {n}")
-        keep(wkey("layer"), layer)
+                note(f"layer={cur} is not stored in this trace (layers "
+                     f"{', '.join(map(str, layers))}); using {first}")
+            return first
+
+        layer = widget(st.sidebar.selectbox, "layer", "layer", layers, fit=fit_layer,
+                       format_func=lambda n: f"model layer {n}")
     else:
         S["kv"]["layer"] = layer
     head = head_control(key, layer, version)
@@ -90,11 +94,12 @@ HEAD_HELP = ("Which attention the policies see: the mean over all heads, one KV 
 
 
 def head_label(label: str) -> str:
-    """'kv1' -> 'kv1 · KV head 1 (its query heads' mean)'; 'q4' -> 'q4 · query head 4'."""
+    """'kv1' -> 'kv1 · KV head 1'; 'q4' -> 'q4 · query head 4' (short: the sidebar's box
+    is narrow, and the help says what a KV head's attention is)."""
     if label == "mean":
         return "mean · all heads"
-    if label.startswith("kv") and label[2:].isdigit():
-        return f"{label} · KV head {label[2:]} (its query heads' mean)"
+    if label.startswith("kv") and label[2:].isdigit():  # the mean of its query heads (help)
+        return f"{label} · KV head {label[2:]}"
     if label.startswith("q") and label[1:].isdigit():
         return f"{label} · query head {label[1:]}"
     return label
@@ -108,15 +113,15 @@ def head_control(key: str, layer: int, version: str) -> str:
         S["kv"]["head"] = "mean"
         S.pop(wkey("head"), None)
         return "mean"
-    cur = restore(wkey("head"), "mean")
-    if cur not in heads:
+    def fit(cur):
+        if cur in heads:
+            return cur
         st.sidebar.warning(f"Head {cur!r} is not stored in this trace (it has "
                            f"{', '.join(heads)}); showing mean.")
-        S[wkey("head")] = "mean"
-    head = st.sidebar.selectbox("head", heads, key=wkey("head"), help=HEAD_HELP,
-                                format_func=head_label)
-    keep(wkey("head"), head)
-    return head
+        return "mean"
+
+    return widget(st.sidebar.selectbox, "head", "head", heads, fit=fit, help=HEAD_HELP,
+                  format_func=head_label)
 
 
 def current_head() -> str:
@@ -146,11 +151,11 @@ def _budget_for_trace(steps: int) -> None:
     """A budget belongs to its trace: switching traces brings back the budget last used on
     the new one, else its default (never a budget cut to fit a short trace)."""
     key = S["kv"].get("trace", "canonical")
-    prev = S.get("budget_trace")
+    prev = S.get(session.BUDGET_TRACE)
     if prev is not None and prev != key:
-        b = S.setdefault("budget_by_trace", {}).get(key, default_budget(steps))
+        b = S.setdefault(session.BUDGET_BY_TRACE, {}).get(key, default_budget(steps))
         S[wkey("budget")] = S["kv"]["budget"] = b
-    S["budget_trace"] = key
+    S[session.BUDGET_TRACE] = key
 
 
 def labelled(name: str, message: str) -> str:
@@ -184,27 +189,39 @@ def param_control(which: str, spec):
     return value
 
 
+def loop_note() -> None:
+    """In place of the budget and policies on the loop view, which has its own."""
+    st.sidebar.header("Cache")
+    st.sidebar.caption("The model-in-the-loop results carry their own policies and budgets: "
+                       "choose them in the view. The page's budget and policies A/B come back "
+                       "on the other views, as they were.")
+
+
 def policy_controls(steps: int, trace=None):
     """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...}).
     With `trace`, a policy the trace cannot drive (knorm without key norms) is refused too,
     in the replay's own words."""
     st.sidebar.header("Cache")
     _budget_for_trace(steps)
-    _clamp_restore(wkey("budget"), default_budget(steps), 1, steps, label="budget")
+    default = default_budget(steps)
+    asked = restore(wkey("budget"), default)
+    if session.from_link("budget") and not 1 <= int(asked) <= steps:
+        # a budget cut to 1 or to the trace's length shows nothing worth seeing
+        note(f"budget={asked} is outside 1–{steps}; using this trace's default, {default}")
+        S[wkey("budget")] = default
+    _clamp_restore(wkey("budget"), default, 1, steps)
     budget = st.sidebar.number_input("budget (slots held)", min_value=1, max_value=steps, step=32,
                                      key=wkey("budget"),
                                      help="How many key/value positions each policy may hold.")
     keep(wkey("budget"), int(budget))
-    S.setdefault("budget_by_trace", {})[S["kv"].get("trace", "canonical")] = int(budget)
+    S.setdefault(session.BUDGET_BY_TRACE, {})[S["kv"].get("trace", "canonical")] = int(budget)
     out = {}
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):
         st.sidebar.header(f"Policy {which.upper()}")
-        if restore(wkey(which), default) not in names:
-            S[wkey(which)] = default
-        name = st.sidebar.selectbox(f"policy {which.upper()}", names, key=wkey(which),
-                                    label_visibility="collapsed")
-        keep(wkey(which), name)
+        name = widget(st.sidebar.selectbox, which, f"policy {which.upper()}", names,
+                      fit=lambda v, d=default: v if v in names else d,
+                      label_visibility="collapsed")
         params = {spec.name: param_control(which, spec) for spec in param_specs(name)}
         if not param_specs(name):
             st.sidebar.caption(f"{name} has no parameters.")

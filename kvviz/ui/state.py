@@ -13,6 +13,9 @@ dropped with a note):
     head    which attention head of a per-head trace: mean (default), kv0.., q0..
     cmp     compare view: the policies shown, comma-separated (default: every registered
             policy, or A, B and the first others when more than MAX_COMPARE are registered)
+    and the plain keys of `PLAIN` (one view's own choices: loop, loop.policy, slides.steps ...)
+
+A key given twice is said, and its first value used.
 """
 from __future__ import annotations
 
@@ -46,15 +49,26 @@ def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
 
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
 # parameters); anything else is reported. A new key = one entry here.
+# Plain keys: a view's own choice, one ViewState field each, parsed with the type of the
+# field's default and written to the link only when it is not the default. Adding one = a
+# line here + the field below; the view reads and draws it with `session.widget`.
+PLAIN = {
+    "loop": "loop",                # loop view: the result's name ("" = the first)
+    "loop.policy": "loop_policy",  # ... its policy line ("" = tova, else the first)
+    "loop.budget": "loop_budget",  # ... and budget (0 = the middle one)
+    "slides.kind": "slides_kind",  # slides view: what is animated ("" = the heatmap)
+    "slides.steps": "slides_steps",  # ... over which steps, "S0,S1" (() = the whole run)
+    "slides.frames": "slides_frames",  # ... in how many frames (0 = 48, or fewer steps)
+}
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-              "zoom", "exp", "cmp", "embed", "embed_options", "track"}
+              "zoom", "exp", "cmp", "embed", "embed_options", "track", *PLAIN}
 
 
 @dataclass
 class ViewState:
     trace: str = "canonical"
     layer: int = 0
-    budget: int = 512
+    budget: int | None = None  # None: the trace's default (kvviz.ui.sidebar.default_budget)
     a: str = "tova"
     b: str = "snapkv"
     pa: dict = field(default_factory=dict)  # parameter *name* -> value (only non-defaults needed)
@@ -68,6 +82,12 @@ class ViewState:
     head: str = "mean"  # attention head of a per-head trace
     cmp: list = field(default_factory=default_cmp)  # compare view's policies
     track: int = -1  # the tracked position (-1 = none)
+    loop: str = ""
+    loop_policy: str = ""
+    loop_budget: int = 0
+    slides_kind: str = ""
+    slides_steps: tuple = ()
+    slides_frames: int = 0
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -85,10 +105,35 @@ def _int(v):
     return int(str(_first(v)).strip())
 
 
+def _plain(text: str, like):
+    """A plain key's value in the type of its field's default `like`; ValueError if not."""
+    if isinstance(like, tuple):
+        parts = [p for p in str(text).split(",") if p.strip()]
+        if len(parts) != 2:
+            raise ValueError(text)
+        return tuple(int(p) for p in parts)
+    return type(like)(str(text).strip())
+
+
+def plain_text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
 def from_query(query) -> tuple[ViewState, list[str]]:
     """Parse a query mapping (values str or list of str). Returns (state, notes on dropped keys)."""
     st, notes = ViewState(), []
+    for k, v in dict(query).items():
+        if isinstance(v, (list, tuple)) and len(v) > 1:
+            notes.append(f"{k} is given {len(v)} times ({', '.join(map(repr, v))}); "
+                         f"using the first, {v[0]!r}")
     q = {k: _first(v) for k, v in dict(query).items()}
+    for k, f in PLAIN.items():
+        if k in q:
+            try:
+                setattr(st, f, _plain(q[k], getattr(st, f)))
+            except ValueError:
+                rule = "two integers S0,S1" if f == "slides_steps" else "an integer"
+                notes.append(f"{k}={q[k]!r} is not {rule}; ignored")
     for key in ("a", "b"):
         if key in q:
             if q[key] in POLICIES:
@@ -153,8 +198,9 @@ def from_query(query) -> tuple[ViewState, list[str]]:
 
 def to_query(st: ViewState) -> dict[str, str]:
     """Every field explicitly (a link keeps meaning the same view even if defaults change)."""
-    q = {"trace": st.trace, "layer": str(st.layer), "budget": str(st.budget), "a": st.a,
-         "b": st.b}
+    q = {"trace": st.trace, "layer": str(st.layer), "a": st.a, "b": st.b}
+    if st.budget is not None:
+        q["budget"] = str(st.budget)
     for which in ("a", "b"):
         name = getattr(st, which)
         params = st.params(which)
@@ -174,6 +220,10 @@ def to_query(st: ViewState) -> dict[str, str]:
         q["head"] = st.head
     if list(st.cmp) != default_cmp(st.a, st.b):
         q["cmp"] = ",".join(st.cmp)
+    blank = ViewState()
+    for k, f in PLAIN.items():
+        if getattr(st, f) != getattr(blank, f):
+            q[k] = plain_text(getattr(st, f))
     return q
 
 

@@ -12,7 +12,7 @@ from kvviz.ui.navigation import tracked
 from kvviz.views.toy import SMALL, labelled_heatmap
 from kvviz.views.track import heatmap_with_track
 from kvviz.ui.positions import ZOOMS, zoom_centre, zoom_window
-from kvviz.ui.session import S, keep, restore, wkey
+from kvviz.ui.session import PREVIEWED, S, widget
 
 
 # The Plotly chart hides the preview as soon as its own image is in place.
@@ -42,10 +42,10 @@ def preview_html(base: dict, step: int) -> str:
 
 
 def render(ctx: Ctx):
-    st.caption("Who holds which position after every step: one row per step (down), one "
-               "column per position (across); a position is generated at its own step.")
     track = tracked(ctx)
     if ctx.trace.steps <= SMALL:  # the toy trace: every cell with its number
+        st.caption("Who holds which position after every step: one row per step (down), one "
+                   "column per position (across); a position is generated at its own step.")
         st.plotly_chart(labelled_heatmap(ctx.trace, ctx.ev_a, ctx.ev_b, ctx.step,
                                          label_a=ctx.label_a, label_b=ctx.label_b, track=track),
                         key="chart.cache", **CHART)
@@ -53,22 +53,20 @@ def render(ctx: Ctx):
                    "after that step, its number the attention that step's query paid it in "
                    "the full trace (each policy sees the row renormalised over what it holds).")
         return
-    restore(wkey("zoom"), 0)
-    if S[wkey("zoom")] not in ZOOMS:
-        S[wkey("zoom")] = 0
-    zoom = st.segmented_control("heatmap range", ZOOMS, key=wkey("zoom"), required=True,
-                                format_func=lambda z: "whole run" if z == 0 else
-                                f"zoom ±{z} steps", help="Zoom shows single cells around the "
-                                "current step and the positions being evicted now (or the "
-                                "zoom position set in the Scores view).")
-    keep(wkey("zoom"), zoom)
+    chart = st.container(key="cache-chart")  # above its range control: first on the screen
+    zoom = widget(st.segmented_control, "zoom", "heatmap range", ZOOMS, required=True,
+                  fit=lambda z: z if z in ZOOMS else 0,
+                  format_func=lambda z: "whole run" if z == 0 else f"zoom ±{z} steps",
+                  help="Zoom shows single cells around the current step and the positions "
+                       "being evicted now (or the zoom position set in the Scores view).",
+                  label_visibility="collapsed")  # its options say what it is
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     base = compute.cache_figure(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb),
                                 ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
-    with st.container(key="cache-chart"):
+    with chart:
         preview = st.empty()
-        if not S.get("kv.previewed"):  # the session's first heatmap: its PNG before Plotly
-            S["kv.previewed"] = True
+        if not S.get(PREVIEWED):  # the session's first heatmap: its PNG before Plotly
+            S[PREVIEWED] = True
             preview.markdown(preview_html(base, ctx.step), unsafe_allow_html=True)
         fig = at_step(base, ctx.step)
         if track >= 0:
@@ -76,9 +74,12 @@ def render(ctx: Ctx):
                                      ctx.label_a, ctx.label_b)
         st.plotly_chart(fig, key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
-    st.caption(f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "
+    st.caption("Who holds which position after every step: one row per step (down), one "
+               "column per position (across); a position is generated at its own step. "
+               f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "
                "by the disagreement (only A / only B) when the policies differ on a whole line "
                "of it, so one-position differences stay visible. Hover for exact shares of "
                "larger blocks. The red line is the current step."
-               if w > 1 else "Each pixel is one (step, position) cell. The red line is the "
-               "current step.")
+               if w > 1 else "Who holds which position after every step: one row per step "
+               "(down), one column per position (across). Each pixel is one (step, position) "
+               "cell. The red line is the current step.")

@@ -10,7 +10,8 @@ import streamlit as st
 
 from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
-from kvviz.ui.session import S, keep, restore, wkey
+from kvviz.ui.context import table
+from kvviz.ui.session import widget
 from kvviz.ui.state import default_cmp
 from kvviz.views import compare as C
 from kvviz.views.metrics import TABLE_FORMATS
@@ -25,26 +26,20 @@ def chart_config(name: str, ctx) -> dict:
     return {**CONFIG, "toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2}}
 
 
-def head_of(ctx) -> str:
-    return getattr(ctx, "head", "mean")
-
-
 @st.cache_data(max_entries=64, show_spinner=False)
-def shares(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-           head: str = "mean") -> dict:
+def shares(rk: compute.RunKey) -> dict:
     """The run's aggregated held set and its small PNG (both independent of the step)."""
-    ev = compute.get_engine(key, layer, version, policy, params, budget, head=head).evicted_at
-    sh = C.held_shares(ev)
-    return {**sh, "png": C.rgb_to_png(C.held_rgb(sh, C.policy_colour(policy)))}
+    sh = C.held_shares(rk.engine().evicted_at)
+    return {**sh, "png": C.rgb_to_png(C.held_rgb(sh, C.policy_colour(rk.policy)))}
 
 
 def config_for(ctx, name: str) -> tuple:
-    """(params key, label): A's or B's sidebar parameters for their policies, else defaults."""
-    for which, pol, params, label in (("A", ctx.a, ctx.pa, ctx.label_a),
-                                      ("B", ctx.b, ctx.pb, ctx.label_b)):
+    """(run key, label): A's or B's sidebar parameters for their policies, else defaults."""
+    for which, pol, label in (("a", ctx.a, ctx.label_a), ("b", ctx.b, ctx.label_b)):
         if pol == name:
-            return params, label
-    return compute.params_key({s.name: s.default for s in param_specs(name)}), name
+            return ctx.run(which), label
+    defaults = compute.params_key({s.name: s.default for s in param_specs(name)})
+    return ctx.run("a").with_policy(name, defaults), name
 
 
 def params_text(name: str, params: tuple) -> str:
@@ -56,43 +51,48 @@ def chosen_policies(ctx) -> list[str]:
     """The multiselect, never holding more than its limit however many are registered."""
     names = list(POLICIES)
     default = default_cmp(ctx.a, ctx.b)
-    restore(wkey("cmp"), default)
-    held = S[wkey("cmp")]
-    if not isinstance(held, list) or not set(held) <= set(names) or len(held) > C.MAX_POLICIES:
+
+    def fit(held):
+        if isinstance(held, list) and set(held) <= set(names) and len(held) <= C.MAX_POLICIES:
+            return held
         held = [n for n in (held if isinstance(held, list) else []) if n in names]
-        S[wkey("cmp")] = held[:C.MAX_POLICIES] or default
-    chosen = st.multiselect("policies to compare (A's and B's take their sidebar settings, "
-                            "the others their defaults)", names, key=wkey("cmp"),
-                            max_selections=C.MAX_POLICIES)
+        return held[:C.MAX_POLICIES] or default
+
+    chosen = widget(st.multiselect, "cmp", "policies to compare (A's and B's take their "
+                    "sidebar settings, the others their defaults)", names, fit=fit,
+                    max_selections=C.MAX_POLICIES, store=list)
     if len(names) > C.MAX_POLICIES:
         st.caption(f"{len(names)} policies are registered and at most {C.MAX_POLICIES} are "
                    "compared at once: remove one from the box to add another.")
-    keep(wkey("cmp"), list(chosen))
     return list(chosen)
 
 
 def render(ctx) -> None:
-    chosen = chosen_policies(ctx)
+    charts = st.container()  # above the chooser: the first chart on the first screen
+    with st.expander("choose the policies compared", expanded=False, icon=":material/tune:"):
+        chosen = chosen_policies(ctx)
+    with charts:
+        _draw(ctx, chosen)
+
+
+def _draw(ctx, chosen: list) -> None:
     if not chosen:
         st.info("Choose at least one policy to compare.")
         return
-    head = head_of(ctx)
     panels, rows = [], []
     bar = st.progress(0.0, text="replaying…")
     for i, name in enumerate(chosen):
-        params, label = config_for(ctx, name)
+        rk, label = config_for(ctx, name)
         bar.progress(i / len(chosen), text=f"replaying {name} ({i + 1}/{len(chosen)})…")
         try:
-            eng = compute.get_engine(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
-                                     head=head)
+            eng = rk.engine()
         except ValueError as exc:
             st.warning(f"{name} refuses these settings: {exc}")
             continue
-        sh = shares(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget, head=head)
+        sh = shares(rk)
         panels.append(dict(label=label, evicted_at=eng.evicted_at, shares=sh, png=sh["png"]))
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
-                                head=head)
-        rows.append({"policy": name, "params": params_text(name, params), "budget": ctx.budget,
+        m = rk.summary()
+        rows.append({"policy": name, "params": params_text(name, rk.params), "budget": ctx.budget,
                      "held now": int(held_mask(eng.evicted_at, ctx.step).sum()), **m})
     bar.empty()
     if not panels:
@@ -105,8 +105,6 @@ def render(ctx) -> None:
                "evicted, white not yet generated. The red line is the current step.")
     st.plotly_chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
                     config=chart_config("compare_survival", ctx), width="stretch")
-    st.dataframe(C.compare_table(rows), hide_index=True,
-                 column_config={c: st.column_config.NumberColumn(format=f)
-                                for c, f in TABLE_FORMATS.items()})
+    table(C.compare_table(rows).drop(columns=["budget"]))  # one budget: said below
     st.caption(f"All at budget {ctx.budget} on this trace; metrics from kvviz.metrics.summary "
                "(the Metrics view's numbers). 'held now': slots held after the current step.")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from kvviz import explain
 from kvviz import views as V
-from kvviz.ui.context import CHART, Ctx
+from kvviz.ui.context import CHART, Ctx, table
 from kvviz.ui.navigation import goto
 from kvviz.ui.positions import restore_position
 from kvviz.ui.session import keep, wkey
@@ -50,4 +50,4 @@ def render(ctx: Ctx):
                 + " Below, both policies' candidates at that step.")
     c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
     st.plotly_chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)
-    st.dataframe(V.why_table(pos, dstep, panels, tokens=ctx.trace.tokens), hide_index=True)
+    table(V.why_table(pos, dstep, panels, tokens=ctx.trace.tokens))  # whole

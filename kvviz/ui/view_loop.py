@@ -19,6 +19,7 @@ import streamlit as st
 from kvviz import views as V
 from kvviz.policies import POLICIES
 from kvviz.ui.context import CHART
+from kvviz.ui.session import from_link, note, widget
 from kvviz.views import loop as LV
 
 MAX_NEW_TOKENS = 256
@@ -193,17 +194,30 @@ def run_box(ctx):
 
 # --- the view ----------------------------------------------------------------------------
 def _sources() -> dict[str, tuple]:
-    """label -> ("file", path) | ("session", result)."""
+    """label -> ("file", path, name) | ("session", result, name); the name is the link's."""
     out = {}
     for p in shipped():
         try:
-            out[result_label(load(p), p)] = ("file", p)
+            out[result_label(load(p), p)] = ("file", p, p.stem)
         except (OSError, ValueError, KeyError) as exc:
             st.warning(f"{p.name}: not a readable loop result ({exc})")
     job = S.get(JOB)
     if job and job.get("result") is not None:
-        out["your run · " + result_label(job["result"], None)] = ("session", job["result"])
+        out["your run · " + result_label(job["result"], None)] = ("session", job["result"],
+                                                                 "your-run")
     return out
+
+
+def _fits(options: list, field: str, default, what: str):
+    """A `widget` fit: a value not among `options` becomes `default` (said when a link
+    asked for it)."""
+    def fit(v):
+        if v in options:
+            return v
+        if v not in ("", 0, None) and from_link(field.replace("_", ".")):
+            note(f"{field.replace('_', '.')}={v}: no such {what} here; showing {default}")
+        return default
+    return fit
 
 
 def render(ctx):
@@ -220,10 +234,12 @@ def render(ctx):
     if job and job.get("result") is not None and not job.get("selected"):
         job["selected"] = True  # a run that just finished is shown once
         S["loop.source"] = labels[-1]
-    if S.get("loop.source") not in labels:
-        S["loop.source"] = labels[0]
-    label = st.selectbox("result (text · granularity)", labels, key="loop.source")
-    kind, obj = sources[label]
+    by_name = {v[2]: k for k, v in sources.items()}
+    label = widget(st.selectbox, "loop", "result (text · granularity)", labels,
+                   key="loop.source", show=lambda n: by_name.get(n, n),
+                   fit=_fits(labels, "loop", labels[0], "result"),
+                   store=lambda lab: sources[lab][2])
+    kind, obj, _ = sources[label]
     res = load(obj) if kind == "file" else obj
     rows = res.results
     st.caption(model_caption(res.meta))
@@ -244,14 +260,14 @@ def draw(res, rows):
         return
     lines = sorted({LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) for i in choices})
     c = st.columns([3, 2])
-    if S.get("loop.policy") not in lines:
-        S["loop.policy"] = "tova" if "tova" in lines else lines[0]
-    line = c[0].selectbox("policy", lines, key="loop.policy")
+    line = widget(c[0].selectbox, "loop_policy", "policy", lines, key="loop.policy",
+                  fit=_fits(lines, "loop_policy", "tova" if "tova" in lines else lines[0],
+                            "policy line"))
     budgets = sorted(rows[i]["budget"] for i in choices
                      if LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) == line)
-    if S.get("loop.budget") not in budgets:
-        S["loop.budget"] = budgets[len(budgets) // 2]
-    budget = c[1].selectbox("budget", budgets, key="loop.budget")
+    budget = widget(c[1].selectbox, "loop_budget", "budget", budgets, key="loop.budget",
+                    fit=_fits(budgets, "loop_budget", budgets[len(budgets) // 2],
+                              "budget for this policy"))
     ci = next(i for i in choices if rows[i]["budget"] == budget and
               LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) == line)
     f = res.full_index

@@ -1,13 +1,15 @@
 """Metrics & sweeps view: summary metrics of A and B, cached sweeps on the current trace."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from kvviz import views as V
 from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
-from kvviz.ui.context import CHART, Ctx
-from kvviz.ui.session import S
+from kvviz.ui.context import CHART, Ctx, table
+from kvviz.ui.session import S, SWEEP_ON
 
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
@@ -16,16 +18,26 @@ OBS_WINDOWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def _sweep(ctx: Ctx, points):
-    rows = []
-    bar = st.progress(0.0, text="sweeping…")
+    """Evaluate every point, saying which one runs (a cold sweep of all policies across
+    budgets took 55 s on 2 cores); points already computed on this server are instant."""
+    import time
+
+    rows, t0 = [], time.perf_counter()
+    status = st.status(f"Sweeping {len(points)} settings on this trace…", expanded=False)
+    bar = status.progress(0.0)
     for i, (name, params, budget) in enumerate(points):
+        bar.progress(i / len(points), text=f"{i}/{len(points)}: {name} at budget {budget}")
         try:
-            rows.append(compute.evaluate_one(ctx.key, ctx.layer, ctx.version, name,
-                                             compute.params_key(params), budget, head=ctx.head))
+            rk = replace(ctx.run("a"), policy=name, params=compute.params_key(params),
+                         budget=budget)
+            rows.append(rk.evaluate())
         except ValueError as exc:
             rows.append({"policy": name, "budget": budget, **params, "refused": str(exc)})
-        bar.progress((i + 1) / len(points), text=f"sweeping… {i + 1}/{len(points)}")
-    bar.empty()
+    bar.progress(1.0, text=f"{len(points)}/{len(points)}")
+    refused = sum("refused" in r for r in rows)
+    status.update(label=f"Swept {len(points)} settings in {time.perf_counter() - t0:.1f} s"
+                  + (f" ({refused} refused by their policy)" if refused else ""),
+                  state="complete")
     return [r for r in rows if "refused" not in r]
 
 
@@ -34,8 +46,7 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
     for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
         if ctx.solo and which != ctx.solo:
             continue  # that policy refused its settings
-        m = compute.run_summary(ctx.key, ctx.layer, ctx.version, name, params, ctx.budget,
-                                head=ctx.head)
+        m = ctx.run(which).summary()
         specs = {sp.name: sp.label for sp in param_specs(name)}
         shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
         rows.append({"run": which.upper(), "policy": name, "params": shown,
@@ -47,9 +58,7 @@ def render(ctx: Ctx):
     st.caption("How much of the attention each cache kept, and what it costs; the sweeps rerun "
                "one setting across values on this trace (terms: Glossary).")
     rows = metrics_rows(ctx)
-    st.dataframe(V.metrics_table(rows), hide_index=True,
-                 column_config={c: st.column_config.NumberColumn(format=f)
-                                for c, f in V.metrics.TABLE_FORMATS.items()})
+    table(V.metrics_table(rows))
     same = {k: rows[0][k] == rows[-1][k] for k in ("retained_mass", "hh_recall")}
     st.caption("" if len(rows) < 2 else "retained mass: A and B " + ("identical to the last digit" if same["retained_mass"]
                                             else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")
@@ -59,16 +68,16 @@ def render(ctx: Ctx):
     st.subheader("Sweeps (cached; all on the current trace)")
     metric = st.radio("metric", ["retained_mass", "hh_recall", "memory_bytes"], horizontal=True,
                       key="w.sweep_metric", format_func=lambda m: V.metrics.METRIC_LABELS[m])
-    c = st.columns(3)
+    row = st.container(horizontal=True, wrap=True)  # whole labels at 125 % zoom
     budgets = tuple(b for b in SWEEP_BUDGETS if b < ctx.trace.steps)
-    if c[0].button("sweep budgets (all policies)", key="sweep.budget", width="stretch"):
-        S["sweep_on.budget"] = (ctx.key, ctx.layer)
-    if c[1].button("sweep poolKernel (snapkv)", key="sweep.pool", width="stretch"):
-        S["sweep_on.pool"] = (ctx.key, ctx.layer, ctx.budget)
-    if c[2].button("sweep obsWindow (snapkv)", key="sweep.obs", width="stretch"):
-        S["sweep_on.obs"] = (ctx.key, ctx.layer, ctx.budget)
+    if row.button("sweep budgets (all policies)", key="sweep.budget", width="content"):
+        S[SWEEP_ON + "budget"] = (ctx.key, ctx.layer)
+    if row.button("sweep poolKernel (snapkv)", key="sweep.pool", width="content"):
+        S[SWEEP_ON + "pool"] = (ctx.key, ctx.layer, ctx.budget)
+    if row.button("sweep obsWindow (snapkv)", key="sweep.obs", width="content"):
+        S[SWEEP_ON + "obs"] = (ctx.key, ctx.layer, ctx.budget)
     defaults = {n: {s.name: s.default for s in param_specs(n)} for n in POLICIES}
-    if S.get("sweep_on.budget") == (ctx.key, ctx.layer):
+    if S.get(SWEEP_ON + "budget") == (ctx.key, ctx.layer):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
         rows = _sweep(ctx, pts)
         st.plotly_chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
@@ -78,7 +87,7 @@ def render(ctx: Ctx):
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
     for tag, param, label, values in (("pool", "pool_kernel", "poolKernel", POOL_KERNELS),
                                       ("obs", "obs_window", "obsWindow", OBS_WINDOWS)):
-        if S.get(f"sweep_on.{tag}") != (ctx.key, ctx.layer, ctx.budget):
+        if S.get(SWEEP_ON + tag) != (ctx.key, ctx.layer, ctx.budget):
             continue
         rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
         st.plotly_chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),

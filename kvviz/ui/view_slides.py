@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from kvviz.ui.session import S
+from kvviz.ui.session import S, widget
 from kvviz.views import slides as SL
 
 FRAME_MS = (80, 150, 300, 600)
@@ -28,37 +28,43 @@ def _preview(kind: str, ev_a, ev_b, step: int, s0: int, s1: int, p0: int, p1: in
                           label_a=labels[0], label_b=labels[1])
 
 
-def _range(key: str, lo: int, hi: int, default: tuple) -> None:
-    """Keep a range slider's stored value inside [lo, hi] (the trace may have changed)."""
-    v = S.get(key, default)
+def _fit_range(v, lo: int, hi: int, default: tuple) -> tuple:
+    """A range slider's value inside [lo, hi] (the trace may have changed), else `default`."""
     try:
         a, b = sorted(int(x) for x in v)
     except (TypeError, ValueError):
         a, b = default
     a, b = min(max(a, lo), hi), min(max(b, lo), hi)
-    S[key] = (a, b) if a < b else default
+    return (a, b) if a < b else default
+
+
+def _range(key: str, lo: int, hi: int, default: tuple) -> None:
+    """Keep a range slider's stored value inside [lo, hi]."""
+    S[key] = _fit_range(S.get(key, default), lo, hi, default)
 
 
 def render(ctx) -> None:
     T = ctx.trace.steps
     src = (ctx.key, ctx.layer, T)
     if S.get("slides.src") != src:  # another trace: start from its defaults
-        for k in ("slides.steps", "slides.pos", "slides.tokens"):
+        for k in ("slides.steps", "slides.pos", "slides.tokens", "slides.frames"):
             S.pop(k, None)
+        if S.get("slides.src") is not None:  # (a link's own values are kept)
+            S["kv"].update(slides_steps=(), slides_frames=0)
         S["slides.src"] = src
     if T < 2:
         st.info("Slides need a trace of at least two steps.")
         return
     kinds = ["heatmap"] + (["tokens"] if ctx.trace.tokens is not None else [])
-    kind = st.segmented_control("animate", kinds, key="slides.kind", required=True,
-                                default="heatmap", format_func={"heatmap": "cache heatmap",
-                                                                "tokens": "token strip"}.get)
+    # kind, steps and frames are in the link (session.widget); the rest is the view's own
+    kind = widget(st.segmented_control, "slides_kind", "animate", kinds, key="slides.kind",
+                  required=True, fit=lambda v: v if v in kinds else "heatmap",
+                  format_func={"heatmap": "cache heatmap", "tokens": "token strip"}.get)
     kind = kind if kind in kinds else "heatmap"
     c = st.columns([3, 3, 1.1, 1.3])
-    _range("slides.steps", 0, T - 1, (0, T - 1))
-    s0, s1 = c[0].slider("steps", 0, T - 1, key="slides.steps",
-                         help="The animation runs over these steps.")
-    # positions are chosen first to last, like steps (0..T-1); the library takes [p0, p1)
+    s0, s1 = widget(c[0].slider, "slides_steps", "steps", 0, T - 1, key="slides.steps",
+                    fit=lambda v: _fit_range(v, 0, T - 1, (0, T - 1)),
+                    help="The animation runs over these steps.")
     if kind == "tokens":
         _range("slides.tokens", 0, T - 1, (0, min(T, 300) - 1))  # the text appears, then goes
         p0, last = c[1].slider("tokens", 0, T - 1, key="slides.tokens",
@@ -68,9 +74,16 @@ def render(ctx) -> None:
         _range("slides.pos", 0, T - 1, (0, T - 1))
         p0, last = c[1].slider("positions", 0, T - 1, key="slides.pos",
                                help="The positions shown, first to last (the heatmap's columns).")
-    p1 = int(last) + 1
-    frames = int(c[2].number_input("frames", min_value=1, max_value=SL.MAX_FRAMES,
-                                   value=min(48, s1 - s0 + 1), key="slides.frames"))
+    p1 = int(last) + 1  # positions are chosen first to last, like steps; the library takes [p0, p1)
+    auto = min(48, s1 - s0 + 1)  # the state's 0: follows the step range until chosen
+    if not S["kv"].get("slides_frames") and S.get("slides.frames") == S.get("slides.auto"):
+        S.pop("slides.frames", None)  # not chosen (the box still shows the last automatic)
+    S["slides.auto"] = auto
+    frames = int(widget(c[2].number_input, "slides_frames", "frames", min_value=1,
+                        max_value=SL.MAX_FRAMES, key="slides.frames",
+                        show=lambda v: int(v) or auto,
+                        fit=lambda v: min(max(int(v), 1), SL.MAX_FRAMES),
+                        store=lambda v: 0 if v == auto else int(v)))
     ms = c[3].selectbox("ms/frame", FRAME_MS, index=1, key="slides.ms",
                         help="How long each frame is shown.")
     step = int(np.clip(ctx.step, s0, s1))

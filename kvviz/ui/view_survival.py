@@ -6,7 +6,7 @@ import streamlit as st
 
 from kvviz import explain
 from kvviz import views as V
-from kvviz.ui.context import CHART, Ctx
+from kvviz.ui.context import CHART, Ctx, table
 
 
 def render(ctx: Ctx):
@@ -23,4 +23,4 @@ def render(ctx: Ctx):
     for lab, ev in ((f"A: {ctx.label_a}", ctx.ev_a), (f"B: {ctx.label_b}", ctx.ev_b)):
         rows.append({"policy": lab, "sinks held": int(V.sinks_held(ev)[s]),
                      "recent-64 held": f"{V.recent_held_fraction(ev)[s]:.0%}"})
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    table(pd.DataFrame(rows))  # drawn whole (kvviz.ui.context.table)
