@@ -32,6 +32,21 @@ def one_line_error(message):
     raise SystemExit(2)
 
 
+def add_config_arguments(p) -> None:
+    """--budget, --policy, --granularity: the batch's configurations (loop and generate)."""
+    p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=0 (repeatable)")
+    p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
+
+
+def add_model_arguments(p) -> None:
+    """--model, --device, --dtype: which model runs, and where."""
+    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
+                   "model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(p)
+
+
 def parser(sub=None) -> argparse.ArgumentParser:
     """`kvviz loop`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
     kw = dict(prog="python -m kvviz loop",
@@ -43,15 +58,10 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.error = one_line_error
     p.add_argument("--text", help="UTF-8 text file to read")
     p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
-    p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
-    p.add_argument("--policy", action="append", default=[],
-                   help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=0 (repeatable)")
-    p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
+    add_config_arguments(p)
     p.add_argument("--json", help="write {'results': [...]} here")
     p.add_argument("--out", help="write the full result (.npz: per-token NLL, eviction logs, rows)")
-    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
-                   "model's name (default: the bundled SmolLM2-135M); never the hub")
-    add_device_arguments(p)
+    add_model_arguments(p)
     p.add_argument("--rows-layers", default=None,
                    help="model layers whose attention rows --out keeps (default: first, middle, last)")
     p.add_argument("--rows-tokens", type=int, default=None, help="keep rows for the first N tokens only")

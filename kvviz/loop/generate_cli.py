@@ -6,11 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..capture import add_device_arguments, require_stack
+from ..capture import require_stack
 from ..models import resolve
 from ..plugins import add_argument as add_plugin_argument, cli_load
-from .cli import Progress, build_configs, one_line_error
-from .config import GRANULARITIES
+from .cli import Progress, add_config_arguments, add_model_arguments, build_configs, one_line_error
 from .generation import PROMPT_MODES, check_request
 
 MARK = "|>"
@@ -29,18 +28,13 @@ def parser(sub=None) -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", help="UTF-8 file holding the prompt")
     p.add_argument("--max-new-tokens", type=int, default=None, help="generate at most N tokens per config")
-    p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
-    p.add_argument("--policy", action="append", default=[],
-                   help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=4 (repeatable)")
-    p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
+    add_config_arguments(p)
     p.add_argument("--prompt-mode", choices=PROMPT_MODES, default="decode",
                    help="decode: every prompt token is a step that may evict; prefill: read the prompt in one "
                         "pass with the full cache, then each policy evicts once to its budget")
     p.add_argument("--no-eos", action="store_true", help="do not stop a row at EOS")
     p.add_argument("--json", help="write the whole generation (texts, log-probs, eviction logs) here")
-    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
-                   "model's name (default: the bundled SmolLM2-135M); never the hub")
-    add_device_arguments(p)
+    add_model_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
     p.add_argument("--perf", action="store_true",
                    help="benchmark: 8 configs against 1, bookkeeping share, prefill against decode")

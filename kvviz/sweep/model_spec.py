@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..loop.config import GRANULARITIES, LoopConfig
 from ..policies import param_specs, source_hash
-from .spec import SpecError, TraceInfo, _axis, normalise_budgets, normalise_policies
+from .spec import SpecError, TraceInfo, axis_values, built, normalise_budgets, normalise_policies
 
 FILLER = "filler"
 COMMON = ("mode", "granularity", "model", "budgets", "policies")
@@ -71,7 +71,7 @@ def _int(raw, key, default, low):
 
 
 def _choices(raw, key, allowed, default):
-    values = _axis(raw, key, str, default)
+    values = axis_values(raw, key, str, default)
     for v in values:
         if v not in allowed:
             raise SpecError(f"{key} = {raw[key]!r}: each must be one of {', '.join(allowed)}, got {v!r}")
@@ -92,7 +92,7 @@ def normalise(raw: dict) -> dict:
     spec = {"mode": mode, "granularity": _choices(raw, "granularity", GRANULARITIES, ["layer"]),
             "model": model, "budgets": normalise_budgets(raw), "policies": normalise_policies(raw)}
     if mode == "loop":
-        texts = _axis(raw, "texts", str)
+        texts = axis_values(raw, "texts", str)
         if texts is None:
             raise SpecError("texts: missing; list UTF-8 text files for the model to read")
         return {**spec, "texts": texts, "max_tokens": _int(raw, "max_tokens", 1024, 2),
@@ -108,7 +108,7 @@ def normalise(raw: dict) -> dict:
             raise SpecError(f"depths = {raw['depths']!r}: a depth is a percent of the haystack, 0-100; got {d}")
     if not depths or len({float(d) for d in depths}) != len(depths):
         raise SpecError(f"depths = {raw['depths']!r}: give distinct values")
-    lengths = _axis(raw, "lengths", int)
+    lengths = axis_values(raw, "lengths", int)
     for n in lengths:
         if n < 2:
             raise SpecError(f"lengths = {raw['lengths']!r}: a length is a token count >= 2, got {n}")
@@ -116,7 +116,7 @@ def normalise(raw: dict) -> dict:
     if not isinstance(haystack, str):
         raise SpecError(f"haystack = {haystack!r}: \"filler\" or a text file")
     return {**spec, "lengths": lengths, "depths": [float(d) for d in depths],
-            "seeds": _axis(raw, "seeds", int), "prompt_modes": _choices(raw, "prompt_modes", PROMPT_MODES, ["decode"]),
+            "seeds": axis_values(raw, "seeds", int), "prompt_modes": _choices(raw, "prompt_modes", PROMPT_MODES, ["decode"]),
             "max_new_tokens": _int(raw, "max_new_tokens", 8, 1), "haystack": haystack}
 
 
@@ -144,20 +144,10 @@ def text_info(key: str, base: Path, where: str) -> TraceInfo:
 def configs(spec: dict) -> list[LoopConfig]:
     """full, then every policy entry x parameter combination x budget, each built once."""
     out = [LoopConfig("full")]
-    for i, entry in enumerate(spec["policies"]):
-        name, axes = entry["name"], entry["params"]
-        for combo in itertools.product(*axes.values()):
-            params = dict(zip(axes, combo))
-            for budget in spec["budgets"]:
-                try:
-                    cfg = LoopConfig(name, params, budget)
-                except ValueError as exc:
-                    shown = ", ".join(f"{k} = {v}" for k, v in params.items())
-                    raise SpecError(f"policies[{i}] ({name}{', ' + shown if shown else ''}) "
-                                    f"at budget {budget}: {exc}") from None
-                if cfg.label in [c.label for c in out]:
-                    raise SpecError(f"policies[{i}] ({name}) repeats a configuration: {cfg.label}")
-                out.append(cfg)
+    for i, name, cfg in built(spec, lambda name, budget, **params: LoopConfig(name, params, budget)):
+        if cfg.label in [c.label for c in out]:
+            raise SpecError(f"policies[{i}] ({name}) repeats a configuration: {cfg.label}")
+        out.append(cfg)
     return out
 
 

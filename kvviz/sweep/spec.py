@@ -70,7 +70,7 @@ def read_spec(path) -> dict:
         raise SpecError(f"spec {path} is not valid TOML: {exc}") from None
 
 
-def _axis(raw: dict, key: str, kind, default=None, where: str = "") -> list | None:
+def axis_values(raw: dict, key: str, kind, default=None, where: str = "") -> list | None:
     """A scalar or a non-empty list of `kind`, without repeats. `where` prefixes the key."""
     if key not in raw:
         return default
@@ -106,7 +106,7 @@ def _param_axis(name: str, entry: dict, key: str, where: str) -> list:
 
 
 def normalise_budgets(raw: dict) -> list[int]:
-    budgets = _axis(raw, "budgets", int)
+    budgets = axis_values(raw, "budgets", int)
     if budgets is None:
         raise SpecError("budgets: missing; e.g. budgets = [128, 256]")
     for b in budgets:
@@ -152,13 +152,13 @@ def normalise(raw: dict) -> dict:
     if unknown:
         raise SpecError(f"{unknown[0]} = {raw[unknown[0]]!r}: unknown key; "
                         f"a spec has {', '.join(KEYS)}")
-    traces = _axis(raw, "traces", str)
+    traces = axis_values(raw, "traces", str)
     if traces is None:
         raise SpecError("traces: missing; list trace files (.npz) or \"canonical\"")
     budgets = normalise_budgets(raw)
     norm_policies = normalise_policies(raw)
-    return {"mode": mode, "traces": traces, "layers": _axis(raw, "layers", int),
-            "heads": _axis(raw, "heads", str, ["mean"]), "budgets": budgets,
+    return {"mode": mode, "traces": traces, "layers": axis_values(raw, "layers", int),
+            "heads": axis_values(raw, "heads", str, ["mean"]), "budgets": budgets,
             "policies": norm_policies}
 
 
@@ -198,23 +198,31 @@ def trace_info(key: str, base: Path = Path(".")) -> TraceInfo:
     return TraceInfo(key, hashlib.sha256(data).hexdigest(), data, layers, heads, model)
 
 
-def expand(spec: dict, traces: dict[str, TraceInfo]) -> list[Cell]:
-    """Every cell, in a fixed order (trace, layer, head, policy entry, parameters, budget).
-    Each policy configuration is built once per budget, so the registry refuses what it
-    would refuse in the cell (even pool_kernel, recent_window >= budget, ...)."""
-    cells: list[Cell] = []
-    seen: dict[str, str] = {}
+def built(spec: dict, build):
+    """(entry index, name, build(name, budget, params)) for every policy entry x parameter
+    combination x budget, in spec order; a refusal of `build` becomes one SpecError naming
+    the entry, its parameters and the budget."""
     for i, entry in enumerate(spec["policies"]):
         name, axes = entry["name"], entry["params"]
         for combo in itertools.product(*axes.values()):
             params = dict(zip(axes, combo))
             for budget in spec["budgets"]:
                 try:
-                    make_policy(name, budget, **params)
+                    yield i, name, build(name, budget, **params)
                 except ValueError as exc:
                     shown = ", ".join(f"{k} = {v}" for k, v in params.items())
                     raise SpecError(f"policies[{i}] ({name}{', ' + shown if shown else ''}) "
                                     f"at budget {budget}: {exc}") from None
+
+
+def expand(spec: dict, traces: dict[str, TraceInfo]) -> list[Cell]:
+    """Every cell, in a fixed order (trace, layer, head, policy entry, parameters, budget).
+    Each policy configuration is built once per budget, so the registry refuses what it
+    would refuse in the cell (even pool_kernel, recent_window >= budget, ...)."""
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    for _ in built(spec, make_policy):
+        pass
     for key in spec["traces"]:
         info = traces[key]
         if info.layers is None:
