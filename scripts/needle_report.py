@@ -198,7 +198,7 @@ def q4(df) -> str:
     gap = (t["acc prefill"] - t["acc decode"])
     return (fmt(t) + f"\n\n**Answer:** on the same prompts, prefill eviction is right more often than decode-time "
             f"eviction in {int((gap > 0).sum())} of {len(t)} policy x budget pairs, less often in "
-            f"{int((gap < 0).sum())}; the mean accuracy gap (prefill − decode) is {100 * gap.mean():+.0f} points, "
+            f"{int((gap < 0).sum())}; the mean accuracy gap (prefill − decode) is {round(100 * gap.mean(), 1) + 0.0:+.1f} points, "
             f"the held share gap {(t['held prefill'] - t['held decode']).mean():+.2f}.")
 
 
