@@ -81,8 +81,8 @@ def jumps_row(ctx: Ctx, step: int):
     restore("w.share", jumps.NOTABLE_SHARE)
     if S["w.share"] not in SHARES:
         S["w.share"] = jumps.NOTABLE_SHARE
-    share = side.selectbox("next divergence finds a position with", SHARES, key="w.share",
-                           format_func=lambda v: f"over {v:.1%} of a step's attention",
+    share = side.selectbox("next divergence: attention share over", SHARES, key="w.share",
+                           format_func=lambda v: f"{v:.1%}",
                            help="What the next-divergence jump (D) looks for: a position "
                                 "that one policy has evicted and the other still holds, "
                                 "carrying over this share of a step's attention while only "
