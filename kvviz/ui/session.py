@@ -16,7 +16,7 @@ from kvviz.ui.state import ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
 FIELDS = ("trace", "layer", "budget", "a", "b", "step", "focus", "why", "view", "exp", "zoom",
-          "head", "cmp")
+          "head", "cmp", "needle")
 
 
 def note(msg: str) -> None:
@@ -120,7 +120,8 @@ def view_state() -> ViewState:
                      why=int(kv.get("why", -1)), view=kv.get("view", "cache"),
                      exp=kv.get("exp", ""), zoom=int(kv.get("zoom", 0)),
                      head=kv.get("head", "mean"), cmp=list(kv.get("cmp") or default_cmp(kv.get("a", "tova"),
-                                                                             kv.get("b", "snapkv"))))
+                                                                             kv.get("b", "snapkv"))),
+                     needle=dict(kv.get("needle") or {}))
 
 
 def write_url() -> None:

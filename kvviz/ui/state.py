@@ -20,11 +20,11 @@ from dataclasses import dataclass, field, replace
 from kvviz.policies import POLICIES, defaults, param_specs, parse_params
 
 VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
-         "export", "loop")
+         "export", "loop", "needle")
 VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
                "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
                "compare": "Compare all", "slides": "Slides", "export": "Export",
-               "loop": "Model in the loop"}
+               "loop": "Model in the loop", "needle": "Forgetting"}
 
 
 ZOOMS = (0, 32, 128, 512)
@@ -47,6 +47,10 @@ def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
 # parameters); anything else is reported. A new key = one entry here.
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
               "zoom", "exp", "cmp", "embed", "embed_options"}
+# the Forgetting view's choices (kvviz.ui.view_needle checks them against its results)
+NEEDLE_KEYS = ("nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs", "nlayer",
+               "nhead")
+KNOWN_KEYS |= set(NEEDLE_KEYS)
 
 
 @dataclass
@@ -66,6 +70,7 @@ class ViewState:
     zoom: int = 0  # cache heatmap: 0 = whole run, else +-zoom steps around the current step
     head: str = "mean"  # attention head of a per-head trace
     cmp: list = field(default_factory=default_cmp)  # compare view's policies
+    needle: dict = field(default_factory=dict)  # NEEDLE_KEYS -> str (the Forgetting view's)
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -112,6 +117,7 @@ def from_query(query) -> tuple[ViewState, list[str]]:
             notes.append(f"unknown key {k!r} ignored")
     if "exp" in q:
         st.exp = str(q["exp"])
+    st.needle = {k: str(q[k]) for k in NEEDLE_KEYS if k in q}
     if q.get("head"):
         st.head = str(q["head"])
     if "cmp" in q:
@@ -170,6 +176,7 @@ def to_query(st: ViewState) -> dict[str, str]:
         q["head"] = st.head
     if list(st.cmp) != default_cmp(st.a, st.b):
         q["cmp"] = ",".join(st.cmp)
+    q.update({k: str(v) for k, v in st.needle.items() if k in NEEDLE_KEYS})
     return q
 
 
