@@ -119,7 +119,7 @@ def key_strip_html(tokens, key_positions, question_start: int) -> str:
              "border-radius:6px;background:#fff}.kv-tok{white-space:pre}.kv-ws{opacity:0.45}"
              f".kv-key{{background:{KEY_COLOUR};font-weight:bold;outline:1px solid #999}}"
              ".kv-q{text-decoration:underline;color:#0072B2}</style>")
-    return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"".join(spans)}</div>')
+    return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
 
 
 def answers_table(meta: dict, budget: int) -> pd.DataFrame:
