@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | needle | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -43,13 +43,14 @@ def parser() -> argparse.ArgumentParser:
     streamlit or hypothesis: those load inside its `run`)."""
     from . import capture, check, launch
     from .loop import cli as loop_cli
+    from .needle import cli as needle_cli
     from .sweep import cli as sweep_cli
 
     tree = argparse.ArgumentParser(prog="kvviz")
     sub = tree.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _perf_parser(sub)
-    for module in (capture, loop_cli, launch, sweep_cli, check):
+    for module in (capture, loop_cli, needle_cli, launch, sweep_cli, check):
         module.parser(sub)
     return tree
 
