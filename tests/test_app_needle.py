@@ -301,3 +301,24 @@ def test_own_runs_queue_and_show_their_place(monkeypatch, fix):
     assert b.radio(key="needle.source").value == "mine"
     t = answers(b).set_index("configuration")["right?"]
     assert list(t.index) == ["full cache", "tova", "h2o", "scissorhands", "streaming-llm"]
+
+
+def test_own_prompt_puts_the_key_where_the_tokens_say():
+    """The run form's prompt (the user's passage, key and question) with SmolLM2's own
+    tokenizer: the recorded key positions are exactly the tokens that spell the key (both
+    mentions), and the question starts where its text does."""
+    from apphelp import require_capture_stack
+
+    require_capture_stack()
+    from kvviz.needle.run import load_tokenizer
+    from kvviz.ui.view_needle import MAX_PROMPT, build_prompt
+
+    tok = load_tokenizer()
+    p = build_prompt(tok, "Rain fell all day. The river rose. " * 10, "31415",
+                     "Which number was hidden?", 30)
+    assert "".join(p["tokens"][i] for i in p["key_positions"]).replace(" ", "") == "31415" * 2
+    assert "".join(p["tokens"][p["question_start"]:]).strip() == "Which number was hidden?"
+    assert "".join(p["tokens"]) == p["text"]
+    assert p["key_positions"][0] < len(p["ids"]) * 0.5  # 30 % into the passage
+    with pytest.raises(ValueError, match="passage: the prompt is"):
+        build_prompt(tok, "word " * (MAX_PROMPT + 10), "1", "?", 50)

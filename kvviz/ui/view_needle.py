@@ -225,18 +225,60 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
 
 
 # --- your own passage (torch) ---------------------------------------------------------
+MAX_PROMPT = 1024  # tokens: a page run stays a few minutes on 2 cores
+
+
+def build_prompt(tok, passage: str, key: str, question: str, depth: float) -> dict:
+    """The pass-key prompt around the user's own passage, key and question, in
+    kvviz.needle's wording (its instruction and key sentence): the key's sentence goes in at
+    `depth` percent of the passage, moved back to a sentence end. ValueError names the field."""
+    from kvviz.models import token_strings, tokenize
+    from kvviz.needle.prompt import INTRO, NEEDLE, key_positions
+
+    hay = " ".join(passage.split())
+    cut = int(round(depth / 100 * len(hay)))
+    dot = hay.rfind(". ", 0, cut + 1)
+    cut = dot + 1 if dot >= 0 and cut < len(hay) else cut
+    before, after = hay[:cut].strip(), hay[cut:].strip()
+    text = " ".join(p for p in (INTRO, before, NEEDLE.format(key=key), after, question.strip()) if p)
+    ids, offsets, _ = tokenize(tok, text, 10 ** 9)
+    if offsets is None:
+        raise ValueError("the model's tokenizer gives no character offsets: the key's tokens "
+                         "cannot be found")
+    if len(ids) > MAX_PROMPT:
+        raise ValueError(f"passage: the prompt is {len(ids)} tokens; at most {MAX_PROMPT} here "
+                         "(shorten the passage, or use `kvviz needle --haystack`)")
+    q = text.rindex(question.strip())
+    return {"text": text, "ids": ids, "tokens": token_strings(tok, ids, text, offsets),
+            "key_positions": key_positions(text, offsets, key),
+            "question_start": next(i for i, (a, b) in enumerate(offsets) if b > q)}
+
+
 def run_needle(passage: str, key: str, question: str, depth: float, configs: list,
                prompt_mode: str, granularity: str, max_new_tokens: int, progress) -> dict:
-    """The one adapter to kvviz.needle's runner: one prompt, every config in one batch;
-    returns a run dict as kvviz.needle.results.load_run does."""
-    from kvviz import needle
+    """The one adapter from the page to the model: one prompt, every config in one batch
+    through kvviz.loop.generate; returns a run dict as kvviz.needle.results.load_run does."""
+    import kvviz.loop as loop
+    from kvviz import __version__
+    from kvviz.models import load_model, model_provenance
 
-    fn = getattr(needle, "run_prompt", None)
-    if fn is None:
-        raise RuntimeError("this kvviz's needle package cannot run a single prompt yet")
-    return fn(passage=passage, key=key, question=question, depth=depth, configs=configs,
-              prompt_mode=prompt_mode, granularity=granularity,
-              max_new_tokens=max_new_tokens, progress=progress)
+    if not hasattr(loop, "generate"):
+        raise RuntimeError("this kvviz has no generation engine yet (kvviz.loop.generate)")
+    tok, mdl = pair = load_model(None, "needle")
+    p = build_prompt(tok, passage, key, question, depth)
+    gen = loop.generate(p["ids"], configs, max_new_tokens, granularity=granularity,
+                        prompt_mode=prompt_mode, model=pair, progress=progress)
+    answers = [str(t) for t in gen.texts]
+    meta = {"id": "your run", "length": len(p["ids"]), "depth": depth, "seed": 0,
+            "prompt_mode": prompt_mode, "granularity": granularity, "key": key,
+            "key_positions": p["key_positions"], "question_start": p["question_start"],
+            "prompt_len": len(p["ids"]), "max_new_tokens": max_new_tokens,
+            "model": model_provenance(mdl), "kvviz_version": __version__,
+            "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
+            "answers": answers, "correct": [key in a for a in answers],
+            "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2])}
+    return {"meta": meta, "prompt_ids": p["ids"], "tokens": p["tokens"], "new_ids": gen.new_ids,
+            "evicted_at": gen.evicted_at}
 
 
 def start_job(spec: dict) -> dict:
