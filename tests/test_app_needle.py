@@ -21,7 +21,7 @@ from kvviz.views import needle as NV
 
 @pytest.fixture(scope="module")
 def fix(tmp_path_factory):
-    return NF.write_results(tmp_path_factory.mktemp("needle"))
+    return NF.write_results(tmp_path_factory.mktemp("needle"), grans=("layer", "kv-head"))
 
 
 def raw_runs(folder):
@@ -211,6 +211,31 @@ def test_shared_link_restores_the_cell(no_torch, fix):
     ok(again)
     for k in link:
         assert again.session_state[f"needle.{k}"] == at.session_state[f"needle.{k}"]
+
+
+def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix):
+    from kvviz.views.cache import png_to_codes
+    from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
+
+    at = page(nbudget=16, nmode="decode", ngran="kv-head", nlen=48, ndepth=10, nseed=0,
+              npol="tova", nvs="h2o", nlayer=2, nhead=1)
+    ok(at)
+    assert not at.warning and not at.selectbox(key="needle.nhead").disabled
+    meta, ev, _ = raw_runs(fix)["L48-d10-s0-decode-kv-head"]
+    assert ev.shape[2] == 2
+    ia = next(i for i, c in enumerate(meta["configs"]) if c["label"] == "tova@16")
+    ib = next(i for i, c in enumerate(meta["configs"]) if c["label"] == "h2o@16")
+    heat = next(v for k, v in charts(at).items() if k.startswith("Cache contents"))
+    codes = png_to_codes(heat["data"][0]["source"])
+    ea, eb = ev[ia, 2, 1], ev[ib, 2, 1]
+    T = len(ea)
+    steps, pos = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    ha = (pos <= steps) & ((ea[pos] < 0) | (ea[pos] > steps))
+    hb = (pos <= steps) & ((eb[pos] < 0) | (eb[pos] > steps))
+    expect = np.where(pos > steps, NOT_YET, np.where(ha & hb, BOTH, np.where(
+        ha, ONLY_A, np.where(hb, ONLY_B, NEITHER))))
+    assert np.array_equal(codes, expect)
+    assert not np.array_equal(ev[ia, 2, 0], ea)  # head 0 keeps another set: the choice matters
 
 
 def test_bad_link_values_fall_back_with_a_note(no_torch):
