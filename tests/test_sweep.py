@@ -197,7 +197,9 @@ BAD = [
     ("budgets = [40, 96]", "budgets = [16, 96]", r"policies\[1\] \(snapkv.*at budget 16: recent_window must be smaller"),
     ('name = "h2o"', 'name = "h2o"\nrecent_window = 2.5', r"policies\[2\]\.recent_window = 2.5"),
     ('traces =', 'trace =', r"trace = .*unknown key"),
-    ('traces =', 'mode = "loop"\ntraces =', r'mode = "loop": the sweep runner does not run model-in-the-loop'),
+    ('traces =', 'mode = "loop"\ntraces =', r"layers = \[3, 7\]: unknown key for mode = 'loop'"),
+    ('traces =', 'mode = "needle"\ntraces =', r"layers = \[3, 7\]: unknown key for mode = 'needle'"),
+    ('traces =', 'mode = "loops"\ntraces =', r"mode = 'loops': must be one of 'replay', 'loop', 'needle'"),
     ('budgets', 'heads = ["q0"]\nbudgets', r"heads = \['q0'\]: good.npz stores heads \['mean'\]"),
 ]
 

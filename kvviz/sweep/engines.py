@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 
 from . import cell as C
+from . import model_cell as M
+from .model_spec import ModelCell
 from .spec import Cell, TraceInfo
 
 
@@ -19,20 +21,35 @@ class WorkerLost(RuntimeError):
     """A worker process died; finished cells are kept, re-running resumes."""
 
 
+def _model(cells) -> bool:
+    return isinstance(cells[0], ModelCell)
+
+
 def group(cells: list[Cell]) -> list[list[Cell]]:
-    """Cells that differ only in layer and head, in the order of their first cell."""
+    """Cells that differ only in layer and head (replay), or in configuration (a model
+    task: one prompt or text), in the order of their first cell."""
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
-        groups.setdefault((c.trace, c.policy, c.params, c.budget), []).append(c)
+        k = (c.trace, c.item, c.unit) if isinstance(c, ModelCell) else (c.trace, c.policy, c.params, c.budget)
+        groups.setdefault(k, []).append(c)
     return list(groups.values())
+
+
+def _compute(cells):
+    return M.compute if _model(cells) else C.compute
 
 
 def _args(cells: list[Cell], info: TraceInfo):
     c = cells[0]
+    if _model(cells):
+        return (info.sha256, c.mode, c.trace, c.unit, c.batch)
     return (info.sha256, c.trace, [(x.layer, x.head) for x in cells], c.policy, c.budget, c.params)
 
 
 def _report(cells, outcomes, done) -> None:
+    """A model task returns every configuration of its batch: each cell takes its slot's."""
+    if _model(cells):
+        outcomes = [outcomes[c.slot] for c in cells]
     for c, (metrics, error) in zip(cells, outcomes):
         done(c, metrics, error)
 
@@ -46,7 +63,7 @@ def _stop_if_refused(errors) -> None:
 def serial(cells: list[Cell], traces: dict[str, TraceInfo], done, plugins=()) -> None:
     for task in group(cells):
         info = traces[task[0].trace]
-        _report(task, C.compute(info.data, *_args(task, info)), done)
+        _report(task, _compute(task)(info.data, *_args(task, info)), done)
 
 
 def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int, plugins=()) -> None:
@@ -64,7 +81,7 @@ def pool(cells: list[Cell], traces: dict[str, TraceInfo], done, workers: int, pl
                              initargs=(blobs, os.getpid(), tuple(plugins))) as ex:
         if plugins:
             _stop_if_refused(ex.map(C.ensure_plugins, [tuple(plugins)] * workers))
-        futures = {ex.submit(C.compute, None, *_args(t, traces[t[0].trace]), tuple(plugins)): t
+        futures = {ex.submit(_compute(t), None, *_args(t, traces[t[0].trace]), tuple(plugins)): t
                    for t in group(cells)}
         try:
             for fut in as_completed(futures):
@@ -93,6 +110,9 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
     started = not ray.is_initialized()
     restore = _start_ray(ray, address, workers) if started else None
     try:
+        if _model(cells):
+            refs = {t.sha256: ray.put(t.data) for t in traces.values() if t.data is not None}
+            return _ray_actors(ray, RayError, cells, traces, refs, done, workers, plugins)
         task = ray.remote(max_retries=3, retry_exceptions=False)(C.compute)
         if plugins:  # every task loads them too; this asks before any cell runs
             probe = ray.remote(C.ensure_plugins)
@@ -121,6 +141,44 @@ def ray_engine(cells: list[Cell], traces: dict[str, TraceInfo], done, address: s
         if started:
             ray.shutdown()
             restore()
+
+
+def _ray_actors(ray, RayError, cells, traces, refs, done, workers, plugins) -> None:
+    """Model tasks: one actor per worker (the model loads once in each and stays), each
+    given the next task when it returns one. Ray restarts a dead actor and retries its task."""
+    import json
+
+    tasks = group(cells)
+    n = min(len(tasks), workers or max(1, int(ray.cluster_resources().get("CPU", 1))))
+    actor = ray.remote(num_cpus=1, max_restarts=2, max_task_retries=2)(M.Worker)
+    actors = [actor.remote(tuple(plugins)) for _ in range(n)]
+    try:
+        if plugins:
+            _stop_if_refused(ray.get([a.probe.remote() for a in actors]))
+        queue, pending = list(tasks), {}
+
+        def give(a):
+            if queue:
+                t = queue.pop(0)
+                info = traces[t[0].trace]
+                pending[a.compute.remote(refs.get(info.sha256), *_args(t, info), tuple(plugins))] = (t, a)
+
+        for a in actors:
+            give(a)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            t, a = pending.pop(ready[0])
+            try:
+                outcomes = ray.get(ready[0])
+            except C.PluginLoadError as exc:
+                raise C.PluginLoadError(str(getattr(exc, "cause", None) or exc)) from None
+            except RayError as exc:  # restarts and retries exhausted
+                outcomes = [(None, C.describe(exc))] * len(json.loads(t[0].batch)["configs"])
+            _report(t, outcomes, done)
+            give(a)
+    finally:
+        for a in actors:
+            ray.kill(a)
 
 
 _TOKEN: list[str] = []  # one per process: Ray's token loader caches the first it reads

@@ -10,7 +10,6 @@ trace is loaded, in the cell; a trace broken inside fails its cells, not the spe
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import itertools
 import json
 import tomllib
@@ -23,7 +22,7 @@ import numpy as np
 from ..policies import POLICIES, make_policy, param_specs, parse_params, source_hash
 
 CANONICAL = "canonical"
-MODES = ("replay", "loop")
+MODES = ("replay", "loop", "needle")
 KEYS = ("mode", "traces", "layers", "heads", "budgets", "policies")
 
 
@@ -106,24 +105,18 @@ def _param_axis(name: str, entry: dict, key: str, where: str) -> list:
     return out
 
 
-def normalise(raw: dict) -> dict:
-    """Check keys and types; return the spec in one canonical shape (lists everywhere)."""
-    unknown = sorted(set(raw) - set(KEYS))
-    if unknown:
-        raise SpecError(f"{unknown[0]} = {raw[unknown[0]]!r}: unknown key; "
-                        f"a spec has {', '.join(KEYS)}")
-    mode = raw.get("mode", "replay")
-    if mode not in MODES:
-        raise SpecError(f"mode = {mode!r}: must be one of {', '.join(map(repr, MODES))}")
-    traces = _axis(raw, "traces", str)
-    if traces is None:
-        raise SpecError("traces: missing; list trace files (.npz) or \"canonical\"")
+def normalise_budgets(raw: dict) -> list[int]:
     budgets = _axis(raw, "budgets", int)
     if budgets is None:
         raise SpecError("budgets: missing; e.g. budgets = [128, 256]")
     for b in budgets:
         if b < 1:
             raise SpecError(f"budgets = {raw['budgets']!r}: budget must be >= 1, got {b}")
+    return budgets
+
+
+def normalise_policies(raw: dict) -> list[dict]:
+    """[{name, params: {param: [values]}}], every name and parameter known to the registry."""
     policies = raw.get("policies")
     if not isinstance(policies, list) or not policies:
         raise SpecError(f"policies = {policies!r}: give at least one [[policies]] table with a name")
@@ -143,6 +136,27 @@ def normalise(raw: dict) -> dict:
                                 f"its parameters are {allowed or 'none'}")
             params[k] = _param_axis(name, entry, k, where)
         norm_policies.append({"name": name, "params": params})
+    return norm_policies
+
+
+def normalise(raw: dict) -> dict:
+    """Check keys and types; return the spec in one canonical shape (lists everywhere)."""
+    mode = raw.get("mode", "replay")
+    if mode not in MODES:
+        raise SpecError(f"mode = {mode!r}: must be one of {', '.join(map(repr, MODES))}")
+    if mode != "replay":
+        from .model_spec import normalise as model_normalise
+
+        return model_normalise(raw)
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise SpecError(f"{unknown[0]} = {raw[unknown[0]]!r}: unknown key; "
+                        f"a spec has {', '.join(KEYS)}")
+    traces = _axis(raw, "traces", str)
+    if traces is None:
+        raise SpecError("traces: missing; list trace files (.npz) or \"canonical\"")
+    budgets = normalise_budgets(raw)
+    norm_policies = normalise_policies(raw)
     return {"mode": mode, "traces": traces, "layers": _axis(raw, "layers", int),
             "heads": _axis(raw, "heads", str, ["mean"]), "budgets": budgets,
             "policies": norm_policies}
@@ -241,13 +255,14 @@ def expand(spec: dict, traces: dict[str, TraceInfo]) -> list[Cell]:
     return cells
 
 
-def load(path_or_dict, base: Path = Path(".")) -> tuple[dict, dict[str, TraceInfo], list[Cell]]:
-    """Read, validate and expand a spec. Raises SpecError before anything runs."""
+def load(path_or_dict, base: Path = Path(".")) -> tuple[dict, dict[str, TraceInfo], list]:
+    """Read, validate and expand a spec. Raises SpecError before anything runs. The model
+    modes ("loop", "needle": kvviz.sweep.model_spec) return their texts as TraceInfo."""
     raw = read_spec(path_or_dict) if not isinstance(path_or_dict, dict) else path_or_dict
     spec = normalise(raw)
-    if spec["mode"] == "loop":
-        raise SpecError('mode = "loop": the sweep runner does not run model-in-the-loop cells '
-                        'yet; use mode = "replay"' + (", or python -m kvviz loop for the model "
-                        "in the loop" if importlib.util.find_spec("kvviz.loop") else ""))
+    if spec["mode"] != "replay":
+        from . import model_spec
+
+        return model_spec.load(spec, Path(base))
     traces = {key: trace_info(key, base) for key in spec["traces"]}
     return spec, traces, expand(spec, traces)

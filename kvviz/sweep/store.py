@@ -18,6 +18,7 @@ from ..atomic import replacing
 from .. import __version__
 from ..policies import param_specs
 from .cell import METRICS
+from .model_spec import ModelCell
 from .spec import Cell, TraceInfo, spec_hash
 
 FORMAT = 1
@@ -73,11 +74,30 @@ def finished(out: Path, cells: list[Cell], retry_failed: bool = False) -> set[in
 
 
 def make_row(cell: Cell, info: TraceInfo, metrics: dict | None, error: str | None) -> dict:
+    if isinstance(cell, ModelCell):
+        return model_row(cell, info, metrics, error)
     return {"trace": cell.trace, "layer": cell.layer, "head": cell.head, "policy": cell.policy,
             "budget": cell.budget, "params": dict(cell.params),
             **{m: (metrics or {}).get(m) for m in METRICS},
             "status": "ok" if error is None else "error", "error": error or "",
             "kvviz_version": __version__, "trace_sha256": info.sha256, "model": info.model}
+
+
+def model_row(cell: ModelCell, info: TraceInfo, metrics: dict | None, error: str | None) -> dict:
+    """A model cell's row (kvviz.sweep.model_cell.columns); budget -1 for full, as kvviz needle writes it."""
+    from . import model_cell as M
+
+    ident = dict(zip(M.IDENTITY[cell.mode][2:], cell.unit[:]) if cell.mode == "needle"
+                 else zip(M.IDENTITY[cell.mode][1:], cell.unit))
+    if cell.mode == "needle":
+        ident = {"id": cell.item, **ident}
+    metrics = metrics or {}
+    return {"text": cell.text, **ident, "policy": cell.policy, "label": cell.config().label,
+            "params": json.dumps(dict(cell.params), sort_keys=True),
+            "budget": -1 if cell.budget is None else cell.budget,
+            **{m: metrics.get(m) for m in M.METRICS[cell.mode]},
+            "status": "ok" if error is None else "error", "error": error or "",
+            "kvviz_version": __version__, "text_sha256": info.sha256, "model": metrics.get("model")}
 
 
 def save_cell(out: Path, cell: Cell, row: dict) -> None:
@@ -96,6 +116,11 @@ def param_columns(spec: dict) -> dict[str, str]:
 
 def assemble(out: Path, spec: dict, cells: list[Cell]) -> pd.DataFrame:
     """The table, from the cell files alone, one row per cell in cell order."""
+    if spec["mode"] != "replay":
+        from .model_cell import columns
+
+        rows = [json.loads(cell_path(out, c).read_text())["row"] for c in cells]
+        return pd.DataFrame(rows, columns=columns(spec["mode"]))
     params = param_columns(spec)
     rows = []
     for cell in cells:
