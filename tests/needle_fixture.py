@@ -22,6 +22,7 @@ BUDGETS = (16, 32)
 POLICIES = ("tova", "h2o", "scissorhands", "streaming-llm")
 LAYERS, NEW = 3, 4
 TOVA_FORGETS = {(96, 50, 0), (96, 90, 1), (48, 10, 0)}  # (length, depth, seed) at budget 16
+H2O_SC_FORGET: set = set()  # cells where h2o and scissorhands lose the key at budget 16
 FILLER = ["The", " grass", " is", " green", ".", " The", " sky", " is", " blue", "."]
 
 
@@ -59,7 +60,9 @@ def write_run(out: Path, length: int, depth: int, seed: int, mode: str, gran: st
                     if p in key_pos or rng.random() > 0.4:
                         continue
                     ev[c, li, g, p] = T0 - 1 if mode == "prefill" else rng.integers(p, T0)
-        forgets = {"tova": (length, depth, seed) in TOVA_FORGETS and cfg["budget"] == min(budgets),
+        small, cell = cfg["budget"] == min(budgets), (length, depth, seed)
+        forgets = {"tova": cell in TOVA_FORGETS and small, "h2o": cell in H2O_SC_FORGET and small,
+                   "scissorhands": cell in H2O_SC_FORGET and small,
                    "streaming-llm": depth < 90}.get(cfg["policy"], False)
         if forgets:  # lose the key in layer 1 (every head), a few steps after it was read
             ev[c, 1, :, key_pos] = T0 - 1 if mode == "prefill" else key_pos[-1] + 3

@@ -135,7 +135,18 @@ def test_guided_says_when_the_data_does_not_support_it(tmp_path, monkeypatch):
     assert all(v[0] == 0 for v in _story_counts(runs).values())
     b = story["cell"]["budget"]
     right = sum(correct_of(m, "tova", b) for m, _, _ in runs.values())
-    assert f"TOVA answered right {right}," in story["text"]
+    assert f"TOVA answered right {right}," in story["text"] and "opposite" not in story["text"]
+    # the opposite (H2O and Scissorhands lose it, TOVA keeps it) is said, with its count
+    monkeypatch.setattr(NF, "H2O_SC_FORGET", {(48, 50, 0), (48, 90, 0)})
+    d3 = NF.write_results(tmp_path / "opposite", modes=("decode",), lengths=(48,), seeds=(0,))
+    story = NV.guided(load_results(d3))
+    runs = raw_runs(d3)
+    rev = sum(correct_of(m, "tova", 16) and not correct_of(m, "h2o", 16)
+              and not correct_of(m, "scissorhands", 16) for m, _, _ in runs.values())
+    assert story["kind"] == "no-support" and rev == 2
+    assert f"The opposite happened in {rev}: TOVA right" in story["text"]
+    c = story["cell"]
+    assert c["budget"] == 16 and (c["length"], c["depth"], c["seed"]) in NF.H2O_SC_FORGET
     d2 = NF.write_results(tmp_path / "two", modes=("decode",), lengths=(48,), seeds=(0,),
                           policies=("tova", "h2o"))
     story = NV.guided(load_results(d2))

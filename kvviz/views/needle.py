@@ -262,18 +262,21 @@ def guided(rows: pd.DataFrame) -> dict:
                 "key go, and at which layers lost it.")
         kind = "tova-forgets"
     else:
-        s = summary.sort_values(["n"], ascending=False, kind="stable").iloc[0]
+        # where the opposite shows most (TOVA right, both wrong), else the most prompts
+        s = summary.sort_values(["reverse", "n"], ascending=False, kind="stable").iloc[0]
         mode, gran, budget = s["prompt_mode"], s["granularity"], int(s["budget"])
         sub = wide[(wide["prompt_mode"] == mode) & (wide["granularity"] == gran)
                    & (wide["budget"] == s["budget"])]
-        ex = (sub[~sub["tova"]] if (~sub["tova"]).any() else sub).sort_values(
-            ["length", "depth", "seed"]).iloc[0]
+        pick = sub["reverse"] if sub["reverse"].any() else ~sub["tova"]
+        ex = (sub[pick] if pick.any() else sub).sort_values(["length", "depth", "seed"]).iloc[0]
+        opposite = (f" The opposite happened in {int(s['reverse'])}: TOVA right, H2O and "
+                    "Scissorhands both wrong." if s["reverse"] else "")
         text = (f"**The data does not show TOVA's warning.** In no prompt did TOVA answer wrong "
                 f"while H2O and Scissorhands both answered right. At budget {budget} ({mode} "
                 f"prompt, {gran} granularity), of {int(s['n'])} prompts TOVA answered right "
-                f"{int(s['tova'])}, H2O {int(s['h2o'])}, Scissorhands {int(s['sc'])}. Shown: "
-                f"{int(ex['length'])} tokens, key at {float(ex['depth']):g} % depth, seed "
-                f"{int(ex['seed'])}.")
+                f"{int(s['tova'])}, H2O {int(s['h2o'])}, Scissorhands {int(s['sc'])}.{opposite} "
+                f"Shown: {int(ex['length'])} tokens, key at {float(ex['depth']):g} % depth, "
+                f"seed {int(ex['seed'])}.")
         kind = "no-support"
     cell = {"budget": budget, "prompt_mode": mode, "granularity": gran,
             "length": int(ex["length"]), "depth": float(ex["depth"]), "seed": int(ex["seed"])}
