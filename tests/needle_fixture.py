@@ -23,6 +23,8 @@ POLICIES = ("tova", "h2o", "scissorhands", "streaming-llm")
 LAYERS, NEW = 3, 4
 TOVA_FORGETS = {(96, 50, 0), (96, 90, 1), (48, 10, 0)}  # (length, depth, seed) at budget 16
 H2O_SC_FORGET: set = set()  # cells where h2o and scissorhands lose the key at budget 16
+K1_FORGETS: set = set()  # cells where "snapkv1" (snapkv, poolKernel 1) loses it at budget 16
+SPECS = {"snapkv1": ("snapkv", {"pool_kernel": 1})}  # fixture names for parameterised policies
 FILLER = ["The", " grass", " is", " green", ".", " The", " sky", " is", " blue", "."]
 
 
@@ -49,8 +51,8 @@ def write_run(out: Path, length: int, depth: int, seed: int, mode: str, gran: st
         tokens[p] = KEY[i]
     tokens[q0:] = [" What", " is", " the", " key", "?", " The", " key", " is"]
     configs = [{"policy": "full", "params": {}, "budget": None, "label": "full"}]
-    configs += [{"policy": p, "params": {}, "budget": b, "label": _label(p, b)}
-                for b in budgets for p in policies]
+    configs += [{"policy": SPECS.get(p, (p, {}))[0], "params": SPECS.get(p, (p, {}))[1],
+                 "budget": b, "label": _label(p, b), "name": p} for b in budgets for p in policies]
     C = len(configs)
     ev = np.full((C, LAYERS, G, T), -1, np.int32)
     for c, cfg in enumerate(configs[1:], 1):
@@ -63,7 +65,8 @@ def write_run(out: Path, length: int, depth: int, seed: int, mode: str, gran: st
         small, cell = cfg["budget"] == min(budgets), (length, depth, seed)
         forgets = {"tova": cell in TOVA_FORGETS and small, "h2o": cell in H2O_SC_FORGET and small,
                    "scissorhands": cell in H2O_SC_FORGET and small,
-                   "streaming-llm": depth < 90}.get(cfg["policy"], False)
+                   "snapkv1": cell in K1_FORGETS and small,
+                   "streaming-llm": depth < 90}.get(cfg.pop("name"), False)
         if forgets:  # lose the key in layer 1 (every head), a few steps after it was read
             ev[c, 1, :, key_pos] = T0 - 1 if mode == "prefill" else key_pos[-1] + 3
     held_end = _held(ev, key_pos, T0 - 1)       # (C, L, G)

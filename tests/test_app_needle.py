@@ -126,6 +126,31 @@ def test_guided_text_matches_the_data(fix):
     assert correct_of(meta, "h2o", c["budget"]) and correct_of(meta, "scissorhands", c["budget"])
 
 
+def test_guided_falls_back_to_snapkvs_claim(tmp_path, monkeypatch):
+    """No prompt shows TOVA's warning, but pooled SnapKV keeps the key whole where
+    poolKernel 1 loses it: the SnapKV card's claim, with counts from the run files."""
+    monkeypatch.setattr(NF, "TOVA_FORGETS", set())
+    monkeypatch.setattr(NF, "K1_FORGETS", {(48, 50, 0)})
+    d = NF.write_results(tmp_path / "snap", modes=("decode",), lengths=(48,), seeds=(0,),
+                         policies=("tova", "h2o", "scissorhands", "snapkv", "snapkv1"))
+    story = NV.guided(load_results(d))
+    assert story["kind"] == "snapkv-whole"
+    assert story["lines"] == ("snapkv", "snapkv (poolKernel=1)")
+    runs = raw_runs(d)
+
+    def whole(m, ev, k):
+        i = next(i for i, c in enumerate(m["configs"]) if c["policy"] == "snapkv" and
+                 c["budget"] == 16 and c["params"].get("pool_kernel", 5) == k)
+        e = ev[i][..., m["key_positions"]]
+        return bool(((e < 0) | (e > m["prompt_len"] - 1)).all())
+
+    wp = sum(whole(m, ev, 5) for m, ev, _ in runs.values())
+    w1 = sum(whole(m, ev, 1) for m, ev, _ in runs.values())
+    assert (wp, w1) == (len(runs), len(runs) - 1)
+    assert f"in {wp} of {len(runs)} prompts, snapkv (poolKernel=1) in {w1}" in story["text"]
+    assert (story["cell"]["length"], story["cell"]["depth"]) == (48, 50)
+
+
 def test_guided_says_when_the_data_does_not_support_it(tmp_path, monkeypatch):
     monkeypatch.setattr(NF, "TOVA_FORGETS", set())
     d = NF.write_results(tmp_path / "none", modes=("decode",), lengths=(48,), seeds=(0,))

@@ -96,17 +96,17 @@ def choose(field: str, label: str, options: list, default, widget=st.selectbox, 
     return value
 
 
-def _show_cell(cell: dict, line: str | None):
-    """The guided experiment's button: put its cell into the controls (a callback, before
-    the widgets are drawn)."""
+def _show_cell(cell: dict, lines):
+    """The guided experiment's button: put its cell and policies into the controls (a
+    callback, before the widgets are drawn)."""
     keys = {"budget": "nbudget", "prompt_mode": "nmode", "granularity": "ngran",
             "length": "nlen", "depth": "ndepth", "seed": "nseed"}
     for k, field in keys.items():
         S[f"needle.{field}"] = cell[k]
         _kept()[field] = str(cell[k])
-    if line:
-        S["needle.npol"] = line
-        _kept()["npol"] = line
+    for field, line in zip(("npol", "nvs"), lines or ()):
+        S[f"needle.{field}"] = line
+        _kept()[field] = line
 
 
 # --- the view ------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
         if story["cell"]:
             st.button("show this prompt", key="needle.guided", icon=":material/search:",
                       on_click=_show_cell,
-                      args=(story["cell"], "tova" if story["kind"] == "tova-forgets" else None))
+                      args=(story["cell"], story["lines"]))
     c = st.columns([2, 2, 2])
     budget = choose("nbudget", "budget (positions per layer)", NV.budgets(rows),
                     NV.budgets(rows)[len(NV.budgets(rows)) // 2], widget=c[0].selectbox)

@@ -217,23 +217,78 @@ def _correct(r: pd.DataFrame) -> pd.Series:
     return r["correct"].astype(str).str.lower().isin(["true", "1"])
 
 
+CELL_KEYS = ["prompt_mode", "granularity", "budget", "id", "length", "depth", "seed"]
+
+
 def guided(rows: pd.DataFrame) -> dict:
-    """A guided experiment derived from the results: the (budget, mode, granularity) where the
-    TOVA card's warning has most support (TOVA wrong, H2O and Scissorhands right on the same
-    prompt), with an example cell; if no prompt shows it, what the data shows instead.
-    Returns {kind, text, cell: {budget, prompt_mode, granularity, length, depth, seed} | None}."""
+    """A guided experiment on whichever card claim the results support, its text computed
+    from them: the TOVA card's warning (TOVA wrong where H2O and Scissorhands are right on the
+    same prompt) if any prompt shows it, else the SnapKV card's (pooling keeps the key whole
+    where poolKernel 1 does not), else what the data shows about the first.
+    Returns {kind, text, lines: (A, B), cell: {budget, prompt_mode, granularity, length,
+    depth, seed} | None}."""
     r = with_lines(rows)
     r = r.assign(ok=_correct(r))
+    story = _tova(r)
+    if story["kind"] != "tova-forgets":
+        story = _snapkv(r) or story
+    return story
+
+
+def _cell(ex, budget, mode, gran) -> dict:
+    return {"budget": int(budget), "prompt_mode": mode, "granularity": gran,
+            "length": int(ex["length"]), "depth": float(ex["depth"]), "seed": int(ex["seed"])}
+
+
+def _snapkv(r: pd.DataFrame) -> dict | None:
+    """SnapKV's card: pooled snapkv holds the key whole (every key token, every layer and
+    head, at the end of the prompt) where poolKernel 1 does not. None if nothing shows it."""
+    snap = r[r["policy"] == "snapkv"]
+    if snap.empty:
+        return None
+    snap = snap.assign(k=[int(_params(p).get("pool_kernel", 5)) for p in snap["params"]],
+                       whole=pd.to_numeric(snap["held_end"]) >= 1.0)
+    one, pooled = snap[snap["k"] == 1], snap[snap["k"] > 1]
+    if one.empty or pooled.empty:
+        return None
+    lp = pooled["line"].value_counts().index[0]
+    m = pooled[pooled["line"] == lp].merge(one, on=CELL_KEYS, suffixes=("_p", "_1"))
+    if m.empty:
+        return None
+    l1 = m["line_1"].iloc[0]
+    m = m[m["line_1"] == l1]
+    m = m.assign(claim=m["whole_p"] & ~m["whole_1"])
+    g = m.groupby(["prompt_mode", "granularity", "budget"])
+    summary = pd.DataFrame({"claim": g["claim"].sum(), "n": g.size(), "wp": g["whole_p"].sum(),
+                            "w1": g["whole_1"].sum(), "okp": g["ok_p"].sum(),
+                            "ok1": g["ok_1"].sum()}).reset_index()
+    if not summary["claim"].sum():
+        return None
+    best = summary.sort_values(["claim", "n"], ascending=[False, True], kind="stable").iloc[0]
+    mode, gran, budget = best["prompt_mode"], best["granularity"], best["budget"]
+    ex = m[(m["prompt_mode"] == mode) & (m["granularity"] == gran) & (m["budget"] == budget)
+           & m["claim"]].sort_values(["length", "depth", "seed"]).iloc[0]
+    text = (f"**SnapKV's pooling keeps the pass key whole.** At budget {int(budget)} ({mode} "
+            f"prompt, {gran} granularity), {lp} held every key token in every layer at the end "
+            f"of the prompt in {int(best['wp'])} of {int(best['n'])} prompts, {l1} in "
+            f"{int(best['w1'])}; the first kept it whole where the second did not in "
+            f"{int(best['claim'])}. Answers right: {lp} {int(best['okp'])}, {l1} "
+            f"{int(best['ok1'])}. Shown: {int(ex['length'])} tokens, key at "
+            f"{float(ex['depth']):g} % depth, seed {int(ex['seed'])}.")
+    return {"kind": "snapkv-whole", "text": text, "lines": (lp, l1),
+            "cell": _cell(ex, budget, mode, gran)}
+
+
+def _tova(r: pd.DataFrame) -> dict:
     plain = r[r["line"].isin(["tova", "h2o", "scissorhands"])]
     have = set(plain["line"])
     if not {"tova", "h2o", "scissorhands"} <= have:
         missing = sorted({"tova", "h2o", "scissorhands"} - have)
-        return {"kind": "missing", "cell": None,
+        return {"kind": "missing", "cell": None, "lines": None,
                 "text": "These results cannot test the TOVA card's warning (TOVA forgetting "
                         "a token H2O and Scissorhands keep): they have no "
                         f"{' or '.join(missing)} runs (at default parameters)."}
-    wide = plain.pivot_table(index=["prompt_mode", "granularity", "budget", "id", "length",
-                                    "depth", "seed"], columns="line", values="ok",
+    wide = plain.pivot_table(index=CELL_KEYS, columns="line", values="ok",
                              aggfunc="first").dropna().reset_index()
     wide[["tova", "h2o", "scissorhands"]] = wide[["tova", "h2o", "scissorhands"]].astype(bool)
     wide["claim"] = ~wide["tova"] & wide["h2o"] & wide["scissorhands"]
@@ -278,6 +333,5 @@ def guided(rows: pd.DataFrame) -> dict:
                 f"Shown: {int(ex['length'])} tokens, key at {float(ex['depth']):g} % depth, "
                 f"seed {int(ex['seed'])}.")
         kind = "no-support"
-    cell = {"budget": budget, "prompt_mode": mode, "granularity": gran,
-            "length": int(ex["length"]), "depth": float(ex["depth"]), "seed": int(ex["seed"])}
-    return {"kind": kind, "text": text, "cell": cell}
+    return {"kind": kind, "text": text, "lines": ("tova", "h2o"),
+            "cell": _cell(ex, budget, mode, gran)}
