@@ -217,8 +217,8 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
     said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
                          else f"{n} never evicted a key token")
     st.caption(f"Layer {layer}: {said(line, sa)}; {said(vs, sb)} (from the runs' eviction "
-               f"logs). The question starts at position {q0}; generation starts after step "
-               f"{T0 - 1}.")
+               f"logs). The key is shaded yellow; the question starts at position {q0}; the red "
+               f"line is the end of the prompt (step {T0 - 1}), where generation starts.")
     idx = [NV.config_index(meta, ln, budget) for ln in lines]
     st.plotly_chart(NV.layers_figure(ev, meta, idx, lines, T0 - 1), key=f"chart.needle_layers"
                     f"{prefix}", **CHART)

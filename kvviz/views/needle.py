@@ -100,6 +100,7 @@ def needle_figure(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity
         fig.update_xaxes(title="context length" if i == (n + 1) // 2 else None, type="category",
                          row=1, col=i)
     fig.update_yaxes(title="key depth", type="category", row=1, col=1)
+    fig.update_annotations(font_size=13)  # the panel titles, side by side on a projector
     base_layout(fig, f"Pass-key accuracy by depth and context length: budget {budget}, "
                      f"{prompt_mode} prompt, {granularity} granularity", height)
     return fig
@@ -188,8 +189,7 @@ def key_cache_figure(ev_a, ev_b, *, key_positions, prompt_len: int, label_a: str
                             line=dict(width=3, color=colour)),
                 textfont=dict(color=colour, size=13),
                 hovertemplate=f"{lab}: first key token evicted at step {s}<extra></extra>"))
-    fig.layout.title.text = (f"Cache contents over time, key shaded (yellow): A = {label_a}, "
-                             f"B = {label_b}; the red line is the end of the prompt")
+    fig.layout.title.text = f"Cache contents over time (key shaded): A = {label_a}, B = {label_b}"
     return fig
 
 
