@@ -180,7 +180,7 @@ def test_evicting_one_key_removes_exactly_its_term():
     q, k, v = (torch.randn(2, n, 1 if n == 9 else 7, 64, generator=g) for n in (9, 3, 3))
     module = type("M", (), {"layer_idx": 0})()
     full, _ = engine.attention(module, q, k, v, None, 0.125)
-    state = engine._State(torch, 2, 1, 3, 3, 7)
+    state = engine.State(torch, 2, 1, 3, 3, 7)
     p = 2
     state.bias[1, 0, 1, p] = -np.inf
     engine._STATE = state

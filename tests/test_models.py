@@ -111,7 +111,7 @@ def test_masking_one_key_is_removing_it(tiny, arch):
     val = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
     kw = {"softcap": getattr(cfg, "attn_logit_softcapping", None)}
     j = 4
-    state = engine._State(torch, 1, cfg.num_hidden_layers, cfg.num_key_value_heads, 1, k)
+    state = engine.State(torch, 1, cfg.num_hidden_layers, cfg.num_key_value_heads, 1, k)
     try:
         engine._STATE = state
         full, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)

@@ -11,16 +11,23 @@ compared with the full cache.
     res = run_loop(text, cfgs, granularity="kv-head", max_tokens=256)
     res.results[1]["perplexity"]; res.run(1, layer=14, head=2); res.save("x.npz")
 
-torch is imported lazily (kvviz/loop/engine.py), so this module, the result class and
-the CLI's input checks work without it.
+`generate` continues a prompt greedily under eviction with the same engine (every config
+one batch row; prompt read token by token, "decode", or in one pass, "prefill"):
+
+    gen = generate("The pass key is 60494. ...", cfgs, 16, prompt_mode="prefill")
+    gen.texts; gen.departure; gen.held(1, gen.prompt_len - 1); gen.save("g.json")
+
+torch is imported lazily (kvviz/loop/engine.py, greedy.py), so this module, the result
+classes and the CLI's input checks work without it.
 """
 from __future__ import annotations
 
 from .config import GRANULARITIES, LoopConfig, check_configs, parse_policy
+from .generation import PROMPT_MODES, Generation, load_generation
 from .result import LoopResult, load_loop_result
 
-__all__ = ["GRANULARITIES", "LoopConfig", "LoopResult", "check_configs", "load_loop_result",
-           "parse_policy", "run_loop"]
+__all__ = ["GRANULARITIES", "PROMPT_MODES", "Generation", "LoopConfig", "LoopResult", "check_configs",
+           "generate", "load_generation", "load_loop_result", "parse_policy", "run_loop"]
 
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
@@ -47,3 +54,27 @@ def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1
     return run(text, configs, granularity=granularity, max_tokens=max_tokens,
                progress=progress, model=model, rows_layers=rows_layers,
                rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype)
+
+
+def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
+             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True) -> Generation:
+    """Greedy continuation of `prompt` under every config at once; a Generation.
+
+    - `prompt`: text (tokenised as the loop does, BOS by the tokenizer's convention) or a
+      list of token ids used as they are.
+    - `configs`: LoopConfig list; a `full` row is put first if absent (agreement and
+      departure are measured against it). Each row continues with its own tokens.
+    - `prompt_mode`: "decode" (each prompt token is one step of the loop's contract,
+      evicting as it goes) or "prefill" (one forward pass over the full cache; each
+      policy observes every recorded prompt row, then evicts once to its budget).
+    - A row stops at EOS (the model's generation config's, if `stop_at_eos`) or after
+      `max_new_tokens`; a stopped row records nothing more.
+    - `model`, `device`, `dtype`, `seed`, `granularity`: as for run_loop;
+      `progress(done, total)` counts prompt and generated tokens.
+    """
+    from .greedy import generate as run  # torch lives there (not in a module named generate: importing
+    # it would rebind this package's `generate` to the module)
+
+    return run(prompt, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode,
+               model=model, progress=progress, seed=seed, device=device, dtype=dtype,
+               stop_at_eos=stop_at_eos)

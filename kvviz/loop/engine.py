@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -25,15 +26,18 @@ _LOCK = threading.Lock()  # one loop per process at a time: the attention functi
 _STATE = None
 
 
-class _State:
+class State:
     """What the attention function and the bookkeeping share for one run. The host arrays
     (numpy views of CPU tensors) are what the policies read and write; on a GPU the device
     tensors are separate: the step's weights come to the host in one copy with the step's
-    losses (`pull`), the bias goes back after the bookkeeping (`push`). On the CPU they are
-    the same memory and neither copies."""
+    statistics (`pull`), the bias goes back after the bookkeeping (`push`). On the CPU they
+    are the same memory and neither copies.
+
+    `record_prompt(T0)` arms a prefill: the next multi-token forward writes batch row 0's
+    prompt rows (L, G, T0, T0) and key norms (L, G, T0) into `prompt` / `prompt_norms`."""
 
     def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu"):
-        self.G = G
+        self.G, self.T = G, T
         self.bias_h = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
         self.bias = self.bias_h.numpy()
         self.cur_h = torch.zeros(B, L, G, T)  # this step's weights, mean over each group's query heads
@@ -41,9 +45,22 @@ class _State:
         self.knorm_h = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
         self.knorm = self.knorm_h.numpy()
         self.on_host = torch.device(device).type == "cpu"
+        self.device = device
         self.bias_t = self.bias_h if self.on_host else self.bias_h.to(device)
         self.cur_t = self.cur_h if self.on_host else self.cur_h.to(device)
         self.knorm_t = self.knorm_h if self.on_host else self.knorm_h.to(device)
+        self.prompt_t = self.prompt_norms_t = self.prompt = self.prompt_norms = None
+
+    def record_prompt(self, torch, T0: int) -> None:
+        L, G = self.cur.shape[1:3]
+        self.prompt_t = torch.zeros(L, G, T0, T0, device=self.device)
+        self.prompt_norms_t = torch.zeros(L, G, T0, device=self.device)
+
+    def pull_prompt(self) -> None:
+        """The prefill's recorded rows to the host (one copy each), recording disarmed."""
+        self.prompt = self.prompt_t.cpu().numpy()
+        self.prompt_norms = self.prompt_norms_t.cpu().numpy()
+        self.prompt_t = self.prompt_norms_t = None
 
     def pull(self, torch, stats):
         """Host copy of this step's weights (into `cur`) and of `stats` (returned, or None)."""
@@ -65,7 +82,9 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     """Eager attention with the running loop's eviction bias; records the group means.
 
     query (B, Hq, q, D), key/value (B, Hk, k, D); query head h reads KV head h // (Hq/Hk),
-    as transformers' repeat_kv lays them out, so grouping avoids repeating the keys.
+    as transformers' repeat_kv lays them out, so grouping avoids repeating the keys. A
+    one-token step records its row into `cur`; a prefill armed by `State.record_prompt`
+    records batch row 0's q rows into `prompt_t`.
     """
     import torch
 
@@ -80,7 +99,7 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     if attention_mask is not None:
         scores = (scores.view(B, Hk, g, q, k) + attention_mask[..., :k].unsqueeze(2)).view(B, Hk, g * q, k)
     if st is not None:
-        scores = scores + st.bias_t[:, module.layer_idx, :, None, :k]
+        scores = scores + st.bias_t[:B, module.layer_idx, :, None, :k]
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
     if st is not None and q == 1:
@@ -93,13 +112,44 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         else:
             st.cur_t[:, module.layer_idx, :, :t] = w.mean(dim=2)
             st.knorm_t[:, module.layer_idx] = norms
+    elif st is not None and st.prompt_t is not None:
+        w0 = w.view(B, Hk, g, q, k)[0].float()  # row i is query i over keys 0..k-1 (row i's self at i)
+        norms = key[0].float().norm(dim=-1)  # (Hk, k)
+        if st.G == 1:
+            st.prompt_t[module.layer_idx, 0, :q, :k] = w0.mean(dim=(0, 1))
+            st.prompt_norms_t[module.layer_idx, 0, :k] = norms.mean(dim=0)
+        else:
+            st.prompt_t[module.layer_idx, :, :q, :k] = w0.mean(dim=1)
+            st.prompt_norms_t[module.layer_idx, :, :k] = norms
     return out, None
 
 
 def register():
+    """The attention function, and the eager (additive causal) mask for it: without a
+    registered mask transformers passes none, which a one-token step does not need but a
+    prefill does."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(ATTN_NAME, attention)
+    AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+
+
+@contextmanager
+def attached(mdl, state: State):
+    """`mdl` runs the eviction attention over `state` inside the block (one at a time per
+    process); its previous attention implementation comes back on exit, error or not."""
+    global _STATE
+    with _LOCK:
+        register()
+        previous = mdl.config._attn_implementation
+        _STATE = state
+        try:
+            mdl.set_attn_implementation(ATTN_NAME)
+            yield state
+        finally:
+            _STATE = None
+            mdl.set_attn_implementation(previous)
 
 
 def tokenize(tok, text: str, max_tokens: int) -> list[int]:
@@ -118,10 +168,31 @@ def check_inputs(text, granularity, max_tokens) -> None:
         raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
 
 
+def step(mdl, cache, state: State, ids, t: int, configs, policies, evicted_at, stats=None,
+         active=None) -> tuple:
+    """The step contract, shared by `run` and generation: one batched forward of token
+    `ids` (C,) at position t through the eviction attention, `stats(logits (C, V))` on the
+    device, the step's one host copy, each active config's bookkeeping, the bias pushed.
+    Returns (host stats or None, model seconds, bookkeeping seconds)."""
+    import torch
+
+    C = ids.shape[0]
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = mdl(input_ids=ids.reshape(C, 1),
+                  position_ids=torch.full((C, 1), t, dtype=torch.long, device=ids.device),
+                  cache=cache, use_cache=True)
+        host = state.pull(torch, None if stats is None else stats(out.logits[:, -1]))
+    del out
+    t1 = time.perf_counter()
+    bookkeeping(state, configs, policies, evicted_at, t, active)
+    state.push()
+    return host, t1 - t0, time.perf_counter() - t1
+
+
 def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,
         rows_layers=None, rows_tokens=None, seed=0, timings=None, device="cpu",
         dtype="float32") -> LoopResult:
-    global _STATE
     check_inputs(text, granularity, max_tokens)
     configs = check_configs(configs)
     import torch
@@ -142,7 +213,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     rows_layers = default_layers(L) if rows_layers is None else check_layers(rows_layers, L, "rows_layers")
     Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
     C = len(configs)
-    policies = [_policies(c, L, G, T, seed) for c in configs]
+    policies = [make_policies(c, L, G, T, seed) for c in configs]
     evicted_at = np.full((C, L, G, T), NEVER, np.int64)
     rows = np.zeros((C, len(rows_layers), G, packed_offset(Tr)), np.float32) if rows_layers else None
     nll = np.zeros((C, T - 1))
@@ -152,45 +223,26 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     f = next(i for i, c in enumerate(configs) if c.is_full)
     model_s = np.zeros(T)
     book_s = np.zeros(T)
-    with _LOCK:
-        register()
-        previous = mdl.config._attn_implementation
-        device = next(mdl.parameters()).device
-        state = _State(torch, C, L, Hk, G, T, device)
-        _STATE = state
-        try:
-            mdl.set_attn_implementation(ATTN_NAME)
-            cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
-            ids_t = torch.tensor(ids, dtype=torch.long, device=device)
-            for t in range(T):
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    out = mdl(input_ids=ids_t[t].view(1, 1).expand(C, 1),
-                              position_ids=torch.full((C, 1), t, dtype=torch.long, device=device),
-                              cache=cache, use_cache=True)
-                    stats = None
-                    if t < T - 1:  # (C, 3): nll, argmax, KL(full || config), on the device
-                        logp = torch.log_softmax(out.logits[:, -1].double(), dim=-1)
-                        stats = torch.stack([-logp[:, ids[t + 1]], logp.argmax(dim=-1).double(),
-                                             (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0)], 1)
-                    host = state.pull(torch, stats)  # the step's one copy to the host
-                t1 = time.perf_counter()
-                if host is not None:
-                    nll[:, t], top1[:, t], kl[:, t] = host[:, 0], host[:, 1].astype(np.int64), host[:, 2]
-                del out
-                if t < Tr and rows is not None:
-                    off = packed_offset(t)
-                    rows[:, :, :, off:off + t] = state.cur[:, rows_layers, :, :t]
-                t2 = time.perf_counter()
-                _bookkeeping(state, configs, policies, evicted_at, t)
-                state.push()
-                book_s[t] = time.perf_counter() - t2
-                model_s[t] = t1 - t0
-                if progress is not None:
-                    progress(t + 1, T)
-        finally:
-            _STATE = None
-            mdl.set_attn_implementation(previous)
+    device = next(mdl.parameters()).device
+    state = State(torch, C, L, Hk, G, T, device)
+    with attached(mdl, state):
+        cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=device)
+        for t in range(T):
+            def stats(logits, t=t):  # (C, 3): nll, argmax, KL(full || config), on the device
+                logp = torch.log_softmax(logits.double(), dim=-1)
+                return torch.stack([-logp[:, ids[t + 1]], logp.argmax(dim=-1).double(),
+                                    (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0)], 1)
+
+            host, model_s[t], book_s[t] = step(mdl, cache, state, ids_t[t].expand(C), t, configs, policies,
+                                               evicted_at, stats if t < T - 1 else None)
+            if host is not None:
+                nll[:, t], top1[:, t], kl[:, t] = host[:, 0], host[:, 1].astype(np.int64), host[:, 2]
+            if t < Tr and rows is not None:  # `cur` is still step t's: the bookkeeping reads it only
+                off = packed_offset(t)
+                rows[:, :, :, off:off + t] = state.cur[:, rows_layers, :, :t]
+            if progress is not None:
+                progress(t + 1, T)
     np.exp(-nll, out=p_true)
     if timings is not None:
         timings.update(model=model_s, bookkeeping=book_s)
@@ -219,25 +271,34 @@ def check_architecture(mdl, T: int) -> None:
                          f"by the loop for a text of {T} tokens; use --max-tokens {window} or less")
 
 
-def _policies(cfg, L: int, G: int, T: int, seed: int):
+def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True):
     """A config's policy state: None for full; one Streams over its L x G streams where the
-    policy is vectorised (stream s = layer * G + head, keyed into the flat (L, G, T) step
-    weights); else one policy per (layer, head), rng seeded per (seed, layer, head)."""
+    policy is vectorised and `vectorised` allows (stream s = layer * G + head, keyed into the
+    flat (L, G, T) step weights); else one policy per (layer, head), rng seeded per (seed,
+    layer, head). A prefill needs the per-head objects: Streams holds at most budget + 1."""
     if cfg.is_full:
         return None
-    if cfg.policy in STATES:
+    if vectorised and cfg.policy in STATES:
         S = L * G
         return Streams(cfg.make(0, 0, seed), S, offsets=np.arange(S) * T)
     return [[cfg.make(l, g, seed) for g in range(G)] for l in range(L)]
 
 
-def _bookkeeping(state: _State, configs, policies, evicted_at, t: int) -> None:
-    """Each policy takes one harness step (kvviz.harness.step: the step's weights on its
-    held positions, renormalised, admit t, evict to budget); victims get -inf."""
+def _mark(state: State, evicted_at, c: int, l: int, g: int, victims, t: int) -> None:
+    evicted_at[c, l, g, victims] = t
+    if state.G == 1:
+        state.bias[c, l][:, victims] = -np.inf
+    else:
+        state.bias[c, l, g, victims] = -np.inf
+
+
+def bookkeeping(state: State, configs, policies, evicted_at, t: int, active=None) -> None:
+    """Each (active) policy takes one harness step (kvviz.harness.step: the step's weights
+    on its held positions, renormalised, admit t, evict to budget); victims get -inf."""
     bias, G = state.bias, state.G
     for c, cfg in enumerate(configs):
         pol = policies[c]
-        if pol is None:
+        if pol is None or (active is not None and not active[c]):
             continue
         if isinstance(pol, Streams):
             raw = state.cur[c].reshape(-1).take(pol.held())  # (L*G, n); row t is cur[..., :t]
@@ -256,8 +317,29 @@ def _bookkeeping(state: _State, configs, policies, evicted_at, t: int) -> None:
                 norm = state.knorm[c, l, g] if p.reads_key_norms else None
                 victims = harness.step(p, t, raw, cfg.budget, norm)
                 if len(victims):
-                    evicted_at[c, l, g, victims] = t
-                    if G == 1:
-                        bias[c, l][:, victims] = -np.inf
+                    _mark(state, evicted_at, c, l, g, victims, t)
+
+
+def prefill_bookkeeping(state: State, configs, policies, evicted_at, T0: int) -> None:
+    """After a prefill (`State.pull_prompt`): each policy observes prompt rows 0..T0-1 as
+    recorded, without evicting (kvviz.harness.feed), then evicts once, down to its budget,
+    at step T0-1 (the last row through kvviz.harness.step, so Policy.evict's one-shot
+    choice). Needs per-(layer, head) policies (`make_policies(..., vectorised=False)`)."""
+    rows, norms = state.prompt, state.prompt_norms
+    for c, cfg in enumerate(configs):
+        pol = policies[c]
+        if pol is None:
+            continue
+        if isinstance(pol, Streams):
+            raise ValueError("prefill_bookkeeping needs per-head policies, not Streams")
+        for l, per_layer in enumerate(pol):
+            for g, p in enumerate(per_layer):
+                for t in range(T0):
+                    raw = rows[l, g, t, :t] if p.uses_attention else None  # nothing evicted yet: held = 0..t-1
+                    norm = norms[l, g, t] if p.reads_key_norms else None
+                    if t < T0 - 1:
+                        harness.feed(p, t, raw, norm)
                     else:
-                        bias[c, l, g, victims] = -np.inf
+                        victims = harness.step(p, t, raw, cfg.budget, norm)
+                        if len(victims):
+                            _mark(state, evicted_at, c, l, g, victims, t)
