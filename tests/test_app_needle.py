@@ -1,7 +1,8 @@
 """The Forgetting view (view=needle): its figure builders and guided text on a synthetic
 results folder in `kvviz needle`'s schema (tests/needle_fixture.py), and the page under
-AppTest with torch blocked. Expected values are computed here from the run files' raw
-arrays and meta (np.load), not through the view's code or the results table it reads.
+AppTest (torch blocked for drawing; a stand-in model for the queue; SmolLM2 for one run
+of the form). Expected values are computed here from the run files' raw arrays and meta
+(np.load), not through the view's code or the results table it reads.
 """
 import json
 import sys
@@ -16,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 import needle_fixture as NF
 from apphelp import APP, arr, ok
 from kvviz.needle.results import load_results
+from kvviz.ui.view_needle import QUESTION as NV_QUESTION
 from kvviz.views import needle as NV
 
 
@@ -383,3 +385,47 @@ def test_own_prompt_puts_the_key_where_the_tokens_say():
     assert p["key_positions"][0] < len(p["ids"]) * 0.5  # 30 % into the passage
     with pytest.raises(ValueError, match="passage: the prompt is"):
         build_prompt(tok, "word " * (MAX_PROMPT + 10), "1", "?", 50)
+
+
+def test_own_run_with_the_real_model(monkeypatch, tmp_path):
+    """The run form end to end with SmolLM2 (prefill mode, the cheap one): the page's run in
+    the background equals kvviz.loop.generate called directly on the same prompt, the full
+    cache answers the key (as in FIELD-NOTES), and the page draws the run as a cell."""
+    from apphelp import require_capture_stack
+
+    require_capture_stack()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))
+    import kvviz.loop as loop
+    from kvviz.models import load_model
+    from kvviz.ui.view_needle import build_prompt, configs_for
+
+    passage = "The grass is green. The sky is blue. The sun is yellow. Here we go. " * 6
+    at = page()
+    ok(at)
+    at.text_area(key="needle.new.passage").set_value(passage)
+    at.text_input(key="needle.new.key").set_value("60494")
+    at.multiselect(key="needle.new.policies").set_value(["tova"])
+    at.selectbox(key="needle.new.budget").set_value(32)
+    at.selectbox(key="needle.new.mode").set_value("prefill")
+    at.number_input(key="needle.new.tokens").set_value(8)
+    at.button(key="needle.new.run").click().run()
+    ok(at)
+    job = at.session_state["needle.job"]
+    deadline = time.time() + 600
+    while job["running"] and time.time() < deadline:
+        time.sleep(0.5)
+    assert not job["running"] and job["error"] is None, job["error"]
+    run = job["result"]
+    pair = load_model(None, "needle")
+    p = build_prompt(pair[0], passage, "60494", NV_QUESTION, 50.0)
+    configs, _ = configs_for(["tova"], 32)
+    gen = loop.generate(p["ids"], configs, 8, prompt_mode="prefill", model=pair)
+    assert list(run["prompt_ids"]) == list(p["ids"])
+    assert np.array_equal(run["evicted_at"], gen.evicted_at)
+    assert run["meta"]["answers"] == list(gen.texts)
+    assert "60494" in run["meta"]["answers"][0] and run["meta"]["correct"][0]
+    at.run()
+    ok(at)
+    t = answers(at).set_index("configuration")
+    assert list(t.index) == ["full cache", "tova"] and t.loc["full cache", "right?"].startswith("✓")
