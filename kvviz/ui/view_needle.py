@@ -20,6 +20,7 @@ from kvviz.ui.context import CHART
 from kvviz.ui.session import note
 from kvviz.ui.view_loop import POLL_S, torch_available
 from kvviz.views import needle as NV
+from kvviz.views.cache import Prebuilt
 
 S = st.session_state
 JOB = "needle.job"
@@ -50,6 +51,20 @@ def results(folder: Path) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     return _results(str(folder), path.stat().st_mtime)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _guided(folder: str, mtime: float, _rows: pd.DataFrame) -> dict:
+    return NV.guided(_rows)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _cache_figure(ev_a, ev_b, key_positions: tuple, prompt_len: int, label_a: str,
+                  label_b: str) -> dict:
+    """The heatmap costs ~1 s on a 1,024-token prompt: built once per choice, server-wide."""
+    return NV.key_cache_figure(ev_a, ev_b, key_positions=list(key_positions),
+                               prompt_len=prompt_len, label_a=label_a,
+                               label_b=label_b).to_dict()
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -141,7 +156,7 @@ def render(ctx=None):
 
 
 def draw_grid(folder: Path, rows: pd.DataFrame):
-    story = NV.guided(rows)
+    story = _guided(str(folder), (folder / "results.csv").stat().st_mtime, rows)
     with st.container(border=True):
         st.markdown("**Guided experiment** (from these results) · " + story["text"])
         if story["cell"]:
@@ -210,9 +225,9 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
     heads = list(range(G))
     head = choose(p + "nhead", "KV head", heads, 0, widget=c[3].selectbox,
                   disabled=G == 1, help="at layer granularity a layer keeps one set")
-    st.plotly_chart(NV.key_cache_figure(ev[ia, layer, head], ev[ib, layer, head],
-                                        key_positions=kp, prompt_len=T0, label_a=line,
-                                        label_b=vs), key=f"chart.needle_cache{prefix}", **CHART)
+    st.plotly_chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
+                                           T0, line, vs)),
+                    key=f"chart.needle_cache{prefix}", **CHART)
     sa, sb = NV.lost_step(ev[ia, layer], kp), NV.lost_step(ev[ib, layer], kp)
     said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
                          else f"{n} never evicted a key token")
