@@ -94,6 +94,13 @@ def test_cell_figures_follow_the_log(fix):
     assert list(table["answer"]) == [meta["answers"][i] for i, c in enumerate(meta["configs"])
                                      if c["budget"] in (None, 16)]
     assert table.set_index("configuration").loc["tova", "right?"].startswith("✗")
+    full = NV.answers_table(meta, 16, ev).set_index("configuration")
+    e = ev[it][..., kp]
+    assert full.loc["tova", NV.LOST] == str(int(e[e >= 0].min()))
+    assert full.loc["h2o", NV.LOST] == full.loc["full cache", NV.LOST] == "never"
+    kept = [bool(((ev[it, li][..., kp] < 0) | (ev[it, li][..., kp] > T0 - 1)).all())
+            for li in range(ev.shape[1])]
+    assert full.loc["tova", NV.WHOLE] == f"{sum(kept)} of {ev.shape[1]}" and not all(kept)
     strip = NV.key_strip_html(tokens, kp, meta["question_start"])
     assert strip.count('class="kv-tok kv-key"') == len(kp)
 

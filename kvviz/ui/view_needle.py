@@ -205,7 +205,7 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
                 "underlined)")
     st.html(NV.key_strip_html(run["tokens"], kp, q0))
     st.markdown(f"**The answers** at budget {budget}")
-    st.dataframe(NV.answers_table(meta, budget), hide_index=True, width="stretch")
+    st.dataframe(NV.answers_table(meta, budget, ev), hide_index=True, width="stretch")
     lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
              if c["policy"] != NV.FULL and c.get("budget") == budget]
     if not lines:

@@ -123,16 +123,28 @@ def key_strip_html(tokens, key_positions, question_start: int) -> str:
     return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
 
 
-def answers_table(meta: dict, budget: int) -> pd.DataFrame:
-    """Each configuration's answer at `budget`, the full cache's first, marked right or wrong."""
+LOST, WHOLE = "first key eviction (step, any layer)", "layers holding the whole key"
+
+
+def answers_table(meta: dict, budget: int, evicted_at=None) -> pd.DataFrame:
+    """Each configuration's answer at `budget`, the full cache's first, marked right or wrong;
+    with the run's log, also the step it first evicted a key token and how many layers still
+    hold every key token (every KV head) at the end of the prompt."""
     out = []
+    kp, end = meta["key_positions"], int(meta["prompt_len"]) - 1
     for i, c in enumerate(meta["configs"]):
         if c["policy"] != FULL and c.get("budget") != budget:
             continue
-        out.append({"configuration": line_label(c["policy"], c.get("params")),
-                    "answer": meta["answers"][i],
-                    "right?": "✓ right" if meta["correct"][i] else "✗ wrong"})
-    return pd.DataFrame(out, columns=["configuration", "answer", "right?"])
+        row = {"configuration": line_label(c["policy"], c.get("params")),
+               "answer": meta["answers"][i],
+               "right?": "✓ right" if meta["correct"][i] else "✗ wrong"}
+        if evicted_at is not None:
+            s = lost_step(evicted_at[i], kp)
+            row[LOST] = "never" if s < 0 else str(s)
+            whole = (held_share(evicted_at[i], kp, end) == 1).all(-1)
+            row[WHOLE] = f"{int(whole.sum())} of {len(whole)}"
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def config_index(meta: dict, line: str, budget: int) -> int:
