@@ -59,6 +59,19 @@ def _guided(folder: str, mtime: float, _rows: pd.DataFrame) -> dict:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
+def _needle_figure(folder: str, mtime: float, budget: int, mode: str, gran: str,
+                   _rows: pd.DataFrame) -> dict:
+    """Plotly's subplots cost ~0.5-1 s to build on a busy machine: once per choice."""
+    return NV.needle_figure(_rows, budget, mode, gran).to_dict()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _layers_figure(ev, key_positions: tuple, indices: tuple, labels: tuple, step: int) -> dict:
+    return NV.layers_figure(ev, {"key_positions": list(key_positions)}, list(indices),
+                            list(labels), step).to_dict()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
 def _cache_figure(ev_a, ev_b, key_positions: tuple, prompt_len: int, label_a: str,
                   label_b: str) -> dict:
     """The heatmap costs ~1 s on a 1,024-token prompt: built once per choice, server-wide."""
@@ -176,7 +189,9 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
     gran = choose("ngran", "granularity", grans, "layer" if "layer" in grans else grans[0],
                   widget=c[2].selectbox)
     sub = sub[sub["granularity"] == gran]
-    st.plotly_chart(NV.needle_figure(rows, budget, mode, gran), key="chart.needle", **CHART)
+    st.plotly_chart(Prebuilt(_needle_figure(str(folder), (folder / "results.csv").stat().st_mtime,
+                                            budget, mode, gran, rows)),
+                    key="chart.needle", **CHART)
     st.caption("Each square: the share of seeds whose answer contains the key, from the run's "
                "own record. Pick a square below to see that prompt.")
     c = st.columns(3)
@@ -235,8 +250,8 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
                f"logs). The key is shaded yellow; the question starts at position {q0}; the red "
                f"line is the end of the prompt (step {T0 - 1}), where generation starts.")
     idx = [NV.config_index(meta, ln, budget) for ln in lines]
-    st.plotly_chart(NV.layers_figure(ev, meta, idx, lines, T0 - 1), key=f"chart.needle_layers"
-                    f"{prefix}", **CHART)
+    st.plotly_chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
+                    key=f"chart.needle_layers{prefix}", **CHART)
 
 
 # --- your own passage (torch) ---------------------------------------------------------
