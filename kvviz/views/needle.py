@@ -73,36 +73,48 @@ def accuracy(r: pd.DataFrame) -> pd.DataFrame:
         accuracy=lambda d: d["right"] / d["n"])
 
 
+PANELS_PER_ROW = 4  # beyond this the panels wrap: their titles stay readable at 1024 px
+
+
 def needle_figure(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str,
-                  height: int = 360) -> go.Figure:
+                  row_height: int = 250) -> go.Figure:
     """The classic needle chart: depth (y) x context length (x), coloured by the share of
-    correct answers over seeds; one panel per configuration at `budget` (full cache first)."""
+    correct answers over seeds; one panel per configuration at `budget` (full cache first),
+    PANELS_PER_ROW to a row."""
     r = at_budget(rows, budget, prompt_mode, granularity)
     acc = accuracy(r)
     lines = lines_order(r)
     lengths = sorted(int(x) for x in r["length"].unique())
-    depths = sorted(int(x) for x in r["depth"].unique())
+    depths = sorted(float(x) for x in r["depth"].unique())
     n = max(1, len(lines))
-    fig = make_subplots(rows=1, cols=n, subplot_titles=lines or ["no results"],
-                        shared_yaxes=True, horizontal_spacing=min(0.04, 0.4 / n))
-    for i, line in enumerate(lines, 1):
+    cols = min(n, PANELS_PER_ROW)
+    nrows = -(-n // cols)
+    titles = [ln.replace(" (", "<br>(") for ln in lines]  # parameters on a second line
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=titles or ["no results"],
+                        shared_yaxes=True, horizontal_spacing=min(0.04, 0.4 / cols),
+                        vertical_spacing=min(0.16, 0.6 / nrows))
+    for i, line in enumerate(lines):
+        row, col = i // cols + 1, i % cols + 1
         a = acc[acc["line"] == line].set_index(["depth", "length"])
         z = [[a["accuracy"].get((d, n_), np.nan) for n_ in lengths] for d in depths]
         text = [[f"{int(a['right'][(d, n_)])}/{int(a['n'][(d, n_)])}" if (d, n_) in a.index
                  else "" for n_ in lengths] for d in depths]
         fig.add_trace(go.Heatmap(
-            z=z, x=[str(x) for x in lengths], y=[f"{d}%" for d in depths], text=text,
+            z=z, x=[str(x) for x in lengths], y=[f"{d:g}%" for d in depths], text=text,
             texttemplate="%{text}", zmin=0, zmax=1, colorscale=ACCURACY_SCALE,
-            showscale=i == n, name=line, xgap=2, ygap=2,
-            colorbar=dict(title="correct", tickformat=".0%", len=0.9),
+            showscale=i == 0, name=line, xgap=2, ygap=2,
+            colorbar=dict(title="correct", tickformat=".0%", len=min(0.9, 1.2 / nrows), y=1,
+                          yanchor="top"),
             hovertemplate=f"<b>{html.escape(line)}</b><br>length %{{x}} tokens<br>depth %{{y}}"
-                          "<br>%{text} correct<extra></extra>"), row=1, col=i)
-        fig.update_xaxes(title="context length" if i == (n + 1) // 2 else None, type="category",
-                         row=1, col=i)
-    fig.update_yaxes(title="key depth", type="category", row=1, col=1)
-    fig.update_annotations(font_size=13)  # the panel titles, side by side on a projector
+                          "<br>%{text} correct<extra></extra>"), row=row, col=col)
+        bottom = i + cols >= len(lines)
+        fig.update_xaxes(title="context length" if bottom and col == (cols + 1) // 2 else None,
+                         type="category", row=row, col=col)
+    for row in range(1, nrows + 1):
+        fig.update_yaxes(title="key depth", type="category", row=row, col=1)
+    fig.update_annotations(font_size=13)  # the panel titles
     base_layout(fig, f"Pass-key accuracy by depth and context length: budget {budget}, "
-                     f"{prompt_mode} prompt, {granularity} granularity", height)
+                     f"{prompt_mode} prompt, {granularity} granularity", 110 + row_height * nrows)
     return fig
 
 
