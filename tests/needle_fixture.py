@@ -40,7 +40,7 @@ def _held(ev, positions, step):
 
 def write_run(out: Path, length: int, depth: int, seed: int, mode: str, gran: str,
               budgets=BUDGETS, policies=POLICIES) -> None:
-    rng = np.random.default_rng([length, depth, seed, mode == "prefill", gran == "kv-head"])
+    rng = np.random.default_rng([length, int(depth * 10), seed, mode == "prefill", gran == "kv-head"])
     G = 2 if gran == "kv-head" else 1
     T0, T = length, length + NEW
     q0 = T0 - 8

@@ -69,6 +69,18 @@ def test_needle_chart_is_accuracy_over_seeds(fix):
     assert "budget 16" in fig["layout"]["title"]["text"]
 
 
+def test_needle_chart_keeps_fractional_depths_and_wraps(tmp_path):
+    d = NF.write_results(tmp_path / "frac", modes=("decode",), lengths=(48,), seeds=(0,),
+                         depths=(12.5, 50), policies=("tova", "h2o", "scissorhands",
+                                                      "streaming-llm", "snapkv1"))
+    fig = NV.needle_figure(load_results(d), 16, "decode", "layer").to_plotly_json()
+    assert all(t["y"] == ["12.5%", "50%"] for t in fig["data"])
+    assert not any(np.isnan(num(t["z"])).any() for t in fig["data"])  # 12.5 found, not 12
+    assert len(fig["data"]) == 6 and len({t["xaxis"] for t in fig["data"]}) == 6
+    assert fig["layout"]["yaxis5"]["domain"][1] < fig["layout"]["yaxis"]["domain"][0]  # 2 rows
+    assert "snapkv<br>(poolKernel=1)" in [a["text"] for a in fig["layout"]["annotations"]]
+
+
 def test_cell_figures_follow_the_log(fix):
     meta, ev, tokens = raw_runs(fix)["L96-d50-s0-decode-layer"]
     kp, T0 = meta["key_positions"], meta["prompt_len"]
