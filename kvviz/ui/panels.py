@@ -10,7 +10,8 @@ from __future__ import annotations
 import streamlit as st
 
 from kvviz.ui import (view_cache, view_compare, view_divergence, view_export, view_loop,
-                      view_metrics, view_scores, view_slides, view_survival, view_tokens)
+                      view_metrics, view_needle, view_scores, view_slides, view_survival,
+                      view_tokens)
 from kvviz.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
 from kvviz.ui.guided import experiments_box  # noqa: F401
 from kvviz.ui.guided import open_linked as open_linked_experiment  # noqa: F401
@@ -29,6 +30,7 @@ RENDER = {
     "slides": view_slides.render,
     "export": view_export.render,
     "loop": view_loop.render,
+    "needle": view_needle.render,
 }
 
 

@@ -169,6 +169,7 @@ def view_state() -> ViewState:
     for f in ("layer", "budget", "focus", "why", "zoom", "track"):
         if getattr(vs, f) is not None:
             setattr(vs, f, int(getattr(vs, f)))
+    vs.needle = dict(vs.needle or {})
     vs.cmp = list(kv.get("cmp") or default_cmp(vs.a, vs.b))
     if isinstance(vs.slides_steps, list):
         vs.slides_steps = tuple(vs.slides_steps)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from kvviz.policies import POLICIES, defaults, param_specs, parse_params
 
 VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
-         "export", "loop")
+         "export", "loop", "needle")
 VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
                "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
                "compare": "Compare all", "slides": "Slides", "export": "Export",
-               "loop": "Model in the loop"}
+               "loop": "Model in the loop", "needle": "Forgetting"}
 
 
 ZOOMS = (0, 32, 128, 512)
@@ -62,6 +62,10 @@ PLAIN = {
 }
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
               "zoom", "exp", "cmp", "embed", "embed_options", "track", *PLAIN}
+# the Forgetting view's choices (kvviz.ui.view_needle checks them against its results)
+NEEDLE_KEYS = ("nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs", "nlayer",
+               "nhead")
+KNOWN_KEYS |= set(NEEDLE_KEYS)
 
 
 @dataclass
@@ -88,6 +92,7 @@ class ViewState:
     slides_kind: str = ""
     slides_steps: tuple = ()
     slides_frames: int = 0
+    needle: dict = field(default_factory=dict)  # NEEDLE_KEYS -> str (the Forgetting view's)
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -159,6 +164,7 @@ def from_query(query) -> tuple[ViewState, list[str]]:
             notes.append(f"unknown key {k!r} ignored")
     if "exp" in q:
         st.exp = str(q["exp"])
+    st.needle = {k: str(q[k]) for k in NEEDLE_KEYS if k in q}
     if q.get("head"):
         st.head = str(q["head"])
     if "cmp" in q:
@@ -224,6 +230,7 @@ def to_query(st: ViewState) -> dict[str, str]:
     for k, f in PLAIN.items():
         if getattr(st, f) != getattr(blank, f):
             q[k] = plain_text(getattr(st, f))
+    q.update({k: str(v) for k, v in st.needle.items() if k in NEEDLE_KEYS})
     return q
 
 

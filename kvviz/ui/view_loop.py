@@ -2,14 +2,13 @@
 
 Works without torch: it reads result files (traces/loop/*.npz, or KVVIZ_LOOP_DIR) written by
 `kvviz.loop.LoopResult.save`. With torch installed, a button runs a new loop of up to
-MAX_NEW_TOKENS tokens on the current text in a background thread (one per session); a
-fragment polls its progress once a second, so the page never blocks.
+MAX_NEW_TOKENS tokens on the current text in the background (kvviz.ui.jobs: one model run
+at a time per server, later ones queue); a fragment polls its progress once a second, so
+the page never blocks.
 """
 from __future__ import annotations
 
 import importlib.util
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import streamlit as st
 
 from kvviz import views as V
 from kvviz.policies import POLICIES
+from kvviz.ui import jobs
 from kvviz.ui.context import CHART
 from kvviz.ui.session import from_link, note, widget
 from kvviz.views import loop as LV
@@ -104,24 +104,14 @@ def start_job(text: str, configs, granularity: str, max_tokens: int, model=None)
     thread never touches session state, which belongs to the script thread)."""
     from kvviz.loop import run_loop
 
-    job = {"done": 0, "total": int(max_tokens), "result": None, "error": None, "running": True,
-           "started": time.time(), "shown": False}
+    def work(job):  # in kvviz.ui.jobs' queue: one model run at a time per server
+        def progress(done, total):
+            job["done"], job["total"] = int(done), int(total)
 
-    def progress(done, total):
-        job["done"], job["total"] = int(done), int(total)
+        return run_loop(text, configs, granularity=granularity, max_tokens=max_tokens,
+                        progress=progress, rows_layers=(), model=model)
 
-    def work():
-        try:
-            job["result"] = run_loop(text, configs, granularity=granularity,
-                                     max_tokens=max_tokens, progress=progress, rows_layers=(),
-                                     model=model)
-        except Exception as exc:  # shown on the page, never a traceback
-            job["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            job["running"] = False
-
-    threading.Thread(target=work, name="kvviz-loop", daemon=True).start()
-    return job
+    return jobs.submit(jobs.new_job(max_tokens), work)
 
 
 @st.fragment(run_every=POLL_S)
@@ -131,13 +121,8 @@ def _poll():
     if job is None:
         return
     if job["running"]:
-        total = max(1, job["total"])
-        el = time.time() - job["started"]
-        rate = job["done"] / el if el > 0 else 0.0
-        eta = f", about {(total - job['done']) / rate:.0f} s left" if rate > 0 else \
-            " (loading the model…)"
-        st.progress(min(1.0, job["done"] / total),
-                    text=f"running the loop: {job['done']}/{total} tokens, {rate:.1f} tok/s{eta}")
+        st.progress(min(1.0, job["done"] / max(1, job["total"])),
+                    text=jobs.status_text(job, "running the loop", "tokens"))
     elif not job["shown"]:
         job["shown"] = True
         st.rerun(scope="app")
