@@ -6,6 +6,7 @@ of the form). Expected values are computed here from the run files' raw arrays a
 """
 import json
 import sys
+from pathlib import Path
 import threading
 import time
 
@@ -448,3 +449,48 @@ def test_own_run_with_the_real_model(monkeypatch, tmp_path):
     ok(at)
     t = answers(at).set_index("configuration")
     assert list(t.index) == ["full cache", "tova"] and t.loc["full cache", "right?"].startswith("✓")
+
+
+# --- the shipped grid ----------------------------------------------------------------------
+SHIPPED = Path(__file__).resolve().parents[1] / "traces" / "needle"
+
+
+def test_guided_text_on_the_shipped_grid_says_what_its_run_files_show():
+    """The shipped results' guided experiment, checked against counts made from the run
+    files themselves: the kind of story, and the counts in its first sentence."""
+    runs = raw_runs(SHIPPED)
+    assert len(runs) == 40
+    story = NV.guided(load_results(SHIPPED))
+    claim = {}  # (mode, gran, budget) -> [claim, reverse, n, tova right]
+    for m, _, _ in runs.values():
+        budgets = {c["budget"] for c in m["configs"] if c["policy"] == "tova"}
+        for b in budgets:
+            if not all(any(c["policy"] == p and c["budget"] == b and not c["params"].get("sinks")
+                           for c in m["configs"]) for p in ("h2o", "scissorhands")):
+                continue
+            t, h, s = (correct_of(m, p, b) for p in ("tova", "h2o", "scissorhands"))
+            k = claim.setdefault((m["prompt_mode"], m["granularity"], b), [0, 0, 0, 0])
+            k[0] += (not t) and h and s
+            k[1] += t and not h and not s
+            k[2] += 1
+            k[3] += t
+    if any(v[0] for v in claim.values()):
+        assert story["kind"] == "tova-forgets"
+        return
+    assert story["kind"] in ("no-support", "snapkv-whole")
+    if story["kind"] == "no-support":
+        c = story["cell"]
+        n_claim, rev, n, tova_right = claim[(c["prompt_mode"], c["granularity"], c["budget"])]
+        assert rev == max(v[1] for v in claim.values())
+        assert f"of {n} prompts TOVA answered right {tova_right}," in story["text"]
+        assert f"The opposite happened in {rev}:" in story["text"]
+
+
+def test_the_page_opens_on_the_shipped_grid(monkeypatch):
+    for name in ("torch", "transformers"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delenv("KVVIZ_NEEDLE_DIR", raising=False)
+    at = page()
+    assert not at.exception, at.exception
+    chart = needle_chart(at)
+    assert {d["name"] for d in chart["data"]} >= {"full cache", "tova", "h2o"}
