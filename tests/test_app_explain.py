@@ -148,7 +148,8 @@ def test_jumps(traces):
     assert qp(at)["step"] == str(int(hh[np.searchsorted(hh, here, side="right")]))
     # the threshold is a choice on the page
     here = int(qp(at)["step"])
-    at.selectbox(key="w.share").set_value(0.002).run()
+    at.selectbox(key="nav.share").set_value(0.002).run()
+    assert qp(at)["nav.share"] == "0.002"  # the choice is in the link
     ok(at)
     s2, p2 = J.notable_divergences(trace, ea, eb, 0.002)
     k = int(np.searchsorted(s2, here, side="right"))
@@ -194,3 +195,15 @@ def test_experiment_texts_say_the_runs_numbers(traces):
     assert int(ea[pos]) == step
     assert f"Position {pos}: A evicted it at step {step}" in text
     assert "A, tova, ranks it" in text and text.rstrip(".").split("B, h2o,")[1].endswith("it stays")
+
+
+def test_the_divergence_threshold_comes_from_the_link(traces):
+    """A shared link carries the next-divergence jump's threshold; a bad one falls back, said."""
+    at = app(nav__share="0.02")
+    ok(at)
+    assert at.selectbox(key="nav.share").value == 0.02
+    assert "2.0%" in at.button(key="nav.div").label
+    at = app(nav__share="lots")
+    assert not at.exception
+    assert at.selectbox(key="nav.share").value == 0.005
+    assert any("nav.share='lots' is not a number" in w.value for w in at.warning)

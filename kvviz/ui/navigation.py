@@ -13,7 +13,7 @@ from kvviz.ui.glossary import glossary_popover
 from kvviz.ui.positions import restore_position
 from kvviz.views.common import A_COLOUR, B_COLOUR
 from kvviz.views.states import NEVER, next_after
-from kvviz.ui.session import S, from_link, keep, note, restore, set_value, wkey
+from kvviz.ui.session import S, from_link, keep, note, restore, set_value, widget, wkey
 
 SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 
@@ -78,15 +78,12 @@ def jumps_row(ctx: Ctx, step: int):
     keep(wkey("track"), int(track))
     if ctx.solo:
         return
-    restore("w.share", jumps.NOTABLE_SHARE)
-    if S["w.share"] not in SHARES:
-        S["w.share"] = jumps.NOTABLE_SHARE
-    share = side.selectbox("next divergence: attention share over", SHARES, key="w.share",
-                           format_func=lambda v: f"{v:.1%}",
-                           help="What the next-divergence jump (D) looks for: a position "
-                                "that one policy has evicted and the other still holds, "
-                                "carrying over this share of a step's attention while only "
-                                "one holds it.")
+    share = widget(side.selectbox, "share", "next divergence: attention share over", SHARES,
+                   fit=lambda v: v if v in SHARES else jumps.NOTABLE_SHARE,
+                   format_func=lambda v: f"{v:.1%}",
+                   help="What the next-divergence jump (D) looks for: a position that one "
+                        "policy has evicted and the other still holds, carrying over this "
+                        "share of a step's attention while only one holds it.")
     row = st.container(horizontal=True, wrap=True, gap="small")
     steps, positions = _notable(*_args(ctx), share)
     i = np.searchsorted(steps, step, side="right")

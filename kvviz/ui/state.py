@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kvviz.jumps import NOTABLE_SHARE
 from kvviz.policies import POLICIES, defaults, param_specs, parse_params
 
 VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
@@ -59,6 +60,7 @@ PLAIN = {
     "slides.kind": "slides_kind",  # slides view: what is animated ("" = the heatmap)
     "slides.steps": "slides_steps",  # ... over which steps, "S0,S1" (() = the whole run)
     "slides.frames": "slides_frames",  # ... in how many frames (0 = 48, or fewer steps)
+    "nav.share": "share",  # the next-divergence jump: the attention share it looks for
 }
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
               "zoom", "exp", "cmp", "embed", "embed_options", "track", *PLAIN}
@@ -92,6 +94,7 @@ class ViewState:
     slides_kind: str = ""
     slides_steps: tuple = ()
     slides_frames: int = 0
+    share: float = NOTABLE_SHARE
     needle: dict = field(default_factory=dict)  # NEEDLE_KEYS -> str (the Forgetting view's)
 
     def params(self, which: str) -> dict:
@@ -137,7 +140,8 @@ def from_query(query) -> tuple[ViewState, list[str]]:
             try:
                 setattr(st, f, _plain(q[k], getattr(st, f)))
             except ValueError:
-                rule = "two integers S0,S1" if f == "slides_steps" else "an integer"
+                rule = ("two integers S0,S1" if f == "slides_steps" else "a number"
+                        if isinstance(getattr(st, f), float) else "an integer")
                 notes.append(f"{k}={q[k]!r} is not {rule}; ignored")
     for key in ("a", "b"):
         if key in q:
