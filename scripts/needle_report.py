@@ -99,7 +99,7 @@ def paired(df, a: str, b: str, keys=("prompt_mode", "budget")):
 def fmt(df: pd.DataFrame) -> str:
     if df.empty:
         return "(no runs)"
-    return df.to_markdown(index=False, floatfmt=".2f") if _has_tabulate() else "```\n" + df.to_string(
+    return df.to_markdown(index=False, floatfmt=".2f") if _has_tabulate() else "```text\n" + df.to_string(
         index=False, float_format=lambda v: f"{v:.2f}") + "\n```"
 
 

@@ -55,12 +55,21 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
     import runpy
     import shlex
 
-    import setuptools
+    import sys
+    import types
 
     from kvviz.needle.cli import grid_from, parser
 
     root = Path(__file__).resolve().parents[1]
-    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    # setup.py read for its lists only: a stand-in setuptools whose setup() does nothing
+    stub = types.ModuleType("setuptools")
+    stub.setup = lambda **kw: None
+    command = types.ModuleType("setuptools.command")
+    build_py = types.ModuleType("setuptools.command.build_py")
+    build_py.build_py = type("build_py", (), {})
+    for name, mod in (("setuptools", stub), ("setuptools.command", command),
+                      ("setuptools.command.build_py", build_py)):
+        monkeypatch.setitem(sys.modules, name, mod)
     shipped = runpy.run_path(str(root / "setup.py"))["NEEDLE"]
     env, ids = {}, []
     for line in (root / "scripts" / "needle_ship.sh").read_text().splitlines():
