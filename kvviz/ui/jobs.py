@@ -24,6 +24,31 @@ def new_job(total: int) -> dict:
             "queued": True, "started": time.time(), "shown": False}
 
 
+def start(total: int, run) -> dict:
+    """Queue `run(progress)`, `progress(done, total)` writing the job's progress fields."""
+    def work(job):
+        def progress(done, n):
+            job["done"], job["total"] = int(done), int(n)
+
+        return run(progress)
+
+    return submit(new_job(total), work)
+
+
+def show(job: dict | None, what: str, unit: str) -> None:
+    """For a fragment that reruns on a timer: the progress bar while `job` waits or runs,
+    then, once it has ended, one rerun of the whole page so its result is drawn."""
+    import streamlit as st
+
+    if job is None:
+        return
+    if job["running"]:
+        st.progress(min(1.0, job["done"] / max(1, job["total"])), text=status_text(job, what, unit))
+    elif not job["shown"]:
+        job["shown"] = True
+        st.rerun(scope="app")
+
+
 def submit(job: dict, work) -> dict:
     """Queue `work(job)`; its return value becomes job["result"], an exception job["error"]
     (a line for the page, never a traceback)."""

@@ -100,32 +100,21 @@ def new_configs(policies, budgets) -> tuple[list, list[str]]:
 
 
 def start_job(text: str, configs, granularity: str, max_tokens: int, model=None) -> dict:
-    """Start one loop in a thread; its progress and result live in the returned dict (the
-    thread never touches session state, which belongs to the script thread)."""
+    """Queue one loop (kvviz.ui.jobs); its progress and result live in the returned dict
+    (the worker never touches session state, which belongs to the script thread)."""
     from kvviz.loop import run_loop
 
-    def work(job):  # in kvviz.ui.jobs' queue: one model run at a time per server
-        def progress(done, total):
-            job["done"], job["total"] = int(done), int(total)
-
+    def run(progress):  # in kvviz.ui.jobs' queue: one model run at a time per server
         return run_loop(text, configs, granularity=granularity, max_tokens=max_tokens,
                         progress=progress, rows_layers=(), model=model)
 
-    return jobs.submit(jobs.new_job(max_tokens), work)
+    return jobs.start(max_tokens, run)
 
 
 @st.fragment(run_every=POLL_S)
 def _poll():
     """Drawn only while a job runs: a progress bar; when the job ends, rerun the page."""
-    job = S.get(JOB)
-    if job is None:
-        return
-    if job["running"]:
-        st.progress(min(1.0, job["done"] / max(1, job["total"])),
-                    text=jobs.status_text(job, "running the loop", "tokens"))
-    elif not job["shown"]:
-        job["shown"] = True
-        st.rerun(scope="app")
+    jobs.show(S.get(JOB), "running the loop", "tokens")
 
 
 def run_box(ctx):

@@ -312,26 +312,12 @@ def run_needle(passage: str, key: str, question: str, depth: float, configs: lis
 
 
 def start_job(spec: dict) -> dict:
-    def work(job):
-        def progress(done, total):
-            job["done"], job["total"] = int(done), int(total)
-
-        return run_needle(**spec, progress=progress)
-
-    return jobs.submit(jobs.new_job(spec["max_new_tokens"]), work)
+    return jobs.start(spec["max_new_tokens"], lambda progress: run_needle(**spec, progress=progress))
 
 
 @st.fragment(run_every=POLL_S)
 def _poll():
-    job = S.get(JOB)
-    if job is None:
-        return
-    if job["running"]:
-        st.progress(min(1.0, job["done"] / max(1, job["total"])),
-                    text=jobs.status_text(job, "running the pass-key test", "steps"))
-    elif not job["shown"]:
-        job["shown"] = True
-        st.rerun(scope="app")
+    jobs.show(S.get(JOB), "running the pass-key test", "steps")
 
 
 def run_box():
