@@ -32,6 +32,17 @@ def one_line_error(message):
     raise SystemExit(2)
 
 
+def read_text(path: str, option: str) -> str:
+    """A UTF-8 text file given as `option`, or a ValueError naming the option and the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{option} {path}: cannot read it ({exc})") from None
+    if not text.strip():
+        raise ValueError(f"{option} {path} is empty")
+    return text
+
+
 def add_config_arguments(p) -> None:
     """--budget, --policy, --granularity: the batch's configurations (loop and generate)."""
     p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
@@ -147,12 +158,7 @@ def run(args) -> int:
             raise ValueError("--text is required")
         if args.max_tokens < 2:
             raise ValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
-        try:
-            text = Path(args.text).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--text {args.text}: cannot read it ({exc})") from None
-        if not text.strip():
-            raise ValueError(f"--text {args.text} is empty")
+        text = read_text(args.text, "--text")
         configs = build_configs(args.policy, args.budget)
         rows_layers = [] if args.rows_layers is not None and not args.rows_layers.strip() \
             else parse_layers(args.rows_layers)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..capture import require_stack
 from ..models import resolve
 from ..plugins import add_argument as add_plugin_argument, cli_load
-from .cli import Progress, add_config_arguments, add_model_arguments, build_configs, one_line_error
+from .cli import Progress, add_config_arguments, add_model_arguments, build_configs, one_line_error, \
+    read_text
 from .generation import PROMPT_MODES, check_request
 
 MARK = "|>"
@@ -63,13 +63,7 @@ def read_prompt(args) -> str:
     if args.prompt is None and args.prompt_file is None:
         raise ValueError("--prompt or --prompt-file is required")
     if args.prompt_file is not None:
-        try:
-            text = Path(args.prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--prompt-file {args.prompt_file}: cannot read it ({exc})") from None
-        if not text.strip():
-            raise ValueError(f"--prompt-file {args.prompt_file} is empty")
-        return text
+        return read_text(args.prompt_file, "--prompt-file")
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the model something to read")
     return args.prompt
