@@ -41,7 +41,9 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              PREVIEWED, DRAWN, SWEEP_ON,
              # kept by other modules: the guided experiments' message, the loop view's
              # background job, the slides' trace and automatic frame count
-             "exp_msg", "loop.job", "slides.src", "slides.auto")
+             "exp_msg", "loop.job", "slides.src", "slides.auto",
+             # the class this session leads or follows, and its member token (ui/classroom.py)
+             "class.token", "class.leads", "class.follows")
 
 
 def note(msg: str) -> None:

@@ -10,6 +10,7 @@ dropped with a note):
     zoom    cache heatmap range: 0 = whole run, N = +-N steps around the current step
     exp     the guided experiment in effect (explanation shown)
     track   the tracked position, shown in every view (-1 = none)
+    follow  a class code: this page follows that class's lecturer (kvviz.ui.classroom)
     head    which attention head of a per-head trace: mean (default), kv0.., q0..
     cmp     compare view: the policies shown, comma-separated (default: every registered
             policy, or A, B and the first others when more than MAX_COMPARE are registered)
@@ -61,9 +62,12 @@ PLAIN = {
     "slides.steps": "slides_steps",  # ... over which steps, "S0,S1" (() = the whole run)
     "slides.frames": "slides_frames",  # ... in how many frames (0 = 48, or fewer steps)
     "nav.share": "share",  # the next-divergence jump: the attention share it looks for
+    "present": "present",  # presentation mode: 1 = no sidebar, one view, large type
+    "lesson": "lesson",    # the lesson being taught (a file name in lessons/, "" = none)
+    "scene": "scene",      # ... and its scene (1-based; 0 = none)
 }
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-              "zoom", "exp", "cmp", "embed", "embed_options", "track", *PLAIN}
+              "zoom", "exp", "cmp", "embed", "embed_options", "track", "follow", *PLAIN}
 # the Forgetting view's choices (kvviz.ui.view_needle checks them against its results)
 NEEDLE_KEYS = ("nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs", "nlayer",
                "nhead")
@@ -95,6 +99,9 @@ class ViewState:
     slides_steps: tuple = ()
     slides_frames: int = 0
     share: float = NOTABLE_SHARE
+    present: int = 0
+    lesson: str = ""
+    scene: int = 0
     needle: dict = field(default_factory=dict)  # NEEDLE_KEYS -> str (the Forgetting view's)
 
     def params(self, which: str) -> dict:
