@@ -61,6 +61,8 @@ def test_every_vote_refusal():
     with pytest.raises(cr.Refused, match="revealed"):
         c.vote("s3", r.number, 3)
     assert r.tally() == {5: 1, 3: 1} and r.right == 1 and r.share_right == 0.5
+    # votes and rounds move the question panels, never the followers' pages
+    assert c.poll() == (0, 4)  # ask, two votes, reveal
 
 
 def test_answer_must_be_held():

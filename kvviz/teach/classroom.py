@@ -71,8 +71,9 @@ class Class:
     code: str
     owner: str                       # the lecturer's member token
     state: dict = field(default_factory=dict)  # the lecturer's page as a query mapping
-    version: int = 0                 # +1 on every change a follower or the lecturer must see
+    version: int = 0                 # +1 when the lecturer's page changes (followers move)
     round: Round | None = None
+    round_version: int = 0           # +1 on ask, vote, reveal, close (the question panels redraw)
     rounds: int = 0
     touched: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -98,6 +99,12 @@ class Class:
             self.touched = time.monotonic()
             return self.version, dict(self.state)
 
+    def poll(self) -> tuple[int, int]:
+        """(version, round_version): what a polling page compares with what it last drew."""
+        with self.lock:
+            self.touched = time.monotonic()
+            return self.version, self.round_version
+
     def ask(self, token: str, *, step: int, who: str, label: str, held, answer,
             answer_step: int) -> Round:
         """Open a new round (the previous one, revealed or not, is replaced)."""
@@ -112,7 +119,7 @@ class Class:
             self.rounds += 1
             self.round = Round(self.rounds, int(step), who, str(label), held, answer,
                                int(answer_step))
-            self.version += 1
+            self.round_version += 1
             self.touched = time.monotonic()
             return self.round
 
@@ -138,7 +145,7 @@ class Class:
             if len(r.votes) >= MAX_VOTES:
                 raise Refused(f"this question has {MAX_VOTES} votes already")
             r.votes[token] = pos
-            self.version += 1
+            self.round_version += 1
             self.touched = time.monotonic()
             return r
 
@@ -148,7 +155,7 @@ class Class:
             if self.round is None:
                 raise Refused("no question is open to reveal")
             self.round.revealed = True
-            self.version += 1
+            self.round_version += 1
             self.touched = time.monotonic()
             return self.round
 
@@ -157,7 +164,7 @@ class Class:
         with self.lock:
             if self.round is not None:
                 self.round = None
-                self.version += 1
+                self.round_version += 1
 
 
 class Registry:
