@@ -31,11 +31,14 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import re
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import parse_qs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -222,6 +225,223 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+# --- a class: one lecturer, N students following and voting (issue 16, section 5) ------------
+CODE_RX = re.compile(rb"follow=([A-Z2-9]{6})")
+VOTES_RX = re.compile(rb'"text":\s*"[^"]*?\b(\d+) votes?\b')  # the histogram's title
+NEXT, STEP = "nav.next", "w.step"
+OPEN, ASK, REVEAL, CLOSE = "class.open", "predict.ask.a", "predict.reveal", "predict.close"
+GUESS, VOTE = "predict.guess", "predict.vote"
+
+
+def step_of(query: str) -> int | None:
+    got = parse_qs(query).get("step")
+    return int(got[0]) if got else None
+
+
+def held_positions(query: str) -> list[int]:
+    """The guesses a student may give for "which position will A evict next?" asked at the
+    lecturer's step: the positions A holds just before that eviction, replayed by kvviz
+    itself (the same trace, policy and budget as the page's link)."""
+    from kvviz.replay import run_policy
+    from kvviz.teach.question import next_eviction
+    from kvviz.trace import canonical
+    q = {k: v[0] for k, v in parse_qs(query).items()}
+    if q.get("trace", "canonical") != "canonical":
+        raise ValueError(f"trace={q['trace']!r}: the class driver replays the canonical trace")
+    run = run_policy(canonical(), q.get("a", "tova"), int(q.get("budget", 512)))
+    question = next_eviction(run.evicted_at, int(q.get("step", 0)))
+    if question is None:
+        raise ValueError("A evicts nothing after the lecturer's step: no question to ask")
+    return list(question.held)
+
+
+SAME = ("trace", "layer", "budget", "a", "b", "view", "step")  # what a follower shares
+
+
+def same_page(query: str) -> dict:
+    """The settings a follower's page must share with the lecturer's (its link's keys)."""
+    q = parse_qs(query)
+    return {k: q[k][0] for k in SAME if k in q}
+
+
+def arrived(s, since: float, step: int) -> float | None:
+    """When a full run of `s` that ended after `since` left its page at `step`, or None."""
+    return next((r.finished for r in s.runs if r.full and r.finished is not None
+                 and r.finished >= since and step_of(r.query) == step), None)
+
+
+def code_of(lec) -> str | None:
+    """The class code in the student link the lecturer's page shows, once it has."""
+    return next((m.group(1).decode() for x in lec.texts
+                 for m in [CODE_RX.search(x.encode())] if m), None)
+
+
+def votes_shown(lec) -> dict[int, float]:
+    """Each vote total the lecturer's histogram title showed -> when it first arrived."""
+    out = {}
+    for text, t in lec.texts.items():
+        m = re.search(r"(\d+) votes?", text)
+        if m and "follow=" not in text:
+            out[int(m.group(1))] = min(t, out.get(int(m.group(1)), t))
+    return out
+
+
+async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5.0,
+                        timeout: float = 60.0, wait: float = 30.0, seed: int = 0,
+                        query: str = QUERY, guesses=held_positions, gap: float = 1.0) -> dict:
+    """One lecturer opens a class, n students open its link, the lecturer moves the step
+    `moves` times (nav.next, and every other move the step slider), then asks "which position
+    will A evict next?", the students vote over `vote_spread` seconds, and the lecturer
+    reveals. Every session is a LiveSession (the page's run_every timers included)."""
+    rng = random.Random(seed)
+    problems: list[str] = []
+    lec = C.LiveSession(url, query, timeout, name="lecturer")
+    lec.watch = (CODE_RX, VOTES_RX)
+    students = [C.LiveSession(url, "", timeout, name=f"student{i}") for i in range(n)]
+    out = {"n": n, "follow_s": [], "vote_s": [], "join_s": [], "problems": problems}
+    try:
+        await lec.start()
+        await lec.wait_for(lambda: lec.full_runs_done())
+        t = await lec.act(OPEN)
+        code = await lec.wait_for(lambda: code_of(lec))
+        out["code"] = code
+        here = step_of(lec.query)
+        t0 = time.perf_counter()
+        for s in students:
+            s.query = f"follow={code}"
+        await asyncio.gather(*(s.start() for s in students))
+        got = await asyncio.gather(*(_arrive(s, t0, here, wait) for s in students))
+        out["join_s"] = [x - t0 for x in got if x is not None]
+        problems += [f"{s.name} did not open the class at step {here} within {wait:.0f} s"
+                     for s, x in zip(students, got) if x is None]
+        problems += [f"{s.name} opened the class with {x} (the lecturer: {y})" for s in students
+                     for x, y in [(same_page(s.query), same_page(lec.query))] if x != y]
+        for i in range(moves):
+            await asyncio.sleep(gap)
+            here = step_of(lec.query)
+            if i % 2 == 0:
+                target, t0 = here + 1, await lec.act(NEXT)
+            else:
+                target = here + 7
+                t0 = await lec.act((STEP, target))
+            mine, *got = await asyncio.gather(*(_arrive(s, t0, target, wait)
+                                                for s in [lec, *students]))
+            if mine is None:
+                problems.append(f"move {i + 1}: the lecturer's page did not reach step {target}"
+                                f" ({lec.diag()})")
+            out["follow_s"] += [x - t0 for x in got if x is not None]
+            problems += [f"move {i + 1}: {s.name} did not reach step {target} within "
+                         f"{wait:.0f} s ({s.diag()})" for s, x in zip(students, got) if x is None]
+        await asyncio.sleep(gap)
+        held = guesses(lec.query)
+        t_ask = await lec.act(ASK)
+        seen = await asyncio.gather(*(_shows(s, t_ask, wait) for s in students))
+        problems += [f"{s.name}: no {GUESS!r} and {VOTE!r} within {wait:.0f} s of the question"
+                     for s, ok in zip(students, seen) if not ok]
+        voters = [s for s, ok in zip(students, seen) if ok]
+        picks = [rng.choice(held) for _ in voters]
+        delays = sorted(rng.uniform(0, vote_spread) for _ in voters)
+        rng.shuffle(voters)
+        sent = await asyncio.gather(*(_vote(s, d, p, wait) for s, d, p in
+                                      zip(voters, delays, picks)))
+        accepted = sorted((acc, t) for t, acc in sent if acc is not None)
+        problems += [f"{s.name}: the vote run did not finish" for s, (_, acc) in
+                     zip(voters, sent) if acc is None]
+        try:
+            await lec.wait_for(lambda: max(votes_shown(lec), default=0) >= len(accepted),
+                               wait)
+        except TimeoutError:
+            problems.append(f"the lecturer's histogram never showed {len(accepted)} votes "
+                            f"(saw {sorted(votes_shown(lec))})")
+        shown = votes_shown(lec)
+        for k, (_, t_sent) in enumerate(accepted, 1):
+            when = [t for total, t in shown.items() if total >= k]
+            if when:
+                out["vote_s"].append(min(when) - t_sent)
+        out["votes"] = {"sent": len(voters), "accepted": len(accepted),
+                        "shown": max(shown, default=0)}
+        t = await lec.act(REVEAL)
+        try:
+            await lec.wait_for(lambda: lec.full_runs_done(t), wait)
+        except TimeoutError:
+            problems.append(f"the reveal did not redraw the lecturer's page ({lec.diag(6)})")
+        out["ticks"] = sum(s.ticks for s in students) + lec.ticks
+        out["runs"] = sum(len(s.runs) for s in students) + len(lec.runs)
+    finally:
+        await asyncio.gather(*(s.close() for s in [lec, *students]), return_exceptions=True)
+    out["errors"] = [f"{s.name}: {e}" for s in [lec, *students] for _, e in s.errors]
+    return out
+
+
+async def _arrive(s, since: float, step: int, wait: float) -> float | None:
+    try:
+        return await s.wait_for(lambda: arrived(s, since, step), wait)
+    except TimeoutError:
+        return None
+
+
+async def _shows(s, since: float, wait: float) -> bool:
+    try:
+        await s.wait_for(lambda: s.seen.get(GUESS, 0) > since and s.seen.get(VOTE, 0) > since,
+                         wait)
+        return True
+    except TimeoutError:
+        return False
+
+
+async def _vote(s, delay: float, pos: int, wait: float):
+    """(sent, accepted): the vote's send time and when its run finished (None: never)."""
+    await asyncio.sleep(delay)
+    t = await s.act((GUESS, pos), VOTE)
+    try:
+        acc = await s.wait_for(lambda: next((r.finished for r in s.runs if r.started >= t
+                                             and r.finished is not None), None), wait)
+    except TimeoutError:
+        acc = None
+    return t, acc
+
+
+def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
+              launcher: str = "kvviz", **kw) -> dict:
+    """A fresh server (`kvviz app` by default), one class of n students on it."""
+    port = C.free_port(8621, 8649)
+    with C.Server(repo, port, launcher=launcher) as srv:
+        load0 = os.getloadavg()
+        c0 = cpu_s(srv.pid)
+        with PeakRSS(srv.pid) as peak:
+            t0 = time.perf_counter()
+            r = asyncio.run(class_session(srv.url, n, timeout=timeout, **kw))
+            r["wall_s"] = time.perf_counter() - t0
+        r["server_cpu_s"] = cpu_s(srv.pid) - c0
+        time.sleep(settle)
+        r.update(rss_peak_mb=peak.peak, rss_idle_mb=rss_mb(srv.pid), ready_s=srv.ready_s,
+                 load_before=load0, load_after=os.getloadavg(), launcher=launcher)
+    print(f"class N={n:3d}: {class_line(r)}", flush=True)
+    return r
+
+
+def class_line(r: dict) -> str:
+    bad = r["errors"] + r["problems"]
+    return (f"follow p50/p95/max {fmt(stats(r['follow_s']))} s, vote "
+            f"{fmt(stats(r['vote_s']))} s, errors {len(r['errors'])}, problems "
+            f"{len(r['problems'])}, RSS peak {r['rss_peak_mb']:.0f} MB, server CPU "
+            f"{r['server_cpu_s']:.1f} s in {r['wall_s']:.1f} s, load "
+            f"{r['load_before'][0]:.2f}->{r['load_after'][0]:.2f}"
+            + (f"  first: {bad[0][:160]}" if bad else ""))
+
+
+def class_table(results: list[dict]) -> str:
+    rows = ["| N | follow p50 / p95 / max (s) | vote p50 / p95 / max (s) | errors | "
+            "RSS peak / idle (MB) | load average (1 min, before → after) |",
+            "|---:|---|---|---:|---|---|"]
+    for r in results:
+        rows.append(f"| {r['n']} | {fmt(stats(r['follow_s']))} | {fmt(stats(r['vote_s']))} | "
+                    f"{len(r['errors']) + len(r['problems'])} | {r['rss_peak_mb']:.0f} / "
+                    f"{r['rss_idle_mb']:.0f} | {r['load_before'][0]:.1f} → "
+                    f"{r['load_after'][0]:.1f} |")
+    return "\n".join(rows)
+
+
 # --- the browser round -------------------------------------------------------------------------
 def browser_round(pages: int) -> dict:
     """`pages` headless Chromium pages on one warm server: each must draw the heatmap image
@@ -272,17 +492,29 @@ def main(argv=None):
                     "any one message")
     ap.add_argument("--settle", type=float, default=5, help="seconds after the sessions close "
                     "before idle RSS is read")
-    ap.add_argument("--launcher", choices=("streamlit", "kvviz"), default="streamlit",
+    ap.add_argument("--launcher", choices=("streamlit", "kvviz"), default=None,
                     help="streamlit: `streamlit run app.py` (cold: nothing done before the "
                     "first session); kvviz: `kvviz app`, which draws the default page once "
-                    "before it listens")
+                    "before it listens (default: streamlit; with --class: kvviz)")
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose app.py is "
                     "served (e.g. an older commit's, to compare)")
+    ap.add_argument("--class", dest="klass", default=None, metavar="SIZES",
+                    help="instead: a class of N students per size (e.g. 10,30,60) following "
+                    "one lecturer and voting, each on a fresh server (`kvviz app` unless "
+                    "--launcher is given)")
+    ap.add_argument("--moves", type=int, default=6, help="class: the lecturer's step moves")
+    ap.add_argument("--vote-spread", type=float, default=5.0, help="class: seconds over "
+                    "which the students' votes are spread (0: all at once)")
+    ap.add_argument("--wait", type=float, default=30.0, help="class: seconds a follower may "
+                    "take to arrive before it counts as a problem")
     args = ap.parse_args(argv)
+    if args.klass:
+        return main_class(args, ap)
     print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
           f"on {os.cpu_count()} cores", flush=True)
-    results = [run_size(int(n), args.timeout, args.settle, args.repo, args.launcher)
+    results = [run_size(int(n), args.timeout, args.settle, args.repo,
+                        args.launcher or "streamlit")
                for n in args.sizes.split(",")]
     doc = {"load_before": os.getloadavg(), "sizes": results}
     if args.browser:
@@ -301,6 +533,20 @@ def main(argv=None):
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1))
+
+
+def main_class(args, ap) -> None:
+    launcher = args.launcher or "kvviz"
+    print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
+          f"on {os.cpu_count()} cores", flush=True)
+    results = [run_class(int(n), args.timeout, args.settle, args.repo, launcher,
+                         moves=args.moves, vote_spread=args.vote_spread, wait=args.wait)
+               for n in args.klass.split(",")]
+    print()
+    print(class_table(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"class": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -176,6 +176,278 @@ class Session:
             self.widgets[label] = (wid, el)
 
 
+# --- a tab left open: every message as it comes, and the frontend's run_every timers ----------
+FINISHED_OK = ("FINISHED_SUCCESSFULLY", "FINISHED_FRAGMENT_RUN_SUCCESSFULLY",
+               "FINISHED_EARLY_FOR_RERUN")  # the last: a newer request replaced the run
+
+
+def widget_key(wid: str) -> str:
+    """The user key a widget id ends with (`$$ID-<hash>-<key>`), or ""."""
+    parts = wid.split("-", 2)
+    return parts[2] if len(parts) == 3 and parts[0] == "$$ID" else ""
+
+
+@dataclass
+class LiveRun:
+    """One script run of a LiveSession (times from the client's perf_counter)."""
+    started: float
+    fragment_ids: tuple = ()
+    run_id: str = ""
+    finished: float | None = None
+    status: str = ""
+    query: str = ""                 # the page's query string when the run finished
+
+    @property
+    def full(self) -> bool:
+        return not self.fragment_ids
+
+
+class LiveSession(Session):
+    """A browser tab kept open: a reader task handles every ForwardMsg as it arrives (reruns
+    overlap, fragments poll), and the `run_every` timers run as the frontend runs them.
+
+    Streamlit's `st.fragment(run_every=...)` is a timer in the frontend: the server sends
+    `auto_rerun` (interval, fragment id) each time the fragment is registered; the frontend
+    keeps one interval timer per fragment id (a repeat with the same interval keeps the
+    countdown), clears them all when a full run starts (a `new_session` whose run carries no
+    fragment ids) and on `stop_auto_rerun`, and on each tick sends a rerun for that fragment
+    with `is_auto_rerun` (frontend/app/src/App.tsx: handleAutoRerun, handleNewSession).
+    Widgets inside a fragment rerun only it: their clicks carry the fragment's id.
+    Every run is kept in `runs`; `errors` collects exception elements, st.error texts,
+    unexpected script statuses and a lost connection, each with the time it arrived.
+    """
+
+    def __init__(self, base_url: str, query: str = "", timeout: float = 120.0, name: str = ""):
+        super().__init__(base_url, query, timeout)
+        self.name = name
+        self.runs: list[LiveRun] = []
+        self.errors: list[tuple[float, str]] = []
+        self.keys: dict[str, tuple[str, object, str]] = {}  # key -> (id, element, fragment id)
+        self.seen: dict[str, float] = {}   # widget key -> when it last arrived
+        self.watch: tuple = ()             # byte regexes looked for in every element
+        self.texts: dict[str, float] = {}  # each distinct `watch` match -> when first seen
+        self.timers: dict[str, tuple[float, asyncio.Task]] = {}
+        self.ticks = 0
+        self._reader: asyncio.Task | None = None
+        self._changed = asyncio.Event()
+        self._closing = False
+
+    async def start(self) -> "LiveSession":
+        """Connect and load the page (what a browser does on opening the link)."""
+        await self.connect()
+        self._reader = asyncio.create_task(self._read_loop())
+        await self.send()
+        return self
+
+    async def close(self) -> None:
+        self._closing = True
+        for _, task in self.timers.values():
+            task.cancel()
+        self.timers.clear()
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except BaseException:  # noqa: BLE001 (cancelled or already failed)
+                pass
+            self._reader = None
+        await super().close()
+
+    # --- requests --------------------------------------------------------------------------
+    async def send(self, widget_states=(), fragment_id: str = "", auto: bool = False) -> float:
+        """A rerun request as the frontend sends it; returns the send time."""
+        msg = BackMsg()
+        rs = msg.rerun_script
+        rs.query_string = self.query
+        rs.page_script_hash = ""
+        rs.cached_message_hashes.extend(self.cache)
+        rs.context_info.timezone = "UTC"
+        rs.context_info.locale = "en-US"
+        if fragment_id:
+            rs.fragment_id = fragment_id
+        rs.is_auto_rerun = auto
+        for ws in widget_states:
+            rs.widget_states.widgets.append(ws)
+        t = time.perf_counter()
+        await self.ws.send(msg.SerializeToString())
+        return t
+
+    def state_of(self, key: str, value=None):
+        """The WidgetState the frontend sends for widget `key` (seen on the page) at `value`
+        (a button: its click)."""
+        from streamlit.proto.WidgetStates_pb2 import WidgetState
+        if key not in self.keys:
+            raise KeyError(f"{self.name}: no widget with key {key!r}; seen: {sorted(self.keys)}")
+        wid, el, _ = self.keys[key]
+        ws = WidgetState(id=wid)
+        kind = el.WhichOneof("type")
+        if kind == "button":
+            ws.trigger_value = True
+        elif kind == "slider":
+            vals = value if isinstance(value, (list, tuple)) else [value]
+            ws.double_array_value.data.extend(float(v) for v in vals)
+        elif kind == "number_input":
+            if el.number_input.data_type == 0:  # INT
+                ws.int_value = int(value)
+            else:
+                ws.double_value = float(value)
+        elif kind in ("checkbox", "toggle"):
+            ws.bool_value = bool(value)
+        else:
+            raise NotImplementedError(f"widget type {kind} (key {key!r})")
+        return ws
+
+    async def act(self, *changes) -> float:
+        """Move widgets at once, each `(key, value)` or a button's key alone; returns the
+        send time. Inside a fragment the rerun is that fragment's, as in the browser."""
+        states, frag = [], ""
+        for ch in changes:
+            key, value = (ch, None) if isinstance(ch, str) else ch
+            states.append(self.state_of(key, value))
+            frag = frag or self.keys[key][2]
+        return await self.send(states, fragment_id=frag)
+
+    async def wait_for(self, pred, timeout: float | None = None):
+        """Wait until `pred()` is true (checked after every message); returns its value."""
+        deadline = time.perf_counter() + (self.timeout if timeout is None else timeout)
+        while True:
+            got = pred()
+            if got:
+                return got
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError(f"{self.name}: condition not met in time")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    def diag(self, last: int = 3) -> str:
+        """A line on this session's state (for a report of what went wrong)."""
+        runs = [(("frag" if r.fragment_ids else "full"), r.status or "unfinished",
+                 round(r.started, 2)) for r in self.runs[-last:]]
+        return (f"{self.name}: {len(self.runs)} runs, last {runs}; timers "
+                f"{ {k[:8]: v[0] for k, v in self.timers.items()} }, {self.ticks} ticks, "
+                f"now {time.perf_counter():.2f}, query {self.query!r}")
+
+    def full_runs_done(self, since: float = 0.0) -> list[LiveRun]:
+        return [r for r in self.runs if r.full and r.finished is not None and r.started >= since]
+
+    # --- the frontend's timers -------------------------------------------------------------
+    def _auto_rerun(self, fragment_id: str, interval: float) -> None:
+        if not fragment_id or interval <= 0:  # a page-level timer (set_page_config) not used
+            return
+        old = self.timers.get(fragment_id)
+        if old is not None and old[0] == interval:
+            return  # the same timer again: the countdown goes on
+        if old is not None:
+            old[1].cancel()
+        self.timers[fragment_id] = (interval, asyncio.create_task(self._tick(fragment_id,
+                                                                             interval)))
+
+    async def _tick(self, fragment_id: str, interval: float) -> None:
+        while not self._closing:
+            await asyncio.sleep(interval)
+            self.ticks += 1
+            try:
+                await self.send(fragment_id=fragment_id, auto=True)
+            except Exception as exc:  # noqa: BLE001 (the reader reports the lost connection)
+                self._error(f"auto-rerun send failed: {type(exc).__name__}: {exc}")
+                return
+
+    def _clear_timers(self, ids=None) -> None:
+        for fid in list(self.timers) if ids is None else ids:
+            got = self.timers.pop(fid, None)
+            if got is not None:
+                got[1].cancel()
+
+    # --- reading ---------------------------------------------------------------------------
+    def _error(self, text: str) -> None:
+        self.errors.append((time.perf_counter(), text))
+
+    async def _read_loop(self) -> None:
+        try:
+            async for raw in self.ws:
+                self._handle(raw)
+                self._changed.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if not self._closing:
+                self._error(f"disconnected: {type(exc).__name__}: {exc}")
+        else:
+            if not self._closing:
+                self._error("disconnected: the server closed the connection")
+        self._changed.set()
+
+    def _handle(self, raw: bytes) -> None:
+        now = time.perf_counter()
+        fm = ForwardMsg()
+        fm.ParseFromString(raw)
+        if fm.WhichOneof("type") == "ref_hash":
+            cached = self.cache.get(fm.ref_hash)
+            if cached is None:
+                self._error(f"server referred to unknown message {fm.ref_hash}")
+                return
+            fm = cached
+        elif fm.metadata.cacheable and fm.hash:
+            self.cache[fm.hash] = fm
+        kind = fm.WhichOneof("type")
+        if kind == "new_session":
+            frags = tuple(fm.metadata.run.fragment_ids)
+            if not frags:
+                self._clear_timers()
+            self.runs.append(LiveRun(started=now, fragment_ids=frags,
+                                     run_id=fm.metadata.run.script_run_id))
+        elif kind == "auto_rerun":
+            self._auto_rerun(fm.auto_rerun.fragment_id, fm.auto_rerun.interval)
+        elif kind == "stop_auto_rerun":
+            self._clear_timers(list(fm.stop_auto_rerun.fragment_ids))
+        elif kind == "page_info_changed":
+            self.query = fm.page_info_changed.query_string
+        elif kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
+            self._live_element(fm.delta.new_element, fm.delta.fragment_id, raw, now)
+        elif kind == "script_finished":
+            status = ForwardMsg.ScriptFinishedStatus.Name(fm.script_finished)
+            # a stopped run's finish may arrive after its successor's new_session
+            rid = fm.metadata.run.script_run_id
+            run = next((r for r in reversed(self.runs) if rid and r.run_id == rid),
+                       self.runs[-1] if self.runs and not rid else None)
+            if run is None:
+                run = LiveRun(started=now, run_id=rid)
+                self.runs.append(run)
+            run.finished, run.status, run.query = now, status, self.query
+            if status not in FINISHED_OK:
+                self._error(f"script {status}")
+
+    def _live_element(self, el, fragment_id: str, raw: bytes, now: float) -> None:
+        kind = el.WhichOneof("type")
+        if kind == "exception":
+            self._error(f"{el.exception.type}: {el.exception.message}")
+            return
+        if kind == "alert" and el.alert.format == 1:  # ERROR
+            self._error(f"st.error: {el.alert.body}")
+        if self.watch:
+            blob = (el.plotly_chart.spec.encode() if kind == "plotly_chart"
+                    else el.SerializeToString())
+            for rx in self.watch:
+                for m in rx.finditer(blob):
+                    self.texts.setdefault(m.group(0).decode("utf-8", "replace"), now)
+        if kind == "plotly_chart":
+            return
+        sub = getattr(el, kind, None) if kind else None
+        wid = getattr(sub, "id", "") if sub is not None else ""
+        if wid:
+            key = widget_key(wid)
+            if key:
+                self.keys[key] = (wid, el, fragment_id)
+                self.seen[key] = now
+            label = getattr(sub, "label", "")
+            if label:
+                self.widgets[label] = (wid, el)
+
+
 # --- a server to talk to ---------------------------------------------------------------------
 def free_port(lo: int, hi: int) -> int:
     """A port in [lo, hi] nobody listens on (each helper has its own range)."""
