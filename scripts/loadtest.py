@@ -231,6 +231,7 @@ VOTES_RX = re.compile(rb'"text":\s*"[^"]*?\b(\d+) votes?\b')  # the histogram's 
 NEXT, STEP = "nav.next", "w.step"
 OPEN, ASK, REVEAL, CLOSE = "class.open", "predict.ask.a", "predict.reveal", "predict.close"
 GUESS, VOTE = "predict.guess", "predict.vote"
+ON_OWN_RX = re.compile(rb"exploring on your own")  # a follower the page thinks moved itself
 
 
 def step_of(query: str) -> int | None:
@@ -242,6 +243,8 @@ def held_positions(query: str) -> list[int]:
     """The guesses a student may give for "which position will A evict next?" asked at the
     lecturer's step: the positions A holds just before that eviction, replayed by kvviz
     itself (the same trace, policy and budget as the page's link)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(1, str(REPO))
     from kvviz.replay import run_policy
     from kvviz.teach.question import next_eviction
     from kvviz.trace import canonical
@@ -288,11 +291,16 @@ def votes_shown(lec) -> dict[int, float]:
 
 async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5.0,
                         timeout: float = 60.0, wait: float = 30.0, seed: int = 0,
-                        query: str = QUERY, guesses=held_positions, gap: float = 1.0) -> dict:
+                        query: str = QUERY, guesses=held_positions, gap: float = 1.0,
+                        join_spread: float = 3.0) -> dict:
     """One lecturer opens a class, n students open its link, the lecturer moves the step
     `moves` times (nav.next, and every other move the step slider), then asks "which position
     will A evict next?", the students vote over `vote_spread` seconds, and the lecturer
-    reveals. Every session is a LiveSession (the page's run_every timers included)."""
+    reveals. Students open the link over `join_spread` seconds (so their pages' timers are
+    not all in step). Every session is a LiveSession (the page's run_every timers included).
+    Follow: the lecturer's move sent -> a follower's whole-page run at that step finished.
+    Vote: the k-th vote accepted (its run finished) was sent -> the lecturer's histogram
+    title first counted k or more."""
     rng = random.Random(seed)
     problems: list[str] = []
     lec = C.LiveSession(url, query, timeout, name="lecturer")
@@ -309,9 +317,11 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
         t0 = time.perf_counter()
         for s in students:
             s.query = f"follow={code}"
-        await asyncio.gather(*(s.start() for s in students))
+            s.watch = (ON_OWN_RX,)
+        offsets = sorted(rng.uniform(0, join_spread) for _ in students)
+        await asyncio.gather(*(_join(s, d) for s, d in zip(students, offsets)))
         got = await asyncio.gather(*(_arrive(s, t0, here, wait) for s in students))
-        out["join_s"] = [x - t0 for x in got if x is not None]
+        out["join_s"] = [x - t0 - d for x, d in zip(got, offsets) if x is not None]
         problems += [f"{s.name} did not open the class at step {here} within {wait:.0f} s"
                      for s, x in zip(students, got) if x is None]
         problems += [f"{s.name} opened the class with {x} (the lecturer: {y})" for s in students
@@ -337,7 +347,7 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
         t_ask = await lec.act(ASK)
         seen = await asyncio.gather(*(_shows(s, t_ask, wait) for s in students))
         problems += [f"{s.name}: no {GUESS!r} and {VOTE!r} within {wait:.0f} s of the question"
-                     for s, ok in zip(students, seen) if not ok]
+                     f" ({s.diag(6)})" for s, ok in zip(students, seen) if not ok]
         voters = [s for s, ok in zip(students, seen) if ok]
         picks = [rng.choice(held) for _ in voters]
         delays = sorted(rng.uniform(0, vote_spread) for _ in voters)
@@ -370,7 +380,16 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
     finally:
         await asyncio.gather(*(s.close() for s in [lec, *students]), return_exceptions=True)
     out["errors"] = [f"{s.name}: {e}" for s in [lec, *students] for _, e in s.errors]
+    # nothing on a student's page is moved before the vote: "on your own" is the page's error
+    problems += [f"{s.name}: its page said 'exploring on your own' at +{t - s.runs[0].started:.1f}"
+                 " s, though nothing was moved on it" for s in students
+                 for x, t in s.texts.items() if s.runs and ON_OWN_RX.search(x.encode())]
     return out
+
+
+async def _join(s, delay: float) -> None:
+    await asyncio.sleep(delay)
+    await s.start()
 
 
 async def _arrive(s, since: float, step: int, wait: float) -> float | None:
@@ -407,12 +426,13 @@ def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
     port = C.free_port(8621, 8649)
     with C.Server(repo, port, launcher=launcher) as srv:
         load0 = os.getloadavg()
-        c0 = cpu_s(srv.pid)
+        c0, p0 = cpu_s(srv.pid), time.process_time()
         with PeakRSS(srv.pid) as peak:
             t0 = time.perf_counter()
             r = asyncio.run(class_session(srv.url, n, timeout=timeout, **kw))
             r["wall_s"] = time.perf_counter() - t0
         r["server_cpu_s"] = cpu_s(srv.pid) - c0
+        r["client_cpu_s"] = time.process_time() - p0  # this process: every session's parsing
         time.sleep(settle)
         r.update(rss_peak_mb=peak.peak, rss_idle_mb=rss_mb(srv.pid), ready_s=srv.ready_s,
                  load_before=load0, load_after=os.getloadavg(), launcher=launcher)
@@ -425,7 +445,8 @@ def class_line(r: dict) -> str:
     return (f"follow p50/p95/max {fmt(stats(r['follow_s']))} s, vote "
             f"{fmt(stats(r['vote_s']))} s, errors {len(r['errors'])}, problems "
             f"{len(r['problems'])}, RSS peak {r['rss_peak_mb']:.0f} MB, server CPU "
-            f"{r['server_cpu_s']:.1f} s in {r['wall_s']:.1f} s, load "
+            f"{r['server_cpu_s']:.1f} s (clients {r['client_cpu_s']:.1f} s) in "
+            f"{r['wall_s']:.1f} s, load "
             f"{r['load_before'][0]:.2f}->{r['load_after'][0]:.2f}"
             + (f"  first: {bad[0][:160]}" if bad else ""))
 
@@ -506,6 +527,8 @@ def main(argv=None):
     ap.add_argument("--moves", type=int, default=6, help="class: the lecturer's step moves")
     ap.add_argument("--vote-spread", type=float, default=5.0, help="class: seconds over "
                     "which the students' votes are spread (0: all at once)")
+    ap.add_argument("--join-spread", type=float, default=3.0, help="class: seconds over which "
+                    "the students open the link")
     ap.add_argument("--wait", type=float, default=30.0, help="class: seconds a follower may "
                     "take to arrive before it counts as a problem")
     args = ap.parse_args(argv)
@@ -540,7 +563,8 @@ def main_class(args, ap) -> None:
     print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
           f"on {os.cpu_count()} cores", flush=True)
     results = [run_class(int(n), args.timeout, args.settle, args.repo, launcher,
-                         moves=args.moves, vote_spread=args.vote_spread, wait=args.wait)
+                         moves=args.moves, vote_spread=args.vote_spread, wait=args.wait,
+                         join_spread=args.join_spread)
                for n in args.klass.split(",")]
     print()
     print(class_table(results))
