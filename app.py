@@ -36,7 +36,7 @@ with import_lock():
     settle()
 
 from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
+from kvviz.ui import compute, panels, predict, session, sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
@@ -44,6 +44,7 @@ with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the lin
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")
+predict.link_refusal(notices)
 panels.open_linked_experiment()
 
 # The guided experiments and an open experiment's text head the sidebar: beside the chart
@@ -67,7 +68,8 @@ if panels.current_view(trace.tokens is not None) == "loop":
 budget, pols = sidebar.policy_controls(trace.steps, trace)
 
 with experiments:
-    panels.experiments_box()
+    if not predict.active():  # an experiment's text may name the question's answer
+        panels.experiments_box()
 for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
     notices.warning(note, icon=":material/warning:")
 
@@ -93,13 +95,19 @@ if solo:
     setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
-    with st.container(key="nav"):  # its button row wraps instead of cutting labels
-        ctx.step = panels.navigator(ctx)
-    session.check_positions(ctx.step)
-    panels.status(ctx)
+    held = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
+    if held is None:
+        with st.container(key="nav"):  # its button row wraps instead of cutting labels
+            ctx.step = panels.navigator(ctx)
+        session.check_positions(ctx.step)
+        panels.status(ctx)
+    else:
+        ctx.step = held
+    predict.controls(ctx)
 with main.container():
-    view = panels.view_selector(trace.tokens is not None)
-    panels.RENDER[view](ctx)
+    if not predict.question(ctx):  # the question panel replaces the view while it is up
+        view = panels.view_selector(trace.tokens is not None)
+        panels.RENDER[view](ctx)
 for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
 st.session_state[session.DRAWN] = True

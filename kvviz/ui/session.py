@@ -14,6 +14,8 @@ import streamlit as st
 from kvviz.policies import param_specs
 from dataclasses import fields
 
+from kvviz.ui import classroom
+
 from kvviz.ui.state import PLAIN, ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
@@ -43,7 +45,9 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              # background job, the slides' trace and automatic frame count
              "exp_msg", "loop.job", "slides.src", "slides.auto",
              # the class this session leads or follows, and its member token (ui/classroom.py)
-             "class.token", "class.leads", "class.follows")
+             *classroom.KEYS,
+             # predict then reveal: the question panel's own keys and widgets (ui/predict.py)
+             "predict.")
 
 
 def note(msg: str) -> None:
@@ -79,6 +83,9 @@ def init() -> list[str]:
     st_, notes = from_query(query)
     S[FROM_LINK] = set(query)
     S["kv"] = {}
+    refusal = classroom.init_follow(query)  # follow=CODE: this session joins that class
+    if refusal:
+        S[classroom.REFUSED] = refusal
     apply_state(st_)
     return notes
 
