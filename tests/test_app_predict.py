@@ -15,9 +15,10 @@ import numpy as np
 from kvviz import harness
 from kvviz.reference import make_reference
 from kvviz.replay import NEVER, run_policy
-from kvviz.teach.classroom import new_token
+from kvviz.teach.classroom import Registry, new_token
 from kvviz.trace import load_trace
 from kvviz.ui.classroom import FOLLOWS, LEADS, REGISTRY, TOKEN
+from kvviz.ui.predict import marker
 from kvviz.views.votes import ANSWER_COLOUR, GUESS_COLOUR
 
 from apphelp import REPO, app, ok
@@ -221,3 +222,18 @@ def test_nothing_to_ask_and_a_settings_change_closes_the_question():
     assert "was closed: the page's trace, policy, parameters or budget changed" in \
         " ".join(w.value for w in lect.warning)
     assert lect.button(key="nav.prev")
+
+
+def test_a_students_page_redraws_on_ask_reveal_and_close_never_on_a_vote():
+    c = Registry().open("l")
+    seen = [marker(c.round)]
+    r = c.ask("l", step=9, who="a", label="tova", held=[0, 3, 5], answer=[5], answer_step=9)
+    seen.append(marker(c.round))
+    c.vote("s1", r.number, 3)
+    seen.append(marker(c.round))
+    c.reveal("l", "why")
+    seen.append(marker(c.round))
+    c.close_round("l")
+    seen.append(marker(c.round))
+    assert seen == [(0, False), (1, False), (1, False), (1, True), (0, False)]
+    assert c.poll()[1] == 4  # the vote moved the round's version, not the marker

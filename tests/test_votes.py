@@ -54,3 +54,4 @@ def test_held_slots_have_one_equal_bar_each_and_no_scores():
     assert list(bar.x) == [9, 0, 5] and set(bar.y) == {1}
     assert list(bar.customdata) == ["·j", "a", "f"]  # tokens for the hover, nothing else
     assert "3 positions" in fig.layout.title.text and "step 9" in fig.layout.title.text
+
