@@ -51,9 +51,10 @@ panels.open_linked_experiment()
 # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
 experiments = st.sidebar.container()
 key, layer, version, trace = sidebar.trace_controls()
-if panels.current_view(trace.tokens is not None) == "loop":
+if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
     # the closed-loop results carry their own policies, budgets and steps: the page-wide
-    # ones would be a second, unrelated set of controls on the screen
+    # ones would be a second, unrelated set of controls on the screen (a class's question, when
+    # one is up, is drawn below instead)
     sidebar.loop_note()
     with experiments:
         panels.experiments_box()
