@@ -12,6 +12,8 @@ when a question opens, is revealed or closes; the lecturer's histogram redraws a
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from kvviz import explain
@@ -33,12 +35,21 @@ GUESS, PICK = "predict.guess", "predict.pick"  # the student's number box and he
 KIND = {"info": st.info, "warning": st.warning, "error": st.error}
 
 
+def snapshot(c):
+    """A copy of class `c`'s round (or None), taken under its lock: votes arrive from other
+    sessions' threads while this page counts them."""
+    with c.lock:
+        r = c.round
+        return None if r is None else replace(r, votes=dict(r.votes))
+
+
 def _round():
-    """(class, its round or None, this session leads it); (None, None, False) outside."""
+    """(class, a copy of its round or None, this session leads it); (None, None, False)
+    outside a class."""
     c = classroom.leads()
     lead = c is not None
     c = c or classroom.follows()
-    return c, (c.round if c is not None else None), lead
+    return c, (snapshot(c) if c is not None else None), lead
 
 
 def active() -> bool:
@@ -49,6 +60,14 @@ def active() -> bool:
 def marker(r) -> tuple:
     """What a student's page redraws on: a new round, the reveal, the close (not a vote)."""
     return (0, False) if r is None else (r.number, r.revealed)
+
+
+def needs_redraw(c) -> bool:
+    """A timer tick's question for class `c`: has its question opened, been revealed or
+    closed since this page last drew (a vote does not count)? For any polling fragment."""
+    with c.lock:
+        now = marker(c.round)
+    return now != S.get(DRAWN, (0, False))
 
 
 def link_refusal(where) -> None:
@@ -240,7 +259,7 @@ def _poll(code: str) -> None:
         c = classroom.REGISTRY.get(code)
     except Refused:
         st.rerun(scope="app")
-    if marker(c.round) != S.get(DRAWN, (0, False)):
+    if needs_redraw(c):
         st.rerun(scope="app")
 
 
@@ -252,8 +271,8 @@ def _live(code: str) -> None:
         c = classroom.REGISTRY.get(code)
     except Refused:
         st.rerun(scope="app")
-    r = c.round
-    if _fragment_run() and marker(r) != S.get(DRAWN, (0, False)):
+    r = snapshot(c)
+    if _fragment_run() and needs_redraw(c):
         st.rerun(scope="app")
     if r is not None:
         st.plotly_chart(votes_figure(r), key="predict.votes", **CHART)
