@@ -96,14 +96,14 @@ if solo:
     setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
-    held = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
-    if held is None:
+    locked = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
+    if locked is None:
         with st.container(key="nav"):  # its button row wraps instead of cutting labels
             ctx.step = panels.navigator(ctx)
         session.check_positions(ctx.step)
         panels.status(ctx)
     else:
-        ctx.step = held
+        ctx.step = locked
     predict.controls(ctx)
 with main.container():
     if not predict.question(ctx):  # the question panel replaces the view while it is up

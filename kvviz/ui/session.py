@@ -15,7 +15,6 @@ from kvviz.policies import param_specs
 from dataclasses import fields
 
 from kvviz.ui import classroom
-
 from kvviz.ui.state import PLAIN, ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
