@@ -10,7 +10,6 @@ log, and the "why" numbers from kvviz.reference's plain-loop TOVA.
 import json
 import re
 
-import numpy as np
 
 from kvviz import harness
 from kvviz.reference import make_reference
