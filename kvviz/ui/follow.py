@@ -21,12 +21,14 @@ from kvviz.ui.session import S
 from kvviz.ui.state import from_query, to_query
 
 # How often a student's page asks whether the lecturer moved. The follow delay is this wait
-# (uniform over 0..POLL_S, so p95 ~ 0.95 * POLL_S) plus the student's page rerun, which
-# dominates when 30 pages rerun at once on 2 cores (one process, one GIL). A tick is a
-# fragment run that compares two integers: cheap, but 30 pages at 2 Hz are still 60 script
-# runs a second. 0.5 s keeps the wait to a quarter of the 2 s target and leaves the rest to
-# the reruns; a shorter interval buys little and costs the server more ticks.
-POLL_S = 0.5
+# (uniform over 0..POLL_S) plus the student's page rerun, queued behind the other students'
+# (one server process: their reruns share one interpreter). Measured on this 2-core machine
+# (tests/test_e2e_follow.py's server, at load ~5): a tick costs the server ~3-6 ms of CPU, a
+# student's rerun on the default page ~70 ms. So 30 students are ~2 s of reruns after each
+# move, and ticks at 0.5 s would add 18-36 % more load during it (60 a second); at 1 s the
+# wait alone is half the 2 s target. A FIFO model of those figures puts the p95 follow at
+# 0.25 s: 3.2 s, 0.5 s: 2.5, 0.75 s: 2.3, 1 s: 2.3: 0.75 s, the shortest wait past the knee.
+POLL_S = 0.75
 
 OWN_KEYS = ("present",)  # a screen's own preference: neither published nor applied
 APPLIED = "follow.applied"  # the lecturer's version this page last applied
