@@ -11,7 +11,7 @@ from kvviz.teach.classroom import Refused
 from kvviz.trace import save_trace
 from kvviz.ui.classroom import REGISTRY
 
-from apphelp import app, ok, softmax_rows, traces_dir
+from apphelp import REPO, app, ok, softmax_rows, traces_dir
 
 CODE = re.compile(r"follow=([A-Z2-9]{6})")  # what the load-test helper looks for
 
@@ -194,3 +194,28 @@ def test_a_closed_class_frees_its_followers(traces):
     ok(stu)
     assert f"Class {code} has been closed" in text(stu, "warning")
     assert "follow" not in qp(stu) and step(stu) == 77
+
+
+def test_every_view_keeps_its_follower_following(traces, monkeypatch):
+    """A page that settles a view's own choices on its second run (frame counts, a loop
+    result) must not take that for the student exploring."""
+    from kvviz.ui.state import VIEW_LABELS, VIEWS
+
+    monkeypatch.setenv("KVVIZ_LOOP_DIR", str(REPO / "tests" / "fixtures" / "loop"))
+    lect = app(trace="file:small.npz")
+    code = open_class(lect)
+    stu = app(follow=code)
+    seen = set()
+    for view in VIEWS:
+        if VIEW_LABELS[view] not in lect.segmented_control(key="w.view").options:
+            continue  # tokens: this trace has none
+        lect.segmented_control(key="w.view").set_value(view).run()
+        ok(lect)
+        seen.add(lect.segmented_control(key="w.view").value)
+        stu.run()
+        stu.run()  # nothing moved: still following, on the lecturer's view
+        ok(stu)
+        assert "Following the lecturer" in banner(stu), (view, banner(stu))
+        assert stu.segmented_control(key="w.view").value == view
+        assert shared(stu) == shared(lect), view
+    assert len(seen) >= len(VIEWS) - 1

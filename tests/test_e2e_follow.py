@@ -69,6 +69,8 @@ def test_a_follower_moves_when_the_lecturer_does():
         side.get_by_text(re.compile(r"follow=[A-Z2-9]{6}")).wait_for(timeout=60_000)
         code = re.search(r"follow=([A-Z2-9]{6})", side.inner_text()).group(1)
         M.wait_idle(lect)
+        assert f"{url}/?follow={code}" in side.inner_text()  # the whole link, to read out
+        lect.screenshot(path=str(ART / "e2e-follow-lecturer.png"))
         start = shown_step(lect)
         assert start is not None
 

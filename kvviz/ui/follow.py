@@ -32,7 +32,8 @@ POLL_S = 0.75
 
 OWN_KEYS = ("present",)  # a screen's own preference: neither published nor applied
 APPLIED = "follow.applied"  # the lecturer's version this page last applied
-BASE = "follow.base"        # this page's state right after applying it (None: taken this run)
+BASE = "follow.base"        # the states that are not a move: the lecturer's, and this page's
+                            # at the end of the run that applied it
 OWN = "follow.own"          # True: the student explores on their own (not moved)
 REFUSED = "follow.refused"  # the link's refusal (an unknown code), shown on the first run
 KEYS = (APPLIED, BASE, OWN, REFUSED)  # for session.PAGE_KEYS
@@ -55,7 +56,7 @@ def _apply(version: int, state: dict) -> None:
     for n in notes:
         session.note(f"The lecturer's page: {n}")
     S[APPLIED] = version
-    S[BASE] = None
+    S[BASE] = [{k: v for k, v in state.items() if k not in OWN_KEYS}]
 
 
 def _forget() -> None:
@@ -161,11 +162,11 @@ def publish(slot) -> None:
     code = S.get(classroom.FOLLOWS, "")
     if not code:
         return
-    if not S.get(OWN) and APPLIED in S:
-        mine = shared_query()
-        if S.get(BASE) is None:
-            S[BASE] = mine
-        elif mine != S[BASE]:
+    if not S.get(OWN) and S.get(BASE):
+        mine, base = shared_query(), S[BASE]
+        if len(base) == 1:  # the run that applied it: what this page made of it
+            base.append(mine)
+        elif mine not in base:
             S[OWN] = True
     with slot:
         row = st.container(horizontal=True, vertical_alignment="center", gap="small")
