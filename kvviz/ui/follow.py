@@ -21,14 +21,14 @@ from kvviz.ui.session import S
 from kvviz.ui.state import from_query, to_query
 
 # How often a student's page asks whether the lecturer moved. The follow delay is this wait
-# (uniform over 0..POLL_S) plus the student's page rerun, queued behind the other students'
-# (one server process: their reruns share one interpreter). Measured on this 2-core machine
-# (tests/test_e2e_follow.py's server, at load ~5): a tick costs the server ~3-6 ms of CPU, a
-# student's rerun on the default page ~70 ms. So 30 students are ~2 s of reruns after each
-# move, and ticks at 0.5 s would add 18-36 % more load during it (60 a second); at 1 s the
-# wait alone is half the 2 s target. A FIFO model of those figures puts the p95 follow at
-# 0.25 s: 3.2 s, 0.5 s: 2.5, 0.75 s: 2.3, 1 s: 2.3: 0.75 s, the shortest wait past the knee.
-POLL_S = 0.75
+# (uniform over 0..POLL_S) plus the student's rerun, queued behind the other students' (one
+# server process: their reruns share one interpreter), each slowed by the share of the
+# server the polls take. Measured here (scripts/follow_cost.py, 2 cores at load 5-8): a poll
+# tick ~7 ms of server CPU, a student's rerun of the default page ~45 ms. For 30 students
+# that is ~1.4 s of reruns after a move, and polls at 0.5 s would take 40 % of the server
+# during it; the script's queue model puts the p95 follow at 2.3 s (0.5 s), 1.8 (0.75),
+# 1.7 (1 s), 1.6 (1.25). 1 s: under the 2 s target, where a longer wait gains little.
+POLL_S = 1.0
 
 OWN_KEYS = ("present",)  # a screen's own preference: neither published nor applied
 APPLIED = "follow.applied"  # the lecturer's version this page last applied
