@@ -102,8 +102,9 @@ def sync(where):
     classroom.token()  # a member of the class (the one its votes count once)
     c = classroom.follows()
     if c is None:
-        where.warning(f"Class {code} has been closed by its lecturer: this page is your own "
-                      "explorer now.", icon=":material/group_off:")
+        where.warning(f"Class {code} has been closed (by its lecturer, or after a long idle "
+                      "spell): this page is your own explorer now.",
+                      icon=":material/group_off:")
         _forget()
         return slot
     if not S.get(OWN):
