@@ -36,7 +36,7 @@ with import_lock():
     settle()
 
 from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, panels, predict, session, sidebar  # noqa: E402
+from kvviz.ui import compute, follow, panels, predict, session, sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
@@ -44,12 +44,13 @@ with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the lin
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")
-predict.link_refusal(notices)
+banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
 panels.open_linked_experiment()
 
 # The guided experiments and an open experiment's text head the sidebar: beside the chart
 # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
 experiments = st.sidebar.container()
+follow.panel()  # the Class panel: open a class, its code and link
 key, layer, version, trace = sidebar.trace_controls()
 if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
     # the closed-loop results carry their own policies, budgets and steps: the page-wide
@@ -65,6 +66,7 @@ if panels.current_view(trace.tokens is not None) == "loop" and not predict.activ
         notices.warning(note, icon=":material/warning:")
     st.session_state[session.DRAWN] = True
     session.write_url()
+    follow.publish(banner)
     st.stop()
 budget, pols = sidebar.policy_controls(trace.steps, trace)
 
@@ -80,6 +82,7 @@ for which in refused:
 if len(refused) == 2:  # nothing left to draw
     main.empty()
     session.write_url()
+    follow.publish(banner)
     st.stop()
 solo = "" if not refused else "b" if "a" in refused else "a"
 if solo:  # draw the valid policy on both sides (the views say which one refused)
@@ -113,5 +116,6 @@ for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
 st.session_state[session.DRAWN] = True
 session.write_url()
+follow.publish(banner)  # the lecturer's page moves the class; a student's polls
 st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
            "them. The address bar always links to exactly this view.")

@@ -70,11 +70,6 @@ def needs_redraw(c) -> bool:
     return now != S.get(DRAWN, (0, False))
 
 
-def link_refusal(where) -> None:
-    """`follow=CODE` with a code that is not open here (session.init kept the refusal)."""
-    msg = S.pop(classroom.REFUSED, None)
-    if msg:
-        where.error(f"Link: follow: {msg}. This page is not in a class.")
 
 
 def _who(r) -> str:
@@ -182,9 +177,7 @@ def controls(ctx: Ctx) -> None:
 
 def question(ctx: Ctx) -> bool:
     """The question panel in place of the view; False (nothing drawn) with no question up."""
-    c, r, lead = _round()
-    if c is not None and not lead:
-        _poll(c.code)
+    c, r, lead = _round()  # a student's page polls the round with follow's timer (ui/follow.py)
     if marker(r)[0] != S.get(DRAWN, (0, False))[0]:  # a new question: an empty guess box
         S.pop(GUESS, None)
         S.pop(PICK, None)
@@ -247,20 +240,6 @@ def _guess(c, r, ctx: Ctx) -> None:
     if mine is not None:
         st.caption(f"You voted for position {mine}; one vote each. The lecturer reveals.")
     _refusal()
-
-
-@st.fragment(run_every=POLL_S)
-def _poll(code: str) -> None:
-    """A student's page: on a timer tick, rerun the page when the question opens, is
-    revealed or closes (a vote changes nothing here). Draws nothing."""
-    if not _fragment_run():
-        return
-    try:
-        c = classroom.REGISTRY.get(code)
-    except Refused:
-        st.rerun(scope="app")
-    if needs_redraw(c):
-        st.rerun(scope="app")
 
 
 @st.fragment(run_every=POLL_S)
