@@ -638,7 +638,8 @@ def note_text(lesson: Lesson, n: int) -> str:
 def summary(lesson: Lesson, n: int) -> str:
     """One line for `kvviz lesson check`: number, minutes, view, trace, title."""
     s = lesson.scene(n)
-    where = s.state.loop if s.state.view == "loop" else s.state.trace
+    where = (s.state.loop if s.state.view == "loop" else "needle results"
+             if s.state.view == "needle" else s.state.trace)
     return f"scene {n:2d} · {s.minutes:g} min · {s.state.view} · {where} · {s.title}"
 
 

@@ -43,7 +43,9 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              # background job, the slides' trace and automatic frame count
              "exp_msg", "loop.job", "slides.src", "slides.auto",
              # the class this session leads or follows, and its member token (ui/classroom.py)
-             "class.token", "class.leads", "class.follows")
+             "class.token", "class.leads", "class.follows",
+             # the lesson's picker and scene (plain keys), its buttons and error (ui/lesson.py)
+             "lesson", "scene", "lesson.")
 
 
 def note(msg: str) -> None:
