@@ -79,8 +79,8 @@ def _picked() -> None:
     name = S.get("lesson", "")
     if name:
         go(name, 1)
-    else:
-        S["kv"]["scene"] = 0
+    else:  # the bar is drawn before the picker: say it now
+        S["kv"]["lesson"], S["kv"]["scene"] = "", 0
         S.pop("scene", None)
 
 
