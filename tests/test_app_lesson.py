@@ -45,7 +45,7 @@ def shows_scene(at, n):
     kv = at.session_state["kv"]
     assert kv["scene"] == n and kv["lesson"] == "tova-vs-snapkv"
     assert f"Scene {n} of {N}: {s.title}" in bar(at)
-    assert f"`?lesson=tova-vs-snapkv&scene={n}`" in bar(at)
+    assert any(m.value == f"link `?lesson=tova-vs-snapkv&scene={n}`" for m in at.markdown)
     assert kv["view"] == s.state.view
     if s.state.view not in ("loop", "needle"):
         assert (kv["trace"], kv["budget"], kv["step"]) == (s.state.trace, s.state.budget, s.state.step)

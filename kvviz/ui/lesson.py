@@ -119,19 +119,21 @@ def _bar(name: str) -> None:
                  "press next scene for scene 1.", icon=":material/error:")
         n = 0
     with st.container(border=True, key="lesson-bar"):
-        c = st.columns([6, 1.4, 1.4], vertical_alignment="center", gap="small")
         head = f"**{les.title}** ({les.minutes:g} min)"
         if n:
             s = les.scene(n)
-            head += (f" · **Scene {n} of {total}: {s.title}** · {s.minutes:g} min · "
-                     f"link `{L.link(name, n)}`")
-        c[0].markdown(head)
-        c[1].button("previous scene", key="lesson.prev", on_click=go, args=(name, n - 1),
+            head += f" · **Scene {n} of {total}: {s.title}** · {s.minutes:g} min"
+        st.markdown(head)
+        # the buttons on a row of their own: beside the title they were cut at 1024 px
+        c = st.columns([2, 2, 3], vertical_alignment="center", gap="small")
+        c[0].button("previous scene", key="lesson.prev", on_click=go, args=(name, n - 1),
                     disabled=n <= 1, icon=":material/skip_previous:", width="stretch",
                     help="previous scene (key PageUp)", shortcut="PageUp")
-        c[2].button("next scene", key="lesson.next", on_click=go, args=(name, n + 1),
+        c[1].button("next scene", key="lesson.next", on_click=go, args=(name, n + 1),
                     disabled=n >= total, icon=":material/skip_next:", width="stretch",
                     help="next scene (key PageDown)", shortcut="PageDown")
+        if n:
+            c[2].markdown(f"link `{L.link(name, n)}`")
         if n and classroom.follows() is None:  # the lecturer's, not a following student's
             present = bool(int(S["kv"].get("present", 0) or 0))
             with st.expander("Speaker note", expanded=not present):
