@@ -139,6 +139,20 @@ def test_unknown_view_trace_and_a_refused_budget(tmp_path):
             "state.b", "snapkv refuses budget 4", "recent_window")
 
 
+@pytest.mark.parametrize("state, words", [
+    ('trace = "file:prose.npz"\nlayer = 5', ["state.layer", "layer 5 is not stored", "0, 14, 29"]),
+    ('trace = "file:prose.npz"\nhead = "kv9"', ["state.head", "kv9"]),
+    ('trace = "file:toy.npz"\nb = "tova"\nbudget = 17', ["state.budget: 17 is outside 1–16"]),
+    ('trace = "file:toy.npz"\nstep = 16', ["state.step: 16 is not a step of file:toy.npz (0–15)"]),
+    ('trace = "file:toy.npz"\ntrack = 20', ["state.track: 20 is not a position"]),
+    ('trace = "file:toy.npz"\nstep = 3\nfocus = 5', ["state.focus: position 5 is not generated "
+                                                     "until step 5 (the scene shows step 3)"]),
+    ('view = "tokens"', ["state.view: canonical has no tokens"]),
+])
+def test_what_the_page_would_change_on_the_trace_is_an_error(tmp_path, state, words):
+    refused(write(tmp_path, [(1, "n", state)]), "scene 1", *words)
+
+
 def test_unknown_loop_result_policy_line_and_budget(tmp_path):
     refused(write(tmp_path, [(1, "n", 'view = "loop"\nloop = "nope"')]), "state.loop",
             "unknown loop result 'nope'", "prose-layer")
@@ -184,9 +198,9 @@ def test_a_note_that_cannot_be_computed_names_the_scene_and_placeholder(tmp_path
     with pytest.raises(ValueError, match=r"t.toml: scene 1: \{pooling\}: .*no slot is defended "
                                          r"by pooling at step 4"):
         L.note_text(les, 1)
-    les = L.load(write(tmp_path, [(1, "{step}", 'trace = "file:toy.npz"\nbudget = 4\n'
-                                                 'b = "tova"\nstep = 99')]))
-    with pytest.raises(ValueError, match=r"scene 1: \{step\}: state.step: 99 is not a step"):
+    les = L.load(write(tmp_path, [(1, "{why}", 'trace = "file:toy.npz"\nbudget = 4\n'
+                                                'b = "tova"\nstep = 9')]))
+    with pytest.raises(ValueError, match=r"scene 1: \{why\}: .*A and B never evict differently"):
         L.note_text(les, 1)
 
 

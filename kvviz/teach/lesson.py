@@ -188,6 +188,24 @@ def _check_state(path, where, query, vs: ViewState) -> None:
         if not vs.trace.startswith("file:") or vs.trace[5:] not in files:
             _fail(path, where, f"state.trace: unknown trace {vs.trace!r} (canonical or "
                                f"file:NAME with NAME one of {', '.join(files)})")
+    try:
+        trace = scene_trace(vs, "layer" in query)
+    except ValueError as exc:
+        _fail(path, where, f"state.{'head' if 'head' in str(exc) else 'layer'}: {exc}")
+    T = trace.steps
+    if vs.view == "tokens" and trace.tokens is None:
+        _fail(path, where, f"state.view: {vs.trace} has no tokens for the tokens view")
+    if vs.budget is not None and not 1 <= vs.budget <= T:
+        _fail(path, where, f"state.budget: {vs.budget} is outside 1–{T} ({vs.trace})")
+    if vs.step is not None and not 0 <= vs.step < T:
+        _fail(path, where, f"state.step: {vs.step} is not a step of {vs.trace} (0–{T - 1})")
+    for key in ("focus", "why", "track"):
+        v = getattr(vs, key)
+        if not -1 <= v < T:
+            _fail(path, where, f"state.{key}: {v} is not a position of {vs.trace} (0–{T - 1})")
+        if key != "track" and vs.step is not None and v > vs.step:
+            _fail(path, where, f"state.{key}: position {v} is not generated until step {v} "
+                               f"(the scene shows step {vs.step})")
     if vs.budget is not None:
         from kvviz.policies import make_policy
 
@@ -309,17 +327,7 @@ class Facts:
     @property
     def trace(self):
         if self._trace is None:
-            from kvviz.paths import traces_or_default
-            from kvviz.trace import canonical, load_trace
-
-            vs = self.vs
-            layer = vs.layer if "layer" in self.query else None
-            if vs.trace == "canonical":
-                self._trace = canonical().keep_rows()
-            else:
-                name = vs.trace[5:]
-                self._trace = load_trace(traces_or_default() / name, layer=layer,
-                                         name=Path(name).stem, head=vs.head)
+            self._trace = scene_trace(self.vs, "layer" in self.query)
         return self._trace
 
     @property
@@ -644,6 +652,28 @@ def summary(lesson: Lesson, n: int) -> str:
 
 
 # --- shared readers (one per process; files change rarely) --------------------------------
+def scene_trace(vs: ViewState, layer_given: bool):
+    """The scene's trace as the page loads it: the state's layer if the scene names one,
+    else the first stored; ValueError (the loader's) for a layer or head not stored."""
+    from kvviz.paths import traces_or_default
+
+    if vs.trace == "canonical":
+        return _trace("canonical", 0.0, None, "mean")
+    p = traces_or_default() / vs.trace[5:]
+    return _trace(str(p), p.stat().st_mtime, vs.layer if layer_given else None, vs.head)
+
+
+@lru_cache(maxsize=8)
+def _trace(path: str, mtime: float, layer, head: str):
+    from kvviz.trace import canonical, load_trace
+
+    if path == "canonical":
+        if head != "mean":
+            raise ValueError(f"head must be one of ['mean'] for the canonical trace, got {head!r}")
+        return canonical().keep_rows()
+    return load_trace(path, layer=layer, name=Path(path).stem, head=head)
+
+
 def _line(row: dict) -> str:
     from kvviz.views.loop import policy_line_label
 
