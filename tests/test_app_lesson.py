@@ -192,3 +192,26 @@ def test_a_bad_lesson_file_is_an_error_and_the_page_works_on(tmp_path, monkeypat
     ok(far)
     assert any("scene 99" in e.value and f"scenes 1–{N}" in e.value for e in far.error)
     assert at.get("plotly_chart")
+
+
+def test_a_slides_scene_after_another_trace_keeps_its_own_slides(tmp_path, monkeypatch):
+    """The slides view resets its range when the trace changes; a scene's own range stays."""
+    (tmp_path / "s.toml").write_text(
+        'title = "Slides"\nminutes = 2\n'
+        '[[scene]]\ntitle = "prose"\nminutes = 1\nnote = "Say: {step}"\n'
+        '[scene.state]\ntrace = "file:prose.npz"\nbudget = 64\nstep = 100\nview = "slides"\n'
+        '[[scene]]\ntitle = "toy"\nminutes = 1\nnote = "Say: {victims.a}"\n'
+        '[scene.state]\ntrace = "file:toy.npz"\nbudget = 4\nb = "tova"\nstep = 9\n'
+        'view = "slides"\n"slides.kind" = "tokens"\n"slides.steps" = "4,12"\n"slides.frames" = 5\n')
+    monkeypatch.setenv("KVVIZ_LESSONS_DIR", str(tmp_path))
+    at = app(lesson="s", scene=1)
+    clean(at)
+    assert at.session_state["kv"]["view"] == "slides" and at.slider(key="slides.steps").value == (0, 1023)
+    at.button(key="lesson.next").click().run()
+    clean(at)
+    kv = at.session_state["kv"]
+    assert (kv["trace"], kv["slides_kind"], tuple(kv["slides_steps"]), kv["slides_frames"]) == (
+        "file:toy.npz", "tokens", (4, 12), 5)
+    q = dict(at.query_params)
+    first = lambda v: v[0] if isinstance(v, list) else v  # noqa: E731
+    assert (first(q["slides.steps"]), first(q["slides.kind"]), first(q["scene"])) == ("4,12", "tokens", "2")

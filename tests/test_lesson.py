@@ -148,6 +148,10 @@ def test_unknown_view_trace_and_a_refused_budget(tmp_path):
     ('trace = "file:toy.npz"\nstep = 3\nfocus = 5', ["state.focus: position 5 is not generated "
                                                      "until step 5 (the scene shows step 3)"]),
     ('view = "tokens"', ["state.view: canonical has no tokens"]),
+    ('trace = "file:toy.npz"\n"slides.steps" = "3,16"', ["state.slides.steps: 3,16 is not a range"]),
+    ('trace = "file:toy.npz"\n"slides.steps" = "9,3"', ["state.slides.steps: 9,3 is not a range"]),
+    ('"slides.kind" = "tokens"', ["state.slides.kind: 'tokens' is not one of heatmap"]),
+    ('"slides.frames" = 999', ["state.slides.frames: 999 is outside 0–240"]),
 ])
 def test_what_the_page_would_change_on_the_trace_is_an_error(tmp_path, state, words):
     refused(write(tmp_path, [(1, "n", state)]), "scene 1", *words)

@@ -206,6 +206,17 @@ def _check_state(path, where, query, vs: ViewState) -> None:
         if key != "track" and vs.step is not None and v > vs.step:
             _fail(path, where, f"state.{key}: position {v} is not generated until step {v} "
                                f"(the scene shows step {vs.step})")
+    if vs.slides_steps and not 0 <= vs.slides_steps[0] <= vs.slides_steps[1] < T:
+        _fail(path, where, f"state.slides.steps: {vs.slides_steps[0]},{vs.slides_steps[1]} is not "
+                           f"a range of steps S0,S1 with 0 <= S0 <= S1 <= {T - 1}")
+    kinds = ("", "heatmap") + (("tokens",) if trace.tokens is not None else ())
+    if vs.slides_kind not in kinds:
+        _fail(path, where, f"state.slides.kind: {vs.slides_kind!r} is not one of "
+                           f"{', '.join(k for k in kinds if k)}")
+    from kvviz.views.slides import MAX_FRAMES
+
+    if not 0 <= vs.slides_frames <= MAX_FRAMES:
+        _fail(path, where, f"state.slides.frames: {vs.slides_frames} is outside 0–{MAX_FRAMES}")
     if vs.budget is not None:
         from kvviz.policies import make_policy
 

@@ -43,9 +43,10 @@ def note(les: L.Lesson, n: int) -> str:
 
 
 def _forget_view_keys() -> None:
-    """Widget keys the loop and needle views keep of their own: left over, they would win
-    over the scene's state."""
-    for k in [k for k in S if isinstance(k, str) and (k == "loop.source" or (
+    """Widget keys the loop, slides and needle views keep of their own: left over, they would
+    win over the scene's state (slides.src would reset the scene's slides to the trace's
+    defaults)."""
+    for k in [k for k in S if isinstance(k, str) and (k in ("loop.source", "slides.src") or (
             k.startswith("needle.") and not k.startswith(("needle.job", "needle.new.",
                                                           "needle.mine")))) ]:
         S.pop(k, None)
