@@ -12,7 +12,7 @@ import pytest
 
 from kvviz.__main__ import main
 from kvviz.policies import defaults, make_policy
-from kvviz.replay import NEVER, Replay
+from kvviz.replay import Replay
 from kvviz.teach import lesson as L
 from kvviz.trace import load_trace
 
