@@ -36,16 +36,19 @@ with import_lock():
     settle()
 
 from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, follow, panels, predict, session, sidebar  # noqa: E402
+from kvviz.ui import compute, follow, lesson, panels, predict, session, sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
         notices.error(f"Plugin refused (the built-in policies still work): {refusal}")
 notes = session.init()
+lesson.init()  # a scene's short link (?lesson=NAME&scene=N) applies the scene's state
 for note in notes:
     notices.warning(f"Link: {note}")
 banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
 panels.open_linked_experiment()
+with notices:
+    lesson.bar()  # the lesson bar above the page, its picker at the top of the sidebar
 
 # The guided experiments and an open experiment's text head the sidebar: beside the chart
 # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).

@@ -49,7 +49,9 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              # on their own (ui/follow.py)
              "follow.applied", "follow.base", "follow.own",
              # predict then reveal: the question panel's own keys and widgets (ui/predict.py)
-             "predict.")
+             "predict.",
+             # the lesson's picker and scene (plain keys), its buttons and error (ui/lesson.py)
+             "lesson", "scene", "lesson.")
 
 
 def note(msg: str) -> None:
