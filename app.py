@@ -36,23 +36,29 @@ with import_lock():
     settle()
 
 from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
+from kvviz.ui import compute, follow, lesson, panels, predict, session, sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
         notices.error(f"Plugin refused (the built-in policies still work): {refusal}")
 notes = session.init()
+lesson.init()  # a scene's short link (?lesson=NAME&scene=N) applies the scene's state
 for note in notes:
     notices.warning(f"Link: {note}")
+banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
 panels.open_linked_experiment()
+with notices:
+    lesson.bar()  # the lesson bar above the page, its picker at the top of the sidebar
 
 # The guided experiments and an open experiment's text head the sidebar: beside the chart
 # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
 experiments = st.sidebar.container()
+follow.panel()  # the Class panel: open a class, its code and link
 key, layer, version, trace = sidebar.trace_controls()
-if panels.current_view(trace.tokens is not None) == "loop":
+if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
     # the closed-loop results carry their own policies, budgets and steps: the page-wide
-    # ones would be a second, unrelated set of controls on the screen
+    # ones would be a second, unrelated set of controls on the screen (a class's question, when
+    # one is up, is drawn below instead)
     sidebar.loop_note()
     with experiments:
         panels.experiments_box()
@@ -63,11 +69,13 @@ if panels.current_view(trace.tokens is not None) == "loop":
         notices.warning(note, icon=":material/warning:")
     st.session_state[session.DRAWN] = True
     session.write_url()
+    follow.publish(banner)
     st.stop()
 budget, pols = sidebar.policy_controls(trace.steps, trace)
 
 with experiments:
-    panels.experiments_box()
+    if not predict.active():  # an experiment's text may name the question's answer
+        panels.experiments_box()
 for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
     notices.warning(note, icon=":material/warning:")
 
@@ -77,6 +85,7 @@ for which in refused:
 if len(refused) == 2:  # nothing left to draw
     main.empty()
     session.write_url()
+    follow.publish(banner)
     st.stop()
 solo = "" if not refused else "b" if "a" in refused else "a"
 if solo:  # draw the valid policy on both sides (the views say which one refused)
@@ -93,16 +102,23 @@ if solo:
     setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
             f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
 with top:
-    with st.container(key="nav"):  # its button row wraps instead of cutting labels
-        ctx.step = panels.navigator(ctx)
-    session.check_positions(ctx.step)
-    panels.status(ctx)
+    locked = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
+    if locked is None:
+        with st.container(key="nav"):  # its button row wraps instead of cutting labels
+            ctx.step = panels.navigator(ctx)
+        session.check_positions(ctx.step)
+        panels.status(ctx)
+    else:
+        ctx.step = locked
+    predict.controls(ctx)
 with main.container():
-    view = panels.view_selector(trace.tokens is not None)
-    panels.RENDER[view](ctx)
+    if not predict.question(ctx):  # the question panel replaces the view while it is up
+        view = panels.view_selector(trace.tokens is not None)
+        panels.RENDER[view](ctx)
 for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
 st.session_state[session.DRAWN] = True
 session.write_url()
+follow.publish(banner)  # the lecturer's page moves the class; a student's polls
 st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
            "them. The address bar always links to exactly this view.")

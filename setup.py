@@ -1,5 +1,5 @@
 """Build hook only (the metadata is in pyproject.toml): an installed kvviz carries the
-explorer page (app.py) and the shipped traces in kvviz/_bundle/, so `kvviz app` works from
+explorer page (app.py), the shipped traces and the lessons in kvviz/_bundle/, so `kvviz app` works from
 anywhere. They are copied at build time; the checkout keeps one copy of each.
 
 SHIPPED is the explicit list (tests/test_install.py checks it against `git ls-files`): a
@@ -24,6 +24,7 @@ NEEDLE = (
 
 SHIPPED = (
     "app.py",
+    "lessons/tova-vs-snapkv.toml",
     "traces/README.md",
     "traces/code-kv.npz",
     "traces/code.npz",

@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson ...` (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -45,12 +45,14 @@ def parser() -> argparse.ArgumentParser:
     from .loop import cli as loop_cli, generate_cli
     from .needle import cli as needle_cli
     from .sweep import cli as sweep_cli
+    from .teach import cli as lesson_cli
 
     tree = argparse.ArgumentParser(prog="kvviz")
     sub = tree.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _perf_parser(sub)
-    for module in (capture, loop_cli, generate_cli, needle_cli, launch, sweep_cli, check):
+    for module in (capture, loop_cli, generate_cli, needle_cli, launch, sweep_cli, check,
+                   lesson_cli):
         module.parser(sub)
     return tree
 

@@ -1,4 +1,4 @@
-"""Where the shipped things are: the explorer page, the traces, the closed-loop results.
+"""Where the shipped things are: the explorer page, the traces, the closed-loop results, the lessons.
 
 One rule for all of them, from a checkout or an install: $KVVIZ_TRACES_DIR if set; else
 the current directory's traces/ when the current directory is a kvviz checkout (so a
@@ -57,6 +57,24 @@ def loop_dir() -> Path | None:
         return Path(os.environ["KVVIZ_LOOP_DIR"])
     traces = traces_dir()
     return traces / "loop" if traces is not None and (traces / "loop").is_dir() else None
+
+
+def lessons_dir() -> Path | None:
+    """$KVVIZ_LESSONS_DIR, the current checkout's lessons/, the bundle's or the package's
+    checkout's: the rule of traces_dir, for lessons/*.toml (kvviz.teach.lesson)."""
+    if os.environ.get("KVVIZ_LESSONS_DIR"):
+        return Path(os.environ["KVVIZ_LESSONS_DIR"])
+    here = checkout()
+    candidates = ([here / "lessons"] if here else []) + [BUNDLE / "lessons", REPO / "lessons"]
+    for path in candidates:
+        if path.is_dir() and any(path.glob("*.toml")):
+            return path
+    return None
+
+
+def lessons_or_default() -> Path:
+    """lessons_dir(), or the folder it would be (for a message) when there is none."""
+    return lessons_dir() or (BUNDLE / "lessons" if BUNDLE.is_dir() else REPO / "lessons")
 
 
 def traces_or_default() -> Path:

@@ -208,7 +208,7 @@ def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch)
     ok(at)
     keys = set(at.session_state.keys())
     prefixes = ("w.", "loop.", "slides.", "nav.", "exp.", "chart.", "dl.", "sweep.", "why.",
-                "$$")
+                "class.", "$$")
     stray = {k for k in keys if not k.startswith(prefixes)
              and not any(k == p or (p.endswith(".") and k.startswith(p))
                          for p in session.PAGE_KEYS)}

@@ -133,7 +133,8 @@ def test_pooling_study_head_option(tmp_path):
     assert bad.returncode == 2 and "stored heads: mean" in bad.stderr
 
 
-COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "app", "sweep", "check")
+COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "app", "sweep", "check",
+            "lesson")
 
 
 def test_help_lists_every_command_and_each_command_has_help(capsys):

@@ -37,6 +37,7 @@ def installed(tmp_path_factory):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "kvviz", src / "kvviz", ignore=shutil.ignore_patterns("__pycache__", "_bundle"))
     shutil.copytree(ROOT / "traces", src / "traces")
+    shutil.copytree(ROOT / "lessons", src / "lessons")
     (src / "traces" / "mine.npz").write_bytes(b"a user's own capture")  # not tracked
     stale = src / "build" / "lib" / "kvviz" / "_bundle" / "traces" / "old.npz"
     stale.parent.mkdir(parents=True)
@@ -64,13 +65,14 @@ def tracked(*paths) -> list[str]:
     return sorted(res.stdout.split())
 
 
-def test_wheel_ships_the_tracked_page_and_traces_only(installed):
+def test_wheel_ships_the_tracked_page_traces_and_lessons_only(installed):
     wheel = installed[3]
     with zipfile.ZipFile(wheel) as zf:
         bundled = sorted(n.removeprefix("kvviz/_bundle/") for n in zf.namelist()
                          if n.startswith("kvviz/_bundle/"))
         assert zf.read("kvviz/_bundle/app.py") == (ROOT / "app.py").read_bytes()
-    assert bundled == tracked("app.py", "traces")  # so no mine.npz and no stale old.npz
+    assert bundled == tracked("app.py", "lessons", "traces")  # so no mine.npz, no stale old.npz
+    assert "lessons/tova-vs-snapkv.toml" in bundled
     assert "traces/mine.npz" not in bundled and "traces/old.npz" not in bundled
 
 
@@ -142,6 +144,21 @@ def test_installed_kvviz_app_in_a_checkout_serves_its_traces(installed):
     inner = checkout / "kvviz"  # a sub-folder of a checkout is not the checkout
     elsewhere = run([venv / "bin" / "kvviz", "app", "--dry-run"], inner, env).stdout.splitlines()[1]
     assert Path(elsewhere.removeprefix("traces: ")).is_relative_to(venv / "lib")
+
+
+def test_installed_kvviz_finds_and_checks_the_bundled_lesson(installed):
+    """From outside the checkout: lessons/ comes from the bundle (kvviz.paths.lessons_dir),
+    and `kvviz lesson check` computes every note against the bundled traces and results."""
+    venv, work, env, _ = installed
+    kvviz = venv / "bin" / "kvviz"
+    where = run([venv / "bin" / "python", "-c", "from kvviz.paths import lessons_dir; "
+                 "print(lessons_dir())"], work, env).stdout.strip()
+    assert Path(where).is_relative_to(venv / "lib") and Path(where).name == "lessons"
+    listed = run([kvviz, "lesson", "list"], work, env).stdout
+    assert listed.startswith("tova-vs-snapkv · ") and "TOVA against SnapKV" in listed
+    checked = run([kvviz, "lesson", "check", "tova-vs-snapkv"], work, env).stdout
+    assert checked.strip().splitlines()[-1].endswith("50 min: ok")
+    assert list(work.iterdir()) == []
 
 
 def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed):

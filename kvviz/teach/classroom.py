@@ -53,6 +53,7 @@ class Round:
     answer_step: int
     votes: dict = field(default_factory=dict)  # token -> position
     revealed: bool = False
+    why: str = ""            # the lecturer's explanation, set on reveal (every page shows it)
 
     def tally(self) -> Counter:
         return Counter(self.votes.values())
@@ -149,12 +150,14 @@ class Class:
             self.touched = time.monotonic()
             return r
 
-    def reveal(self, token: str) -> Round:
+    def reveal(self, token: str, why: str = "") -> Round:
+        """Votes close; `why` (the lecturer's page's explanation) reaches every page with it."""
         self._owner(token, "reveal the answer")
         with self.lock:
             if self.round is None:
                 raise Refused("no question is open to reveal")
             self.round.revealed = True
+            self.round.why = str(why)
             self.round_version += 1
             self.touched = time.monotonic()
             return self.round

@@ -17,7 +17,8 @@ S = st.session_state
 TOKEN = "class.token"    # this session's member token (secret)
 LEADS = "class.leads"    # the code of the class this session opened ("" = none)
 FOLLOWS = "class.follows"  # the code this session follows as a student ("" = none)
-KEYS = (TOKEN, LEADS, FOLLOWS)  # for session.PAGE_KEYS
+REFUSED = "class.refused"  # init_follow's refusal of the link's code, until the page shows it
+KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED)  # for session.PAGE_KEYS
 
 
 def token() -> str:

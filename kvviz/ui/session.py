@@ -14,6 +14,7 @@ import streamlit as st
 from kvviz.policies import param_specs
 from dataclasses import fields
 
+from kvviz.ui import classroom
 from kvviz.ui.state import PLAIN, ViewState, default_cmp, from_query, to_query
 
 S = st.session_state
@@ -26,7 +27,7 @@ PLAIN_KEYS = {f: k for k, f in PLAIN.items()}
 
 # The page's own session keys beside the widgets' and `kv`, gathered here with what each is
 # for (a view's widget keys are its own: "w.<field>", "w.pa.<name>", "loop.*", "slides.*",
-# "nav.*", "exp.*", "chart.*", "dl.*", "sweep.*", "why.*"). Prefix keys end in ".".
+# "nav.*", "exp.*", "chart.*", "dl.*", "sweep.*", "why.*", "class.*"). Prefix keys end in ".".
 KV = "kv"                        # the page state: ViewState fields and parameters, every run
 NOTES = "notes"                  # warnings collected while drawing, shown once (note)
 FROM_LINK = "from_link"          # the link's keys, on a session's first run only
@@ -43,7 +44,14 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              # background job, the slides' trace and automatic frame count
              "exp_msg", "loop.job", "slides.src", "slides.auto",
              # the class this session leads or follows, and its member token (ui/classroom.py)
-             "class.token", "class.leads", "class.follows")
+             *classroom.KEYS,
+             # a student's page: the lecturer's version applied, its state then, exploring
+             # on their own (ui/follow.py)
+             "follow.applied", "follow.base", "follow.own",
+             # predict then reveal: the question panel's own keys and widgets (ui/predict.py)
+             "predict.",
+             # the lesson's picker and scene (plain keys), its buttons and error (ui/lesson.py)
+             "lesson", "scene", "lesson.")
 
 
 def note(msg: str) -> None:
@@ -79,6 +87,9 @@ def init() -> list[str]:
     st_, notes = from_query(query)
     S[FROM_LINK] = set(query)
     S["kv"] = {}
+    refusal = classroom.init_follow(query)  # follow=CODE: a student's page (ui/follow.py)
+    if refusal:
+        S[classroom.REFUSED] = refusal
     apply_state(st_)
     return notes
 
@@ -193,5 +204,7 @@ def check_positions(step: int) -> None:
 def write_url() -> None:
     S.pop(FROM_LINK, None)  # the link's values have been checked
     q = to_query(view_state())
+    if S.get(classroom.FOLLOWS):  # a student's reload keeps following
+        q["follow"] = S[classroom.FOLLOWS]
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)

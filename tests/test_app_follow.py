@@ -1,0 +1,221 @@
+"""Follow the lecturer (issue 16 §3) under AppTest: several AppTest sessions in one process
+share the page's class registry (kvviz.ui.classroom.REGISTRY, a module global), as the
+sessions of one server do. Every AppTest has the same session id, so a session is told
+apart by its member token in session state, as the page does."""
+import re
+
+import numpy as np
+import pytest
+
+from kvviz.teach.classroom import Refused
+from kvviz.trace import save_trace
+from kvviz.ui.classroom import REGISTRY
+
+from apphelp import REPO, app, ok, softmax_rows, traces_dir
+
+CODE = re.compile(r"follow=([A-Z2-9]{6})")  # what the load-test helper looks for
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("traces")
+    save_trace(d / "small.npz", softmax_rows(np.random.default_rng(5), 160, 1),
+               meta={"name": "small"})
+    with traces_dir(d):
+        yield d
+
+
+def qp(at) -> dict:
+    return {k: at.query_params[k][0] if isinstance(at.query_params[k], list)
+            else at.query_params[k] for k in at.query_params}
+
+
+def text(at, kind="markdown") -> str:
+    return "\n".join(str(e.value) for e in getattr(at, kind))
+
+
+def banner(at) -> str:
+    """The follow banner (other info boxes are the views')."""
+    return "\n".join(e.value for e in at.info if "lecturer" in e.value)
+
+
+def step(at) -> int:
+    return int(at.slider(key="w.step").value)
+
+
+def shown_step(at) -> int:
+    """The step the status line reports (what the student reads), not the widget's value."""
+    return int(re.search(r"evicted at step (\d+)", text(at)).group(1))
+
+
+def open_class(at):
+    at.button(key="class.open").click().run()
+    ok(at)
+    codes = CODE.findall(text(at.sidebar))
+    assert len(set(codes)) == 1, text(at.sidebar)
+    return codes[0]
+
+
+def lecturer(traces):
+    """A lecturer who chose a trace, policies, a parameter, a view and a step, then opened
+    a class: what a follower must see."""
+    at = app(trace="file:small.npz")
+    ok(at)
+    at.selectbox(key="w.b").set_value("h2o").run()
+    at.selectbox(key="w.a").set_value("snapkv").run()
+    at.slider(key="w.pa.pool_kernel").set_value(9).run()
+    at.segmented_control(key="w.view").set_value("scores").run()
+    at.slider(key="w.step").set_value(77).run()
+    ok(at)
+    return at, open_class(at)
+
+
+def shared(at) -> dict:
+    return {k: v for k, v in qp(at).items() if k not in ("follow", "present")}
+
+
+def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces):
+    lect, code = lecturer(traces)
+    assert "class.token" in lect.session_state
+    version, state = REGISTRY.get(code).snapshot()
+    assert state == shared(lect) and state["a.poolKernel"] == "9"
+    stu = app(follow=code)
+    ok(stu)
+    assert not stu.error
+    assert stu.session_state["class.token"] != lect.session_state["class.token"]
+    assert stu.selectbox(key="w.trace").value == "file:small.npz"
+    assert (stu.selectbox(key="w.a").value, stu.selectbox(key="w.b").value) == ("snapkv", "h2o")
+    assert stu.slider(key="w.pa.pool_kernel").value == 9
+    assert stu.segmented_control(key="w.view").value == "scores"
+    assert step(stu) == 77 and shown_step(stu) == 77
+    assert shared(stu) == shared(lect)
+    assert qp(stu)["follow"] == code  # a reload keeps following
+    assert f"Following the lecturer of class **{code}**" in banner(stu)
+    # the lecturer moves: step, view, a parameter; the follower's next run shows them
+    lect.button(key="nav.next").click().run()
+    lect.segmented_control(key="w.view").set_value("cache").run()
+    lect.slider(key="w.pa.obs_window").set_value(4).run()
+    ok(lect)
+    assert REGISTRY.get(code).snapshot()[0] > version
+    stu.run()
+    ok(stu)
+    assert step(stu) == shown_step(stu) == 78
+    assert stu.segmented_control(key="w.view").value == "cache"
+    assert stu.slider(key="w.pa.obs_window").value == 4
+    assert shared(stu) == shared(lect)
+
+
+def test_a_follower_explores_then_goes_back(traces):
+    lect, code = lecturer(traces)
+    stu = app(follow=code)
+    stu.button(key="nav.prev").click().run()  # the student moves on their own
+    ok(stu)
+    assert step(stu) == 76 and "exploring on your own" in banner(stu)
+    lect.button(key="nav.next").click().run()
+    lect.segmented_control(key="w.view").set_value("divergence").run()
+    stu.run()
+    assert step(stu) == 76 and stu.segmented_control(key="w.view").value == "scores"
+    assert "exploring on your own" in banner(stu)
+    stu.button(key="class.back").click().run()  # the lecturer's state now, and follow again
+    ok(stu)
+    assert step(stu) == shown_step(stu) == 78
+    assert stu.segmented_control(key="w.view").value == "divergence"
+    assert "Following the lecturer" in banner(stu) and shared(stu) == shared(lect)
+    lect.button(key="nav.next").click().run()
+    stu.run()
+    assert step(stu) == 79
+
+
+def test_a_follower_leaves_and_returns(traces):
+    lect, code = lecturer(traces)
+    stu = app(follow=code)
+    stu.button(key="class.leave").click().run()
+    ok(stu)
+    assert not banner(stu) and "follow" not in qp(stu)
+    assert step(stu) == 77  # the page keeps what it showed
+    lect.button(key="nav.next").click().run()
+    stu.run()
+    assert step(stu) == 77  # no longer moved
+    again = app(follow=code)  # the link again, in a new session
+    ok(again)
+    assert step(again) == 78 and shared(again) == shared(lect)
+    assert "Following the lecturer" in banner(again)
+
+
+def test_a_follower_cannot_move_the_class(traces):
+    lect, code = lecturer(traces)
+    stu = app(follow=code)
+    c = REGISTRY.get(code)
+    before = c.snapshot()
+    with pytest.raises(Refused, match="only the lecturer's session"):
+        c.publish(stu.session_state["class.token"], {**before[1], "step": "5"})
+    stu.button(key="nav.next").click().run()  # the student's own moves stay theirs
+    stu.segmented_control(key="w.view").set_value("cache").run()
+    ok(stu)
+    assert step(stu) == 78
+    assert c.snapshot() == before
+    assert "class.open" not in [b.key for b in stu.sidebar.button]  # a student opens none
+
+
+def test_presentation_mode_is_each_screens_own(traces):
+    lect = app(trace="file:small.npz", present=1)
+    code = open_class(lect)
+    assert "present" not in REGISTRY.get(code).snapshot()[1]
+    assert qp(lect)["present"] == "1"
+    stu = app(follow=code)
+    assert "present" not in qp(stu)
+    projector = app(follow=code, present=1)  # a second screen chooses it for itself
+    assert qp(projector)["present"] == "1"
+    lect.button(key="nav.next").click().run()
+    projector.run()
+    assert qp(projector)["present"] == "1" and "Following the lecturer" in banner(projector)
+
+
+def test_unknown_code_is_refused_and_the_page_works(traces):
+    at = app(follow="zzzzzz")
+    ok(at)
+    msg = text(at, "error")
+    assert "'ZZZZZZ' is not open on this server" in msg and "plain explorer" in msg
+    assert not banner(at) and "follow" not in qp(at)
+    assert at.get("plotly_chart")  # the explorer is drawn
+    at.run()
+    assert not at.error  # said once
+
+
+def test_a_closed_class_frees_its_followers(traces):
+    lect, code = lecturer(traces)
+    stu = app(follow=code)
+    lect.button(key="class.close").click().run()
+    ok(lect)
+    assert not CODE.findall(text(lect.sidebar)) and lect.button(key="class.open")
+    with pytest.raises(Refused):
+        REGISTRY.get(code)
+    stu.run()
+    ok(stu)
+    assert f"Class {code} has been closed" in text(stu, "warning")
+    assert "follow" not in qp(stu) and step(stu) == 77
+
+
+def test_every_view_keeps_its_follower_following(traces, monkeypatch):
+    """A page that settles a view's own choices on its second run (frame counts, a loop
+    result) must not take that for the student exploring."""
+    from kvviz.ui.state import VIEW_LABELS, VIEWS
+
+    monkeypatch.setenv("KVVIZ_LOOP_DIR", str(REPO / "tests" / "fixtures" / "loop"))
+    lect = app(trace="file:small.npz")
+    code = open_class(lect)
+    stu = app(follow=code)
+    seen = set()
+    for view in VIEWS:
+        if VIEW_LABELS[view] not in lect.segmented_control(key="w.view").options:
+            continue  # tokens: this trace has none
+        lect.segmented_control(key="w.view").set_value(view).run()
+        ok(lect)
+        seen.add(lect.segmented_control(key="w.view").value)
+        stu.run()
+        stu.run()  # nothing moved: still following, on the lecturer's view
+        ok(stu)
+        assert "Following the lecturer" in banner(stu), (view, banner(stu))
+        assert stu.segmented_control(key="w.view").value == view
+        assert shared(stu) == shared(lect), view
+    assert len(seen) >= len(VIEWS) - 1

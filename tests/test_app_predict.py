@@ -1,0 +1,252 @@
+"""Predict, then reveal (issue 16 §2) under AppTest: one lecturer and three students in one
+process. AppTests share the module-global class registry (kvviz.ui.classroom.REGISTRY) and
+one session id; who is who is each session's member token in its own session state.
+
+The lecturer's class is opened with kvviz.ui.classroom.open_class()'s semantics (a class
+under this session's token, its code in `class.leads`); students join with `?follow=CODE`.
+The expected question, answer and share are computed here from a fresh replay's eviction
+log, and the "why" numbers from kvviz.reference's plain-loop TOVA.
+"""
+import json
+import re
+
+
+from kvviz import harness
+from kvviz.reference import make_reference
+from kvviz.replay import NEVER, run_policy
+from kvviz.teach.classroom import Registry, new_token
+from kvviz.trace import load_trace
+from kvviz.ui.classroom import FOLLOWS, LEADS, REGISTRY, TOKEN
+from kvviz.ui.predict import marker
+from kvviz.views.votes import ANSWER_COLOUR, GUESS_COLOUR
+
+from apphelp import REPO, app, ok
+
+PAGE = dict(trace="file:toy.npz", budget=4, b__recentWindow=1)
+ASKED_AT = 6
+TOY = REPO / "traces" / "toy.npz"
+
+
+def lecturer(**query):
+    """A page that leads a class (what open_class() does in that session)."""
+    at = app(**{**PAGE, **query})
+    ok(at)
+    tok = new_token()
+    c = REGISTRY.open(tok)
+    at.session_state[TOKEN] = tok
+    at.session_state[LEADS] = c.code
+    at.session_state[FOLLOWS] = ""
+    at.run()
+    ok(at)
+    return at, c
+
+
+def student(code, **query):
+    at = app(**PAGE, **query, follow=code)
+    ok(at)
+    return at
+
+
+def texts(at) -> list[str]:
+    out = []
+    for kind in ("markdown", "caption", "info", "warning", "error", "success", "text"):
+        out += [e.value for e in getattr(at, kind) if not e.value.startswith("<style>")]
+    return out
+
+
+def errors(at) -> str:
+    return " ".join(e.value for e in at.error)
+
+
+def charts(at) -> dict:
+    """Each Plotly chart's figure, by its title."""
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return {f["layout"]["title"]["text"]: f for f in figs}
+
+
+def votes_chart(at):
+    (fig,) = [f for t, f in charts(at).items() if "guesses" in t]
+    bar = fig["data"][0]
+    return fig["layout"]["title"]["text"], dict(zip(map(int, bar["x"]), bar["y"])), \
+        dict(zip(map(int, bar["x"]), bar["marker"]["color"]))
+
+
+def expected_question(ev, after):
+    """The first eviction after step `after`, by the held rule, from the log alone."""
+    s = min(int(e) for e in ev if e != NEVER and e > after)
+    held = {p for p in range(s + 1) if ev[p] == NEVER or ev[p] >= s}
+    return s, held, {p for p in range(len(ev)) if ev[p] == s}
+
+
+def assert_gives_nothing_away(at, answer: set, allowed: set):
+    """No chart of scores, no text about evictions naming the answer, held slots all alike."""
+    for t in texts(at):
+        assert "victim" not in t.lower() and "evicted at step" not in t, t
+        for sentence in re.split(r"(?<=[.?!])\s", t):
+            if "evict" in sentence:
+                nums = {int(n) for n in re.findall(r"\d+", sentence)}
+                assert not (nums & answer) or (nums & answer) <= allowed, sentence
+    for title, fig in charts(at).items():
+        assert "score" not in json.dumps(fig).lower(), title
+        if "holds" in title:  # the held slots: one equal bar each
+            assert set(fig["data"][0]["y"]) == {1}
+        else:  # the guesses so far: nothing marked
+            assert "guesses" in title and set(fig["data"][0]["marker"]["color"]) <= {GUESS_COLOUR}
+            assert "answer" not in fig["data"][0]["text"]
+    assert not [b for b in at.button if b.key in ("nav.prev", "nav.next")]  # locked
+    assert not at.get("segmented_control") or all(
+        s.key != "w.view" for s in at.get("segmented_control"))
+
+
+def ref_tova_at(trace, budget, step):
+    ref = make_reference("tova", budget=budget)
+    for t in range(step):
+        harness.step(ref, t, trace.row(t)[ref.kept], budget)
+    harness.feed(ref, step, trace.row(step)[ref.kept])
+    return ref
+
+
+def test_ask_vote_reveal_close_with_three_students():
+    lect, c = lecturer(step=ASKED_AT)
+    ev = run_policy(load_trace(TOY), "tova", 4).evicted_at
+    s, held, answer = expected_question(ev, ASKED_AT)
+    lect.button(key="predict.ask.a").click().run()
+    ok(lect)
+    r = c.round
+    assert (r.who, r.answer_step, set(r.held), set(r.answer)) == ("a", s, held, answer)
+    assert f"next eviction after step {ASKED_AT} is at step {s}: the page moved there" in \
+        " ".join(i.value for i in lect.info)
+    assert lect.session_state["kv"]["step"] == s
+    assert any(f"locked at step {s}" in t for t in texts(lect))
+
+    s1, s2, s3 = student(c.code), student(c.code), student(c.code, view="loop")
+    allowed = {s, ASKED_AT, len(held), len(answer)}  # steps and counts, not positions
+    for page in (lect, s1, s2, s3):
+        assert any("Which position will A (tova) evict next?" in t for t in texts(page))
+        assert_gives_nothing_away(page, answer, allowed)
+
+    right = min(answer)
+    wrong = max(held - answer)
+    not_held = min(set(range(s + 1)) - held)
+    s1.number_input(key="predict.guess").set_value(right).run()
+    s1.button(key="predict.vote").click().run()
+    s2.pills(key="predict.pick").set_value(wrong).run()  # picked from the held slots
+    assert s2.number_input(key="predict.guess").value == wrong
+    s2.button(key="predict.vote").click().run()
+    for page in (s1, s2):
+        ok(page)
+        assert not page.error, errors(page)
+    assert f"You voted for position {wrong}" in " ".join(texts(s2))
+
+    s2.number_input(key="predict.guess").set_value(right).run()
+    s2.button(key="predict.vote").click().run()
+    assert f"already voted (position {wrong})" in errors(s2)
+    s3.number_input(key="predict.guess").set_value(not_held).run()
+    s3.button(key="predict.vote").click().run()
+    assert f"position {not_held} is not held by tova at step {s}" in errors(s3)
+    s3.number_input(key="predict.guess").set_value(right).run()  # s3 has not voted yet
+
+    lect.run()
+    ok(lect)
+    title, heights, _ = votes_chart(lect)
+    assert "2 votes" in title and heights == {right: 1, wrong: 1}
+    for page in (lect, s1, s2, s3):
+        page.run()
+        assert_gives_nothing_away(page, answer, allowed)
+
+    lect.button(key="predict.reveal").click().run()
+    ok(lect)
+    # the share right, from the votes cast and the replay's own answer
+    share = sum(v in answer for v in (right, wrong)) / 2
+    assert c.round.revealed and c.round.share_right == share
+    title, heights, colours = votes_chart(lect)
+    assert heights == {right: 1, wrong: 1}
+    assert colours == {right: ANSWER_COLOUR, wrong: GUESS_COLOUR}
+    assert re.search(rf"\b2 votes, 1 right \({share:.0%}\)", title)
+    page = " ".join(texts(lect))
+    assert f"A (tova) evicts position **{right}** at step {s}" in page
+    assert f"**1 of 2** guessed right ({share:.0%})" in page
+
+    # the why: TOVA's own numbers at the answer step, against the plain-loop reference
+    (why,) = [i.value for i in lect.info if i.value.startswith(f"Position {right}:")]
+    ref = ref_tova_at(load_trace(TOY), 4, s)
+    cand = sorted((ref.state[i], ref.keep[i]) for i in range(len(ref.keep)) if ref.is_candidate(i))
+    m = re.search(r"ranks it (\d+) of (\d+) candidates on its current-step weight (\S+?),", why)
+    assert m and (int(m[1]), int(m[2])) == ([p for _, p in cand].index(right) + 1, len(cand))
+    score = ref.state[ref.keep.index(right)]
+    digits = len(m[3].replace(".", "").lstrip("0"))
+    assert float(m[3]) == float(f"{score:.{digits}g}") and int(m[1]) == 1  # the lowest goes
+    assert set(ref.evict(4).tolist()) == answer and why.endswith("it goes.")
+
+    s3.button(key="predict.vote").click().run()  # its page was drawn before the reveal
+    assert "revealed: votes are closed" in errors(s3)
+    for stu, verdict in ((s1, f"You guessed position {right}: right."),
+                         (s2, f"You guessed position {wrong}: not the answer.")):
+        stu.run()
+        ok(stu)
+        assert verdict in texts(stu) and any(t == why for t in texts(stu))
+        assert votes_chart(stu)[1:] == votes_chart(lect)[1:]
+
+    lect.button(key="predict.close").click().run()
+    ok(lect)
+    assert c.round is None and lect.button(key="nav.prev")
+    assert lect.segmented_control(key="w.view").value == "cache"
+    s1.run()
+    assert not any("Which position" in t for t in texts(s1)) and s1.button(key="nav.prev")
+
+
+def test_unknown_code_is_refused_and_the_page_works():
+    at = app(**PAGE, follow="nope")
+    ok(at)
+    assert "class code 'NOPE' is not open on this server" in errors(at)
+    assert at.session_state[FOLLOWS] == "" and at.segmented_control(key="w.view").value == "cache"
+
+
+def test_nothing_to_ask_and_a_settings_change_closes_the_question():
+    full, c = lecturer(budget=16, step=3)  # budget = the trace: nothing is ever evicted
+    full.button(key="predict.ask.b").click().run()
+    ok(full)
+    assert c.round is None and "evicts nothing after step 3" in " ".join(i.value for i in full.info)
+
+    lect, c = lecturer(step=ASKED_AT)
+    ev = run_policy(load_trace(TOY), "snapkv", 4, recent_window=1).evicted_at
+    s, held, answer = expected_question(ev, ASKED_AT)
+    lect.button(key="predict.ask.b").click().run()
+    ok(lect)
+    assert (c.round.who, c.round.answer_step, set(c.round.held), set(c.round.answer)) == \
+        ("b", s, held, answer)
+    lect.sidebar.number_input(key="w.budget").set_value(5).run()
+    ok(lect)
+    assert c.round is None
+    assert "was closed: the page's trace, policy, parameters or budget changed" in \
+        " ".join(w.value for w in lect.warning)
+    assert lect.button(key="nav.prev")
+
+
+def test_a_students_page_redraws_on_ask_reveal_and_close_never_on_a_vote():
+    c = Registry().open("l")
+    seen = [marker(c.round)]
+    r = c.ask("l", step=9, who="a", label="tova", held=[0, 3, 5], answer=[5], answer_step=9)
+    seen.append(marker(c.round))
+    c.vote("s1", r.number, 3)
+    seen.append(marker(c.round))
+    c.reveal("l", "why")
+    seen.append(marker(c.round))
+    c.close_round("l")
+    seen.append(marker(c.round))
+    assert seen == [(0, False), (1, False), (1, False), (1, True), (0, False)]
+    assert c.poll()[1] == 4  # the vote moved the round's version, not the marker
+
+
+def test_a_page_counts_a_copy_of_the_votes():
+    """Votes arrive from other sessions' threads while a page draws: it counts a copy."""
+    from kvviz.ui.predict import snapshot
+
+    c = Registry().open("l")
+    assert snapshot(c) is None
+    r = c.ask("l", step=9, who="a", label="tova", held=[0, 3, 5], answer=[5], answer_step=9)
+    c.vote("s1", r.number, 3)
+    snap = snapshot(c)
+    c.vote("s2", r.number, 5)
+    assert snap.votes == {"s1": 3} and snap.tally() == {3: 1} and len(c.round.votes) == 2
+    assert (snap.number, snap.held, snap.answer) == (r.number, r.held, r.answer)

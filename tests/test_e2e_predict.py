@@ -1,0 +1,90 @@
+"""Predict then reveal in a real browser: a student's page (`?follow=CODE`) shows the
+question, votes, and moves on its own when the lecturer reveals and closes: the polling
+fragment (`st.fragment(run_every=...)`), which AppTest does not run. The lecturer is the
+server process itself (tests/predict_server.py), moving on stdin. Prints how long the
+student's page took to show each move; the server is stopped by PID.
+
+Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from apphelp import REPO, require_browser
+
+CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port, proc, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        assert proc.poll() is None, "the server exited"
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health",
+                                      timeout=2).read() == b"ok":
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError("the server did not start")
+
+
+def test_a_students_page_follows_the_question(tmp_path):
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    port, code_file = free_port(), tmp_path / "code"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "predict_server.py"),
+                             str(port), str(code_file)], cwd=REPO, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_healthy(port, proc)
+        code, answer = code_file.read_text().split()
+
+        def lecturer(move):
+            proc.stdin.write(move + "\n")
+            proc.stdin.flush()
+            return time.time()
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1024, "height": 900})
+            page.goto(f"http://127.0.0.1:{port}/?trace=file:toy.npz&budget=4&b.recentWindow=1"
+                      f"&follow={code}")
+            page.get_by_text("Which position will A (tova) evict next?").wait_for(timeout=90_000)
+            assert page.get_by_text("evicted at step").count() == 0  # no status line
+            box = page.get_by_label("your guess: the position it evicts")
+            box.fill(answer)
+            box.press("Enter")
+            page.wait_for_timeout(500)
+            page.get_by_role("button", name="Vote").click()
+            page.get_by_text(f"You voted for position {answer}").wait_for(timeout=20_000)
+            t = lecturer("reveal")
+            page.get_by_text(f"You guessed position {answer}: right.").wait_for(timeout=20_000)
+            reveal_s = time.time() - t
+            page.get_by_text("the lecturer's why").wait_for()
+            t = lecturer("close")
+            page.get_by_text("Which position will A").wait_for(state="detached", timeout=20_000)
+            close_s = time.time() - t
+            page.get_by_role("button", name="next").first.wait_for()  # the navigation is back
+            browser.close()
+        print(f"student's page: reveal shown after {reveal_s:.2f} s, close after {close_s:.2f} s")
+        assert reveal_s < 10 and close_s < 10
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
