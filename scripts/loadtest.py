@@ -3,6 +3,10 @@
     python scripts/loadtest.py                                # N = 10, 30, 60, then a browser round
     python scripts/loadtest.py --sizes 30 --browser 0 --json artifacts/load.json
     python scripts/loadtest.py --launcher kvviz               # servers started by `kvviz app`
+    python scripts/loadtest.py --class 10,30,60               # a class following and voting
+
+--class (issue 16, section 5): per size N a fresh `kvviz app`, one lecturer and N students
+following it and voting (class_session below: what is measured and how).
 
 For each N, a fresh server (`streamlit run app.py`, or `kvviz app` with --launcher kvviz;
 headless, 127.0.0.1, port in 8621-8649), once it answers its health check:

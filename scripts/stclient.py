@@ -14,6 +14,8 @@ states, the hashes of cacheable messages it already holds); read ForwardMsgs unt
 on the next rerun. A moved widget is sent as its WidgetState. The browser sends every widget's
 value; this client sends only the moved one, which the server treats the same way (a widget
 absent from the message keeps its previous value: `SessionState.on_script_will_rerun`).
+`LiveSession` is a tab left open: it reads every message as it comes and keeps the page's
+`st.fragment(run_every=...)` timers as the frontend does (a class's followers poll that way).
 Nothing here imports kvviz; it needs `streamlit` (for the protobufs) and `websockets`.
 """
 from __future__ import annotations

@@ -2,8 +2,8 @@
 exception; the protocol client keeps a page's run_every timers; a small class follows its
 lecturer and every vote reaches the lecturer's histogram.
 
-Starts `streamlit run app.py` (headless, 127.0.0.1, telemetry off) on a free port in
-8621-8649 and, before anyone has loaded the page, opens SESSIONS sessions at the same moment
+The crowd: `streamlit run app.py` (headless, 127.0.0.1, telemetry off) on a free port in
+8621-8649; before anyone has loaded the page, SESSIONS sessions open it at the same moment
 with protocol-level clients (scripts/stclient.py: Streamlit's websocket as its frontend speaks
 it). On the code before the fix, 20 such sessions crashed 1-15 of 20 per trial with
 "partially initialized module 'numpy' has no attribute 'ndarray'" (issue 9, item 0): plotly
@@ -85,7 +85,7 @@ def test_a_class_of_four_follows_the_lecturer_and_every_vote_is_counted():
     port = stclient.free_port(8621, 8649)
     with stclient.Server(REPO, port, launcher="kvviz") as srv:
         r = asyncio.run(loadtest.class_session(srv.url, 4, moves=2, vote_spread=0.5,
-                                               timeout=60, wait=30))
+                                               join_spread=0.5, gap=0.5, timeout=60, wait=30))
     assert not r["errors"], r["errors"][:5]
     assert not r["problems"], r["problems"][:5]
     assert len(r["follow_s"]) == 4 * 2, r["follow_s"]
