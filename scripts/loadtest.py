@@ -455,15 +455,21 @@ def class_line(r: dict) -> str:
             + (f"  first: {bad[0][:160]}" if bad else ""))
 
 
+def stuck(r: dict) -> list[str]:
+    """The students a problem names (a follower that stopped moving, a question not seen)."""
+    return sorted({m for p in r["problems"] for m in re.findall(r"\bstudent\d+\b", p)})
+
+
 def class_table(results: list[dict]) -> str:
-    rows = ["| N | follow p50 / p95 / max (s) | vote p50 / p95 / max (s) | errors | "
-            "RSS peak / idle (MB) | load average (1 min, before → after) |",
-            "|---:|---|---|---:|---|---|"]
+    rows = ["| N | follow p50 / p95 / max (s) | vote p50 / p95 / max (s) | votes counted | "
+            "errors | students stuck | RSS peak / idle (MB) | load average (1 min) |",
+            "|---:|---|---|---|---:|---:|---|---|"]
     for r in results:
+        v = r.get("votes", {})
         rows.append(f"| {r['n']} | {fmt(stats(r['follow_s']))} | {fmt(stats(r['vote_s']))} | "
-                    f"{len(r['errors']) + len(r['problems'])} | {r['rss_peak_mb']:.0f} / "
-                    f"{r['rss_idle_mb']:.0f} | {r['load_before'][0]:.1f} → "
-                    f"{r['load_after'][0]:.1f} |")
+                    f"{v.get('shown', 0)} of {r['n']} | {len(r['errors'])} | "
+                    f"{len(stuck(r))} | {r['rss_peak_mb']:.0f} / {r['rss_idle_mb']:.0f} | "
+                    f"{r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
     return "\n".join(rows)
 
 
