@@ -36,7 +36,7 @@ with import_lock():
     settle()
 
 from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, panels, session, sidebar  # noqa: E402
+from kvviz.ui import compute, panels, present, session, sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
@@ -44,30 +44,40 @@ with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the lin
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")
-panels.open_linked_experiment()
-
+present.install()
+room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
+if room:
+    with top:
+        present.bar()  # the way back (key P) and every key, above the step navigator
+else:
+    panels.open_linked_experiment()
+    present.button()
 # The guided experiments and an open experiment's text head the sidebar: beside the chart
 # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
-experiments = st.sidebar.container()
-key, layer, version, trace = sidebar.trace_controls()
+experiments = present.sidebar(not room).container()
+key, layer, version, trace = sidebar.trace_controls(draw=not room)
 if panels.current_view(trace.tokens is not None) == "loop":
     # the closed-loop results carry their own policies, budgets and steps: the page-wide
     # ones would be a second, unrelated set of controls on the screen
-    sidebar.loop_note()
-    with experiments:
-        panels.experiments_box()
+    if not room:
+        sidebar.loop_note()
+        with experiments:
+            panels.experiments_box()
     with main.container():
-        panels.view_selector(trace.tokens is not None)
-        panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
+        if not room:
+            panels.view_selector(trace.tokens is not None)
+        with present.frame("loop"):
+            panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
     for note in session.pop_notes():
         notices.warning(note, icon=":material/warning:")
     st.session_state[session.DRAWN] = True
     session.write_url()
     st.stop()
-budget, pols = sidebar.policy_controls(trace.steps, trace)
+budget, pols = sidebar.policy_controls(trace.steps, trace, draw=not room)
 
-with experiments:
-    panels.experiments_box()
+if not room:
+    with experiments:
+        panels.experiments_box()
 for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
     notices.warning(note, icon=":material/warning:")
 
@@ -98,8 +108,10 @@ with top:
     session.check_positions(ctx.step)
     panels.status(ctx)
 with main.container():
-    view = panels.view_selector(trace.tokens is not None)
-    panels.RENDER[view](ctx)
+    view = (panels.current_view(trace.tokens is not None) if room
+            else panels.view_selector(trace.tokens is not None))
+    with present.frame(view):
+        panels.RENDER[view](ctx)
 for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
 st.session_state[session.DRAWN] = True

@@ -46,3 +46,29 @@ CSS = (
     f"{ROW}>[data-testid='stColumn']:has([data-testid='stSelectbox'])"
     "{flex:0 0 5.5rem!important;min-width:5.5rem!important}"
 )
+
+# Presentation mode (kvviz.ui.present; measured by tests/test_e2e_present.py at 1024x768 and
+# 150 % zoom): the page's title gives its line to the way back and the keys; every text is at
+# least 18 CSS px (a projected room's back row); a view's own settings (zoom, the compared
+# policies, the positions typed in ...) keep their values but are not shown: the lecturer
+# leaves presentation to change them, and the chart comes first on the screen. The arrows'
+# buttons only hold their keys. The loop view's own step slider stays: it is its navigator.
+ROOM = "[class*='st-key-room-']"
+HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stRadio",
+          "stExpander", "stButton", "stCheckbox", "stToggle", "stTextInput", "stDownloadButton",
+          "stPopover", "stFileUploader", "stCaptionContainer")
+PRESENT_CSS = (
+    "h4#kvviz-watch-kv-cache-eviction-policies-decide-step-by-step{display:none}"
+    f"{MAIN}{{padding-top:1rem}}"
+    ".st-key-nav-arrows{display:none}"
+    + "".join(f"{ROOM} [data-testid='{t}']," for t in HIDDEN)
+    + f"{ROOM}:not(.st-key-room-loop) [data-testid='stSlider']{{display:none}}"
+    f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"
+    "{font-size:1.25rem;line-height:1.45}"
+    f"{MAIN} [data-testid='stCaptionContainer'] p{{font-size:1.15rem}}"
+    f"{MAIN} button p{{font-size:1.15rem}}"
+    f"{MAIN} h3{{font-size:1.6rem}}"
+    "[data-testid='stTable'] th,[data-testid='stTable'] td{font-size:1.15rem!important}"
+    "[data-testid='stSliderThumbValue']{font-size:1.15rem}"
+    "[data-testid='stAlert'] p{font-size:1.25rem}"
+)
