@@ -52,8 +52,8 @@ def test_the_link_presents_the_same_page_without_its_controls():
     assert "w.view" not in [s.key for s in room.segmented_control]
     assert room.slider(key="w.step").value == 900
     keys = {b.key for b in room.button}
-    assert NAV <= keys and {"nav.div", "nav.track", "present.off"} <= keys
-    assert "present.on" not in keys
+    assert NAV <= keys and {"nav.div", "nav.track", "nav.leave"} <= keys
+    assert "nav.present" not in keys
     # the page works on what the sidebar would hold: the link it writes is the explorer's
     assert qp(room) == {**qp(normal), "present": "1"}
     assert len(charts(room)) == len(charts(normal)) > 0  # the one view, whole
@@ -70,7 +70,7 @@ def test_the_button_enters_and_leaves_and_the_link_says_so():
     at = app(view="scores")
     ok(at)
     at.number_input(key="w.budget").set_value(300).run()
-    at.button(key="present.on").click().run()
+    at.button(key="nav.present").click().run()
     ok(at)
     assert qp(at)["present"] == "1" and qp(at)["budget"] == "300"
     assert sidebar_widgets(at) == []
@@ -80,7 +80,7 @@ def test_the_button_enters_and_leaves_and_the_link_says_so():
     assert at.slider(key="w.step").value == before + 1
     at.button(key="nav.left").click().run()
     assert at.slider(key="w.step").value == before
-    at.button(key="present.off").click().run()
+    at.button(key="nav.leave").click().run()
     ok(at)
     assert "present" not in qp(at)
     assert at.number_input(key="w.budget").value == 300  # the explorer's controls are back

@@ -46,7 +46,7 @@ def _set(on: bool) -> None:
 
 def button() -> None:
     """"Present" at the head of the sidebar (normal mode; key P)."""
-    st.sidebar.button("Present", key="present.on", on_click=_set, args=(True,), shortcut=TOGGLE,
+    st.sidebar.button("Present", key="nav.present", on_click=_set, args=(True,), shortcut=TOGGLE,
                       icon=":material/slideshow:", width="stretch",
                       help="Presentation mode (key P): no sidebar, one view at full width, "
                            "large type for a projector; in the link as present=1.")
@@ -58,7 +58,7 @@ def bar() -> None:
     st.html(f"<style>{layout.PRESENT_CSS}</style>")
     row = st.container(horizontal=True, wrap=True, gap="small", vertical_alignment="center",
                        key="present-bar")
-    row.button("Leave presentation", key="present.off", on_click=_set, args=(False,),
+    row.button("Leave presentation", key="nav.leave", on_click=_set, args=(False,),
                shortcut=TOGGLE, icon=":material/close_fullscreen:", width="content",
                help="Back to the explorer, with the sidebar and every control (key P).")
     row.caption("keys: " + " · ".join(f"**{k}** {what}" for k, what in KEYS.items()))
