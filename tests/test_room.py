@@ -12,7 +12,7 @@ from kvviz.trace import load_trace
 from kvviz.trace import canonical
 from kvviz.views import compare as C
 from kvviz.views.cache import at_step, cache_heatmap
-from kvviz.views.room import FLOOR, PLOTLY_FONT, for_room
+from kvviz.views.room import FLOOR, PLOTLY_FONT, WRAP, for_room
 from kvviz.views.toy import labelled_heatmap
 
 from apphelp import REPO
@@ -118,3 +118,18 @@ def test_a_figure_with_no_sizes_at_all():
     assert out["data"][0]["marker"]["size"] == pytest.approx([5.6, 11.2])
     with pytest.raises(TypeError, match="for_room"):
         for_room([1, 2])
+
+
+def test_a_long_title_is_wrapped_and_the_margin_holds_it():
+    words = [f"w{i}" * (i % 5 + 1) for i in range(40)]
+    fig = go.Figure(go.Bar(x=[1], y=[1]))
+    fig.update_layout(title=" ".join(words), height=400, margin=dict(t=70, b=50))
+    out = for_room(fig)
+    lines = out["layout"]["title"]["text"].split("<br>")
+    assert len(lines) > 1 and all(len(x) <= WRAP for x in lines)
+    assert " ".join(lines).split(" ") == words  # every word kept, in order
+    size = out["layout"]["title"]["font"]["size"]
+    assert out["layout"]["margin"]["t"] >= 70 * 1.4 + (len(lines) - 1) * size
+    # one plot: the plot area's height stays what the view chose
+    m = out["layout"]["margin"]
+    assert out["layout"]["height"] - m["t"] - m["b"] == 400 - 70 - 50

@@ -23,8 +23,8 @@ from kvviz.views.room import for_room
 # the page that adds a key adds its line here (e.g. "PageDown / PageUp": "next / previous
 # scene"); the button holding it is drawn by that part.
 KEYS = {"K or →": "next step", "J or ←": "previous step", "D": "next divergence",
-        "E": "next epoch", "H": "next heavy-hitter eviction", "T": "next eviction of the "
-        "tracked position", "P": "leave presentation"}
+        "E": "next epoch", "H": "next heavy-hitter eviction",
+        "T": "next eviction of the tracked position", "P": "leave presentation"}
 TOGGLE = "P"
 
 
@@ -53,21 +53,31 @@ def button() -> None:
 
 
 def bar() -> None:
-    """In presentation mode, under the step navigator: the page's CSS for the room, the way
-    back (key P) and every key the page answers."""
+    """In presentation mode, at the top: the page's CSS for the room and the way back (key P),
+    pinned to the top right corner so the navigator keeps the first screen's lines."""
     st.html(f"<style>{layout.PRESENT_CSS}</style>")
-    row = st.container(horizontal=True, wrap=True, gap="small", vertical_alignment="center",
-                       key="present-bar")
-    row.button("Leave presentation", key="nav.leave", on_click=_set, args=(False,),
-               shortcut=TOGGLE, icon=":material/close_fullscreen:", width="content",
-               help="Back to the explorer, with the sidebar and every control (key P).")
-    row.caption("keys: " + " · ".join(f"**{k}** {what}" for k, what in KEYS.items()))
+    st.container(key="present-bar").button(
+        "Leave presentation", key="nav.leave", on_click=_set, args=(False,), shortcut=TOGGLE,
+        icon=":material/close_fullscreen:", width="content",
+        help="Back to the explorer, with the sidebar and every control (key P). Keys: "
+             + "; ".join(f"{k}: {what}" for k, what in KEYS.items()) + ".")
 
 
+def keys_line() -> None:
+    st.caption("keys: " + " · ".join(f"**{k}** {what}" for k, what in KEYS.items()))
+
+
+@contextlib.contextmanager
 def frame(view: str):
-    """The view's container: in presentation mode one the CSS can find (its own settings are
-    hidden there), else no container at all (the normal page is unchanged)."""
-    return st.container(key=f"room-{view}") if active() else contextlib.nullcontext()
+    """The view's container: in presentation mode one the CSS can find (the view's own
+    settings are hidden there), followed by the keys line; else no container at all (the
+    explorer's page is unchanged)."""
+    if not active():
+        yield
+        return
+    with st.container(key=f"room-{view}"):
+        yield
+    keys_line()
 
 
 class Quiet:

@@ -15,6 +15,23 @@ FLOOR = 18      # px: read from the back of a room on a 1024x768 projector (issu
 SCALE = 1.4     # of the view's own sizes (its base font, 14 px, becomes 20 px)
 PLOTLY_FONT = 12  # plotly.js's default font size, where a figure sets none
 TITLE = 1.15    # a title's size against the base font (plotly's own 1.4 cuts long titles)
+WRAP = 48       # characters: a longer title is broken into lines (a 683 px wide chart at 150 %)
+WIDTH = 620     # px: the narrowest chart a room sees (1024x768 at 150 % zoom: 683 CSS px)
+
+
+def wrap(text: str, width: int = WRAP) -> str:
+    """A plain title broken at spaces into lines of at most `width` characters (<br>), since
+    plotly never wraps one and a room-sized title runs off a narrow chart."""
+    if "<br" in text or len(text) <= width:
+        return text
+    lines, cur = [], ""
+    for word in text.split(" "):
+        if cur and len(cur) + 1 + len(word) > width:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return "<br>".join(lines + [cur])
 
 
 def _size(v, scale: float, floor: float) -> float:
@@ -86,11 +103,19 @@ def _colorbar(cb: dict, base: float) -> dict:
     return out
 
 
-def _axis(ax: dict, base: float) -> dict:
+def _chars(px: float, size: float) -> int:
+    """How many characters of a `size` px font fit in `px` (half an em each, with room)."""
+    return max(12, int(px / (0.58 * size)))
+
+
+def _axis(ax: dict, base: float, cols: int, x: bool) -> dict:
     out = dict(ax)
     out["tickfont"] = _font(out.get("tickfont"), base)
     if "title" in out:
         out["title"] = _title(out["title"], base)
+        if x and cols > 1 and out["title"].get("text"):  # a side-by-side subplot's width
+            out["title"]["text"] = wrap(out["title"]["text"], _chars(
+                0.8 * WIDTH / cols, out["title"]["font"]["size"]))
     out["automargin"] = True
     return out
 
@@ -111,11 +136,17 @@ def for_room(fig) -> dict:
     given = (lay.get("font") or {}).get("size") or tmpl_font.get("size") or PLOTLY_FONT
     lay["font"] = dict(lay.get("font") or {}, size=_size(given, SCALE, FLOOR))
     base = lay["font"]["size"]
+    extra = 0  # px of title lines added by wrapping
     if "title" in lay:
         lay["title"] = _title(lay["title"], round(base * TITLE))
+        text = lay["title"].get("text") or ""
+        lay["title"]["text"] = wrap(text)
+        extra = lay["title"]["text"].count("<br>") * round(lay["title"]["font"]["size"] * 1.3)
+    cols = max(1, len({tuple(v.get("domain", (0, 1))) for k, v in lay.items()
+                       if k.startswith("xaxis") and isinstance(v, dict)}))
     for k in list(lay):
         if k.startswith(("xaxis", "yaxis")) and isinstance(lay[k], dict):
-            lay[k] = _axis(lay[k], base)
+            lay[k] = _axis(lay[k], base, cols, k.startswith("xaxis"))
         elif k.startswith("coloraxis") and isinstance(lay[k], dict) and "colorbar" in lay[k]:
             lay[k] = dict(lay[k], colorbar=_colorbar(lay[k]["colorbar"], base))
     legend = dict(lay.get("legend") or {})
@@ -126,16 +157,33 @@ def for_room(fig) -> dict:
     hover = dict(lay.get("hoverlabel") or {})
     hover["font"] = _font(hover.get("font"), base)
     lay["hoverlabel"] = hover
-    if lay.get("annotations"):
-        lay["annotations"] = [dict(a, font=_font(a.get("font"), base)) for a in lay["annotations"]]
+    if lay.get("annotations"):  # subplot titles among them: wrapped to their column
+        notes = []
+        for a in lay["annotations"]:
+            a = dict(a, font=_font(a.get("font"), base))
+            if isinstance(a.get("text"), str) and a.get("name") != "step":
+                a["text"] = wrap(a["text"], _chars(0.95 * WIDTH / cols, a["font"]["size"]))
+                if a["text"].count("<br>") and a.get("yanchor") == "bottom" and float(
+                        a.get("y", 0)) >= 0.99:  # a top row's title: the margin holds it
+                    extra = max(extra, a["text"].count("<br>") * round(a["font"]["size"] * 1.3))
+            notes.append(a)
+        lay["annotations"] = notes
     if lay.get("shapes"):
         lay["shapes"] = [dict(s, line=_line(s["line"], SCALE)) if "line" in s else s
                          for s in lay["shapes"]]
-    if isinstance(lay.get("margin"), dict):
-        lay["margin"] = {k: (round(v * SCALE) if k in "lrtb" and isinstance(v, (int, float))
-                             else v) for k, v in lay["margin"].items()}
-    if isinstance(lay.get("height"), (int, float)):  # room for the larger labels
-        lay["height"] = round(lay["height"] * 1.15)
+    old = lay.get("margin") if isinstance(lay.get("margin"), dict) else {}
+    lay["margin"] = {k: (round(v * SCALE) if k in "lrtb" and isinstance(v, (int, float))
+                         else v) for k, v in old.items()}
+    if extra:
+        lay["margin"]["t"] = lay["margin"].get("t", round(100 * SCALE)) + extra
+    if isinstance(lay.get("height"), (int, float)):
+        rows = len({v.get("domain", (0, 1))[0] for k, v in lay.items()
+                    if k.startswith("yaxis") and isinstance(v, dict)})
+        if rows > 1:  # subplots: their gaps hold titles and tick labels too, so all grows
+            lay["height"] = round(lay["height"] * SCALE) + extra
+        else:  # one plot keeps its own height; the margins grow round it
+            grown = sum(lay["margin"].get(k, 0) - old.get(k, 0) for k in "tb")
+            lay["height"] = round(lay["height"] + grown)
     data = [_trace(t, base) for t in spec.get("data") or ()]
     return {**{k: v for k, v in spec.items() if k not in ("data", "layout")}, "data": data,
             "layout": lay}
