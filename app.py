@@ -44,7 +44,6 @@ with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the lin
 notes = session.init()
 for note in notes:
     notices.warning(f"Link: {note}")
-present.install()
 room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
 if room:
     with top:

@@ -59,6 +59,9 @@ def test_the_link_presents_the_same_page_without_its_controls():
     assert len(charts(room)) == len(charts(normal)) > 0  # the one view, whole
     titles = [c["layout"]["title"]["text"].replace("<br>", " ") for c in charts(room)]  # wrapped
     assert titles == [c["layout"]["title"]["text"] for c in charts(normal)]
+    # the charts are the room's only in the presenting session: a later explorer's are as before
+    assert charts(app(**link)) == charts(normal)
+    assert all(c["layout"]["font"]["size"] >= FLOOR for c in charts(room))
     status = " ".join(m.value for m in room.markdown)
     assert "**A** h2o holds **256**" in status
     caption = " ".join(c.value for c in room.caption)

@@ -130,6 +130,10 @@ def install() -> None:
 
     The views' glue calls `st.plotly_chart` (each view is its own module and stays as it
     is); the wrapper asks this run's own session state (`active()`), so one session
-    presenting changes no other session's charts. Installed once per process."""
+    presenting changes no other session's charts. Done once per process, when this module
+    is first imported (Python imports a module once, whatever the sessions' threads do)."""
     if not getattr(st.plotly_chart, "kvviz_room", False):
         st.plotly_chart = _room_chart(st.plotly_chart)
+
+
+install()
