@@ -76,6 +76,10 @@ PRESENT_CSS = (
     "[data-testid='stAlert'] p{font-size:1.15rem}"
     f"{MAIN} kbd,{MAIN} [data-testid='stSelectbox'] input,{MAIN} [data-testid='stSelectbox'] div"
     "{font-size:1.15rem}"
+    # the glossary is a control too: the status line takes the whole row
+    f"{MAIN} [data-testid='stColumn']:has([data-testid='stPopover']){{display:none}}"
+    f"{MAIN} [data-testid='stHorizontalBlock']:has([data-testid='stPopover'])>"
+    "[data-testid='stColumn']{flex:1 1 100%!important;width:100%!important;max-width:100%}"
     # the first screen's lines: tighter gaps between the navigator's rows and the chart
     f"{MAIN} [data-testid='stVerticalBlock']{{row-gap:.6rem}}"
 )
