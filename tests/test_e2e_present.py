@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import measure_latency as M  # noqa: E402
 from apphelp import require_browser  # noqa: E402
-from test_e2e_projector import CUT, FIRST_CHART  # noqa: E402
+from test_e2e_projector import CUT, FIRST_CHART, open_screen  # noqa: E402
 from kvviz.views.room import FLOOR  # noqa: E402
 
 ART = REPO / "artifacts"
@@ -60,18 +60,6 @@ SIDEBAR = "() => !!document.querySelector('[data-testid=\"stSidebar\"]')"
 STEP = """() => { const p = [...document.querySelectorAll('[data-testid="stMarkdownContainer"] p')]
   .find(e => /evicted at step \\d+/.test(e.textContent));
   return p ? +p.textContent.match(/evicted at step (\\d+)/)[1] : null; }"""
-
-
-def _open(browser, url, screen):
-    (w, h), scale = SCREENS[screen]
-    ctx = browser.new_context(viewport={"width": w, "height": h}, device_scale_factor=scale)
-    page = ctx.new_page()
-    page.goto(url)
-    page.wait_for_selector('[data-testid="stMain"] [data-testid="stPlotlyChart"] .main-svg',
-                           state="attached", timeout=240_000)
-    M.wait_idle(page, timeout=240_000)
-    time.sleep(1.0)  # the last layout pass after the charts draw
-    return ctx, page
 
 
 def _press(page, key, before):
@@ -116,7 +104,7 @@ def test_presentation_screens():
         stack.callback(browser.close)
         for screen in SCREENS:
             for name, query in PAGES.items():
-                ctx, page = _open(browser, url + "/?" + query, screen)
+                ctx, page = open_screen(browser, url + "/?" + query, screen, SCREENS)
                 with contextlib.closing(ctx):
                     page.on("pageerror", lambda e: errors.append(str(e)))
                     seen[f"{screen}/{name}"] = {
