@@ -36,7 +36,7 @@ with import_lock():
     settle()
 
 from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, follow, lesson, panels, predict, session, sidebar  # noqa: E402
+from kvviz.ui import compute, follow, lesson, panels, predict, present, session, sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
@@ -46,36 +46,48 @@ lesson.init()  # a scene's short link (?lesson=NAME&scene=N) applies the scene's
 for note in notes:
     notices.warning(f"Link: {note}")
 banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
-panels.open_linked_experiment()
+room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
+if room:
+    with top:
+        present.bar()  # the way back (key P) and every key, above the step navigator
+        follow.code_line()  # an open class's code, for a late student
+else:
+    panels.open_linked_experiment()
+    present.button()
 with notices:
-    lesson.bar()  # the lesson bar above the page, its picker at the top of the sidebar
+    lesson.bar(draw_picker=not room)  # the lesson bar above the page, its picker in the sidebar
 
 # The guided experiments and an open experiment's text head the sidebar: beside the chart
 # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
-experiments = st.sidebar.container()
-follow.panel()  # the Class panel: open a class, its code and link
-key, layer, version, trace = sidebar.trace_controls()
+experiments = present.sidebar(not room).container()
+if not room:
+    follow.panel()  # the Class panel: open a class, its code and link
+key, layer, version, trace = sidebar.trace_controls(draw=not room)
 if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
     # the closed-loop results carry their own policies, budgets and steps: the page-wide
     # ones would be a second, unrelated set of controls on the screen (a class's question, when
     # one is up, is drawn below instead)
-    sidebar.loop_note()
-    with experiments:
-        panels.experiments_box()
+    if not room:
+        sidebar.loop_note()
+        with experiments:
+            panels.experiments_box()
     with main.container():
-        panels.view_selector(trace.tokens is not None)
-        panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
+        if not room:
+            panels.view_selector(trace.tokens is not None)
+        with present.frame("loop"):
+            panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
     for note in session.pop_notes():
         notices.warning(note, icon=":material/warning:")
     st.session_state[session.DRAWN] = True
     session.write_url()
     follow.publish(banner)
     st.stop()
-budget, pols = sidebar.policy_controls(trace.steps, trace)
+budget, pols = sidebar.policy_controls(trace.steps, trace, draw=not room)
 
-with experiments:
-    if not predict.active():  # an experiment's text may name the question's answer
-        panels.experiments_box()
+if not room:
+    with experiments:
+        if not predict.active():  # an experiment's text may name the question's answer
+            panels.experiments_box()
 for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
     notices.warning(note, icon=":material/warning:")
 
@@ -113,8 +125,10 @@ with top:
     predict.controls(ctx)
 with main.container():
     if not predict.question(ctx):  # the question panel replaces the view while it is up
-        view = panels.view_selector(trace.tokens is not None)
-        panels.RENDER[view](ctx)
+        view = (panels.current_view(trace.tokens is not None) if room
+                else panels.view_selector(trace.tokens is not None))
+        with present.frame(view):
+            panels.RENDER[view](ctx)
 for note in session.pop_notes():  # ... and while drawing the views
     notices.warning(note, icon=":material/warning:")
 st.session_state[session.DRAWN] = True

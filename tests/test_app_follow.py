@@ -158,8 +158,10 @@ def test_a_follower_cannot_move_the_class(traces):
 
 
 def test_presentation_mode_is_each_screens_own(traces):
-    lect = app(trace="file:small.npz", present=1)
-    code = open_class(lect)
+    lect = app(trace="file:small.npz")
+    code = open_class(lect)  # opened before presenting: presentation mode has no sidebar
+    lect.button(key="nav.present").click().run()
+    assert f"Class **{code}**" in text(lect, "caption")  # the code stays on the projector
     assert "present" not in REGISTRY.get(code).snapshot()[1]
     assert qp(lect)["present"] == "1"
     stu = app(follow=code)

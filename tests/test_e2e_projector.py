@@ -94,8 +94,9 @@ TITLE_CLEAR = """() => {
 }"""
 
 
-def _open(browser, url, screen):
-    (w, h), scale = SCREENS[screen]
+def open_screen(browser, url, screen, screens=SCREENS):
+    """A page at one of `screens` (viewport, zoom as device scale), its charts drawn."""
+    (w, h), scale = screens[screen]
     ctx = browser.new_context(viewport={"width": w, "height": h}, device_scale_factor=scale)
     page = ctx.new_page()
     page.goto(url)
@@ -123,7 +124,7 @@ def test_projector_screens():
                     continue
                 if name == "head" and not (REPO / "traces" / "code-kv.npz").exists():
                     continue
-                ctx, page = _open(browser, url + "/?" + query, screen)
+                ctx, page = open_screen(browser, url + "/?" + query, screen)
                 with contextlib.closing(ctx):
                     page.on("pageerror", lambda e: errors.append(str(e)))
                     inner = page.evaluate("() => [innerWidth, innerHeight, devicePixelRatio]")

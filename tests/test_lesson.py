@@ -245,7 +245,8 @@ def test_trace_placeholders_equal_a_fresh_replay(shipped):
         for w in "ab":
             assert value(shipped, n, f"victims.{w}") == words(vic[w][step]), (n, w)
             assert value(shipped, n, f"held.{w}") == str(len(held_after(vic[w], step)))
-            nxt = next(((t, vic[w][t]) for t in range(step, trace.steps) if vic[w][t]), None)
+            # what the page's ask button asks at this step: the first eviction after it
+            nxt = next(((t, vic[w][t]) for t in range(step + 1, trace.steps) if vic[w][t]), None)
             assert value(shipped, n, f"next.{w}") == (
                 f"{words(nxt[1])} at step {nxt[0]}" if nxt else
                 "nothing (it evicts nothing from here on)")

@@ -170,10 +170,11 @@ def held(f: Facts, w: str) -> str:
 @placeholder("trace", sides=True)
 def next_(f: Facts, w: str) -> str:
     """The answer to "which position will A (or B) evict next?" asked at the scene's step
-    (kvviz.teach.question.next_eviction): the positions and the step they go."""
-    from kvviz.teach.question import next_eviction
+    (kvviz.teach.question.asked_at, as the page's ask button): the positions and the step
+    they go."""
+    from kvviz.teach.question import asked_at
 
-    q = next_eviction(f.engine(w).evicted_at, f.step)
+    q = asked_at(f.engine(w).evicted_at, f.step)
     return "nothing (it evicts nothing from here on)" if q is None else (
         f"{positions_text(q.answer)} at step {q.answer_step}")
 

@@ -1,7 +1,7 @@
 """What a predict-then-reveal question asks, from a policy's eviction log alone.
 
-"Which position will A evict next?" asked at step t means: the first step s >= t at which A
-evicts anything; the guess is one of the positions A holds at s before it evicts (admitted
+"Which position will A evict next?" asked of a page showing step t (the state after t's
+eviction) means: the first step s > t at which A evicts anything (`asked_at`); the guess is one of the positions A holds at s before it evicts (admitted
 up to s, not evicted before s), the answer the positions it evicts at s.
 """
 from __future__ import annotations
@@ -38,3 +38,9 @@ def next_eviction(evicted_at, step: int) -> Question | None:
     return Question(step=int(step), answer_step=s,
                     held=tuple(int(p) for p in candidates(ev, s)),
                     answer=tuple(int(p) for p in np.flatnonzero(ev == s)))
+
+
+def asked_at(evicted_at, shown: int) -> Question | None:
+    """The question a page showing step `shown` asks: the first eviction after it (the page
+    already shows `shown`'s own victims). The page's ask button and the lessons' {next.a}."""
+    return next_eviction(evicted_at, int(shown) + 1)

@@ -16,8 +16,7 @@ import streamlit as st
 
 from kvviz.teach.classroom import Refused
 from kvviz.ui import classroom, predict, session
-from kvviz.ui.navigation import _fragment_run
-from kvviz.ui.session import S
+from kvviz.ui.session import S, fragment_run
 from kvviz.ui.state import from_query, to_query
 
 # How often a student's page asks whether the lecturer moved. The follow delay is this wait
@@ -113,6 +112,19 @@ def sync(where):
     return slot
 
 
+def student_link(code: str) -> str:
+    url = st.context.url or ""
+    return f"{url.rstrip('/')}/?follow={code}"
+
+
+def code_line() -> None:
+    """Presentation mode (no sidebar): the open class's code and link, one caption line, so a
+    late student can still join from the projector."""
+    c = classroom.leads()
+    if c is not None:
+        st.caption(f"Class **{c.code}** · students open `{student_link(c.code)}`")
+
+
 def panel() -> None:
     """The sidebar's Class panel: open a class, its code and the students' link, close it."""
     side = st.sidebar
@@ -124,8 +136,7 @@ def panel() -> None:
                         help="Students who open the link this gives follow this page: it "
                              "moves theirs as you move. Held in this server's memory only.")
         return
-    url = st.context.url or ""
-    link = f"{url.rstrip('/')}/?follow={c.code}"
+    link = student_link(c.code)
     side.markdown(
         f"**Class open.** Students open  \n`{link}`  \nor type the code:\n\n"
         f"<div style='font-size:2.2rem;font-weight:700;letter-spacing:.12em;"
@@ -142,7 +153,7 @@ def _poll() -> None:
     the page when the lecturer moved (while following) or the class's question opened, was
     revealed or closed (kvviz.ui.predict.needs_redraw; a vote alone never reruns a student),
     or the class closed."""
-    if not _fragment_run():
+    if not fragment_run():
         return
     try:
         c = classroom.REGISTRY.get(S.get(classroom.FOLLOWS, ""))

@@ -46,3 +46,40 @@ CSS = (
     f"{ROW}>[data-testid='stColumn']:has([data-testid='stSelectbox'])"
     "{flex:0 0 5.5rem!important;min-width:5.5rem!important}"
 )
+
+# Presentation mode (kvviz.ui.present; measured by tests/test_e2e_present.py at 1024x768 and
+# 150 % zoom): the page's title gives its line to the way back, at the top right (the keys
+# are said under the view and in its help); every text is at
+# least 18 CSS px (a projected room's back row); a view's own settings (zoom, the compared
+# policies, the positions typed in ...) keep their values but are not shown: the lecturer
+# leaves presentation to change them, and the chart comes first on the screen. The arrows'
+# buttons only hold their keys. The loop view's own step slider stays: it is its navigator.
+ROOM = "[class*='st-key-room-']"
+HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stRadio",
+          "stExpander", "stButton", "stCheckbox", "stToggle", "stTextInput", "stDownloadButton",
+          "stPopover", "stFileUploader", "stCaptionContainer")
+PRESENT_CSS = (
+    "h4#kvviz-watch-kv-cache-eviction-policies-decide-step-by-step{display:none}"
+    f"{MAIN}{{padding-top:3.3rem}}"
+    f"{MAIN}{{position:relative}}.st-key-present-bar{{position:absolute;top:.5rem;right:1rem;"
+    "z-index:1000000;width:auto}"
+    ".st-key-nav-arrows{display:none}"
+    + "".join(f"{ROOM} [data-testid='{t}']," for t in HIDDEN)
+    + f"{ROOM}:not(.st-key-room-loop) [data-testid='stSlider']{{display:none}}"
+    f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"
+    "{font-size:1.15rem;line-height:1.4}"
+    f"{MAIN} [data-testid='stCaptionContainer'] p{{font-size:1.15rem}}"
+    f"{MAIN} button p{{font-size:1.15rem}}"
+    f"{MAIN} h3{{font-size:1.6rem}}"
+    "[data-testid='stTable'] th,[data-testid='stTable'] td{font-size:1.15rem!important}"
+    "[data-testid='stSliderThumbValue']{font-size:1.15rem}"
+    "[data-testid='stAlert'] p{font-size:1.15rem}"
+    f"{MAIN} kbd,{MAIN} [data-testid='stSelectbox'] input,{MAIN} [data-testid='stSelectbox'] div"
+    "{font-size:1.15rem}"
+    # the glossary is a control too: the status line takes the whole row
+    f"{MAIN} [data-testid='stColumn']:has([data-testid='stPopover']){{display:none}}"
+    f"{MAIN} [data-testid='stHorizontalBlock']:has([data-testid='stPopover'])>"
+    "[data-testid='stColumn']{flex:1 1 100%!important;width:100%!important;max-width:100%}"
+    # the first screen's lines: tighter gaps between the navigator's rows and the chart
+    f"{MAIN} [data-testid='stVerticalBlock']{{row-gap:.6rem}}"
+)

@@ -96,15 +96,17 @@ def picker() -> None:
                         "(lessons/*.toml; see docs/teaching.md). Choosing one opens scene 1.")
 
 
-def bar() -> None:
-    """The lesson bar (when the page has a lesson), then the sidebar picker."""
+def bar(draw_picker: bool = True) -> None:
+    """The lesson bar (when the page has a lesson), then the sidebar picker (not drawn in
+    presentation mode, which has no sidebar)."""
     err = S.pop(ERROR, None)
     if err:
         st.error(f"Lesson: {err}", icon=":material/error:")
     name = str(S["kv"].get("lesson", ""))
     if name:
         _bar(name)
-    picker()
+    if draw_picker:
+        picker()
 
 
 def _bar(name: str) -> None:

@@ -7,13 +7,13 @@ import streamlit as st
 
 from kvviz import explain, jumps
 from kvviz import views as V
-from kvviz.ui import compute
+from kvviz.ui import compute, present
 from kvviz.ui.context import Ctx
 from kvviz.ui.glossary import glossary_popover
 from kvviz.ui.positions import restore_position
 from kvviz.views.common import A_COLOUR, B_COLOUR
 from kvviz.views.states import NEVER, next_after
-from kvviz.ui.session import S, from_link, keep, note, restore, set_value, widget, wkey
+from kvviz.ui.session import S, fragment_run, from_link, keep, note, restore, set_value, widget, wkey
 
 SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 
@@ -68,7 +68,7 @@ def jumps_row(ctx: Ctx, step: int):
     """The jumps a lecturer wants on one wrapping row (whole labels at 1024 px and 125 %
     zoom); their settings, the tracked position and the threshold, at the foot of the
     sidebar, so the first chart stays high on the page."""
-    side = st.sidebar
+    side = present.sidebar(not present.active())  # presentation mode: values, no widgets
     side.header("Track and jump")
     restore_position("track", ctx.trace.steps)
     track = side.number_input("track position (-1: none)", min_value=-1,
@@ -142,10 +142,19 @@ def navigator(ctx: Ctx) -> int:
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
     cols = st.columns([1.2, 1.2, 1, 1], vertical_alignment="center", gap="small")
+    room = present.active()
     cols[0].button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch",
-                   icon=":material/chevron_left:", help="previous step (key J)", shortcut="J")
+                   icon=":material/chevron_left:", shortcut="J",
+                   help="previous step (key J" + (" or ←)" if room else ")"))
     cols[1].button("next", key="nav.next", on_click=_shift, args=(1, steps), width="stretch",
-                   icon=":material/chevron_right:", help="next step (key K)", shortcut="K")
+                   icon=":material/chevron_right:", shortcut="K",
+                   help="next step (key K" + (" or →)" if room else ")"))
+    if room:  # a button holds one key: the arrows' own pair, hidden (kvviz.ui.layout)
+        arrows = st.container(key="nav-arrows")
+        arrows.button("previous step", key="nav.left", on_click=_shift, args=(-1, steps),
+                      shortcut="Left")
+        arrows.button("next step", key="nav.right", on_click=_shift, args=(1, steps),
+                      shortcut="Right")
     cols[2].toggle("play", key="w.play")
     cols[3].selectbox("speed", PLAY_SPEEDS, key="w.speed", label_visibility="collapsed",
                       format_func=lambda v: f"+{v}", help="steps per tick while playing "
@@ -157,19 +166,11 @@ def navigator(ctx: Ctx) -> int:
     return int(step)
 
 
-def _fragment_run() -> bool:
-    """True when only fragments are re-running (a timer tick), not the whole page."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    ctx = get_script_run_ctx()
-    return bool(ctx is not None and getattr(ctx, "fragment_ids_this_run", None))
-
-
 @st.fragment(run_every=PLAY_INTERVAL_S)
 def _ticker(steps: int):
     """Runs inline on every page run (does nothing then) and alone every PLAY_INTERVAL_S while
     playing: each timer tick moves the step on and reruns the page."""
-    if not S.get("w.play") or not _fragment_run():
+    if not S.get("w.play") or not fragment_run():
         return
     new, more = advance(int(S["kv"].get("step", 0)), int(S.get("w.speed", 1)), steps)
     set_value("step", new)

@@ -18,12 +18,12 @@ import streamlit as st
 
 from kvviz import explain
 from kvviz.teach.classroom import Refused
-from kvviz.teach.question import next_eviction
+from kvviz.teach.question import asked_at
 from kvviz.ui import classroom
 from kvviz.ui.context import CHART, Ctx
-from kvviz.ui.navigation import _fragment_run
-from kvviz.ui.session import S, set_value
+from kvviz.ui.session import S, fragment_run, set_value
 from kvviz.views.votes import held_figure, votes_figure
+from kvviz.ui.present import chart
 
 POLL_S = 1.0              # how often a page in a class looks at its round
 MAX_PILLS = 64            # more held slots than this: the number box only
@@ -88,8 +88,7 @@ def _ask(which: str, ctx: Ctx) -> None:
         return
     eng = ctx.eng_a if which == "a" else ctx.eng_b
     W = which.upper()
-    # the page shows step s after its eviction: "next" is the first eviction after s
-    q = next_eviction(eng.evicted_at, ctx.step + 1)
+    q = asked_at(eng.evicted_at, ctx.step)  # the first eviction after the step shown
     if q is None:
         S[MSG] = ("info", f"{W} ({_label(ctx, which)}) evicts nothing after step {ctx.step}: "
                           "no question to ask here; go back to an earlier step.")
@@ -185,7 +184,7 @@ def question(ctx: Ctx) -> bool:
     if r is None:
         return False
     st.markdown(f"#### Which position will {_who(r)} evict next?")
-    st.plotly_chart(held_figure(sorted(r.held), r.answer_step, r.label, r.who,
+    chart(held_figure(sorted(r.held), r.answer_step, r.label, r.who,
                                 tokens=ctx.trace.tokens), key="predict.held", **CHART)
     if not r.revealed:
         st.caption(f"Step {r.answer_step}, before {r.who.upper()} evicts: each bar is a position "
@@ -205,7 +204,7 @@ def question(ctx: Ctx) -> bool:
                 f"**{', '.join(map(str, answer))}** at step {r.answer_step}.")
     if r.why:
         st.info(r.why, icon=":material/lightbulb:")
-    st.plotly_chart(votes_figure(r), key="predict.votes", **CHART)
+    chart(votes_figure(r), key="predict.votes", **CHART)
     n = len(r.votes)
     st.markdown(f"**{r.right} of {n}** guessed right ({r.share_right:.0%})." if n else
                 "Nobody voted on this question.")
@@ -251,7 +250,7 @@ def _live(code: str) -> None:
     except Refused:
         st.rerun(scope="app")
     r = snapshot(c)
-    if _fragment_run() and needs_redraw(c):
+    if fragment_run() and needs_redraw(c):
         st.rerun(scope="app")
     if r is not None:
-        st.plotly_chart(votes_figure(r), key="predict.votes", **CHART)
+        chart(votes_figure(r), key="predict.votes", **CHART)

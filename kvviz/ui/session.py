@@ -67,6 +67,15 @@ def from_link(field: str) -> bool:
     return field in S.get(FROM_LINK, ())
 
 
+def fragment_run() -> bool:
+    """True when only fragments are re-running (a timer tick: the play ticker, a class's
+    poll), not the whole page."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return bool(ctx is not None and getattr(ctx, "fragment_ids_this_run", None))
+
+
 def pop_notes() -> list[str]:
     return S.pop(NOTES, [])
 

@@ -9,6 +9,7 @@ from kvviz.policies import POLICIES, make_policy, param_specs
 from kvviz.replay import Replay
 from kvviz.ui import compute, session
 from kvviz.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
+from kvviz.ui.present import sidebar
 from kvviz.ui.upload import validate_upload
 
 
@@ -28,9 +29,11 @@ def _on_upload():
     S[session.UPLOAD_MSG] = ("success", f"loaded {f.name}")
 
 
-def trace_controls():
-    """Trace chooser + upload + layer. Returns (trace key, layer, version, trace)."""
-    st.sidebar.header("Trace")
+def trace_controls(draw: bool = True):
+    """Trace chooser + upload + layer. Returns (trace key, layer, version, trace).
+    `draw=False` (presentation mode): the same values from the session, nothing drawn."""
+    side = sidebar(draw)
+    side.header("Trace")
     files = compute.list_trace_files()
     options = ["canonical"] + [f"file:{n}" for n in files] + list(S.get(session.UPLOADS, []))
 
@@ -41,25 +44,25 @@ def trace_controls():
             S.setdefault(session.UPLOADS, []).append(cur)  # an upload on this server
             options.append(cur)
             return cur
-        st.sidebar.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
+        side.error(f"Trace {cur!r} is not available here; showing the canonical trace.")
         return "canonical"
 
-    key = widget(st.sidebar.selectbox, "trace", "trace", options, fit=fit_trace,
+    key = widget(side.selectbox, "trace", "trace", options, fit=fit_trace,
                  format_func=compute.trace_label,
                  help="The canonical synthetic trace, every file in traces/, or a file you "
                       "upload.")
-    st.sidebar.file_uploader("upload a trace (.npz, kvviz format)", key="w.upload",
-                             on_change=_on_upload,
-                             help="Loaded with allow_pickle=False and validated; a bad file "
-                                  "is refused with the reason and the current trace stays.")
+    side.file_uploader("upload a trace (.npz, kvviz format)", key="w.upload",
+                       on_change=_on_upload,
+                       help="Loaded with allow_pickle=False and validated; a bad file "
+                            "is refused with the reason and the current trace stays.")
     msg = S.pop(session.UPLOAD_MSG, None)
     if msg:
-        (st.sidebar.error if msg[0] == "error" else st.sidebar.success)(msg[1])
+        (side.error if msg[0] == "error" else side.success)(msg[1])
     version = compute.trace_version(key)
     try:
         layers = compute.trace_layers(key, version)
     except ValueError as exc:
-        st.sidebar.error(f"{compute.trace_label(key)}: {exc}. Showing the canonical trace.")
+        side.error(f"{compute.trace_label(key)}: {exc}. Showing the canonical trace.")
         key, version, layers = "canonical", "", []
         S["kv"]["trace"] = key
     layer = layers[0] if layers else 0  # a model layer number (the URL's `layer`)
@@ -72,11 +75,11 @@ def trace_controls():
                      f"{', '.join(map(str, layers))}); using {first}")
             return first
 
-        layer = widget(st.sidebar.selectbox, "layer", "layer", layers, fit=fit_layer,
+        layer = widget(side.selectbox, "layer", "layer", layers, fit=fit_layer,
                        format_func=lambda n: f"model layer {n}")
     else:
         S["kv"]["layer"] = layer
-    head = head_control(key, layer, version)
+    head = head_control(key, layer, version, side)
     trace = compute.get_trace(key, layer, version, head)
     meta = trace.meta or {}
     bits = [f"{trace.steps} steps"]
@@ -84,7 +87,7 @@ def trace_controls():
         bits.append(str(meta["model"]))
     if meta.get("source"):
         bits.append(str(meta["source"]))
-    st.sidebar.caption(" · ".join(bits))
+    side.caption(" · ".join(bits))
     return key, layer, version, trace
 
 
@@ -105,7 +108,7 @@ def head_label(label: str) -> str:
     return label
 
 
-def head_control(key: str, layer: int, version: str) -> str:
+def head_control(key: str, layer: int, version: str, side=st.sidebar) -> str:
     """Head selector under the layer selector, shown only for traces storing several heads.
     Returns the head label ("mean" otherwise)."""
     heads = compute.trace_heads(key, layer, version)
@@ -116,11 +119,11 @@ def head_control(key: str, layer: int, version: str) -> str:
     def fit(cur):
         if cur in heads:
             return cur
-        st.sidebar.warning(f"Head {cur!r} is not stored in this trace (it has "
-                           f"{', '.join(heads)}); showing mean.")
+        side.warning(f"Head {cur!r} is not stored in this trace (it has "
+                     f"{', '.join(heads)}); showing mean.")
         return "mean"
 
-    return widget(st.sidebar.selectbox, "head", "head", heads, fit=fit, help=HEAD_HELP,
+    return widget(side.selectbox, "head", "head", heads, fit=fit, help=HEAD_HELP,
                   format_func=head_label)
 
 
@@ -165,7 +168,7 @@ def labelled(name: str, message: str) -> str:
     return message
 
 
-def param_control(which: str, spec):
+def param_control(which: str, spec, side=st.sidebar):
     """One parameter's control, built from its declaration: a slider for int and float,
     a select box for a choice. Returns the value as the widget holds it."""
     k = pkey(which, spec.name)
@@ -175,16 +178,16 @@ def param_control(which: str, spec):
     if spec.kind == "choice":
         if restore(k, spec.default) not in spec.choices:
             S[k] = spec.default
-        value = st.sidebar.selectbox(spec.label, spec.choices, key=k, help=help_)
+        value = side.selectbox(spec.label, spec.choices, key=k, help=help_)
     elif spec.kind == "float":
         lo, hi = float(spec.low), float(spec.high)
         _clamp_restore(k, float(spec.default), lo, hi, label=f"{which}.{spec.label}", cast=float)
-        value = float(st.sidebar.slider(spec.label, min_value=lo, max_value=hi,
-                                        step=float(spec.step or (hi - lo) / 100), key=k, help=help_))
+        value = float(side.slider(spec.label, min_value=lo, max_value=hi,
+                                  step=float(spec.step or (hi - lo) / 100), key=k, help=help_))
     else:
         _clamp_restore(k, spec.default, spec.low, spec.high, label=f"{which}.{spec.label}")
-        value = int(st.sidebar.slider(spec.label, min_value=spec.low, max_value=spec.high,
-                                      step=spec.step or 1, key=k, help=help_))
+        value = int(side.slider(spec.label, min_value=spec.low, max_value=spec.high,
+                                step=spec.step or 1, key=k, help=help_))
     keep(k, value)
     return value
 
@@ -197,11 +200,12 @@ def loop_note() -> None:
                        "on the other views, as they were.")
 
 
-def policy_controls(steps: int, trace=None):
+def policy_controls(steps: int, trace=None, draw: bool = True):
     """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...}).
     With `trace`, a policy the trace cannot drive (knorm without key norms) is refused too,
-    in the replay's own words."""
-    st.sidebar.header("Cache")
+    in the replay's own words. `draw=False`: the same, nothing drawn (presentation mode)."""
+    side = sidebar(draw)
+    side.header("Cache")
     _budget_for_trace(steps)
     default = default_budget(steps)
     asked = restore(wkey("budget"), default)
@@ -210,21 +214,21 @@ def policy_controls(steps: int, trace=None):
         note(f"budget={asked} is outside 1–{steps}; using this trace's default, {default}")
         S[wkey("budget")] = default
     _clamp_restore(wkey("budget"), default, 1, steps)
-    budget = st.sidebar.number_input("budget (slots held)", min_value=1, max_value=steps, step=32,
-                                     key=wkey("budget"),
-                                     help="How many key/value positions each policy may hold.")
+    budget = side.number_input("budget (slots held)", min_value=1, max_value=steps, step=32,
+                               key=wkey("budget"),
+                               help="How many key/value positions each policy may hold.")
     keep(wkey("budget"), int(budget))
     S.setdefault(session.BUDGET_BY_TRACE, {})[S["kv"].get("trace", "canonical")] = int(budget)
     out = {}
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):
-        st.sidebar.header(f"Policy {which.upper()}")
-        name = widget(st.sidebar.selectbox, which, f"policy {which.upper()}", names,
+        side.header(f"Policy {which.upper()}")
+        name = widget(side.selectbox, which, f"policy {which.upper()}", names,
                       fit=lambda v, d=default: v if v in names else d,
                       label_visibility="collapsed")
-        params = {spec.name: param_control(which, spec) for spec in param_specs(name)}
+        params = {spec.name: param_control(which, spec, side) for spec in param_specs(name)}
         if not param_specs(name):
-            st.sidebar.caption(f"{name} has no parameters.")
+            side.caption(f"{name} has no parameters.")
         error = None
         try:
             policy = make_policy(name, budget=int(budget), **params)
@@ -232,6 +236,6 @@ def policy_controls(steps: int, trace=None):
                 Replay(trace, policy)  # refuses a trace without key norms; runs nothing
         except ValueError as exc:
             error = labelled(name, str(exc))
-            st.sidebar.error(f"Refused: {error}")
+            side.error(f"Refused: {error}")
         out[which] = (name, params, error)
     return int(budget), out

@@ -10,6 +10,7 @@ import streamlit as st
 
 from kvviz.views.metrics import METRIC_LABELS
 from kvviz.views.sweep import check_results, sweep_grid_figure
+from kvviz.ui.present import chart
 
 CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False})
 
@@ -51,7 +52,7 @@ def render(ctx=None) -> None:
     st.caption(f"{len(df)} cells, {len(failed)} failed (left out of the plot)"
                + (f"; kvviz {', '.join(map(str, df['kvviz_version'].unique()))}"
                   if "kvviz_version" in df.columns else ""))
-    st.plotly_chart(sweep_grid_figure(df, metric), key="chart.sweep_file", **CHART)
+    chart(sweep_grid_figure(df, metric), key="chart.sweep_file", **CHART)
     if len(failed):
         st.dataframe(failed[[c for c in ("trace", "layer", "policy", "budget", "error")
                              if c in failed.columns]], hide_index=True)

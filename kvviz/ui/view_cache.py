@@ -13,6 +13,7 @@ from kvviz.views.toy import SMALL, labelled_heatmap
 from kvviz.views.track import heatmap_with_track
 from kvviz.ui.positions import ZOOMS, zoom_centre, zoom_window
 from kvviz.ui.session import PREVIEWED, S, widget
+from kvviz.ui.present import chart
 
 
 # The Plotly chart hides the preview as soon as its own image is in place.
@@ -46,14 +47,14 @@ def render(ctx: Ctx):
     if ctx.trace.steps <= SMALL:  # the toy trace: every cell with its number
         st.caption("Who holds which position after every step: one row per step (down), one "
                    "column per position (across); a position is generated at its own step.")
-        st.plotly_chart(labelled_heatmap(ctx.trace, ctx.ev_a, ctx.ev_b, ctx.step,
+        chart(labelled_heatmap(ctx.trace, ctx.ev_a, ctx.ev_b, ctx.step,
                                          label_a=ctx.label_a, label_b=ctx.label_b, track=track),
                         key="chart.cache", **CHART)
         st.caption("Each cell is one (step, position): its colour is who holds the position "
                    "after that step, its number the attention that step's query paid it in "
                    "the full trace (each policy sees the row renormalised over what it holds).")
         return
-    chart = st.container(key="cache-chart")  # above its range control: first on the screen
+    slot = st.container(key="cache-chart")  # above its range control: first on the screen
     zoom = widget(st.segmented_control, "zoom", "heatmap range", ZOOMS, required=True,
                   fit=lambda z: z if z in ZOOMS else 0,
                   format_func=lambda z: "whole run" if z == 0 else f"zoom ±{z} steps",
@@ -63,7 +64,7 @@ def render(ctx: Ctx):
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     base = compute.cache_figure(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb),
                                 ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
-    with chart:
+    with slot:
         preview = st.empty()
         if not S.get(PREVIEWED):  # the session's first heatmap: its PNG before Plotly
             S[PREVIEWED] = True
@@ -72,7 +73,7 @@ def render(ctx: Ctx):
         if track >= 0:
             fig = heatmap_with_track(fig, track, ctx.ev_a, ctx.ev_b, ctx.trace.steps,
                                      ctx.label_a, ctx.label_b)
-        st.plotly_chart(fig, key="chart.cache", **CHART)
+        chart(fig, key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
     st.caption("Who holds which position after every step: one row per step (down), one "
                "column per position (across); a position is generated at its own step. "

@@ -16,6 +16,7 @@ from kvviz.ui.state import default_cmp
 from kvviz.views import compare as C
 from kvviz.views.metrics import TABLE_FORMATS
 from kvviz.views.states import held_mask
+from kvviz.ui.present import chart
 
 CONFIG = {"displaylogo": False, "scrollZoom": False}
 
@@ -97,13 +98,13 @@ def _draw(ctx, chosen: list) -> None:
     bar.empty()
     if not panels:
         return
-    st.plotly_chart(C.small_multiples(panels, ctx.step), key="chart.compare",
+    chart(C.small_multiples(panels, ctx.step), key="chart.compare",
                     config=chart_config("compare", ctx), width="stretch")
     st.caption("One small heatmap per policy: step down, position across, aggregated on the "
                "server into blocks of cells; a block's colour is the share of its cells held "
                "(square-root scale, so one position held through a block stays visible), grey "
                "evicted, white not yet generated. The red line is the current step.")
-    st.plotly_chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
+    chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
                     config=chart_config("compare_survival", ctx), width="stretch")
     table(C.compare_table(rows).drop(columns=["budget"]))  # one budget: said below
     st.caption(f"All at budget {ctx.budget} on this trace; metrics from kvviz.metrics.summary "

@@ -10,6 +10,7 @@ from kvviz.ui.context import CHART, Ctx, table
 from kvviz.ui.navigation import goto
 from kvviz.ui.positions import restore_position
 from kvviz.ui.session import keep, wkey
+from kvviz.ui.present import chart
 
 
 def render(ctx: Ctx):
@@ -19,7 +20,7 @@ def render(ctx: Ctx):
     if ctx.solo:
         st.info("Divergence needs two policies; one refused its settings (see above).")
         return
-    st.plotly_chart(V.divergence_figure(ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,
+    chart(V.divergence_figure(ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,
                                         label_b=ctx.label_b), key="chart.divergence", **CHART)
     only_a, only_b = V.only_sets(ctx.ev_a, ctx.ev_b, s)
     cands = V.divergent_positions(ctx.ev_a, ctx.ev_b)
@@ -49,5 +50,5 @@ def render(ctx: Ctx):
     c2.markdown(explain.why_text(pos, ctx.ev_a, ctx.ev_b, facts, dstep)
                 + " Below, both policies' candidates at that step.")
     c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
-    st.plotly_chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)
+    chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)
     table(V.why_table(pos, dstep, panels, tokens=ctx.trace.tokens))  # whole

@@ -21,6 +21,7 @@ from kvviz.ui import jobs
 from kvviz.ui.context import CHART
 from kvviz.ui.session import from_link, note, widget
 from kvviz.views import loop as LV
+from kvviz.ui.present import chart
 
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
@@ -227,7 +228,7 @@ def draw(res, rows):
                       format_func=lambda m: {"perplexity": "all predicted tokens",
                                              "perplexity_after_eviction":
                                                  "tokens after the first eviction"}[m])
-    st.plotly_chart(LV.perplexity_figure(rows, metric=metric), key="chart.loop_ppl", **CHART)
+    chart(LV.perplexity_figure(rows, metric=metric), key="chart.loop_ppl", **CHART)
     choices = [i for i, r in enumerate(rows) if r["policy"] != LV.FULL]
     if not choices:
         st.info("This result holds only the full cache.")
@@ -253,7 +254,7 @@ def draw(res, rows):
         f"{r['kl']:.4f} nats; first eviction at step {r['first_eviction']}.")
     st.html(LV.delta_strip_html(res.tokens, res.nll[f], res.nll[ci], res.p_true[f],
                                 res.p_true[ci], label=name))
-    st.plotly_chart(LV.delta_figure(res.tokens, res.nll[f], res.nll[ci], res.p_true[f],
+    chart(LV.delta_figure(res.tokens, res.nll[f], res.nll[ci], res.p_true[f],
                                     res.p_true[ci], label=name), key="chart.loop_delta", **CHART)
     with st.expander("tokens eviction hurt most"):
         st.dataframe(pd.DataFrame(LV.worst_tokens(res.tokens, res.nll[f], res.nll[ci],
@@ -291,7 +292,7 @@ def heatmap(res, rows, ci: int, name: str):
     la = f"{name}, {heads[head_a]}"
     lb = f"{lab[b]}, {heads[head_b]}"
     g = _grid(f"{id(res)}", ev_a, ev_b, la, lb, res.tokens)
-    st.plotly_chart(V.cache_heatmap(ev_a, ev_b, step, label_a=la, label_b=lb, grid=dict(g)),
+    chart(V.cache_heatmap(ev_a, ev_b, step, label_a=la, label_b=lb, grid=dict(g)),
                     key="chart.loop_cache", **CHART)
     st.caption(f"Layer {layer}: what each closed-loop run held at every step (rows) and "
                "position (columns), from the run's own eviction log. At kv-head granularity "

@@ -10,6 +10,7 @@ from kvviz.policies import POLICIES, param_specs
 from kvviz.ui import compute
 from kvviz.ui.context import CHART, Ctx, table
 from kvviz.ui.session import S, SWEEP_ON
+from kvviz.ui.present import chart
 
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
@@ -80,7 +81,7 @@ def render(ctx: Ctx):
     if S.get(SWEEP_ON + "budget") == (ctx.key, ctx.layer):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
         rows = _sweep(ctx, pts)
-        st.plotly_chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
+        chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
                                        "(registry defaults)", mark_x=ctx.budget,
                                        log_x=True),
                         key="chart.sweep_budget", **CHART)
@@ -90,7 +91,7 @@ def render(ctx: Ctx):
         if S.get(SWEEP_ON + tag) != (ctx.key, ctx.layer, ctx.budget):
             continue
         rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
-        st.plotly_chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
+        chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
                                        title=f"SnapKV across {label}, budget {ctx.budget}"),
                         key=f"chart.sweep_{tag}", **CHART)
     from kvviz.ui import sweep_view  # a sweep's results.parquet, small multiples

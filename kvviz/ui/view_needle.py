@@ -21,6 +21,7 @@ from kvviz.ui.session import note
 from kvviz.ui.view_loop import POLL_S, torch_available
 from kvviz.views import needle as NV
 from kvviz.views.cache import Prebuilt
+from kvviz.ui.present import chart
 
 S = st.session_state
 JOB = "needle.job"
@@ -189,7 +190,7 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
     gran = choose("ngran", "granularity", grans, "layer" if "layer" in grans else grans[0],
                   widget=c[2].selectbox)
     sub = sub[sub["granularity"] == gran]
-    st.plotly_chart(Prebuilt(_needle_figure(str(folder), (folder / "results.csv").stat().st_mtime,
+    chart(Prebuilt(_needle_figure(str(folder), (folder / "results.csv").stat().st_mtime,
                                             budget, mode, gran, rows)),
                     key="chart.needle", **CHART)
     st.caption("Each square: the share of seeds whose answer contains the key, from the run's "
@@ -240,7 +241,7 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
     heads = list(range(G))
     head = choose(p + "nhead", "KV head", heads, 0, widget=c[3].selectbox,
                   disabled=G == 1, help="at layer granularity a layer keeps one set")
-    st.plotly_chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
+    chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
                                            T0, line, vs)),
                     key=f"chart.needle_cache{prefix}", **CHART)
     sa, sb = NV.lost_step(ev[ia, layer], kp), NV.lost_step(ev[ib, layer], kp)
@@ -250,7 +251,7 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
                f"logs). The key is shaded yellow; the question starts at position {q0}; the red "
                f"line is the end of the prompt (step {T0 - 1}), where generation starts.")
     idx = [NV.config_index(meta, ln, budget) for ln in lines]
-    st.plotly_chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
+    chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
                     key=f"chart.needle_layers{prefix}", **CHART)
 
 

@@ -11,6 +11,7 @@ from kvviz.ui.navigation import tracked
 from kvviz.ui.positions import focus_input
 from kvviz.ui.session import set_value
 from kvviz.views.toy import SMALL, label_bars
+from kvviz.ui.present import chart
 
 
 def panels(ctx: Ctx, s: int) -> list[dict]:
@@ -38,7 +39,7 @@ def render(ctx: Ctx):
     fig = V.neighbourhood_figure(shown, s, center, tokens=ctx.trace.tokens)
     if ctx.trace.steps <= SMALL:
         label_bars(fig)
-    st.plotly_chart(fig, key="chart.scores", **CHART)
+    chart(fig, key="chart.scores", **CHART)
     if track >= 0:
         n = explain.number_format([d.score for d in (explain.decision(p["label"][0], p, track)
                                                      for p in shown)])

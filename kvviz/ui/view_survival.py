@@ -7,12 +7,13 @@ import streamlit as st
 from kvviz import explain
 from kvviz import views as V
 from kvviz.ui.context import CHART, Ctx, table
+from kvviz.ui.present import chart
 
 
 def render(ctx: Ctx):
     st.caption("Do the attention sinks (positions 0–3) and the 64 newest positions survive? "
                "Counted per step for each policy.")
-    st.plotly_chart(V.survival_figure(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a,
+    chart(V.survival_figure(ctx.ev_a, ctx.ev_b, ctx.step, label_a=ctx.label_a,
                                       label_b=ctx.label_b), key="chart.survival", **CHART)
     s = ctx.step
     sides = (("A", ctx.label_a, ctx.ev_a),) if ctx.solo else (

@@ -10,6 +10,7 @@ from kvviz.ui.context import CHART, Ctx
 from kvviz.ui.navigation import tracked
 from kvviz.views.track import strip_track_css
 from kvviz.ui.positions import zoom_centre
+from kvviz.ui.present import chart
 
 
 def render(ctx: Ctx):
@@ -27,7 +28,7 @@ def render(ctx: Ctx):
     st.html(strip)
     centre = zoom_centre(ctx)
     lo = int(np.clip(centre - 30, 0, max(0, len(tokens) - 60)))
-    st.plotly_chart(V.token_timeline_figure(tokens, ctx.ev_a, ctx.ev_b, s, lo=lo, hi=lo + 60,
+    chart(V.token_timeline_figure(tokens, ctx.ev_a, ctx.ev_b, s, lo=lo, hi=lo + 60,
                                             label_a=ctx.label_a, label_b=ctx.label_b),
                     key="chart.tokens", **CHART)
     st.caption("Top: the text up to the current step, each token coloured by its state after "
