@@ -374,11 +374,15 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
                 out["vote_s"].append(min(when) - t_sent)
         out["votes"] = {"sent": len(voters), "accepted": len(accepted),
                         "shown": max(shown, default=0)}
-        t = await lec.act(REVEAL)
-        try:
-            await lec.wait_for(lambda: lec.full_runs_done(t), wait)
-        except TimeoutError:
-            problems.append(f"the reveal did not redraw the lecturer's page ({lec.diag(6)})")
+        if REVEAL not in lec.keys:  # its page never drew the question (a lost redraw)
+            problems.append(f"the lecturer's page has no {REVEAL!r} button ({lec.diag(6)})")
+        else:
+            t = await lec.act(REVEAL)
+            try:
+                await lec.wait_for(lambda: lec.full_runs_done(t), wait)
+            except TimeoutError:
+                problems.append(f"the reveal did not redraw the lecturer's page "
+                                f"({lec.diag(6)})")
         out["ticks"] = sum(s.ticks for s in students) + lec.ticks
         out["runs"] = sum(len(s.runs) for s in students) + len(lec.runs)
     finally:
