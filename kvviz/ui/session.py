@@ -47,7 +47,7 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              *classroom.KEYS,
              # a student's page: the lecturer's version applied, its state then, exploring
              # on their own (ui/follow.py)
-             "follow.applied", "follow.base", "follow.own",
+             "follow.applied", "follow.base", "follow.own", "follow.runs",
              # predict then reveal: the question panel's own keys and widgets (ui/predict.py)
              "predict.",
              # the lesson's picker and scene (plain keys), its buttons and error (ui/lesson.py)
