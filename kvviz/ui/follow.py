@@ -34,8 +34,7 @@ APPLIED = "follow.applied"  # the lecturer's version this page last applied
 BASE = "follow.base"        # the states that are not a move: the lecturer's, and this page's
                             # at the end of the run that applied it
 OWN = "follow.own"          # True: the student explores on their own (not moved)
-RUNS = "follow.runs"  # whole-page runs of a student's page (which place the timer takes)
-KEYS = (APPLIED, BASE, OWN, RUNS)  # for session.PAGE_KEYS
+KEYS = (APPLIED, BASE, OWN)  # for session.PAGE_KEYS
 
 
 def shared_query() -> dict[str, str]:
@@ -194,14 +193,5 @@ def publish(slot) -> None:
                      "does.", icon=":material/groups:")
         row.button("Stop following", key="class.leave", on_click=_forget,
                    icon=":material/logout:")
-        # The timer (exploring on their own too: the class's question still reaches them), in
-        # one of two places used in turn. Streamlit names a fragment by its place, so its id
-        # changes with every whole-page run: a tick the browser sent before it heard of this
-        # run names a fragment that no longer exists, and Streamlit drops it. Otherwise a tick
-        # landing just as this run ends starts a new script runner, Streamlit discards this
-        # run's unsent last messages (its end, its timer), and the page never moves again
-        # (`scripts/loadtest.py --class 30`: 1-6 such students in 3 of 4 runs).
-        S[RUNS] = S.get(RUNS, 0) + 1
-        places = (st.container(), st.container())
-        with places[S[RUNS] % 2]:
+        with session.timer_place():  # exploring on their own too: the question reaches them
             _poll()

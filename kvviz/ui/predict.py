@@ -21,7 +21,7 @@ from kvviz.teach.classroom import Refused
 from kvviz.teach.question import asked_at
 from kvviz.ui import classroom
 from kvviz.ui.context import CHART, Ctx
-from kvviz.ui.session import S, fragment_run, set_value
+from kvviz.ui.session import S, fragment_run, set_value, timer_place
 from kvviz.views.votes import held_figure, votes_figure
 from kvviz.ui.present import chart
 
@@ -191,7 +191,8 @@ def question(ctx: Ctx) -> bool:
                    f"it holds ({len(r.held)} in all). Guess the one it evicts"
                    + (f" (it evicts {len(r.answer)} here)." if len(r.answer) > 1 else "."))
         if lead:
-            _live(c.code)
+            with timer_place():  # (why: kvviz.ui.session.timer_place)
+                _live(c.code)
             st.button("Reveal the answer", key="predict.reveal", on_click=_reveal, args=(ctx,),
                       shortcut="V", type="primary", icon=":material/visibility:",
                       help="Show the answer, why, and the class's guesses (key V).")

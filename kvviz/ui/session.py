@@ -37,9 +37,10 @@ BUDGET_TRACE = "budget_trace"    # the trace the budget belongs to (sidebar)
 BUDGET_BY_TRACE = "budget_by_trace"  # the budget last used on each trace
 PREVIEWED = "kv.previewed"       # the first heatmap's server-drawn preview has been shown
 DRAWN = "kv.drawn"               # the page has drawn once (app.py's placeholder text)
+RUNS = "kv.runs"                 # whole-page runs of this session (timer_place)
 SWEEP_ON = "sweep_on."           # + budget/pool/obs: the sweep asked for, on which setting
 PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_TRACE,
-             PREVIEWED, DRAWN, SWEEP_ON,
+             PREVIEWED, DRAWN, RUNS, SWEEP_ON,
              # kept by other modules: the guided experiments' message, the loop view's
              # background job, the slides' trace and automatic frame count
              "exp_msg", "loop.job", "slides.src", "slides.auto",
@@ -47,7 +48,7 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              *classroom.KEYS,
              # a student's page: the lecturer's version applied, its state then, exploring
              # on their own (ui/follow.py)
-             "follow.applied", "follow.base", "follow.own", "follow.runs",
+             "follow.applied", "follow.base", "follow.own",
              # predict then reveal: the question panel's own keys and widgets (ui/predict.py)
              "predict.",
              # the lesson's picker and scene (plain keys), its buttons and error (ui/lesson.py)
@@ -210,7 +211,22 @@ def check_positions(step: int) -> None:
             S.pop(wkey(f), None)
 
 
+def timer_place():
+    """A container for a timer fragment (`st.fragment(run_every=...)`), in one of two places
+    used in turn, whole-page run after whole-page run. Streamlit names a fragment by its
+    place, so the timer's id changes with every page run: a tick the browser sent before it
+    heard of a run names a fragment that no longer exists, and Streamlit drops it. Otherwise
+    a tick landing just as a run ends starts a new script runner, Streamlit discards the
+    run's unsent last messages (its end, its timer: see its AppSession.request_rerun), and
+    the page never moves again (`scripts/loadtest.py --class 30`: 1-6 such students in 3 of
+    4 runs before; none in three runs after)."""
+    places = (st.container(), st.container())
+    return places[S.get(RUNS, 0) % 2]
+
+
 def write_url() -> None:
+    """End of a whole-page run: the page's state into the address bar."""
+    S[RUNS] = S.get(RUNS, 0) + 1  # (timer_place)
     S.pop(FROM_LINK, None)  # the link's values have been checked
     q = to_query(view_state())
     if S.get(classroom.FOLLOWS):  # a student's reload keeps following
