@@ -33,6 +33,25 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 PLACEHOLDER_TITLE = "Replaying the policies"  # app.py's first-run placeholder chart
 
 
+def rerun_msg(query: str, cache, widget_states=(), fragment_id: str = "",
+              auto: bool = False) -> BackMsg:
+    """A `rerun_script` BackMsg as the frontend sends it: the page's query string, the
+    cached message hashes it holds, the moved widgets, and for a timer tick its fragment."""
+    msg = BackMsg()
+    rs = msg.rerun_script
+    rs.query_string = query
+    rs.page_script_hash = ""
+    rs.cached_message_hashes.extend(cache)
+    rs.context_info.timezone = "UTC"
+    rs.context_info.locale = "en-US"
+    if fragment_id:
+        rs.fragment_id = fragment_id
+    rs.is_auto_rerun = auto
+    for ws in widget_states:
+        rs.widget_states.widgets.append(ws)
+    return msg
+
+
 @dataclass
 class RunResult:
     """One script run as the client saw it (times in seconds from sending the request)."""
@@ -96,16 +115,7 @@ class Session:
     async def run(self, widget_states=None) -> RunResult:
         """A whole-page run: what the frontend sends on page load (no widget states) and after
         a widget changed (the changed WidgetState)."""
-        msg = BackMsg()
-        rs = msg.rerun_script
-        rs.query_string = self.query
-        rs.page_script_hash = ""
-        rs.cached_message_hashes.extend(self.cache)
-        rs.context_info.timezone = "UTC"
-        rs.context_info.locale = "en-US"
-        for ws in widget_states or ():
-            rs.widget_states.widgets.append(ws)
-        return await self._send_and_read(msg)
+        return await self._send_and_read(rerun_msg(self.query, self.cache, widget_states or ()))
 
     async def set_widget(self, label: str, value) -> RunResult:
         """Move the widget labelled `label` (seen in the last run) to `value`, as a user would."""
@@ -258,18 +268,7 @@ class LiveSession(Session):
     # --- requests --------------------------------------------------------------------------
     async def send(self, widget_states=(), fragment_id: str = "", auto: bool = False) -> float:
         """A rerun request as the frontend sends it; returns the send time."""
-        msg = BackMsg()
-        rs = msg.rerun_script
-        rs.query_string = self.query
-        rs.page_script_hash = ""
-        rs.cached_message_hashes.extend(self.cache)
-        rs.context_info.timezone = "UTC"
-        rs.context_info.locale = "en-US"
-        if fragment_id:
-            rs.fragment_id = fragment_id
-        rs.is_auto_rerun = auto
-        for ws in widget_states:
-            rs.widget_states.widgets.append(ws)
+        msg = rerun_msg(self.query, self.cache, widget_states, fragment_id, auto)
         t = time.perf_counter()
         await self.ws.send(msg.SerializeToString())
         return t
