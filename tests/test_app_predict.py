@@ -236,17 +236,3 @@ def test_a_students_page_redraws_on_ask_reveal_and_close_never_on_a_vote():
     seen.append(marker(c.round))
     assert seen == [(0, False), (1, False), (1, False), (1, True), (0, False)]
     assert c.poll()[1] == 4  # the vote moved the round's version, not the marker
-
-
-def test_a_page_counts_a_copy_of_the_votes():
-    """Votes arrive from other sessions' threads while a page draws: it counts a copy."""
-    from kvviz.ui.predict import snapshot
-
-    c = Registry().open("l")
-    assert snapshot(c) is None
-    r = c.ask("l", step=9, who="a", label="tova", held=[0, 3, 5], answer=[5], answer_step=9)
-    c.vote("s1", r.number, 3)
-    snap = snapshot(c)
-    c.vote("s2", r.number, 5)
-    assert snap.votes == {"s1": 3} and snap.tally() == {3: 1} and len(c.round.votes) == 2
-    assert (snap.number, snap.held, snap.answer) == (r.number, r.held, r.answer)

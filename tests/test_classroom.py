@@ -130,3 +130,15 @@ def test_question_matches_brute_force_on_real_replays(T, budget, seed, name, ste
         return
     assert (q.answer_step, list(q.held), list(q.answer)) == ref
     assert set(q.answer) <= set(q.held) and len(q.held) == budget + len(q.answer)
+
+
+def test_a_page_counts_a_copy_of_the_votes():
+    """Votes arrive from other sessions' threads while a page draws: it counts a copy."""
+    c = cr.Registry().open("l")
+    assert c.current_round() is None
+    r = c.ask("l", step=9, who="a", label="tova", held=[0, 3, 5], answer=[5], answer_step=9)
+    c.vote("s1", r.number, 3)
+    snap = c.current_round()
+    c.vote("s2", r.number, 5)
+    assert snap.votes == {"s1": 3} and snap.tally() == {3: 1} and len(c.round.votes) == 2
+    assert (snap.number, snap.held, snap.answer) == (r.number, r.held, r.answer)

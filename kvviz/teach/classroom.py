@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # no 0/O, 1/I/L: a code read off a projector is typed right
 ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
@@ -99,6 +99,13 @@ class Class:
         with self.lock:
             self.touched = time.monotonic()
             return self.version, dict(self.state)
+
+    def current_round(self) -> Round | None:
+        """A copy of the open round (votes included), taken under the lock: votes arrive
+        from other sessions' threads while a page counts them."""
+        with self.lock:
+            r = self.round
+            return None if r is None else replace(r, votes=dict(r.votes))
 
     def poll(self) -> tuple[int, int]:
         """(version, round_version): what a polling page compares with what it last drew."""

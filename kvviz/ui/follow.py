@@ -59,7 +59,7 @@ def _apply(version: int, state: dict) -> None:
 
 def _forget() -> None:
     S[classroom.FOLLOWS] = ""
-    for k in (APPLIED, BASE, OWN):
+    for k in KEYS:
         S.pop(k, None)
 
 

@@ -12,8 +12,6 @@ when a question opens, is revealed or closes; the lecturer's histogram redraws a
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import streamlit as st
 
 from kvviz import explain
@@ -35,21 +33,13 @@ GUESS, PICK = "predict.guess", "predict.pick"  # the student's number box and he
 KIND = {"info": st.info, "warning": st.warning, "error": st.error}
 
 
-def snapshot(c):
-    """A copy of class `c`'s round (or None), taken under its lock: votes arrive from other
-    sessions' threads while this page counts them."""
-    with c.lock:
-        r = c.round
-        return None if r is None else replace(r, votes=dict(r.votes))
-
-
 def _round():
     """(class, a copy of its round or None, this session leads it); (None, None, False)
     outside a class."""
     c = classroom.leads()
     lead = c is not None
     c = c or classroom.follows()
-    return c, (snapshot(c) if c is not None else None), lead
+    return c, (c.current_round() if c is not None else None), lead
 
 
 def active() -> bool:
@@ -65,11 +55,7 @@ def marker(r) -> tuple:
 def needs_redraw(c) -> bool:
     """A timer tick's question for class `c`: has its question opened, been revealed or
     closed since this page last drew (a vote does not count)? For any polling fragment."""
-    with c.lock:
-        now = marker(c.round)
-    return now != S.get(DRAWN, (0, False))
-
-
+    return marker(c.current_round()) != S.get(DRAWN, (0, False))
 
 
 def _who(r) -> str:
@@ -250,7 +236,7 @@ def _live(code: str) -> None:
         c = classroom.REGISTRY.get(code)
     except Refused:
         st.rerun(scope="app")
-    r = snapshot(c)
+    r = c.current_round()
     if fragment_run() and needs_redraw(c):
         st.rerun(scope="app")
     if r is not None:
