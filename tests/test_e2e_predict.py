@@ -7,50 +7,28 @@ student's page took to show each move; the server is stopped by PID.
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
 """
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 from apphelp import REPO, require_browser
 
-CHROMIUM = os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(port, proc, timeout=60):
-    end = time.time() + timeout
-    while time.time() < end:
-        assert proc.poll() is None, "the server exited"
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health",
-                                      timeout=2).read() == b"ok":
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError("the server did not start")
+sys.path.insert(0, str(REPO / "scripts"))
+import measure_latency as M  # noqa: E402  (the server and browser helpers every e2e test uses)
 
 
 def test_a_students_page_follows_the_question(tmp_path):
     require_browser()
     from playwright.sync_api import sync_playwright
 
-    port, code_file = free_port(), tmp_path / "code"
+    port, code_file = M.free_port(), tmp_path / "code"
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "predict_server.py"),
                              str(port), str(code_file)], cwd=REPO, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, text=True)
     try:
-        wait_healthy(port, proc)
+        M.wait_health(port, proc)
         code, answer = code_file.read_text().split()
 
         def lecturer(move):
@@ -59,7 +37,7 @@ def test_a_students_page_follows_the_question(tmp_path):
             return time.time()
 
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            browser = p.chromium.launch(executable_path=M.CHROMIUM, args=M.CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1024, "height": 900})
             page.goto(f"http://127.0.0.1:{port}/?trace=file:toy.npz&budget=4&b.recentWindow=1"
                       f"&follow={code}")
