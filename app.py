@@ -45,94 +45,98 @@ notes = session.init()
 lesson.init()  # a scene's short link (?lesson=NAME&scene=N) applies the scene's state
 for note in notes:
     notices.warning(f"Link: {note}")
-banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
-room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
-if room:
-    with top:
-        present.bar()  # the way back (key P) and every key, above the step navigator
-        follow.code_line()  # an open class's code, for a late student
-else:
-    panels.open_linked_experiment()
-    present.button()
-with notices:
-    lesson.bar(draw_picker=not room)  # the lesson bar above the page, its picker in the sidebar
+# A class's students take turns drawing their pages (kvviz.ui.follow.turn): after the
+# lecturer moves, 30 pages run at once otherwise, and sharing one interpreter each
+# finishes only when all do.
+with follow.turn():
+    banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
+    room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
+    if room:
+        with top:
+            present.bar()  # the way back (key P) and every key, above the step navigator
+            follow.code_line()  # an open class's code, for a late student
+    else:
+        panels.open_linked_experiment()
+        present.button()
+    with notices:
+        lesson.bar(draw_picker=not room)  # the lesson bar above the page, its picker in the sidebar
 
-# The guided experiments and an open experiment's text head the sidebar: beside the chart
-# they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
-experiments = present.sidebar(not room).container()
-if not room:
-    follow.panel()  # the Class panel: open a class, its code and link
-key, layer, version, trace = sidebar.trace_controls(draw=not room)
-if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
-    # the closed-loop results carry their own policies, budgets and steps: the page-wide
-    # ones would be a second, unrelated set of controls on the screen (a class's question, when
-    # one is up, is drawn below instead)
+    # The guided experiments and an open experiment's text head the sidebar: beside the chart
+    # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
+    experiments = present.sidebar(not room).container()
     if not room:
-        sidebar.loop_note()
-        with experiments:
-            panels.experiments_box()
-    with main.container():
+        follow.panel()  # the Class panel: open a class, its code and link
+    key, layer, version, trace = sidebar.trace_controls(draw=not room)
+    if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
+        # the closed-loop results carry their own policies, budgets and steps: the page-wide
+        # ones would be a second, unrelated set of controls on the screen (a class's question, when
+        # one is up, is drawn below instead)
         if not room:
-            panels.view_selector(trace.tokens is not None)
-        with present.frame("loop"):
-            panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
-    for note in session.pop_notes():
+            sidebar.loop_note()
+            with experiments:
+                panels.experiments_box()
+        with main.container():
+            if not room:
+                panels.view_selector(trace.tokens is not None)
+            with present.frame("loop"):
+                panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
+        for note in session.pop_notes():
+            notices.warning(note, icon=":material/warning:")
+        st.session_state[session.DRAWN] = True
+        session.write_url()
+        follow.publish(banner)
+        st.stop()
+    budget, pols = sidebar.policy_controls(trace.steps, trace, draw=not room)
+
+    if not room:
+        with experiments:
+            if not predict.active():  # an experiment's text may name the question's answer
+                panels.experiments_box()
+    for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
+        notices.warning(note, icon=":material/warning:")
+
+    refused = {w: p for w, p in pols.items() if p[2]}
+    for which in refused:
+        top.error(panels.refusal_message(which, pols))
+    if len(refused) == 2:  # nothing left to draw
+        main.empty()
+        session.write_url()
+        follow.publish(banner)
+        st.stop()
+    solo = "" if not refused else "b" if "a" in refused else "a"
+    if solo:  # draw the valid policy on both sides (the views say which one refused)
+        pols["a" if solo == "b" else "b"] = pols[solo]
+    (a, pa, _), (b, pb, _) = pols["a"], pols["b"]
+    head = sidebar.current_head()
+    eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget, head)
+    eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
+    ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
+                     pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
+                     label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo,
+                     head=head)
+    if solo:
+        setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
+                f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
+    with top:
+        locked = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
+        if locked is None:
+            with st.container(key="nav"):  # its button row wraps instead of cutting labels
+                ctx.step = panels.navigator(ctx)
+            session.check_positions(ctx.step)
+            panels.status(ctx)
+        else:
+            ctx.step = locked
+        predict.controls(ctx)
+    with main.container():
+        if not predict.question(ctx):  # the question panel replaces the view while it is up
+            view = (panels.current_view(trace.tokens is not None) if room
+                    else panels.view_selector(trace.tokens is not None))
+            with present.frame(view):
+                panels.RENDER[view](ctx)
+    for note in session.pop_notes():  # ... and while drawing the views
         notices.warning(note, icon=":material/warning:")
     st.session_state[session.DRAWN] = True
     session.write_url()
-    follow.publish(banner)
-    st.stop()
-budget, pols = sidebar.policy_controls(trace.steps, trace, draw=not room)
-
-if not room:
-    with experiments:
-        if not predict.active():  # an experiment's text may name the question's answer
-            panels.experiments_box()
-for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
-    notices.warning(note, icon=":material/warning:")
-
-refused = {w: p for w, p in pols.items() if p[2]}
-for which in refused:
-    top.error(panels.refusal_message(which, pols))
-if len(refused) == 2:  # nothing left to draw
-    main.empty()
-    session.write_url()
-    follow.publish(banner)
-    st.stop()
-solo = "" if not refused else "b" if "a" in refused else "a"
-if solo:  # draw the valid policy on both sides (the views say which one refused)
-    pols["a" if solo == "b" else "b"] = pols[solo]
-(a, pa, _), (b, pb, _) = pols["a"], pols["b"]
-head = sidebar.current_head()
-eng_a = compute.get_engine(key, layer, version, a, compute.params_key(pa), budget, head)
-eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
-ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
-                 pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
-                 label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo,
-                 head=head)
-if solo:
-    setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
-            f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
-with top:
-    locked = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
-    if locked is None:
-        with st.container(key="nav"):  # its button row wraps instead of cutting labels
-            ctx.step = panels.navigator(ctx)
-        session.check_positions(ctx.step)
-        panels.status(ctx)
-    else:
-        ctx.step = locked
-    predict.controls(ctx)
-with main.container():
-    if not predict.question(ctx):  # the question panel replaces the view while it is up
-        view = (panels.current_view(trace.tokens is not None) if room
-                else panels.view_selector(trace.tokens is not None))
-        with present.frame(view):
-            panels.RENDER[view](ctx)
-for note in session.pop_notes():  # ... and while drawing the views
-    notices.warning(note, icon=":material/warning:")
-st.session_state[session.DRAWN] = True
-session.write_url()
-follow.publish(banner)  # the lecturer's page moves the class; a student's polls
-st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
-           "them. The address bar always links to exactly this view.")
+    follow.publish(banner)  # the lecturer's page moves the class; a student's polls
+    st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
+               "them. The address bar always links to exactly this view.")

@@ -14,7 +14,7 @@ import socket
 import sys
 
 from .plugins import add_argument as plugin_arg
-from .paths import app_file, loop_dir, traces_dir  # noqa: F401  (bench and sweep use traces_dir)
+from .paths import app_file, lessons_dir, loop_dir, traces_dir  # noqa: F401  (bench and sweep use traces_dir)
 
 # Offline and local-only: no telemetry, no external IP lookup, bound to 127.0.0.1.
 SETTINGS = {
@@ -138,6 +138,9 @@ def run(args) -> int:
         env["KVVIZ_TRACES_DIR"] = str(traces)
     if loop is not None:
         env["KVVIZ_LOOP_DIR"] = str(loop)
+    lessons = lessons_dir()  # found once here, not on every page run
+    if lessons is not None:
+        env["KVVIZ_LESSONS_DIR"] = str(lessons)
     urls = class_urls(extra)
     if urls is not None:
         urls_line = ("class URLs: " + " ".join(urls) if urls else

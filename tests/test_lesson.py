@@ -368,6 +368,25 @@ def test_lessons_are_found_by_the_paths_rule(tmp_path, monkeypatch):
     assert L.load("mine").title == "T"
     with pytest.raises(ValueError, match="lesson 'nope': no file"):
         L.load("nope")
+
+
+def test_the_page_lists_lessons_as_the_library_does(tmp_path):
+    """The page's picker reads a folder's listing through kvviz.ui.compute.listing (at most
+    every 2 s, per folder); its lesson names are the library's rule over those files."""
+    from kvviz.ui.compute import listing
+
+    for name in ("b.toml", "a.toml", "notes.txt"):
+        (tmp_path / name).write_text("")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "c.toml").write_text("")
+    assert L.names(listing(str(tmp_path), "*.toml")) == ["a", "b"]
+    assert L.names(listing(str(other), "*.toml")) == ["c"]  # one listing per folder
+    assert L.names([p.name for p in tmp_path.iterdir()]) == ["a", "b"]
+    (tmp_path / "d.toml").write_text("")
+    listing.clear()  # (a page sees it within 2 s)
+    assert L.names(listing(str(tmp_path), "*.toml")) == ["a", "b", "d"]
+    assert listing(str(tmp_path / "none"), "*.toml") == []
     with pytest.raises(ValueError, match="not a lesson name"):
         L.path_of("../x")
 

@@ -5,6 +5,7 @@ import io
 import json
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
@@ -535,3 +536,35 @@ def test_obs_window_sweep_is_on_a_log_axis_and_bytes_have_separators():
     numeric = [c for c in df.columns if df[c].dtype.kind in "if" and c != "budget"]
     assert set(numeric) <= set(V.metrics.TABLE_FORMATS)  # every metric column has a format
     assert V.metrics.TABLE_FORMATS["memory (bytes)"] == "%,d"  # 43,520: Streamlit's printf
+
+
+def _effective(fig, axis: str, key: str):
+    """What plotly draws for layout[axis][key]: the figure's own value, else its template's."""
+    own = fig.layout[axis][key]
+    return own if own is not None else fig.layout.template.layout[axis.rstrip("0123456789")][key]
+
+
+def test_light_look_is_the_template_it_replaced():
+    """base_layout lays LIGHT on as values where the figure has none; the look is the one
+    the template `update_layout(template=LIGHT)` gave, axis by axis, own values winning."""
+    from plotly.subplots import make_subplots
+    from kvviz.views.common import LIGHT, base_layout
+
+    def fig():
+        f = make_subplots(rows=2, cols=2)
+        f.add_trace(go.Scatter(x=[0, 1], y=[1, 2]), row=2, col=2)
+        f.update_xaxes(ticks="outside", row=1, col=1)  # its own value: kept either way
+        f.update_yaxes(gridcolor="#123456", row=2, col=1)
+        return f
+
+    new = base_layout(fig(), "t")
+    old = fig().update_layout(template=LIGHT)
+    axes = [k for k in new.layout if k.startswith(("xaxis", "yaxis"))]
+    assert len(axes) == 8
+    for ax in axes:
+        for key in ("gridcolor", "linecolor", "zerolinecolor", "ticks", "automargin"):
+            assert _effective(new, ax, key) == _effective(old, ax, key), (ax, key)
+        assert new.layout[ax].title.standoff == old.layout.template.layout.xaxis.title.standoff
+    assert new.layout.xaxis.ticks == "outside" and new.layout.yaxis3.gridcolor == "#123456"
+    for key in ("paper_bgcolor", "plot_bgcolor", "colorway", "hovermode"):
+        assert new.layout[key] == old.layout.template.layout[key]

@@ -78,6 +78,8 @@ class Class:
     rounds: int = 0
     touched: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    turn: threading.Lock = field(default_factory=threading.Lock, repr=False)  # students' page
+                                     # runs, one at a time (kvviz.ui.follow.turn)
 
     def _owner(self, token: str, what: str) -> None:
         if token != self.owner:

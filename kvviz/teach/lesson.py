@@ -73,10 +73,13 @@ def lessons_folder() -> Path:
     return lessons_or_default()
 
 
-def names() -> list[str]:
-    """The lessons shipped (file stems of lessons/*.toml), sorted."""
-    d = lessons_folder()
-    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+def names(files: list[str] | None = None) -> list[str]:
+    """The lessons shipped (file stems of lessons/*.toml, or of `files`: that folder's names
+    as the page lists them), sorted."""
+    if files is None:
+        d = lessons_folder()
+        files = [p.name for p in d.glob("*.toml")] if d.is_dir() else []
+    return sorted(Path(f).stem for f in files if f.endswith(".toml"))
 
 
 def path_of(name: str) -> Path:

@@ -12,6 +12,8 @@ page never publishes.
 """
 from __future__ import annotations
 
+import contextlib
+
 import streamlit as st
 
 from kvviz.teach.classroom import Refused
@@ -35,6 +37,33 @@ BASE = "follow.base"        # the states that are not a move: the lecturer's, an
                             # at the end of the run that applied it
 OWN = "follow.own"          # True: the student explores on their own (not moved)
 KEYS = (APPLIED, BASE, OWN)  # for session.PAGE_KEYS
+
+
+# The longest a student's page waits for its turn (`turn`) before drawing anyway.
+TURN_WAIT_S = 5.0
+
+
+@contextlib.contextmanager
+def turn():
+    """A following student's page run waits for its class's other students' (one at a time).
+    When the lecturer moves, every follower reruns within a second; run together, the runs
+    share one interpreter and each finishes only when all do, with the server's messages
+    queued behind them. One at a time, the first finishes first, and the server's event loop
+    gets its turns to send. Never waits more than TURN_WAIT_S (then it runs beside the
+    others, as without a turn); a student exploring on their own, a lecturer and a page in
+    no class do not take turns."""
+    c = None
+    if S.get(classroom.FOLLOWS) and not S.get(OWN):
+        try:  # not classroom.follows(): a closed class is said by `sync`, not forgotten here
+            c = classroom.REGISTRY.get(S[classroom.FOLLOWS])
+        except Refused:
+            pass
+    got = c is not None and c.turn.acquire(timeout=TURN_WAIT_S)
+    try:
+        yield
+    finally:
+        if got:
+            c.turn.release()
 
 
 def shared_query() -> dict[str, str]:

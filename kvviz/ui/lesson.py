@@ -13,7 +13,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvviz.teach import lesson as L
-from kvviz.ui import classroom, session
+from kvviz.ui import classroom, compute, session
 from kvviz.ui.session import S
 from kvviz.ui.state import from_query
 
@@ -87,7 +87,7 @@ def _picked() -> None:
 
 def picker() -> None:
     """The sidebar's lesson chooser: every lesson in lessons/, and "no lesson"."""
-    options = [""] + L.names()
+    options = [""] + L.names(compute.listing(str(L.lessons_folder()), "*.toml"))
     st.sidebar.header("Lesson")
     session.widget(st.sidebar.selectbox, "lesson", "lesson", options,
                    fit=lambda v: v if v in options else "", on_change=_picked,

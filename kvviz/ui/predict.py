@@ -160,6 +160,14 @@ def controls(ctx: Ctx) -> None:
                         "shows the cache before it, with nothing that gives the answer away.")
 
 
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _held(code: str, number: int, held: frozenset, step: int, label: str, who: str,
+          trace: tuple, _tokens):
+    """The question's held slots, built once per question server-wide: every page in the
+    class draws the same figure (only read), and a vote reruns the voter's page."""
+    return held_figure(sorted(held), step, label, who, tokens=_tokens)
+
+
 def question(ctx: Ctx) -> bool:
     """The question panel in place of the view; False (nothing drawn) with no question up."""
     c, r, lead = _round()  # a student's page polls the round with follow's timer (ui/follow.py)
@@ -170,8 +178,9 @@ def question(ctx: Ctx) -> bool:
     if r is None:
         return False
     st.markdown(f"#### Which position will {_who(r)} evict next?")
-    chart(held_figure(sorted(r.held), r.answer_step, r.label, r.who,
-                                tokens=ctx.trace.tokens), key="predict.held", **CHART)
+    chart(_held(c.code, r.number, r.held, r.answer_step, r.label, r.who,
+                (ctx.key, ctx.layer, ctx.version), ctx.trace.tokens),
+          key="predict.held", **CHART)
     if not r.revealed:
         st.caption(f"Step {r.answer_step}, before {r.who.upper()} evicts: each bar is a position "
                    f"it holds ({len(r.held)} in all). Guess the one it evicts"

@@ -11,11 +11,32 @@ DEFENDED_COLOUR = "#009E73"
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=14)
 _AXIS = dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", ticks="",
              automargin=True, title=dict(standoff=12))
-# A small white theme. Assigning plotly's named "plotly_white" template deep-copies its
-# defaults for every trace type (~0.15 s per figure); these few layout keys are what we use.
+# A small white theme, laid on each figure as its values where the figure sets none (what a
+# template does). Not as a template: assigning one to a figure, even this small dict, merges it
+# into plotly's default template and validates the whole result, ~45 ms a figure, most of a
+# small figure's cost (the class's question figure: 68 ms -> 20 ms).
 LIGHT = dict(layout=dict(paper_bgcolor="white", plot_bgcolor="white", xaxis=_AXIS, yaxis=_AXIS,
                          colorway=["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9",
                                    "#D55E00", "#999999"], hovermode="closest"))
+
+
+def _fill(obj, values: dict) -> None:
+    """Set each of `values` on the plotly object `obj` where it has none (nested dicts
+    likewise): a template's rule, that the figure's own values win."""
+    for k, v in values.items():
+        if isinstance(v, dict):
+            _fill(obj[k], v)
+        elif obj[k] is None:
+            obj[k] = v
+
+
+def light(fig: go.Figure) -> go.Figure:
+    """LIGHT on `fig`'s layout and every axis it has (call once its subplots exist)."""
+    lay = {k: v for k, v in LIGHT["layout"].items() if k not in ("xaxis", "yaxis")}
+    _fill(fig.layout, lay)
+    fig.for_each_xaxis(lambda ax: _fill(ax, _AXIS))
+    fig.for_each_yaxis(lambda ax: _fill(ax, _AXIS))
+    return fig
 
 
 def base_layout(fig: go.Figure, title: str, height: int = 360,
@@ -28,8 +49,8 @@ def base_layout(fig: go.Figure, title: str, height: int = 360,
               else dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left"), height=height,
                       margin=dict(l=60, r=20, t=70, b=bottom if legend_below else 50), font=FONT,
-                      template=LIGHT, hoverlabel=dict(font_size=14), legend=legend)
-    return fig
+                      hoverlabel=dict(font_size=14), legend=legend)
+    return light(fig)
 
 
 def visible_token(tok: str) -> str:
