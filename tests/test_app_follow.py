@@ -221,3 +221,23 @@ def test_every_view_keeps_its_follower_following(traces, monkeypatch):
         assert stu.segmented_control(key="w.view").value == view
         assert shared(stu) == shared(lect), view
     assert len(seen) >= len(VIEWS) - 1
+
+
+def test_a_class_with_nothing_published_yet_is_seen_once(traces):
+    """A class whose lecturer has not published a page yet (a fresh class; the browser
+    test's lecturer, which never does): the follower's page marks that version seen, so its
+    poll (version != follow.applied) does not redraw the whole page every tick (it did, and a
+    guess being typed was wiped by the redraw); the lecturer's first page then moves it."""
+    from kvviz.teach.classroom import new_token
+
+    tok = new_token()
+    c = REGISTRY.open(tok)
+    stu = app(follow=c.code)
+    ok(stu)
+    assert stu.session_state["follow.applied"] == c.snapshot()[0] == 0
+    assert f"Following the lecturer of class **{c.code}**" in banner(stu)
+    c.publish(tok, {"trace": "file:small.npz", "view": "scores", "step": "40"})
+    stu.run()
+    ok(stu)
+    assert stu.session_state["follow.applied"] == 1
+    assert stu.segmented_control(key="w.view").value == "scores" and step(stu) == 40

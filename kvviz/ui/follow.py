@@ -136,8 +136,11 @@ def sync(where):
         return slot
     if not S.get(OWN):
         version, state = c.snapshot()
-        if version != S.get(APPLIED) and state:
-            _apply(version, state)
+        if version != S.get(APPLIED):
+            if state:
+                _apply(version, state)
+            else:  # nothing published yet: seen, so the poll does not redraw every tick
+                S[APPLIED] = version
     return slot
 
 
