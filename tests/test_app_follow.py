@@ -241,3 +241,17 @@ def test_a_class_with_nothing_published_yet_is_seen_once(traces):
     ok(stu)
     assert stu.session_state["follow.applied"] == 1
     assert stu.segmented_control(key="w.view").value == "scores" and step(stu) == 40
+
+
+def test_the_lecturers_panel_counts_the_students(traces):
+    from kvviz.ui.follow import students_line
+
+    lect, code = lecturer(traces)
+    assert students_line(0) in text(lect.sidebar, "caption")
+    students = [app(follow=code) for _ in range(2)]
+    for stu in students:
+        ok(stu)
+    lect.run()
+    assert students_line(2) in text(lect.sidebar, "caption")
+    assert REGISTRY.get(code).students() == 2
+    assert students_line(1) == "**1** student in the class now"

@@ -142,3 +142,17 @@ def test_a_page_counts_a_copy_of_the_votes():
     c.vote("s2", r.number, 5)
     assert snap.votes == {"s1": 3} and snap.tally() == {3: 1} and len(c.round.votes) == 2
     assert (snap.number, snap.held, snap.answer) == (r.number, r.held, r.answer)
+
+
+def test_students_are_counted_once_while_their_pages_are_heard_from():
+    c = cr.Registry().open("lect")
+    assert c.students() == 0
+    c.here("lect", now=100.0)  # the lecturer is not a student
+    for t in ("s1", "s2", "s1"):
+        c.here(t, now=100.0)
+    assert c.students(now=101.0) == 2
+    c.here("s2", now=103.0)
+    assert c.students(within=5, now=105.5) == 1  # s1 last heard 5.5 s ago: its tab closed
+    c.here("s1", now=106.0)  # ... or it came back
+    assert c.students(within=5, now=106.0) == 2
+    assert c.students(within=5, now=200.0) == 0

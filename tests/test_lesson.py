@@ -371,8 +371,8 @@ def test_lessons_are_found_by_the_paths_rule(tmp_path, monkeypatch):
 
 
 def test_the_page_lists_lessons_as_the_library_does(tmp_path):
-    """The page's picker reads a folder's listing through kvviz.ui.compute.listing (at most
-    every 2 s, per folder); its lesson names are the library's rule over those files."""
+    """The page's picker reads a folder's listing through kvviz.ui.compute.listing (listed
+    again when the folder changes); its lesson names are the library's rule over those."""
     from kvviz.ui.compute import listing
 
     for name in ("b.toml", "a.toml", "notes.txt"):
@@ -383,9 +383,10 @@ def test_the_page_lists_lessons_as_the_library_does(tmp_path):
     assert L.names(listing(str(tmp_path), "*.toml")) == ["a", "b"]
     assert L.names(listing(str(other), "*.toml")) == ["c"]  # one listing per folder
     assert L.names([p.name for p in tmp_path.iterdir()]) == ["a", "b"]
-    (tmp_path / "d.toml").write_text("")
-    listing.clear()  # (a page sees it within 2 s)
+    (tmp_path / "d.toml").write_text("")  # seen at once: the folder changed
     assert L.names(listing(str(tmp_path), "*.toml")) == ["a", "b", "d"]
+    (tmp_path / "a.toml").rename(tmp_path / "e.toml")
+    assert L.names(listing(tmp_path, "*.toml")) == ["b", "d", "e"]
     assert listing(str(tmp_path / "none"), "*.toml") == []
     with pytest.raises(ValueError, match="not a lesson name"):
         L.path_of("../x")

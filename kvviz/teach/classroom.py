@@ -21,6 +21,7 @@ ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 CODE_LEN = 6
 MAX_CLASSES = 256       # per server; the oldest idle class goes first past this
 IDLE_SECONDS = 12 * 3600  # a class nobody touched for this long is closed
+HERE_SECONDS = 5.0  # a student's page not heard from for this long is no longer counted
 MAX_VOTES = 1000        # per round (a class, not a crowd)
 
 
@@ -78,6 +79,7 @@ class Class:
     rounds: int = 0
     touched: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    seen: dict = field(default_factory=dict, repr=False)  # student's token -> last heard
     turn: threading.Lock = field(default_factory=threading.Lock, repr=False)  # students' page
                                      # runs, one at a time (kvviz.ui.follow.turn)
 
@@ -108,6 +110,22 @@ class Class:
         with self.lock:
             r = self.round
             return None if r is None else replace(r, votes=dict(r.votes))
+
+    def here(self, token: str, now: float | None = None) -> None:
+        """A student's page was heard from (each of its runs and poll ticks)."""
+        if token == self.owner:
+            return
+        with self.lock:
+            self.seen[token] = time.monotonic() if now is None else now
+
+    def students(self, within: float = HERE_SECONDS, now: float | None = None) -> int:
+        """How many students' pages were heard from in the last `within` seconds (a page
+        polls every second; a closed tab stops being counted)."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            for t in [t for t, when in self.seen.items() if now - when > within]:
+                del self.seen[t]  # (gone: a page that comes back is counted again)
+            return len(self.seen)
 
     def poll(self) -> tuple[int, int]:
         """(version, round_version): what a polling page compares with what it last drew."""

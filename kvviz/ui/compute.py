@@ -8,6 +8,7 @@ arrays and dicts with `st.cache_data`.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,17 +30,26 @@ def traces_dir() -> Path:
     return traces_or_default()
 
 
-@st.cache_data(ttl=2, show_spinner=False)
-def listing(folder: str, pattern: str) -> list[str]:
-    """The names in `folder` matching `pattern`, sorted, read at most every 2 s per folder
-    server-wide: every page run lists the traces and the lessons, and after a lecturer's move
-    a class's 30 pages run within a second. A file added shows within 2 s."""
+def listing(folder, pattern: str) -> list[str]:
+    """The names in `folder` matching `pattern`, sorted: listed once per change of the
+    folder (its modification time moves when a file is added, removed or renamed) and
+    shared server-wide. Every page run lists the traces and the lessons, and after a
+    lecturer's move a class's 30 pages run within a second: one stat each, not a listing."""
+    try:
+        stamp = os.stat(folder).st_mtime_ns
+    except OSError:
+        return []
+    return _listing(str(folder), pattern, stamp)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _listing(folder: str, pattern: str, stamp: int) -> list[str]:
     d = Path(folder)
     return sorted(p.name for p in d.glob(pattern)) if d.is_dir() else []
 
 
 def list_trace_files() -> list[str]:
-    return listing(str(traces_dir()), "*.npz")
+    return listing(traces_dir(), "*.npz")
 
 
 @st.cache_resource(show_spinner=False)

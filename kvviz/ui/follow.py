@@ -16,7 +16,7 @@ import contextlib
 
 import streamlit as st
 
-from kvviz.teach.classroom import Refused
+from kvviz.teach.classroom import HERE_SECONDS, Refused
 from kvviz.ui import classroom, predict, session
 from kvviz.ui.session import S, fragment_run
 from kvviz.ui.state import from_query, to_query
@@ -30,6 +30,7 @@ from kvviz.ui.state import from_query, to_query
 # during it; the script's queue model puts the p95 follow at 2.3 s (0.5 s), 1.8 (0.75),
 # 1.7 (1 s), 1.6 (1.25). 1 s: under the 2 s target, where a longer wait gains little.
 POLL_S = 1.0
+COUNT_S = 2.0  # how often the lecturer's panel recounts the students
 
 OWN_KEYS = ("present",)  # a screen's own preference: neither published nor applied
 APPLIED = "follow.applied"  # the lecturer's version this page last applied
@@ -126,8 +127,10 @@ def sync(where):
     code = S.get(classroom.FOLLOWS, "")
     if not code:
         return slot
-    classroom.token()  # a member of the class (the one its votes count once)
+    me = classroom.token()  # a member of the class (the one its votes count once)
     c = classroom.follows()
+    if c is not None:
+        c.here(me)  # counted on the lecturer's panel
     if c is None:
         where.warning(f"Class {code} has been closed (by its lecturer, or after a long idle "
                       "spell): this page is your own explorer now.",
@@ -154,7 +157,8 @@ def code_line() -> None:
     late student can still join from the projector."""
     c = classroom.leads()
     if c is not None:
-        st.caption(f"Class **{c.code}** · students open `{student_link(c.code)}`")
+        st.caption(f"Class **{c.code}** · students open `{student_link(c.code)}` · "
+                   + students_line(c.students()))
 
 
 def panel() -> None:
@@ -175,8 +179,27 @@ def panel() -> None:
         f"line-height:1.1'>{c.code}</div>", unsafe_allow_html=True,
         help="Their pages follow yours: trace, policies, parameters, view and step "
              "(presentation mode is each screen's own). Only this session moves the class.")
+    with side, session.timer_place():  # (why: kvviz.ui.session.timer_place)
+        _count(c.code)
     side.button("Close the class", key="class.close", on_click=_close,
                 icon=":material/close:")
+
+
+def students_line(n: int) -> str:
+    return f"**{n}** {'student' if n == 1 else 'students'} in the class now"
+
+
+@st.fragment(run_every=COUNT_S)
+def _count(code: str) -> None:
+    """The lecturer's count of students' pages open (heard from in the last
+    classroom.HERE_SECONDS), redrawn every COUNT_S: who has joined, before the class starts."""
+    try:
+        n = classroom.REGISTRY.get(code).students()
+    except Refused:  # closed: the page run says so
+        return
+    st.caption(students_line(n), help="Students' pages heard from in the last "
+               f"{HERE_SECONDS:.0f} s (each asks the server every {POLL_S:.0f} s); a closed tab "
+               "stops being counted.")
 
 
 @st.fragment(run_every=POLL_S)
@@ -191,6 +214,7 @@ def _poll() -> None:
         c = classroom.REGISTRY.get(S.get(classroom.FOLLOWS, ""))
     except Refused:  # closed: the page run says so
         st.rerun(scope="app")
+    c.here(classroom.token())
     version, _ = c.poll()
     if (not S.get(OWN) and version != S.get(APPLIED)) or predict.needs_redraw(c):
         st.rerun(scope="app")

@@ -87,7 +87,7 @@ def _picked() -> None:
 
 def picker() -> None:
     """The sidebar's lesson chooser: every lesson in lessons/, and "no lesson"."""
-    options = [""] + L.names(compute.listing(str(L.lessons_folder()), "*.toml"))
+    options = [""] + L.names(compute.listing(L.lessons_folder(), "*.toml"))
     st.sidebar.header("Lesson")
     session.widget(st.sidebar.selectbox, "lesson", "lesson", options,
                    fit=lambda v: v if v in options else "", on_change=_picked,

@@ -13,7 +13,8 @@ from kvviz.ui.glossary import glossary_popover
 from kvviz.ui.positions import restore_position
 from kvviz.views.common import A_COLOUR, B_COLOUR
 from kvviz.views.states import NEVER, next_after
-from kvviz.ui.session import S, fragment_run, from_link, keep, note, restore, set_value, widget, wkey
+from kvviz.ui.session import (S, fragment_run, from_link, keep, note, restore, set_value,
+                              timer_place, widget, wkey)
 
 SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 
@@ -162,7 +163,8 @@ def navigator(ctx: Ctx) -> int:
     keep(wkey("step"), int(step))
     jumps_row(ctx, int(step))
     if S.get("w.play"):
-        _ticker(steps)
+        with timer_place():  # a tick reruns the page every second: (why: session.timer_place)
+            _ticker(steps)
     return int(step)
 
 

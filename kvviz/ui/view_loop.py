@@ -19,7 +19,7 @@ from kvviz import views as V
 from kvviz.policies import POLICIES
 from kvviz.ui import jobs
 from kvviz.ui.context import CHART
-from kvviz.ui.session import from_link, note, widget
+from kvviz.ui.session import from_link, note, timer_place, widget
 from kvviz.views import loop as LV
 from kvviz.ui.present import chart
 
@@ -164,7 +164,8 @@ def run_box(ctx):
         if not busy and job and job["error"]:
             st.error(f"The loop failed: {job['error']}")
     if busy or (S.get(JOB) and S[JOB]["running"]):
-        _poll()  # outside the expander, so the progress bar shows even when it is closed
+        with timer_place():  # (why: kvviz.ui.session.timer_place)
+            _poll()  # outside the expander, so the progress bar shows even when it is closed
 
 
 # --- the view ----------------------------------------------------------------------------

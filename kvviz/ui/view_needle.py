@@ -17,7 +17,7 @@ import streamlit as st
 from kvviz.policies import POLICIES
 from kvviz.ui import jobs
 from kvviz.ui.context import CHART
-from kvviz.ui.session import note
+from kvviz.ui.session import note, timer_place
 from kvviz.ui.view_loop import POLL_S, torch_available
 from kvviz.views import needle as NV
 from kvviz.views.cache import Prebuilt
@@ -365,7 +365,8 @@ def run_box():
         if not busy and job and job["error"]:
             st.error(f"The pass-key run failed: {job['error']}")
     if busy:
-        _poll()
+        with timer_place():  # (why: kvviz.ui.session.timer_place)
+            _poll()
 
 
 def check_inputs(passage: str, key: str, question: str) -> str:
