@@ -51,6 +51,10 @@ for note in notes:
 with follow.turn():
     banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
     room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
+    # a following student's sidebar says the lecturer's settings instead of drawing their
+    # controls (the same values, through presentation mode's quiet sidebar), until they
+    # explore on their own: a third of a page run, 30 times after every move
+    quiet = room or follow.following()
     if room:
         with top:
             present.bar()  # the way back (key P) and every key, above the step navigator
@@ -59,22 +63,24 @@ with follow.turn():
         panels.open_linked_experiment()
         present.button()
     with notices:
-        lesson.bar(draw_picker=not room)  # the lesson bar above the page, its picker in the sidebar
+        lesson.bar(draw_picker=not quiet)  # the lesson bar above the page, its picker in the sidebar
 
     # The guided experiments and an open experiment's text head the sidebar: beside the chart
     # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
-    experiments = present.sidebar(not room).container()
+    experiments = present.sidebar(not quiet).container()
     if not room:
         follow.panel()  # the Class panel: open a class, its code and link
-    key, layer, version, trace = sidebar.trace_controls(draw=not room)
+    key, layer, version, trace = sidebar.trace_controls(draw=not quiet)
     if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
         # the closed-loop results carry their own policies, budgets and steps: the page-wide
         # ones would be a second, unrelated set of controls on the screen (a class's question, when
         # one is up, is drawn below instead)
-        if not room:
+        if not quiet:
             sidebar.loop_note()
             with experiments:
                 panels.experiments_box()
+        elif not room:
+            follow.summary(key)
         with main.container():
             if not room:
                 panels.view_selector(trace.tokens is not None)
@@ -86,9 +92,11 @@ with follow.turn():
         session.write_url()
         follow.publish(banner)
         st.stop()
-    budget, pols = sidebar.policy_controls(trace.steps, trace, draw=not room)
+    budget, pols = sidebar.policy_controls(trace.steps, trace, draw=not quiet)
+    if quiet and not room:
+        follow.summary(key, budget, pols)
 
-    if not room:
+    if not quiet:
         with experiments:
             if not predict.active():  # an experiment's text may name the question's answer
                 panels.experiments_box()

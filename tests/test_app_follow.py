@@ -83,9 +83,15 @@ def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces):
     ok(stu)
     assert not stu.error
     assert stu.session_state["class.token"] != lect.session_state["class.token"]
-    assert stu.selectbox(key="w.trace").value == "file:small.npz"
-    assert (stu.selectbox(key="w.a").value, stu.selectbox(key="w.b").value) == ("snapkv", "h2o")
-    assert stu.slider(key="w.pa.pool_kernel").value == 9
+    # while following, the sidebar says the lecturer's settings (no controls drawn)
+    kv = stu.session_state["kv"]
+    assert (kv["trace"], kv["a"], kv["b"], kv["w.pa.pool_kernel"]) == (
+        "file:small.npz", "snapkv", "h2o", 9)
+    said = text(stu.sidebar)
+    assert f"**The lecturer's settings** (class **{code}**)" in said
+    assert "- trace: traces/small.npz" in said and f"- budget: {qp(lect)['budget']}" in said
+    assert "- A: snapkv (poolKernel=9)" in said and "- B: h2o" in said, said
+    assert not stu.sidebar.selectbox and not stu.sidebar.slider
     assert stu.segmented_control(key="w.view").value == "scores"
     assert step(stu) == 77 and shown_step(stu) == 77
     assert shared(stu) == shared(lect)
@@ -101,7 +107,8 @@ def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces):
     ok(stu)
     assert step(stu) == shown_step(stu) == 78
     assert stu.segmented_control(key="w.view").value == "cache"
-    assert stu.slider(key="w.pa.obs_window").value == 4
+    assert stu.session_state["kv"]["w.pa.obs_window"] == 4
+    assert "obsWindow=4" in text(stu.sidebar)
     assert shared(stu) == shared(lect)
 
 
@@ -255,3 +262,23 @@ def test_the_lecturers_panel_counts_the_students(traces):
     assert students_line(2) in text(lect.sidebar, "caption")
     assert REGISTRY.get(code).students() == 2
     assert students_line(1) == "**1** student in the class now"
+
+
+def test_explore_on_my_own_draws_the_lecturers_controls(traces):
+    lect, code = lecturer(traces)
+    stu = app(follow=code)
+    stu.button(key="class.explore").click().run()
+    ok(stu)
+    assert "exploring on your own" in banner(stu)
+    assert stu.selectbox(key="w.trace").value == "file:small.npz"  # set as the lecturer's
+    assert (stu.selectbox(key="w.a").value, stu.selectbox(key="w.b").value) == ("snapkv", "h2o")
+    assert stu.slider(key="w.pa.pool_kernel").value == 9 and step(stu) == 77
+    stu.selectbox(key="w.b").set_value("tova").run()  # their own now
+    lect.button(key="nav.next").click().run()
+    stu.run()
+    assert step(stu) == 77 and stu.selectbox(key="w.b").value == "tova"
+    stu.button(key="class.back").click().run()
+    ok(stu)
+    assert "Following the lecturer" in banner(stu) and shared(stu) == shared(lect)
+    assert step(stu) == 78 and stu.session_state["kv"]["b"] == "h2o"
+    assert not stu.sidebar.selectbox  # the summary again

@@ -87,6 +87,36 @@ def _apply(version: int, state: dict) -> None:
     S[BASE] = [{k: v for k, v in state.items() if k not in OWN_KEYS}]
 
 
+def following() -> bool:
+    """This page follows its class's lecturer now (not exploring on its own)."""
+    return bool(S.get(classroom.FOLLOWS)) and not S.get(OWN)
+
+
+def _explore() -> None:
+    S[OWN] = True
+
+
+def summary(key: str, budget: int | None = None, pols: dict | None = None) -> None:
+    """A following student's sidebar: the lecturer's settings as text, and the way to explore
+    on one's own (which draws the controls, set as the lecturer's are)."""
+    from kvviz.ui import compute
+    from kvviz.ui.context import policy_label
+
+    lines = [f"- trace: {compute.trace_label(key)}"]
+    if budget is not None:
+        lines.append(f"- budget: {budget}")
+    for which, (name, params, error) in (pols or {}).items():
+        lines.append(f"- {which.upper()}: {policy_label(name, params)}"
+                     + (" (refused: see the page)" if error else ""))
+    side = st.sidebar
+    side.markdown(f"**The lecturer's settings** (class **{S[classroom.FOLLOWS]}**):\n"
+                  + "\n".join(lines))
+    side.button("Explore on my own", key="class.explore", on_click=_explore,
+                icon=":material/explore:", width="stretch",
+                help="Your own trace, policies, budget and view, starting from the "
+                     "lecturer's; \"Back to the lecturer\" follows again.")
+
+
 def _forget() -> None:
     S[classroom.FOLLOWS] = ""
     for k in KEYS:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from kvviz import explain, jumps
 from kvviz import views as V
-from kvviz.ui import compute, present
+from kvviz.ui import compute, follow, present
 from kvviz.ui.context import Ctx
 from kvviz.ui.glossary import glossary_popover
 from kvviz.ui.positions import restore_position
@@ -69,7 +69,8 @@ def jumps_row(ctx: Ctx, step: int):
     """The jumps a lecturer wants on one wrapping row (whole labels at 1024 px and 125 %
     zoom); their settings, the tracked position and the threshold, at the foot of the
     sidebar, so the first chart stays high on the page."""
-    side = present.sidebar(not present.active())  # presentation mode: values, no widgets
+    # presentation mode, a following student: the values, no widgets (app.py)
+    side = present.sidebar(not (present.active() or follow.following()))
     side.header("Track and jump")
     restore_position("track", ctx.trace.steps)
     track = side.number_input("track position (-1: none)", min_value=-1,
