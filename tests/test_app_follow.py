@@ -282,3 +282,36 @@ def test_explore_on_my_own_draws_the_lecturers_controls(traces):
     assert "Following the lecturer" in banner(stu) and shared(stu) == shared(lect)
     assert step(stu) == 78 and stu.session_state["kv"]["b"] == "h2o"
     assert not stu.sidebar.selectbox  # the summary again
+
+
+KEY = re.compile(r"lecturer key: `([A-Z2-9]{4})-([A-Z2-9]{4})`")
+
+
+def test_a_reloaded_lecturer_takes_the_class_back_with_its_key(traces):
+    """A reload is a new session: with the code and the key the old tab showed, it leads the
+    class again at the class's page, and the old tab no longer moves it."""
+    lect, code = lecturer(traces)
+    stu = app(follow=code)
+    key = "-".join(KEY.search(text(lect.sidebar)).groups())
+    assert key.replace("-", "") == REGISTRY.get(code).key
+    new = app(trace="file:small.npz")  # the reloaded tab: a new session, at its own page
+    new.text_input(key="class.take.code").input(code.lower())
+    new.text_input(key="class.take.key").input("WRONG-KEY")
+    new.button(key="class.take").click().run()
+    assert f"not class {code}'s lecturer key" in text(new, "error")
+    assert "class.open" in [b.key for b in new.sidebar.button]  # still a plain page
+    new.text_input(key="class.take.code").input(code)
+    new.text_input(key="class.take.key").input(key)
+    new.button(key="class.take").click().run()
+    ok(new)
+    assert KEY.search(text(new.sidebar))  # it leads: the panel, the key
+    assert shared(new) == shared(lect) and step(new) == 77  # at the class's page
+    new.button(key="nav.next").click().run()
+    stu.run()
+    assert step(stu) == 78  # the class moves with the new tab
+    lect.run()  # the old tab: a plain page now, no error
+    ok(lect)
+    assert not KEY.search(text(lect.sidebar)) and not lect.error
+    lect.button(key="nav.next").click().run()
+    stu.run()
+    assert step(stu) == 78  # ... and it does not move the class

@@ -236,3 +236,24 @@ def test_a_students_page_redraws_on_ask_reveal_and_close_never_on_a_vote():
     seen.append(marker(c.round))
     assert seen == [(0, False), (1, False), (1, False), (1, True), (0, False)]
     assert c.poll()[1] == 4  # the vote moved the round's version, not the marker
+
+
+def test_a_tab_that_takes_the_class_back_keeps_its_question():
+    lect, c = lecturer(step=ASKED_AT)
+    lect.button(key="predict.ask.a").click().run()
+    stu = student(c.code)
+    stu.number_input(key="predict.guess").set_value(min(c.round.answer)).run()
+    stu.button(key="predict.vote").click().run()
+    new = app(**PAGE)  # the lecturer's tab, reloaded
+    new.text_input(key="class.take.code").input(c.code)
+    new.text_input(key="class.take.key").input(c.key)
+    new.button(key="class.take").click().run()
+    ok(new)
+    assert c.round is not None and "was closed" not in errors(new) + " ".join(
+        w.value for w in new.warning)
+    assert any("Which position will A (tova) evict next?" in t for t in texts(new))
+    new.button(key="predict.reveal").click().run()
+    ok(new)
+    assert c.round.revealed and len(c.round.votes) == 1
+    stu.run()
+    assert "right" in " ".join(texts(stu))

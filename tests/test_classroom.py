@@ -156,3 +156,20 @@ def test_students_are_counted_once_while_their_pages_are_heard_from():
     c.here("s1", now=106.0)  # ... or it came back
     assert c.students(within=5, now=106.0) == 2
     assert c.students(within=5, now=200.0) == 0
+
+
+def test_the_lecturer_key_takes_the_class_back_and_nothing_else_does():
+    reg = cr.Registry()
+    c = reg.open("old")
+    assert len(c.key) == 8 and set(c.key) <= set(cr.ALPHABET) and c.key != c.code
+    assert reg.open("x").key != c.key
+    for wrong in ("", c.code, c.key[:7], c.key[::-1] if c.key[::-1] != c.key else "AAAAAAAA"):
+        with pytest.raises(cr.Refused, match=f"not class {c.code}'s lecturer key"):
+            c.take_back(wrong, "new")
+    assert c.owner == "old"
+    c.here("new")  # the new tab had joined as a student first
+    c.take_back(f"{c.key[:4]}-{c.key[4:]}".lower(), "new")  # as read off the page
+    assert c.owner == "new" and c.students() == 0
+    c.publish("new", {"step": "3"})
+    with pytest.raises(cr.Refused, match="only the lecturer's session"):
+        c.publish("old", {"step": "4"})

@@ -34,6 +34,12 @@ def new_token() -> str:
     return secrets.token_urlsafe(16)
 
 
+def new_key() -> str:
+    """A class's lecturer key: 8 characters of ALPHABET (40 bits), shown only on the lecturer's
+    page, which with the code lets a new tab take the class back (`Class.take_back`)."""
+    return "".join(secrets.choice(ALPHABET) for _ in range(8))
+
+
 def normal_code(code) -> str:
     return str(code or "").strip().upper()
 
@@ -78,6 +84,7 @@ class Class:
     round_version: int = 0           # +1 on ask, vote, reveal, close (the question panels redraw)
     rounds: int = 0
     touched: float = field(default_factory=time.monotonic)
+    key: str = field(default_factory=new_key, repr=False)  # the lecturer's, to take it back
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     seen: dict = field(default_factory=dict, repr=False)  # student's token -> last heard
     turn: threading.Lock = field(default_factory=threading.Lock, repr=False)  # students' page
@@ -110,6 +117,18 @@ class Class:
         with self.lock:
             r = self.round
             return None if r is None else replace(r, votes=dict(r.votes))
+
+    def take_back(self, key: str, token: str) -> None:
+        """The lecturer's key moves the class to `token` (a reloaded or new tab); the old
+        token can no longer move it."""
+        if not secrets.compare_digest(normal_code(key).replace("-", "").encode(),
+                                      self.key.encode()):
+            raise Refused(f"that is not class {self.code}'s lecturer key (8 characters, shown "
+                          "under the code on the lecturer's page)")
+        with self.lock:
+            self.owner = token
+            self.seen.pop(token, None)  # a student's tab that takes the class is its lecturer
+            self.touched = time.monotonic()
 
     def here(self, token: str, now: float | None = None) -> None:
         """A student's page was heard from (each of its runs and poll ticks)."""

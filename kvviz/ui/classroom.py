@@ -66,8 +66,22 @@ def _lookup(key: str) -> Class | None:
 
 
 def leads() -> Class | None:
-    """The class this session leads, or None."""
-    return _lookup(LEADS)
+    """The class this session leads, or None (also when another tab took it back with the
+    lecturer's key: this one is a plain page again)."""
+    c = _lookup(LEADS)
+    if c is not None and c.owner != token():
+        S[LEADS] = ""
+        return None
+    return c
+
+
+def take_back(code: str, key: str) -> Class:
+    """This session leads class `code` again, with its lecturer key (Refused otherwise)."""
+    c = REGISTRY.get(code)
+    c.take_back(key, token())
+    S[LEADS] = c.code
+    S[FOLLOWS] = ""
+    return c
 
 
 def follows() -> Class | None:

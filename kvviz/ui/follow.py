@@ -16,7 +16,7 @@ import contextlib
 
 import streamlit as st
 
-from kvviz.teach.classroom import HERE_SECONDS, Refused
+from kvviz.teach.classroom import CODE_LEN, HERE_SECONDS, Refused
 from kvviz.ui import classroom, predict, session
 from kvviz.ui.session import S, fragment_run
 from kvviz.ui.state import from_query, to_query
@@ -138,6 +138,23 @@ def _open() -> None:
     classroom.open_class()
 
 
+TAKE_CODE, TAKE_KEY, TAKE_MSG = "class.take.code", "class.take.key", "class.take.msg"
+
+
+def _take_back() -> None:
+    """Callback: lead the class again, at the page it is on (the class's last published one)."""
+    try:
+        c = classroom.take_back(S.get(TAKE_CODE, ""), S.get(TAKE_KEY, ""))
+    except Refused as exc:
+        S[TAKE_MSG] = str(exc)
+        return
+    for k in (TAKE_CODE, TAKE_KEY):
+        S.pop(k, None)
+    version, state = c.snapshot()
+    if state:
+        _apply(version, state)
+
+
 def _close() -> None:
     c = classroom.leads()
     if c is not None:
@@ -201,6 +218,15 @@ def panel() -> None:
                         icon=":material/groups:",
                         help="Students who open the link this gives follow this page: it "
                              "moves theirs as you move. Held in this server's memory only.")
+            msg = S.pop(TAKE_MSG, None)
+            with side.expander("Take back a class", expanded=bool(msg)):
+                st.caption("Your tab was reloaded or closed: the class's code and the "
+                           "lecturer key its page showed make this tab its lecturer.")
+                st.text_input("class code", key=TAKE_CODE, max_chars=CODE_LEN)
+                st.text_input("lecturer key", key=TAKE_KEY, type="password", max_chars=9)
+                st.button("Take it back", key="class.take", on_click=_take_back)
+                if msg:
+                    st.error(msg)
         return
     link = student_link(c.code)
     side.markdown(
@@ -211,6 +237,11 @@ def panel() -> None:
              "(presentation mode is each screen's own). Only this session moves the class.")
     with side, session.timer_place():  # (why: kvviz.ui.session.timer_place)
         _count(c.code)
+    with side.expander("If this tab is reloaded or closed"):
+        st.caption("A reload is a new session, which does not lead the class. Keep this key "
+                   "off the projector: with the code, **Take back a class** in a new tab "
+                   "leads it again.")
+        st.markdown(f"lecturer key: `{c.key[:4]}-{c.key[4:]}`")
     side.button("Close the class", key="class.close", on_click=_close,
                 icon=":material/close:")
 

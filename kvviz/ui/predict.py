@@ -124,7 +124,8 @@ def locked(ctx: Ctx) -> int | None:
     c, r, lead = _round()
     if r is None:
         return None
-    if lead and S.get(ASKED, {}).get(r.number) != ctx.run(r.who):
+    # (a tab that took the class back, at the class's page, finds the question: its own now)
+    if lead and S.setdefault(ASKED, {}).setdefault(r.number, ctx.run(r.who)) != ctx.run(r.who):
         c.close_round(classroom.token())
         S[MSG] = ("warning", f"The question about {_who(r)} was closed: the page's trace, "
                              "policy, parameters or budget changed since it was asked.")
