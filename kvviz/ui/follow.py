@@ -17,7 +17,8 @@ import contextlib
 import streamlit as st
 
 from kvviz.teach.classroom import CODE_LEN, HERE_SECONDS, Refused
-from kvviz.ui import classroom, predict, session
+from kvviz.ui import classroom, compute, predict, session
+from kvviz.ui.context import policy_label
 from kvviz.ui.session import S, fragment_run
 from kvviz.ui.state import from_query, to_query
 
@@ -54,7 +55,7 @@ def turn():
     others, as without a turn); a student exploring on their own, a lecturer and a page in
     no class do not take turns."""
     c = None
-    if S.get(classroom.FOLLOWS) and not S.get(OWN):
+    if following():
         try:  # not classroom.follows(): a closed class is said by `sync`, not forgotten here
             c = classroom.REGISTRY.get(S[classroom.FOLLOWS])
         except Refused:
@@ -99,9 +100,6 @@ def _explore() -> None:
 def summary(key: str, budget: int | None = None, pols: dict | None = None) -> None:
     """A following student's sidebar: the lecturer's settings as text, and the way to explore
     on one's own (which draws the controls, set as the lecturer's are)."""
-    from kvviz.ui import compute
-    from kvviz.ui.context import policy_label
-
     lines = [f"- trace: {compute.trace_label(key)}"]
     if budget is not None:
         lines.append(f"- budget: {budget}")
@@ -176,14 +174,13 @@ def sync(where):
         return slot
     me = classroom.token()  # a member of the class (the one its votes count once)
     c = classroom.follows()
-    if c is not None:
-        c.here(me)  # counted on the lecturer's panel
     if c is None:
         where.warning(f"Class {code} has been closed (by its lecturer, or after a long idle "
                       "spell): this page is your own explorer now.",
                       icon=":material/group_off:")
         _forget()
         return slot
+    c.here(me)  # counted on the lecturer's panel
     if not S.get(OWN):
         version, state = c.snapshot()
         if version != S.get(APPLIED):

@@ -14,7 +14,7 @@ _AXIS = dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", 
 # A small white theme, laid on each figure as its values where the figure sets none (what a
 # template does). Not as a template: assigning one to a figure, even this small dict, merges it
 # into plotly's default template and validates the whole result, ~45 ms a figure, most of a
-# small figure's cost (the class's question figure: 68 ms -> 20 ms).
+# small figure's cost (the class's question figure: 68 ms -> 39 ms).
 LIGHT = dict(layout=dict(paper_bgcolor="white", plot_bgcolor="white", xaxis=_AXIS, yaxis=_AXIS,
                          colorway=["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9",
                                    "#D55E00", "#999999"], hovermode="closest"))
@@ -30,10 +30,12 @@ def _fill(obj, values: dict) -> None:
             obj[k] = v
 
 
+_LIGHT_TOP = {k: v for k, v in LIGHT["layout"].items() if k not in ("xaxis", "yaxis")}
+
+
 def light(fig: go.Figure) -> go.Figure:
     """LIGHT on `fig`'s layout and every axis it has (call once its subplots exist)."""
-    lay = {k: v for k, v in LIGHT["layout"].items() if k not in ("xaxis", "yaxis")}
-    _fill(fig.layout, lay)
+    _fill(fig.layout, _LIGHT_TOP)
     fig.for_each_xaxis(lambda ax: _fill(ax, _AXIS))
     fig.for_each_yaxis(lambda ax: _fill(ax, _AXIS))
     return fig
