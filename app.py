@@ -2,13 +2,13 @@
 
     streamlit run app.py
 
-Thin entry point: lays out the page; the work lives in kvviz.ui (state, cached compute,
-controls) and kvviz.views (pure figure builders).
+Thin entry point: lays out the page; the work lives in kvviz.app.ui (state, cached compute,
+controls) and kvviz.app.figures (pure figure builders).
 """
 import streamlit as st
 
-from kvviz.ui import layout
-from kvviz.ui.imports import import_lock, settle
+from kvviz.app.ui import layout
+from kvviz.app.ui.imports import import_lock, settle
 
 st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="🗂️", layout="wide")
 
@@ -25,7 +25,7 @@ main = st.empty()          # the selected view
 # those imports under one server-wide lock means no chart is ever drawn beside a half-made
 # module. Later runs find them loaded. The placeholder is text, not a chart: a Plotly element
 # makes the browser load and run plotly.js (4.7 MB), which held up drawing the first chart's
-# server-built image (kvviz.ui.view_cache's preview).
+# server-built image (kvviz.app.ui.view_cache's preview).
 with import_lock():
     if not st.session_state.get("kv.drawn"):  # session.DRAWN (imported below)
         main.caption("Replaying the policies…")
@@ -35,8 +35,15 @@ with import_lock():
     import plotly.graph_objects  # noqa: F401
     settle()
 
-from kvviz.plugins import load_all  # noqa: E402
-from kvviz.ui import compute, follow, lesson, panels, predict, present, session, sidebar  # noqa: E402
+from kvviz.core.plugins import load_all  # noqa: E402
+from kvviz.app.ui import compute  # noqa: E402
+from kvviz.app.ui import follow  # noqa: E402
+from kvviz.app.ui import lesson  # noqa: E402
+from kvviz.app.ui import panels  # noqa: E402
+from kvviz.app.ui import predict  # noqa: E402
+from kvviz.app.ui import present  # noqa: E402
+from kvviz.app.ui import session  # noqa: E402
+from kvviz.app.ui import sidebar  # noqa: E402
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
@@ -45,12 +52,12 @@ notes = session.init()
 lesson.init()  # a scene's short link (?lesson=NAME&scene=N) applies the scene's state
 for note in notes:
     notices.warning(f"Link: {note}")
-# A class's students take turns drawing their pages (kvviz.ui.follow.turn): after the
+# A class's students take turns drawing their pages (kvviz.app.ui.follow.turn): after the
 # lecturer moves, 30 pages run at once otherwise, and sharing one interpreter each
 # finishes only when all do.
 with follow.turn():
     banner = follow.sync(notices)  # a student's page takes the lecturer's state, before any widget
-    room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.ui.present)
+    room = present.active()  # presentation mode: no sidebar, one view, large type (kvviz.app.ui.present)
     # a following student's sidebar says the lecturer's settings instead of drawing their
     # controls (the same values, through presentation mode's quiet sidebar), until they
     # explore on their own: a third of a page run, 30 times after every move

@@ -1,16 +1,27 @@
-"""kvviz: replay attention traces through KV-cache eviction policies, measure and draw them.
+"""kvviz: replay attention through KV-cache eviction policies, measure what they keep, draw it.
 
-Importing kvviz loads numpy only; the capture stack (torch, transformers) is imported
-lazily by `python -m kvviz capture`.
+The package has four layers, each importing only from the ones before it:
+
+- `kvviz.core`: numpy only. The policies and their registry, traces, the harness step,
+  replay, metrics, the slow reference and `kvviz check`. Everything below is re-exported here.
+- `kvviz.model`: a real model in the loop (torch and transformers, imported lazily).
+- `kvviz.studies`: benchmarks, reports and sweeps.
+- `kvviz.app`: the Streamlit explorer, its figures and the teaching tools.
+
+Importing kvviz loads numpy only.
 """
-from .paths import version as _version
+from kvviz.core.metrics import evaluate, hh_recall, retained_mass, summary
+from kvviz.core.paths import version as _version
+from kvviz.core.policies import POLICIES, make_policy, register_policy
+from kvviz.core.policies.base import Policy, Rank, param
+from kvviz.core.reference import RefPolicy
+from kvviz.core.replay import Replay, Run, run_policy
+from kvviz.core.trace import Trace, canonical, load_trace, save_trace
 
 __version__ = _version()  # pyproject.toml's, from the checkout or the package metadata
 
-
-def register_policy(cls):
-    """Add a policy class (a kvviz.policies.base.Policy dataclass) to the registry, so every
-    surface shows it; see kvviz.policies.register_policy and README "Write your own policy"."""
-    from .policies import register_policy as register
-
-    return register(cls)
+__all__ = [
+    "POLICIES", "Policy", "Rank", "RefPolicy", "Replay", "Run", "Trace", "__version__", "canonical",
+    "evaluate", "hh_recall", "load_trace", "make_policy", "param", "register_policy",
+    "retained_mass", "run_policy", "save_trace", "summary",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .plugins import add_argument as plugin_arg
+from kvviz.core.plugins import add_argument as plugin_arg
 
 
 def _bench_parser(sub) -> None:
@@ -33,26 +33,40 @@ def _perf_parser(sub) -> None:
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
     perf.add_argument("--streams", nargs="?", const="1,3,9,27", default=None, metavar="S,...",
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
-                           "at these stream counts (kvviz.streams_bench)")
+                           "at these stream counts (kvviz.studies.streams_bench)")
     plugin_arg(perf)
     perf.set_defaults(func=_bench_perf, parser=perf)
+
+
+def _study(module: str):
+    """A study's `main`, imported only when its command runs (studies load pandas)."""
+    def call(*args, **kwargs):
+        import importlib
+
+        return importlib.import_module(module).main(*args, **kwargs)
+    return call
 
 
 def parser() -> argparse.ArgumentParser:
     """The one tree: each command's module adds its node (importing none of torch, ray,
     streamlit or hypothesis: those load inside its `run`)."""
-    from . import capture, check, launch
-    from .loop import cli as loop_cli, generate_cli
-    from .needle import cli as needle_cli
-    from .sweep import cli as sweep_cli
-    from .teach import cli as lesson_cli
+    from kvviz.model import capture
+    from kvviz.core import check
+    from kvviz.app import launch
+    from kvviz.model.loop import cli as loop_cli
+    from kvviz.model.loop import generate_cli
+    from kvviz.model.needle import cli as needle_cli
+    from kvviz.studies.sweep import cli as sweep_cli
+    from kvviz.app.teach import cli as lesson_cli
 
     tree = argparse.ArgumentParser(prog="kvviz")
     sub = tree.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _perf_parser(sub)
-    for module in (capture, loop_cli, generate_cli, needle_cli, launch, sweep_cli, check,
-                   lesson_cli):
+    capture.parser(sub)
+    loop_cli.parser(sub, perf=_study("kvviz.studies.loop_perf"))
+    generate_cli.parser(sub, perf=_study("kvviz.studies.generate_perf"))
+    for module in (needle_cli, launch, sweep_cli, check, lesson_cli):
         module.parser(sub)
     return tree
 
@@ -68,14 +82,14 @@ def main(argv=None) -> int:
 
 def _bench_perf(args) -> int:
     parser = args.parser
-    from .plugins import cli_load
+    from kvviz.core.plugins import cli_load
 
     if cli_load(args.plugin, f"kvviz {args.command}"):
         return 2
 
     import pandas as pd
 
-    from . import bench as b
+    from kvviz.studies import bench as b
 
     pd.set_option("display.width", 200)
     if args.command == "bench":
@@ -100,7 +114,7 @@ def _bench_perf(args) -> int:
             df.to_json(args.json, orient="records", indent=2)
         return 0
     if args.command == "perf" and args.streams:
-        from .streams_bench import bench as streams_bench
+        from kvviz.studies.streams_bench import bench as streams_bench
         print(f"canonical traces (seeds 0..S-1), {args.steps} steps, budget {args.budget}; rows "
               "pre-generated; CPU time per stream-step, best of 3 interleaved rounds; ratio to the lean loop")
         streams_bench(args.budget, args.steps, streams=[int(x) for x in args.streams.split(",")])

@@ -1,4 +1,4 @@
-"""What following the lecturer costs the server: the figures behind kvviz.ui.follow.POLL_S.
+"""What following the lecturer costs the server: the figures behind kvviz.app.ui.follow.POLL_S.
 
     .venv/bin/python scripts/follow_cost.py [--students 3] [--seconds 20] [--moves 5]
 
@@ -53,7 +53,7 @@ def measure(students: int, seconds: float, n_moves: int) -> dict:
     from playwright.sync_api import sync_playwright
 
     # read, not imported: importing the page's module would start Streamlit's machinery here
-    POLL_S = float(re.search(r"^POLL_S = ([\d.]+)", (M.REPO / "kvviz/ui/follow.py")
+    POLL_S = float(re.search(r"^POLL_S = ([\d.]+)", (M.REPO / "kvviz/app/ui/follow.py")
                              .read_text(), re.M).group(1))
     port = M.free_port()
     proc = M.start_server(port)

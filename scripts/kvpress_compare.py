@@ -9,7 +9,7 @@ It runs kvviz's loop (`tova`, layer granularity) over the same tokens and budget
   1. the tokens are the same ids;
   2. full cache: per-token NLL of both stacks (transformers 5.2 batch 1 vs 5.24 batched);
   3. closed loop: the held set at every step and layer, and perplexity;
-  4. open loop: kvviz's own `tova` policy replayed (kvviz.replay) over the attention rows
+  4. open loop: kvviz's own `tova` policy replayed (kvviz.core.replay) over the attention rows
      kvpress's model produced, against kvpress's eviction log. This separates the two
      policies' semantics from the numerics of two different model runs.
 """
@@ -25,9 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from kvviz.replay import NEVER, Replay
-from kvviz.policies import make_policy
-from kvviz.trace import ArrayTrace, packed_offset
+from kvviz.core.replay import NEVER, Replay
+from kvviz.core.policies import make_policy
+from kvviz.core.trace import ArrayTrace, packed_offset
 
 
 def held_sets_equal(ev_a: np.ndarray, ev_b: np.ndarray) -> np.ndarray:
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--loop-result", help="kvviz loop result (.npz): loaded if it exists, "
                     "else run and saved there")
     args = ap.parse_args(argv)
-    from kvviz.loop import LoopConfig, load_loop_result, run_loop
+    from kvviz.model.loop import LoopConfig, load_loop_result, run_loop
 
     kv = np.load(args.kvpress, allow_pickle=False)
     ids = kv["ids"]

@@ -29,7 +29,7 @@ import torch, transformers  # noqa: F401
 # model, kvviz or plain from_pretrained, so it is timed as an import, not as the load.
 import transformers.modeling_utils, transformers.masking_utils, transformers.generation  # noqa: F401,E401
 t1 = time.perf_counter()
-from kvviz.models import load_model
+from kvviz.model.models import load_model
 tok, mdl = load_model(None if sys.argv[1] == "-" else sys.argv[1], "load-bench")
 print(json.dumps({"imports": t1 - t0, "load": mdl.kvviz_load_seconds}))
 """

@@ -249,9 +249,9 @@ def held_positions(query: str) -> list[int]:
     itself (the same trace, policy and budget as the page's link)."""
     if str(REPO) not in sys.path:
         sys.path.insert(1, str(REPO))
-    from kvviz.replay import run_policy
-    from kvviz.teach.question import next_eviction
-    from kvviz.trace import canonical
+    from kvviz.core.replay import run_policy
+    from kvviz.app.teach.question import next_eviction
+    from kvviz.core.trace import canonical
     q = {k: v[0] for k, v in parse_qs(query).items()}
     if q.get("trace", "canonical") != "canonical":
         raise ValueError(f"trace={q['trace']!r}: the class driver replays the canonical trace")

@@ -20,10 +20,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kvviz.loop import LoopConfig  # noqa: E402
-from kvviz.metrics import retained_mass  # noqa: E402
-from kvviz.replay import Replay  # noqa: E402
-from kvviz.trace import ArrayTrace, load_trace  # noqa: E402
+from kvviz.model.loop import LoopConfig  # noqa: E402
+from kvviz.core.metrics import retained_mass  # noqa: E402
+from kvviz.core.replay import Replay  # noqa: E402
+from kvviz.core.trace import ArrayTrace, load_trace  # noqa: E402
 
 SHORT = {"tova": "tova", "h2o": "h2o", "scissorhands": "scissorhands", "random": "random"}
 

@@ -37,8 +37,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from kvviz.loop import run_loop
-    from kvviz.loop.cli import Progress, build_configs, write_json
+    from kvviz.model.loop import run_loop
+    from kvviz.model.loop.cli import Progress, build_configs, write_json
 
     configs = build_configs(args.policies.split(";") if args.policies else POLICIES, BUDGETS)
     out_dir = Path(args.out_dir)

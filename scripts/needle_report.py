@@ -5,10 +5,10 @@
     .venv/bin/python scripts/needle_report.py traces/needle --write         # also rewrite docs/needle.md
                                                                             # and README's marked table
 
-Every number is computed here from DIR/results.csv (kvviz.needle.load_results); nothing is
-typed. `--predictors` runs kvviz.loop.run_loop once on the grid's first decode-mode prompt
+Every number is computed here from DIR/results.csv (kvviz.model.needle.load_results); nothing is
+typed. `--predictors` runs kvviz.model.loop.run_loop once on the grid's first decode-mode prompt
 with that prompt's configurations, and keeps, per configuration, the loop's perplexity and
-the replay's retained mass (kvviz.bench.evaluate on the full cache's own attention rows,
+the replay's retained mass (kvviz.core.metrics.evaluate on the full cache's own attention rows,
 layers 0, 14 and 29) in DIR/predictors.json.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvviz.needle import load_results, load_run  # noqa: E402
+from kvviz.model.needle import load_results, load_run  # noqa: E402
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
 
@@ -239,8 +239,8 @@ def predictors(out: Path, df: pd.DataFrame) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from kvviz.bench import evaluate
-    from kvviz.loop import LoopConfig, run_loop
+    from kvviz.core.metrics import evaluate
+    from kvviz.model.loop import LoopConfig, run_loop
 
     d = df[df.prompt_mode == "decode"].sort_values(["length", "depth", "seed"])
     id_ = d.id.iloc[0]

@@ -46,8 +46,8 @@ def save_tokenizer(out: Path) -> None:
     from transformers import AutoTokenizer
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kvviz.gguf_cache import cache_root, problem
-    from kvviz.models import resolve, source_sha256
+    from kvviz.model.gguf_cache import cache_root, problem
+    from kvviz.model.models import resolve, source_sha256
 
     src = resolve(None)
     cached = cache_root() / "gguf" / source_sha256(src)

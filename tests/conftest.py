@@ -24,6 +24,6 @@ def smollm():
 
     require_capture_stack()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from kvviz.capture import load_model
+    from kvviz.model.models import load_model
 
     return load_model()

@@ -4,7 +4,7 @@ No model runs: each policy's eviction log is drawn from a seeded rng, with one r
 the folder tell a story the tests can check: TOVA at the smaller budget loses the key (in one
 layer) at the cells listed in TOVA_FORGETS, while H2O and Scissorhands keep it there. An
 answer is correct iff every key token is held in every layer at the end of the prompt, the
-way the real runs are scored by their digits. The tables come from kvviz.needle's writer.
+way the real runs are scored by their digits. The tables come from kvviz.model.needle's writer.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.needle.results import run_id, save_run, write_tables
+from kvviz.model.needle.results import run_id, save_run, write_tables
 
 KEY = "7391"
 LENGTHS = (48, 96)
@@ -83,7 +83,7 @@ def write_run(out: Path, length: int, depth: int, seed: int, mode: str, gran: st
 
 def write_results(out, modes=("decode", "prefill"), grans=("layer",), lengths=LENGTHS,
                   depths=DEPTHS, seeds=SEEDS, **kw) -> Path:
-    """The whole folder: runs/*.npz, then results.csv/json by kvviz.needle's own writer."""
+    """The whole folder: runs/*.npz, then results.csv/json by kvviz.model.needle's own writer."""
     out = Path(out)
     for m in modes:
         for g in grans:

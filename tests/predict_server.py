@@ -3,7 +3,7 @@
     python tests/predict_server.py PORT CODE_FILE
 
 Opens a class in the page's own registry (the server runs app.py in this process, so
-kvviz.ui.classroom.REGISTRY is the one the pages use), asks "which position will A (TOVA,
+kvviz.app.ui.classroom.REGISTRY is the one the pages use), asks "which position will A (TOVA,
 budget 4) evict next?" after step 6 of the toy trace from a fresh replay, writes the code to
 CODE_FILE, then takes the lecturer's moves from stdin, one a line: `reveal`, `close`.
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvviz.replay import run_policy  # noqa: E402
-from kvviz.teach.classroom import new_token  # noqa: E402
-from kvviz.teach.question import next_eviction  # noqa: E402
-from kvviz.trace import load_trace  # noqa: E402
-from kvviz.ui.classroom import REGISTRY  # noqa: E402
+from kvviz.core.replay import run_policy  # noqa: E402
+from kvviz.app.teach.classroom import new_token  # noqa: E402
+from kvviz.app.teach.question import next_eviction  # noqa: E402
+from kvviz.core.trace import load_trace  # noqa: E402
+from kvviz.app.ui.classroom import REGISTRY  # noqa: E402
 
 
 def main(port: int, code_file: str):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.trace import save_trace
-from kvviz.views.cache import png_to_codes
+from kvviz.core.trace import save_trace
+from kvviz.app.figures.cache import png_to_codes
 
 from apphelp import REPO, app, arr, ok, softmax_rows, traces_dir
 
@@ -182,8 +182,8 @@ def test_downloads(traces):
 
     import pandas as pd
 
-    from kvviz.replay import run_policy
-    from kvviz.trace import load_trace
+    from kvviz.core.replay import run_policy
+    from kvviz.core.trace import load_trace
 
     at = tiny(view="export")
     ok(at)
@@ -226,7 +226,7 @@ def test_step_navigation_buttons(traces):
 
 
 def test_play_toggle_and_tick(traces):
-    from kvviz.ui.panels import advance
+    from kvviz.app.ui.panels import advance
     assert advance(10, 4, 100) == (14, True)
     assert advance(98, 4, 100) == (99, False)
     at = tiny(step=10)
@@ -553,9 +553,9 @@ def test_out_of_range_link_values_warn(traces):
 
 
 def test_pooling_experiment_explains_with_the_policys_numbers(traces):
-    from kvviz.policies import make_policy
-    from kvviz.replay import Replay
-    from kvviz.trace import load_trace
+    from kvviz.core.policies import make_policy
+    from kvviz.core.replay import Replay
+    from kvviz.core.trace import load_trace
 
     at = tiny()
     at.button(key="exp.pool-defends").click().run()

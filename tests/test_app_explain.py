@@ -1,5 +1,5 @@
 """Issue 15 on the page (AppTest): the toy trace and its guided experiment, the tracked
-position across views, and the new jumps. Expected values come from kvviz.replay runs
+position across views, and the new jumps. Expected values come from kvviz.core.replay runs
 and hand pooling here, not from the page's own helpers."""
 import json
 import shutil
@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from kvviz import jumps as J
-from kvviz.policies import make_policy
-from kvviz.replay import NEVER, Replay, run_policy
-from kvviz.trace import canonical, load_trace
+from kvviz.app import jumps as J
+from kvviz.core.policies import make_policy
+from kvviz.core.replay import NEVER, Replay, run_policy
+from kvviz.core.trace import canonical, load_trace
 
 from apphelp import REPO, app, arr, ok, traces_dir
 
@@ -37,7 +37,7 @@ def text_of(at):
 
 
 def test_toy_trace_and_its_experiment(traces):
-    from kvviz.ui.experiments import TOY_PARAMS
+    from kvviz.app.ui.experiments import TOY_PARAMS
 
     at = app()
     ok(at)
@@ -168,7 +168,7 @@ def test_glossary_lists_the_policies(traces):
 
 
 def test_experiment_texts_say_the_runs_numbers(traces):
-    from kvviz.metrics import retained_mass
+    from kvviz.core.metrics import retained_mass
 
     trace = canonical()
     at = app()

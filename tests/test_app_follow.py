@@ -1,5 +1,5 @@
 """Follow the lecturer (issue 16 §3) under AppTest: several AppTest sessions in one process
-share the page's class registry (kvviz.ui.classroom.REGISTRY, a module global), as the
+share the page's class registry (kvviz.app.ui.classroom.REGISTRY, a module global), as the
 sessions of one server do. Every AppTest has the same session id, so a session is told
 apart by its member token in session state, as the page does."""
 import re
@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from kvviz.teach.classroom import Refused
-from kvviz.trace import save_trace
-from kvviz.ui.classroom import REGISTRY
+from kvviz.app.teach.classroom import Refused
+from kvviz.core.trace import save_trace
+from kvviz.app.ui.classroom import REGISTRY
 
 from apphelp import REPO, app, ok, softmax_rows, traces_dir
 
@@ -208,7 +208,7 @@ def test_a_closed_class_frees_its_followers(traces):
 def test_every_view_keeps_its_follower_following(traces, monkeypatch):
     """A page that settles a view's own choices on its second run (frame counts, a loop
     result) must not take that for the student exploring."""
-    from kvviz.ui.state import VIEW_LABELS, VIEWS
+    from kvviz.app.state import VIEW_LABELS, VIEWS
 
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(REPO / "tests" / "fixtures" / "loop"))
     lect = app(trace="file:small.npz")
@@ -235,7 +235,7 @@ def test_a_class_with_nothing_published_yet_is_seen_once(traces):
     test's lecturer, which never does): the follower's page marks that version seen, so its
     poll (version != follow.applied) does not redraw the whole page every tick (it did, and a
     guess being typed was wiped by the redraw); the lecturer's first page then moves it."""
-    from kvviz.teach.classroom import new_token
+    from kvviz.app.teach.classroom import new_token
 
     tok = new_token()
     c = REGISTRY.open(tok)
@@ -251,7 +251,7 @@ def test_a_class_with_nothing_published_yet_is_seen_once(traces):
 
 
 def test_the_lecturers_panel_counts_the_students(traces):
-    from kvviz.ui.follow import students_line
+    from kvviz.app.ui.follow import students_line
 
     lect, code = lecturer(traces)
     assert students_line(0) in text(lect.sidebar, "caption")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from apphelp import app, ok
-from kvviz.policies import make_policy
-from kvviz.replay import Replay
-from kvviz.teach import lesson as L
-from kvviz.trace import load_trace
+from kvviz.core.policies import make_policy
+from kvviz.core.replay import Replay
+from kvviz.app.teach import lesson as L
+from kvviz.core.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = L.load(ROOT / "lessons" / "tova-vs-snapkv.toml")
@@ -138,7 +138,7 @@ def test_the_loop_scenes_note_matches_the_results_json_and_the_view():
 
 
 def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode():
-    from kvviz.ui.classroom import REGISTRY
+    from kvviz.app.ui.classroom import REGISTRY
 
     at = app(lesson="tova-vs-snapkv", scene=2)
     assert at.expander and at.expander[0].label == "Speaker note"

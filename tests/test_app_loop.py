@@ -4,7 +4,7 @@ blocked (the view must draw from result files alone).
 The fixtures in tests/fixtures/loop/ are real closed-loop results: 64 tokens of
 traces/sources/execmodel.txt, SmolLM2-135M, tova / snapkv(poolKernel 1, obsWindow 8,
 recentWindow 8) / streaming-llm at budgets 16 and 32, at layer and kv-head granularity,
-written by kvviz.loop (see tests/fixtures/loop/README.md). Expected values are computed
+written by kvviz.model.loop (see tests/fixtures/loop/README.md). Expected values are computed
 here from the files' raw arrays with numpy, not through the view's own code.
 """
 import json
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.views import loop as LV
-from kvviz.views.cache import png_to_codes
-from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
+from kvviz.app.figures import loop as LV
+from kvviz.app.figures.cache import png_to_codes
+from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
 from apphelp import APP, REPO, arr, ok, require_capture_stack
 
@@ -230,8 +230,8 @@ def test_run_button_runs_in_background(monkeypatch, tmp_path):
 
     if importlib.util.find_spec("torch") is None:
         pytest.fail("torch is not installed: the run button cannot be tested")
-    import kvviz.loop
-    from kvviz.loop import load_loop_result
+    import kvviz.model.loop
+    from kvviz.model.loop import load_loop_result
 
     calls = []
 
@@ -242,7 +242,7 @@ def test_run_button_runs_in_background(monkeypatch, tmp_path):
             progress(i + 1, max_tokens)
         return load_loop_result(LAYER)
 
-    monkeypatch.setattr(kvviz.loop, "run_loop", fake_run_loop)
+    monkeypatch.setattr(kvviz.model.loop, "run_loop", fake_run_loop)
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = loop_page(trace="file:prose.npz", budget=128)
     ok(at)
@@ -308,8 +308,8 @@ def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path):
 
     if importlib.util.find_spec("torch") is None:
         pytest.fail("torch is not installed: the run button cannot be tested")
-    import kvviz.loop
-    from kvviz.loop import load_loop_result
+    import kvviz.model.loop
+    from kvviz.model.loop import load_loop_result
 
     calls = []
 
@@ -318,7 +318,7 @@ def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path):
         progress(max_tokens, max_tokens)
         return load_loop_result(LAYER)
 
-    monkeypatch.setattr(kvviz.loop, "run_loop", fake_run_loop)
+    monkeypatch.setattr(kvviz.model.loop, "run_loop", fake_run_loop)
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     monkeypatch.delenv("KVVIZ_MODELS", raising=False)
     at = loop_page(trace="file:prose.npz", budget=128)

@@ -17,9 +17,9 @@ from streamlit.testing.v1 import AppTest
 
 import needle_fixture as NF
 from apphelp import APP, arr, ok
-from kvviz.needle.results import load_results
-from kvviz.ui.view_needle import QUESTION as NV_QUESTION
-from kvviz.views import needle as NV
+from kvviz.model.needle.results import load_results
+from kvviz.app.ui.view_needle import QUESTION as NV_QUESTION
+from kvviz.app.figures import needle as NV
 
 
 @pytest.fixture(scope="module")
@@ -272,8 +272,8 @@ def test_shared_link_restores_the_cell(no_torch, fix):
 
 
 def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix):
-    from kvviz.views.cache import png_to_codes
-    from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
+    from kvviz.app.figures.cache import png_to_codes
+    from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
     at = page(nbudget=16, nmode="decode", ngran="kv-head", nlen=48, ndepth=10, nseed=0,
               npol="tova", nvs="h2o", nlayer=2, nhead=1)
@@ -340,8 +340,8 @@ def test_own_runs_queue_and_show_their_place(monkeypatch, fix):
 
     if importlib.util.find_spec("torch") is None:
         pytest.fail("torch is not installed: the run form cannot be tested")
-    from kvviz.needle.results import load_run
-    from kvviz.ui import view_needle
+    from kvviz.model.needle.results import load_run
+    from kvviz.app.ui import view_needle
 
     release, calls = threading.Event(), []
 
@@ -393,8 +393,8 @@ def test_own_prompt_puts_the_key_where_the_tokens_say():
     from apphelp import require_capture_stack
 
     require_capture_stack()
-    from kvviz.needle.run import load_tokenizer
-    from kvviz.ui.view_needle import MAX_PROMPT, build_prompt
+    from kvviz.model.needle.run import load_tokenizer
+    from kvviz.app.ui.view_needle import MAX_PROMPT, build_prompt
 
     tok = load_tokenizer()
     p = build_prompt(tok, "Rain fell all day. The river rose. " * 10, "31415",
@@ -409,16 +409,16 @@ def test_own_prompt_puts_the_key_where_the_tokens_say():
 
 def test_own_run_with_the_real_model(monkeypatch, tmp_path):
     """The run form end to end with SmolLM2 (prefill mode, the cheap one): the page's run in
-    the background equals kvviz.loop.generate called directly on the same prompt, the full
+    the background equals kvviz.model.loop.generate called directly on the same prompt, the full
     cache answers the key (as in FIELD-NOTES), and the page draws the run as a cell."""
     from apphelp import require_capture_stack
 
     require_capture_stack()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))
-    import kvviz.loop as loop
-    from kvviz.models import load_model
-    from kvviz.ui.view_needle import build_prompt, configs_for
+    import kvviz.model.loop as loop
+    from kvviz.model.models import load_model
+    from kvviz.app.ui.view_needle import build_prompt, configs_for
 
     passage = "The grass is green. The sky is blue. The sun is yellow. Here we go. " * 6
     at = page()

@@ -1,24 +1,24 @@
 """Predict, then reveal (issue 16 §2) under AppTest: one lecturer and three students in one
-process. AppTests share the module-global class registry (kvviz.ui.classroom.REGISTRY) and
+process. AppTests share the module-global class registry (kvviz.app.ui.classroom.REGISTRY) and
 one session id; who is who is each session's member token in its own session state.
 
-The lecturer's class is opened with kvviz.ui.classroom.open_class()'s semantics (a class
+The lecturer's class is opened with kvviz.app.ui.classroom.open_class()'s semantics (a class
 under this session's token, its code in `class.leads`); students join with `?follow=CODE`.
 The expected question, answer and share are computed here from a fresh replay's eviction
-log, and the "why" numbers from kvviz.reference's plain-loop TOVA.
+log, and the "why" numbers from kvviz.core.reference's plain-loop TOVA.
 """
 import json
 import re
 
 
-from kvviz import harness
-from kvviz.reference import make_reference
-from kvviz.replay import NEVER, run_policy
-from kvviz.teach.classroom import Registry, new_token
-from kvviz.trace import load_trace
-from kvviz.ui.classroom import FOLLOWS, LEADS, REGISTRY, TOKEN
-from kvviz.ui.predict import marker
-from kvviz.views.votes import ANSWER_COLOUR, GUESS_COLOUR
+from kvviz.core import harness
+from kvviz.core.reference import make_reference
+from kvviz.core.replay import NEVER, run_policy
+from kvviz.app.teach.classroom import Registry, new_token
+from kvviz.core.trace import load_trace
+from kvviz.app.ui.classroom import FOLLOWS, LEADS, REGISTRY, TOKEN
+from kvviz.app.ui.predict import marker
+from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
 
 from apphelp import REPO, app, ok
 

@@ -10,7 +10,7 @@ import pytest
 import needle_fixture as NF
 from apphelp import REPO, app, ok
 from test_room import font_sizes
-from kvviz.views.room import FLOOR
+from kvviz.app.figures.room import FLOOR
 
 LOOP = REPO / "tests" / "fixtures" / "loop"
 NAV = {"nav.prev", "nav.next", "nav.left", "nav.right"}

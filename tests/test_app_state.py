@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.trace import save_trace
+from kvviz.core.trace import save_trace
 
 from apphelp import APP, REPO, app, ok, softmax_rows, traces_dir
 
@@ -194,9 +194,9 @@ def test_memory_has_a_thousands_separator(traces):
 # --- the session keys are gathered ------------------------------------------------------------
 def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch):
     """After every view, each session key is a widget's, the page state's, or one of
-    kvviz.ui.session.PAGE_KEYS: no ad-hoc key elsewhere."""
-    from kvviz.ui import session
-    from kvviz.ui.state import VIEWS
+    kvviz.app.ui.session.PAGE_KEYS: no ad-hoc key elsewhere."""
+    from kvviz.app.ui import session
+    from kvviz.app.state import VIEWS
 
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = app(trace="file:long.npz")

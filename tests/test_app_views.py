@@ -1,6 +1,6 @@
 """The compare view, the slides view and the head selector under AppTest.
 
-Expected values come from the policy core directly (run_policy + kvviz.metrics.summary on the
+Expected values come from the policy core directly (run_policy + kvviz.core.metrics.summary on the
 same file), not from the page's own caches."""
 import gc
 import io
@@ -11,12 +11,12 @@ import pytest
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from kvviz.metrics import summary
-from kvviz.replay import run_policy
-from kvviz.ui.state import default_cmp
-from kvviz import views as V
-from kvviz.trace import load_trace, save_trace
-from kvviz.views.cache import png_to_codes
+from kvviz.core.metrics import summary
+from kvviz.core.replay import run_policy
+from kvviz.app.state import default_cmp
+from kvviz.app import figures as V
+from kvviz.core.trace import load_trace, save_trace
+from kvviz.app.figures.cache import png_to_codes
 
 import apphelp
 from apphelp import arr, ok, softmax_rows, traces_dir
@@ -155,7 +155,7 @@ HEADS = ["mean", "kv0", "kv1", "kv2"]
 
 @pytest.fixture(scope="module")
 def heads_trace(traces):
-    """A version-2 trace with a head axis (kvviz.trace contract): three KV-head groups with
+    """A version-2 trace with a head axis (kvviz.core.trace contract): three KV-head groups with
     different attention patterns and their mean."""
     rng = np.random.default_rng(5)
     groups = softmax_rows(rng, T, 3)  # (3, T, T): one pattern per KV head

@@ -25,7 +25,7 @@ TEXT = ("It was a bright cold day in April, and the clocks were striking thirtee
 def captured(tmp_path_factory):
     require_capture_stack()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from kvviz.capture import main
+    from kvviz.model.capture import main
 
     src = tmp_path_factory.mktemp("cap") / "text.txt"
     src.write_text(TEXT, encoding="utf-8")
@@ -36,7 +36,7 @@ def captured(tmp_path_factory):
 
 
 def test_capture_file_format(captured):
-    from kvviz.trace import load_trace
+    from kvviz.core.trace import load_trace
 
     assert captured.stat().st_size < 4 * 1024 * 1024
     with np.load(captured, allow_pickle=False) as npz:
@@ -53,7 +53,7 @@ def test_capture_file_format(captured):
 
 
 def test_rows_causal_positive_and_sum_to_one_minus_self(captured):
-    from kvviz.trace import load_trace
+    from kvviz.core.trace import load_trace
 
     for layer in (0, 14, 29):
         t = load_trace(captured, layer=layer)
@@ -70,7 +70,7 @@ def test_rows_causal_positive_and_sum_to_one_minus_self(captured):
 
 
 def test_tokens_round_trip_to_text_prefix(captured):
-    from kvviz.trace import load_trace
+    from kvviz.core.trace import load_trace
 
     t = load_trace(captured)
     joined = "".join(t.tokens)
@@ -83,7 +83,8 @@ def test_capture_function_matches_self_weight():
     """Row sums plus the dropped diagonal equal 1: checked on the float32 result in memory."""
     require_capture_stack()
     import torch
-    from kvviz.capture import capture, load_model
+    from kvviz.model.capture import capture
+    from kvviz.model.models import load_model
 
     tok, model = load_model()
     res = capture(TEXT, max_tokens=32, layers=[14])
@@ -98,13 +99,13 @@ def test_capture_function_matches_self_weight():
 
 
 def test_import_without_torch():
-    """kvviz, kvviz.capture and kvviz.spans import with torch and transformers blocked."""
+    """kvviz, kvviz.model.capture and kvviz.core.spans import with torch and transformers blocked."""
     code = textwrap.dedent("""
         import sys
         for name in ("torch", "transformers", "gguf", "accelerate"):
             sys.modules[name] = None      # any import of these now raises ImportError
-        import kvviz, kvviz.capture, kvviz.spans
-        assert callable(kvviz.capture.main) and callable(kvviz.spans.span_integrity)
+        import kvviz, kvviz.model.capture, kvviz.core.spans
+        assert callable(kvviz.model.capture.main) and callable(kvviz.core.spans.span_integrity)
         print("ok")
     """)
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -115,7 +116,7 @@ def test_import_without_torch():
 
 def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     """No torch needed: loading the model at all would fail this test."""
-    import kvviz.capture as cap
+    import kvviz.model.capture as cap
 
     def no_model():
         raise AssertionError("the model must not be loaded for an empty text")
@@ -132,7 +133,7 @@ def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, cap
 
 
 def test_head_groups_labels():
-    from kvviz.capture import head_groups
+    from kvviz.model.capture import head_groups
 
     assert head_groups("mean", 9, 3) == [("mean", list(range(9)))]
     assert [g for g, _ in head_groups("all", 9, 3)] == ["mean"] + [f"q{h}" for h in range(9)]
@@ -145,7 +146,8 @@ def test_kv_groups_follow_transformers_repeat_kv():
     require_capture_stack()
     import torch
     from transformers.models.llama.modeling_llama import repeat_kv
-    from kvviz.capture import head_groups, load_model
+    from kvviz.model.capture import head_groups
+    from kvviz.model.models import load_model
 
     _, model = load_model()
     n_heads, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
@@ -162,7 +164,8 @@ def test_capture_per_head_rows_match_the_model():
     """--heads kv / all: each stored head's rows are the model's own weights for those heads."""
     require_capture_stack()
     import torch
-    from kvviz.capture import capture, load_model
+    from kvviz.model.capture import capture
+    from kvviz.model.models import load_model
 
     tok, model = load_model()
     ids = tok(TEXT, add_special_tokens=False)["input_ids"][:32]
@@ -189,7 +192,8 @@ def test_capture_key_norms_are_the_models_key_norms():
     layer, per KV head (RoPE rotates pairs of coordinates, which keeps every L2 norm)."""
     require_capture_stack()
     import torch
-    from kvviz.capture import capture, load_model
+    from kvviz.model.capture import capture
+    from kvviz.model.models import load_model
 
     tok, model = load_model()
     seen = []
@@ -210,8 +214,8 @@ def test_capture_key_norms_are_the_models_key_norms():
 
 def test_capture_cli_heads_kv_file(tmp_path):
     require_capture_stack()
-    from kvviz.capture import main
-    from kvviz.trace import load_trace
+    from kvviz.model.capture import main
+    from kvviz.core.trace import load_trace
 
     src = tmp_path / "t.txt"
     src.write_text(TEXT, encoding="utf-8")

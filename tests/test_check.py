@@ -4,13 +4,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from kvviz.check import CONTRACT, check_policy, load_target, main
-from kvviz.policies import POLICIES
-from kvviz.policies.base import check_recent
-from kvviz.policies.h2o import H2O
-from kvviz.policies.random_policy import RandomPolicy
-from kvviz.policies.tova import Tova
-from kvviz.reference import RefTova
+from kvviz.core.check import CONTRACT, check_policy, load_target, main
+from kvviz.core.policies import POLICIES
+from kvviz.core.policies.base import check_recent
+from kvviz.core.policies.h2o import H2O
+from kvviz.core.policies.random_policy import RandomPolicy
+from kvviz.core.policies.tova import Tova
+from kvviz.core.reference import RefTova
 
 STEPS = 160  # enough for the contract run at budget 64 and evictions at budgets 16 and 64
 
@@ -142,7 +142,7 @@ def test_a_declared_max_is_probed_and_a_control_only_end_is_not():
     """A declared max is a rule (scissorhands' history_window: one bit per step in a uint64),
     so 65 is a refusal probe; SnapKV's obsWindow has only a control end (ui_max 128: the
     card lets the window grow until SnapKV is H2O), so 129 is no probe."""
-    from kvviz.check import bad_values, check_refusals
+    from kvviz.core.check import bad_values, check_refusals
 
     spec = {s.name: s for s in POLICIES["scissorhands"].specs}["history_window"]
     assert 65 in bad_values(spec)
@@ -164,7 +164,7 @@ def test_differential_fails_a_disagreeing_reference_and_passes_the_real_one():
 # -- the command --------------------------------------------------------------------------------
 PLUGIN = '''
 from dataclasses import dataclass
-from kvviz.policies.tova import Tova
+from kvviz.core.policies.tova import Tova
 
 @dataclass
 class Backwards(Tova):
@@ -184,13 +184,13 @@ def test_cli_exit_status_and_report(tmp_path, capsys):
     path.write_text(PLUGIN)
     assert main(["tova", "--steps", str(STEPS)]) == 0
     out = capsys.readouterr().out
-    assert "tova (kvviz.policies.tova.Tova): PASS" in out and "FAIL" not in out
+    assert "tova (kvviz.core.policies.tova.Tova): PASS" in out and "FAIL" not in out
     assert "tova" in out.splitlines()[-1] and "us/step" in out  # the speed line, beside tova's
     assert main([f"{path}:Backwards", "--steps", str(STEPS)]) == 1
     out = capsys.readouterr().out
     assert f"{path}:Backwards" in out and f"FAIL  {contract('ascending')}" in out
     assert main([f"{path}:Fine", "--steps", str(STEPS),
-                 "--reference", "kvviz.reference:RefTova", "--examples", "10"]) == 0
+                 "--reference", "kvviz.core.reference:RefTova", "--examples", "10"]) == 0
     assert "PASS  " + DIFFERENTIAL in capsys.readouterr().out
 
 
@@ -198,7 +198,7 @@ def test_cli_exit_status_and_report(tmp_path, capsys):
     (["no-such-policy"], "no-such-policy: not a .py file and failed to import"),
     (["{path}"], "name the class as"),
     (["{path}:Missing"], "no Policy subclass named 'Missing'"),
-    (["tova", "--reference", "kvviz.reference"], "--reference must be PATH.py:FUNC"),
+    (["tova", "--reference", "kvviz.core.reference"], "--reference must be PATH.py:FUNC"),
     ([], "name a policy to check"),
 ])
 def test_cli_refuses_in_one_line(tmp_path, capsys, args, needle):

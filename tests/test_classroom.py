@@ -1,15 +1,15 @@
-"""The class registry (kvviz.teach.classroom) and the question (kvviz.teach.question)."""
+"""The class registry (kvviz.app.teach.classroom) and the question (kvviz.app.teach.question)."""
 import threading
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as hs
 
-from kvviz.policies import make_policy
-from kvviz.replay import NEVER, Replay
-from kvviz.teach import classroom as cr
-from kvviz.teach.question import next_eviction
-from kvviz.trace import ArrayTrace, pack_rows
+from kvviz.core.policies import make_policy
+from kvviz.core.replay import NEVER, Replay
+from kvviz.app.teach import classroom as cr
+from kvviz.app.teach.question import next_eviction
+from kvviz.core.trace import ArrayTrace, pack_rows
 
 
 def test_codes_are_distinct_and_only_reach_their_own_class():

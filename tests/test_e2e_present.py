@@ -5,7 +5,7 @@ of 1024/zoom x 768/zoom CSS pixels at device_scale_factor = zoom).
 
 On each screen and view: no sidebar; the chart's top on the first screen with room to show
 it; no button, label or text cut; the smallest text of every chart, and of the page around
-it, at least the room's floor (kvviz.views.room.FLOOR) in CSS pixels. On the 1024x768
+it, at least the room's floor (kvviz.app.figures.room.FLOOR) in CSS pixels. On the 1024x768
 screen the keys: K and → move the step on by one (the status line says so), J and ←
 back, the focused step slider's own → moves it by exactly one (not two), and P leaves the
 presentation (the sidebar is back, the link drops present). Screenshots go to artifacts/,
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import measure_latency as M  # noqa: E402
 from apphelp import require_browser  # noqa: E402
 from test_e2e_projector import CUT, FIRST_CHART, open_screen  # noqa: E402
-from kvviz.views.room import FLOOR  # noqa: E402
+from kvviz.app.figures.room import FLOOR  # noqa: E402
 
 ART = REPO / "artifacts"
 SCREENS = {"1024": ((1024, 768), 1), "zoom125": ((819, 614), 1.25), "zoom150": ((683, 512), 1.5)}

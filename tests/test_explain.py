@@ -1,8 +1,8 @@
 """Generated explanations against the slow reference (issue 15).
 
 Each case replays a trace (canonical with random parameters, or a prefix of a shipped real
-trace) with the fast policy and with kvviz.reference's plain loops side by side, stops at a
-random step, and checks (1) the facts `kvviz.explain` read from the policy against the
+trace) with the fast policy and with kvviz.core.reference's plain loops side by side, stops at a
+random step, and checks (1) the facts `kvviz.app.explain` read from the policy against the
 reference's own window sums, pooled scores, ranks and victims, computed here with sorted
 Python tuples, and (2) the sentence rendered from them: every number in it is one of the
 facts, and every claim parsed out of it ("higher", "the next held slot", "no held slot
@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvviz import explain as X
-from kvviz import harness
-from kvviz.policies import defaults, make_policy
-from kvviz.reference import make_reference
-from kvviz.replay import NEVER, Replay, run_policy
-from kvviz.trace import ArrayTrace, CanonicalTrace, load_trace, packed_offset
+from kvviz.app import explain as X
+from kvviz.core import harness
+from kvviz.core.policies import defaults, make_policy
+from kvviz.core.reference import make_reference
+from kvviz.core.replay import NEVER, Replay, run_policy
+from kvviz.core.trace import ArrayTrace, CanonicalTrace, load_trace, packed_offset
 
 REPO = Path(__file__).resolve().parents[1]
 NUM = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
@@ -212,7 +212,7 @@ def test_scores_text_against_the_reference(spec, budget, params, step):
 def canonical_512():
     """The default page's state at step 512 (budget 512): the reference's sums, with the
     pooled scores at kernels 5 and 15 computed here by hand."""
-    from kvviz.trace import canonical
+    from kvviz.core.trace import canonical
 
     trace = canonical()
     ref = make_reference("snapkv", budget=512)
@@ -252,7 +252,7 @@ def test_default_page_step_512(canonical_512, kernel):
 
 
 def test_guided_pooling_experiment_413_406():
-    from kvviz.ui.experiments import pooling_example
+    from kvviz.app.ui.experiments import pooling_example
 
     trace = load_trace(REPO / "traces" / "prose.npz", layer=0)
     step, f = pooling_example(trace, 128, {})

@@ -8,9 +8,9 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from kvviz.bench import evaluate
-from kvviz.replay import run_policy
-from kvviz.trace import canonical
+from kvviz.core.metrics import evaluate
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import canonical
 
 BUDGETS = [256, 512, 1024]
 TRACE = canonical()

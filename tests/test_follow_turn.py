@@ -1,12 +1,12 @@
-"""A class's students take turns drawing their pages (kvviz.ui.follow.turn): never two at
+"""A class's students take turns drawing their pages (kvviz.app.ui.follow.turn): never two at
 once, never a wait past TURN_WAIT_S, and no turn for a page that is not following."""
 import threading
 import time
 
 import pytest
 
-from kvviz.teach.classroom import Registry
-from kvviz.ui import follow
+from kvviz.app.teach.classroom import Registry
+from kvviz.app.ui import follow
 
 
 @pytest.fixture

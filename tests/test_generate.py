@@ -1,4 +1,4 @@
-"""Generation under eviction (kvviz.loop.generate): the loop's engine, continuing greedily.
+"""Generation under eviction (kvviz.model.loop.generate): the loop's engine, continuing greedily.
 
 Refusals run without the model; the rest share the session's SmolLM2 (tests/conftest.py).
 """
@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from kvviz.loop import Generation, LoopConfig, generate, load_generation
-from kvviz.replay import NEVER
+from kvviz.model.loop import Generation, LoopConfig, generate, load_generation
+from kvviz.core.replay import NEVER
 
 
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
@@ -133,7 +133,7 @@ def test_rows_record_their_own_tokens_and_evictions(gens):
 @pytest.mark.parametrize("gran", ["layer", "kv-head"])
 def test_decode_mode_prompt_evictions_are_the_teacher_forced_loop(smollm, gens, gran):
     """Same engine, same batch: over the prompt, generate's evictions are run_loop's."""
-    from kvviz.loop import run_loop
+    from kvviz.model.loop import run_loop
 
     gen = gens[(gran, "decode")]
     T0 = gen.prompt_len
@@ -167,7 +167,7 @@ def test_prefill_holds_the_policys_one_shot_selection(smollm, gens, gran):
     """A fresh policy per (layer, head) observes every prompt row (harness.feed, no
     eviction), then evicts once to its budget: its held set is what prefill mode holds
     after the prompt. SnapKV's ring then holds exactly the prompt's last obs_window rows."""
-    from kvviz import harness
+    from kvviz.core import harness
 
     gen = gens[(gran, "prefill")]
     T0 = gen.prompt_len

@@ -4,7 +4,7 @@ Shares the session's SmolLM2 (tests/conftest.py); refusals need no model."""
 import numpy as np
 import pytest
 
-from kvviz.loop import LoopConfig, generate
+from kvviz.model.loop import LoopConfig, generate
 
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
 N = 8

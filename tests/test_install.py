@@ -147,11 +147,11 @@ def test_installed_kvviz_app_in_a_checkout_serves_its_traces(installed):
 
 
 def test_installed_kvviz_finds_and_checks_the_bundled_lesson(installed):
-    """From outside the checkout: lessons/ comes from the bundle (kvviz.paths.lessons_dir),
+    """From outside the checkout: lessons/ comes from the bundle (kvviz.core.paths.lessons_dir),
     and `kvviz lesson check` computes every note against the bundled traces and results."""
     venv, work, env, _ = installed
     kvviz = venv / "bin" / "kvviz"
-    where = run([venv / "bin" / "python", "-c", "from kvviz.paths import lessons_dir; "
+    where = run([venv / "bin" / "python", "-c", "from kvviz.core.paths import lessons_dir; "
                  "print(lessons_dir())"], work, env).stdout.strip()
     assert Path(where).is_relative_to(venv / "lib") and Path(where).name == "lessons"
     listed = run([kvviz, "lesson", "list"], work, env).stdout
@@ -169,7 +169,7 @@ def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed):
     from apphelp import require_capture_stack
 
     venv, work, env, _ = installed
-    code = ("import kvviz\nfrom kvviz.ui.view_loop import shipped\n"
+    code = ("import kvviz\nfrom kvviz.app.ui.view_loop import shipped\n"
             "print(kvviz.__version__)\nprint('\\n'.join(str(p) for p in shipped()))")
     lines = run([venv / "bin" / "python", "-c", code], work, env).stdout.split()
     want = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

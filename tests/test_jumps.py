@@ -1,4 +1,4 @@
-"""The navigator's jumps (kvviz.jumps) against brute-force definitions, the toy trace, the
+"""The navigator's jumps (kvviz.app.jumps) against brute-force definitions, the toy trace, the
 tracked-position drawing helpers and the policies' glossary entries."""
 import re
 from pathlib import Path
@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvviz import jumps as J
-from kvviz.metrics import _top_k
-from kvviz.policies import POLICIES
-from kvviz.replay import NEVER, run_policy
-from kvviz.trace import CanonicalTrace, canonical, load_trace
+from kvviz.app import jumps as J
+from kvviz.core.metrics import _top_k
+from kvviz.core.policies import POLICIES
+from kvviz.core.replay import NEVER, run_policy
+from kvviz.core.trace import CanonicalTrace, canonical, load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def test_notable_divergences_match_the_definition(seed):
 def test_notable_divergence_is_not_every_step():
     """The issue: TOVA and SnapKV evict differently at every step from 512 on, so "next
     divergence" moved one step; the notable jump skips the quiet positions."""
-    from kvviz.views.states import divergence_steps
+    from kvviz.app.figures.states import divergence_steps
 
     trace = canonical().keep_rows()
     ea = run_policy(trace, "tova", 512).evicted_at
@@ -106,9 +106,9 @@ def test_position_evictions():
 
 # --- the toy trace ------------------------------------------------------------------------
 def test_shipped_toy_trace_is_the_generator():
-    from kvviz.toy import BUDGET, TOKENS, toy_rows
-    from kvviz.ui.experiments import TOY_PARAMS
-    from kvviz.ui.sidebar import default_budget
+    from kvviz.app.toy import BUDGET, TOKENS, toy_rows
+    from kvviz.app.ui.experiments import TOY_PARAMS
+    from kvviz.app.ui.sidebar import default_budget
 
     t = load_trace(REPO / "traces" / "toy.npz")
     rows = toy_rows()
@@ -122,8 +122,8 @@ def test_shipped_toy_trace_is_the_generator():
 
 
 def test_labelled_heatmap_shows_every_weight():
-    from kvviz.views.states import states_at
-    from kvviz.views.toy import label_bars, labelled_heatmap
+    from kvviz.app.figures.states import states_at
+    from kvviz.app.figures.toy import label_bars, labelled_heatmap
 
     t = load_trace(REPO / "traces" / "toy.npz")
     ea = run_policy(t, "tova", 4).evicted_at
@@ -144,9 +144,9 @@ def test_labelled_heatmap_shows_every_weight():
 
 # --- tracked position helpers ------------------------------------------------------------
 def test_heatmap_track_markers_and_strip_outline():
-    from kvviz.views.cache import cache_heatmap
-    from kvviz.views.tokens import token_strip_html
-    from kvviz.views.track import heatmap_with_track, strip_track_css
+    from kvviz.app.figures.cache import cache_heatmap
+    from kvviz.app.figures.tokens import token_strip_html
+    from kvviz.app.figures.track import heatmap_with_track, strip_track_css
 
     ea, eb = np.array([-1, 3, -1, -1, -1, -1]), np.array([-1, -1, 4, -1, -1, -1])
     base = cache_heatmap(ea, eb, 2).to_dict()
@@ -162,7 +162,7 @@ def test_heatmap_track_markers_and_strip_outline():
 
 
 def test_track_text_states():
-    from kvviz.explain import track_text
+    from kvviz.app.explain import track_text
 
     ea, eb = np.array([-1, 3, -1]), np.array([-1, -1, -1])
     assert track_text(1, None, ea, eb, 2) == "tracked position **1**: A held · B held"
@@ -173,7 +173,7 @@ def test_track_text_states():
 
 # --- the glossary -------------------------------------------------------------------------
 def test_glossary_has_every_registered_policy():
-    from kvviz.ui.glossary import GLOSSARY, entries
+    from kvviz.app.ui.glossary import GLOSSARY, entries
 
     e = entries()
     assert set(GLOSSARY) <= set(e)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvviz import launch
+from kvviz.app import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 

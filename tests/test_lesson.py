@@ -1,6 +1,6 @@
-"""Lessons (kvviz.teach.lesson): every validation rule with the file, scene, field and rule
+"""Lessons (kvviz.app.teach.lesson): every validation rule with the file, scene, field and rule
 named; the placeholders against the library computed independently here (a fresh
-kvviz.replay.Replay stepped by hand, the trace's rows, the loop result's JSON sidecar, the
+kvviz.core.replay.Replay stepped by hand, the trace's rows, the loop result's JSON sidecar, the
 needle results CSV read with the csv module); the shipped lesson; `kvviz lesson`."""
 import csv
 import json
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from kvviz.__main__ import main
-from kvviz.policies import defaults, make_policy
-from kvviz.replay import Replay
-from kvviz.teach import lesson as L
-from kvviz.trace import load_trace
+from kvviz.core.policies import defaults, make_policy
+from kvviz.core.replay import Replay
+from kvviz.app.teach import lesson as L
+from kvviz.core.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "lessons" / "tova-vs-snapkv.toml"
@@ -280,7 +280,7 @@ def test_retained_is_the_rows_mass_on_what_is_held(shipped):
 
 
 def test_pooling_and_why_are_the_explanations_at_the_scenes_step(shipped):
-    from kvviz import explain
+    from kvviz.app import explain
 
     for n in (3, 7):
         s = shipped.scene(n)
@@ -324,7 +324,7 @@ def test_needle_placeholders_are_the_results_csv(shipped):
     at = [r for r in rows if int(r["budget"]) == int(c["nbudget"])]
 
     def line(r):  # the page's name for a row (the facts, right or wrong, are the CSV's)
-        from kvviz.views.needle import line_label
+        from kvviz.app.figures.needle import line_label
 
         return line_label(r["policy"], r["params"])
 
@@ -357,7 +357,7 @@ def test_the_shipped_lesson_walks_from_the_toy_to_the_forgetting_view(shipped):
 
 
 def test_lessons_are_found_by_the_paths_rule(tmp_path, monkeypatch):
-    from kvviz import paths
+    from kvviz.core import paths
 
     monkeypatch.delenv("KVVIZ_LESSONS_DIR", raising=False)
     monkeypatch.chdir(ROOT)
@@ -371,9 +371,9 @@ def test_lessons_are_found_by_the_paths_rule(tmp_path, monkeypatch):
 
 
 def test_the_page_lists_lessons_as_the_library_does(tmp_path):
-    """The page's picker reads a folder's listing through kvviz.ui.compute.listing (listed
+    """The page's picker reads a folder's listing through kvviz.app.ui.compute.listing (listed
     again when the folder changes); its lesson names are the library's rule over those."""
-    from kvviz.ui.compute import listing
+    from kvviz.app.ui.compute import listing
 
     for name in ("b.toml", "a.toml", "notes.txt"):
         (tmp_path / name).write_text("")

@@ -7,9 +7,9 @@ import numpy as np
 import plotly.io as pio
 import plotly.tools
 
-from kvviz.replay import run_policy
-from kvviz.trace import canonical
-from kvviz.views.cache import at_step, cache_heatmap, heatmap_grid
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import canonical
+from kvviz.app.figures.cache import at_step, cache_heatmap, heatmap_grid
 
 
 def runs(n=300, budget=48):
@@ -83,7 +83,7 @@ def test_the_moved_figure_is_sent_without_copying_the_shared_data():
 
 
 def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
-    """`kvviz app` draws the default page once before it serves (kvviz.ui.warm): the replays
+    """`kvviz app` draws the default page once before it serves (kvviz.app.ui.warm): the replays
     of the default pair are then built, and a first visit builds none."""
     import sys
 
@@ -91,8 +91,8 @@ def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     from apphelp import APP, ok
-    from kvviz.ui.engine import Engine
-    from kvviz.ui.warm import warm
+    from kvviz.app.engine import Engine
+    from kvviz.app.ui.warm import warm
 
     built, init = [], Engine.__init__
 
@@ -104,7 +104,7 @@ def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
     st.cache_resource.clear()
     main = sys.modules["__main__"]
     # the default page, then a compare link (two policies here, to keep the test short;
-    # `kvviz app` opens Compare all: kvviz.ui.warm.FIRST_OPENED)
+    # `kvviz app` opens Compare all: kvviz.app.ui.warm.FIRST_OPENED)
     warm(APP, queries=("", "view=compare&cmp=tova,h2o"))
     assert sys.modules["__main__"] is main
     assert sorted(built) == ["h2o", "snapkv", "tova"]  # tova against snapkv, then h2o

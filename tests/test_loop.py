@@ -1,4 +1,4 @@
-"""The model in the loop (kvviz.loop): SmolLM2 decoding over its own evicted cache.
+"""The model in the loop (kvviz.model.loop): SmolLM2 decoding over its own evicted cache.
 
 The refusal tests run without the model. The rest share one SmolLM2 load (tests/conftest.py);
 without torch they skip, unless KVVIZ_REQUIRE_CAPTURE=1 (set by CI), where that fails.
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvviz.loop import LoopConfig, check_configs, load_loop_result, parse_policy
-from kvviz.loop.cli import build_configs
+from kvviz.model.loop import LoopConfig, check_configs, load_loop_result, parse_policy
+from kvviz.model.loop.cli import build_configs
 
 from apphelp import require_capture_stack
 
@@ -94,7 +94,7 @@ def model(smollm):
 @pytest.fixture(scope="module")
 def runs(model):
     """One batched loop per granularity over the start of the shipped prose."""
-    from kvviz.loop import run_loop
+    from kvviz.model.loop import run_loop
 
     return {gran: run_loop(PROSE, configs, granularity=gran, max_tokens=tokens, model=model,
                            rows_layers=range(30))
@@ -174,7 +174,7 @@ def test_evicting_one_key_removes_exactly_its_term():
     require_capture_stack()
     import torch
 
-    from kvviz.loop import engine
+    from kvviz.model.loop import engine
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, n, 1 if n == 9 else 7, 64, generator=g) for n in (9, 3, 3))
@@ -199,7 +199,7 @@ def test_evicting_one_key_removes_exactly_its_term():
 
 @pytest.mark.parametrize("gran", ["layer", "kv-head"])
 def test_loop_victims_equal_replay_of_the_rows_it_recorded(runs, gran):
-    from kvviz.replay import Replay
+    from kvviz.core.replay import Replay
 
     res = runs[gran]
     T = len(res.tokens)
@@ -269,7 +269,7 @@ def test_perf_plain_decode_shows_progress_every_step():
     require_capture_stack()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvviz.loop.perf import plain_decode
+    from kvviz.studies.loop_perf import plain_decode
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)

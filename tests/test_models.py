@@ -49,7 +49,7 @@ def tiny(tmp_path_factory, tokenizer_dir):
 
 
 def _pair(tiny, arch):
-    from kvviz.models import load_model
+    from kvviz.model.models import load_model
 
     return load_model(str(tiny(arch)))
 
@@ -64,8 +64,9 @@ def _plain_nll(mdl, ids):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch):
-    from kvviz.loop import LoopConfig, engine, run_loop
-    from kvviz.models import text_config, tokenize
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.model.loop import engine
+    from kvviz.model.models import text_config, tokenize
 
     tok, mdl = _pair(tiny, arch)
     calls = {}
@@ -97,8 +98,8 @@ def test_masking_one_key_is_removing_it(tiny, arch):
     without j: only j's contribution changes, the rest is renormalised."""
     import torch
 
-    from kvviz.loop import engine
-    from kvviz.models import text_config
+    from kvviz.model.loop import engine
+    from kvviz.model.models import text_config
 
     tok, mdl = _pair(tiny, arch)
     cfg = text_config(mdl)
@@ -129,8 +130,8 @@ def test_masking_one_key_is_removing_it(tiny, arch):
 def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch):
     import torch
 
-    from kvviz.capture import capture
-    from kvviz.models import source_sha256, resolve, text_config
+    from kvviz.model.capture import capture
+    from kvviz.model.models import source_sha256, resolve, text_config
 
     tok, mdl = _pair(tiny, arch)
     cfg = text_config(mdl)
@@ -155,13 +156,13 @@ def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch):
 
 
 def res_ids(tok):
-    from kvviz.models import tokenize
+    from kvviz.model.models import tokenize
 
     return tokenize(tok, TEXT, T)[0]
 
 
 def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(tiny):
-    from kvviz.loop import LoopConfig, run_loop
+    from kvviz.model.loop import LoopConfig, run_loop
 
     tok, mdl = _pair(tiny, "gemma2")
     with pytest.raises(ValueError, match=r"model tiny-gemma2\d*: sliding-window attention \(window 32\)"):
@@ -169,8 +170,8 @@ def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(ti
 
 
 def test_layers_outside_the_model_are_refused_naming_the_range(tiny):
-    from kvviz.capture import capture
-    from kvviz.loop import LoopConfig, run_loop
+    from kvviz.model.capture import capture
+    from kvviz.model.loop import LoopConfig, run_loop
 
     pair = _pair(tiny, "qwen2")  # 2 layers
     with pytest.raises(ValueError, match=r"layer 5 is outside this model's layers 0\.\.1"):
@@ -184,8 +185,8 @@ def test_bos_follows_the_tokenizer(tiny):
     """SmolLM2's tokenizer adds no BOS; one told to add it gets it first, and results say so."""
     from transformers import AutoTokenizer
 
-    from kvviz.capture import capture
-    from kvviz.models import tokenize
+    from kvviz.model.capture import capture
+    from kvviz.model.models import tokenize
 
     folder = tiny("llama")
     tok, mdl = _pair(tiny, "llama")
@@ -201,7 +202,7 @@ def test_bos_follows_the_tokenizer(tiny):
 
 
 def test_token_strings_from_offsets_render_words_whole(tiny):
-    from kvviz.models import token_strings, tokenize
+    from kvviz.model.models import token_strings, tokenize
 
     tok, _ = _pair(tiny, "llama")
     ids, offsets, _ = tokenize(tok, TEXT, 200)
@@ -211,9 +212,9 @@ def test_token_strings_from_offsets_render_words_whole(tiny):
 
 
 def test_missing_or_incomplete_model_refused_before_any_load(tmp_path, monkeypatch, capsys, tiny):
-    import kvviz.models as models
-    from kvviz.capture import main as capture_main
-    from kvviz.loop.cli import main as loop_main
+    import kvviz.model.models as models
+    from kvviz.model.capture import main as capture_main
+    from kvviz.model.loop.cli import main as loop_main
 
     def no_load(*a, **k):
         raise AssertionError("nothing may load for a bad --model")
@@ -243,8 +244,8 @@ def test_missing_or_incomplete_model_refused_before_any_load(tmp_path, monkeypat
 
 def test_gguf_cache_rebuilds_a_truncated_entry(tmp_path, monkeypatch, capsys, tiny):
     """The cache folder is keyed by the hash, built once, and rebuilt when truncated."""
-    from kvviz import gguf_cache
-    from kvviz.models import _load_folder
+    from kvviz.model import gguf_cache
+    from kvviz.model.models import _load_folder
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     builds = []
@@ -273,9 +274,9 @@ def test_gguf_cache_rebuilds_a_truncated_entry(tmp_path, monkeypatch, capsys, ti
 def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys):
     import torch
 
-    from kvviz.capture import main as capture_main
-    from kvviz.loop.cli import main as loop_main
-    from kvviz.models import check_device
+    from kvviz.model.capture import main as capture_main
+    from kvviz.model.loop.cli import main as loop_main
+    from kvviz.model.models import check_device
 
     with pytest.raises(ValueError, match="--dtype bfloat16 needs --device cuda; the CPU runs float32"):
         check_device("cpu", "bfloat16")
@@ -297,7 +298,8 @@ def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tm
     whose sizes are right but which does not load is rebuilt, with a message."""
     import hashlib
 
-    from kvviz import gguf_cache, models
+    from kvviz.model import gguf_cache
+    from kvviz.model import models
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     builds = []
@@ -327,8 +329,8 @@ def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tm
 
 
 def test_cli_refuses_a_layer_outside_the_model_in_one_line(tiny, tmp_path, capsys):
-    from kvviz.capture import main as capture_main
-    from kvviz.loop.cli import main as loop_main
+    from kvviz.model.capture import main as capture_main
+    from kvviz.model.loop.cli import main as loop_main
 
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
@@ -348,8 +350,8 @@ def test_token_strings_render_a_sentencepiece_vocabulary():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from kvviz.capture import byte_token_strings
-    from kvviz.models import token_strings, tokenize
+    from kvviz.model.tokens import byte_token_strings
+    from kvviz.model.models import token_strings, tokenize
 
     raw = Tokenizer(models.BPE(unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -367,7 +369,7 @@ def test_a_gguf_hash_is_remembered_across_processes_until_the_file_changes(tmp_p
     import hashlib
     import os as _os
 
-    from kvviz import models
+    from kvviz.model import models
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
@@ -387,7 +389,7 @@ def test_a_gguf_hash_is_remembered_across_processes_until_the_file_changes(tmp_p
 
 
 def test_a_model_listed_in_kvviz_models_is_found_by_name(tiny, monkeypatch):
-    from kvviz.models import available, resolve
+    from kvviz.model.models import available, resolve
 
     folder = tiny("qwen2")
     monkeypatch.setenv("KVVIZ_MODELS", str(folder))
@@ -404,7 +406,7 @@ def test_direct_load_is_the_same_model_as_from_pretrained(tiny, arch):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kvviz.models import _load_folder
+    from kvviz.model.models import _load_folder
 
     folder = tiny(arch)
     _, fast = _load_folder(folder)
@@ -430,7 +432,7 @@ def test_direct_load_leaves_other_folders_to_from_pretrained(tiny, tmp_path):
     half-loaded by the fast path: it declines and from_pretrained's rules apply."""
     from safetensors.torch import load_file, save_file
 
-    from kvviz.models import _direct_load
+    from kvviz.model.models import _direct_load
 
     folder = tmp_path / "renamed"
     shutil.copytree(tiny("llama"), folder)

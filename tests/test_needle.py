@@ -4,10 +4,10 @@ answers the key, and a re-run resumes instead of recomputing."""
 import numpy as np
 import pytest
 
-from kvviz.loop import LoopConfig
-from kvviz.needle import list_runs, load_results, load_run
-from kvviz.needle.grid import Grid
-from kvviz.needle.prompt import build
+from kvviz.model.loop import LoopConfig
+from kvviz.model.needle import list_runs, load_results, load_run
+from kvviz.model.needle.grid import Grid
+from kvviz.model.needle.prompt import build
 
 LENGTH, DEPTH, SEED, N = 96, 25, 0, 6
 SINKS, BUDGET = 4, 32
@@ -22,7 +22,7 @@ def _grid():
 
 @pytest.fixture(scope="module")
 def grid_dir(smollm, tmp_path_factory):
-    from kvviz.needle.run import run_grid
+    from kvviz.model.needle.run import run_grid
 
     out = tmp_path_factory.mktemp("needle")
     run_grid(_grid(), out, model=smollm, progress=False)
@@ -68,7 +68,7 @@ def test_the_full_cache_answers_the_key(grid_dir):
 
 
 def test_a_rerun_resumes_and_a_changed_grid_recomputes(smollm, grid_dir, monkeypatch):
-    import kvviz.needle.run as run_mod
+    import kvviz.model.needle.run as run_mod
 
     before = (grid_dir / "runs" / f"{list_runs(grid_dir)[0]}.npz").read_bytes()
     calls = []

@@ -3,13 +3,13 @@ import pytest
 
 from apphelp import require_capture_stack
 from kvviz.__main__ import main
-from kvviz.needle.prompt import FILLER, QUESTION, build, make_key
+from kvviz.model.needle.prompt import FILLER, QUESTION, build, make_key
 
 
 @pytest.fixture(scope="module")
 def tok():
     require_capture_stack()
-    from kvviz.needle.run import load_tokenizer
+    from kvviz.model.needle.run import load_tokenizer
 
     return load_tokenizer(None)
 
@@ -61,7 +61,7 @@ def test_own_haystack_is_used_and_repeated(tok):
     (["--haystack", "EMPTY"], "the haystack is empty"),
 ])
 def test_refusals_name_the_parameter_before_the_model_loads(tok, tmp_path, capsys, monkeypatch, argv, message):
-    import kvviz.models as models
+    import kvviz.model.models as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     empty = tmp_path / "empty.txt"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.needle.results import run_id, save_run, write_tables
+from kvviz.model.needle.results import run_id, save_run, write_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import needle_report  # noqa: E402
@@ -58,7 +58,7 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
     import sys
     import types
 
-    from kvviz.needle.cli import grid_from, parser
+    from kvviz.model.needle.cli import grid_from, parser
 
     root = Path(__file__).resolve().parents[1]
     # setup.py read for its lists only: a stand-in setuptools whose setup() does nothing

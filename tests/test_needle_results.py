@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from kvviz.needle import list_runs, load_results, load_run
-from kvviz.needle.results import run_id, save_run, write_tables
+from kvviz.model.needle import list_runs, load_results, load_run
+from kvviz.model.needle.results import run_id, save_run, write_tables
 
 
 def _run(out, ev, depth=50):

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvviz
-from kvviz import plugins
-from kvviz.policies import (BUILTINS, POLICIES, make_policy, param_specs, parse_params,
+from kvviz.core import plugins
+from kvviz.core.policies import (BUILTINS, POLICIES, make_policy, param_specs, parse_params,
                             score_labels, unregister_policy)
-from kvviz.sweep.cell import PluginLoadError
-from kvviz.sweep.run import run_sweep
-from kvviz.trace import save_trace
+from kvviz.studies.sweep.cell import PluginLoadError
+from kvviz.studies.sweep.run import run_sweep
+from kvviz.core.trace import save_trace
 
 from apphelp import APP, REPO, ok, softmax_rows, traces_dir
 from test_policies import replay_both, scenarios
@@ -66,10 +66,10 @@ def test_examples_match_their_slow_references(loaded, name):
 
 
 def test_declarations_reach_every_list(loaded):
-    from kvviz.loop.cli import perf_policies
-    from kvviz.loop.config import parse_policy
-    from kvviz.ui.state import MAX_COMPARE, default_cmp
-    from kvviz.views.metrics import policy_colour
+    from kvviz.model.loop.cli import perf_policies
+    from kvviz.model.loop.config import parse_policy
+    from kvviz.app.state import MAX_COMPARE, default_cmp
+    from kvviz.app.figures.metrics import policy_colour
 
     half_life, = [s for s in param_specs("decay-sinks") if s.name == "half_life"]
     assert (half_life.kind, half_life.default, half_life.label) == ("float", 8.0, "halfLife")
@@ -101,7 +101,7 @@ BROKEN = {
     "nothing.py": ("X = 1", "defines no Policy subclass with a name"),
     "dupe.py": ("""
         from dataclasses import dataclass
-        from kvviz.policies.base import Policy
+        from kvviz.core.policies.base import Policy
         @dataclass
         class Mine(Policy):
             name = "tova"
@@ -111,7 +111,7 @@ BROKEN = {
         """, "policy name 'tova' is already registered"),
     "undeclared.py": ("""
         from dataclasses import dataclass
-        from kvviz.policies.base import Policy
+        from kvviz.core.policies.base import Policy
         @dataclass
         class Mine(Policy):
             rate: float = 0.5
@@ -120,7 +120,7 @@ BROKEN = {
         """, "field 'rate' must be declared with param(...)"),
     "outside.py": ("""
         from dataclasses import dataclass
-        from kvviz.policies.base import Policy, param
+        from kvviz.core.policies.base import Policy, param
         @dataclass
         class Mine(Policy):
             rate: float = param(5.0, label="rate", min=0.0, max=1.0, help="h", source="s")
@@ -141,14 +141,14 @@ def test_a_broken_plugin_is_refused_in_one_line_and_the_builtins_keep_working(tm
         for msg, path, (_, rule) in zip(messages, paths, BROKEN.values()):
             assert "\n" not in msg and msg.startswith(f"plugin {path}: ") and rule in msg, msg
         assert list(POLICIES) == BUILTIN_NAMES + ["decay-sinks"]  # the good one loaded anyway
-        assert POLICIES["tova"].__module__ == "kvviz.policies.tova"
+        assert POLICIES["tova"].__module__ == "kvviz.core.policies.tova"
         assert len(make_policy("tova", budget=4).kept) == 0
     finally:
         plugins.forget()
 
 
 def test_register_policy_same_class_twice_is_a_no_op_another_is_refused():
-    from kvviz.policies.tova import Tova
+    from kvviz.core.policies.tova import Tova
 
     assert kvviz.register_policy(Tova) is Tova
     try:
@@ -237,9 +237,9 @@ def test_a_worker_that_cannot_load_a_plugin_stops_the_sweep_before_any_cell(swee
 
 
 def test_a_policy_registered_without_a_file_cannot_go_to_workers():
-    code = ("from dataclasses import dataclass\nimport kvviz\nfrom kvviz.policies.tova import Tova\n"
+    code = ("from dataclasses import dataclass\nimport kvviz\nfrom kvviz.core.policies.tova import Tova\n"
             "@dataclass\nclass T2(Tova):\n    name = 'tova-two'\n    label = 'tova two'\n"
-            "kvviz.register_policy(T2)\nfrom kvviz.sweep.run import run_sweep\n"
+            "kvviz.register_policy(T2)\nfrom kvviz.studies.sweep.run import run_sweep\n"
             "spec = {'traces': ['canonical'], 'budgets': [32], 'policies': [{'name': 'tova-two'}]}\n"
             "try:\n    run_sweep(spec, 'out_never', workers=2, progress=False)\n"
             "except ValueError as exc:\n    print(exc)\n")
@@ -280,7 +280,7 @@ def test_an_edited_policy_re_runs_its_cells_and_an_unchanged_one_resumes(tmp_pat
 def test_a_sweep_with_failed_cells_exits_non_zero_with_the_count_and_first_error(tmp_path):
     (tmp_path / "flaky.py").write_text(textwrap.dedent("""
         from dataclasses import dataclass
-        from kvviz.policies.tova import Tova
+        from kvviz.core.policies.tova import Tova
 
         @dataclass
         class Flaky(Tova):
@@ -306,7 +306,7 @@ def test_a_sweep_with_failed_cells_exits_non_zero_with_the_count_and_first_error
 def test_app_selectors_controls_compare_and_colours(loaded):
     from streamlit.testing.v1 import AppTest
 
-    from kvviz.views.metrics import policy_colour
+    from kvviz.app.figures.metrics import policy_colour
 
     at = AppTest.from_file(APP, default_timeout=120)
     for k, v in {"a": "decay-sinks", "b": "window-vote", "a.halfLife": "2.5", "b.reduce": "max",
@@ -364,9 +364,9 @@ def test_loop_view_offers_every_registered_policy(loaded):
 
 # --- the model in the loop ------------------------------------------------------------------
 def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
-    import kvviz.capture
+    import kvviz.model.capture
 
-    monkeypatch.setattr(kvviz.capture, "load_model", lambda *a, **k: smollm)  # loaded once per session
+    monkeypatch.setattr(kvviz.model.capture, "load_model", lambda *a, **k: smollm)  # loaded once per session
     src, js = tmp_path / "t.txt", tmp_path / "r.json"
     src.write_text((REPO / "traces" / "sources" / "execmodel.txt").read_text()[:300])
     from kvviz.__main__ import main
@@ -417,6 +417,6 @@ def test_kvviz_check_takes_plugin_and_all_builtins_stays_the_builtins():
     r = kvviz_cli("check", "tova", "--plugin", "no/such/plugin.py")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "kvviz check: error:" in r.stderr
     r = kvviz_cli("check", "--all-builtins", "--plugin", VOTE, "--steps", "32")
-    from kvviz.policies import BUILTINS
+    from kvviz.core.policies import BUILTINS
     checked = [ln.split(" (")[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")]
     assert checked == [c.name for c in BUILTINS], r.stdout + r.stderr

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kvviz.policies import POLICIES, check_declaration, make_policy, param_specs, reference_class
-from kvviz.reference import make_reference
+from kvviz.core.policies import POLICIES, check_declaration, make_policy, param_specs, reference_class
+from kvviz.core.reference import make_reference
 
 # Weights from a small set provoke ties; arbitrary floats provoke rounding.
 TIE_WEIGHTS = [0.0, 0.0625, 0.125, 0.25, 0.5, 1.0]

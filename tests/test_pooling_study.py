@@ -1,10 +1,10 @@
-"""The pooling study's pooled span counts agree with kvviz.spans.span_integrity, and it runs."""
+"""The pooling study's pooled span counts agree with kvviz.core.spans.span_integrity, and it runs."""
 import pytest
 
-from kvviz.pooling_study import integrity, markdown, study
-from kvviz.replay import run_policy
-from kvviz.spans import attention_spans, received, span_integrity
-from kvviz.trace import canonical
+from kvviz.studies.pooling_study import integrity, markdown, study
+from kvviz.core.replay import run_policy
+from kvviz.core.spans import attention_spans, received, span_integrity
+from kvviz.core.trace import canonical
 
 
 def test_integrity_at_one_checkpoint_matches_span_integrity():
@@ -35,7 +35,7 @@ def test_study_with_average_pooling_rows():
     df = study([("canonical", None, trace)], budgets=[64], kernels=[1, 3], poolings=("max", "avg"))
     assert list(df["policy"]) == ["tova", "snapkv k=1", "snapkv k=3", "snapkv k=3 avg", "h2o",
                                   "streaming-llm"]
-    from kvviz.metrics import summary
+    from kvviz.core.metrics import summary
 
     avg = df.set_index("policy").loc["snapkv k=3 avg", "retained_mass"]
     assert avg == summary(trace, run_policy(trace, "snapkv", 64, pool_kernel=3, pooling="avg"))["retained_mass"]

@@ -1,5 +1,5 @@
 """The cache view's first-visit preview: the heatmap's server-built PNG as plain HTML, so the
-first chart is on screen before the browser has loaded Plotly (kvviz.ui.view_cache).
+first chart is on screen before the browser has loaded Plotly (kvviz.app.ui.view_cache).
 
 AppTest checks what the page sends (the preview on a session's first run, the same image as
 the Plotly figure, then no more); Chromium checks what a visitor sees: with Plotly's script
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from kvviz.ui.view_cache import preview_html
-from kvviz.views.cache import png_to_codes
+from kvviz.app.ui.view_cache import preview_html
+from kvviz.app.figures.cache import png_to_codes
 
 from apphelp import REPO, app, ok, require_browser
 

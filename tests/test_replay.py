@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from kvviz.metrics import hh_recall, retained_mass, summary
-from kvviz.policies import make_policy
-from kvviz.replay import NEVER, Replay, run_policy
-from kvviz.trace import ArrayTrace, canonical, pack_rows
+from kvviz.core.metrics import hh_recall, retained_mass, summary
+from kvviz.core.policies import make_policy
+from kvviz.core.replay import NEVER, Replay, run_policy
+from kvviz.core.trace import ArrayTrace, canonical, pack_rows
 
 
 def tiny():

@@ -1,4 +1,4 @@
-"""kvviz.views.room.for_room: each view's figure, built from a real trace, comes back with
+"""kvviz.app.figures.room.for_room: each view's figure, built from a real trace, comes back with
 every text at least FLOOR px, larger marks, and the input untouched."""
 import copy
 
@@ -6,14 +6,14 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from kvviz import views as V
-from kvviz.replay import run_policy
-from kvviz.trace import load_trace
-from kvviz.trace import canonical
-from kvviz.views import compare as C
-from kvviz.views.cache import at_step, cache_heatmap
-from kvviz.views.room import FLOOR, PLOTLY_FONT, WRAP, for_room
-from kvviz.views.toy import labelled_heatmap
+from kvviz.app import figures as V
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import load_trace
+from kvviz.core.trace import canonical
+from kvviz.app.figures import compare as C
+from kvviz.app.figures.cache import at_step, cache_heatmap
+from kvviz.app.figures.room import FLOOR, PLOTLY_FONT, WRAP, for_room
+from kvviz.app.figures.toy import labelled_heatmap
 
 from apphelp import REPO
 

@@ -1,4 +1,4 @@
-"""Slides export (kvviz.views.slides): GIFs and PNGs drawn from the eviction logs.
+"""Slides export (kvviz.app.figures.slides): GIFs and PNGs drawn from the eviction logs.
 
 Every frame is decoded with Pillow and its cells are checked against the held sets of the
 runs (`Run.held_mask`, the harness's rule), not against the code that drew them."""
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kvviz.replay import run_policy
-from kvviz.trace import ArrayTrace, pack_rows
-from kvviz.views import slides as S
-from kvviz.views.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import ArrayTrace, pack_rows
+from kvviz.app.figures import slides as S
+from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS
 
 T = 160
 
@@ -243,9 +243,9 @@ def test_slides_position_slider_ends_where_the_steps_end(tmp_path, monkeypatch):
     """The page's positions slider runs 0..T-1 like the steps slider (not 0..T), and the
     last position chosen is drawn (the library's range is half-open)."""
     import apphelp
-    from kvviz.trace import save_trace
+    from kvviz.core.trace import save_trace
 
-    from kvviz.ui import view_slides
+    from kvviz.app.ui import view_slides
 
     view_slides._preview.clear()  # the page's preview cache: every draw below reaches the library
     asked = []

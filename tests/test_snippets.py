@@ -51,7 +51,7 @@ def test_the_docs_have_snippets():
 
 
 def test_the_name_check_catches_an_undefined_name():
-    assert undefined_names("from kvviz.loop import run_loop\nres = run_loop(text, [])") == {"text"}
+    assert undefined_names("from kvviz.model.loop import run_loop\nres = run_loop(text, [])") == {"text"}
     assert undefined_names("import numpy as np\nx = np.zeros(3)\nprint(x)") == set()
 
 

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from kvviz.spans import attention_spans, important_spans, received, span_integrity, word_spans
-from kvviz.trace import Trace
+from kvviz.core.spans import attention_spans, important_spans, received, span_integrity, word_spans
+from kvviz.core.trace import Trace
 
 
 class HandTrace(Trace):

@@ -1,4 +1,4 @@
-"""kvviz.streams against the harness: every stream's Run equals run_policy's, bit for bit."""
+"""kvviz.core.streams against the harness: every stream's Run equals run_policy's, bit for bit."""
 from pathlib import Path
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvviz.replay import run_policy
-from kvviz.streams import VECTORISED, replay_streams, run_streams
-from kvviz.streams_bench import check_lean
-from kvviz.trace import ArrayTrace, Trace, canonical, load_trace, pack_rows
+from kvviz.core.replay import run_policy
+from kvviz.core.streams import VECTORISED, replay_streams, run_streams
+from kvviz.studies.streams_bench import check_lean
+from kvviz.core.trace import ArrayTrace, Trace, canonical, load_trace, pack_rows
 
 TRACES = sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.npz"))
 TIE_WEIGHTS = np.array([0.0, 0.0625, 0.125, 0.25, 0.5, 1.0], np.float32)

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvviz.bench import evaluate
-from kvviz.sweep import SpecError, SweepDirError, run_sweep
-from kvviz.trace import canonical, load_trace, pack_rows, save_trace
+from kvviz.core.metrics import evaluate
+from kvviz.studies.sweep import SpecError, SweepDirError, run_sweep
+from kvviz.core.trace import canonical, load_trace, pack_rows, save_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 512
@@ -88,7 +88,7 @@ def test_serial_table_rows_match_the_library(workdir, serial_table):
     ok = df[df.status == "ok"]
     assert len(ok) == 16 and (ok.trace == "good.npz").all()
     # each row is what the library computes for that cell on its own (the sweep replays a
-    # trace's layers together through kvviz.streams)
+    # trace's layers together through kvviz.core.streams)
     for _, r in ok.iterrows():
         trace = load_trace(workdir / "good.npz", layer=int(r.layer))
         params = {} if r.policy == "tova" else {"recent_window": int(r.recent_window)}
@@ -278,7 +278,7 @@ def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, mo
 
 
 def test_metrics_view_without_pyarrow_says_so(workdir, monkeypatch):
-    from kvviz.ui import sweep_view
+    from kvviz.app.ui import sweep_view
 
     monkeypatch.setattr(sweep_view, "pyarrow_available", lambda: False)
     at = _metrics_page(workdir, monkeypatch)
@@ -312,7 +312,7 @@ def test_retry_failed_runs_only_the_failed_cells_again(workdir, serial_table):
 def test_progress_bar_counts_done_failed_and_eta():
     import io
 
-    from kvviz.sweep.progress import Progress
+    from kvviz.studies.sweep.progress import Progress
 
     buf = io.StringIO()
     bar = Progress(10, already=4, failed=1, stream=buf, every=0)
@@ -330,7 +330,7 @@ def test_progress_bar_counts_done_failed_and_eta():
 
 
 def test_small_multiples_give_the_canonical_trace_one_panel(serial_table):
-    from kvviz.views.sweep import check_results, sweep_grid_figure
+    from kvviz.app.figures.sweep import check_results, sweep_grid_figure
 
     ok = serial_table[serial_table.status == "ok"]
     canon = ok[ok.layer == 3].assign(trace="canonical", layer=pd.NA, head=None)
@@ -348,10 +348,10 @@ def test_small_multiples_give_the_canonical_trace_one_panel(serial_table):
 def test_bench_spec_holds_only_policies_its_traces_can_run():
     """sweep --bench replays the three shipped texts, which carry no key norms: every policy
     in its spec must be able to replay them (knorm would fail every cell)."""
-    from kvviz.policies import POLICIES
-    from kvviz.replay import runnable
-    from kvviz.sweep.cli import bench_spec
-    from kvviz.trace import load_trace
+    from kvviz.core.policies import POLICIES
+    from kvviz.core.replay import runnable
+    from kvviz.studies.sweep.cli import bench_spec
+    from kvviz.core.trace import load_trace
 
     spec = bench_spec()
     names = [p["name"] for p in spec["policies"]]

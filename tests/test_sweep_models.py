@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from apphelp import require_capture_stack
-from kvviz.sweep import SpecError, run_sweep
+from kvviz.studies.sweep import SpecError, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("The elements are listed by atomic number. Hydrogen is the lightest; helium follows it. "
@@ -68,7 +68,7 @@ def workdir(tmp_path_factory):
 
 def _needs_generate(mode):
     if mode == "needle":
-        pytest.importorskip("kvviz.loop.generation", reason="kvviz.loop.generate (branch gen14) not merged")
+        pytest.importorskip("kvviz.model.loop.generation", reason="kvviz.model.loop.generate (branch gen14) not merged")
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def _serial(workdir, serial, mode):
 
 
 def test_loop_rows_are_run_loops_own_results(workdir, serial):
-    from kvviz.loop import LoopConfig, run_loop
-    from kvviz.models import load_model
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.model.models import load_model
 
     df = _serial(workdir, serial, "loop")
     assert len(df) == 8 and (df.status == "ok").all()

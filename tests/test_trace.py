@@ -7,8 +7,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from kvviz.replay import run_policy
-from kvviz.trace import CanonicalTrace, canonical, load_trace, pack_rows, save_trace
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import CanonicalTrace, canonical, load_trace, pack_rows, save_trace
 
 # Pinned so that any change to the canonical workload is deliberate: update it together
 # with the README's tables, never to make a test pass.
@@ -337,8 +337,8 @@ def test_shipped_per_kv_head_trace_has_key_norms_that_replay_knorm():
     replays it, and refuses the format-2 code.npz beside it with a message."""
     from pathlib import Path
 
-    from kvviz.policies import make_policy
-    from kvviz.replay import Replay
+    from kvviz.core.policies import make_policy
+    from kvviz.core.replay import Replay
     traces = Path(__file__).resolve().parents[1] / "traces"
     for layer in (0, 14, 29):
         kv = [load_trace(traces / "code-kv.npz", layer=layer, head=f"kv{g}").key_norms for g in range(3)]

@@ -100,7 +100,7 @@ def test_vector_well_formed(path: Path):
 
 @pytest.mark.parametrize("path", VECTOR_FILES, ids=[p.stem for p in VECTOR_FILES])
 def test_vector(path: Path):
-    from kvviz.policies import make_policy
+    from kvviz.core.policies import make_policy
 
     v = _load(path)
     name, params, budget = v["policy"], dict(v["params"]), v["budget"]

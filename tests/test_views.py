@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from kvviz import views as V
-from kvviz.policies import POLICIES, make_policy
-from kvviz.replay import Replay, Run, run_policy
-from kvviz.trace import canonical
-from kvviz.ui.engine import Engine
-from kvviz.ui.export import eviction_log, run_json
-from kvviz.ui.state import ViewState, from_query, to_query
-from kvviz.views.cache import png_to_codes
-from kvviz.views.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, dominant_state,
+from kvviz.app import figures as V
+from kvviz.core.policies import POLICIES, make_policy
+from kvviz.core.replay import Replay, Run, run_policy
+from kvviz.core.trace import canonical
+from kvviz.app.engine import Engine
+from kvviz.app.ui.export import eviction_log, run_json
+from kvviz.app.state import ViewState, from_query, to_query
+from kvviz.app.figures.cache import png_to_codes
+from kvviz.app.figures.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, dominant_state,
                                 state_counts)
 
 # Tiny hand-built runs, T = 6 (held after s  iff  p <= s and (ev == -1 or ev > s)):
@@ -119,7 +119,7 @@ def test_bin_edges_cover_and_bound():
 
 
 def test_display_state_keeps_one_line_disagreements_visible():
-    from kvviz.views.states import display_state
+    from kvviz.app.figures.states import display_state
     counts = np.zeros((5, 1, 3), int)
     counts[NEITHER, 0, 0], counts[ONLY_B, 0, 0] = 12, 4    # 4x4 block, one column only B
     counts[NEITHER, 0, 1], counts[ONLY_A, 0, 1] = 13, 3    # less than a full line: mode
@@ -348,8 +348,8 @@ def _rules(html: str) -> dict:
 
 
 def test_token_strips_wrap_and_put_nothing_between_subwords():
-    from kvviz.views import loop as LV
-    from kvviz.views import tokens as TV
+    from kvviz.app.figures import loop as LV
+    from kvviz.app.figures import tokens as TV
 
     toks = ["Top", "ological", " S", "orter", "\n", "np", "red", "ecess", "ors"]
     ev = np.full(len(toks), -1)
@@ -375,7 +375,7 @@ def test_token_strips_wrap_and_put_nothing_between_subwords():
 # --- engine: fast peek equals the contract's Replay.peek --------------------------------
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_engine_peek_equals_replay_peek(name):
-    from kvviz.check import truncated  # the canonical rows, with key norms for knorm
+    from kvviz.core.check import truncated  # the canonical rows, with key norms for knorm
 
     t = truncated(canonical(300), 300)
     eng = Engine(t, name, 40, every=64)
@@ -442,7 +442,7 @@ def test_exports():
 def test_views_and_pure_ui_modules_do_not_import_streamlit():
     import subprocess
     import sys
-    code = ("import sys, kvviz.views, kvviz.ui.engine, kvviz.ui.state, kvviz.ui.export; "
+    code = ("import sys, kvviz.app.figures, kvviz.app.engine, kvviz.app.state, kvviz.app.ui.export; "
             "assert 'streamlit' not in sys.modules, 'streamlit imported'")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
@@ -548,7 +548,7 @@ def test_light_look_is_the_template_it_replaced():
     """base_layout lays LIGHT on as values where the figure has none; the look is the one
     the template `update_layout(template=LIGHT)` gave, axis by axis, own values winning."""
     from plotly.subplots import make_subplots
-    from kvviz.views.common import LIGHT, base_layout
+    from kvviz.app.figures.common import LIGHT, base_layout
 
     def fig():
         f = make_subplots(rows=2, cols=2)

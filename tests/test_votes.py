@@ -1,9 +1,9 @@
-"""The predict-then-reveal figures (kvviz.views.votes): the guesses' bars are the tally, the
+"""The predict-then-reveal figures (kvviz.app.figures.votes): the guesses' bars are the tally, the
 answer is marked only once revealed, and the held slots carry no score."""
 import re
 
-from kvviz.teach.classroom import Round
-from kvviz.views.votes import ANSWER_COLOUR, GUESS_COLOUR, held_figure, votes_figure
+from kvviz.app.teach.classroom import Round
+from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR, held_figure, votes_figure
 
 
 def bars(fig):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.policies.base import Policy, Rank, param
-from kvviz.reference import RefPolicy
+from kvviz.core.reference import RefPolicy
 
 
 class RefDecaySinks(RefPolicy):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.policies.base import Policy, Rank, check_recent, param
-from kvviz.reference import RefPolicy
+from kvviz.core.reference import RefPolicy
 
 
 class RefWindowVote(RefPolicy):

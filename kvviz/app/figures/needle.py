@@ -1,0 +1,361 @@
+"""The "Forgetting" view: pass-key results as figures (pure: data in, Plotly figure/HTML out).
+
+Inputs are `kvviz needle`'s records: the results table (one row per run and configuration:
+length, depth, seed, prompt_mode, granularity, policy, params, budget, answer, correct, ...)
+and one run's arrays (`tokens`, `evicted_at` (C, L, G, T), meta with key_positions,
+question_start, prompt_len, configs, answers, correct).
+"""
+from __future__ import annotations
+
+import html
+import json
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvviz.app.figures.cache import cache_heatmap
+from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
+from kvviz.app.figures.loop import FULL, policy_line_label
+from kvviz.app.figures.tokens import _token_html
+
+FULL_LABEL = "full cache"
+# accuracy 0 -> vermilion, 1 -> blue (colour-blind safe), through a light grey
+ACCURACY_SCALE = [[0, "#D55E00"], [0.5, "#eeeeee"], [1, "#0072B2"]]
+KEY_COLOUR = "#F0E442"
+
+
+def _params(v) -> dict:
+    if isinstance(v, dict):
+        return v
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v == "":
+        return {}
+    return json.loads(v)
+
+
+def line_label(policy: str, params) -> str:
+    """'tova', 'snapkv (poolKernel=1)', 'full cache': one panel / row per configuration."""
+    return FULL_LABEL if policy == FULL else policy_line_label(policy, _params(params))
+
+
+def with_lines(rows: pd.DataFrame) -> pd.DataFrame:
+    """The table with a `line` column (policy and non-default parameters)."""
+    out = rows.copy()
+    out["line"] = [line_label(p, q) for p, q in zip(out["policy"], out["params"])]
+    return out
+
+
+def budgets(rows: pd.DataFrame) -> list[int]:
+    b = rows.loc[rows["policy"] != FULL, "budget"]
+    return sorted({int(x) for x in b.dropna()})
+
+
+def at_budget(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str) -> pd.DataFrame:
+    """The full cache's rows and every policy's rows at `budget`, in one mode and granularity."""
+    r = with_lines(rows)
+    r = r[(r["prompt_mode"] == prompt_mode) & (r["granularity"] == granularity)]
+    full = r["policy"] == FULL
+    return r[full | (pd.to_numeric(r["budget"], errors="coerce") == budget)]
+
+
+def lines_order(r: pd.DataFrame) -> list[str]:
+    names = sorted(set(r["line"]) - {FULL_LABEL})
+    return ([FULL_LABEL] if FULL_LABEL in set(r["line"]) else []) + names
+
+
+def accuracy(r: pd.DataFrame) -> pd.DataFrame:
+    """Share of correct answers (over seeds) per line, depth and length: columns line,
+    depth, length, accuracy, right, n."""
+    c = r.assign(correct=r["correct"].astype(str).str.lower().isin(["true", "1"]))
+    g = c.groupby(["line", "depth", "length"])["correct"]
+    return pd.DataFrame({"right": g.sum(), "n": g.size()}).reset_index().assign(
+        accuracy=lambda d: d["right"] / d["n"])
+
+
+PANELS_PER_ROW = 4  # beyond this the panels wrap: their titles stay readable at 1024 px
+
+
+def needle_figure(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str,
+                  row_height: int = 250) -> go.Figure:
+    """The classic needle chart: depth (y) x context length (x), coloured by the share of
+    correct answers over seeds; one panel per configuration at `budget` (full cache first),
+    PANELS_PER_ROW to a row."""
+    r = at_budget(rows, budget, prompt_mode, granularity)
+    acc = accuracy(r)
+    lines = lines_order(r)
+    lengths = sorted(int(x) for x in r["length"].unique())
+    depths = sorted(float(x) for x in r["depth"].unique())
+    n = max(1, len(lines))
+    cols = min(n, PANELS_PER_ROW)
+    nrows = -(-n // cols)
+    titles = [ln.replace(" (", "<br>(") for ln in lines]  # parameters on a second line
+    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=titles or ["no results"],
+                        shared_yaxes=True, horizontal_spacing=min(0.04, 0.4 / cols),
+                        vertical_spacing=min(0.16, 0.6 / nrows))
+    for i, line in enumerate(lines):
+        row, col = i // cols + 1, i % cols + 1
+        a = acc[acc["line"] == line].set_index(["depth", "length"])
+        z = [[a["accuracy"].get((d, n_), np.nan) for n_ in lengths] for d in depths]
+        text = [[f"{int(a['right'][(d, n_)])}/{int(a['n'][(d, n_)])}" if (d, n_) in a.index
+                 else "" for n_ in lengths] for d in depths]
+        fig.add_trace(go.Heatmap(
+            z=z, x=[str(x) for x in lengths], y=[f"{d:g}%" for d in depths], text=text,
+            texttemplate="%{text}", zmin=0, zmax=1, colorscale=ACCURACY_SCALE,
+            showscale=i == 0, name=line, xgap=2, ygap=2,
+            colorbar=dict(title="correct", tickformat=".0%", len=min(0.9, 1.2 / nrows), y=1,
+                          yanchor="top"),
+            hovertemplate=f"<b>{html.escape(line)}</b><br>length %{{x}} tokens<br>depth %{{y}}"
+                          "<br>%{text} correct<extra></extra>"), row=row, col=col)
+        bottom = i + cols >= len(lines)
+        fig.update_xaxes(title="context length" if bottom and col == (cols + 1) // 2 else None,
+                         type="category", row=row, col=col)
+    for row in range(1, nrows + 1):
+        fig.update_yaxes(title="key depth", type="category", row=row, col=1)
+    fig.update_annotations(font_size=13)  # the panel titles
+    base_layout(fig, f"Pass-key accuracy by depth and context length: budget {budget}, "
+                     f"{prompt_mode} prompt, {granularity} granularity", 110 + row_height * nrows)
+    return fig
+
+
+def key_strip_html(tokens, key_positions, question_start: int) -> str:
+    """The prompt's tokens with the key highlighted and the question underlined."""
+    keys = set(int(p) for p in key_positions)
+    spans = []
+    for p, tok in enumerate(tokens):
+        cls = "kv-key" if p in keys else "kv-q" if p >= question_start else ""
+        tip = f"position {p}" + (": the key" if p in keys else
+                                 ": the question" if p >= question_start else "")
+        spans.append(f'<span class="kv-tok {cls}" title="{tip}">{_token_html(tok)}</span>')
+    style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;"
+             "line-height:1.8;max-height:260px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
+             "border-radius:6px;background:#fff}.kv-tok{white-space:pre}.kv-ws{opacity:0.45}"
+             f".kv-key{{background:{KEY_COLOUR};font-weight:bold;outline:1px solid #999}}"
+             ".kv-q{text-decoration:underline;color:#0072B2}</style>")
+    return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
+
+
+LOST, WHOLE = "first key eviction (step, any layer)", "layers holding the whole key"
+
+
+def answers_table(meta: dict, budget: int, evicted_at=None) -> pd.DataFrame:
+    """Each configuration's answer at `budget`, the full cache's first, marked right or wrong;
+    with the run's log, also the step it first evicted a key token and how many layers still
+    hold every key token (every KV head) at the end of the prompt."""
+    out = []
+    kp, end = meta["key_positions"], int(meta["prompt_len"]) - 1
+    for i, c in enumerate(meta["configs"]):
+        if c["policy"] != FULL and c.get("budget") != budget:
+            continue
+        row = {"configuration": line_label(c["policy"], c.get("params")),
+               "answer": meta["answers"][i],
+               "right?": "✓ right" if meta["correct"][i] else "✗ wrong"}
+        if evicted_at is not None:
+            s = lost_step(evicted_at[i], kp)
+            row[LOST] = "never" if s < 0 else str(s)
+            whole = (held_share(evicted_at[i], kp, end) == 1).all(-1)
+            row[WHOLE] = f"{int(whole.sum())} of {len(whole)}"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def config_index(meta: dict, line: str, budget: int) -> int:
+    for i, c in enumerate(meta["configs"]):
+        if line_label(c["policy"], c.get("params")) == line and (
+                c["policy"] == FULL or c.get("budget") == budget):
+            return i
+    raise ValueError(f"no configuration {line!r} at budget {budget} in run {meta.get('id')}")
+
+
+def held_share(ev, key_positions, step: int) -> np.ndarray:
+    """Share of the key's positions held after `step` (held: never evicted, or evicted
+    later), over the last axis of `ev` (..., T) -> (...)."""
+    e = np.asarray(ev)[..., list(key_positions)]
+    return ((e < 0) | (e > int(step))).mean(-1)
+
+
+def lost_step(ev, key_positions) -> int:
+    """The step at which the first of the key's positions was evicted (any head), -1 if none."""
+    e = np.asarray(ev)[..., list(key_positions)]
+    e = e[e >= 0]
+    return int(e.min()) if e.size else -1
+
+
+def _runs(positions) -> list[tuple[int, int]]:
+    """Contiguous runs [lo, hi] of sorted positions."""
+    out = []
+    for p in sorted(int(x) for x in positions):
+        if out and p == out[-1][1] + 1:
+            out[-1][1] = p
+        else:
+            out.append([p, p])
+    return [tuple(r) for r in out]
+
+
+def key_cache_figure(ev_a, ev_b, *, key_positions, prompt_len: int, label_a: str,
+                     label_b: str, height: int = 520) -> go.Figure:
+    """The cache heatmap of one layer (and KV head) for two configurations, with the key's
+    positions shaded, the end of the prompt marked, and each one's first key eviction."""
+    ev_a, ev_b = np.asarray(ev_a), np.asarray(ev_b)
+    fig = cache_heatmap(ev_a, ev_b, prompt_len - 1, label_a=label_a, label_b=label_b,
+                        height=height)
+    for lo, hi in _runs(key_positions):
+        fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.35,
+                      line=dict(color="#8a7f00", width=1), layer="above", name="key")
+    for ev, lab, colour, sym in ((ev_a, "A", A_COLOUR, "x"), (ev_b, "B", B_COLOUR, "cross")):
+        s = lost_step(ev, key_positions)
+        if s >= 0:
+            first = min(int(p) for p in key_positions if (ev[..., int(p)] == s).any())
+            fig.add_trace(go.Scatter(
+                x=[first], y=[s], mode="markers+text", text=[f"{lab} lost the key"],
+                textposition="middle right", name=f"{lab} loses the key (step {s})",
+                marker=dict(symbol=sym + "-thin", size=16, color=colour,
+                            line=dict(width=3, color=colour)),
+                textfont=dict(color=colour, size=13),
+                hovertemplate=f"{lab}: first key token evicted at step {s}<extra></extra>"))
+    fig.layout.title.text = f"Cache contents over time (key shaded): A = {label_a}, B = {label_b}"
+    return fig
+
+
+def layers_figure(evicted_at, meta: dict, indices, labels, step: int,
+                  layer_names=None, height: int = 420) -> go.Figure:
+    """Per layer (y) and configuration (x): the share of the key's positions held after
+    `step`, mean over KV heads (1 = the whole key is there)."""
+    ev = np.asarray(evicted_at)
+    kp = meta["key_positions"]
+    z = np.stack([held_share(ev[i], kp, step).mean(-1) for i in indices], 1)  # (L, n)
+    names = list(layer_names) if layer_names is not None else list(range(z.shape[0]))
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(labels), y=[str(n) for n in names], zmin=0, zmax=1, xgap=1, ygap=1,
+        colorscale=[[0, "#e4e4e4"], [1, "#3a3a3a"]], colorbar=dict(title="key held",
+                                                                   tickformat=".0%"),
+        hovertemplate="%{x}<br>layer %{y}<br>%{z:.0%} of the key held<extra></extra>"))
+    base_layout(fig, f"Which layers still hold the key after step {step}", height)
+    fig.update_xaxes(title="configuration", type="category")
+    fig.update_yaxes(title="model layer", type="category", autorange="reversed")
+    return fig
+
+
+# --- the guided experiment: whichever claim the numbers support ------------------------
+def _correct(r: pd.DataFrame) -> pd.Series:
+    return r["correct"].astype(str).str.lower().isin(["true", "1"])
+
+
+CELL_KEYS = ["prompt_mode", "granularity", "budget", "id", "length", "depth", "seed"]
+
+
+def guided(rows: pd.DataFrame) -> dict:
+    """A guided experiment on whichever card claim the results support, its text computed
+    from them: the TOVA card's warning (TOVA wrong where H2O and Scissorhands are right on the
+    same prompt) if any prompt shows it, else the SnapKV card's (pooling keeps the key whole
+    where poolKernel 1 does not), else what the data shows about the first.
+    Returns {kind, text, lines: (A, B), cell: {budget, prompt_mode, granularity, length,
+    depth, seed} | None}."""
+    r = with_lines(rows)
+    r = r.assign(ok=_correct(r))
+    story = _tova(r)
+    if story["kind"] != "tova-forgets":
+        story = _snapkv(r) or story
+    return story
+
+
+def _cell(ex, budget, mode, gran) -> dict:
+    return {"budget": int(budget), "prompt_mode": mode, "granularity": gran,
+            "length": int(ex["length"]), "depth": float(ex["depth"]), "seed": int(ex["seed"])}
+
+
+def _snapkv(r: pd.DataFrame) -> dict | None:
+    """SnapKV's card: pooled snapkv holds the key whole (every key token, every layer and
+    head, at the end of the prompt) where poolKernel 1 does not. None if nothing shows it."""
+    snap = r[r["policy"] == "snapkv"]
+    if snap.empty:
+        return None
+    snap = snap.assign(k=[int(_params(p).get("pool_kernel", 5)) for p in snap["params"]],
+                       whole=pd.to_numeric(snap["held_end"]) >= 1.0)
+    one, pooled = snap[snap["k"] == 1], snap[snap["k"] > 1]
+    if one.empty or pooled.empty:
+        return None
+    lp = pooled["line"].value_counts().index[0]
+    m = pooled[pooled["line"] == lp].merge(one, on=CELL_KEYS, suffixes=("_p", "_1"))
+    if m.empty:
+        return None
+    l1 = m["line_1"].iloc[0]
+    m = m[m["line_1"] == l1]
+    m = m.assign(claim=m["whole_p"] & ~m["whole_1"])
+    g = m.groupby(["prompt_mode", "granularity", "budget"])
+    summary = pd.DataFrame({"claim": g["claim"].sum(), "n": g.size(), "wp": g["whole_p"].sum(),
+                            "w1": g["whole_1"].sum(), "okp": g["ok_p"].sum(),
+                            "ok1": g["ok_1"].sum()}).reset_index()
+    if not summary["claim"].sum():
+        return None
+    best = summary.sort_values(["claim", "n"], ascending=[False, True], kind="stable").iloc[0]
+    mode, gran, budget = best["prompt_mode"], best["granularity"], best["budget"]
+    ex = m[(m["prompt_mode"] == mode) & (m["granularity"] == gran) & (m["budget"] == budget)
+           & m["claim"]].sort_values(["length", "depth", "seed"]).iloc[0]
+    text = (f"**SnapKV's pooling keeps the pass key whole.** At budget {int(budget)} ({mode} "
+            f"prompt, {gran} granularity), {lp} held every key token in every layer at the end "
+            f"of the prompt in {int(best['wp'])} of {int(best['n'])} prompts, {l1} in "
+            f"{int(best['w1'])}; the first kept it whole where the second did not in "
+            f"{int(best['claim'])}. Answers right: {lp} {int(best['okp'])}, {l1} "
+            f"{int(best['ok1'])}. Shown: {int(ex['length'])} tokens, key at "
+            f"{float(ex['depth']):g} % depth, seed {int(ex['seed'])}.")
+    return {"kind": "snapkv-whole", "text": text, "lines": (lp, l1),
+            "cell": _cell(ex, budget, mode, gran)}
+
+
+def _tova(r: pd.DataFrame) -> dict:
+    plain = r[r["line"].isin(["tova", "h2o", "scissorhands"])]
+    have = set(plain["line"])
+    if not {"tova", "h2o", "scissorhands"} <= have:
+        missing = sorted({"tova", "h2o", "scissorhands"} - have)
+        return {"kind": "missing", "cell": None, "lines": None,
+                "text": "These results cannot test the TOVA card's warning (TOVA forgetting "
+                        "a token H2O and Scissorhands keep): they have no "
+                        f"{' or '.join(missing)} runs (at default parameters)."}
+    wide = plain.pivot_table(index=CELL_KEYS, columns="line", values="ok",
+                             aggfunc="first").dropna().reset_index()
+    wide[["tova", "h2o", "scissorhands"]] = wide[["tova", "h2o", "scissorhands"]].astype(bool)
+    wide["claim"] = ~wide["tova"] & wide["h2o"] & wide["scissorhands"]
+    wide["reverse"] = wide["tova"] & ~wide["h2o"] & ~wide["scissorhands"]
+    g = wide.groupby(["prompt_mode", "granularity", "budget"])
+    summary = pd.DataFrame({"claim": g["claim"].sum(), "reverse": g["reverse"].sum(),
+                            "n": g.size(), "tova": g["tova"].sum(), "h2o": g["h2o"].sum(),
+                            "sc": g["scissorhands"].sum()}).reset_index()
+    total = int(summary["claim"].sum())
+    if total:
+        best = summary.sort_values(["claim", "n"], ascending=[False, True], kind="stable").iloc[0]
+        mode, gran, budget = best["prompt_mode"], best["granularity"], int(best["budget"])
+        ex = wide[(wide["prompt_mode"] == mode) & (wide["granularity"] == gran)
+                  & (wide["budget"] == best["budget"]) & wide["claim"]].sort_values(
+            ["length", "depth", "seed"]).iloc[0]
+        ans = r[(r["id"] == ex["id"]) & (r["line"] == "tova")
+                & (pd.to_numeric(r["budget"]) == budget)]["answer"].iloc[0]
+        text = (f"**TOVA forgets the pass key where H2O and Scissorhands keep it.** At budget "
+                f"{budget} ({mode} prompt, {gran} granularity), TOVA answered wrong while H2O "
+                f"and Scissorhands both answered right in {int(best['claim'])} of "
+                f"{int(best['n'])} prompts (the reverse: {int(best['reverse'])}). Over those "
+                f"prompts TOVA was right {int(best['tova'])} times, H2O {int(best['h2o'])}, "
+                f"Scissorhands {int(best['sc'])}. The example: {int(ex['length'])} tokens, "
+                f"key at {float(ex['depth']):g} % depth, seed {int(ex['seed'])}; TOVA answered "
+                f"{ans.strip()!r}. Look at the cache heatmap for the step where TOVA let the "
+                "key go, and at which layers lost it.")
+        kind = "tova-forgets"
+    else:
+        # where the opposite shows most (TOVA right, both wrong), else the most prompts
+        s = summary.sort_values(["reverse", "n"], ascending=False, kind="stable").iloc[0]
+        mode, gran, budget = s["prompt_mode"], s["granularity"], int(s["budget"])
+        sub = wide[(wide["prompt_mode"] == mode) & (wide["granularity"] == gran)
+                   & (wide["budget"] == s["budget"])]
+        pick = sub["reverse"] if sub["reverse"].any() else ~sub["tova"]
+        ex = (sub[pick] if pick.any() else sub).sort_values(["length", "depth", "seed"]).iloc[0]
+        opposite = (f" The opposite happened in {int(s['reverse'])}: TOVA right, H2O and "
+                    "Scissorhands both wrong." if s["reverse"] else "")
+        text = (f"**The data does not show TOVA's warning.** In no prompt did TOVA answer wrong "
+                f"while H2O and Scissorhands both answered right. At budget {budget} ({mode} "
+                f"prompt, {gran} granularity), of {int(s['n'])} prompts TOVA answered right "
+                f"{int(s['tova'])}, H2O {int(s['h2o'])}, Scissorhands {int(s['sc'])}.{opposite} "
+                f"Shown: {int(ex['length'])} tokens, key at {float(ex['depth']):g} % depth, "
+                f"seed {int(ex['seed'])}.")
+        kind = "no-support"
+    return {"kind": kind, "text": text, "lines": ("tova", "h2o"),
+            "cell": _cell(ex, budget, mode, gran)}

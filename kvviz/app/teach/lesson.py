@@ -1,0 +1,298 @@
+"""A lesson: a playlist of saved page states, each with a speaker note (no Streamlit here).
+
+A lesson is a TOML file in lessons/ (kvviz.core.paths.lessons_dir):
+
+    title = "TOVA against SnapKV"
+    minutes = 50
+    [[scene]]
+    title = "Sixteen tokens, four slots"
+    minutes = 4
+    note = "TOVA evicts {victims.a} at step {step}; SnapKV {victims.b}. Ask: why?"
+    [scene.state]                 # the page's own query keys (kvviz.app.state)
+    trace = "file:toy.npz"
+    budget = 4
+    step = 6
+
+A scene's state is read with kvviz.app.state.from_query, exactly as a link is: a key the
+page does not know, or any value it would drop or change (a note), is an error here.
+A note is text with placeholders from PLACEHOLDERS (kvviz.app.teach.notes), computed from the
+library at the scene's state (the policies replayed with the page's engine, the
+explanations' sentences), so its numbers are right by construction. Every error is a ValueError that
+names the file, the scene, the field and the rule.
+"""
+from __future__ import annotations
+
+import string
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvviz.app.teach.notes import (NEEDS, PLACEHOLDERS, Facts,  # noqa: F401 (the API)
+                               _line, _loop, _needle_table, note_text, positions_text,
+                               scene_trace)
+from kvviz.app.state import VIEWS, ViewState, from_query
+
+# set by the lesson bar, never by a scene (the scene is where they point)
+NOT_IN_SCENE = ("lesson", "scene", "follow", "present")
+
+
+@dataclass(frozen=True)
+class Scene:
+    number: int          # 1-based
+    title: str
+    minutes: float
+    query: dict          # the page's query keys -> str values
+    note: str            # the speaker note's template (placeholders unfilled)
+    state: ViewState
+
+
+@dataclass(frozen=True)
+class Lesson:
+    name: str            # the file's stem: `?lesson=NAME`
+    path: Path
+    title: str
+    minutes: float
+    scenes: tuple
+
+    def scene(self, n: int) -> Scene:
+        if not 1 <= int(n) <= len(self.scenes):
+            raise ValueError(f"{self.path.name}: scene {n}: the lesson has scenes 1–"
+                             f"{len(self.scenes)}")
+        return self.scenes[int(n) - 1]
+
+
+def link(name: str, n: int) -> str:
+    """The scene's short link (a query string): opening it applies the scene's state."""
+    return f"?lesson={name}&scene={int(n)}"
+
+
+# --- finding and loading ----------------------------------------------------------------
+def lessons_folder() -> Path:
+    from kvviz.core.paths import lessons_or_default
+
+    return lessons_or_default()
+
+
+def names(files: list[str] | None = None) -> list[str]:
+    """The lessons shipped (file stems of lessons/*.toml, or of `files`: that folder's names
+    as the page lists them), sorted."""
+    if files is None:
+        d = lessons_folder()
+        files = [p.name for p in d.glob("*.toml")] if d.is_dir() else []
+    return sorted(Path(f).stem for f in files if f.endswith(".toml"))
+
+
+def path_of(name: str) -> Path:
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"lesson {name!r}: not a lesson name (a file in lessons/)")
+    path = lessons_folder() / f"{name}.toml"
+    if not path.is_file():
+        raise ValueError(f"lesson {name!r}: no file {path}")
+    return path
+
+
+def load(where) -> Lesson:
+    """A lesson by name (`tova-vs-snapkv`) or by path, validated."""
+    path = Path(where) if str(where).endswith(".toml") or "/" in str(where) else path_of(str(where))
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path.name}: cannot read it ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path.name}: not valid TOML ({exc})") from None
+    return parse(data, path)
+
+
+def _fail(path: Path, where: str, rule: str):
+    raise ValueError(f"{path.name}: {where}: {rule}")
+
+
+def _title(path, where, value):
+    if not isinstance(value, str) or not value.strip():
+        _fail(path, where, "title is missing (a non-empty string is required)")
+    return value.strip()
+
+
+def _minutes(path, where, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        _fail(path, where, f"minutes must be a positive number, got {value!r}")
+    return float(value)
+
+
+def parse(data: dict, path: Path) -> Lesson:
+    path = Path(path)
+    unknown = set(data) - {"title", "minutes", "scene"}
+    if unknown:
+        _fail(path, "lesson", f"unknown field {sorted(unknown)[0]!r} (fields: title, minutes, "
+                              "scene)")
+    title = _title(path, "lesson", data.get("title"))
+    minutes = _minutes(path, "lesson", data.get("minutes"))
+    raw = data.get("scene")
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
+        _fail(path, "lesson", "no scenes ([[scene]] tables are required)")
+    scenes = tuple(_scene(path, i + 1, s) for i, s in enumerate(raw))
+    total = sum(s.minutes for s in scenes)
+    if abs(total - minutes) > 1e-9:
+        _fail(path, "lesson", f"the scenes' minutes sum to {total:g}, not the lesson's "
+                              f"{minutes:g}")
+    return Lesson(name=path.stem, path=path, title=title, minutes=minutes, scenes=scenes)
+
+
+def _scene(path: Path, n: int, s: dict) -> Scene:
+    where = f"scene {n}"
+    unknown = set(s) - {"title", "minutes", "note", "state"}
+    if unknown:
+        _fail(path, where, f"unknown field {sorted(unknown)[0]!r} (fields: title, minutes, "
+                           "note, state)")
+    title = _title(path, where, s.get("title"))
+    minutes = _minutes(path, where, s.get("minutes"))
+    note = s.get("note")
+    if not isinstance(note, str) or not note.strip():
+        _fail(path, where, "note is missing (the speaker note, a non-empty string)")
+    state = s.get("state", {})
+    if not isinstance(state, dict):
+        _fail(path, where, "state must be a table of the page's query keys")
+    query = {}
+    for k, v in state.items():
+        if isinstance(v, dict):  # TOML reads `a.poolKernel = 3` as a table a = {poolKernel}
+            items = [(f"{k}.{k2}", v2) for k2, v2 in v.items()]
+        else:
+            items = [(k, v)]
+        for key, val in items:
+            if isinstance(val, bool) or not isinstance(val, (str, int, float)):
+                _fail(path, where, f"state.{key}: must be a string or a number, got {val!r}")
+            query[key] = str(val)
+    for key in NOT_IN_SCENE:
+        if key in query:
+            _fail(path, where, f"state.{key}: set by the lesson bar, not by a scene")
+    vs, notes = from_query(query)
+    for msg in notes:
+        if msg.startswith("unknown key"):
+            _fail(path, where, f"state: {msg.replace('unknown key', 'unknown query key')}")
+        _fail(path, where, f"state: {msg} (a scene must open exactly as written)")
+    _check_state(path, where, query, vs)
+    _check_note(path, where, note, query)
+    return Scene(number=n, title=title, minutes=minutes, query=query, note=note, state=vs)
+
+
+def _check_state(path, where, query, vs: ViewState) -> None:
+    """What from_query leaves to the page: the view, the trace, the policies at the budget,
+    the loop result and the needle cell (the page would say each, then show another)."""
+    from kvviz.core.paths import loop_or_default, traces_or_default
+
+    if vs.view not in VIEWS:
+        _fail(path, where, f"state.view: unknown view {vs.view!r} (views: {', '.join(VIEWS)})")
+    if vs.trace != "canonical":
+        files = sorted(p.name for p in traces_or_default().glob("*.npz"))
+        if not vs.trace.startswith("file:") or vs.trace[5:] not in files:
+            _fail(path, where, f"state.trace: unknown trace {vs.trace!r} (canonical or "
+                               f"file:NAME with NAME one of {', '.join(files)})")
+    try:
+        trace = scene_trace(vs, "layer" in query)
+    except ValueError as exc:
+        _fail(path, where, f"state.{'head' if 'head' in str(exc) else 'layer'}: {exc}")
+    T = trace.steps
+    if vs.view == "tokens" and trace.tokens is None:
+        _fail(path, where, f"state.view: {vs.trace} has no tokens for the tokens view")
+    if vs.budget is not None and not 1 <= vs.budget <= T:
+        _fail(path, where, f"state.budget: {vs.budget} is outside 1–{T} ({vs.trace})")
+    if vs.step is not None and not 0 <= vs.step < T:
+        _fail(path, where, f"state.step: {vs.step} is not a step of {vs.trace} (0–{T - 1})")
+    for key in ("focus", "why", "track"):
+        v = getattr(vs, key)
+        if not -1 <= v < T:
+            _fail(path, where, f"state.{key}: {v} is not a position of {vs.trace} (0–{T - 1})")
+        if key != "track" and vs.step is not None and v > vs.step:
+            _fail(path, where, f"state.{key}: position {v} is not generated until step {v} "
+                               f"(the scene shows step {vs.step})")
+    if vs.slides_steps and not 0 <= vs.slides_steps[0] <= vs.slides_steps[1] < T:
+        _fail(path, where, f"state.slides.steps: {vs.slides_steps[0]},{vs.slides_steps[1]} is not "
+                           f"a range of steps S0,S1 with 0 <= S0 <= S1 <= {T - 1}")
+    kinds = ("", "heatmap") + (("tokens",) if trace.tokens is not None else ())
+    if vs.slides_kind not in kinds:
+        _fail(path, where, f"state.slides.kind: {vs.slides_kind!r} is not one of "
+                           f"{', '.join(k for k in kinds if k)}")
+    from kvviz.app.figures.slides import MAX_FRAMES
+
+    if not 0 <= vs.slides_frames <= MAX_FRAMES:
+        _fail(path, where, f"state.slides.frames: {vs.slides_frames} is outside 0–{MAX_FRAMES}")
+    if vs.budget is not None:
+        from kvviz.core.policies import make_policy
+
+        for which in ("a", "b"):
+            try:
+                make_policy(getattr(vs, which), budget=int(vs.budget), **vs.params(which))
+            except ValueError as exc:
+                _fail(path, where, f"state.{which}: {getattr(vs, which)} refuses budget "
+                                   f"{vs.budget}: {exc}")
+    if vs.view == "loop" or "loop" in query:
+        stems = sorted(p.stem for p in loop_or_default().glob("*.npz"))
+        if vs.loop not in stems:
+            _fail(path, where, f"state.loop: unknown loop result {vs.loop!r} (results: "
+                               f"{', '.join(stems) or 'none'})")
+        rows = [r for r in _loop(str(loop_or_default() / f"{vs.loop}.npz")).results
+                if r["policy"] != "full"]
+        lines = sorted({_line(r) for r in rows})
+        if "loop.policy" in query and vs.loop_policy not in lines:
+            _fail(path, where, f"state.loop.policy: {vs.loop_policy!r} is not a policy line of "
+                               f"{vs.loop} ({', '.join(lines)})")
+        if "loop.budget" in query:
+            buds = sorted({r["budget"] for r in rows if _line(r) == (vs.loop_policy or "tova")})
+            if vs.loop_budget not in buds:
+                _fail(path, where, f"state.loop.budget: {vs.loop_budget} is not a budget of "
+                                   f"{vs.loop_policy or 'tova'} in {vs.loop} "
+                                   f"({', '.join(map(str, buds))})")
+    if vs.needle:
+        table = _needle_table()
+        if table is None:
+            _fail(path, where, "state: needle keys given, and no needle results are shipped")
+        cols = {"nbudget": "budget", "nmode": "prompt_mode", "ngran": "granularity",
+                "nlen": "length", "ndepth": "depth", "nseed": "seed"}
+        for k, col in cols.items():
+            if k in vs.needle:
+                vals = sorted({str(v) for v in table[col]})
+                if not any(_same(vs.needle[k], v) for v in vals):
+                    _fail(path, where, f"state.{k}: {vs.needle[k]!r} is not one of the needle "
+                                       f"results' values ({', '.join(vals)})")
+        lines = sorted(set(table["line"]))
+        for k in ("npol", "nvs"):
+            if k in vs.needle and vs.needle[k] not in lines:
+                _fail(path, where, f"state.{k}: {vs.needle[k]!r} is not a policy line of the "
+                                   f"needle results ({', '.join(lines)})")
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def _check_note(path, where, note: str, query: dict) -> None:
+    try:
+        parsed = list(string.Formatter().parse(note))
+    except ValueError as exc:
+        _fail(path, where, f"note: {exc} (write a literal brace as {{{{ or }}}})")
+    for _, f, spec, conv in parsed:
+        if f is None:
+            continue
+        if f not in PLACEHOLDERS:
+            _fail(path, where, f"note: unknown placeholder {{{f}}} (known: "
+                               f"{', '.join('{' + k + '}' for k in PLACEHOLDERS)})")
+        if spec or conv:
+            _fail(path, where, f"note: placeholder {{{f}}} takes no format or conversion")
+        missing = [k for k in NEEDS[PLACEHOLDERS[f].kind] if k not in query]
+        if missing:
+            _fail(path, where, f"note: placeholder {{{f}}} needs state.{missing[0]} "
+                               f"(a {PLACEHOLDERS[f].kind} placeholder reads "
+                               f"{', '.join(NEEDS[PLACEHOLDERS[f].kind])})")
+
+
+def summary(lesson: Lesson, n: int) -> str:
+    """One line for `kvviz lesson check`: number, minutes, view, trace, title."""
+    s = lesson.scene(n)
+    where = (s.state.loop if s.state.view == "loop" else "needle results"
+             if s.state.view == "needle" else s.state.trace)
+    return f"scene {n:2d} · {s.minutes:g} min · {s.state.view} · {where} · {s.title}"
+
+

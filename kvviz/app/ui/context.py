@@ -1,0 +1,106 @@
+"""What every view's glue gets: the trace, both runs and the current step (`Ctx`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import streamlit as st
+
+from kvviz.core.policies import param_specs
+from kvviz.app.ui import compute
+from kvviz.app.figures.common import A_COLOUR, B_COLOUR
+from kvviz.app.figures.states import NEVER, next_after
+
+# the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
+CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
+                                      "toImageButtonOptions": {"format": "png", "scale": 2,
+                                                               "filename": "kvviz-chart"}})
+
+
+SHARES = ("retained mass", "heavy-hitter recall", "attention loss")  # fractions of 1
+COUNTS = ("memory (bytes)", "budget", "held now")
+
+
+def table(df) -> None:
+    """Draw a small table whole: st.table wraps its cells to the page's width, where
+    st.dataframe's grid hides the columns past the right edge (1024 px, 125 % zoom). The
+    values stay the numbers (a Styler only formats them: shares to 6 decimals, counts with
+    a thousands separator)."""
+    fmt = {c: "{:.6f}" for c in SHARES if c in df.columns}
+    fmt.update({c: "{:,}" for c in COUNTS if c in df.columns})
+    st.table(df.style.format(fmt, na_rep="–"), hide_index=True)
+
+
+def policy_label(name: str, params: dict) -> str:
+    specs = {s.name: s for s in param_specs(name)}
+    diff = [f"{specs[k].label}={v}" for k, v in params.items() if k in specs and v != specs[k].default]
+    return name + (f" ({', '.join(diff)})" if diff else "")
+
+
+def refusal_message(which: str, pols: dict) -> str:
+    """The page's error for a refused policy: its own rule (controls named by their labels)
+    and what is still drawn."""
+    name, _, error = pols[which]
+    other = "b" if which == "a" else "a"
+    oname, oparams, oerror = pols[other]
+    tail = ("Neither policy can run: change a setting in the sidebar." if oerror else
+            f"Policy {other.upper()} ({policy_label(oname, oparams)}) is drawn alone below; "
+            "the next valid setting brings both back.")
+    return f"Policy {which.upper()} ({name}) refuses these settings: {error}. {tail}"
+
+
+@dataclass
+class Ctx:
+    key: str
+    layer: int
+    version: str
+    trace: object
+    budget: int
+    a: str
+    b: str
+    pa: tuple
+    pb: tuple
+    eng_a: object
+    eng_b: object
+    label_a: str
+    label_b: str
+    step: int = 0
+    solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
+    head: str = "mean"  # attention head of a per-head trace (kvviz.core.trace contract)
+
+    @property
+    def ev_a(self):
+        return self.eng_a.evicted_at
+
+    @property
+    def ev_b(self):
+        return self.eng_b.evicted_at
+
+    def run(self, which: str) -> compute.RunKey:
+        """The cache key of policy 'a' or 'b' on this page (its engine, summary, peeks)."""
+        name, params = (self.a, self.pa) if which == "a" else (self.b, self.pb)
+        return compute.RunKey(self.key, self.layer, self.version, name, params, self.budget,
+                              self.head)
+
+    @cached_property
+    def pair(self) -> dict:
+        """compute.pair_of: divergence steps and |A delta B| per step, shared server-wide."""
+        return compute.pair_of(self.run("a"), self.run("b"))
+
+    @property
+    def first_divergence(self) -> int:
+        return next_after(self.pair["divergences"], NEVER)
+
+    def next_divergence(self, after: int) -> int:
+        """First divergence step strictly after `after`, or -1."""
+        return next_after(self.pair["divergences"], after)
+
+    def peek(self, which: str, step: int):
+        return self.run(which).peek(step)
+
+    def panel(self, which: str, step: int) -> dict:
+        kept, scores = self.peek(which, step)
+        eng = self.eng_a if which == "a" else self.eng_b
+        return dict(label=f"{which.upper()}: {self.label_a if which == 'a' else self.label_b}",
+                    policy=self.a if which == "a" else self.b, kept=kept, scores=scores,
+                    victims=eng.victims(step), colour=A_COLOUR if which == "a" else B_COLOUR)

@@ -1,0 +1,314 @@
+"""Follow the lecturer (issue 16 §3): the Class panel, the lecturer's state published every
+run, and a student's page that moves when the lecturer's does.
+
+The lecturer's session publishes its page as a query mapping (`to_query(view_state())`)
+at the end of each run, without the keys that are a screen's own preference (`present`).
+A student's page applies the lecturer's state when the class's version moves, found by a
+tiny timer fragment that reruns the whole page only then (never for votes: a round has
+its own version, for the question panels). A student who moves a control explores on
+their own: their page stops moving until "Back to the lecturer". Only the session that
+opened the class can move it (`Class.publish` refuses any other token), so a student's
+page never publishes.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import streamlit as st
+
+from kvviz.app.teach.classroom import CODE_LEN, HERE_SECONDS, Refused
+from kvviz.app.ui import classroom
+from kvviz.app.ui import compute
+from kvviz.app.ui import predict
+from kvviz.app.ui import session
+from kvviz.app.ui.context import policy_label
+from kvviz.app.ui.session import S, fragment_run
+from kvviz.app.state import from_query, to_query
+
+# How often a student's page asks whether the lecturer moved. The follow delay is this wait
+# (uniform over 0..POLL_S) plus the student's rerun, queued behind the other students' (one
+# server process: their reruns share one interpreter), each slowed by the share of the
+# server the polls take. Measured here (scripts/follow_cost.py, 2 cores at load 5-8): a poll
+# tick ~7 ms of server CPU, a student's rerun of the default page ~45 ms. For 30 students
+# that is ~1.4 s of reruns after a move, and polls at 0.5 s would take 40 % of the server
+# during it; the script's queue model puts the p95 follow at 2.3 s (0.5 s), 1.8 (0.75),
+# 1.7 (1 s), 1.6 (1.25). 1 s: under the 2 s target, where a longer wait gains little.
+POLL_S = 1.0
+COUNT_S = 2.0  # how often the lecturer's panel recounts the students
+
+OWN_KEYS = ("present",)  # a screen's own preference: neither published nor applied
+APPLIED = "follow.applied"  # the lecturer's version this page last applied
+BASE = "follow.base"        # the states that are not a move: the lecturer's, and this page's
+                            # at the end of the run that applied it
+OWN = "follow.own"          # True: the student explores on their own (not moved)
+KEYS = (APPLIED, BASE, OWN)  # for session.PAGE_KEYS
+
+
+# The longest a student's page waits for its turn (`turn`) before drawing anyway.
+TURN_WAIT_S = 5.0
+
+
+@contextlib.contextmanager
+def turn():
+    """A following student's page run waits for its class's other students' (one at a time).
+    When the lecturer moves, every follower reruns within a second; run together, the runs
+    share one interpreter and each finishes only when all do, with the server's messages
+    queued behind them. One at a time, the first finishes first, and the server's event loop
+    gets its turns to send. Never waits more than TURN_WAIT_S (then it runs beside the
+    others, as without a turn); a student exploring on their own, a lecturer and a page in
+    no class do not take turns."""
+    c = None
+    if following():
+        try:  # not classroom.follows(): a closed class is said by `sync`, not forgotten here
+            c = classroom.REGISTRY.get(S[classroom.FOLLOWS])
+        except Refused:
+            pass
+    got = c is not None and c.turn.acquire(timeout=TURN_WAIT_S)
+    try:
+        yield
+    finally:
+        if got:
+            c.turn.release()
+
+
+def shared_query() -> dict[str, str]:
+    """This page's state as the class shares it (a screen's own keys left out)."""
+    q = to_query(session.view_state())
+    for k in OWN_KEYS:
+        q.pop(k, None)
+    return q
+
+
+def _apply(version: int, state: dict) -> None:
+    """Put the lecturer's state on this page, keeping this screen's own preferences."""
+    vs, notes = from_query(state)
+    for k in OWN_KEYS:
+        setattr(vs, k, S["kv"].get(k, getattr(vs, k)))
+    session.apply_state(vs)
+    for n in notes:
+        session.note(f"The lecturer's page: {n}")
+    S[APPLIED] = version
+    S[BASE] = [{k: v for k, v in state.items() if k not in OWN_KEYS}]
+
+
+def following() -> bool:
+    """This page follows its class's lecturer now (not exploring on its own)."""
+    return bool(S.get(classroom.FOLLOWS)) and not S.get(OWN)
+
+
+def _explore() -> None:
+    S[OWN] = True
+
+
+def summary(key: str, budget: int | None = None, pols: dict | None = None) -> None:
+    """A following student's sidebar: the lecturer's settings as text, and the way to explore
+    on one's own (which draws the controls, set as the lecturer's are)."""
+    lines = [f"- trace: {compute.trace_label(key)}"]
+    if budget is not None:
+        lines.append(f"- budget: {budget}")
+    for which, (name, params, error) in (pols or {}).items():
+        lines.append(f"- {which.upper()}: {policy_label(name, params)}"
+                     + (" (refused: see the page)" if error else ""))
+    side = st.sidebar
+    side.markdown(f"**The lecturer's settings** (class **{S[classroom.FOLLOWS]}**):\n"
+                  + "\n".join(lines))
+    side.button("Explore on my own", key="class.explore", on_click=_explore,
+                icon=":material/explore:", width="stretch",
+                help="Your own trace, policies, budget and view, starting from the "
+                     "lecturer's; \"Back to the lecturer\" follows again.")
+
+
+def _forget() -> None:
+    S[classroom.FOLLOWS] = ""
+    for k in KEYS:
+        S.pop(k, None)
+
+
+def _back() -> None:
+    """Callback: the lecturer's current state, and follow again."""
+    try:  # not follows(): a closed class is said by the page run, not forgotten here
+        version, state = classroom.REGISTRY.get(S.get(classroom.FOLLOWS, "")).snapshot()
+    except Refused:
+        return
+    S[OWN] = False
+    if state:
+        _apply(version, state)
+
+
+def _open() -> None:
+    classroom.open_class()
+
+
+TAKE_CODE, TAKE_KEY, TAKE_MSG = "class.take.code", "class.take.key", "class.take.msg"
+
+
+def _take_back() -> None:
+    """Callback: lead the class again, at the page it is on (the class's last published one)."""
+    try:
+        c = classroom.take_back(S.get(TAKE_CODE, ""), S.get(TAKE_KEY, ""))
+    except Refused as exc:
+        S[TAKE_MSG] = str(exc)
+        return
+    for k in (TAKE_CODE, TAKE_KEY):
+        S.pop(k, None)
+    version, state = c.snapshot()
+    if state:
+        _apply(version, state)
+
+
+def _close() -> None:
+    c = classroom.leads()
+    if c is not None:
+        classroom.REGISTRY.close(c.code, classroom.token())
+    S[classroom.LEADS] = ""
+
+
+def sync(where):
+    """Start of a run, before any widget: a student's page takes the lecturer's state when
+    it moved. Returns the slot for the banner (drawn by `publish`, at the end of the run,
+    once it is known whether the student moved)."""
+    msg = S.pop(classroom.REFUSED, None)  # session.init kept the link's refusal
+    if msg:
+        where.error(f"Follow: {msg}. This page works as a plain explorer.",
+                    icon=":material/group_off:")
+    slot = where.container()
+    code = S.get(classroom.FOLLOWS, "")
+    if not code:
+        return slot
+    me = classroom.token()  # a member of the class (the one its votes count once)
+    c = classroom.follows()
+    if c is None:
+        where.warning(f"Class {code} has been closed (by its lecturer, or after a long idle "
+                      "spell): this page is your own explorer now.",
+                      icon=":material/group_off:")
+        _forget()
+        return slot
+    c.here(me)  # counted on the lecturer's panel
+    if not S.get(OWN):
+        version, state = c.snapshot()
+        if version != S.get(APPLIED):
+            if state:
+                _apply(version, state)
+            else:  # nothing published yet: seen, so the poll does not redraw every tick
+                S[APPLIED] = version
+    return slot
+
+
+def student_link(code: str) -> str:
+    url = st.context.url or ""
+    return f"{url.rstrip('/')}/?follow={code}"
+
+
+def code_line() -> None:
+    """Presentation mode (no sidebar): the open class's code and link, one caption line, so a
+    late student can still join from the projector."""
+    c = classroom.leads()
+    if c is not None:
+        st.caption(f"Class **{c.code}** · students open `{student_link(c.code)}` · "
+                   + students_line(c.students()))
+
+
+def panel() -> None:
+    """The sidebar's Class panel: open a class, its code and the students' link, close it."""
+    side = st.sidebar
+    c = classroom.leads()
+    if c is None:
+        if not S.get(classroom.FOLLOWS):  # a student's page opens no class of its own
+            side.button("Open a class", key="class.open", on_click=_open,
+                        icon=":material/groups:",
+                        help="Students who open the link this gives follow this page: it "
+                             "moves theirs as you move. Held in this server's memory only.")
+            msg = S.pop(TAKE_MSG, None)
+            with side.expander("Take back a class", expanded=bool(msg)):
+                st.caption("Your tab was reloaded or closed: the class's code and the "
+                           "lecturer key its page showed make this tab its lecturer.")
+                st.text_input("class code", key=TAKE_CODE, max_chars=CODE_LEN)
+                st.text_input("lecturer key", key=TAKE_KEY, type="password", max_chars=9)
+                st.button("Take it back", key="class.take", on_click=_take_back)
+                if msg:
+                    st.error(msg)
+        return
+    link = student_link(c.code)
+    side.markdown(
+        f"**Class open.** Students open  \n`{link}`  \nor type the code:\n\n"
+        f"<div style='font-size:2.2rem;font-weight:700;letter-spacing:.12em;"
+        f"line-height:1.1'>{c.code}</div>", unsafe_allow_html=True,
+        help="Their pages follow yours: trace, policies, parameters, view and step "
+             "(presentation mode is each screen's own). Only this session moves the class.")
+    with side, session.timer_place():  # (why: kvviz.app.ui.session.timer_place)
+        _count(c.code)
+    with side.expander("If this tab is reloaded or closed"):
+        st.caption("A reload is a new session, which does not lead the class. Keep this key "
+                   "off the projector: with the code, **Take back a class** in a new tab "
+                   "leads it again.")
+        st.markdown(f"lecturer key: `{c.key[:4]}-{c.key[4:]}`")
+    side.button("Close the class", key="class.close", on_click=_close,
+                icon=":material/close:")
+
+
+def students_line(n: int) -> str:
+    return f"**{n}** {'student' if n == 1 else 'students'} in the class now"
+
+
+@st.fragment(run_every=COUNT_S)
+def _count(code: str) -> None:
+    """The lecturer's count of students' pages open (heard from in the last
+    classroom.HERE_SECONDS), redrawn every COUNT_S: who has joined, before the class starts."""
+    try:
+        n = classroom.REGISTRY.get(code).students()
+    except Refused:  # closed: the page run says so
+        return
+    st.caption(students_line(n), help="Students' pages heard from in the last "
+               f"{HERE_SECONDS:.0f} s (each asks the server every {POLL_S:.0f} s); a closed tab "
+               "stops being counted.")
+
+
+@st.fragment(run_every=POLL_S)
+def _poll() -> None:
+    """A student's one timer. Inline on a page run it does nothing; on each tick it reruns
+    the page when the lecturer moved (while following) or the class's question opened, was
+    revealed or closed (kvviz.app.ui.predict.needs_redraw; a vote alone never reruns a student),
+    or the class closed."""
+    if not fragment_run():
+        return
+    try:
+        c = classroom.REGISTRY.get(S.get(classroom.FOLLOWS, ""))
+    except Refused:  # closed: the page run says so
+        st.rerun(scope="app")
+    c.here(classroom.token())
+    version, _ = c.poll()
+    if (not S.get(OWN) and version != S.get(APPLIED)) or predict.needs_redraw(c):
+        st.rerun(scope="app")
+
+
+def publish(slot) -> None:
+    """End of a run: the lecturer's page publishes its state; a student's page sees whether
+    the student moved (their state is no longer the one the lecturer's gave), draws its
+    banner in `slot` (from `sync`) and, while following, polls."""
+    c = classroom.leads()
+    if c is not None:
+        c.publish(classroom.token(), shared_query())
+        return
+    code = S.get(classroom.FOLLOWS, "")
+    if not code:
+        return
+    if not S.get(OWN) and S.get(BASE):
+        mine, base = shared_query(), S[BASE]
+        if len(base) == 1:  # the run that applied it: what this page made of it
+            base.append(mine)
+        elif mine not in base:
+            S[OWN] = True
+    with slot:
+        row = st.container(horizontal=True, vertical_alignment="center", gap="small")
+        if S.get(OWN):
+            row.info(f"Class **{code}**: you are exploring on your own; the lecturer's moves "
+                     "do not reach this page.", icon=":material/explore:")
+            row.button("Back to the lecturer", key="class.back", on_click=_back,
+                       icon=":material/undo:")
+        else:
+            row.info(f"Following the lecturer of class **{code}**: this page moves as theirs "
+                     "does.", icon=":material/groups:")
+        row.button("Stop following", key="class.leave", on_click=_forget,
+                   icon=":material/logout:")
+        with session.timer_place():  # exploring on their own too: the question reaches them
+            _poll()

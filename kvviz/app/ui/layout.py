@@ -1,0 +1,85 @@
+"""The page's own CSS: laid out for a classroom projector (1024x768, often at 125 % browser
+zoom, which leaves an 819x614 CSS-pixel window), measured by tests/test_e2e_projector.py.
+
+Why each rule: the first chart must be on the first screen, so the top of the page is tight
+(less padding, the step slider's label and min/max hidden: its value shows on the thumb;
+below 900 px a narrower sidebar, smaller title, tighter buttons); a row of buttons wraps to
+a second line instead of cutting its labels ("p… J"); the header holding the collapsed
+sidebar's "»" is drawn over the page's top, so the title moves below it; small tables
+(st.table) wrap their headers and tighten their cells instead of running off the right edge.
+The guided experiments head the sidebar (app.py), beside the chart they explain.
+"""
+TITLE = "kvviz: watch KV-cache eviction policies decide, step by step"
+
+MAIN = "[data-testid='stMainBlockContainer']"
+ROW = ".st-key-nav [data-testid='stHorizontalBlock']"
+CSS = (
+    f"{MAIN}{{padding-top:1.6rem;padding-bottom:2rem}}"
+    f"{MAIN} h4{{padding-top:0;padding-bottom:.4rem}}"
+    # below 1280 px the main column gets its side padding back
+    f"@media (max-width:1280px){{{MAIN}{{padding-left:1.2rem;padding-right:1.2rem}}}}"
+    # 125 % zoom at 1024x768: 819 CSS pixels across
+    "@media (max-width:900px){"
+    "[data-testid='stSidebar']{width:15rem!important;min-width:15rem!important}"
+    f"{MAIN} h4{{font-size:1rem}}"
+    f"{MAIN} [data-testid='stButtonGroup'] button{{padding:.2rem .55rem;min-height:2rem}}"
+    ".st-key-nav button{padding-left:.5rem;padding-right:.5rem}"
+    f"{ROW}{{column-gap:.4rem}}"
+    "[data-testid='stTable'] th,[data-testid='stTable'] td{padding:.2rem .3rem;"
+    "font-size:.8rem}}"
+    "[data-testid='stTable'] th{white-space:normal;overflow-wrap:anywhere}"
+    # the sidebar collapsed: the header, with its expand control, is drawn over the top
+    ".stApp:has([data-testid='stExpandSidebarButton']) "
+    f"{MAIN}{{padding-top:3.9rem}}"
+    # a button too narrow for its label wraps it rather than cut it with an ellipsis
+    "button [data-testid='stMarkdownContainer'] p{white-space:normal;overflow:visible;"
+    "text-overflow:clip}"
+    # a column holding only a button (the experiment's ✕) is as wide as the button
+    "[data-testid='stSidebar'] [data-testid='stColumn']:has(button)"
+    "{min-width:max-content!important}"
+    # the step slider's min/max labels under its track (shown on hover) take a line
+    ".st-key-nav [data-testid='stSliderTickBar']{display:none}"
+    # the step navigator's buttons: as wide as their labels, wrapping as a row
+    f"{ROW}{{flex-wrap:wrap;row-gap:.4rem}}"
+    f"{ROW}>[data-testid='stColumn']{{flex:1 0 auto!important;width:auto!important;"
+    "min-width:max-content!important}"
+    f"{ROW}>[data-testid='stColumn']:has([data-testid='stSelectbox'])"
+    "{flex:0 0 5.5rem!important;min-width:5.5rem!important}"
+)
+
+# Presentation mode (kvviz.app.ui.present; measured by tests/test_e2e_present.py at 1024x768 and
+# 150 % zoom): the page's title gives its line to the way back, at the top right (the keys
+# are said under the view and in its help); every text is at
+# least 18 CSS px (a projected room's back row); a view's own settings (zoom, the compared
+# policies, the positions typed in ...) keep their values but are not shown: the lecturer
+# leaves presentation to change them, and the chart comes first on the screen. The arrows'
+# buttons only hold their keys. The loop view's own step slider stays: it is its navigator.
+ROOM = "[class*='st-key-room-']"
+HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stRadio",
+          "stExpander", "stButton", "stCheckbox", "stToggle", "stTextInput", "stDownloadButton",
+          "stPopover", "stFileUploader", "stCaptionContainer")
+PRESENT_CSS = (
+    "h4#kvviz-watch-kv-cache-eviction-policies-decide-step-by-step{display:none}"
+    f"{MAIN}{{padding-top:3.3rem}}"
+    f"{MAIN}{{position:relative}}.st-key-present-bar{{position:absolute;top:.5rem;right:1rem;"
+    "z-index:1000000;width:auto}"
+    ".st-key-nav-arrows{display:none}"
+    + "".join(f"{ROOM} [data-testid='{t}']," for t in HIDDEN)
+    + f"{ROOM}:not(.st-key-room-loop) [data-testid='stSlider']{{display:none}}"
+    f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"
+    "{font-size:1.15rem;line-height:1.4}"
+    f"{MAIN} [data-testid='stCaptionContainer'] p{{font-size:1.15rem}}"
+    f"{MAIN} button p{{font-size:1.15rem}}"
+    f"{MAIN} h3{{font-size:1.6rem}}"
+    "[data-testid='stTable'] th,[data-testid='stTable'] td{font-size:1.15rem!important}"
+    "[data-testid='stSliderThumbValue']{font-size:1.15rem}"
+    "[data-testid='stAlert'] p{font-size:1.15rem}"
+    f"{MAIN} kbd,{MAIN} [data-testid='stSelectbox'] input,{MAIN} [data-testid='stSelectbox'] div"
+    "{font-size:1.15rem}"
+    # the glossary is a control too: the status line takes the whole row
+    f"{MAIN} [data-testid='stColumn']:has([data-testid='stPopover']){{display:none}}"
+    f"{MAIN} [data-testid='stHorizontalBlock']:has([data-testid='stPopover'])>"
+    "[data-testid='stColumn']{flex:1 1 100%!important;width:100%!important;max-width:100%}"
+    # the first screen's lines: tighter gaps between the navigator's rows and the chart
+    f"{MAIN} [data-testid='stVerticalBlock']{{row-gap:.6rem}}"
+)

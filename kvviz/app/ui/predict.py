@@ -1,0 +1,253 @@
+"""Predict, then reveal: the lecturer asks "which position will A (or B) evict next?", each
+student guesses from their own page, the lecturer reveals the answer, why, and the guesses.
+
+The question, its votes and the reveal live in the class (kvviz.app.teach.classroom.Round); this
+module only draws them. While a question is open, asked and until the lecturer closes it,
+every page in the class shows the question panel instead of the selected view and draws no
+step navigation and no status line: the held slots before the eviction, with no victim,
+score or marker (TOVA's lowest score is the answer). The lecturer's page is checked each run:
+if its settings are no longer the ones the question was asked of, the question is closed
+and the page says so. Pages poll their class (a timer fragment): a student's page reruns
+when a question opens, is revealed or closes; the lecturer's histogram redraws as votes come.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from kvviz.app import explain
+from kvviz.app.teach.classroom import Refused
+from kvviz.app.teach.question import asked_at
+from kvviz.app.ui import classroom
+from kvviz.app.ui.context import CHART, Ctx
+from kvviz.app.ui.session import S, fragment_run, set_value, timer_place
+from kvviz.app.figures.votes import held_figure, votes_figure
+from kvviz.app.ui.present import chart
+
+POLL_S = 1.0              # how often a page in a class looks at its round
+MAX_PILLS = 64            # more held slots than this: the number box only
+MSG = "predict.msg"       # (kind, text) from a callback, shown once (top of the page)
+REFUSED = "predict.refused"  # the student's last vote refusal, shown once under the box
+ASKED = "predict.asked"   # lecturer: {round number: the run (RunKey) it was asked of}
+DRAWN = "predict.drawn"   # (round number, revealed) this page last drew; (0, False): none
+GUESS, PICK = "predict.guess", "predict.pick"  # the student's number box and held-slot pick
+KIND = {"info": st.info, "warning": st.warning, "error": st.error}
+
+
+def _round():
+    """(class, a copy of its round or None, this session leads it); (None, None, False)
+    outside a class."""
+    c = classroom.leads()
+    lead = c is not None
+    c = c or classroom.follows()
+    return c, (c.current_round() if c is not None else None), lead
+
+
+def active() -> bool:
+    """A question is up in this session's class (the page hides what would answer it)."""
+    return _round()[1] is not None
+
+
+def marker(r) -> tuple:
+    """What a student's page redraws on: a new round, the reveal, the close (not a vote)."""
+    return (0, False) if r is None else (r.number, r.revealed)
+
+
+def needs_redraw(c) -> bool:
+    """A timer tick's question for class `c`: has its question opened, been revealed or
+    closed since this page last drew (a vote does not count)? For any polling fragment."""
+    return marker(c.current_round()) != S.get(DRAWN, (0, False))
+
+
+def _who(r) -> str:
+    return f"{r.who.upper()} ({r.label})"
+
+
+def _label(ctx: Ctx, which: str) -> str:
+    return ctx.label_a if which == "a" else ctx.label_b
+
+
+# --- callbacks (they run before the page, so the step can still move) -----------------------
+def _ask(which: str, ctx: Ctx) -> None:
+    c = classroom.leads()
+    if c is None:
+        S[MSG] = ("error", "This page leads no class: open a class first.")
+        return
+    eng = ctx.eng_a if which == "a" else ctx.eng_b
+    W = which.upper()
+    q = asked_at(eng.evicted_at, ctx.step)  # the first eviction after the step shown
+    if q is None:
+        S[MSG] = ("info", f"{W} ({_label(ctx, which)}) evicts nothing after step {ctx.step}: "
+                          "no question to ask here; go back to an earlier step.")
+        return
+    r = c.ask(classroom.token(), step=q.answer_step, who=which, label=_label(ctx, which),
+              held=q.held, answer=q.answer, answer_step=q.answer_step)
+    S.setdefault(ASKED, {})[r.number] = ctx.run(which)
+    set_value("step", q.answer_step)
+    S[MSG] = ("info", f"{W}'s next eviction after step {ctx.step} is at step {q.answer_step}: "
+                      "the page moved there and shows the cache before it.")
+
+
+def _reveal(ctx: Ctx) -> None:
+    c, r, lead = _round()
+    if not lead or r is None:
+        return
+    panel = ctx.panel(r.who, r.answer_step)  # the policy's own scores at the eviction
+    c.reveal(classroom.token(), explain.evictions_text(r.who.upper(), panel))
+
+
+def _close() -> None:
+    c, r, lead = _round()
+    if lead:
+        c.close_round(classroom.token())
+        S.get(ASKED, {}).pop(getattr(r, "number", None), None)
+
+
+def _vote(number: int) -> None:
+    c = classroom.follows()
+    try:
+        if c is None:
+            raise Refused("this page is not in a class any more (the class was closed)")
+        c.vote(classroom.token(), number, S.get(GUESS))
+    except Refused as exc:
+        S[REFUSED] = str(exc)
+
+
+def _pick() -> None:
+    if S.get(PICK) is not None:
+        S[GUESS] = int(S[PICK])
+
+
+# --- the page ---------------------------------------------------------------------------------
+def locked(ctx: Ctx) -> int | None:
+    """With a question up: the step the page stays at (no navigation is drawn), said on the
+    page; None otherwise. The lecturer's question closes if its run left the page."""
+    c, r, lead = _round()
+    if r is None:
+        return None
+    # (a tab that took the class back, at the class's page, finds the question: its own now)
+    if lead and S.setdefault(ASKED, {}).setdefault(r.number, ctx.run(r.who)) != ctx.run(r.who):
+        c.close_round(classroom.token())
+        S[MSG] = ("warning", f"The question about {_who(r)} was closed: the page's trace, "
+                             "policy, parameters or budget changed since it was asked.")
+        return None
+    step = min(r.step, ctx.trace.steps - 1)
+    if lead:
+        S["kv"]["step"] = step
+        st.caption(f"Step navigation is locked at step {step} while the question is up: "
+                   "reveal (key V), then close the question to move on.")
+    else:
+        st.caption(f"The lecturer's question holds the page at step {step} until they "
+                   "close it.")
+    return step
+
+
+def controls(ctx: Ctx) -> None:
+    """The lecturer's ask buttons (no question up), and the last callback's message."""
+    msg = S.pop(MSG, None)
+    if msg:
+        KIND[msg[0]](msg[1])
+    c, r, lead = _round()
+    if not lead or r is not None:
+        return
+    row = st.container(horizontal=True, wrap=True, gap="small")
+    for which in ("a", "b"):
+        if ctx.solo and which != ctx.solo:
+            continue
+        row.button(f"Ask: which position will {which.upper()} evict next?",
+                   key=f"predict.ask.{which}", on_click=_ask, args=(which, ctx),
+                   icon=":material/quiz:", width="content",
+                   help=f"Ask the class which position {which.upper()} ({_label(ctx, which)}) "
+                        "evicts at its next eviction after this step. Every page in the class "
+                        "shows the cache before it, with nothing that gives the answer away.")
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _held(code: str, number: int, held: frozenset, step: int, label: str, who: str,
+          trace: tuple, _tokens):
+    """The question's held slots, built once per question server-wide: every page in the
+    class draws the same figure (only read), and a vote reruns the voter's page."""
+    return held_figure(sorted(held), step, label, who, tokens=_tokens)
+
+
+def question(ctx: Ctx) -> bool:
+    """The question panel in place of the view; False (nothing drawn) with no question up."""
+    c, r, lead = _round()  # a student's page polls the round with follow's timer (ui/follow.py)
+    if marker(r)[0] != S.get(DRAWN, (0, False))[0]:  # a new question: an empty guess box
+        S.pop(GUESS, None)
+        S.pop(PICK, None)
+    S[DRAWN] = marker(r)
+    if r is None:
+        return False
+    st.markdown(f"#### Which position will {_who(r)} evict next?")
+    chart(_held(c.code, r.number, r.held, r.answer_step, r.label, r.who,
+                (ctx.key, ctx.layer, ctx.version), ctx.trace.tokens),
+          key="predict.held", **CHART)
+    if not r.revealed:
+        st.caption(f"Step {r.answer_step}, before {r.who.upper()} evicts: each bar is a position "
+                   f"it holds ({len(r.held)} in all). Guess the one it evicts"
+                   + (f" (it evicts {len(r.answer)} here)." if len(r.answer) > 1 else "."))
+        if lead:
+            with timer_place():  # (why: kvviz.app.ui.session.timer_place)
+                _live(c.code)
+            st.button("Reveal the answer", key="predict.reveal", on_click=_reveal, args=(ctx,),
+                      shortcut="V", type="primary", icon=":material/visibility:",
+                      help="Show the answer, why, and the class's guesses (key V).")
+        else:
+            _guess(c, r, ctx)
+        return True
+    answer = sorted(r.answer)
+    st.markdown(f"**Answer:** {_who(r)} evicts "
+                f"{'position' if len(answer) == 1 else 'positions'} "
+                f"**{', '.join(map(str, answer))}** at step {r.answer_step}.")
+    if r.why:
+        st.info(r.why, icon=":material/lightbulb:")
+    chart(votes_figure(r), key="predict.votes", **CHART)
+    n = len(r.votes)
+    st.markdown(f"**{r.right} of {n}** guessed right ({r.share_right:.0%})." if n else
+                "Nobody voted on this question.")
+    if lead:
+        st.button("Close the question", key="predict.close", on_click=_close,
+                  icon=":material/close:", help="Back to the views; the class's pages follow.")
+    else:
+        mine = r.votes.get(classroom.token())
+        st.markdown("You did not vote on this question." if mine is None else
+                    f"You guessed position {mine}: "
+                    + ("right." if mine in r.answer else "not the answer."))
+        _refusal()
+    return True
+
+
+def _refusal() -> None:
+    msg = S.pop(REFUSED, None)
+    if msg:
+        st.error(f"Vote refused: {msg}.")
+
+
+def _guess(c, r, ctx: Ctx) -> None:
+    held = sorted(r.held)
+    top = max(ctx.trace.steps - 1, held[-1])
+    st.number_input("your guess: the position it evicts", min_value=0, max_value=top, step=1,
+                    value=None, key=GUESS, placeholder=f"a position, 0–{top}")
+    if len(held) <= MAX_PILLS:
+        st.pills("or pick a held slot", held, key=PICK, on_change=_pick)
+    st.button("Vote", key="predict.vote", on_click=_vote, args=(r.number,), type="primary",
+              icon=":material/how_to_vote:")
+    mine = r.votes.get(classroom.token())
+    if mine is not None:
+        st.caption(f"You voted for position {mine}; one vote each. The lecturer reveals.")
+    _refusal()
+
+
+@st.fragment(run_every=POLL_S)
+def _live(code: str) -> None:
+    """The lecturer's histogram while votes come in (redrawn on every tick; an unchanged
+    figure is not sent again); the page reruns if the round itself changed."""
+    try:
+        c = classroom.REGISTRY.get(code)
+    except Refused:
+        st.rerun(scope="app")
+    r = c.current_round()
+    if fragment_run() and needs_redraw(c):
+        st.rerun(scope="app")
+    if r is not None:
+        chart(votes_figure(r), key="predict.votes", **CHART)

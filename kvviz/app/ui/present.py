@@ -1,0 +1,125 @@
+"""Presentation mode (`present=1`, issue 16 §1): no sidebar, no controls but step navigation,
+the one selected view at full width, every chart re-sized for the room.
+
+The sidebar's functions take `draw=False` here and hand their widgets to `QUIET`, which
+draws nothing and returns the value the widget would hold (the session's state, fitted and
+clamped exactly as when drawn), so the page computes the same trace, budget and policies.
+A view's own settings (zoom, the compared policies, ...) keep their values from the state
+and are hidden by the page's CSS (kvviz.app.ui.layout.PRESENT_CSS); its charts go through
+`kvviz.app.figures.room.for_room`.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import streamlit as st
+
+from kvviz.app.ui import layout
+from kvviz.app.ui.session import S, note
+from kvviz.app.figures.cache import Prebuilt
+from kvviz.app.figures.room import for_room
+
+# Every key the page answers in presentation mode, said in its "keys" line. Another part of
+# the page that adds a key adds its line here (e.g. "PageDown / PageUp": "next / previous
+# scene"); the button holding it is drawn by that part.
+KEYS = {"K or →": "next step", "J or ←": "previous step", "D": "next divergence",
+        "E": "next epoch", "H": "next heavy-hitter eviction",
+        "T": "next eviction of the tracked position", "P": "leave presentation",
+        "PageDown / PageUp": "next / previous scene of a lesson (kvviz.app.ui.lesson)",
+        "V": "reveal the answer of a class's question (kvviz.app.ui.predict)"}
+TOGGLE = "P"
+
+
+def active() -> bool:
+    """This run is in presentation mode (the link's or the button's `present`)."""
+    try:
+        return int(S.get("kv", {}).get("present", 0) or 0) == 1
+    except (TypeError, ValueError):
+        return False
+
+
+def _set(on: bool) -> None:
+    S["kv"]["present"] = int(on)
+    if on:
+        S["present"] = 1  # the plain key's own session key (kvviz.app.ui.session.PLAIN_KEYS)
+    else:
+        S.pop("present", None)
+
+
+def button() -> None:
+    """"Present" at the head of the sidebar (normal mode; key P)."""
+    st.sidebar.button("Present", key="nav.present", on_click=_set, args=(True,), shortcut=TOGGLE,
+                      icon=":material/slideshow:", width="stretch",
+                      help="Presentation mode (key P): no sidebar, one view at full width, "
+                           "large type for a projector; in the link as present=1.")
+
+
+def bar() -> None:
+    """In presentation mode, at the top: the page's CSS for the room and the way back (key P),
+    pinned to the top right corner so the navigator keeps the first screen's lines."""
+    st.html(f"<style>{layout.PRESENT_CSS}</style>")
+    st.container(key="present-bar").button(
+        "Leave presentation", key="nav.leave", on_click=_set, args=(False,), shortcut=TOGGLE,
+        icon=":material/close_fullscreen:", width="content",
+        help="Back to the explorer, with the sidebar and every control (key P). Keys: "
+             + "; ".join(f"{k}: {what}" for k, what in KEYS.items()) + ".")
+
+
+def keys_line() -> None:
+    st.caption("keys: " + " · ".join(f"**{k}** {what}" for k, what in KEYS.items()))
+
+
+@contextlib.contextmanager
+def frame(view: str):
+    """The view's container: in presentation mode one the CSS can find (the view's own
+    settings are hidden there), followed by the keys line; else no container at all (the
+    explorer's page is unchanged)."""
+    if not active():
+        yield
+        return
+    with st.container(key=f"room-{view}"):
+        yield
+    keys_line()
+
+
+class Quiet:
+    """A sidebar that draws nothing: each widget returns the value its session key holds
+    (the sidebar's code fits and clamps it there before drawing, as it does for a drawn
+    widget), and its messages become the page's notes, said above the view."""
+
+    def _value(self, *args, key=None, **kw):
+        return S.get(key) if key else None
+
+    selectbox = slider = number_input = multiselect = segmented_control = _value
+
+    def file_uploader(self, *args, **kw):
+        return None
+
+    def _say(self, body, *args, **kw):
+        note(str(body))
+
+    error = warning = info = success = _say
+
+    def _nothing(self, *args, **kw):
+        return None
+
+    header = subheader = caption = markdown = write = _nothing
+
+    def container(self, *args, **kw):
+        return contextlib.nullcontext()
+
+
+QUIET = Quiet()
+
+
+def sidebar(draw: bool = True):
+    return st.sidebar if draw else QUIET
+
+
+# --- the room's charts ------------------------------------------------------------------------
+def chart(figure, **kw):
+    """`st.plotly_chart`, with the figure re-sized for the room (`for_room`) when this run's
+    session presents; every view draws its charts through it (no other session changes)."""
+    if active():
+        figure = Prebuilt(for_room(figure))
+    return st.plotly_chart(figure, **kw)

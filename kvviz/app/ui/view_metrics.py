@@ -1,0 +1,99 @@
+"""Metrics & sweeps view: summary metrics of A and B, cached sweeps on the current trace."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from kvviz.app import figures as V
+from kvviz.core.policies import POLICIES, param_specs
+from kvviz.app.ui import compute
+from kvviz.app.ui.context import CHART, Ctx, table
+from kvviz.app.ui.session import S, SWEEP_ON
+from kvviz.app.ui.present import chart
+
+
+SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
+POOL_KERNELS = (1, 3, 5, 7, 9, 11, 13, 15)
+OBS_WINDOWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _sweep(ctx: Ctx, points):
+    """Evaluate every point, saying which one runs (a cold sweep of all policies across
+    budgets took 55 s on 2 cores); points already computed on this server are instant."""
+    import time
+
+    rows, t0 = [], time.perf_counter()
+    status = st.status(f"Sweeping {len(points)} settings on this trace…", expanded=False)
+    bar = status.progress(0.0)
+    for i, (name, params, budget) in enumerate(points):
+        bar.progress(i / len(points), text=f"{i}/{len(points)}: {name} at budget {budget}")
+        try:
+            rk = replace(ctx.run("a"), policy=name, params=compute.params_key(params),
+                         budget=budget)
+            rows.append(rk.evaluate())
+        except ValueError as exc:
+            rows.append({"policy": name, "budget": budget, **params, "refused": str(exc)})
+    bar.progress(1.0, text=f"{len(points)}/{len(points)}")
+    refused = sum("refused" in r for r in rows)
+    status.update(label=f"Swept {len(points)} settings in {time.perf_counter() - t0:.1f} s"
+                  + (f" ({refused} refused by their policy)" if refused else ""),
+                  state="complete")
+    return [r for r in rows if "refused" not in r]
+
+
+def metrics_rows(ctx: Ctx) -> list[dict]:
+    rows = []
+    for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
+        if ctx.solo and which != ctx.solo:
+            continue  # that policy refused its settings
+        m = ctx.run(which).summary()
+        specs = {sp.name: sp.label for sp in param_specs(name)}
+        shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
+        rows.append({"run": which.upper(), "policy": name, "params": shown,
+                     "budget": ctx.budget, **m})
+    return rows
+
+
+def render(ctx: Ctx):
+    st.caption("How much of the attention each cache kept, and what it costs; the sweeps rerun "
+               "one setting across values on this trace (terms: Glossary).")
+    rows = metrics_rows(ctx)
+    table(V.metrics_table(rows))
+    same = {k: rows[0][k] == rows[-1][k] for k in ("retained_mass", "hh_recall")}
+    st.caption("" if len(rows) < 2 else "retained mass: A and B " + ("identical to the last digit" if same["retained_mass"]
+                                            else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")
+               + " · heavy-hitter recall: " + ("identical" if same["hh_recall"] else
+                                               f"differ by {rows[1]['hh_recall'] - rows[0]['hh_recall']:+.6f}")
+               + ".")
+    st.subheader("Sweeps (cached; all on the current trace)")
+    metric = st.radio("metric", ["retained_mass", "hh_recall", "memory_bytes"], horizontal=True,
+                      key="w.sweep_metric", format_func=lambda m: V.metrics.METRIC_LABELS[m])
+    row = st.container(horizontal=True, wrap=True)  # whole labels at 125 % zoom
+    budgets = tuple(b for b in SWEEP_BUDGETS if b < ctx.trace.steps)
+    if row.button("sweep budgets (all policies)", key="sweep.budget", width="content"):
+        S[SWEEP_ON + "budget"] = (ctx.key, ctx.layer)
+    if row.button("sweep poolKernel (snapkv)", key="sweep.pool", width="content"):
+        S[SWEEP_ON + "pool"] = (ctx.key, ctx.layer, ctx.budget)
+    if row.button("sweep obsWindow (snapkv)", key="sweep.obs", width="content"):
+        S[SWEEP_ON + "obs"] = (ctx.key, ctx.layer, ctx.budget)
+    defaults = {n: {s.name: s.default for s in param_specs(n)} for n in POLICIES}
+    if S.get(SWEEP_ON + "budget") == (ctx.key, ctx.layer):
+        pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
+        rows = _sweep(ctx, pts)
+        chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
+                                       "(registry defaults)", mark_x=ctx.budget,
+                                       log_x=True),
+                        key="chart.sweep_budget", **CHART)
+    snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
+    for tag, param, label, values in (("pool", "pool_kernel", "poolKernel", POOL_KERNELS),
+                                      ("obs", "obs_window", "obsWindow", OBS_WINDOWS)):
+        if S.get(SWEEP_ON + tag) != (ctx.key, ctx.layer, ctx.budget):
+            continue
+        rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
+        chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
+                                       title=f"SnapKV across {label}, budget {ctx.budget}"),
+                        key=f"chart.sweep_{tag}", **CHART)
+    from kvviz.app.ui import sweep_view  # a sweep's results.parquet, small multiples
+
+    sweep_view.render(ctx)

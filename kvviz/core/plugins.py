@@ -1,0 +1,237 @@
+"""Policies from outside the package: a .py file, an importable module, or an installed
+package's entry point (group `kvviz.core.policies`); `--plugin` on the commands, `KVVIZ_PLUGINS`
+(os.pathsep-separated) for the app and what it starts.
+
+Loading imports the plugin and registers every Policy subclass it defines with a `name`
+(kvviz.core.policies.register_policy, which checks the declaration). A plugin that fails is
+refused with one line naming it and the rule, and the built-ins keep working. Loading is
+idempotent, so a page that reruns can load on every run.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from kvviz.core.policies import BUILTINS, POLICIES, Policy, check_declaration, register_policy
+
+ENV = "KVVIZ_PLUGINS"
+GROUP = "kvviz.core.policies"
+_LOADED: dict[str, list[str]] = {}  # spec as given -> policy names it registered
+_REFUSED: dict[str, str] = {}  # spec as given -> its refusal
+_ORIGIN: dict[type, str] = {}  # class -> the spec a worker process can load it from
+_ENTRY_POINTS: list[str] | None = None  # refusals of the entry points, once per process
+
+
+class PluginError(ValueError):
+    """A plugin refused: the message is one line naming the plugin and the rule."""
+
+
+def env_specs() -> list[str]:
+    return [s for s in os.environ.get(ENV, "").split(os.pathsep) if s.strip()]
+
+
+def _is_path(spec: str) -> bool:
+    return spec.partition(":")[0].endswith(".py") or os.sep in spec or Path(spec).is_file()
+
+
+def absolute(spec: str) -> str:
+    """A path spec made absolute (for another working directory); a module as it is."""
+    if Path(spec).is_file():
+        return str(Path(spec).resolve())
+    target, sep, cls = spec.partition(":")
+    return str(Path(target).expanduser().resolve()) + sep + cls if _is_path(target) else spec
+
+
+def _import_path(path: Path):
+    name = f"kvviz_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # @dataclass looks its module up while the file runs
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _classes(module, only: str | None = None) -> list[type]:
+    found = [v for k, v in vars(module).items()
+             if isinstance(v, type) and issubclass(v, Policy) and v is not Policy
+             and v.__module__ == module.__name__ and "name" in v.__dict__
+             and (only is None or k == only)]
+    return found
+
+
+def _same_source(a: type, b: type) -> bool:
+    """The same policy loaded twice (a relative and an absolute path, or a script that a
+    spawned worker already ran as __mp_main__)."""
+    import inspect
+
+    try:
+        fa, fb = inspect.getsourcefile(a), inspect.getsourcefile(b)
+        return a.__qualname__ == b.__qualname__ and bool(fa and fb) and os.path.samefile(fa, fb)
+    except (OSError, TypeError):
+        return False
+
+
+def _register_all(spec: str, classes: list[type], origin) -> list[str]:
+    for cls in classes:  # every declaration first, so a plugin registers whole or not at all
+        try:
+            check_declaration(cls)
+        except ValueError as exc:
+            raise PluginError(f"plugin {spec}: {exc}") from None
+        have = POLICIES.get(cls.name)
+        if have is not None and have is not cls and not _same_source(have, cls):
+            raise PluginError(f"plugin {spec}: policy name {cls.name!r} is already registered "
+                              f"(by {have.__module__}.{have.__qualname__})")
+    names = []
+    for cls in classes:
+        if cls.name not in POLICIES:
+            register_policy(cls)
+            _ORIGIN[cls] = origin(cls)
+        names.append(cls.name)
+    return names
+
+
+def load_plugin(spec: str) -> list[str]:
+    """Load PATH.py or MODULE (either with an optional :CLASS); the names it registered.
+    PluginError names the plugin and the rule."""
+    spec = str(spec).strip()
+    if spec in _LOADED:
+        return _LOADED[spec]
+    target, _, only = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    only = only or None
+    try:
+        if _is_path(target):
+            path = Path(target).expanduser().resolve()
+            if not path.is_file():
+                raise PluginError(f"plugin {spec}: file not found")
+            module = _import_path(path)
+            origin = (lambda cls, p=str(path): f"{p}:{cls.__name__}")
+        else:
+            module = importlib.import_module(target)
+            origin = (lambda cls: f"{cls.__module__}:{cls.__name__}")
+    except PluginError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the author's code; SystemExit too
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise PluginError(f"plugin {spec}: import failed: {_one_line(exc)}") from None
+    classes = _classes(module, only)
+    if not classes:
+        what = f"no Policy subclass named {only}" if only else "no Policy subclass with a name"
+        raise PluginError(f"plugin {spec}: defines {what}")
+    _LOADED[spec] = _register_all(spec, classes, origin)
+    return _LOADED[spec]
+
+
+def load_plugins(specs) -> list[str]:
+    """Load each plugin; one refusal message per plugin that failed (empty: all loaded).
+    The ones that load stay registered whatever the others do."""
+    messages = []
+    for spec in specs or ():
+        if spec not in _REFUSED:  # a refused file is not run again on every page run
+            try:
+                load_plugin(spec)
+                continue
+            except PluginError as exc:
+                _REFUSED[spec] = str(exc)
+        messages.append(_REFUSED[spec])
+    return messages
+
+
+def load_entry_points() -> list[str]:
+    """Every installed `kvviz.core.policies` entry point (a Policy class or a module), once."""
+    global _ENTRY_POINTS
+    if _ENTRY_POINTS is None:
+        from importlib.metadata import entry_points
+
+        _ENTRY_POINTS = []
+        for ep in entry_points(group=GROUP):
+            where = f"{ep.value} (entry point {ep.name} in {GROUP})"
+            try:
+                obj = ep.load()
+            except Exception as exc:  # noqa: BLE001 - the author's code
+                _ENTRY_POINTS.append(f"plugin {where}: import failed: {_one_line(exc)}")
+                continue
+            classes = [obj] if isinstance(obj, type) else _classes(obj)
+            try:
+                if not classes:
+                    raise PluginError(f"plugin {where}: defines no Policy subclass with a name")
+                _register_all(where, classes, lambda cls: f"{cls.__module__}:{cls.__name__}")
+            except PluginError as exc:
+                _ENTRY_POINTS.append(str(exc))
+    return list(_ENTRY_POINTS)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def load_all(specs=()) -> list[str]:
+    """Entry points, then $KVVIZ_PLUGINS, then `specs`: every refusal, one line each."""
+    return load_entry_points() + load_plugins(env_specs()) + load_plugins(specs)
+
+
+def origin(name: str) -> str | None:
+    """What a worker process loads to get policy `name` (None for a built-in)."""
+    cls = POLICIES[name]
+    if cls in BUILTINS:
+        return None
+    if cls in _ORIGIN:
+        return _ORIGIN[cls]
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__ in ("__main__", "__mp_main__"):
+        path = getattr(module, "__file__", None)
+        if not path:
+            raise PluginError(f"policy {name} was registered from code with no file (python -c "
+                              "or a notebook): worker processes cannot load it; put it in a .py "
+                              "file and pass --plugin FILE (run_sweep(..., plugins=[FILE]))")
+        return f"{Path(path).resolve()}:{cls.__name__}"
+    return f"{cls.__module__}:{cls.__name__}"
+
+
+def worker_specs(names) -> list[str]:
+    """The plugins a worker must load to run policies `names`, in a fixed order."""
+    out = []
+    for name in names:
+        spec = origin(name)
+        if spec is not None and spec not in out:
+            out.append(spec)
+    return out
+
+
+def cli_load(specs, prog: str = "kvviz") -> int:
+    """For a command: load every plugin. A refused --plugin is an error (exit status 2,
+    one line each); a refused entry point or $KVVIZ_PLUGINS entry is a warning."""
+    for msg in load_entry_points() + load_plugins(env_specs()):
+        print(f"{prog}: warning: {msg} (ignored)", file=sys.stderr)
+    refused = load_plugins(specs)
+    for msg in refused:
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+    return 2 if refused else 0
+
+
+def forget() -> None:
+    """Unregister every plugin and forget what was loaded (tests share one registry)."""
+    from kvviz.core.policies import unregister_policy
+
+    for name in [n for n, c in POLICIES.items() if c not in BUILTINS]:
+        unregister_policy(name)
+    _LOADED.clear()
+    _REFUSED.clear()
+    _ORIGIN.clear()
+
+
+def add_argument(parser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="PATH.py|MODULE",
+                        help="load policies from a file or module (repeatable; also "
+                             f"${ENV}, {os.pathsep}-separated)")

@@ -1,0 +1,210 @@
+"""The policy registry: names to classes. Everything else (controls, labels, colours, score
+views, references, CLI lists) is read from the registered classes, so a policy is one file.
+
+`register_policy(cls)` adds one (kvviz.core.plugins loads files, modules and entry points).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import re
+import uuid
+
+from kvviz.core.policies.base import KINDS, ParamSpec, Policy, Rank, param
+from kvviz.core.policies.h2o import H2O
+from kvviz.core.policies.knorm import Knorm
+from kvviz.core.policies.random_policy import RandomPolicy
+from kvviz.core.policies.scissorhands import Scissorhands
+from kvviz.core.policies.snapkv import SnapKV
+from kvviz.core.policies.streaming_llm import StreamingLLM
+from kvviz.core.policies.tova import Tova
+
+BUILTINS = (Tova, SnapKV, H2O, StreamingLLM, Scissorhands, Knorm, RandomPolicy)
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in BUILTINS}
+RESERVED = {"policy", "full"}  # the base class's name; the loop's no-eviction row
+_COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")
+_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def check_declaration(cls) -> None:
+    """Raise ValueError naming the rule a policy class breaks (see Policy and param)."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy)) or cls is Policy:
+        raise ValueError(f"{cls!r} is not a subclass of kvviz.core.policies.base.Policy")
+    if not dataclasses.is_dataclass(cls) or "__dataclass_fields__" not in cls.__dict__:
+        raise ValueError(f"{cls.__name__} must be decorated with @dataclass")
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not _NAME.match(name) or name in RESERVED:
+        raise ValueError(f"{cls.__name__}.name must be its own lowercase name (letters, digits, "
+                         f"- or _; not {sorted(RESERVED)}), got {name!r}")
+    if not isinstance(cls.label, str) or not cls.label.strip():
+        raise ValueError(f"{name}: label must be a non-empty string")
+    declared = {s.name for s in cls.specs}
+    for f in dataclasses.fields(cls):
+        if f.name not in ("budget", "rng") and f.name not in declared:
+            raise ValueError(f"{name}: field {f.name!r} must be declared with param(...) "
+                             "(label, range or choices, help, source)")
+    for s in cls.specs:
+        where = f"{name}.{s.name}"
+        if s.kind not in KINDS:
+            raise ValueError(f"{where}: default must be an int, a float or a str (choice), "
+                             f"got {s.default!r}")
+        for attr in ("label", "help", "source"):
+            if not isinstance(getattr(s, attr), str) or not getattr(s, attr).strip():
+                raise ValueError(f"{where}: {attr} must be a non-empty string")
+        if s.kind == "choice":
+            if len(s.choices) < 2 or not all(isinstance(c, str) for c in s.choices):
+                raise ValueError(f"{where}: a choice parameter needs choices=(at least two strings)")
+        else:
+            if s.choices:
+                raise ValueError(f"{where}: choices are for str parameters only")
+            if s.min is None:
+                raise ValueError(f"{where}: a numeric parameter needs min (its range)")
+            if s.high is None:
+                raise ValueError(f"{where}: give max, or ui_max for the control when the rule "
+                                 "has no upper end")
+        try:
+            s.parse(s.default)
+        except ValueError as exc:
+            raise ValueError(f"{where}: the default breaks its own rule: {exc}") from None
+    if cls.rank is not None and not isinstance(cls.rank, Rank):
+        raise ValueError(f"{name}: rank must be a kvviz.core.policies.base.Rank or None")
+    if cls.colour is not None and not (isinstance(cls.colour, str) and _COLOUR.match(cls.colour)):
+        raise ValueError(f"{name}: colour must be '#RRGGBB' or None, got {cls.colour!r}")
+    try:
+        cls(budget=512)
+    except Exception as exc:  # noqa: BLE001 - the author's code, reported not raised through
+        raise ValueError(f"{name}: its defaults do not construct at budget 512: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def register_policy(cls):
+    """Add a policy class to the registry; returns it (usable as a decorator).
+
+    Registering the same class again is a no-op; another class under a registered name,
+    or a class that breaks a declaration rule, is refused with ValueError."""
+    check_declaration(cls)
+    have = POLICIES.get(cls.name)
+    if have is cls:
+        return cls
+    if have is not None:
+        raise ValueError(f"policy name {cls.name!r} is already registered "
+                         f"(by {have.__module__}.{have.__qualname__})")
+    POLICIES[cls.name] = cls
+    source_hash(cls.name)
+    return cls
+
+
+def unregister_policy(name: str) -> None:
+    """Remove a plugin (tests); the built-ins stay."""
+    if name in {c.name for c in BUILTINS}:
+        raise ValueError(f"{name} is built in and cannot be unregistered")
+    POLICIES.pop(name, None)
+
+
+def _policy_class(name: str) -> type[Policy]:
+    if name not in POLICIES:
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
+    return POLICIES[name]
+
+
+def policy_class(name: str) -> type[Policy]:
+    return _policy_class(name)
+
+
+def make_policy(name: str, budget: int = 512, rng=None, **params) -> Policy:
+    cls = _policy_class(name)
+    allowed = {s.name for s in cls.specs}
+    unknown = set(params) - allowed
+    if unknown:
+        raise ValueError(f"{name} has no parameter {sorted(unknown)}; "
+                         f"its parameters are {sorted(allowed) or 'none'}")
+    return cls(budget=budget, rng=rng, **params)
+
+
+def param_specs(name: str) -> list[ParamSpec]:
+    return list(_policy_class(name).specs)
+
+
+def defaults(name: str) -> dict:
+    return {s.name: s.default for s in _policy_class(name).specs}
+
+
+def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
+    """The one parser of parameters, for the sidebar, `name:k=v`, the sweep spec and the URL.
+
+    `given` maps a parameter's name (pool_kernel) or label (poolKernel) to a value or its
+    text. Returns {name: typed value} for the keys given (defaults are not added).
+    ValueError names the parameter and the rule; `where` prefixes the message. With
+    check=False only the type is checked (the URL: the page then shows the policy's own
+    refusal, as it does for a control set out of its rule)."""
+    specs = param_specs(name)
+    by_key = {**{s.label: s for s in specs}, **{s.name: s for s in specs}}
+    given = {str(k).strip(): v for k, v in dict(given).items()}
+    unknown = sorted(set(given) - set(by_key))
+    if unknown:  # worded as make_policy words it
+        raise ValueError(f"{where}{name} has no parameter {unknown}; its parameters are "
+                         f"{sorted(s.name for s in specs) or 'none'}")
+    out = {}
+    for key, value in given.items():
+        spec = by_key[key]
+        try:
+            out[spec.name] = spec.parse(value) if check else spec.coerce(value)
+        except ValueError as exc:
+            raise ValueError(f"{where}{exc}") from None
+    return out
+
+
+def label_of(name: str) -> str:
+    return _policy_class(name).label or name
+
+
+def rank_of(name: str) -> Rank | None:
+    cls = POLICIES.get(name)
+    return cls.rank if cls is not None else None
+
+
+def score_labels(name: str | None = None) -> dict:
+    """Score key -> label: every registered policy's (its rank score and its other
+    scores), with policy `name`'s own taking precedence where two share a key."""
+    out = {}
+    classes = list(POLICIES.values()) + ([POLICIES[name]] if name in POLICIES else [])
+    for cls in classes:
+        out.update(cls.score_labels)
+        if cls.rank is not None:
+            out[cls.rank.key] = cls.rank.label
+    return out
+
+
+_NO_SOURCE = uuid.uuid4().hex  # this process's stand-in when a policy has no source file
+_SOURCES: dict = {}
+
+
+def source_hash(name: str) -> str:
+    """SHA-256 of the source of the module that defines the policy (what a sweep cell's
+    identity includes, so an edited policy re-runs its cells). A class whose source cannot
+    be read (defined in `python -c`) gets a fresh value per process: never resumed."""
+    cls = _policy_class(name)
+    if cls not in _SOURCES:  # read once per class: the code that runs, not a later edit
+        try:
+            text = inspect.getsource(inspect.getmodule(cls))
+            _SOURCES[cls] = hashlib.sha256(text.encode()).hexdigest()
+        except (OSError, TypeError):
+            _SOURCES[cls] = "unreadable-" + _NO_SOURCE
+    return _SOURCES[cls]
+
+
+def reference_class(name: str):
+    """The policy's slow reference class (a "module:Class" string is imported here)."""
+    ref = _policy_class(name).reference
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        ref = getattr(importlib.import_module(module), attr)
+    return ref
+
+
+__all__ = ["POLICIES", "ParamSpec", "Policy", "Rank", "check_declaration", "defaults",
+           "label_of", "make_policy", "param", "param_specs", "parse_params", "policy_class",
+           "rank_of", "reference_class", "register_policy", "score_labels", "source_hash",
+           "unregister_policy"]

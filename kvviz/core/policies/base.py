@@ -1,0 +1,349 @@
+"""The mechanics every policy shares: the kept positions, input checks, victim choice.
+
+A subclass owns only its scoring rule: what it records per slot (`observe`, `admit`),
+which slots may go (`candidates`) and their rank (`priority`, lowest evicted first).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import ClassVar
+
+import numpy as np
+
+__all__ = ["DEFAULT_SEED", "ParamSpec", "Policy", "Rank", "check_key_norm", "check_recent",
+           "need_candidates", "param"]
+
+DEFAULT_SEED = 0
+
+
+KINDS = ("int", "float", "choice")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: what the constructor enforces, what a control shows, where the default
+    comes from. Declared with `param(...)` on a dataclass field, so the default is written
+    once (the field's); `name` and `default` are filled in from the field.
+
+    `min`/`max` are the rule (None: unbounded; rules relative to the budget live in
+    `check_params`); `ui_max` only bounds a slider when the rule has no upper end.
+    """
+
+    name: str = ""
+    label: str = ""
+    default: object = None
+    min: float | None = None
+    max: float | None = None
+    choices: tuple = ()
+    step: float | None = None
+    odd_only: bool = False
+    help: str = ""
+    source: str = ""
+    kind: str = ""  # int | float | choice, from the default's type
+    ui_max: float | None = None
+
+    @property
+    def low(self):
+        """The control's lower end."""
+        return self.min if self.min is not None else 0
+
+    @property
+    def high(self):
+        """The control's upper end: the rule's max, else `ui_max`."""
+        return self.max if self.max is not None else self.ui_max
+
+    def _range(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"in {self.min}..{self.max}"
+        return f">= {self.min}" if self.min is not None else ""
+
+    def rule(self) -> str:
+        """The rule in words, as refusals and `--help` print it."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(map(repr, self.choices))
+        what = "a number" if self.kind == "float" else "an odd integer" if self.odd_only else "an integer"
+        return f"{what} {self._range()}".strip()
+
+    def coerce(self, value):
+        """`value` (a number, or the text of a CLI flag, URL or form) as this parameter's
+        type, without the range rule; ValueError naming the parameter and the type."""
+        if self.kind == "choice":
+            if not isinstance(value, str) or value.strip() not in self.choices:
+                raise ValueError(f"{self.name} must be {self.rule()}, got {value!r}")
+            return value.strip()
+        typed = ValueError(f"{self.name} must be {'a number' if self.kind == 'float' else 'an integer'}, "
+                           f"got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = int(value.strip()) if self.kind == "int" else float(value.strip())
+            except ValueError:
+                raise typed from None
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+            raise typed
+        if not math.isfinite(float(value)) or (self.kind == "int" and int(value) != value):
+            raise typed
+        return int(value) if self.kind == "int" else float(value)
+
+    def parse(self, value):
+        """`coerce`, then the rule: ValueError naming the parameter and the rule it breaks."""
+        value = self.coerce(value)
+        if self.kind == "choice":
+            return value
+        outside = ((self.min is not None and value < self.min)
+                   or (self.max is not None and value > self.max))
+        if self.odd_only and (outside or value % 2 == 0):
+            raise ValueError(f"{self.name} must be odd and {self._range()}, got {value}")
+        if outside:
+            raise ValueError(f"{self.name} must be {self._range()}, got {value}")
+        return value
+
+
+def param(default, *, label: str, help: str, source: str, min=None, max=None, choices=(),
+          step=None, odd_only: bool = False, ui_max=None):
+    """A policy parameter: a dataclass field whose default is written here, once."""
+    kind = ("choice" if isinstance(default, str) else "float" if isinstance(default, float)
+            else "int" if isinstance(default, int) and not isinstance(default, bool) else "")
+    spec = ParamSpec(label=label, min=min, max=max, choices=tuple(choices), step=step,
+                     odd_only=odd_only, help=help, source=source, kind=kind, ui_max=ui_max)
+    return field(default=default, metadata={"kvviz": spec})
+
+
+@dataclass(frozen=True)
+class Rank:
+    """The score a policy evicts by, for the Scores view and the explanations (display
+    only: the policy's `priority` decides). `key` names an entry of `scores()`."""
+
+    key: str
+    label: str            # e.g. "current-step weight"
+    order: str            # which end goes first, in words: "lowest ... goes first"
+    descending: bool = False  # True when the highest score goes first
+    count: bool = False       # an integer count: drawn on a linear axis
+
+
+class _Specs:
+    """`cls.specs`: the ParamSpecs of the dataclass fields declared with `param`."""
+
+    def __get__(self, obj, cls):
+        if "__dataclass_fields__" not in cls.__dict__:
+            return ()  # @dataclass looking at the class before it is one (not cached)
+        if "_specs_cache" not in cls.__dict__:
+            cls._specs_cache = tuple(
+                replace(f.metadata["kvviz"], name=f.name, default=f.default)
+                for f in fields(cls) if "kvviz" in f.metadata)
+        return cls._specs_cache
+
+
+@dataclass
+class Policy:
+    budget: int = 512
+    rng: np.random.Generator | None = field(default=None, repr=False, compare=False)
+
+    name: ClassVar[str] = "policy"
+    label: ClassVar[str] = ""          # how the page and tables name it
+    rank: ClassVar[Rank | None] = None  # None: ranks without a score (drawn as "held")
+    score_labels: ClassVar[dict] = {}   # labels of its other scores() entries
+    colour: ClassVar[str | None] = None  # "#RRGGBB"; None takes one from the palette
+    reference: ClassVar = None  # the slow reference class, or "module:Class"
+    uses_attention: ClassVar[bool] = True
+    reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
+    specs: ClassVar = _Specs()
+
+    def __post_init__(self):
+        if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
+            raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
+        self.budget = int(self.budget)
+        for spec in self.specs:
+            setattr(self, spec.name, spec.parse(getattr(self, spec.name)))
+        if self.rng is None:
+            self.rng = np.random.default_rng(DEFAULT_SEED)
+        self.check_params()
+        self.reset_state()
+
+    # -- what a subclass provides -------------------------------------------------
+    def check_params(self) -> None:
+        """Raise ValueError naming the parameter and the rule it breaks."""
+
+    def columns(self) -> dict:
+        """Per-slot state: name -> (dtype, leading shape, value for a new slot).
+
+        Stored slot-axis-last, so `col(name)[k]` is one contiguous row per ring slot.
+        """
+        return {}
+
+    def observe(self, attn: np.ndarray) -> None:
+        """Record one step's weights, index-aligned with `kept`."""
+
+    def protected_tail(self) -> int:
+        """How many of the newest slots are never victims (a recent window)."""
+        return 0
+
+    def candidates(self) -> np.ndarray:
+        cand = np.ones(self._n, bool)
+        cand[max(self._n - self.protected_tail(), 0):] = False
+        return cand
+
+    def priority(self) -> np.ndarray:
+        """Per slot, lowest is evicted first; ties go to the lower position.
+
+        A slot outside the protected tail that is still not a candidate must score +inf
+        (TOVA's unobserved newcomer), so a single eviction is one argmin.
+        """
+        raise NotImplementedError
+
+    def scores(self) -> dict:
+        return {"candidate": self.candidates()}
+
+    # -- shared mechanics ------------------------------------------------------------
+    def reset_state(self) -> None:
+        self._n = 0
+        self._spec = self.columns()
+        self._pos = np.empty(16, np.int64)
+        self._bufs = {k: np.full(shape + (16,), init, dtype)
+                      for k, (dtype, shape, init) in self._spec.items()}
+
+    def col(self, name: str) -> np.ndarray:
+        return self._bufs[name][..., : self._n]
+
+    @property
+    def params(self) -> dict:
+        return {s.name: getattr(self, s.name) for s in self.specs}
+
+    @property
+    def kept(self) -> np.ndarray:
+        view = self._pos[: self._n]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def bytes_per_slot(self) -> int:
+        raise NotImplementedError
+
+    def on_decode_step(self, pos, attn, key_norm=None) -> None:
+        pos = _as_position(pos)
+        n = self._n
+        if n and pos <= self._pos[n - 1]:
+            raise ValueError(f"pos must be above every kept position: got {pos}, "
+                             f"highest kept is {int(self._pos[n - 1])}")
+        attn = None if attn is None else _check_attn(attn, n)
+        if self.reads_key_norms:
+            self.advance(pos, attn, check_key_norm(key_norm, self.name))
+        else:
+            self.advance(pos, attn)
+
+    def advance(self, pos: int, attn: np.ndarray | None, key_norm: float | None = None) -> None:
+        """on_decode_step without the checks: observe `attn`, admit `pos`. For the harness
+        (kvviz.core.harness.step), whose rows are already validated and renormalised. `key_norm`
+        (the admitted key's L2 norm) is passed only to a policy that `reads_key_norms`."""
+        n = self._n
+        if attn is not None:
+            self.observe(attn)
+        if n == len(self._pos):
+            self._grow()
+        self._pos[n] = pos
+        for k, (_, _, init) in self._spec.items():
+            self._bufs[k][..., n] = init
+        self._n = n + 1
+
+    def _grow(self) -> None:
+        cap = 2 * len(self._pos)
+        self._pos = np.resize(self._pos, cap)
+        for k, buf in self._bufs.items():
+            grown = np.empty(buf.shape[:-1] + (cap,), buf.dtype)
+            grown[..., : self._n] = buf[..., : self._n]
+            self._bufs[k] = grown
+
+    def evict(self, budget) -> np.ndarray:
+        if isinstance(budget, bool) or int(budget) != budget or budget < 0:
+            raise ValueError(f"evict budget must be a non-negative integer, got {budget!r}")
+        excess = self._n - int(budget)
+        if excess <= 0:
+            return np.empty(0, np.int64)
+        idx = self.choose(excess)
+        victims = self._pos[idx]
+        self._remove(idx)
+        return victims
+
+    def _remove(self, idx: np.ndarray) -> None:
+        n = self._n
+        arrays = [self._pos, *self._bufs.values()]
+        if len(idx) == 1:
+            i = int(idx[0])
+            for a in arrays:
+                a[..., i:n - 1] = a[..., i + 1:n]
+        else:
+            keep = np.ones(n, bool)
+            keep[idx] = False
+            for a in arrays:
+                a[..., : n - len(idx)] = a[..., :n][..., keep]
+        self._n = n - len(idx)
+
+    def choose(self, count: int) -> np.ndarray:
+        """Indices of the `count` lowest-priority candidates, ascending.
+
+        Slots are in ascending position order, so a stable sort on priority breaks
+        ties toward the lower position.
+        """
+        prio = self.priority()
+        if count == 1:
+            limit = self._n - self.protected_tail()
+            if limit > 0:
+                i = int(np.argmin(prio[:limit]))
+                if prio[i] != np.inf:
+                    return np.array([i])
+        cand = self.candidates()
+        idx = np.flatnonzero(cand)  # also the path where every candidate scored +inf
+        need_candidates(len(idx), count)
+        order = np.argsort(prio[idx], kind="stable")[:count]
+        return np.sort(idx[order])
+
+    def held(self) -> np.ndarray:
+        """`kept` without the read-only wrapper: the harness's per-step fast path."""
+        return self._pos[: self._n]
+
+
+def need_candidates(available: int, count: int) -> None:
+    if available < count:
+        raise ValueError(f"evict needs {count} victims but only {available} slots are "
+                         "candidates (the rest are protected or unobserved): raise the budget")
+
+
+def check_recent(policy, spec_name: str = "recent_window") -> None:
+    value = getattr(policy, spec_name)
+    if value < 0:
+        raise ValueError(f"{spec_name} must be >= 0, got {value}")
+    if value >= policy.budget:
+        raise ValueError(f"{spec_name} must be smaller than budget: "
+                         f"{spec_name}={value} >= budget={policy.budget} leaves no room to evict")
+
+
+def check_key_norm(value, name: str) -> float:
+    """The admitted key's L2 norm, for a policy that reads key norms: finite and >= 0."""
+    if value is None:
+        raise ValueError(f"{name} reads key norms, and none was given for this position: "
+                         "replay a trace captured with key norms (format version 3) or run it "
+                         "in the model loop")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"key_norm must be a finite non-negative L2 norm, got {value!r}")
+    return v
+
+
+def _as_position(pos) -> int:
+    if isinstance(pos, bool) or int(pos) != pos or pos < 0:
+        raise ValueError(f"pos must be a non-negative integer position, got {pos!r}")
+    return int(pos)
+
+
+def _check_attn(attn, n: int) -> np.ndarray:
+    a = np.asarray(attn, dtype=np.float32)
+    if a.ndim != 1 or len(a) != n:
+        raise ValueError(f"attn length must equal the number of kept positions ({n}), "
+                         f"got shape {a.shape}")
+    if n:
+        low, high = float(a.min()), float(a.max())
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise ValueError("attn weights must be finite (found NaN or inf)")
+        if low < 0:
+            raise ValueError(f"attn weights must be non-negative (found {low})")
+    return a

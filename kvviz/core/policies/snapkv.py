@@ -1,0 +1,103 @@
+"""SnapKV (Li et al., NeurIPS 2024, arXiv:2404.14469), adapted to decode-time eviction.
+
+Each slot keeps a float32 ring of its weights over the last `obs_window` observed steps.
+At eviction the ring is summed afresh (float64, ring slot 0 upward, never a running
+total), pooled over adjacent kept slots with radius (pool_kernel-1)/2 (max, the card's
+rule, or avg), and the lowest pooled score outside the `recent_window` newest positions goes.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.core.policies.base import Policy, Rank, check_recent, param
+
+
+def pool(sums: np.ndarray, radius: int, kind: str = "max") -> np.ndarray:
+    """Pool the last axis over each slot's neighbourhood i-radius..i+radius, clamped to the
+    kept slots (no padding). max: the largest; avg: the float64 sum of the neighbourhood
+    in ascending slot order (absent neighbours add an exact 0.0), divided by its size.
+    One function for SnapKV and the vectorised streams, so the two cannot drift."""
+    if kind == "max":
+        pooled = sums.copy()
+        for d in range(1, radius + 1):
+            np.maximum(pooled[..., d:], sums[..., :-d], out=pooled[..., d:])
+            np.maximum(pooled[..., :-d], sums[..., d:], out=pooled[..., :-d])
+        return pooled
+    n = sums.shape[-1]
+    total = np.zeros(sums.shape, np.float64)
+    for d in range(-radius, radius + 1):  # neighbour i+d, lowest first
+        if abs(d) >= n:
+            continue  # no slot has a neighbour that far
+        if d < 0:
+            total[..., -d:] += sums[..., :n + d]
+        elif d == 0:
+            total += sums
+        else:
+            total[..., :n - d] += sums[..., d:]
+    i = np.arange(n)
+    size = np.minimum(i + radius, n - 1) - np.maximum(i - radius, 0) + 1
+    return total / size
+
+
+@dataclass
+class SnapKV(Policy):
+    obs_window: int = param(
+        16, label="obsWindow", min=1, ui_max=128, help="observed steps summed per slot",
+        source="the SnapKV card: 'the last sixteen steps' (Li et al. 2024, adapted to decoding)")
+    pool_kernel: int = param(
+        5, label="poolKernel", min=1, ui_max=15, step=2, odd_only=True,
+        help="pool width over adjacent kept slots (odd: it has a centre); 1 disables pooling",
+        source="the default kernel_size=5 of kvpress's SnapKVPress (NVIDIA kvpress)")
+    recent_window: int = param(
+        32, label="recentWindow", min=0, ui_max=1024, help="newest positions never evicted",
+        source="the same 32 as H2O's fixed recent window (the TOVA card)")
+    pooling: str = param(
+        "max", label="pooling", choices=("max", "avg"),
+        help="how a slot's neighbourhood of window sums is pooled",
+        source="the SnapKV card pins max; the official SnapKV code defaults to avg_pool1d "
+               "and kvpress's SnapKVPress pools by average")
+
+    name = "snapkv"
+    label = "SnapKV"
+    rank = Rank("pooled", "pooled window sum", "lowest pooled window sum goes first")
+    score_labels = {"sums": "window sum"}
+    colour = "#0072B2"
+    reference = "kvviz.core.reference:RefSnapKV"
+
+    def check_params(self):
+        check_recent(self)
+
+    def columns(self):
+        return {"history": (np.float32, (self.obs_window,), 0.0)}  # row k = ring slot k
+
+    def reset_state(self):
+        super().reset_state()
+        self.slot = 0
+
+    def observe(self, attn):
+        self.col("history")[self.slot] = attn
+        self.slot = (self.slot + 1) % self.obs_window
+
+    def protected_tail(self):
+        return self.recent_window
+
+    def sums(self):
+        # Reducing over the ring axis (not the contiguous one) adds row 0, then row 1, ...
+        # in float64: the card's pinned order, not numpy's pairwise order.
+        # tests/test_policies.py::test_snapkv_sums_in_ring_order catches a change.
+        return self.col("history").sum(axis=0, dtype=np.float64)
+
+    def pool(self, sums):
+        return pool(sums, (self.pool_kernel - 1) // 2, self.pooling)
+
+    def priority(self):
+        return self.pool(self.sums())
+
+    def scores(self):
+        sums = self.sums()
+        return {"sums": sums, "pooled": self.pool(sums), "candidate": self.candidates()}
+
+    @property
+    def bytes_per_slot(self):
+        # position, the float32 ring, sums and pooled (doubles), eviction scratch
+        return 4 + 4 * self.obs_window + 8 + 8 + 1

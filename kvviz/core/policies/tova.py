@@ -1,0 +1,40 @@
+"""TOVA (Oren et al., EMNLP 2024, arXiv:2401.06104): drop what the current step ignores.
+
+Score = the weight a slot received on the latest observed step (assignment, not
+accumulation). No recent window: recency is already in the weights. The newest
+position has no weight yet, so it is not a candidate until a step observes it.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.core.policies.base import Policy, Rank
+
+
+@dataclass
+class Tova(Policy):
+    name = "tova"
+    label = "TOVA"
+    rank = Rank("last", "current-step weight", "lowest current-step weight goes first")
+    colour = "#E69F00"
+    reference = "kvviz.core.reference:RefTova"
+
+    def columns(self):
+        return {"last": (np.float64, (), np.inf)}  # +inf = not yet observed
+
+    def observe(self, attn):
+        self.col("last")[:] = attn  # assignment, not accumulation
+
+    def candidates(self):
+        return np.isfinite(self.col("last"))
+
+    def priority(self):
+        return self.col("last")
+
+    def scores(self):
+        last = self.col("last")
+        return {"last": np.where(np.isfinite(last), last, np.nan), "candidate": self.candidates()}
+
+    @property
+    def bytes_per_slot(self):
+        return 4 + 8 + 1  # position, last weight (double), eviction scratch

@@ -1,0 +1,260 @@
+"""The cards' pseudocode as plain Python loops: slow, obviously right, the oracle.
+
+Same interface as the fast policies (kept, on_decode_step, evict) and the same
+refusals, because the differential tests and `python -m kvviz perf` drive both through
+the one harness. Weights are Python floats (exact copies of the float32 inputs).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+from kvviz.core.policies import POLICIES, make_policy, reference_class
+
+
+def _beside(ref_cls, name):
+    """The Policy class named `name` in the module that defines `ref_cls`."""
+    from kvviz.core.policies.base import Policy
+
+    module = sys.modules.get(ref_cls.__module__)
+    for v in vars(module).values() if module else ():
+        if isinstance(v, type) and issubclass(v, Policy) and v.__dict__.get("name") == name:
+            return v
+    raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
+
+
+class RefPolicy:
+    """Owns the kept list and the eviction rule; subclasses score one slot at a time."""
+
+    protect_recent = 0
+
+    def __init__(self, budget, rng=None, **params):
+        if self.name in POLICIES:
+            self.fast = make_policy(self.name, budget=budget, rng=rng, **params)  # same refusals
+        else:  # a plugin's reference beside its unregistered class (kvviz check PATH.py)
+            self.fast = _beside(type(self), self.name)(budget=budget, rng=rng, **params)
+        self.budget = budget
+        self.params = self.fast.params
+        self.bytes_per_slot = self.fast.bytes_per_slot
+        self.uses_attention = self.fast.uses_attention
+        self.reads_key_norms = self.fast.reads_key_norms
+        self.keep = []  # positions, ascending
+        self.state = []  # one record per kept position
+
+    @property
+    def kept(self):
+        return np.array(self.keep, dtype=np.int64)
+
+    def held(self):
+        return self.kept
+
+    def advance(self, pos, attn, key_norm=None):
+        self.on_decode_step(pos, attn, key_norm)
+
+    def on_decode_step(self, pos, attn, key_norm=None):
+        if self.keep and pos <= self.keep[-1]:
+            raise ValueError("pos must be above every kept position")
+        if attn is not None:
+            weights = [float(np.float32(w)) for w in attn]
+            if len(weights) != len(self.keep):
+                raise ValueError("attn length must equal the number of kept positions")
+            for w in weights:
+                if math.isnan(w) or math.isinf(w):
+                    raise ValueError("attn weights must be finite")
+                if w < 0:
+                    raise ValueError("attn weights must be non-negative")
+            self.observe(weights)
+        self.keep.append(int(pos))
+        self.state.append(self.new_record(key_norm) if self.reads_key_norms else self.new_record())
+
+    def evict(self, budget):
+        excess = len(self.keep) - budget
+        if excess <= 0:
+            return np.empty(0, np.int64)
+        ranked = []
+        for i in range(len(self.keep)):
+            if self.is_candidate(i):
+                ranked.append((self.rank(i), self.keep[i], i))
+        if len(ranked) < excess:
+            raise ValueError(f"evict needs {excess} victims but only {len(ranked)} slots are candidates")
+        ranked.sort()  # lowest rank first, then lower position
+        return self.drop(sorted(i for _, _, i in ranked[:excess]))
+
+    def drop(self, chosen):
+        """Remove the slots at the ascending indices `chosen`; return their positions."""
+        victims = [self.keep[i] for i in chosen]
+        for i in reversed(chosen):
+            del self.keep[i]
+            del self.state[i]
+        return np.array(victims, dtype=np.int64)
+
+    def is_candidate(self, i):
+        return i < len(self.keep) - self.protect_recent
+
+
+class RefTova(RefPolicy):
+    name = "tova"
+
+    def observe(self, weights):
+        for i, w in enumerate(weights):
+            self.state[i] = w  # assignment, not accumulation
+
+    def new_record(self):
+        return None  # unobserved
+
+    def is_candidate(self, i):
+        return self.state[i] is not None
+
+    def rank(self, i):
+        return self.state[i]
+
+
+class RefH2O(RefPolicy):
+    name = "h2o"
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.protect_recent = self.params["recent_window"]
+
+    def observe(self, weights):
+        for i, w in enumerate(weights):
+            self.state[i] += w
+
+    def new_record(self):
+        return 0.0
+
+    def rank(self, i):
+        return self.state[i]
+
+
+class RefSnapKV(RefPolicy):
+    name = "snapkv"
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.window = self.params["obs_window"]
+        self.radius = (self.params["pool_kernel"] - 1) // 2
+        self.protect_recent = self.params["recent_window"]
+        self.slot = 0
+
+    def observe(self, weights):
+        for i, w in enumerate(weights):
+            self.state[i][self.slot] = w
+        self.slot = (self.slot + 1) % self.window
+
+    def new_record(self):
+        return [0.0] * self.window
+
+    def evict(self, budget):
+        self.sums = []
+        for ring in self.state:
+            total = 0.0
+            for w in ring:  # ring slot 0 upward
+                total += w
+            self.sums.append(total)
+        return super().evict(budget)
+
+    def rank(self, i):
+        lo = max(0, i - self.radius)
+        hi = min(len(self.sums) - 1, i + self.radius)
+        if self.params["pooling"] == "max":
+            return max(self.sums[lo:hi + 1])
+        total = 0.0
+        for j in range(lo, hi + 1):  # the kept neighbours, lowest first
+            total += self.sums[j]
+        return total / (hi - lo + 1)
+
+
+class RefScissorhands(RefPolicy):
+    name = "scissorhands"
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.window = self.params["history_window"]
+        self.protect_recent = self.params["recent_window"]
+        self.slot = 0
+
+    def observe(self, weights):
+        threshold = float(np.float32(1.0 / len(weights))) if weights else 0.0
+        for i, w in enumerate(weights):
+            self.state[i][self.slot] = w < threshold
+        self.slot = (self.slot + 1) % self.window
+
+    def new_record(self):
+        return [False] * self.window
+
+    def rank(self, i):
+        return -sum(self.state[i])  # unimportant most often goes first
+
+
+class RefStreamingLLM(RefPolicy):
+    name = "streaming-llm"
+
+    def observe(self, weights):
+        pass
+
+    def new_record(self):
+        return None
+
+    def is_candidate(self, i):
+        return i >= self.params["sinks"]
+
+    def rank(self, i):
+        return 0  # ties: oldest non-sink goes
+
+
+class RefKnorm(RefPolicy):
+    """The key with the highest L2 norm goes; ties to the lower position; nothing protected."""
+
+    name = "knorm"
+
+    def observe(self, weights):
+        pass  # reads no attention
+
+    def new_record(self, key_norm):
+        if key_norm is None:
+            raise ValueError("knorm reads key norms, and none was given")
+        return float(np.float32(key_norm))  # stored as float32, like the cache's keys
+
+    def rank(self, i):
+        return -self.state[i]
+
+
+class RefRandom(RefPolicy):
+    """Uniform choice without replacement among all kept slots, from the given rng."""
+
+    name = "random"
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.rng = self.fast.rng
+
+    def observe(self, weights):
+        pass
+
+    def new_record(self):
+        return None
+
+    def evict(self, budget):
+        excess = len(self.keep) - budget
+        if excess <= 0:
+            return np.empty(0, np.int64)
+        if budget < 0:
+            raise ValueError("evict budget must be a non-negative integer")
+        standing = list(range(len(self.keep)))
+        chosen = []
+        for _ in range(excess):
+            chosen.append(standing.pop(int(self.rng.integers(len(standing)))))
+        return self.drop(sorted(chosen))
+
+
+def make_reference(name, budget=512, rng=None, **params):
+    """The reference a policy class names (its `reference`), built like `make_policy`."""
+    ref = reference_class(name)  # refuses an unknown name as make_policy does
+    if ref is None:
+        have = sorted(n for n in POLICIES if POLICIES[n].reference is not None)
+        raise ValueError(f"no reference for policy {name!r}; have {have}")
+    return ref(budget, rng, **params)
+

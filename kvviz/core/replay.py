@@ -1,0 +1,159 @@
+"""The replay: feed a trace to a policy one step at a time and log what it evicts.
+
+Each step is kvviz.core.harness.step (row t over the held positions, renormalised, then admit
+t, then evict to the budget). A run is its eviction log: O(T) memory.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvviz.core import harness
+from kvviz.core.policies import make_policy
+from kvviz.core.trace import Trace
+
+NEVER = -1
+
+
+def held_until(evicted_at, steps: int | None = None) -> np.ndarray:
+    """Exclusive end of each position's stay: its eviction step, or `steps` if never."""
+    ev = np.asarray(evicted_at, dtype=np.int64)
+    return np.where(ev == NEVER, len(ev) if steps is None else int(steps), ev)
+
+
+def held_mask(evicted_at, step: int) -> np.ndarray:
+    """The held rule, over positions 0..T-1: p is held after step s iff p <= s and
+    (evicted_at[p] == NEVER or evicted_at[p] > s)."""
+    ev = np.asarray(evicted_at, dtype=np.int64)
+    return (np.arange(len(ev)) <= step) & ((ev == NEVER) | (ev > step))
+
+
+@dataclass
+class Run:
+    policy: str
+    params: dict
+    budget: int
+    steps: int
+    evicted_at: np.ndarray  # int64 (T,): step during which p was evicted, NEVER if held at the end
+    retained: np.ndarray  # float64 (T,): share of row t's mass on positions held when t queried
+    bytes_per_slot: int = 0
+    trace_name: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def first_eviction(self) -> int:
+        hit = self.evicted_at[self.evicted_at != NEVER]
+        return int(hit.min()) if len(hit) else NEVER
+
+    def held_mask(self, step: int) -> np.ndarray:
+        """Boolean over positions 0..T-1: held after `step` finished."""
+        return held_mask(self.evicted_at, step)
+
+    def held_at(self, step: int) -> np.ndarray:
+        return np.flatnonzero(self.held_mask(step)).astype(np.int64)
+
+
+class Replay:
+    """Step a policy through a trace, forward or back.
+
+    With `checkpoint_every=N` it keeps a copy of the policy every N steps, so going back
+    or peeking replays at most N steps instead of from the start (what the app's slider
+    needs); without, memory stays O(policy state + T).
+    """
+
+    def __init__(self, trace: Trace, policy, checkpoint_every: int | None = None):
+        if checkpoint_every is not None and int(checkpoint_every) < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        if policy.reads_key_norms and trace.key_norms is None:
+            raise ValueError(f"{policy.name} reads key norms, and trace {trace.name!r} has none: "
+                             "pick a trace captured with key norms (format version 3, e.g. "
+                             "code-kv) or run it in the model loop")
+        self.trace = trace
+        self.policy = policy
+        self.budget = policy.budget
+        self.t = 0
+        self.every = int(checkpoint_every) if checkpoint_every else None
+        self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
+        self.evicted_at = np.full(trace.steps, NEVER, np.int64)
+
+    def _raw(self, policy, t: int):
+        """Row t at the policy's held positions (None for a policy that reads no attention)."""
+        return self.trace.row(t)[policy.held()] if policy.uses_attention else None
+
+    def step(self) -> np.ndarray:
+        if self.t >= self.trace.steps:
+            raise ValueError(f"step: the trace has only {self.trace.steps} steps")
+        t = self.t
+        if self.every and t % self.every == 0 and t not in self._checkpoints:
+            self._checkpoints[t] = copy.deepcopy(self.policy)
+        victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget,
+                               self.trace.key_norm(t))
+        self.evicted_at[victims] = t
+        self.t += 1
+        return victims
+
+    def _restore(self, done: int) -> None:
+        """Go back to the nearest checkpoint with at most `done` steps taken."""
+        start = max(k for k in self._checkpoints if k <= done)
+        self.policy = copy.deepcopy(self._checkpoints[start])
+        self.t = start
+        self.evicted_at[self.evicted_at >= start] = NEVER
+
+    def seek(self, i: int) -> None:
+        """Bring the state to just after step i (i = -1: before any step)."""
+        i = int(i)
+        if not -1 <= i < self.trace.steps:
+            raise ValueError(f"seek: step must be in -1..{self.trace.steps - 1}, got {i}")
+        if i + 1 < self.t:
+            self._restore(i + 1)
+        while self.t <= i:
+            self.step()
+
+    def peek(self, step: int):
+        """(kept, scores) at `step` after admission, before eviction. Leaves self unchanged."""
+        step = int(step)
+        if not 0 <= step < self.trace.steps:
+            raise ValueError(f"peek: step must be in 0..{self.trace.steps - 1}, got {step}")
+        if self.t == step:
+            policy = copy.deepcopy(self.policy)
+        else:
+            start = max(k for k in self._checkpoints if k <= step)
+            probe = Replay(self.trace, copy.deepcopy(self._checkpoints[start]))
+            probe.t = start
+            probe.seek(step - 1)
+            policy = probe.policy
+        harness.feed(policy, step, self._raw(policy, step), self.trace.key_norm(step))
+        return policy.kept.copy(), policy.scores()
+
+    def run(self) -> Run:
+        self.seek(self.trace.steps - 1)
+        return Run(policy=self.policy.name, params=dict(self.policy.params), budget=self.budget,
+                   steps=self.trace.steps, evicted_at=self.evicted_at.copy(),
+                   retained=held_shares(self.trace, self.evicted_at), bytes_per_slot=self.policy.bytes_per_slot,
+                   trace_name=getattr(self.trace, "name", ""))
+
+
+def held_shares(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
+    """Per step t, the share of row t's full mass on positions held when t was queried."""
+    shares = np.full(trace.steps, np.nan)
+    end = held_until(evicted_at, trace.steps)
+    for t in range(1, trace.steps):
+        row = trace.row(t)
+        total = row.sum(dtype=np.float64)
+        if total > 0:
+            shares[t] = row[end[:t] >= t].sum(dtype=np.float64) / total  # held after t-1
+    return shares
+
+
+def runnable(trace: Trace) -> list[str]:
+    """The registered policies this trace can drive: all, less those that read key norms
+    when the trace has none (a default list; asking for one of those by name is refused)."""
+    from kvviz.core.policies import POLICIES
+
+    return [n for n, cls in POLICIES.items() if trace.key_norms is not None or not cls.reads_key_norms]
+
+
+def run_policy(trace: Trace, name: str, budget: int, rng=None, **params) -> Run:
+    return Replay(trace, make_policy(name, budget=budget, rng=rng, **params)).run()

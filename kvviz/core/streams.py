@@ -1,0 +1,295 @@
+"""Replay S attention streams (layers or heads of one trace) through one policy at once.
+
+A second implementation of the policies (kvviz.core.policies) for the attention-reading ones,
+vectorised across streams (`Streams`), stepped by the same kvviz.core.harness.step as Replay:
+every stream holds the same number of positions at every step (each step admits one,
+evicts down to the budget), so the state of S streams is one (S, n) array and a step is a
+handful of numpy calls instead of S. Each rule below cites the card or policy rule it
+mirrors; tests/test_streams.py checks every stream's Run against `run_policy` bit for bit.
+Other policies fall back to one Replay per stream. The loop uses `Streams` too.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from kvviz.core import harness
+from kvviz.core.policies import make_policy
+from kvviz.core.policies.snapkv import pool
+from kvviz.core.replay import NEVER, Run, run_policy
+from kvviz.core.trace import ArrayTrace, Trace, packed_offset
+
+
+
+def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]:
+    """One Run per trace, each bit-identical to `run_policy(trace, name, budget, rng, **params)`.
+
+    The traces must have equal lengths. A policy that draws from `rng` gets its own copy per
+    stream, so stream s sees what a separate `run_policy` call would.
+    """
+    traces = _check_traces(traces)
+    policy = make_policy(name, budget=budget, rng=copy.deepcopy(rng), **params)  # same refusals
+    if name not in VECTORISED:
+        return [run_policy(tr, name, budget, rng=copy.deepcopy(rng), **params) for tr in traces]
+    evicted, retained = _replay(traces, policy, shares=True)
+    return [Run(policy=name, params=dict(policy.params), budget=policy.budget, steps=tr.steps,
+                evicted_at=evicted[s], retained=retained[s], bytes_per_slot=policy.bytes_per_slot,
+                trace_name=getattr(tr, "name", ""))
+            for s, tr in enumerate(traces)]
+
+
+def replay_streams(traces, name: str, budget: int, **params) -> np.ndarray:
+    """The eviction logs alone, int64 (S, T), without `Run.retained`: what `bench` times."""
+    if name not in VECTORISED:
+        raise ValueError(f"replay_streams vectorises {list(VECTORISED)}, not {name!r}; "
+                         "run_streams falls back to one Replay per stream")
+    return _replay(_check_traces(traces), make_policy(name, budget=budget, **params))[0]
+
+
+def _replay(traces, policy, shares: bool = False):
+    """(evicted_at (S, T), retained (S, T) or None): Replay.run, S streams at once."""
+    rows = _Rows(traces)
+    S, T = len(traces), traces[0].steps
+    group = Streams(policy, S, offsets=rows.starts[:, 0])
+    evicted = np.full((S, T), NEVER, np.int64)
+    retained = np.full((S, T), np.nan) if shares else None
+    for t in range(T):
+        keys = group.held()
+        raw = rows.gather(t, keys)
+        victims = harness.step(group, t, raw, policy.budget)  # refuses a bad row first
+        if shares:  # `keys` still holds step t's positions: an eviction writes the spare buffer
+            retained[:, t] = rows.shares(t, keys, raw.astype(np.float64).sum(axis=1))
+        if victims.shape[1]:
+            evicted[group.streams, victims[:, 0]] = t
+    return evicted, retained
+
+
+class Streams:
+    """S streams of one vectorised policy, stepped together by kvviz.core.harness.step.
+
+    Held positions are kept as keys (position + the stream's `offsets` entry), so a caller
+    holding every stream's rows in one flat array gathers `held()` with one `take`. Every
+    stream holds the same count (one in per step, down to the budget out), so the state is
+    (S, n) arrays and a step is a handful of numpy calls; an eviction is one victim each.
+    """
+
+    uses_attention = True
+    reads_key_norms = False  # the vectorised policies read attention only
+
+    def __init__(self, policy, S: int, offsets=None):
+        if policy.name not in STATES:
+            raise ValueError(f"Streams vectorises {list(STATES)}, not {policy.name!r}")
+        B = self.budget = policy.budget
+        self.policy, self.streams = policy, np.arange(S)
+        self.offsets = np.zeros(S, np.int64) if offsets is None else np.asarray(offsets, np.int64)
+        self.n, self.steps, self.attn = 0, 0, None
+        self.stay = np.ones((S, B + 1), bool)  # at an eviction: False at each stream's victim
+        # Held keys, ascending per stream. Two buffers: closing a victim's gap copies one
+        # into the other.
+        self.keys, self.spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
+        self.state = STATES[policy.name](policy, S, B + 1)
+
+    def held(self) -> np.ndarray:
+        """(S, n) keys of the held positions, ascending per stream."""
+        return self.keys[:, : self.n]
+
+    def advance(self, pos: int, attn: np.ndarray | None) -> None:
+        """Observe (S, n) weights (index-aligned with `held()`), admit `pos` in every stream."""
+        n = self.n
+        if attn is None:
+            raise ValueError("Streams needs attention weights at every step")
+        # The harness observes every step (row 0's empty vector too), so the count of
+        # observed steps is the step number: SnapKV's ring slot is steps mod obs_window.
+        self.state.observe(self.steps, attn, n)
+        self.keys[:, n] = self.offsets + pos  # admit (Policy.advance): a fresh slot at the end
+        self.state.admit(n)
+        self.n, self.steps, self.attn = n + 1, self.steps + 1, attn
+
+    def evict(self, budget: int) -> np.ndarray:
+        """(S, k) victims' positions, k = 0 or 1 (one over the budget: one victim each)."""
+        if budget != self.budget:
+            raise ValueError(f"Streams evicts to the budget it was built with ({self.budget}), got {budget}")
+        n = self.n
+        if n <= budget:
+            return np.empty((len(self.streams), 0), np.int64)
+        streams, stay = self.streams, self.stay
+        i = self.state.victim(self.attn, n)
+        victims = self.keys[streams, i] - self.offsets
+        stay[streams, i] = False
+        _close_gap(self.spare, self.keys, stay)
+        self.keys, self.spare = self.spare, self.keys
+        self.state.remove(i, stay)
+        stay[streams, i] = True
+        self.n = n - 1
+        return victims[:, None]
+
+
+def _close_gap(dst: np.ndarray, src: np.ndarray, stay: np.ndarray) -> None:
+    """dst[:, :B] = src (S, B+1) without each row's victim, order kept (Policy._remove).
+    Evictions happen only with every slot full, so src is whole rows."""
+    dst[:, :-1] = src[stay].reshape(len(src), -1)
+
+
+# Per-slot state of S streams, and each policy's victim rule. Slots are in ascending
+# position order, so `argmin` (the first minimum) breaks ties toward the lower position:
+# both cards' tie rule, and Policy.choose's.
+
+class _Tova:
+    """TOVA keeps nothing between steps: its score is this step's weight (assignment)."""
+
+    def __init__(self, policy, S: int, cap: int):
+        pass
+
+    def observe(self, t, attn, n):
+        pass
+
+    def admit(self, n):
+        pass
+
+    def victim(self, attn, n):
+        # TOVA card: the lowest weight on the latest step goes. The newcomer (slot n-1) is
+        # unobserved, never a candidate; the n-1 >= 1 observed slots are `attn`.
+        return attn.argmin(axis=1)
+
+    def remove(self, i, stay):
+        pass
+
+
+class _H2O(_Tova):
+    def __init__(self, policy, S: int, cap: int):
+        self.recent = policy.recent_window
+        self.cumulative, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
+
+    def observe(self, t, attn, n):
+        self.cumulative[:, :n] += attn  # H2O: accumulate every observed step
+
+    def admit(self, n):
+        self.cumulative[:, n] = 0.0  # a newcomer has accumulated nothing
+
+    def victim(self, attn, n):
+        # H2O: the lowest cumulative outside the `recent_window` newest slots.
+        return self.cumulative[:, : n - self.recent].argmin(axis=1)
+
+    def remove(self, i, stay):
+        _close_gap(self.spare, self.cumulative, stay)
+        self.cumulative, self.spare = self.spare, self.cumulative
+
+
+class _SnapKV(_Tova):
+    """Rings are stored by slot id, which a position keeps while held (a newcomer takes
+    the last victim's), so an eviction moves ids, not obs_window floats per slot."""
+
+    def __init__(self, policy, S: int, cap: int):
+        self.recent, self.streams = policy.recent_window, np.arange(S)
+        self.window, self.radius = policy.obs_window, (policy.pool_kernel - 1) // 2
+        self.pooling = policy.pooling
+        self.history = np.zeros((S, self.window, cap), np.float32)  # [stream, ring slot, id]
+        self.ids, self.ids_spare = np.empty((S, cap), np.int64), np.empty((S, cap), np.int64)
+        self.free = None  # the id a newcomer takes: its slot index until the first eviction
+
+    def observe(self, t, attn, n):
+        # SnapKV card: history[i][slot] = weight, then slot advances. The harness observes
+        # every step (row 0's empty vector too), so slot = t mod obs_window.
+        self.history[:, t % self.window][self.streams[:, None], self.ids[:, :n]] = attn
+
+    def admit(self, n):
+        new = n if self.free is None else self.free
+        self.ids[:, n] = new
+        self.history[self.streams, :, new] = 0.0  # card: admit(pos, history = zeroes)
+
+    def victim(self, attn, n):
+        # SnapKV card: sums[i] = sum(history[i]) afresh in float64, ring slot 0 upward (a
+        # reduction over the ring axis adds slot 0, then 1, ... per id, as SnapKV.sums
+        # does), in position order; pooled[i] = max (or avg) of sums[i-r .. i+r] clamped to
+        # the kept slots (SnapKV's own `pool`); the lowest pooled outside the recent window goes.
+        by_id = self.history.sum(axis=1, dtype=np.float64)
+        sums = np.take_along_axis(by_id, self.ids[:, :n], axis=1)
+        pooled = pool(sums, self.radius, self.pooling)
+        return pooled[:, : n - self.recent].argmin(axis=1)
+
+    def remove(self, i, stay):
+        self.free = self.ids[self.streams, i]
+        _close_gap(self.ids_spare, self.ids, stay)
+        self.ids, self.ids_spare = self.ids_spare, self.ids
+
+
+STATES = {"tova": _Tova, "h2o": _H2O, "snapkv": _SnapKV}  # by registry name
+VECTORISED = tuple(STATES)
+
+
+class _Rows:
+    """Row t of every stream at held positions, addressed by keys (position + `starts`).
+
+    Traces stored as packed arrays are read straight from them (rows of one 2-D array, e.g.
+    the layers of one loaded file, without a copy); any other trace through `row(t)`.
+    """
+
+    def __init__(self, traces: list[Trace]):
+        self.traces, self.flat, self.block = traces, None, None
+        self.starts = np.zeros((len(traces), 1), np.int64)
+        if all(isinstance(tr, ArrayTrace) for tr in traces):
+            base, which = _common_base([tr.packed for tr in traces])
+            if base is None:
+                base, which = np.stack([tr.packed for tr in traces]), np.arange(len(traces))
+            self.base, self.which = base, which
+            self.flat, self.starts = base.reshape(-1), (which * base.shape[1])[:, None]
+
+    def gather(self, t: int, keys: np.ndarray) -> np.ndarray:
+        """(S, n) weights of row t at `keys`, in the stored dtype (the values `row(t)` has)."""
+        if self.flat is not None:
+            return self.flat[packed_offset(t):].take(keys)
+        self.block = np.stack([tr.row(t) for tr in self.traces])
+        return np.take_along_axis(self.block, keys, axis=1)
+
+    def shares(self, t: int, keys: np.ndarray, held_mass: np.ndarray) -> np.ndarray:
+        """Per stream, held_shares(trace, log)[t]: row t's mass on the held positions over
+        its whole mass, both float64. `x.sum(dtype=float64)` of a float32 row casts through
+        numpy's buffer (np.getbufsize() values) and sums each chunk pairwise; a row that fits
+        one buffer gives what astype + sum gives, so longer rows take held_shares' own path."""
+        if t == 0:
+            return np.nan
+        if t > np.getbufsize():
+            pos = keys - self.starts
+            return [_share(tr.row(t), pos[s]) for s, tr in enumerate(self.traces)]
+        block = self.block
+        if self.flat is not None:
+            block = self.base[self.which, packed_offset(t):packed_offset(t + 1)]
+        total = block.astype(np.float64).sum(axis=1)
+        out = np.full(len(total), np.nan)
+        np.divide(held_mass, total, out=out, where=total > 0)
+        return out
+
+
+def _share(row: np.ndarray, pos: np.ndarray) -> float:
+    total = row.sum(dtype=np.float64)  # as replay.held_shares
+    return row[pos].sum(dtype=np.float64) / total if total > 0 else np.nan
+
+
+def _common_base(arrays):
+    """If every array is a whole row of one C-contiguous array seen as (rows, len): that
+    2-D view and each array's row number; else (None, None)."""
+    base, width = arrays[0].base, arrays[0].shape[0]
+    if not (isinstance(base, np.ndarray) and base.flags.c_contiguous and width
+            and base.size % width == 0):
+        return None, None
+    rows = base.reshape(-1, width)
+    start0, stride = base.__array_interface__["data"][0], width * base.itemsize
+    which = []
+    for a in arrays:
+        offset = a.__array_interface__["data"][0] - start0
+        if (a.base is not base or a.dtype != base.dtype or a.shape != (width,)
+                or a.strides != (base.itemsize,) or offset % stride):
+            return None, None
+        which.append(offset // stride)
+    return rows, np.asarray(which, np.int64)
+
+
+def _check_traces(traces) -> list:
+    traces = list(traces)
+    if not traces:
+        raise ValueError("traces must hold at least one trace")
+    lengths = {tr.steps for tr in traces}
+    if len(lengths) != 1:
+        raise ValueError(f"traces must have equal lengths (steps), got {sorted(lengths)}")
+    return traces

@@ -1,0 +1,127 @@
+"""kvviz's policies in your own Hugging Face code: mask what a policy evicts during `generate`.
+
+    import kvviz.hf
+    with kvviz.hf.evicting(model, policy="tova", budget=128, granularity="kv-head") as log:
+        out = model.generate(ids, max_new_tokens=32, do_sample=False)
+    log.evicted_at  # (layers, KV heads, positions): the step each position was evicted, -1 never
+
+It runs the loop's own machinery (kvviz.model.loop.engine): the same registered attention
+function adds -inf to each evicted key before the softmax (exactly removal: keys are
+cached after RoPE), and the same bookkeeping (kvviz.core.harness through engine.bookkeeping)
+steps the same policy objects. It masks; it does NOT free memory: the cache still holds
+every key and value, so this measures what eviction does to the output, not what it saves.
+
+`generate` reads the prompt in one forward pass, so this is kvviz's prompt_mode="prefill":
+the policy observes every prompt row (per layer, or per KV head), evicts once down to its
+budget at the end of the prompt, then one step per generated token. Greedy generate inside
+the block gives what kvviz.model.loop.generate(..., prompt_mode="prefill") gives for the same
+config. One sequence at a time (batch 1), one generate call per block.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.model.loop.config import GRANULARITIES, LoopConfig
+from kvviz.core.replay import NEVER
+
+
+@dataclass
+class EvictionLog:
+    """What one `evicting` block did: `evicted_at` int64 (L, G, positions seen), the step at
+    which each position was evicted (NEVER if never; prompt victims at step prompt_len - 1)."""
+
+    config: LoopConfig
+    granularity: str
+    prompt_len: int = 0
+    evicted_at: np.ndarray | None = None
+
+    def held(self, step: int) -> np.ndarray:
+        """bool (L, G, step + 1): the positions held after step `step`'s eviction."""
+        if self.evicted_at is None or not 0 <= step < self.evicted_at.shape[-1]:
+            raise ValueError(f"step must be a position this block saw, got {step}")
+        ev = self.evicted_at[..., : step + 1]
+        return (ev == NEVER) | (ev > step)
+
+
+def _input_ids(args, kwargs):
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        raise ValueError("kvviz.hf.evicting needs input_ids (not inputs_embeds)")
+    return ids
+
+
+def _cache_length(kwargs) -> int | None:
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return None if cache is None else int(cache.get_seq_length())
+
+
+@contextmanager
+def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = "kv-head", seed: int = 0,
+             **params):
+    """Inside the block, `model`'s forward passes evict by `policy` at `budget` (per layer,
+    or per layer and KV head); yields the EvictionLog, filled as the model runs. The
+    model's attention implementation is restored on exit, error or not."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
+    cfg = LoopConfig(policy, params, budget)
+    import torch
+
+    from kvviz.model.loop.engine import State, attached, bookkeeping, check_architecture, make_policies, \
+        prefill_bookkeeping
+    from kvviz.model.models import text_config
+
+    tc = text_config(model)
+    L, Hk = tc.num_hidden_layers, tc.num_key_value_heads
+    G = 1 if granularity == "layer" else Hk
+    dev = next(model.parameters()).device
+    state = State(torch, 1, L, Hk, G, 256, dev)
+    policies = [make_policies(cfg, L, G, 0, seed, vectorised=False)]
+    log = EvictionLog(cfg, granularity, evicted_at=np.full((L, G, 0), NEVER, np.int64))
+    evicted = [np.full((1, L, G, state.T), NEVER, np.int64)]
+    seen = [0]  # positions fed so far
+
+    def before(module, args, kwargs):
+        ids = _input_ids(args, kwargs)
+        B, q = ids.shape
+        if B != 1:
+            raise ValueError(f"kvviz.hf.evicting follows one sequence (batch 1), got batch {B}")
+        past = _cache_length(kwargs)
+        if past is not None and past != seen[0]:
+            raise ValueError("kvviz.hf.evicting follows one sequence: open a new block for each generate call "
+                             f"(the cache holds {past} positions, this block has seen {seen[0]})")
+        if seen[0] and q != 1:
+            raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
+        check_architecture(model, seen[0] + q)
+        if seen[0] + q > state.T:
+            state.grow(torch, max(2 * state.T, seen[0] + q))
+            grown = np.full((1, L, G, state.T), NEVER, np.int64)
+            grown[..., : evicted[0].shape[-1]] = evicted[0]
+            evicted[0] = grown
+        if not seen[0]:
+            state.record_prompt(torch, q)
+
+    def after(module, args, kwargs, output):
+        q = _input_ids(args, kwargs).shape[1]
+        if not seen[0]:
+            state.pull_prompt()
+            prefill_bookkeeping(state, [cfg], policies, evicted[0], q)
+            state.prompt = state.prompt_norms = None
+            log.prompt_len = q
+        else:
+            state.pull(torch, None)
+            bookkeeping(state, [cfg], policies, evicted[0], seen[0])
+        state.push()
+        seen[0] += q
+        log.evicted_at = evicted[0][0, :, :, : seen[0]].copy()
+
+    with attached(model, state):
+        hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
+                 model.register_forward_hook(after, with_kwargs=True)]
+        try:
+            yield log
+        finally:
+            for h in hooks:
+                h.remove()

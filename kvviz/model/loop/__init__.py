@@ -1,0 +1,80 @@
+"""The model in the loop: a model (SmolLM2 by default) decodes a text over its own evicted cache.
+
+Every other number in kvviz comes from replaying recorded attention, which says what a
+policy *covers*. This package measures what eviction *costs*: the model reads a text
+token by token (teacher forcing), each layer (or layer x KV head) keeps at most `budget`
+positions chosen by the ordinary kvviz policy objects, and the next-token losses are
+compared with the full cache.
+
+    from kvviz.model.loop import LoopConfig, run_loop, load_loop_result
+    cfgs = [LoopConfig("full"), LoopConfig("snapkv", {"pool_kernel": 5}, 128)]
+    res = run_loop(text, cfgs, granularity="kv-head", max_tokens=256)
+    res.results[1]["perplexity"]; res.run(1, layer=14, head=2); res.save("x.npz")
+
+`generate` continues a prompt greedily under eviction with the same engine (every config
+one batch row; prompt read token by token, "decode", or in one pass, "prefill"):
+
+    gen = generate("The pass key is 60494. ...", cfgs, 16, prompt_mode="prefill")
+    gen.texts; gen.departure; gen.held(1, gen.prompt_len - 1); gen.save("g.json")
+
+torch is imported lazily (kvviz/model/loop/engine.py, greedy.py), so this module, the result
+classes and the CLI's input checks work without it.
+"""
+from __future__ import annotations
+
+from kvviz.model.loop.config import GRANULARITIES, LoopConfig, check_configs, parse_policy
+from kvviz.model.loop.generation import PROMPT_MODES, Generation, load_generation
+from kvviz.model.loop.result import LoopResult, load_loop_result
+
+__all__ = ["GRANULARITIES", "PROMPT_MODES", "Generation", "LoopConfig", "LoopResult", "check_configs",
+           "generate", "load_generation", "load_loop_result", "parse_policy", "run_loop"]
+
+
+def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
+             progress=None, model=None, rows_layers=None, rows_tokens=None,
+             seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoopResult:
+    """Run every config over `text` as one batch; return a LoopResult.
+
+    - `configs`: LoopConfig list; a `full` (no eviction) row is added first if absent,
+      since agreement and KL are measured against it.
+    - `granularity`: "layer" (one policy per layer, fed the mean over all query heads)
+      or "kv-head" (one per layer and KV head, fed the mean over its query heads).
+    - `progress(done, total)` is called after every token.
+    - `model`: a (tokenizer, model) pair, or a spec for kvviz.model.models.resolve (a local
+      folder, a .gguf file, an installed model's name); None loads SmolLM2 offline.
+    - `rows_layers` / `rows_tokens`: which model layers' attention rows to keep (None: the
+      model's first, middle and last), and for how many leading tokens (None = all), so
+      the app can open the run in its views.
+    - `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16 or float16 on CUDA)
+      apply when `model` is a spec; a loaded pair runs where it is.
+    - `seed`: each policy gets rng default_rng([seed, layer, head]) (only `random` uses it).
+    """
+    from kvviz.model.loop.engine import run  # torch lives there
+
+    return run(text, configs, granularity=granularity, max_tokens=max_tokens,
+               progress=progress, model=model, rows_layers=rows_layers,
+               rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype)
+
+
+def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
+             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True) -> Generation:
+    """Greedy continuation of `prompt` under every config at once; a Generation.
+
+    - `prompt`: text (tokenised as the loop does, BOS by the tokenizer's convention) or a
+      list of token ids used as they are.
+    - `configs`: LoopConfig list; a `full` row is put first if absent (agreement and
+      departure are measured against it). Each row continues with its own tokens.
+    - `prompt_mode`: "decode" (each prompt token is one step of the loop's contract,
+      evicting as it goes) or "prefill" (one forward pass over the full cache; each
+      policy observes every recorded prompt row, then evicts once to its budget).
+    - A row stops at EOS (the model's generation config's, if `stop_at_eos`) or after
+      `max_new_tokens`; a stopped row records nothing more.
+    - `model`, `device`, `dtype`, `seed`, `granularity`: as for run_loop;
+      `progress(done, total)` counts prompt and generated tokens.
+    """
+    from kvviz.model.loop.greedy import generate as run  # torch lives there (not in a module named generate: importing
+    # it would rebind this package's `generate` to the module)
+
+    return run(prompt, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode,
+               model=model, progress=progress, seed=seed, device=device, dtype=dtype,
+               stop_at_eos=stop_at_eos)

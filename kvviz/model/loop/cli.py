@@ -1,0 +1,195 @@
+"""`python -m kvviz loop ...`: run configs over a text; `--perf`: what the loop costs.
+
+Every input is checked before the model loads (a bad policy should not cost 20 s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from kvviz.core.atomic import replacing
+from kvviz.model.capture import add_device_arguments, parse_layers, require_stack
+from kvviz.model.models import PROVENANCE, resolve
+from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
+from kvviz.model.loop.config import GRANULARITIES, LoopConfig, parse_policy
+
+PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
+
+
+def perf_policies() -> list[str]:
+    """What `--perf` runs: every registered policy at its defaults, and the variants above."""
+    from kvviz.core.policies import POLICIES
+
+    return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
+
+
+def one_line_error(message):
+    """argparse's `error` for kvviz's commands: one clear line and exit 2, not usage + message."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def read_text(path: str, option: str) -> str:
+    """A UTF-8 text file given as `option`, or a ValueError naming the option and the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{option} {path}: cannot read it ({exc})") from None
+    if not text.strip():
+        raise ValueError(f"{option} {path} is empty")
+    return text
+
+
+def add_config_arguments(p) -> None:
+    """--budget, --policy, --granularity: the batch's configurations (loop and generate)."""
+    p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=0 (repeatable)")
+    p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
+
+
+def add_model_arguments(p) -> None:
+    """--model, --device, --dtype: which model runs, and where."""
+    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
+                   "model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(p)
+
+
+def parser(sub=None, perf=None) -> argparse.ArgumentParser:
+    """The command's node; `perf` is the benchmark `--perf` runs (a study, so the CLI tree
+    above passes it in: this layer does not import studies)."""
+    """`kvviz loop`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="python -m kvviz loop",
+              description="Decode a text with a model (default: SmolLM2) over its own evicted KV cache, every "
+                          "policy at every budget in one batch, and compare with the full cache.")
+    p = (sub.add_parser("loop", help="decode with the evicted cache and measure what the model loses "
+                        "(needs pip install 'kvviz[capture]')", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.error = one_line_error
+    p.add_argument("--text", help="UTF-8 text file to read")
+    p.add_argument("--max-tokens", type=int, default=1024, help="read the first N tokens")
+    add_config_arguments(p)
+    p.add_argument("--json", help="write {'results': [...]} here")
+    p.add_argument("--out", help="write the full result (.npz: per-token NLL, eviction logs, rows)")
+    add_model_arguments(p)
+    p.add_argument("--rows-layers", default=None,
+                   help="model layers whose attention rows --out keeps (default: first, middle, last)")
+    p.add_argument("--rows-tokens", type=int, default=None, help="keep rows for the first N tokens only")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
+    p.add_argument("--perf", action="store_true", help="benchmark: bookkeeping share and batch efficiency")
+    p.add_argument("--perf-tokens", type=int, default=384, help="tokens per --perf run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_plugin_argument(p)
+    p.set_defaults(func=run, parser=p, perf_main=perf)
+    return p
+
+
+def build_configs(policies: list[str], budgets: list[int]) -> list[LoopConfig]:
+    """Every policy at every budget, `full` first. ValueError names the bad input."""
+    for b in budgets:
+        if b < 1:
+            raise ValueError(f"--budget must be >= 1, got {b}")
+    parsed = [(spec, *parse_policy(spec)) for spec in policies]
+    configs = [LoopConfig("full")]
+    if any(name != "full" for _, name, _ in parsed) and not budgets:
+        raise ValueError("--budget is required for any policy but full")
+    for spec, name, params in parsed:
+        if name == "full":
+            continue
+        for b in budgets:
+            try:
+                cfg = LoopConfig(name, params, b)
+            except ValueError as exc:
+                raise ValueError(f"--policy {spec} at --budget {b}: {exc}") from None
+            if cfg.label not in [c.label for c in configs]:
+                configs.append(cfg)
+    return configs
+
+
+class Progress:
+    """A tqdm bar on stderr (tokens, tokens/s, ETA), as a `progress(done, total)` callable.
+    tqdm is a main dependency (the sweep's bar is tqdm too)."""
+
+    def __init__(self, label: str, quiet: bool = False, command: str = "loop"):
+        self.label, self.quiet, self.bar, self.command = label, quiet, None, command
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"[kvviz {self.command}] {self.label}", unit="tok",
+                            file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.bar.close()
+
+
+def write_json(path, data) -> None:
+    with replacing(path) as fh:
+        fh.write(json.dumps(data, indent=1).encode())
+
+
+def table(results) -> str:
+    lines = [f"{'config':<58} {'ppl':>8} {'ppl after':>9} {'top1':>6} {'kl':>7}"]
+    for r in results:
+        after = r["perplexity_after_eviction"]
+        lines.append(f"{r['label']:<58} {r['perplexity']:8.3f} "
+                     f"{'-' if after is None else format(after, '.3f'):>9} "
+                     f"{r['top1_agreement']:6.3f} {r['kl']:7.4f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
+    if cli_load(args.plugin, "kvviz loop"):
+        return 2
+    if args.perf:
+        if args.perf_main is None:
+            print("error: --perf is run by the kvviz command line (kvviz loop --perf)", file=sys.stderr)
+            return 2
+        return args.perf_main(args.perf_tokens, budget=(args.budget or [256])[0], device=args.device,
+                              dtype=args.dtype)
+    try:
+        if not args.text:
+            raise ValueError("--text is required")
+        if args.max_tokens < 2:
+            raise ValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+        text = read_text(args.text, "--text")
+        configs = build_configs(args.policy, args.budget)
+        rows_layers = [] if args.rows_layers is not None and not args.rows_layers.strip() \
+            else parse_layers(args.rows_layers)
+        resolve(args.model)  # a missing or incomplete model refused before anything loads
+        require_stack("loop", args.model)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from kvviz.model.loop import run_loop
+
+    start = time.perf_counter()
+    try:
+        res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,
+                       progress=Progress(f"{Path(args.text).name} {args.granularity} x{len(configs)}", args.quiet),
+                       rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed,
+                       model=args.model, device=args.device, dtype=args.dtype)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    res.meta.update(name=Path(args.text).stem, text_file=str(args.text))
+    print(table(res.results))
+    if args.json:
+        write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
+                               "granularity": args.granularity, "seconds": round(seconds, 1),
+                               **{k: res.meta[k] for k in PROVENANCE if k in res.meta},
+                               "results": res.results})
+    if args.out:
+        res.save(args.out)
+    return 0

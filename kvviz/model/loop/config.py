@@ -1,0 +1,88 @@
+"""What one closed-loop run is: a policy, its parameters and a budget. No torch here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvviz.core.policies import POLICIES, make_policy, parse_params
+
+FULL = "full"
+GRANULARITIES = ("layer", "kv-head")
+
+
+@dataclass
+class LoopConfig:
+    """One configuration of the batch. `policy` is a registry name or "full" (no eviction,
+    budget ignored). `params` may omit defaults; `full_params()` lists them all."""
+
+    policy: str
+    params: dict = field(default_factory=dict)
+    budget: int | None = None
+
+    def __post_init__(self):
+        if self.policy == FULL:
+            self.params, self.budget = {}, None
+            return
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {sorted(POLICIES) + [FULL]}, got {self.policy!r}")
+        self.params = parse_params(self.policy, dict(self.params or {}))  # names or labels
+        self.make(0)  # the registry's own checks: unknown parameter, even poolKernel, ...
+
+    @property
+    def is_full(self) -> bool:
+        return self.policy == FULL
+
+    def make(self, layer: int = 0, head: int = 0, seed: int = 0):
+        """A fresh policy object (None for full); rng seeded per (seed, layer, head)."""
+        if self.is_full:
+            return None
+        return make_policy(self.policy, budget=self.budget,
+                           rng=np.random.default_rng([seed, layer, head]), **self.params)
+
+    def full_params(self) -> dict:
+        return {} if self.is_full else dict(self.make().params)
+
+    @property
+    def label(self) -> str:
+        if self.is_full:
+            return FULL
+        inner = ",".join(f"{k}={v}" for k, v in self.full_params().items())
+        return f"{self.policy}{'(' + inner + ')' if inner else ''}@{self.budget}"
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "params": self.full_params(), "budget": self.budget}
+
+
+def parse_policy(spec: str) -> tuple[str, dict]:
+    """'snapkv:poolKernel=5,obsWindow=16' -> ("snapkv", {"pool_kernel": 5, "obs_window": 16})."""
+    name, _, rest = str(spec).partition(":")
+    name = name.strip()
+    if name != FULL and name not in POLICIES:
+        raise ValueError(f"--policy: unknown policy {name!r}; known: {', '.join(sorted(POLICIES) + [FULL])}")
+    params = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--policy {spec!r}: parameters are k=v, got {item!r}")
+        params[key.strip()] = value
+    if name == FULL:
+        if params:
+            raise ValueError(f"--policy full takes no parameters, got {sorted(params)}")
+        return name, {}
+    return name, parse_params(name, params, where=f"--policy {spec!r}: ")
+
+
+def check_configs(configs) -> list[LoopConfig]:
+    """Every config valid (LoopConfig checks itself), a `full` row first, no duplicates."""
+    configs = list(configs)
+    for c in configs:
+        if not isinstance(c, LoopConfig):
+            raise ValueError(f"configs must be LoopConfig objects, got {type(c).__name__}")
+    if not any(c.is_full for c in configs):
+        configs.insert(0, LoopConfig(FULL))
+    labels = [c.label for c in configs]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ValueError(f"configs must be distinct; repeated: {dupes}")
+    return configs

@@ -1,0 +1,128 @@
+"""The torch side of generation under eviction: the loop's engine, continuing greedily.
+
+Every config is one batch row of the loop's engine (kvviz.model.loop.engine: the same masking
+attention function, the same `step`, the same policy objects). In prompt mode "decode"
+each prompt token is one engine step, as in `run`; in "prefill" the prompt is one forward
+pass over the full cache, whose recorded rows every policy then observes before evicting
+once to its budget (engine.prefill_bookkeeping). Then each row feeds back its own argmax.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from kvviz.core.replay import NEVER
+from kvviz.model.loop.config import check_configs
+from kvviz.model.loop.engine import State, attached, check_architecture, make_policies, prefill_bookkeeping, step
+from kvviz.model.loop.generation import Generation, check_request
+
+
+def eos_ids(tok, mdl) -> set[int]:
+    """The ids that end a row: the model's generation config's, as HF generate stops on."""
+    eos = getattr(getattr(mdl, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tok.eos_token_id
+    return set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def greedy_stats(logits):
+    """(C, 2) on the device: each row's argmax token and its log-probability (float64)."""
+    import torch
+
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    best, arg = logp.max(dim=-1)
+    return torch.stack([arg.double(), best], 1)
+
+
+def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
+             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True) -> Generation:
+    check_request(prompt, max_new_tokens, granularity, prompt_mode)
+    configs = check_configs(configs)
+    import torch
+    from transformers import DynamicCache
+
+    from kvviz.model.models import load_model, model_provenance, text_config, token_strings, tokenize
+
+    tok, mdl = load_model(model, "generate", device, dtype)
+    start = time.perf_counter()
+    if isinstance(prompt, str):
+        ids, offsets, bos = tokenize(tok, prompt, 1 << 40)
+        shown = token_strings(tok, ids, prompt, offsets)
+    else:
+        ids, bos = [int(i) for i in prompt], None
+        shown = token_strings(tok, ids)
+    T0, N, C = len(ids), int(max_new_tokens), len(configs)
+    if T0 < 1:
+        raise ValueError("prompt must tokenise to at least 1 token")
+    T = T0 + N
+    check_architecture(mdl, T)
+    cfg = text_config(mdl)
+    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    G = 1 if granularity == "layer" else Hk
+    policies = [make_policies(c, L, G, T, seed, vectorised=prompt_mode == "decode") for c in configs]
+    evicted_at = np.full((C, L, G, T), NEVER, np.int64)
+    new_ids = np.full((C, N), -1, np.int64)
+    logprobs = np.full((C, N), np.nan)
+    stopped = ["length"] * C
+    active = np.ones(C, bool)
+    eos = eos_ids(tok, mdl) if stop_at_eos else set()
+    dev = next(mdl.parameters()).device
+    state = State(torch, C, L, Hk, G, T, dev)
+    model_s = book_s = 0.0
+    report = progress or (lambda done, total: None)
+    with attached(mdl, state):
+        cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        t_prompt = time.perf_counter()
+        if prompt_mode == "decode":
+            for t in range(T0):
+                host, m, b = step(mdl, cache, state, ids_t[t].expand(C), t, configs, policies, evicted_at,
+                                  greedy_stats if t == T0 - 1 else None)
+                model_s, book_s = model_s + m, book_s + b
+                report(t + 1, T)
+        else:
+            state.record_prompt(torch, T0)
+            t0 = time.perf_counter()
+            with torch.no_grad():  # batch 1: every row reads the same prompt over the same full cache
+                out = mdl(input_ids=ids_t.view(1, T0), position_ids=torch.arange(T0, device=dev).view(1, T0),
+                          cache=cache, use_cache=True)
+                first = greedy_stats(out.logits[:, -1])
+            del out
+            host = np.repeat(first.cpu().numpy(), C, axis=0)
+            state.pull_prompt()
+            cache.batch_repeat_interleave(C)
+            t1 = time.perf_counter()
+            prefill_bookkeeping(state, configs, policies, evicted_at, T0)
+            state.prompt = state.prompt_norms = None
+            state.push()
+            model_s, book_s = model_s + t1 - t0, book_s + time.perf_counter() - t1
+            report(T0, T)
+        t_gen = time.perf_counter()
+        prompt_s = t_gen - t_prompt
+        for i in range(N):
+            chosen = host[:, 0].astype(np.int64)
+            for c in np.flatnonzero(active):
+                new_ids[c, i], logprobs[c, i] = chosen[c], host[c, 1]
+                if chosen[c] in eos:
+                    active[c], stopped[c] = False, "eos"
+            report(T0 + i + 1, T)
+            if i == N - 1 or not active.any():
+                break
+            # a stopped row keeps decoding its last token, unrecorded and unevicted: rows are independent
+            host, m, b = step(mdl, cache, state, torch.tensor(chosen, device=dev), T0 + i, configs, policies,
+                              evicted_at, greedy_stats, active)
+            model_s, book_s = model_s + m, book_s + b
+    gen_s = time.perf_counter() - t_gen
+    if progress is not None:
+        progress(T, T)
+    texts = [tok.decode([int(x) for x in row[row >= 0]], skip_special_tokens=True) for row in new_ids]
+    pieces = [token_strings(tok, [int(x) for x in row[row >= 0]]) for row in new_ids]
+    meta = {**model_provenance(mdl), "bos": bos, "seed": seed, "prompt_mode": prompt_mode,
+            "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
+            "model_seconds": model_s, "bookkeeping_seconds": book_s, "prompt_seconds": prompt_s,
+            "generation_seconds": gen_s,
+            "seconds": time.perf_counter() - start}
+    return Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,
+                      prompt_ids=np.array(ids, np.int64), tokens=shown, new_ids=new_ids, logprobs=logprobs,
+                      texts=texts, stopped=stopped, evicted_at=evicted_at, meta=meta, pieces=pieces)

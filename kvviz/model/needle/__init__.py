@@ -1,0 +1,10 @@
+"""The pass-key test (Mohtashami & Jaggi 2023): a key hidden in a haystack, a question after
+it, every policy generating its answer over its own evicted cache beside the full cache.
+
+    python -m kvviz needle --out DIR --lengths 256,512 --depths 10,50,90 --policies tova --budgets 128
+
+Results and their schema: kvviz/model/needle/results.py. torch loads only in kvviz.model.needle.run.
+"""
+from kvviz.model.needle.results import list_runs, load_results, load_run
+
+__all__ = ["list_runs", "load_results", "load_run"]

@@ -1,0 +1,128 @@
+"""`python -m kvviz needle ...`: the pass-key grid. Every input is checked before the model
+loads (the key's fit needs only the tokenizer); re-running the same command resumes."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kvviz.model.capture import add_device_arguments, require_stack
+from kvviz.model.loop.config import GRANULARITIES
+from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
+from kvviz.model.needle.grid import PROMPT_MODES, Grid
+
+
+def _error(message):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _numbers(kind):
+    """One or more values, space- or comma-separated: `--depths 10 50 90` or `--depths 10,50,90`."""
+    def parse(text):
+        return [kind(x) for x in text.split(",") if x.strip()]
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz needle`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="python -m kvviz needle",
+              description="The pass-key test: a key hidden in a haystack at a depth, then the question; every "
+                          "policy answers over its own evicted cache beside the full cache. Re-running resumes.")
+    p = (sub.add_parser("needle", help="the pass-key test under eviction (needs pip install 'kvviz[capture]')", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.error = _error
+    p.add_argument("--out", help="results folder (runs/<id>.npz, results.csv, results.json)")
+    p.add_argument("--lengths", nargs="+", type=_numbers(int), default=[[256]], help="prompt lengths in tokens")
+    p.add_argument("--depths", nargs="+", type=_numbers(float), default=[[10, 50, 90]],
+                   help="where the key sits, percent of the haystack (0-100)")
+    p.add_argument("--seeds", nargs="+", type=_numbers(int), default=[[0]], help="seeds of the key's digits")
+    p.add_argument("--policies", nargs="+", default=[],
+                   help="NAME[:k=v,...] each, e.g. tova snapkv:poolKernel=1 streaming-llm:sinks=4")
+    p.add_argument("--budgets", nargs="+", type=_numbers(int), default=[], help="positions held per layer")
+    p.add_argument("--prompt-modes", nargs="+", choices=PROMPT_MODES, default=["decode"])
+    p.add_argument("--granularity", nargs="+", choices=GRANULARITIES, default=["layer"])
+    p.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per answer")
+    p.add_argument("--haystack", help="UTF-8 text file for the haystack (default: the pass-key filler)")
+    p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
+                   "model's name (default: the bundled SmolLM2-135M); never the hub")
+    add_device_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_plugin_argument(p)
+    p.set_defaults(func=run, parser=p)
+    return p
+
+
+def _flat(lists) -> list:
+    return [x for part in lists for x in part]
+
+
+def grid_from(args) -> Grid:
+    if not args.out:
+        raise ValueError("--out DIR is required")
+    if not args.policies:
+        raise ValueError("--policies: give at least one, e.g. --policies tova h2o")
+    return Grid(lengths=_flat(args.lengths), depths=_flat(args.depths), seeds=_flat(args.seeds),
+                policies=args.policies, budgets=_flat(args.budgets), prompt_modes=args.prompt_modes,
+                granularities=args.granularity, max_new_tokens=args.max_new_tokens)
+
+
+def read_haystack(path) -> str | None:
+    from kvviz.model.needle.prompt import check_haystack
+
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--haystack {path}: cannot read it ({exc})") from None
+    return check_haystack(text, f"--haystack {path}")
+
+
+def main(argv=None) -> int:
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> int:
+    if cli_load(args.plugin, "kvviz needle"):
+        return 2
+    try:
+        grid = grid_from(args)
+        haystack = read_haystack(args.haystack)
+        from kvviz.model.models import resolve
+
+        resolve(args.model)
+        require_stack("needle", args.model)
+        from kvviz.model.needle.run import check_lengths, context_limit, load_tokenizer
+
+        check_lengths(load_tokenizer(args.model), grid.lengths, grid.max_new_tokens, context_limit(args.model))
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from kvviz.model.needle.run import run_grid
+
+    start = time.perf_counter()
+    try:
+        df = run_grid(grid, args.out, model=args.model, haystack=haystack,
+                      haystack_name=Path(args.haystack).name if args.haystack else None,
+                      progress=not args.quiet, device=args.device, dtype=args.dtype)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished prompts are saved; re-run the same command to resume", file=sys.stderr)
+        return 130
+    mine = df[df["id"].isin([s.id for s in grid.prompts()])]
+    print(summary(mine))
+    print(f"{len(grid.prompts())} prompts x {len(grid.configs)} configs in {time.perf_counter() - start:.0f} s "
+          f"-> {Path(args.out) / 'results.csv'} and results.json")
+    return 0
+
+
+def summary(df) -> str:
+    """Accuracy and key share held at the end of the prompt, per config label and prompt mode."""
+    g = df.groupby(["prompt_mode", "label"], sort=False).agg(
+        runs=("correct", "size"), accuracy=("correct", "mean"), held_end=("held_end", "mean"))
+    return g.to_string(float_format=lambda v: f"{v:.2f}")

@@ -1,0 +1,160 @@
+"""What `kvviz needle` writes and the Forgetting view reads. No torch here.
+
+Schema (DIR is the --out folder, e.g. traces/needle/):
+
+DIR/runs/<id>.npz, one per prompt, id `L<length>-d<depth>-s<seed>-<prompt_mode>-<granularity>`
+(e.g. `L512-d50-s0-decode-layer`), written by np.savez_compressed to a temp file and renamed:
+  - `meta`: 0-d str, JSON: id, length, depth, seed, prompt_mode, granularity, key (digits),
+    key_positions (prompt token indices of the key's digits, both mentions), question_start
+    (index of the question's first token), prompt_len (T0), max_new_tokens, haystack,
+    model (provenance dict), kvviz_version, configs [{policy, params, budget, label}] with
+    index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G.
+  - `prompt_ids` int64 (T0,); `tokens` str (T0,) display strings of the prompt's tokens.
+  - `new_ids` int64 (C, N): generated ids, -1 after a config stopped.
+  - `evicted_at` int32 (C, L, G, T0+N): the step at which each position was evicted, -1 never.
+    G = 1 at granularity "layer", the model's KV heads at "kv-head". Prefill mode's one-shot
+    eviction is step T0-1.
+
+Held, from evicted_at (e = evicted_at[c, l, g, p]):
+  - at the question: e == -1 or e >= question_start (token question_start is read with the
+    cache left after step question_start - 1);
+  - at the end of the prompt: e == -1 or e > T0 - 1 (what generation starts from).
+
+DIR/results.csv and DIR/results.json (records): one row per (run, config), runs in id order,
+configs in run order (full first), with the columns COLUMNS:
+  id, length, depth, seed, prompt_mode, granularity, policy, label, params (JSON), budget,
+  key, answer, correct, agreement (top-1 agreement of the generated tokens with full),
+  held_question (share of the key's positions held at the question, mean over layers x
+  heads), held_end (the same at the end of the prompt), layers_whole (layers holding every
+  key position in every head at the end of the prompt), first_lost (earliest step any key
+  position was evicted in any layer, -1 never), held_by_layer (JSON list, at the question),
+  held_end_by_layer (JSON list), first_lost_by_layer (JSON list, -1 never),
+  held_by_head (JSON L x G list, at the question).
+
+Loaders: list_runs(dir), load_run(dir, id) -> dict (meta parsed, arrays),
+load_results(dir) -> pandas.DataFrame (results.csv, JSON columns parsed to lists/dicts).
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kvviz.core.atomic import replacing
+
+NEVER = -1
+ARRAYS = ("prompt_ids", "tokens", "new_ids", "evicted_at")
+COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label",
+           "params", "budget", "key", "answer", "correct", "agreement", "held_question",
+           "held_end", "layers_whole", "first_lost", "held_by_layer", "held_end_by_layer",
+           "first_lost_by_layer", "held_by_head")
+JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head")
+
+
+def depth_label(depth) -> str:
+    return f"{float(depth):g}"
+
+
+def run_id(length: int, depth, seed: int, prompt_mode: str, granularity: str) -> str:
+    return f"L{int(length)}-d{depth_label(depth)}-s{int(seed)}-{prompt_mode}-{granularity}"
+
+
+def run_path(out, id_: str) -> Path:
+    return Path(out) / "runs" / f"{id_}.npz"
+
+
+def save_run(out, meta: dict, prompt_ids, tokens, new_ids, evicted_at) -> Path:
+    """One prompt's file, whole or not at all (a killed grid leaves no half file)."""
+    path = run_path(out, meta["id"])
+    buf = io.BytesIO()
+    np.savez_compressed(buf, meta=np.str_(json.dumps(meta)),
+                        prompt_ids=np.asarray(prompt_ids, np.int64),
+                        tokens=np.asarray(list(tokens), dtype=str),
+                        new_ids=np.asarray(new_ids, np.int64),
+                        evicted_at=np.asarray(evicted_at).astype(np.int32))
+    with replacing(path) as fh:
+        fh.write(buf.getvalue())
+    return path
+
+
+def list_runs(out) -> list[str]:
+    folder = Path(out) / "runs"
+    return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
+
+
+def load_run(out, id_: str) -> dict:
+    """{"meta": dict, "prompt_ids", "tokens", "new_ids", "evicted_at"}; ValueError if absent."""
+    path = run_path(out, id_)
+    if not path.is_file():
+        raise ValueError(f"run {id_!r}: no {path}")
+    with np.load(path, allow_pickle=False) as npz:
+        run = {k: npz[k] for k in ARRAYS}
+        run["meta"] = json.loads(str(npz["meta"]))
+    return run
+
+
+def held(evicted_at: np.ndarray, positions, step: int) -> np.ndarray:
+    """bool (..., len(positions)): position held in the cache left after step `step`."""
+    e = evicted_at[..., list(positions)]
+    return (e == NEVER) | (e > step)
+
+
+def rows(run: dict) -> list[dict]:
+    """The results rows of one run (one per config), from its meta and evicted_at."""
+    m, ev = run["meta"], run["evicted_at"]
+    pos, q, T0 = m["key_positions"], int(m["question_start"]), int(m["prompt_len"])
+    out = []
+    for c, cfg in enumerate(m["configs"]):
+        hq = held(ev[c], pos, q - 1).mean(axis=-1)       # (L, G) share at the question
+        he = held(ev[c], pos, T0 - 1)                     # (L, G, K) at the end of the prompt
+        e = ev[c][..., list(pos)].reshape(ev.shape[1], -1)  # (L, G*K)
+        lost = [int(r[r != NEVER].min()) if (r != NEVER).any() else NEVER for r in e]
+        ever = [x for x in lost if x != NEVER]
+        agreement = m.get("agreement") or [None] * len(m["configs"])
+        out.append({
+            "id": m["id"], "length": m["length"], "depth": m["depth"], "seed": m["seed"],
+            "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
+            "policy": cfg["policy"], "label": cfg["label"], "params": json.dumps(cfg["params"], sort_keys=True),
+            "budget": -1 if cfg["budget"] is None else int(cfg["budget"]), "key": m["key"],
+            "answer": m["answers"][c], "correct": bool(m["correct"][c]),
+            "agreement": agreement[c],
+            "held_question": float(hq.mean()), "held_end": float(he.mean()),
+            "layers_whole": int(he.all(axis=(1, 2)).sum()),
+            "first_lost": min(ever) if ever else NEVER,
+            "held_by_layer": json.dumps([round(float(x), 6) for x in hq.mean(axis=1)]),
+            "held_end_by_layer": json.dumps([round(float(x), 6) for x in he.mean(axis=(1, 2))]),
+            "first_lost_by_layer": json.dumps(lost),
+            "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
+        })
+    return out
+
+
+def write_tables(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)
+    """results.csv and results.json from every run file in DIR (atomic each)."""
+    import pandas as pd
+
+    records = [r for id_ in list_runs(out) for r in rows(load_run(out, id_))]
+    df = pd.DataFrame(records, columns=list(COLUMNS))
+    with replacing(Path(out) / "results.csv") as fh:
+        fh.write(df.to_csv(index=False).encode())
+    with replacing(Path(out) / "results.json") as fh:
+        fh.write(json.dumps(records, indent=1).encode())
+    return df
+
+
+def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)
+    """DIR/results.csv, JSON columns parsed; ValueError if the folder has none."""
+    import pandas as pd
+
+    path = Path(out) / "results.csv"
+    if not path.is_file():
+        raise ValueError(f"no needle results in {out} (no results.csv)")
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""],
+                     dtype={"id": str, "policy": str, "label": str, "key": str, "answer": str,
+                            "prompt_mode": str, "granularity": str})
+    df["answer"] = df["answer"].fillna("")
+    for col in JSON_COLUMNS:
+        df[col] = df[col].map(json.loads)
+    return df

@@ -1,0 +1,159 @@
+"""Running the grid: one generate batch per prompt (every config beside full), one file per
+prompt written atomically, so a re-run skips what is done. torch loads here only.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+
+from kvviz.core.paths import version
+from kvviz.model.needle.grid import Grid, PromptSpec
+from kvviz.model.needle.prompt import FILLER, build, minimum_length
+from kvviz.model.needle.results import list_runs, load_run, save_run, write_tables
+
+
+def _folder(model):
+    """The folder the model (and its tokenizer and config) loads from, if it is on disk yet."""
+    from kvviz.model.gguf_cache import cache_root, problem
+    from kvviz.model.models import resolve, source_sha256
+
+    src = resolve(model)
+    if src.kind == "folder":
+        return src.path
+    folder = cache_root() / "gguf" / source_sha256(src)
+    return folder if folder.is_dir() and problem(folder) is None else None
+
+
+def context_limit(model=None) -> int | None:
+    """The model's max_position_embeddings, read from its config without loading it."""
+    import json
+
+    if isinstance(model, tuple):
+        from kvviz.model.models import text_config
+
+        return getattr(text_config(model[1]), "max_position_embeddings", None)
+    folder = _folder(model)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    cfg = json.loads((folder / "config.json").read_text())
+    return cfg.get("max_position_embeddings", cfg.get("text_config", {}).get("max_position_embeddings"))
+
+
+def load_tokenizer(model=None):
+    """The tokenizer alone, for the checks that count tokens before the model loads: a
+    folder's own, the GGUF cache's (kvviz.model.gguf_cache) when it is built, else the model's."""
+    if isinstance(model, tuple):
+        return model[0]
+    from transformers import AutoTokenizer
+
+    from kvviz.model.models import load_model
+
+    folder = _folder(model)
+    if folder is not None:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return load_model(model, "needle")[0]
+
+
+def check_lengths(tok, lengths, max_new_tokens: int = 1, limit: int | None = None) -> None:
+    """Every length fits the key (tokenizer) and, with its new tokens, the model's context."""
+    need = minimum_length(tok)
+    for n in lengths:
+        if limit is not None and n + max_new_tokens > limit:
+            raise ValueError(f"--lengths {n}: with --max-new-tokens {max_new_tokens} it exceeds the model's "
+                             f"context of {limit} positions")
+        if n < need + 1:
+            raise ValueError(f"--lengths {n}: the pass key does not fit; the instruction, the key's sentence "
+                             f"and the question take {need} tokens, so a length must be at least {need + 1}")
+
+
+def haystack_info(text: str | None, name: str | None = None) -> dict:
+    body = FILLER if text is None else text
+    return {"name": name or ("filler" if text is None else "text"),
+            "sha256": hashlib.sha256(body.encode()).hexdigest()}
+
+
+def generation(pair, ids, configs, max_new_tokens, prompt_mode, granularity, seed):
+    """The one call into kvviz.model.loop.generate (branch gen14's engine)."""
+    from kvviz.model.loop import generate
+
+    return generate(list(ids), configs, max_new_tokens, granularity=granularity,
+                    prompt_mode=prompt_mode, model=pair, seed=seed)
+
+
+def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
+            haystack_name: str | None = None) -> dict:
+    """One prompt, every config: the run as results.load_run returns it (not written)."""
+    from kvviz.model.models import model_provenance, token_strings
+
+    tok, mdl = pair
+    p = build(tok, spec.length, spec.depth, spec.seed, haystack)
+    gen = generation(pair, p.ids, grid.configs, grid.max_new_tokens, spec.prompt_mode,
+                     spec.granularity, spec.seed)
+    if list(gen.prompt_ids) != list(p.ids):
+        raise RuntimeError(f"{spec.id}: generate read other tokens than the prompt built")
+    answers = [str(t) for t in gen.texts]
+    meta = {"id": spec.id, "length": spec.length, "depth": spec.depth, "seed": spec.seed,
+            "prompt_mode": spec.prompt_mode, "granularity": spec.granularity, "key": p.key,
+            "key_positions": p.key_positions, "question_start": p.question_start,
+            "prompt_len": len(p.ids), "max_new_tokens": grid.max_new_tokens,
+            "haystack": haystack_info(haystack, haystack_name),
+            "model": model_provenance(mdl), "kvviz_version": version(),
+            "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
+            "answers": answers, "correct": [p.key in a for a in answers],
+            "agreement": [float(x) for x in gen.agreement],
+            "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2])}
+    return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
+            "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
+
+
+def model_name(model) -> str:
+    """The name results record for `model` (kvviz.model.models.provenance), without loading it."""
+    from kvviz.model.models import model_provenance, resolve
+
+    return model_provenance(model[1])["model"] if isinstance(model, tuple) else resolve(model).name
+
+
+def signature(meta: dict) -> tuple:
+    """What a saved run must match to be skipped on a re-run: configs, new tokens, haystack, model."""
+    return ([c["label"] for c in meta["configs"]], meta["max_new_tokens"], meta["haystack"]["sha256"],
+            meta["model"].get("model"))
+
+
+def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str) -> bool:
+    try:
+        meta = load_run(out, spec.id)["meta"]
+    except (ValueError, OSError, KeyError):
+        return False  # absent or unreadable: run it (again)
+    return signature(meta) == ([c.label for c in grid.configs], grid.max_new_tokens,
+                               haystack_info(haystack, haystack_name)["sha256"], name)
+
+
+def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
+             progress: bool = True, device: str = "cpu", dtype: str = "float32"):
+    """Run every prompt not already in `out` (resume), then write results.csv/.json.
+    Returns the table of every run in `out`."""
+    from kvviz.model.models import load_model
+
+    prompts = grid.prompts()
+    name = model_name(model)
+    todo = [s for s in prompts if not done(out, s, grid, haystack, haystack_name, name)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="[kvviz needle]",
+                   unit="prompt", file=sys.stderr, mininterval=0.5, smoothing=0, dynamic_ncols=True)
+    try:
+        if todo:
+            pair = load_model(model, "needle", device, dtype)
+            for spec in todo:
+                if bar is not None:
+                    bar.set_postfix_str(spec.id, refresh=False)
+                run = compute(spec, grid, pair, haystack, haystack_name)
+                save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return write_tables(out) if list_runs(out) else None

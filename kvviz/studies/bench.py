@@ -1,0 +1,125 @@
+"""Benchmarks: the metrics table (`python -m kvviz bench`) and replay speed (`... perf`)."""
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import pandas as pd
+
+from kvviz.core.metrics import summary
+from kvviz.core.policies import make_policy
+from kvviz.core.reference import make_reference
+from kvviz.core.replay import Replay, run_policy, runnable
+from kvviz.core.trace import Trace, canonical, load_trace
+
+BUDGETS = (256, 512, 1024)
+
+
+def open_trace(path=None, layer=None, head=None) -> Trace:
+    """The canonical trace (path None) or a trace file at a model layer number and head label.
+
+    A bare name that is not a file here, e.g. `code.npz`, is looked up among the shipped
+    traces (the checkout's traces/ or an installed kvviz's bundle)."""
+    if path:
+        from pathlib import Path
+
+        from kvviz.core.paths import traces_dir
+        shipped = traces_dir()
+        if not Path(path).exists() and shipped is not None and (shipped / path).is_file():
+            path = shipped / path
+        return load_trace(path, layer=layer, head=head)
+    if layer is not None:
+        raise ValueError("layer applies to a --trace file; the canonical trace has no model layers")
+    if head not in (None, "mean"):
+        raise ValueError(f"head {head} is not stored in the canonical trace; stored heads: mean")
+    return canonical()
+
+
+def describe(trace: Trace) -> str:
+    """The header line: which trace, and which model layer and head of it ran."""
+    text = f"trace: {trace.name} ({trace.steps} steps)"
+    if getattr(trace, "layer", None) is not None:
+        text += f", model layer {trace.layer} of stored {', '.join(map(str, trace.layers))}"
+    return text + f", head {getattr(trace, 'head', 'mean')}"
+
+
+def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
+          spans: bool = False) -> pd.DataFrame:
+    """Policies x budgets. `pool_kernels` gives snapkv one row per kernel; `spans` adds
+    span integrity (kvviz.core.spans: important attention spans whole / fragmented / dropped at the end)."""
+    configs = []
+    for name in policies or runnable(trace):
+        kernels = pool_kernels if name == "snapkv" and pool_kernels else [None]
+        configs += [(name, {} if k is None else {"pool_kernel": k}) for k in kernels]
+    if spans:
+        from kvviz.core.spans import received, span_integrity
+        totals = received(trace)
+    rows = []
+    for name, params in configs:
+        for budget in budgets:
+            run = run_policy(trace, name, budget, **params)
+            row = {"policy": name, "budget": budget, **summary(trace, run)}
+            row["evicts"] = budget < trace.steps  # False: a perfect row by construction
+            row["params"] = ", ".join(f"{k}={v}" for k, v in run.params.items())
+            if spans:
+                found = span_integrity(trace, run, spans="attention", totals=totals)
+                row.update({f"span_{k}": found[k] for k in ("whole", "fragmented", "dropped")})
+            rows.append(row)
+    columns = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
+    columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
+    columns += ["evicts"]
+    return pd.DataFrame(rows, columns=columns + ["params"])
+
+
+class CachedTrace(Trace):
+    """Every row materialised once, so timings measure the replay and not row generation."""
+
+    def __init__(self, trace: Trace):
+        self.steps, self.name = trace.steps, trace.name
+        self._rows = [trace.row(i) for i in range(trace.steps)]
+        for r in self._rows:
+            r.flags.writeable = False
+
+    def row(self, i):
+        return self._rows[i]
+
+
+def _time_replay(trace, policy) -> float:
+    """CPU seconds to step the policy through every row (gather, renormalise, observe,
+    evict). CPU time, not wall time, so another busy process on the machine does not
+    skew one side of the ratio."""
+    replay = Replay(trace, policy)
+    start = time.process_time()
+    replay.seek(trace.steps - 1)
+    return time.process_time() - start
+
+
+def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
+    trace = CachedTrace(canonical(steps))
+    rows = []
+    for name in policies or runnable(trace):
+        fast = min(_time_replay(trace, make_policy(name, budget)) for _ in range(3))
+        try:
+            ref = _time_replay(trace, make_reference(name, budget))
+        except ValueError:  # a plugin that names no reference
+            ref = float("nan")
+        rows.append({"policy": name, "fast_cpu_s": fast, "reference_cpu_s": ref, "speedup": ref / fast})
+    return pd.DataFrame(rows)
+
+
+def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> dict:
+    """Replay a long canonical trace; report the peak of Python/numpy allocations during it
+    (tracemalloc) and the whole process's peak RSS (interpreter and libraries included)."""
+    tracemalloc.start()
+    start, cpu = time.perf_counter(), time.process_time()
+    run = run_policy(canonical(steps), name, budget)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"policy": name, "steps": steps, "budget": budget, "seconds": round(elapsed, 1),
+            "cpu_seconds": round(cpu, 1),  # wall time swells when other jobs share the CPU
+            "traced_peak_mb": round(peak / 2**20, 1), "process_peak_rss_mb": round(rss, 1),
+            "held_at_end": int(len(run.held_at(steps - 1)))}
