@@ -364,9 +364,9 @@ def test_loop_view_offers_every_registered_policy(loaded):
 
 # --- the model in the loop ------------------------------------------------------------------
 def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
-    import kvviz.model.capture
+    import kvviz.model.models
 
-    monkeypatch.setattr(kvviz.model.capture, "load_model", lambda *a, **k: smollm)  # loaded once per session
+    monkeypatch.setattr(kvviz.model.models, "load_model", lambda *a, **k: smollm)  # loaded once per session
     src, js = tmp_path / "t.txt", tmp_path / "r.json"
     src.write_text((REPO / "traces" / "sources" / "execmodel.txt").read_text()[:300])
     from kvviz.__main__ import main
