@@ -1,11 +1,11 @@
-"""Load test: a class of N students on one server (issue 9, item 13). A script, not a test.
+"""Load test: a class of N students on one server. A script, not a test.
 
     python scripts/loadtest.py                                # N = 10, 30, 60, then a browser round
     python scripts/loadtest.py --sizes 30 --browser 0 --json artifacts/load.json
     python scripts/loadtest.py --launcher kvviz               # servers started by `kvviz app`
     python scripts/loadtest.py --class 10,30,60               # a class following and voting
 
---class (issue 16, section 5): per size N a fresh `kvviz app`, one lecturer and N students
+--class: per size N a fresh `kvviz app`, one lecturer and N students
 following it and voting (class_session below: what is measured and how).
 
 For each N, a fresh server (`streamlit run app.py`, or `kvviz app` with --launcher kvviz;
@@ -229,7 +229,7 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-# --- a class: one lecturer, N students following and voting (issue 16, section 5) ------------
+# --- a class: one lecturer, N students following and voting ------------
 CODE_RX = re.compile(rb"follow=([A-Z2-9]{6})")
 VOTES_RX = re.compile(rb'"text":\s*"[^"]*?\b(\d+) votes?\b')  # the histogram's title
 NEXT, STEP = "nav.next", "w.step"

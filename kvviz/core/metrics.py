@@ -20,6 +20,9 @@ from kvviz.core.trace import Trace
 
 
 def retained_mass(run: Run) -> float:
+    """How much of the attention the evicted cache still serves: the mean, over the steps
+    after the first eviction, of the share of each full row that falls on held positions
+    (1.0 means nothing the model looked at was missing)."""
     start = run.first_eviction
     if start == NEVER:
         return 1.0
@@ -29,6 +32,10 @@ def retained_mass(run: Run) -> float:
 
 
 def hh_recall(trace: Trace, run: Run, k: int | None = None) -> float:
+    """Did the policy keep the heavy hitters? The share of the `k` (default budget // 4)
+    positions with the most attention received so far in the full trace that are held,
+    averaged over the steps after the first eviction. Measured on the uncompressed trace,
+    so no policy's own view of attention enters the ground truth."""
     k = max(1, run.budget // 4) if k is None else int(k)
     start = run.first_eviction
     if start == NEVER:
@@ -51,6 +58,8 @@ def _top_k(values: np.ndarray, k: int) -> np.ndarray:
 
 
 def summary(trace: Trace, run: Run) -> dict:
+    """Every metric of one run as a flat dict (retained_mass, attention_loss, hh_recall,
+    memory_bytes): the columns that tables, sweeps and the app print."""
     mass = retained_mass(run)
     return {
         "retained_mass": mass,

@@ -32,6 +32,14 @@ def held_mask(evicted_at, step: int) -> np.ndarray:
 
 @dataclass
 class Run:
+    """What one policy did over one trace, kept as its eviction log.
+
+    A run stores one integer per position (the step that evicted it) rather than the held
+    set at every step, so a 65,536-step run costs kilobytes, and any step's held set is
+    recomputed from the log on demand (`held_at`). Metrics, tables and every figure read
+    runs, never the policy object, so they cannot disagree with what was replayed.
+    """
+
     policy: str
     params: dict
     budget: int
@@ -44,6 +52,8 @@ class Run:
 
     @property
     def first_eviction(self) -> int:
+        """The first step at which anything was evicted (`NEVER` if the budget was never hit):
+        before it, every policy holds everything, so metrics start there."""
         hit = self.evicted_at[self.evicted_at != NEVER]
         return int(hit.min()) if len(hit) else NEVER
 
@@ -52,6 +62,7 @@ class Run:
         return held_mask(self.evicted_at, step)
 
     def held_at(self, step: int) -> np.ndarray:
+        """The positions held after `step` finished, ascending: the cache as the next query sees it."""
         return np.flatnonzero(self.held_mask(step)).astype(np.int64)
 
 
@@ -83,6 +94,9 @@ class Replay:
         return self.trace.row(t)[policy.held()] if policy.uses_attention else None
 
     def step(self) -> np.ndarray:
+        """Take the next step through `kvviz.core.harness.step` and return its victims
+        (ascending positions). Checkpoints are taken here, so stepping forward is all a
+        caller does to make going back cheap later."""
         if self.t >= self.trace.steps:
             raise ValueError(f"step: the trace has only {self.trace.steps} steps")
         t = self.t
@@ -128,6 +142,8 @@ class Replay:
         return policy.kept.copy(), policy.scores()
 
     def run(self) -> Run:
+        """Replay to the trace's last step and return the `Run`: its eviction log and, per
+        step, the share of the full row that fell on held positions."""
         self.seek(self.trace.steps - 1)
         return Run(policy=self.policy.name, params=dict(self.policy.params), budget=self.budget,
                    steps=self.trace.steps, evicted_at=self.evicted_at.copy(),
@@ -156,4 +172,8 @@ def runnable(trace: Trace) -> list[str]:
 
 
 def run_policy(trace: Trace, name: str, budget: int, rng=None, **params) -> Run:
+    """Replay the registered policy `name` at `budget` over the whole trace: the one-line way
+    to get a `Run`. Parameters are checked by the policy's own declaration (a `ValueError`
+    names the parameter and its rule); `rng` matters only to `random`, and `None` means a
+    fixed seed, so the same call gives the same log every time."""
     return Replay(trace, make_policy(name, budget=budget, rng=rng, **params)).run()

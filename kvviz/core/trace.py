@@ -49,6 +49,9 @@ class Trace:
     key_norms: np.ndarray | None = None  # float32 (T,): each position's key L2 norm, if recorded
 
     def row(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
+        """Query i's attention over positions 0..i-1 (a fresh array the caller may change):
+        the one thing a policy is fed at step i, before the harness restricts it to the
+        held positions."""
         raise NotImplementedError
 
     def key_norm(self, i: int) -> float | None:
@@ -138,6 +141,9 @@ class CanonicalTrace(Trace):
 
 
 def canonical(steps: int = 4096, seed: int = 0) -> CanonicalTrace:
+    """The synthetic trace the cards describe (sinks, a recency band, heavy hitters, an
+    intermittent token), rows generated on demand from `seed`: a shared, model-free test
+    bed on which every policy's behaviour can be compared and reproduced bit for bit."""
     return CanonicalTrace(steps=steps, seed=seed)
 
 

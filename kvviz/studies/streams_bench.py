@@ -1,6 +1,6 @@
 """`python -m kvviz perf --streams`: per stream-step CPU time of three ways to replay.
 
-(a) the lean pure-Python loop of kvviz issue 7 (a dict of scores, `sorted()` per eviction),
+(a) a lean pure-Python loop (a dict of scores, `sorted()` per eviction),
 (b) the single-stream harness (kvviz.core.replay.Replay), (c) kvviz.core.streams at S streams. All on
 rows generated beforehand (canonical traces at seeds 0..S-1), all computing the eviction log
 only, timed in CPU seconds in the same run; ratios are against (a).

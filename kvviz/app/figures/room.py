@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FLOOR = 18      # px: read from the back of a room on a 1024x768 projector (issue 16)
+FLOOR = 18      # px: read from the back of a room on a 1024x768 projector
 SCALE = 1.4     # of the view's own sizes (its base font, 14 px, becomes 20 px)
 PLOTLY_FONT = 12  # plotly.js's default font size, where a figure sets none
 TITLE = 1.15    # a title's size against the base font (plotly's own 1.4 cuts long titles)

@@ -1,4 +1,4 @@
-"""Follow the lecturer (issue 16 §3): the Class panel, the lecturer's state published every
+"""Follow the lecturer: the Class panel, the lecturer's state published every
 run, and a student's page that moves when the lecturer's does.
 
 The lecturer's session publishes its page as a query mapping (`to_query(view_state())`)

@@ -1,4 +1,4 @@
-"""Presentation mode (`present=1`, issue 16 §1): no sidebar, no controls but step navigation,
+"""Presentation mode (`present=1`): no sidebar, no controls but step navigation,
 the one selected view at full width, every chart re-sized for the room.
 
 The sidebar's functions take `draw=False` here and hand their widgets to `QUIET`, which

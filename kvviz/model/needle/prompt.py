@@ -1,5 +1,5 @@
-"""The pass-key prompt (Mohtashami & Jaggi 2023), in the wording that works on SmolLM2
-(FIELD-NOTES): an instruction, a haystack with the key's sentence at a depth, the question.
+"""The pass-key prompt (Mohtashami & Jaggi 2023), in a wording SmolLM2-135M-Instruct answers
+with its full cache: an instruction, a haystack with the key's sentence at a depth, the question.
 
 The prompt is built to a token length and tokenised the way every kvviz model run
 tokenises (kvviz.model.models.tokenize), so the recorded positions are the model's positions.

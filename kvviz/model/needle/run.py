@@ -73,7 +73,7 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
 
 
 def generation(pair, ids, configs, max_new_tokens, prompt_mode, granularity, seed):
-    """The one call into kvviz.model.loop.generate (branch gen14's engine)."""
+    """The one call into kvviz.model.loop.generate (the batched greedy engine)."""
     from kvviz.model.loop import generate
 
     return generate(list(ids), configs, max_new_tokens, granularity=granularity,
