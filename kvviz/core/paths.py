@@ -32,6 +32,8 @@ def checkout(folder: Path | None = None) -> Path | None:
 
 
 def app_file() -> Path:
+    """The explorer page `kvviz app` serves: always this package's own copy (the bundle in an
+    install, app.py beside the package in a checkout), so page and library match."""
     for path in (BUNDLE / "app.py", REPO / "app.py"):
         if path.is_file():
             return path
@@ -83,6 +85,9 @@ def traces_or_default() -> Path:
 
 
 def loop_or_default() -> Path:
+    """`loop_dir()`, else loop/ inside the default traces folder (which may not exist): a
+    path to look in even when nothing was found, so a caller lists it as empty instead of
+    testing for None."""
     return loop_dir() or traces_or_default() / "loop"
 
 

@@ -45,15 +45,21 @@ class RefPolicy:
 
     @property
     def kept(self):
+        """The kept positions, ascending, as the fast policy's `kept` (so one harness drives both)."""
         return np.array(self.keep, dtype=np.int64)
 
     def held(self):
+        """The positions the next query attends over: here, all kept ones."""
         return self.kept
 
     def advance(self, pos, attn, key_norm=None):
+        """The harness's name for one decode step; the same as `on_decode_step`."""
         self.on_decode_step(pos, attn, key_norm)
 
     def on_decode_step(self, pos, attn, key_norm=None):
+        """Observe step `pos`'s weights over the kept slots (or None: no attention), then
+        admit `pos`. The input checks are written out again, loop by loop, so the fast
+        policy's refusals are tested against an independent statement of the rule."""
         if self.keep and pos <= self.keep[-1]:
             raise ValueError("pos must be above every kept position")
         if attn is not None:
@@ -70,6 +76,8 @@ class RefPolicy:
         self.state.append(self.new_record(key_norm) if self.reads_key_norms else self.new_record())
 
     def evict(self, budget):
+        """Drop down to `budget`: rank every candidate slot by (`rank`, position) and take the
+        lowest; the victims come back ascending. Fewer candidates than victims due is refused."""
         excess = len(self.keep) - budget
         if excess <= 0:
             return np.empty(0, np.int64)
@@ -91,10 +99,27 @@ class RefPolicy:
         return np.array(victims, dtype=np.int64)
 
     def is_candidate(self, i):
+        """Whether slot `i` may be evicted now: by default, every slot outside the
+        `protect_recent` newest."""
         return i < len(self.keep) - self.protect_recent
+
+    def observe(self, weights):
+        """Take one step's weights (Python floats, aligned with the kept slots) into the records."""
+        raise NotImplementedError
+
+    def new_record(self):
+        """The record a newly admitted position starts with."""
+        raise NotImplementedError
+
+    def rank(self, i):
+        """Slot `i`'s rank: the lowest goes first, ties to the lower position."""
+        raise NotImplementedError
 
 
 class RefTova(RefPolicy):
+    """TOVA: each slot's record is its weight on the latest observed step (assigned, not
+    summed); an unobserved newcomer is no candidate."""
+
     name = "tova"
 
     def observe(self, weights):
@@ -112,6 +137,9 @@ class RefTova(RefPolicy):
 
 
 class RefH2O(RefPolicy):
+    """H2O: each slot's record is its attention summed since admission; the
+    `recent_window` newest are protected."""
+
     name = "h2o"
 
     def __init__(self, budget, rng=None, **params):
@@ -130,6 +158,9 @@ class RefH2O(RefPolicy):
 
 
 class RefSnapKV(RefPolicy):
+    """SnapKV: a ring of the last `obs_window` weights per slot, summed slot 0 upward at
+    eviction, then pooled (max or average) over the kept neighbours within the kernel's radius."""
+
     name = "snapkv"
 
     def __init__(self, budget, rng=None, **params):
@@ -168,6 +199,9 @@ class RefSnapKV(RefPolicy):
 
 
 class RefScissorhands(RefPolicy):
+    """Scissorhands: a ring of `history_window` flags per slot (weight below 1/len(kept));
+    the slot flagged most often goes first."""
+
     name = "scissorhands"
 
     def __init__(self, budget, rng=None, **params):
@@ -190,6 +224,8 @@ class RefScissorhands(RefPolicy):
 
 
 class RefStreamingLLM(RefPolicy):
+    """StreamingLLM: the first `sinks` slots stay; of the rest, the oldest goes."""
+
     name = "streaming-llm"
 
     def observe(self, weights):
