@@ -176,6 +176,12 @@ class Policy:
         return 0
 
     def candidates(self) -> np.ndarray:
+        """Which slots may be evicted now, one bool per slot: all but the protected tail.
+
+        The one place a policy protects slots (sinks, an unobserved newcomer): `choose`
+        never takes a slot excluded here while a candidate is left, and `kvviz check`
+        fails a policy whose victims include one, so the score need not repeat the rule.
+        """
         cand = np.ones(self._n, bool)
         cand[max(self._n - self.protected_tail(), 0):] = False
         return cand
@@ -183,8 +189,8 @@ class Policy:
     def priority(self) -> np.ndarray:
         """Per slot, lowest is evicted first; ties go to the lower position.
 
-        A slot outside the protected tail that is still not a candidate must score +inf
-        (TOVA's unobserved newcomer), so a single eviction is one argmin.
+        Only candidates are ranked (`choose` masks the rest with `candidates()`), so a
+        score says nothing about which slots are protected; it may give them any value.
         """
         raise NotImplementedError
 
@@ -278,6 +284,13 @@ class Policy:
     def choose(self, count: int) -> np.ndarray:
         """Indices of the `count` lowest-priority candidates, ascending.
 
+        The ranking is masked with `candidates()`: a slot it excludes is never chosen while
+        a candidate is left, whatever `priority()` says of it. So a policy says once which
+        slots may go, and a score that forgets the exclusion (a finite score on a sink)
+        cannot evict them. When fewer slots are candidates than victims are due, no
+        excluded slot is taken instead: ValueError (`need_candidates`), as the protected
+        tail has always been refused; the caller raises the budget.
+
         Slots are in ascending position order, so a stable sort on priority breaks
         ties toward the lower position.
         """
@@ -285,8 +298,14 @@ class Policy:
         if count == 1:
             limit = self._n - self.protected_tail()
             if limit > 0:
-                i = int(np.argmin(prio[:limit]))
-                if prio[i] != np.inf:
+                ranked = prio[:limit]
+                i = int(np.argmin(ranked))
+                if type(self).candidates is not Policy.candidates:  # else: exactly the tail rule
+                    cand = self.candidates()[:limit]
+                    if not cand[i]:  # the lowest score is protected: rank the candidates only
+                        ranked = np.where(cand, ranked, np.inf)
+                        i = int(np.argmin(ranked))
+                if ranked[i] != np.inf:
                     return np.array([i])
         cand = self.candidates()
         idx = np.flatnonzero(cand)  # also the path where every candidate scored +inf
