@@ -6,6 +6,8 @@ which slots may go (`candidates`) and their rank (`priority`, lowest evicted fir
 from __future__ import annotations
 
 import math
+import re
+import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
@@ -146,6 +148,20 @@ class Policy:
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     specs: ClassVar = _Specs()
 
+    def __init_subclass__(cls, **kwargs):
+        """Make a subclass that declares no new fields a dataclass, so it needs no decorator.
+
+        `class Mine(Tova): name = "mine"; label = "..."` has exactly its parent's fields, and
+        without this it would be no dataclass of its own: `specs` would be empty (its
+        parameters neither checked nor shown) and registration refused. A subclass that
+        declares fields still needs `@dataclass` (which re-applies harmlessly when used on
+        a field-less one), so an undecorated one is refused by name at registration rather
+        than silently losing them.
+        """
+        super().__init_subclass__(**kwargs)
+        if not _declares_fields(cls):
+            dataclass(cls)
+
     def __post_init__(self):
         if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
             raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
@@ -195,7 +211,21 @@ class Policy:
         raise NotImplementedError
 
     def scores(self) -> dict:
-        return {"candidate": self.candidates()}
+        """What the Scores view and the explanations read at one step: score name -> one
+        value per kept slot, plus "candidate" (the `candidates()` mask).
+
+        By default the declared `rank`'s own column (a copy, when `rank.key` names a
+        one-value-per-slot column of `columns()`), so a policy that stores the score it
+        ranks by needs only `columns`, `observe` and `priority` to be drawn and explained.
+        Override it when the score shown is derived (SnapKV's pooled sums) or stored in
+        another form (TOVA's +inf for an unobserved slot, shown as no value).
+        """
+        out = {}
+        r = self.rank
+        if r is not None and r.key in self._spec and self._spec[r.key][1] == ():
+            out[r.key] = self.col(r.key).copy()
+        out["candidate"] = self.candidates()
+        return out
 
     # -- shared mechanics ------------------------------------------------------------
     def reset_state(self) -> None:
@@ -220,7 +250,12 @@ class Policy:
 
     @property
     def bytes_per_slot(self) -> int:
-        raise NotImplementedError
+        """Memory per kept slot in the cards' layout: a 4-byte position, each column's
+        bytes, one byte of eviction scratch. A default, so a minimal policy still reports
+        memory (bench, sweeps); override it when the policy holds more per slot than its
+        columns (SnapKV's sums) or needs no scratch (StreamingLLM)."""
+        return 4 + sum(np.dtype(dtype).itemsize * math.prod(shape)
+                       for dtype, shape, _ in self._spec.values()) + 1
 
     def on_decode_step(self, pos, attn, key_norm=None) -> None:
         pos = _as_position(pos)
@@ -316,6 +351,21 @@ class Policy:
     def held(self) -> np.ndarray:
         """`kept` without the read-only wrapper: the harness's per-step fast path."""
         return self._pos[: self._n]
+
+
+_CLASSVAR = re.compile(r"\s*(?:\w+\.)?ClassVar\b")  # "ClassVar[str]", "typing.ClassVar"
+
+
+def _declares_fields(cls) -> bool:
+    """Whether the class body annotates a name that is not a ClassVar: a dataclass field of
+    its own, which only an explicit @dataclass may turn into one."""
+    for ann in cls.__dict__.get("__annotations__", {}).values():
+        if isinstance(ann, str):
+            if not _CLASSVAR.match(ann):
+                return True
+        elif ann is not ClassVar and typing.get_origin(ann) is not ClassVar:
+            return True
+    return False
 
 
 def need_candidates(available: int, count: int) -> None:
