@@ -136,9 +136,12 @@ def test_the_command_exits_1_and_prints_the_failed_rule(tmp_path, capsys):
 
     path = tmp_path / "bypass.py"
     path.write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+
         import numpy as np
         from kvviz.policies.h2o import H2O
 
+        @dataclass
         class Greedy(H2O):
             """H2O that ranks its protected recent window too."""
             name = "greedy"
