@@ -3,7 +3,8 @@
 What a policy author runs before trusting a number. Each rule is a `RuleResult`, pass or
 fail, with the failing step and values; `check_policy` returns them all and the CLI exits
 0 only if every one passes. The rules: the harness contract (victims ascending, unique,
-drawn from the kept set; exactly len(kept) - budget go when over, none at or under),
+drawn from the kept set and never from the slots `candidates()` excluded at that step;
+exactly len(kept) - budget go when over, none at or under),
 determinism (two runs with the same rng give identical logs), refusals (every parameter
 outside its range, and budget < 1, raise ValueError naming it), robustness (null, all-zero
 and one-hot rows never raise; the canonical trace and every shipped trace replay at
@@ -207,6 +208,7 @@ def shipped_traces(steps: int | None) -> tuple:
 CONTRACT = {
     "ascending": "victims come back ascending and unique",
     "kept": "victims are drawn from the kept set",
+    "candidates": "no victim was excluded by candidates() at that step",
     "at_most": "after evict(budget) at most budget positions remain",
     "exact": "exactly len(kept) - budget are evicted when over budget",
     "under": "nothing is evicted at or under budget",
@@ -215,7 +217,10 @@ CONTRACT = {
 
 def check_contract(cls, steps: int = STEPS, seed: int = 0) -> list[RuleResult]:
     """Drive the policy through positive rows, letting it go 1..8 over budget before an
-    evict(budget), and calling evict at and under budget too; check every call."""
+    evict(budget), and calling evict at and under budget too; check every call. Then two
+    runs whose rows starve, then flood, the slots `candidates()` excludes, so a policy
+    that overrides `choose` or `evict` and ranks those slots by its score evicts one
+    whichever end of its score goes first (random rows rarely make a sink the lowest)."""
     try:
         budget = _contract_budget(cls)
     except ValueError as exc:
@@ -240,21 +245,62 @@ def check_contract(cls, steps: int = STEPS, seed: int = 0) -> list[RuleResult]:
                 continue
             for target in (budget, len(policy.kept) + 1, len(policy.kept)):
                 before = np.array(policy.kept)
+                excluded = _excluded(policy, before)
                 victims = _victims(policy.evict(target))
                 after = np.array(policy.kept)
-                _judge(fails, counts, i, pos - 1, target, before, victims, after)
+                _judge(fails, counts, i, pos - 1, target, before, victims, after, excluded)
     except Exception as exc:
         return [RuleResult("contract", text, False, f"raised at position {pos - 1}: "
                            f"{type(exc).__name__}: {exc}") for text in CONTRACT.values()]
+    for rows in ("starve", "flood"):
+        _adversarial(cls, budget, steps, seed, rows, fails, counts)
     multi = counts.pop("multi")
     cover = {"ascending": f"{counts['ascending']} evictions ({multi} with more than one victim)",
              "kept": f"{counts['kept']} evictions", "at_most": f"{counts['at_most']} evict calls",
+             "candidates": f"{counts['candidates']} evictions, with rows that starve and flood "
+                           "the excluded slots",
              "exact": f"{counts['exact']} calls over budget", "under": f"{counts['under']} calls at or under"}
     return [RuleResult("contract", CONTRACT[k], fails[k] is None,
                        fails[k] or f"budget {budget}, {cover[k]}") for k in CONTRACT]
 
 
-def _judge(fails, counts, i, pos, target, before, victims, after) -> None:
+def _excluded(policy, kept) -> np.ndarray | str:
+    """The kept positions `candidates()` excludes now, or what is wrong with its answer."""
+    cand = np.asarray(policy.candidates())
+    if cand.dtype != bool or cand.shape != kept.shape:
+        return f"candidates() gave {cand.dtype} {cand.shape}, not one bool per kept slot"
+    return kept[~cand]
+
+
+def _adversarial(cls, budget: int, steps: int, seed: int, rows: str, fails, counts) -> None:
+    """One run of on_decode_step + evict(budget) whose rows give the slots `candidates()`
+    excludes no weight ("starve") or nearly all of it ("flood"), judging every evict; a
+    raise fails the candidates rule at its position."""
+    policy = _make(cls, budget)
+    rng = np.random.default_rng(seed + 1)
+    pos = 0
+    try:
+        for pos in range(max(steps, budget + 32)):
+            kept = np.array(policy.kept)
+            excluded = _excluded(policy, kept)
+            _, row = _rows(rng, len(kept))
+            if not isinstance(excluded, str):
+                shut = np.isin(kept, excluded)
+                row = np.where(shut, np.float32(0 if rows == "starve" else 1),
+                               row if rows == "starve" else row * np.float32(1e-3))
+            policy.on_decode_step(pos, row.astype(np.float32), **_kn(policy, pos))
+            before = np.array(policy.kept)
+            excluded = _excluded(policy, before)
+            victims = _victims(policy.evict(budget))
+            _judge(fails, counts, f"{pos} of the {rows} run", pos, budget, before, victims,
+                   np.array(policy.kept), excluded)
+    except Exception as exc:
+        if fails["candidates"] is None:
+            fails["candidates"] = (f"step {pos} of the {rows} run raised: "
+                                   f"{type(exc).__name__}: {exc}")
+
+
+def _judge(fails, counts, i, pos, target, before, victims, after, excluded=()) -> None:
     where = f"step {i} (position {pos}), evict({target}) with {len(before)} kept"
 
     def fail(key, text):
@@ -271,6 +317,16 @@ def _judge(fails, counts, i, pos, target, before, victims, after) -> None:
         stray = np.setdiff1d(victims, before)
         if len(stray):
             fail("kept", f"victims {stray.tolist()} were not kept")
+        counts["candidates"] += 1
+        if isinstance(excluded, str):
+            fail("candidates", excluded)
+        else:  # a victim that was not kept is the "kept" rule's business
+            protected = np.intersect1d(victims, excluded)
+            if len(protected):
+                shown = np.asarray(excluded).tolist()
+                shown = shown if len(shown) <= 8 else shown[:8] + ["..."]
+                fail("candidates", f"victims {protected.tolist()} were excluded by candidates() "
+                                   f"(excluded: {', '.join(map(str, shown))})")
     counts["at_most"] += 1
     if len(after) > target:
         fail("at_most", f"{len(after)} remain")

@@ -6,6 +6,8 @@ which slots may go (`candidates`) and their rank (`priority`, lowest evicted fir
 from __future__ import annotations
 
 import math
+import re
+import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
@@ -149,6 +151,20 @@ class Policy:
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     specs: ClassVar = _Specs()
 
+    def __init_subclass__(cls, **kwargs):
+        """Make a subclass that declares no new fields a dataclass, so it needs no decorator.
+
+        `class Mine(Tova): name = "mine"; label = "..."` has exactly its parent's fields, and
+        without this it would be no dataclass of its own: `specs` would be empty (its
+        parameters neither checked nor shown) and registration refused. A subclass that
+        declares fields still needs `@dataclass` (which re-applies harmlessly when used on
+        a field-less one), so an undecorated one is refused by name at registration rather
+        than silently losing them.
+        """
+        super().__init_subclass__(**kwargs)
+        if not _declares_fields(cls):
+            dataclass(cls)
+
     def __post_init__(self):
         if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
             raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
@@ -179,6 +195,12 @@ class Policy:
         return 0
 
     def candidates(self) -> np.ndarray:
+        """Which slots may be evicted now, one bool per slot: all but the protected tail.
+
+        The one place a policy protects slots (sinks, an unobserved newcomer): `choose`
+        never takes a slot excluded here while a candidate is left, and `kvviz check`
+        fails a policy whose victims include one, so the score need not repeat the rule.
+        """
         cand = np.ones(self._n, bool)
         cand[max(self._n - self.protected_tail(), 0):] = False
         return cand
@@ -186,13 +208,27 @@ class Policy:
     def priority(self) -> np.ndarray:
         """Per slot, lowest is evicted first; ties go to the lower position.
 
-        A slot outside the protected tail that is still not a candidate must score +inf
-        (TOVA's unobserved newcomer), so a single eviction is one argmin.
+        Only candidates are ranked (`choose` masks the rest with `candidates()`), so a
+        score says nothing about which slots are protected; it may give them any value.
         """
         raise NotImplementedError
 
     def scores(self) -> dict:
-        return {"candidate": self.candidates()}
+        """What the Scores view and the explanations read at one step: score name -> one
+        value per kept slot, plus "candidate" (the `candidates()` mask).
+
+        By default the declared `rank`'s own column (a copy, when `rank.key` names a
+        one-value-per-slot column of `columns()`), so a policy that stores the score it
+        ranks by needs only `columns`, `observe` and `priority` to be drawn and explained.
+        Override it when the score shown is derived (SnapKV's pooled sums) or stored in
+        another form (TOVA's +inf for an unobserved slot, shown as no value).
+        """
+        out = {}
+        r = self.rank
+        if r is not None and r.key in self._spec and self._spec[r.key][1] == ():
+            out[r.key] = self.col(r.key).copy()
+        out["candidate"] = self.candidates()
+        return out
 
     # -- shared mechanics ------------------------------------------------------------
     def reset_state(self) -> None:
@@ -217,7 +253,12 @@ class Policy:
 
     @property
     def bytes_per_slot(self) -> int:
-        raise NotImplementedError
+        """Memory per kept slot in the cards' layout: a 4-byte position, each column's
+        bytes, one byte of eviction scratch. A default, so a minimal policy still reports
+        memory (bench, sweeps); override it when the policy holds more per slot than its
+        columns (SnapKV's sums) or needs no scratch (StreamingLLM)."""
+        return 4 + sum(np.dtype(dtype).itemsize * math.prod(shape)
+                       for dtype, shape, _ in self._spec.values()) + 1
 
     def on_decode_step(self, pos, attn, key_norm=None) -> None:
         pos = _as_position(pos)
@@ -281,6 +322,13 @@ class Policy:
     def choose(self, count: int) -> np.ndarray:
         """Indices of the `count` lowest-priority candidates, ascending.
 
+        The ranking is masked with `candidates()`: a slot it excludes is never chosen while
+        a candidate is left, whatever `priority()` says of it. So a policy says once which
+        slots may go, and a score that forgets the exclusion (a finite score on a sink)
+        cannot evict them. When fewer slots are candidates than victims are due, no
+        excluded slot is taken instead: ValueError (`need_candidates`), as the protected
+        tail has always been refused; the caller raises the budget.
+
         Slots are in ascending position order, so a stable sort on priority breaks
         ties toward the lower position.
         """
@@ -288,8 +336,14 @@ class Policy:
         if count == 1:
             limit = self._n - self.protected_tail()
             if limit > 0:
-                i = int(np.argmin(prio[:limit]))
-                if prio[i] != np.inf:
+                ranked = prio[:limit]
+                i = int(np.argmin(ranked))
+                if type(self).candidates is not Policy.candidates:  # else: exactly the tail rule
+                    cand = self.candidates()[:limit]
+                    if not cand[i]:  # the lowest score is protected: rank the candidates only
+                        ranked = np.where(cand, ranked, np.inf)
+                        i = int(np.argmin(ranked))
+                if ranked[i] != np.inf:
                     return np.array([i])
         cand = self.candidates()
         idx = np.flatnonzero(cand)  # also the path where every candidate scored +inf
@@ -300,6 +354,21 @@ class Policy:
     def held(self) -> np.ndarray:
         """`kept` without the read-only wrapper: the harness's per-step fast path."""
         return self._pos[: self._n]
+
+
+_CLASSVAR = re.compile(r"\s*(?:\w+\.)?ClassVar\b")  # "ClassVar[str]", "typing.ClassVar"
+
+
+def _declares_fields(cls) -> bool:
+    """Whether the class body annotates a name that is not a ClassVar: a dataclass field of
+    its own, which only an explicit @dataclass may turn into one."""
+    for ann in cls.__dict__.get("__annotations__", {}).values():
+        if isinstance(ann, str):
+            if not _CLASSVAR.match(ann):
+                return True
+        elif ann is not ClassVar and typing.get_origin(ann) is not ClassVar:
+            return True
+    return False
 
 
 def need_candidates(available: int, count: int) -> None:
