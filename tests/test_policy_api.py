@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvviz import harness, plugins
+from kvviz.core import harness, plugins
 from kvviz.core.check import CONTRACT, check_policy
 from kvviz.core.policies import POLICIES, make_policy, register_policy, unregister_policy
 from kvviz.policies.base import Policy, Rank, param
@@ -274,7 +274,7 @@ def test_a_minimal_policys_scores_are_its_rank_column():
 
 
 def test_a_minimal_policy_replays_reports_memory_and_is_explained(registry):
-    from kvviz.explain import eviction_order
+    from kvviz.app.explain import eviction_order
 
     register_policy(Minimal)
     trace = canonical(96)
