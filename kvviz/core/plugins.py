@@ -1,5 +1,5 @@
 """Policies from outside the package: a .py file, an importable module, or an installed
-package's entry point (group `kvviz.core.policies`); `--plugin` on the commands, `KVVIZ_PLUGINS`
+package's entry point (group `kvviz.policies`); `--plugin` on the commands, `KVVIZ_PLUGINS`
 (os.pathsep-separated) for the app and what it starts.
 
 Loading imports the plugin and registers every Policy subclass it defines with a `name`
@@ -19,7 +19,7 @@ from pathlib import Path
 from kvviz.core.policies import BUILTINS, POLICIES, Policy, check_declaration, register_policy
 
 ENV = "KVVIZ_PLUGINS"
-GROUP = "kvviz.core.policies"
+GROUP = "kvviz.policies"  # the entry-point group an installed package declares its policies in
 _LOADED: dict[str, list[str]] = {}  # spec as given -> policy names it registered
 _REFUSED: dict[str, str] = {}  # spec as given -> its refusal
 _ORIGIN: dict[type, str] = {}  # class -> the spec a worker process can load it from
@@ -148,7 +148,7 @@ def load_plugins(specs) -> list[str]:
 
 
 def load_entry_points() -> list[str]:
-    """Every installed `kvviz.core.policies` entry point (a Policy class or a module), once."""
+    """Every installed `kvviz.policies` entry point (a Policy class or a module), once."""
     global _ENTRY_POINTS
     if _ENTRY_POINTS is None:
         from importlib.metadata import entry_points

@@ -110,10 +110,15 @@ def _policy_class(name: str) -> type[Policy]:
 
 
 def policy_class(name: str) -> type[Policy]:
+    """The registered class for `name`; an unknown name is a ValueError listing the known ones."""
     return _policy_class(name)
 
 
 def make_policy(name: str, budget: int = 512, rng=None, **params) -> Policy:
+    """A fresh policy object by registered name: the one constructor every surface uses, so
+    an unknown name, an unknown parameter or a value outside its declared rule is refused the
+    same way everywhere (a ValueError naming it). `rng` is used only by `random`; None is a
+    fixed seed, so replays are bit-identical run to run."""
     cls = _policy_class(name)
     allowed = {s.name for s in cls.specs}
     unknown = set(params) - allowed
@@ -124,10 +129,13 @@ def make_policy(name: str, budget: int = 512, rng=None, **params) -> Policy:
 
 
 def param_specs(name: str) -> list[ParamSpec]:
+    """The policy's declared parameters (default, range or choices, label, help, source), in
+    declaration order: what the sidebar, the CLI and sweep specs build their controls from."""
     return list(_policy_class(name).specs)
 
 
 def defaults(name: str) -> dict:
+    """The declared default of each parameter: the configuration a bare name means."""
     return {s.name: s.default for s in _policy_class(name).specs}
 
 
@@ -157,10 +165,13 @@ def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
 
 
 def label_of(name: str) -> str:
+    """The policy's human label (its `label`, else its name) for legends and tables."""
     return _policy_class(name).label or name
 
 
 def rank_of(name: str) -> Rank | None:
+    """What the policy ranks by (its `Rank`), or None for an unknown name or a policy with no
+    score to explain (random): the Scores view and the explanations ask here."""
     cls = POLICIES.get(name)
     return cls.rank if cls is not None else None
 

@@ -232,6 +232,8 @@ class Policy:
 
     # -- shared mechanics ------------------------------------------------------------
     def reset_state(self) -> None:
+        """Start empty: no slots, the columns `columns()` declares allocated small. A subclass
+        with state outside the columns (a ring's write index) extends this and calls super()."""
         self._n = 0
         self._spec = self.columns()
         self._pos = np.empty(16, np.int64)
@@ -239,14 +241,18 @@ class Policy:
                       for k, (dtype, shape, init) in self._spec.items()}
 
     def col(self, name: str) -> np.ndarray:
+        """The live view of column `name` over the kept slots (slot axis last): writing into it
+        updates the policy's state, which is how `observe` is meant to work, without copies."""
         return self._bufs[name][..., : self._n]
 
     @property
     def params(self) -> dict:
+        """The declared parameters and their values: what labels, links, sweeps and logs record."""
         return {s.name: getattr(self, s.name) for s in self.specs}
 
     @property
     def kept(self) -> np.ndarray:
+        """The kept positions, ascending, read-only: slot k of every column belongs to kept[k]."""
         view = self._pos[: self._n]
         view.flags.writeable = False
         return view
@@ -261,6 +267,9 @@ class Policy:
                        for dtype, shape, _ in self._spec.values()) + 1
 
     def on_decode_step(self, pos, attn, key_norm=None) -> None:
+        """One step of the harness: check and `observe` the weights over the kept slots (`None`
+        for a step with no attention), then admit position `pos` as a new slot. The checks live
+        here, once, so no subclass can accept a wrong-length, negative or non-finite row."""
         pos = _as_position(pos)
         n = self._n
         if n and pos <= self._pos[n - 1]:
@@ -295,6 +304,9 @@ class Policy:
             self._bufs[k] = grown
 
     def evict(self, budget) -> np.ndarray:
+        """Drop down to `budget` slots and return the victims' positions, ascending (empty when
+        at or under it). The victims are `choose`'s, so a subclass changes what goes by its
+        score, never by rewriting this."""
         if isinstance(budget, bool) or int(budget) != budget or budget < 0:
             raise ValueError(f"evict budget must be a non-negative integer, got {budget!r}")
         excess = self._n - int(budget)
@@ -372,12 +384,16 @@ def _declares_fields(cls) -> bool:
 
 
 def need_candidates(available: int, count: int) -> None:
+    """Refuse an eviction that would have to take a protected or unobserved slot: too small a
+    budget is the caller's error, said as one, not a silent break of the policy's rule."""
     if available < count:
         raise ValueError(f"evict needs {count} victims but only {available} slots are "
                          "candidates (the rest are protected or unobserved): raise the budget")
 
 
 def check_recent(policy, spec_name: str = "recent_window") -> None:
+    """The rule every protected recent window shares: at least 0 and below the budget, since a
+    window as large as the budget leaves nothing to evict. For a policy's `check_params`."""
     value = getattr(policy, spec_name)
     if value < 0:
         raise ValueError(f"{spec_name} must be >= 0, got {value}")

@@ -55,6 +55,8 @@ class Scissorhands(Policy):
         return self.recent_window
 
     def low_count(self):
+        """Per slot, how many of the last `history_window` observed steps gave it less than the
+        average share: one popcount of its flag ring."""
         return np.bitwise_count(self.col("low"))
 
     def priority(self):

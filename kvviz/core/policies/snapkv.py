@@ -82,12 +82,14 @@ class SnapKV(Policy):
         return self.recent_window
 
     def sums(self):
+        """Per slot, the attention summed over the observation window (float64)."""
         # Reducing over the ring axis (not the contiguous one) adds row 0, then row 1, ...
         # in float64: the card's pinned order, not numpy's pairwise order.
         # tests/test_policies.py::test_snapkv_sums_in_ring_order catches a change.
         return self.col("history").sum(axis=0, dtype=np.float64)
 
     def pool(self, sums):
+        """`sums` pooled over each slot's kept neighbours with this policy's kernel and kind."""
         return pool(sums, (self.pool_kernel - 1) // 2, self.pooling)
 
     def priority(self):
