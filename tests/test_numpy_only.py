@@ -1,9 +1,9 @@
 """`kvviz check`, `kvviz bench` and `kvviz perf` where numpy is the only dependency installed.
 
-Each command runs in a fresh interpreter whose import system refuses the heavy optional
-packages (pandas, Streamlit, Plotly, torch, transformers, Ray, pyarrow) the way a missing
-package does, so an import of one of them anywhere on the command's path fails the test
-even though they are installed in this environment.
+Each command runs in a fresh interpreter whose import system refuses every package that is
+neither the standard library, numpy nor kvviz itself, the way a missing package does: an
+import of pandas, Streamlit, Plotly, torch, transformers, Ray or pyarrow (or any other
+dependency) anywhere on the command's path fails the test, although all are installed here.
 """
 import csv
 import json
@@ -21,18 +21,21 @@ from kvviz.studies.table import Table
 ROOT = Path(__file__).resolve().parents[1]  # `-c` puts the working folder first on sys.path
 HEAVY = ("pandas", "streamlit", "plotly", "torch", "transformers", "ray", "pyarrow")
 
-# Installed before anything of kvviz loads; refuses by top-level package name. A package
+# Installed before anything of kvviz loads; judges by top-level package name. A package
 # already loaded (a site .pth file could do that) would slip past the finder, so that
 # counts as a failure of the setup, not a pass.
 GUARD = """
 import sys
-REFUSED = set(sys.argv[1].split(","))
-early = sorted(REFUSED & {m.partition(".")[0] for m in sys.modules})
+ALLOWED = set(sys.stdlib_module_names) | set(sys.argv[1].split(","))
+def refused(name):
+    top = name.partition(".")[0]
+    return top not in ALLOWED and not top.startswith("_")
+early = sorted({m.partition(".")[0] for m in sys.modules if refused(m)})
 if early:
     sys.exit(f"guard: already imported before the guard: {early}")
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in REFUSED:
+        if refused(name):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, Refuse())
@@ -46,31 +49,32 @@ BENCH_COLUMNS = ["policy", "budget", "retained_mass", "attention_loss", "hh_reca
                  "memory_bytes", "evicts", "params"]
 
 
-def without(refused, *args, code=RUN_KVVIZ):
-    return subprocess.run([sys.executable, "-c", GUARD + code, ",".join(refused), *args],
+def numpy_only(*args, code=RUN_KVVIZ):
+    return subprocess.run([sys.executable, "-c", GUARD + code, "numpy,kvviz", *args],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
-def kvviz_numpy_only(*args):
-    return without(HEAVY, *args)
+@pytest.mark.parametrize("name", HEAVY + ("hypothesis", "tqdm", "PIL"))
+def test_the_guard_refuses_every_other_package(name):
+    out = numpy_only(code=f"import {name}")
+    assert out.returncode != 0
+    assert f"ModuleNotFoundError: No module named '{name}'" in out.stderr
 
 
-def test_the_guard_refuses_what_it_names():
-    out = without(HEAVY, code="import pandas")
-    assert out.returncode != 0 and "ModuleNotFoundError: No module named 'pandas'" in out.stderr
-    out = without(HEAVY, code="import numpy; print('numpy', numpy.__version__)")
+def test_the_guard_lets_numpy_and_the_standard_library_through():
+    out = numpy_only(code="import json, csv, numpy; print('numpy', numpy.__version__)")
     assert out.returncode == 0 and out.stdout.startswith("numpy"), out.stderr
 
 
 def test_check_one_builtin():
-    out = kvviz_numpy_only("check", "tova")
+    out = numpy_only("check", "tova")
     assert out.returncode == 0, out.stderr
     assert "tova (kvviz.core.policies.tova.Tova): PASS" in out.stdout
     assert "FAIL" not in out.stdout
 
 
 def test_check_all_builtins():
-    out = kvviz_numpy_only("check", "--all-builtins")
+    out = numpy_only("check", "--all-builtins")
     assert out.returncode == 0, out.stderr
     verdicts = [ln for ln in out.stdout.splitlines() if not ln.startswith(" ")]
     assert len(verdicts) >= 6 and all(ln.endswith(": PASS") for ln in verdicts), verdicts
@@ -79,8 +83,8 @@ def test_check_all_builtins():
 
 
 def test_check_reference_without_hypothesis_names_the_extra():
-    out = without(HEAVY + ("hypothesis",), "check", "tova",
-                  "--reference", "kvviz.core.reference:RefTova", "--examples", "5")
+    out = numpy_only("check", "tova",
+                     "--reference", "kvviz.core.reference:RefTova", "--examples", "5")
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
@@ -92,8 +96,8 @@ def test_check_reference_without_hypothesis_names_the_extra():
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     where = tmp_path_factory.mktemp("bench")
-    out = kvviz_numpy_only("bench", "--budgets", "256", "--policies", "tova,snapkv",
-                           "--csv", str(where / "t.csv"), "--json", str(where / "t.json"))
+    out = numpy_only("bench", "--budgets", "256", "--policies", "tova,snapkv",
+                     "--csv", str(where / "t.csv"), "--json", str(where / "t.json"))
     return out, where
 
 
@@ -141,7 +145,7 @@ def test_bench_files_hold_what_evaluate_computes(bench):
 
 
 def test_perf_prints_the_speed_table():
-    out = kvviz_numpy_only("perf", "--long-steps", "0", "--steps", "256")
+    out = numpy_only("perf", "--long-steps", "0", "--steps", "256")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("canonical trace, 256 steps, budget 512")
@@ -149,6 +153,14 @@ def test_perf_prints_the_speed_table():
     rows = [ln.split() for ln in lines[2:]]
     assert {"tova", "snapkv", "h2o"} <= {r[0] for r in rows}
     assert all(len(r) == 4 and float(r[1]) >= 0 for r in rows)
+
+
+def test_perf_streams_prints_its_rows():
+    out = numpy_only("perf", "--streams", "1,2", "--steps", "256")
+    assert out.returncode == 0, out.stderr
+    ways = [ln.split()[1] for ln in out.stdout.splitlines()[1:]]
+    assert {"lean", "Replay", "run_streams"} <= set(ways)
+    assert "DIFFERENT" not in out.stdout
 
 
 def test_table_spells_missing_numbers_per_format(tmp_path):
