@@ -148,7 +148,7 @@ def bench(ray: str | None = None) -> int:
         print("per stream-step cost, TOVA at budget 512 on 4,096 canonical steps "
               "(kvviz.studies.streams_bench; all of it: python -m kvviz perf --streams):")
         cost = streams_bench.bench(512, 4096, policies=("tova",), streams=(1, 3),
-                                 progress=None)
+                                   progress=None)
         print(cost.to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
