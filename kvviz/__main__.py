@@ -87,18 +87,15 @@ def _bench_perf(args) -> int:
     if cli_load(args.plugin, f"kvviz {args.command}"):
         return 2
 
-    import pandas as pd
+    from kvviz.studies import bench as b  # numpy only: its tables print and write themselves
 
-    from kvviz.studies import bench as b
-
-    pd.set_option("display.width", 200)
     if args.command == "bench":
         try:
             trace = b.open_trace(args.trace, args.layer, args.head)
             budgets = [int(x) for x in args.budgets.split(",")]
             policies = args.policies.split(",") if args.policies else None
             kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
-            df = b.table(trace, budgets, policies, kernels, args.spans)
+            results = b.table(trace, budgets, policies, kernels, args.spans)
         except ValueError as exc:
             parser.error(str(exc))
         print(b.describe(trace))
@@ -107,11 +104,11 @@ def _bench_perf(args) -> int:
                 print(f"warning: budget {budget} is at least the trace length ({trace.steps} "
                       "steps): nothing is ever evicted, so its rows (evicts False) score "
                       "perfectly by construction")
-        print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print(results.to_string(float_format=lambda v: f"{v:.4f}"))
         if args.csv:
-            df.to_csv(args.csv, index=False)
+            results.to_csv(args.csv)
         if args.json:
-            df.to_json(args.json, orient="records", indent=2)
+            results.to_json(args.json)
         return 0
     if args.command == "perf" and args.streams:
         from kvviz.studies.streams_bench import bench as streams_bench
@@ -122,10 +119,10 @@ def _bench_perf(args) -> int:
     if args.command == "perf":
         if args.long_steps:  # first, so the process's peak RSS is the long run's own
             print(f"long run: {b.long_run(args.long_steps, 1024)}")
-        df = b.perf(args.budget, args.steps)
+        results = b.perf(args.budget, args.steps)
         print(f"canonical trace, {args.steps} steps, budget {args.budget}; rows pre-generated; "
               "best of 3 for the fast replay, one reference replay")
-        print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(results.to_string(float_format=lambda v: f"{v:.3f}"))
         return 0
     return 2
 

@@ -649,6 +649,16 @@ def main(argv=None) -> int:
     return run(parser().parse_args(argv))
 
 
+def _need_hypothesis() -> None:
+    """Hypothesis is an optional extra that only the differential check draws on: asked for
+    without it, say what to install before any rule runs, not a traceback after them."""
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise ValueError("--reference draws its scenarios with Hypothesis, which is not "
+                         "installed: pip install 'kvviz[check]'") from None
+
+
 def run(args) -> int:
     from kvviz.core.plugins import cli_load
     from kvviz.core.policies import BUILTINS
@@ -664,6 +674,8 @@ def run(args) -> int:
         if args.steps < 2 or args.examples < 1:
             raise ValueError("--steps must be >= 2 and --examples >= 1")
         reference = load_function(args.reference) if args.reference else None
+        if reference is not None:
+            _need_hypothesis()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

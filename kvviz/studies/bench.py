@@ -4,13 +4,12 @@ from __future__ import annotations
 import time
 import tracemalloc
 
-import pandas as pd
-
 from kvviz.core.metrics import summary
 from kvviz.core.policies import make_policy
 from kvviz.core.reference import make_reference
 from kvviz.core.replay import Replay, run_policy, runnable
 from kvviz.core.trace import Trace, canonical, load_trace
+from kvviz.studies.table import Table
 
 BUDGETS = (256, 512, 1024)
 
@@ -44,9 +43,10 @@ def describe(trace: Trace) -> str:
 
 
 def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
-          spans: bool = False) -> pd.DataFrame:
+          spans: bool = False) -> Table:
     """Policies x budgets. `pool_kernels` gives snapkv one row per kernel; `spans` adds
-    span integrity (kvviz.core.spans: important attention spans whole / fragmented / dropped at the end)."""
+    span integrity (kvviz.core.spans: important attention spans whole / fragmented / dropped at the end).
+    A Table, not a DataFrame, so `kvviz bench` runs with numpy alone (`.to_frame()` for pandas)."""
     configs = []
     for name in policies or runnable(trace):
         kernels = pool_kernels if name == "snapkv" and pool_kernels else [None]
@@ -68,7 +68,7 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     columns = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
     columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
     columns += ["evicts"]
-    return pd.DataFrame(rows, columns=columns + ["params"])
+    return Table(rows, columns + ["params"])
 
 
 class CachedTrace(Trace):
@@ -94,7 +94,8 @@ def _time_replay(trace, policy) -> float:
     return time.process_time() - start
 
 
-def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
+def perf(budget: int = 512, steps: int = 4096, policies=None) -> Table:
+    """Fast replay against the reference per policy, in CPU seconds (a Table, as `table`)."""
     trace = CachedTrace(canonical(steps))
     rows = []
     for name in policies or runnable(trace):
@@ -104,7 +105,7 @@ def perf(budget: int = 512, steps: int = 4096, policies=None) -> pd.DataFrame:
         except ValueError:  # a plugin that names no reference
             ref = float("nan")
         rows.append({"policy": name, "fast_cpu_s": fast, "reference_cpu_s": ref, "speedup": ref / fast})
-    return pd.DataFrame(rows)
+    return Table(rows, ["policy", "fast_cpu_s", "reference_cpu_s", "speedup"])
 
 
 def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> dict:

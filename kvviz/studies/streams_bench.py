@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pandas as pd
 
 from kvviz.studies.bench import CachedTrace
 from kvviz.core.policies import make_policy
 from kvviz.core.replay import NEVER, Replay
 from kvviz.core.streams import replay_streams
 from kvviz.core.trace import ArrayTrace, canonical, packed_offset
+from kvviz.studies.table import Table
 
 STREAMS = (1, 3, 9, 27)
 
@@ -115,7 +115,7 @@ def check_lean(name: str, budget: int = 512, steps: int = 4096) -> bool:
 
 
 def bench(budget: int = 512, steps: int = 4096, policies=("tova", "h2o", "snapkv"),
-          streams=STREAMS, repeat: int = 3, progress=print) -> pd.DataFrame:
+          streams=STREAMS, repeat: int = 3, progress=print) -> Table:
     """Per stream-step CPU microseconds, and the ratio to the lean loop measured in the same
     run, per policy and way. Each round times every way once; the best round counts, so a
     neighbour's load that comes and goes hits all ways alike. `victims` says whether a way's
@@ -149,4 +149,4 @@ def bench(budget: int = 512, steps: int = 4096, policies=("tova", "h2o", "snapkv
             if progress:
                 progress(f"{name:>7} {way:>11} S={count:<3} {row['us_per_stream_step']:8.2f} us/stream-step "
                          f"{row['speedup_vs_lean']:6.1f}x  victims {row['victims']}")
-    return pd.DataFrame(out)
+    return Table(out, ["policy", "way", "streams", "us_per_stream_step", "speedup_vs_lean", "victims"])

@@ -9,9 +9,6 @@ import time
 from pathlib import Path
 
 from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
-from kvviz.studies.sweep.run import run_sweep
-from kvviz.studies.sweep.cell import PluginLoadError
-from kvviz.studies.sweep.engines import WorkerLost
 
 BENCH_BUDGETS = [64, 128, 256, 512, 768]
 BENCH_LAYERS = [0, 14, 29]
@@ -42,6 +39,12 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    # here, not at the top: `kvviz`'s tree imports this module for its parser, and the
+    # driver loads pandas, which `kvviz check` and `kvviz bench` do without
+    from kvviz.studies.sweep.cell import PluginLoadError
+    from kvviz.studies.sweep.engines import WorkerLost
+    from kvviz.studies.sweep.run import run_sweep
+
     p = args.parser
     if args.workers is not None and args.workers < 1:
         p.error(f"--workers must be >= 1, got {args.workers}")
@@ -111,6 +114,8 @@ def bench(ray: str | None = None) -> int:
     efficiency uses; CPU time shows what parallelism costs when the machine is busy."""
     import os
 
+    from kvviz.studies.sweep.run import run_sweep
+
     spec = bench_spec()
     times, cpus, tables = {}, {}, {}
     runs = [("serial", {}), ("2 workers", {"workers": 2})]
@@ -142,9 +147,9 @@ def bench(ray: str | None = None) -> int:
     if streams_bench is not None and hasattr(streams_bench, "bench"):
         print("per stream-step cost, TOVA at budget 512 on 4,096 canonical steps "
               "(kvviz.studies.streams_bench; all of it: python -m kvviz perf --streams):")
-        df = streams_bench.bench(512, 4096, policies=("tova",), streams=(1, 3),
-                                 progress=None)
-        print(df.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        cost = streams_bench.bench(512, 4096, policies=("tova",), streams=(1, 3),
+                                   progress=None)
+        print(cost.to_string(float_format=lambda v: f"{v:.3g}"))
     return 0
 
 
