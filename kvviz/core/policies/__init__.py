@@ -12,16 +12,32 @@ import inspect
 import re
 import uuid
 
-from kvviz.core.policies.base import KINDS, ParamSpec, Policy, Rank, param
-from kvviz.core.policies.h2o import H2O
-from kvviz.core.policies.knorm import Knorm
-from kvviz.core.policies.random_policy import RandomPolicy
-from kvviz.core.policies.scissorhands import Scissorhands
-from kvviz.core.policies.snapkv import SnapKV
-from kvviz.core.policies.streaming_llm import StreamingLLM
-from kvviz.core.policies.tova import Tova
+import pkgutil
 
-BUILTINS = (Tova, SnapKV, H2O, StreamingLLM, Scissorhands, Knorm, RandomPolicy)
+from kvviz.core.policies.base import KINDS, ParamSpec, Policy, Rank, param
+
+# The order lists, tables and default colours show the built-ins in. A built-in not named
+# here (a new file in this folder) follows these, alphabetically: adding one edits nothing here.
+ORDER = ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "knorm", "random")
+
+
+def _builtins() -> tuple[type[Policy], ...]:
+    """Every Policy class with a `name` defined in a module of this folder: the built-ins
+    are found from their files, so a new policy is its own file and nothing else."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__, __name__ + "."):
+        if info.name.endswith(".base"):
+            continue
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if (isinstance(obj, type) and issubclass(obj, Policy) and obj.__module__ == module.__name__
+                    and isinstance(obj.__dict__.get("name"), str)):
+                found[obj.name] = obj
+    rank = {n: i for i, n in enumerate(ORDER)}
+    return tuple(found[n] for n in sorted(found, key=lambda n: (rank.get(n, len(ORDER)), n)))
+
+
+BUILTINS = _builtins()
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in BUILTINS}
 RESERVED = {"policy", "full"}  # the base class's name; the loop's no-eviction row
 _COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")
