@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 
 from kvviz.core.metrics import evaluate
-from kvviz.studies.sweep import SpecError, SweepDirError, run_sweep
+from kvviz.studies.sweep.run import run_sweep
+from kvviz.studies.sweep.spec import SpecError
+from kvviz.studies.sweep.store import SweepDirError
 from kvviz.core.trace import canonical, load_trace, pack_rows, save_trace
 
 ROOT = Path(__file__).resolve().parents[1]

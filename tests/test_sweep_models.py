@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from apphelp import require_capture_stack
-from kvviz.studies.sweep import SpecError, run_sweep
+from kvviz.studies.sweep.run import run_sweep
+from kvviz.studies.sweep.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("The elements are listed by atomic number. Hydrogen is the lightest; helium follows it. "

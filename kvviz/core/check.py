@@ -40,6 +40,9 @@ TIE_WEIGHTS = np.array([0.0625, 0.125, 0.25, 0.5, 1.0], np.float32)
 
 @dataclass
 class RuleResult:
+    """One rule's verdict on one policy: which rule, what it looked at, pass or fail, and the
+    failing step and values, so a failure says where to look without re-running anything."""
+
     rule: str  # contract, determinism, refusals, robustness, differential, speed
     name: str  # what was checked
     passed: bool
@@ -47,6 +50,7 @@ class RuleResult:
     info: bool = False  # a figure to read, not a pass/fail rule
 
     def line(self) -> str:
+        """The line `kvviz check` prints: PASS, FAIL or info, the rule, and the detail."""
         mark = "info" if self.info else ("PASS" if self.passed else "FAIL")
         return f"{mark}  {self.rule}: {self.name}" + (f" -- {self.detail}" if self.detail else "")
 
@@ -347,6 +351,8 @@ def _log(cls, trace, budget: int, rng_seed: int, params: dict) -> np.ndarray:
 
 
 def check_determinism(cls, steps: int = STEPS) -> list[RuleResult]:
+    """Two replays with the same seed must give the same eviction log, bit for bit: every
+    figure kvviz prints assumes a run can be repeated."""
     trace = truncated(canonical(max(steps, 2)), steps)
     budget = _contract_budget_or(cls, 64)
     try:
@@ -389,6 +395,8 @@ def bad_values(spec) -> list:
 
 
 def check_refusals(cls) -> list[RuleResult]:
+    """Every parameter value outside its declared rule, and a budget of 0 or -1, must raise a
+    ValueError that names it: a bad value is refused where it is given, not silently run."""
     problems = [_refused(cls, "budget", {}, budget) for budget in (0, -1)]
     for spec in cls.specs:
         for value in bad_values(spec):
@@ -415,6 +423,8 @@ def _refused(cls, name: str, params: dict, budget: int, spec=None) -> str | None
 
 
 def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0) -> list[RuleResult]:
+    """Rows a real model produces (null, all-zero, one-hot) never raise, and the canonical
+    trace and every shipped trace replay at budgets 16, 64 and 256 (`full`: every step)."""
     results = [_odd_rows(cls, steps, seed)]
     fails, runs = [], 0
     try:
@@ -479,6 +489,7 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
 
 
 def us_per_step(cls, steps: int = 1024, budget: int = 256, params=None) -> float:
+    """Microseconds of CPU per replayed step on the canonical trace, the best of two runs."""
     trace = truncated(canonical(steps), steps)
     best = np.inf
     for _ in range(2):
@@ -495,6 +506,8 @@ def _tova_us() -> float:
 
 
 def check_speed(cls) -> list[RuleResult]:
+    """The policy's cost per step beside TOVA's, measured in the same run: a figure to read
+    (info), not a pass or fail, since timings on a shared machine vary."""
     try:
         params = _fit_params(cls, 256)
         mine, tova = us_per_step(cls, params=params), _tova_us()
@@ -614,6 +627,7 @@ def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
 
 
 def passed(results) -> bool:
+    """Whether every rule passed (info lines always pass): the command's exit status."""
     return all(r.passed for r in results)
 
 
@@ -646,6 +660,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """`kvviz check ...` from a list of arguments; returns the exit status."""
     return run(parser().parse_args(argv))
 
 
@@ -660,6 +675,8 @@ def _need_hypothesis() -> None:
 
 
 def run(args) -> int:
+    """Run the parsed command: load plugins, check each target, print every rule's line, and
+    return 0 only if all passed (1 if one failed, 2 for a bad argument)."""
     from kvviz.core.plugins import cli_load
     from kvviz.core.policies import BUILTINS
 

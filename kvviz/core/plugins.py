@@ -31,6 +31,8 @@ class PluginError(ValueError):
 
 
 def env_specs() -> list[str]:
+    """The plugins `$KVVIZ_PLUGINS` names (paths or modules, os.pathsep-separated): how the
+    app, and the workers a sweep starts, get the same policies as the command that set it."""
     return [s for s in os.environ.get(ENV, "").split(os.pathsep) if s.strip()]
 
 
@@ -232,6 +234,7 @@ def forget() -> None:
 
 
 def add_argument(parser) -> None:
+    """Add `--plugin PATH.py|MODULE` (repeatable) to a command: one spelling on every command."""
     parser.add_argument("--plugin", action="append", default=[], metavar="PATH.py|MODULE",
                         help="load policies from a file or module (repeatable; also "
                              f"${ENV}, {os.pathsep}-separated)")
