@@ -46,7 +46,12 @@ def absolute(spec: str) -> str:
     return str(Path(target).expanduser().resolve()) + sep + cls if _is_path(target) else spec
 
 
-def _import_path(path: Path):
+def load_file(path) -> object:
+    """A `.py` file run as a module, once per process (the same module back for the same
+    resolved path): what plugins and `kvviz check --reference PATH.py:FUNC` both load, so a
+    file given to both is one module. Whatever the file raises is raised (it is not left
+    half-loaded in sys.modules); callers word the error for their option."""
+    path = Path(path).expanduser().resolve()
     name = f"kvviz_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -113,7 +118,7 @@ def load_plugin(spec: str) -> list[str]:
             path = Path(target).expanduser().resolve()
             if not path.is_file():
                 raise PluginError(f"plugin {spec}: file not found")
-            module = _import_path(path)
+            module = load_file(path)
             origin = (lambda cls, p=str(path): f"{p}:{cls.__name__}")
         else:
             module = importlib.import_module(target)

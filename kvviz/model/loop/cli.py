@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from kvviz.core.atomic import replacing
+from kvviz.core.cli import one_line_error
 from kvviz.model.capture import add_device_arguments, parse_layers, require_stack
 from kvviz.model.models import PROVENANCE, resolve
 from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
@@ -24,12 +25,6 @@ def perf_policies() -> list[str]:
     from kvviz.core.policies import POLICIES
 
     return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
-
-
-def one_line_error(message):
-    """argparse's `error` for kvviz's commands: one clear line and exit 2, not usage + message."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def read_text(path: str, option: str) -> str:

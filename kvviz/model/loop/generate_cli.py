@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvviz.core.cli import one_line_error
 from kvviz.model.capture import require_stack
 from kvviz.model.models import resolve
 from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
-from kvviz.model.loop.cli import Progress, add_config_arguments, add_model_arguments, build_configs, one_line_error, \
-    read_text
+from kvviz.model.loop.cli import Progress, add_config_arguments, add_model_arguments, build_configs, read_text
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
 
 MARK = "|>"

@@ -8,14 +8,10 @@ import time
 from pathlib import Path
 
 from kvviz.model.capture import add_device_arguments, require_stack
+from kvviz.core.cli import one_line_error
 from kvviz.model.loop.config import GRANULARITIES
 from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
-
-
-def _error(message):
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _numbers(kind):
@@ -33,7 +29,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
                           "policy answers over its own evicted cache beside the full cache. Re-running resumes.")
     p = (sub.add_parser("needle", help="the pass-key test under eviction (needs pip install 'kvviz[capture]')", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
-    p.error = _error
+    p.error = one_line_error
     p.add_argument("--out", help="results folder (runs/<id>.npz, results.csv, results.json)")
     p.add_argument("--lengths", nargs="+", type=_numbers(int), default=[[256]], help="prompt lengths in tokens")
     p.add_argument("--depths", nargs="+", type=_numbers(float), default=[[10, 50, 90]],
