@@ -24,18 +24,23 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvviz.core.policies import FULL_LABEL, config_label  # noqa: E402
 from kvviz.model.needle import load_results, load_run  # noqa: E402
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
 
 
+KEEP = ("pool_kernel", "sinks")  # the parameters the report tells apart, named even at their default
+
+
 def short(row) -> str:
-    p = row["params"]
-    if row["policy"] == "snapkv":
-        return f"snapkv k={p.get('pool_kernel')}"
-    if row["policy"] == "streaming-llm":
-        return f"streaming-llm sinks={p.get('sinks')}"
-    return row["policy"]
+    """The row's configuration label (config_label) from the parameters in KEEP only: the
+    report compares policies and SnapKV's kernels, whatever else a grid varied."""
+    kept = {k: v for k, v in row["params"].items() if k in KEEP}
+    return config_label(row["policy"], kept, keep=KEEP)
+
+
+PK5, PK1 = (config_label("snapkv", {"pool_kernel": k}, keep=KEEP) for k in (5, 1))
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -55,7 +60,7 @@ def table(df: pd.DataFrame) -> str:
     """Accuracy per policy (rows) at each prompt mode x budget, layer granularity, all lengths."""
     d = df[df.granularity == "layer"]
     cols = sorted({(m, b) for m, b in zip(d.prompt_mode, d.budget) if b > 0}, key=lambda x: (x[0] != "decode", x[1]))
-    names = ["full"] + sorted(set(d.name) - {"full"})
+    names = [FULL_LABEL] + sorted(set(d.name) - {FULL_LABEL})
     head = "| policy | " + " | ".join(f"{m} {b}" for m, b in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
     full = d[d.policy == "full"]
@@ -142,11 +147,11 @@ def paired3(df) -> str:
 
 
 def q2(df) -> str:
-    t = paired(df, "snapkv k=5", "snapkv k=1")
+    t = paired(df, PK5, PK1)
     if t.empty:
         return "No SnapKV poolKernel 5 / 1 pairs in this grid."
-    whole5, whole1 = (df[df.name == n].whole.mean() for n in ("snapkv k=5", "snapkv k=1"))
-    acc5, acc1 = (df[df.name == n].correct.mean() for n in ("snapkv k=5", "snapkv k=1"))
+    whole5, whole1 = (df[df.name == n].whole.mean() for n in (PK5, PK1))
+    acc5, acc1 = (df[df.name == n].correct.mean() for n in (PK5, PK1))
     more = "more" if whole5 > whole1 else "not more"
     turns = "and it is right more often" if acc5 > acc1 else "but that does not make it right more often"
     return (fmt(t) + f"\n\n**Answer:** over all runs, poolKernel 5 keeps the key whole in every layer in "

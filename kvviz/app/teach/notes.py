@@ -414,9 +414,9 @@ def _trace(path: str, mtime: float, layer, head: str):
 
 
 def _line(row: dict) -> str:
-    from kvviz.app.figures.loop import policy_line_label
+    from kvviz.core.policies import config_label
 
-    return policy_line_label(row["policy"], row["params"])
+    return config_label(row["policy"], row["params"])
 
 
 @lru_cache(maxsize=8)

@@ -12,7 +12,7 @@ import streamlit as st
 from kvviz.app.ui import (view_cache, view_compare, view_divergence, view_export, view_loop,
                       view_metrics, view_needle, view_scores, view_slides, view_survival,
                       view_tokens)
-from kvviz.app.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
+from kvviz.app.ui.context import CHART, Ctx, refusal_message  # noqa: F401
 from kvviz.app.ui.guided import experiments_box  # noqa: F401
 from kvviz.app.ui.guided import open_linked as open_linked_experiment  # noqa: F401
 from kvviz.app.ui.navigation import advance, navigator, status  # noqa: F401

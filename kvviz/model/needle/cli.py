@@ -3,12 +3,14 @@ loads (the key's fit needs only the tokenizer); re-running the same command resu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from kvviz.model.capture import add_device_arguments, require_stack
 from kvviz.core.cli import one_line_error
+from kvviz.core.policies import config_label
 from kvviz.model.loop.config import GRANULARITIES
 from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
@@ -118,7 +120,10 @@ def run(args) -> int:
 
 
 def summary(df) -> str:
-    """Accuracy and key share held at the end of the prompt, per config label and prompt mode."""
-    g = df.groupby(["prompt_mode", "label"], sort=False).agg(
+    """Accuracy and key share held at the end of the prompt, per configuration
+    (kvviz.core.policies.config_label) and prompt mode."""
+    df = df.assign(config=[config_label(p, json.loads(q) if isinstance(q, str) else q, budget=b)
+                           for p, q, b in zip(df["policy"], df["params"], df["budget"])])
+    g = df.groupby(["prompt_mode", "config"], sort=False).agg(
         runs=("correct", "size"), accuracy=("correct", "mean"), held_end=("held_end", "mean"))
     return g.to_string(float_format=lambda v: f"{v:.2f}")
