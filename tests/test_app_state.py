@@ -214,3 +214,15 @@ def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch)
                          for p in session.PAGE_KEYS)}
     assert not stray, stray
     assert session.KV in keys and any(k.startswith(session.SWEEP_ON) for k in keys)
+
+
+def test_one_registry_of_views_feeds_the_url_the_lessons_and_the_page():
+    """The URL check, the lessons' check, the selector's labels and the page's dispatch
+    read kvviz.app.state.REGISTRY: a view in one is in all, in the same order."""
+    from kvviz.app.state import REGISTRY, VIEW_LABELS, VIEWS
+    from kvviz.app.ui import panels
+
+    names = [v.name for v in REGISTRY]
+    assert len(set(names)) == len(names) and list(VIEWS) == names
+    assert list(VIEW_LABELS) == names and all(VIEW_LABELS[v.name] == v.label for v in REGISTRY)
+    assert list(panels.RENDER) == names and all(callable(f) for f in panels.RENDER.values())
