@@ -267,6 +267,3 @@ def to_query(st: ViewState) -> dict[str, str]:
     q.update({k: str(v) for k, v in st.needle.items() if k in NEEDLE_KEYS})
     return q
 
-
-def with_changes(st: ViewState, **kw) -> ViewState:
-    return replace(st, **kw)

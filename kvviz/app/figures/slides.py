@@ -71,12 +71,6 @@ def shown_token(tok: str, size: int = 13) -> str:
     return "".join(out) or ("∅" if _has_glyph("∅", size) else "_")
 
 
-def _new(width: int, height: int) -> Image.Image:
-    img = Image.new("P", (int(width), int(height)), PAPER)
-    img.putpalette(_PALETTE)
-    return img
-
-
 def frame_steps(start: int, stop: int, frames: int) -> np.ndarray:
     """`frames` distinct steps from `start` to `stop` inclusive, evenly spread."""
     start, stop, frames = int(start), int(stop), int(frames)

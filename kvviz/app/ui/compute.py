@@ -222,11 +222,6 @@ def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, 
     return summary_of(RunKey(key, layer, version, policy, params, budget, head))
 
 
-def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-                 head: str = "mean") -> dict:
-    return evaluate(RunKey(key, layer, version, policy, params, budget, head))
-
-
 def heatmap_bins(steps: int) -> int:
     """Pixels per axis: one per cell up to 1,024 steps; beyond that 512 (4,096 steps -> 8x8
     blocks; aggregation cost grows with pixels x positions, and the chart is ~1,000 px wide)."""

@@ -11,7 +11,7 @@ import importlib
 
 import streamlit as st
 
-from kvviz.app.ui.context import CHART, Ctx, refusal_message  # noqa: F401
+from kvviz.app.ui.context import Ctx, refusal_message  # noqa: F401
 from kvviz.app.ui.guided import experiments_box  # noqa: F401
 from kvviz.app.ui.guided import open_linked as open_linked_experiment  # noqa: F401
 from kvviz.app.ui.navigation import advance, navigator, status  # noqa: F401

@@ -109,10 +109,6 @@ def _policy_class(name: str) -> type[Policy]:
     return POLICIES[name]
 
 
-def policy_class(name: str) -> type[Policy]:
-    return _policy_class(name)
-
-
 def make_policy(name: str, budget: int = 512, rng=None, **params) -> Policy:
     cls = _policy_class(name)
     allowed = {s.name for s in cls.specs}
@@ -196,10 +192,6 @@ def config_label(name: str, params=None, *, budget=None, keep=()) -> str:
     return name + (f" ({', '.join(shown)})" if shown else "") + at
 
 
-def label_of(name: str) -> str:
-    return _policy_class(name).label or name
-
-
 def rank_of(name: str) -> Rank | None:
     cls = POLICIES.get(name)
     return cls.rank if cls is not None else None
@@ -245,7 +237,6 @@ def reference_class(name: str):
 
 
 __all__ = ["FULL", "FULL_LABEL", "POLICIES", "ParamSpec", "Policy", "Rank", "check_declaration",
-           "config_label", "defaults",
-           "label_of", "make_policy", "param", "param_specs", "parse_params", "policy_class",
+           "config_label", "defaults", "make_policy", "param", "param_specs", "parse_params",
            "rank_of", "reference_class", "register_policy", "score_labels", "source_hash",
            "unregister_policy"]
