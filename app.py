@@ -35,16 +35,9 @@ with import_lock():
     import plotly.graph_objects  # noqa: F401
     settle()
 
-from kvviz.core.plugins import load_all  # noqa: E402
-from kvviz.core.policies import config_label  # noqa: E402
-from kvviz.app.ui import compute  # noqa: E402
-from kvviz.app.ui import follow  # noqa: E402
-from kvviz.app.ui import lesson  # noqa: E402
-from kvviz.app.ui import panels  # noqa: E402
-from kvviz.app.ui import predict  # noqa: E402
-from kvviz.app.ui import present  # noqa: E402
-from kvviz.app.ui import session  # noqa: E402
-from kvviz.app.ui import sidebar  # noqa: E402
+from kvviz.app.ui import compute, follow, lesson, panels, predict, present, session, sidebar
+from kvviz.core.plugins import load_all
+from kvviz.core.policies import config_label
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run

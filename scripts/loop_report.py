@@ -17,14 +17,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
-from kvviz.core.policies import config_label  # noqa: E402
-from kvviz.model.loop import LoopConfig  # noqa: E402
-from kvviz.core.metrics import retained_mass  # noqa: E402
-from kvviz.core.replay import Replay  # noqa: E402
-from kvviz.core.trace import ArrayTrace, load_trace  # noqa: E402
+from kvviz.core.metrics import retained_mass
+from kvviz.core.policies import config_label
+from kvviz.core.replay import Replay
+from kvviz.core.trace import ArrayTrace, load_trace
+from kvviz.model.loop import LoopConfig
 
 KEEP = ("pool_kernel", "sinks")  # the parameters the report compares, named even at their default
 
@@ -109,7 +109,7 @@ def report(df: pd.DataFrame) -> None:
         for (text, b), row in piv[cols].iterrows():
             print(f"| {text} | {b} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
         mass = sub.pivot_table(index=["text", "budget"], columns="short", values="replay_retained_mass")
-        print(f"\n### replay retained mass (shipped head-mean traces, layers 0/14/29 averaged)\n")
+        print("\n### replay retained mass (shipped head-mean traces, layers 0/14/29 averaged)\n")
         cols2 = [c for c in order if c in mass.columns]
         print("| text | budget | " + " | ".join(cols2) + " |")
         print("|---|---:|" + "---:|" * len(cols2))

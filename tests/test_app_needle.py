@@ -6,20 +6,20 @@ of the form). Expected values are computed here from the run files' raw arrays a
 """
 import json
 import sys
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 
+import needle_fixture as NF
 import numpy as np
 import pandas as pd
 import pytest
+from apphelp import APP, arr, ok
 from streamlit.testing.v1 import AppTest
 
-import needle_fixture as NF
-from apphelp import APP, arr, ok
-from kvviz.model.needle.results import load_results
-from kvviz.model.needle.prompt import QUESTION as NV_QUESTION
 from kvviz.app.figures import needle as NV
+from kvviz.model.needle.prompt import QUESTION as NV_QUESTION
+from kvviz.model.needle.results import load_results
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +340,8 @@ def test_own_runs_queue_and_show_their_place(monkeypatch, fix):
 
     if importlib.util.find_spec("torch") is None:
         pytest.fail("torch is not installed: the run form cannot be tested")
-    from kvviz.model.needle.results import load_run
     from kvviz.app.ui import view_needle
+    from kvviz.model.needle.results import load_run
 
     release, calls = threading.Event(), []
 
@@ -420,8 +420,8 @@ def test_own_run_with_the_real_model(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))
     import kvviz.model.loop as loop
-    from kvviz.model.models import load_model
     from kvviz.app.ui.view_needle import MAX_PROMPT, configs_for
+    from kvviz.model.models import load_model
     from kvviz.model.needle.prompt import build_around
 
     passage = "The grass is green. The sky is blue. The sun is yellow. Here we go. " * 6

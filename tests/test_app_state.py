@@ -6,11 +6,10 @@ import shutil
 
 import numpy as np
 import pytest
+from apphelp import APP, REPO, app, ok, softmax_rows, traces_dir
 from streamlit.testing.v1 import AppTest
 
 from kvviz.core.trace import save_trace
-
-from apphelp import APP, REPO, app, ok, softmax_rows, traces_dir
 
 FIX = REPO / "tests" / "fixtures" / "loop"
 
@@ -195,8 +194,8 @@ def test_memory_has_a_thousands_separator(traces):
 def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch):
     """After every view, each session key is a widget's, the page state's, or one of
     kvviz.app.ui.session.PAGE_KEYS: no ad-hoc key elsewhere."""
-    from kvviz.app.ui import session
     from kvviz.app.state import VIEWS
+    from kvviz.app.ui import session
 
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = app(trace="file:long.npz")

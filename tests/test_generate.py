@@ -7,9 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from kvviz.model.loop import Generation, LoopConfig, generate, load_generation
 from kvviz.core.replay import NEVER
-
+from kvviz.model.loop import Generation, LoopConfig, generate, load_generation
 
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
 N = 6

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from apphelp import require_capture_stack
 
 from kvviz.model.loop import LoopConfig, check_configs, load_loop_result, parse_policy
 from kvviz.model.loop.cli import build_configs
-
-from apphelp import require_capture_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = (ROOT / "traces" / "sources" / "execmodel.txt").read_text(encoding="utf-8")

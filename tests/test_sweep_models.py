@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from apphelp import require_capture_stack
+
 from kvviz.studies.sweep import SpecError, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import os
 import socket
 import sys
 
-from kvviz.core.plugins import add_argument as plugin_arg
 from kvviz.core.paths import app_file, lessons_dir, loop_dir, traces_dir
+from kvviz.core.plugins import add_argument as plugin_arg
 
 # Offline and local-only: no telemetry, no external IP lookup, bound to 127.0.0.1.
 SETTINGS = {

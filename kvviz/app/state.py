@@ -20,11 +20,10 @@ A key given twice is said, and its first value used.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kvviz.app.jumps import NOTABLE_SHARE
 from kvviz.core.policies import POLICIES, defaults, param_specs, parse_params
-
 
 
 @dataclass(frozen=True)

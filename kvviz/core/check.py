@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import sys
 import time

@@ -119,13 +119,13 @@ def load_plugin(spec: str) -> list[str]:
             if not path.is_file():
                 raise PluginError(f"plugin {spec}: file not found")
             module = load_file(path)
-            origin = (lambda cls, p=str(path): f"{p}:{cls.__name__}")
+            where = str(path)
         else:
             module = importlib.import_module(target)
-            origin = (lambda cls: f"{cls.__module__}:{cls.__name__}")
+            where = None
     except PluginError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the author's code; SystemExit too
+    except BaseException as exc:  # the author's code; SystemExit too
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise PluginError(f"plugin {spec}: import failed: {_one_line(exc)}") from None
@@ -133,7 +133,8 @@ def load_plugin(spec: str) -> list[str]:
     if not classes:
         what = f"no Policy subclass named {only}" if only else "no Policy subclass with a name"
         raise PluginError(f"plugin {spec}: defines {what}")
-    _LOADED[spec] = _register_all(spec, classes, origin)
+    _LOADED[spec] = _register_all(spec, classes,
+                                  lambda cls: f"{where or cls.__module__}:{cls.__name__}")
     return _LOADED[spec]
 
 
@@ -163,7 +164,7 @@ def load_entry_points() -> list[str]:
             where = f"{ep.value} (entry point {ep.name} in {GROUP})"
             try:
                 obj = ep.load()
-            except Exception as exc:  # noqa: BLE001 - the author's code
+            except Exception as exc:  # the author's code
                 _ENTRY_POINTS.append(f"plugin {where}: import failed: {_one_line(exc)}")
                 continue
             classes = [obj] if isinstance(obj, type) else _classes(obj)

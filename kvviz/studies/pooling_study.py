@@ -112,7 +112,8 @@ def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
                 row.update(retained_mass=m["retained_mass"], hh_recall=m["hh_recall"])
                 for kind in ("words", "attn"):
                     res = (integrity(trace, run, span_sets[kind], totals, checkpoints, top)
-                           if kind in span_sets else dict.fromkeys(("whole", "frag", "dropped", "intact", "peak"), np.nan))
+                           if kind in span_sets
+                           else dict.fromkeys(("whole", "frag", "dropped", "intact", "peak"), np.nan))
                     row.update({f"{kind}_{k}": v for k, v in res.items()})
                 rows.append(row)
     return pd.DataFrame(rows)

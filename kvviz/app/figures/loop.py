@@ -12,11 +12,10 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz.core.policies import FULL, FULL_LABEL, config_label
-
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import base_layout
 from kvviz.app.figures.tokens import join_token_spans, strip_css, token_html
+from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
 # colour-blind safe, matching common.LIGHT's colorway order
 LINE_COLOURS = ["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999",

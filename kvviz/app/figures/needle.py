@@ -15,11 +15,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvviz.core.policies import FULL, FULL_LABEL, config_label
-
 from kvviz.app.figures.cache import cache_heatmap
 from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
 from kvviz.app.figures.tokens import _token_html
+from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
 # accuracy 0 -> vermilion, 1 -> blue (colour-blind safe), through a light grey
 ACCURACY_SCALE = [[0, "#D55E00"], [0.5, "#eeeeee"], [1, "#0072B2"]]

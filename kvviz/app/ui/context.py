@@ -6,10 +6,10 @@ from functools import cached_property
 
 import streamlit as st
 
-from kvviz.core.policies import config_label
-from kvviz.app.ui import compute
 from kvviz.app.figures.common import A_COLOUR, B_COLOUR
 from kvviz.app.figures.states import NEVER, next_after
+from kvviz.app.ui import compute
+from kvviz.core.policies import config_label
 
 # the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
 CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,

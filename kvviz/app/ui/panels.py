@@ -11,12 +11,12 @@ import importlib
 
 import streamlit as st
 
+from kvviz.app.state import REGISTRY, VIEW_LABELS
 from kvviz.app.ui.context import Ctx, refusal_message  # noqa: F401
 from kvviz.app.ui.guided import experiments_box  # noqa: F401
 from kvviz.app.ui.guided import open_linked as open_linked_experiment  # noqa: F401
 from kvviz.app.ui.navigation import advance, navigator, status  # noqa: F401
 from kvviz.app.ui.session import S, note, widget, wkey
-from kvviz.app.state import REGISTRY, VIEW_LABELS
 
 RENDER = {v.name: importlib.import_module(f"kvviz.app.ui.{v.glue}").render for v in REGISTRY}
 

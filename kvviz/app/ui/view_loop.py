@@ -16,12 +16,12 @@ import pandas as pd
 import streamlit as st
 
 from kvviz.app import figures as V
-from kvviz.core.policies import POLICIES, config_label
+from kvviz.app.figures import loop as LV
 from kvviz.app.ui import jobs
 from kvviz.app.ui.context import CHART
-from kvviz.app.ui.session import from_link, note, timer_place, widget
-from kvviz.app.figures import loop as LV
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import from_link, note, timer_place, widget
+from kvviz.core.policies import POLICIES, config_label
 
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)

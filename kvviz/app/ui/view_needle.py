@@ -14,14 +14,14 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from kvviz.core.policies import POLICIES
-from kvviz.app.ui import jobs
-from kvviz.app.ui.context import CHART
-from kvviz.app.ui.session import note, timer_place
-from kvviz.app.ui.view_loop import POLL_S, torch_available
 from kvviz.app.figures import needle as NV
 from kvviz.app.figures.cache import Prebuilt
+from kvviz.app.ui import jobs
+from kvviz.app.ui.context import CHART
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import note, timer_place
+from kvviz.app.ui.view_loop import POLL_S, torch_available
+from kvviz.core.policies import POLICIES
 from kvviz.model.needle.prompt import QUESTION
 
 S = st.session_state

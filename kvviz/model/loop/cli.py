@@ -12,11 +12,12 @@ from pathlib import Path
 
 from kvviz.core.atomic import replacing
 from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, parse_layers, require_stack
-from kvviz.model.models import PROVENANCE, resolve
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.loop.config import GRANULARITIES, LoopConfig, parse_policy
+from kvviz.model.models import PROVENANCE, resolve
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
 

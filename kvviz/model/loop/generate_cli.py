@@ -6,12 +6,13 @@ import argparse
 import sys
 
 from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import require_stack
-from kvviz.model.models import resolve
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.loop.cli import Progress, add_config_arguments, add_model_arguments, build_configs, read_text
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
+from kvviz.model.models import resolve
 
 MARK = "|>"
 

@@ -8,11 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from kvviz.model.capture import add_device_arguments, require_stack
 from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
+from kvviz.model.capture import add_device_arguments, require_stack
 from kvviz.model.loop.config import GRANULARITIES
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
 
 

@@ -8,10 +8,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
-from kvviz.studies.sweep.run import run_sweep
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
 from kvviz.studies.sweep.cell import PluginLoadError
 from kvviz.studies.sweep.engines import WorkerLost
+from kvviz.studies.sweep.run import run_sweep
 
 BENCH_BUDGETS = [64, 128, 256, 512, 768]
 BENCH_LAYERS = [0, 14, 29]
