@@ -35,15 +35,9 @@ with import_lock():
     import plotly.graph_objects  # noqa: F401
     settle()
 
-from kvviz.core.plugins import load_all  # noqa: E402
-from kvviz.app.ui import compute  # noqa: E402
-from kvviz.app.ui import follow  # noqa: E402
-from kvviz.app.ui import lesson  # noqa: E402
-from kvviz.app.ui import panels  # noqa: E402
-from kvviz.app.ui import predict  # noqa: E402
-from kvviz.app.ui import present  # noqa: E402
-from kvviz.app.ui import session  # noqa: E402
-from kvviz.app.ui import sidebar  # noqa: E402
+from kvviz.app.ui import compute, follow, lesson, panels, predict, present, session, sidebar
+from kvviz.core.plugins import load_all
+from kvviz.core.policies import config_label
 
 with import_lock():  # installed entry points and $KVVIZ_PLUGINS, before the link is read
     for refusal in load_all():  # once per server process; refusals are kept and said each run
@@ -127,11 +121,11 @@ with follow.turn():
     eng_b = compute.get_engine(key, layer, version, b, compute.params_key(pb), budget, head)
     ctx = panels.Ctx(key=key, layer=layer, version=version, trace=trace, budget=budget, a=a, b=b,
                      pa=compute.params_key(pa), pb=compute.params_key(pb), eng_a=eng_a, eng_b=eng_b,
-                     label_a=panels.policy_label(a, pa), label_b=panels.policy_label(b, pb), solo=solo,
+                     label_a=config_label(a, pa), label_b=config_label(b, pb), solo=solo,
                      head=head)
     if solo:
         setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
-                f"{panels.policy_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
+                f"{config_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
     with top:
         locked = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
         if locked is None:

@@ -1,4 +1,5 @@
-"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson ...` (or `python -m kvviz ...` from a checkout)."""
+"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson ...`
+(or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
 import argparse
@@ -50,14 +51,14 @@ def _study(module: str):
 def parser() -> argparse.ArgumentParser:
     """The one tree: each command's module adds its node (importing none of torch, ray,
     streamlit or hypothesis: those load inside its `run`)."""
-    from kvviz.model import capture
-    from kvviz.core import check
     from kvviz.app import launch
+    from kvviz.app.teach import cli as lesson_cli
+    from kvviz.core import check
+    from kvviz.model import capture
     from kvviz.model.loop import cli as loop_cli
     from kvviz.model.loop import generate_cli
     from kvviz.model.needle import cli as needle_cli
     from kvviz.studies.sweep import cli as sweep_cli
-    from kvviz.app.teach import cli as lesson_cli
 
     tree = argparse.ArgumentParser(prog="kvviz")
     sub = tree.add_subparsers(dest="command", required=True)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import measure_latency as M  # noqa: E402
+import measure_latency as M
 
 MAIN = '[data-testid="stMain"]'
 SHOWS = ("(s) => new RegExp('evicted at step ' + s + '(?!\\\\d)')"

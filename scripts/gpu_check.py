@@ -40,8 +40,8 @@ def main(argv=None) -> int:
 
     from kvviz.model.capture import capture
     from kvviz.model.loop import LoopConfig, run_loop
-    from kvviz.studies.loop_perf import main as perf
     from kvviz.model.models import load_model, tokenize
+    from kvviz.studies.loop_perf import main as perf
 
     tok, mdl = load_model(None, "gpu-check", "cuda", args.dtype)
     ids = tokenize(tok, TEXT, args.tokens)[0]
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
         att = mdl(input_ids=torch.tensor([ids], device="cuda"), output_attentions=True).attentions
     lower = np.tril(np.ones((len(ids), len(ids)), bool), k=-1)
     figures["capture rows vs eager"] = float(max(
-        np.abs(cap["attn"][i, 0] - np.where(lower, att[l][0].float().mean(0).cpu().numpy(), 0)).max()
-        for i, l in enumerate(cap["layers"])))
+        np.abs(cap["attn"][i, 0] - np.where(lower, att[layer][0].float().mean(0).cpu().numpy(), 0)).max()
+        for i, layer in enumerate(cap["layers"])))
     tol = {"loop vs plain forward (cuda)": TOL[args.dtype], "cuda vs cpu": TOL[args.dtype],
            "capture rows vs eager": 1e-3 if args.dtype == "float32" else 2e-2}
     bad = False

@@ -167,10 +167,11 @@ def main(argv=None) -> int:
                     help="run the full-cache reference token by token (default: one forward)")
     ap.add_argument("--out", required=True, help=".npz to write (a .json summary goes beside)")
     args = ap.parse_args(argv)
+    from importlib.metadata import version
+
+    import kvpress  # noqa: F401  (fail early if the venv is wrong)
     import torch
     import transformers
-    import kvpress  # noqa: F401  (fail early if the venv is wrong)
-    from importlib.metadata import version
 
     torch.set_num_threads(int(os.environ.get("KVVIZ_THREADS", "2")))
     text = Path(args.text).read_text(encoding="utf-8")

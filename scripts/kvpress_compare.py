@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from kvviz.core.replay import NEVER, Replay
 from kvviz.core.policies import make_policy
+from kvviz.core.replay import NEVER, Replay
 from kvviz.core.trace import ArrayTrace, packed_offset
 
 

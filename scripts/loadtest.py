@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import stclient as C  # noqa: E402
+import stclient as C
 
 QUERY = "?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache"
 PAGE_TITLE = "Cache contents over time: A = tova, B = snapkv"
@@ -249,8 +249,8 @@ def held_positions(query: str) -> list[int]:
     itself (the same trace, policy and budget as the page's link)."""
     if str(REPO) not in sys.path:
         sys.path.insert(1, str(REPO))
-    from kvviz.core.replay import run_policy
     from kvviz.app.teach.question import next_eviction
+    from kvviz.core.replay import run_policy
     from kvviz.core.trace import canonical
     q = {k: v[0] for k, v in parse_qs(query).items()}
     if q.get("trace", "canonical") != "canonical":

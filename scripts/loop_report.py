@@ -17,23 +17,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
 
-from kvviz.model.loop import LoopConfig  # noqa: E402
-from kvviz.core.metrics import retained_mass  # noqa: E402
-from kvviz.core.replay import Replay  # noqa: E402
-from kvviz.core.trace import ArrayTrace, load_trace  # noqa: E402
+from kvviz.core.metrics import retained_mass
+from kvviz.core.policies import config_label
+from kvviz.core.replay import Replay
+from kvviz.core.trace import ArrayTrace, load_trace
+from kvviz.model.loop import LoopConfig
 
-SHORT = {"tova": "tova", "h2o": "h2o", "scissorhands": "scissorhands", "random": "random"}
+KEEP = ("pool_kernel", "sinks")  # the parameters the report compares, named even at their default
 
 
 def short(policy: str, params: dict) -> str:
-    if policy == "snapkv":
-        return f"snapkv pk{params['pool_kernel']}"
-    if policy == "streaming-llm":
-        return f"sinks{params['sinks']}+window"
-    return SHORT.get(policy, policy)
+    """The row's configuration label (config_label) from the parameters in KEEP only: the
+    report's columns are policies, SnapKV's kernels and StreamingLLM's sinks."""
+    return config_label(policy, {k: v for k, v in params.items() if k in KEEP}, keep=KEEP)
+
+
+TOVA, H2O, SCISSORS, RANDOM = "tova", "h2o", "scissorhands", "random"
+PK1, PK5 = (short("snapkv", {"pool_kernel": k}) for k in (1, 5))
+SINKS4, SINKS0 = (short("streaming-llm", {"sinks": n}) for n in (4, 0))
 
 
 def shipped_layers(name: str, steps: int) -> list[ArrayTrace]:
@@ -67,7 +71,7 @@ def frame(folder: Path) -> pd.DataFrame:
             cfg = LoopConfig(r["policy"], r["params"], r["budget"])
             rows.append({
                 "text": name, "granularity": r["granularity"], "n_tokens": T, "policy": r["policy"],
-                "short": short(r["policy"], r["params"]) if r["budget"] else "full",
+                "short": short(r["policy"], r["params"]),
                 "params": ";".join(f"{k}={v}" for k, v in r["params"].items()),
                 "budget": r["budget"], "perplexity": r["perplexity"],
                 "perplexity_after_eviction": r["perplexity_after_eviction"],
@@ -90,7 +94,7 @@ def spearman(a, b) -> float:
 
 def report(df: pd.DataFrame) -> None:
     ev = df[df.policy != "full"].copy()
-    order = ["tova", "h2o", "snapkv pk1", "snapkv pk5", "sinks4+window", "sinks0+window", "scissorhands", "random"]
+    order = [TOVA, H2O, PK1, PK5, SINKS4, SINKS0, SCISSORS, RANDOM]
     for gran in ("layer", "kv-head"):
         sub = ev[ev.granularity == gran]
         if sub.empty:
@@ -105,7 +109,7 @@ def report(df: pd.DataFrame) -> None:
         for (text, b), row in piv[cols].iterrows():
             print(f"| {text} | {b} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
         mass = sub.pivot_table(index=["text", "budget"], columns="short", values="replay_retained_mass")
-        print(f"\n### replay retained mass (shipped head-mean traces, layers 0/14/29 averaged)\n")
+        print("\n### replay retained mass (shipped head-mean traces, layers 0/14/29 averaged)\n")
         cols2 = [c for c in order if c in mass.columns]
         print("| text | budget | " + " | ".join(cols2) + " |")
         print("|---|---:|" + "---:|" * len(cols2))
@@ -132,18 +136,18 @@ def answers(df: pd.DataFrame) -> None:
                               values="perplexity_after_eviction")
         full = sub.groupby(["text", "budget"]).full_perplexity_after_eviction.first()
         print(f"{gran}:")
-        for col in ("sinks0+window", "sinks4+window"):
+        for col in (SINKS0, SINKS4):
             r = ppl[col] / full
             print(f"  {col} / full: " + ", ".join(f"{t} {b} x{v:.2f}" for (t, b), v in r.items()))
-        for other in ("h2o", "sinks4+window", "snapkv pk1"):
-            wins = int((ppl["tova"] < ppl[other]).sum())
+        for other in (H2O, SINKS4, PK1):
+            wins = int((ppl[TOVA] < ppl[other]).sum())
             print(f"  tova beats {other} in {wins} of {len(ppl)}: " + ", ".join(
-                f"{t} {b} {a:.2f}/{o:.2f}" for (t, b), a, o in zip(ppl.index, ppl["tova"], ppl[other])))
-        worse = int((ppl["snapkv pk5"] > ppl["snapkv pk1"]).sum())
-        rel = (ppl["snapkv pk5"] / ppl["snapkv pk1"] - 1) * 100
-        print(f"  snapkv pk5 worse than pk1 in {worse} of {len(ppl)}: " + ", ".join(
+                f"{t} {b} {a:.2f}/{o:.2f}" for (t, b), a, o in zip(ppl.index, ppl[TOVA], ppl[other])))
+        worse = int((ppl[PK5] > ppl[PK1]).sum())
+        rel = (ppl[PK5] / ppl[PK1] - 1) * 100
+        print(f"  {PK5} worse than {PK1} in {worse} of {len(ppl)}: " + ", ".join(
             f"{t} {b} {v:+.1f}%" for (t, b), v in rel.items()))
-        best = ppl.drop(columns=["sinks0+window", "random"]).idxmin(axis=1)
+        best = ppl.drop(columns=[SINKS0, RANDOM]).idxmin(axis=1)
         print("  best policy: " + ", ".join(f"{t} {b} {v}" for (t, b), v in best.items()))
 
 

@@ -24,18 +24,23 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvviz.model.needle import load_results, load_run  # noqa: E402
+from kvviz.core.policies import FULL_LABEL, config_label
+from kvviz.model.needle import load_results, load_run
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
 
 
+KEEP = ("pool_kernel", "sinks")  # the parameters the report tells apart, named even at their default
+
+
 def short(row) -> str:
-    p = row["params"]
-    if row["policy"] == "snapkv":
-        return f"snapkv k={p.get('pool_kernel')}"
-    if row["policy"] == "streaming-llm":
-        return f"streaming-llm sinks={p.get('sinks')}"
-    return row["policy"]
+    """The row's configuration label (config_label) from the parameters in KEEP only: the
+    report compares policies and SnapKV's kernels, whatever else a grid varied."""
+    kept = {k: v for k, v in row["params"].items() if k in KEEP}
+    return config_label(row["policy"], kept, keep=KEEP)
+
+
+PK5, PK1 = (config_label("snapkv", {"pool_kernel": k}, keep=KEEP) for k in (5, 1))
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -55,7 +60,7 @@ def table(df: pd.DataFrame) -> str:
     """Accuracy per policy (rows) at each prompt mode x budget, layer granularity, all lengths."""
     d = df[df.granularity == "layer"]
     cols = sorted({(m, b) for m, b in zip(d.prompt_mode, d.budget) if b > 0}, key=lambda x: (x[0] != "decode", x[1]))
-    names = ["full"] + sorted(set(d.name) - {"full"})
+    names = [FULL_LABEL] + sorted(set(d.name) - {FULL_LABEL})
     head = "| policy | " + " | ".join(f"{m} {b}" for m, b in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
     full = d[d.policy == "full"]
@@ -118,7 +123,7 @@ def q1(df) -> str:
         if not t.empty:
             lose = int(t[f"tova wrong, {other} right"].sum())
             win = int(t[f"tova right, {other} wrong"].sum())
-            held_less = int((t[f"held tova"] < t[f"held {other}"]).sum())
+            held_less = int((t["held tova"] < t[f"held {other}"]).sum())
             verdicts.append(f"against {other}, TOVA is wrong where {other} is right on {lose} prompts and "
                             f"right where it is wrong on {win}; TOVA holds less of the key in {held_less} of "
                             f"{len(t)} mode x budget cells")
@@ -142,11 +147,11 @@ def paired3(df) -> str:
 
 
 def q2(df) -> str:
-    t = paired(df, "snapkv k=5", "snapkv k=1")
+    t = paired(df, PK5, PK1)
     if t.empty:
         return "No SnapKV poolKernel 5 / 1 pairs in this grid."
-    whole5, whole1 = (df[df.name == n].whole.mean() for n in ("snapkv k=5", "snapkv k=1"))
-    acc5, acc1 = (df[df.name == n].correct.mean() for n in ("snapkv k=5", "snapkv k=1"))
+    whole5, whole1 = (df[df.name == n].whole.mean() for n in (PK5, PK1))
+    acc5, acc1 = (df[df.name == n].correct.mean() for n in (PK5, PK1))
     more = "more" if whole5 > whole1 else "not more"
     turns = "and it is right more often" if acc5 > acc1 else "but that does not make it right more often"
     return (fmt(t) + f"\n\n**Answer:** over all runs, poolKernel 5 keeps the key whole in every layer in "
@@ -170,8 +175,8 @@ def q3(df) -> str:
     corr = held.apply(lambda col: col.corr(c.astype(float)) if col.std() > 0 else float("nan"))
     top = corr.dropna().sort_values(ascending=False).head(5)
     whole_l = held.eq(1.0)
-    lines = [f"- layer {int(l)}: r = {r:.2f}; accuracy {pct(c[whole_l[l]].mean())} when it holds the whole key, "
-             f"{pct(c[~whole_l[l]].mean())} when not" for l, r in top.items()]
+    lines = [f"- layer {int(layer)}: r = {r:.2f}; accuracy {pct(c[whole_l[layer]].mean())} when it holds "
+             f"the whole key, {pct(c[~whole_l[layer]].mean())} when not" for layer, r in top.items()]
     return (f"Over {len(d)} evicting runs (layer granularity): " + ", ".join(f"{k} {v}" for k, v in n.items())
             + f". **Answer:** \"every key token held in every layer\" is {verdict[(necessary, sufficient)]} for a "
             f"correct answer in this grid.\n\nLayers whose held share at the end of the prompt goes most with a "
@@ -198,7 +203,8 @@ def q4(df) -> str:
     gap = (t["acc prefill"] - t["acc decode"])
     return (fmt(t) + f"\n\n**Answer:** on the same prompts, prefill eviction is right more often than decode-time "
             f"eviction in {int((gap > 0).sum())} of {len(t)} policy x budget pairs, less often in "
-            f"{int((gap < 0).sum())}; the mean accuracy gap (prefill − decode) is {round(100 * gap.mean(), 1) + 0.0:+.1f} points, "
+            f"{int((gap < 0).sum())}; the mean accuracy gap (prefill − decode) is "
+            f"{round(100 * gap.mean(), 1) + 0.0:+.1f} points, "
             f"the held share gap {(t['held prefill'] - t['held decode']).mean():+.2f}.")
 
 
@@ -216,7 +222,8 @@ def q5(df, out: Path) -> str:
              f"against accuracy over the grid's runs of each configuration:"]
     rows = []
     for mode in ("decode", "prefill"):
-        d = df[(df.prompt_mode == mode) & (df.granularity == "layer") & df.label.isin(pred.index) & (df.policy != "full")]
+        d = df[(df.prompt_mode == mode) & (df.granularity == "layer") & df.label.isin(pred.index)
+               & (df.policy != "full")]
         acc = d.groupby("label").correct.mean()
         if len(acc) < 3:
             continue
@@ -250,7 +257,7 @@ def predictors(out: Path, df: pd.DataFrame) -> None:
     res = run_loop(text, configs, granularity="layer", max_tokens=len(run["tokens"]))
     f = next(i for i, c in enumerate(configs) if c.is_full)
     rows = []
-    for c, (cfg, r) in enumerate(zip(configs, res.results)):
+    for cfg, r in zip(configs, res.results):
         mass = None
         if not cfg.is_full:
             mass = float(sum(evaluate(res.trace(f, layer), cfg.policy, cfg.budget, **cfg.params)["retained_mass"]

@@ -260,7 +260,7 @@ class LiveSession(Session):
             self._reader.cancel()
             try:
                 await self._reader
-            except BaseException:  # noqa: BLE001 (cancelled or already failed)
+            except BaseException:  # cancelled or already failed
                 pass
             self._reader = None
         await super().close()
@@ -353,7 +353,7 @@ class LiveSession(Session):
             self.ticks += 1
             try:
                 await self.send(fragment_id=fragment_id, auto=True)
-            except Exception as exc:  # noqa: BLE001 (the reader reports the lost connection)
+            except Exception as exc:  # the reader reports the lost connection
                 self._error(f"auto-rerun send failed: {type(exc).__name__}: {exc}")
                 return
 
@@ -374,7 +374,7 @@ class LiveSession(Session):
                 self._changed.set()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not self._closing:
                 self._error(f"disconnected: {type(exc).__name__}: {exc}")
         else:

@@ -14,11 +14,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvviz.core.replay import run_policy  # noqa: E402
-from kvviz.app.teach.classroom import new_token  # noqa: E402
-from kvviz.app.teach.question import next_eviction  # noqa: E402
-from kvviz.core.trace import load_trace  # noqa: E402
-from kvviz.app.ui.classroom import REGISTRY  # noqa: E402
+from kvviz.app.teach.classroom import new_token
+from kvviz.app.teach.question import next_eviction
+from kvviz.app.ui.classroom import REGISTRY
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import load_trace
 
 
 def main(port: int, code_file: str):

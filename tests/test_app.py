@@ -6,12 +6,11 @@ import shutil
 
 import numpy as np
 import pytest
+from apphelp import REPO, app, arr, ok, softmax_rows, traces_dir
 from streamlit.testing.v1 import AppTest
 
-from kvviz.core.trace import save_trace
 from kvviz.app.figures.cache import png_to_codes
-
-from apphelp import REPO, app, arr, ok, softmax_rows, traces_dir
+from kvviz.core.trace import save_trace
 
 T = 160
 

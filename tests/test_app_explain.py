@@ -6,13 +6,12 @@ import shutil
 
 import numpy as np
 import pytest
+from apphelp import REPO, app, arr, ok, traces_dir
 
 from kvviz.app import jumps as J
 from kvviz.core.policies import make_policy
 from kvviz.core.replay import NEVER, Replay, run_policy
 from kvviz.core.trace import canonical, load_trace
-
-from apphelp import REPO, app, arr, ok, traces_dir
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ import re
 
 import numpy as np
 import pytest
+from apphelp import REPO, app, ok, softmax_rows, traces_dir
 
 from kvviz.app.teach.classroom import Refused
-from kvviz.core.trace import save_trace
 from kvviz.app.ui.classroom import REGISTRY
-
-from apphelp import REPO, app, ok, softmax_rows, traces_dir
+from kvviz.core.trace import save_trace
 
 CODE = re.compile(r"follow=([A-Z2-9]{6})")  # what the load-test helper looks for
 

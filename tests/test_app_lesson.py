@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-
 from apphelp import app, ok
+
+from kvviz.app.teach import lesson as L
 from kvviz.core.policies import make_policy
 from kvviz.core.replay import Replay
-from kvviz.app.teach import lesson as L
 from kvviz.core.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,8 +147,8 @@ def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode():
     notes = [e for e in shown.expander if e.label == "Speaker note"]
     assert notes and not notes[0].proto.expanded
     c = REGISTRY.open("lecturer-token-for-the-test")
-    from streamlit.testing.v1 import AppTest
     from apphelp import APP
+    from streamlit.testing.v1 import AppTest
 
     student = AppTest.from_file(APP, default_timeout=120)
     student.session_state["class.follows"] = c.code  # what ?follow=CODE sets (ui/classroom)

@@ -14,13 +14,12 @@ import time
 
 import numpy as np
 import pytest
+from apphelp import APP, REPO, arr, ok, require_capture_stack
 from streamlit.testing.v1 import AppTest
 
 from kvviz.app.figures import loop as LV
 from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
-
-from apphelp import APP, REPO, arr, ok, require_capture_stack
 
 FIX = REPO / "tests" / "fixtures" / "loop"
 KV_HEAD = FIX / "prose64_kv-head.npz"

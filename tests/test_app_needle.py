@@ -6,20 +6,20 @@ of the form). Expected values are computed here from the run files' raw arrays a
 """
 import json
 import sys
-from pathlib import Path
 import threading
 import time
+from pathlib import Path
 
+import needle_fixture as NF
 import numpy as np
 import pandas as pd
 import pytest
+from apphelp import APP, arr, ok
 from streamlit.testing.v1 import AppTest
 
-import needle_fixture as NF
-from apphelp import APP, arr, ok
-from kvviz.model.needle.results import load_results
-from kvviz.app.ui.view_needle import QUESTION as NV_QUESTION
 from kvviz.app.figures import needle as NV
+from kvviz.model.needle.prompt import QUESTION as NV_QUESTION
+from kvviz.model.needle.results import load_results
 
 
 @pytest.fixture(scope="module")
@@ -340,8 +340,8 @@ def test_own_runs_queue_and_show_their_place(monkeypatch, fix):
 
     if importlib.util.find_spec("torch") is None:
         pytest.fail("torch is not installed: the run form cannot be tested")
-    from kvviz.model.needle.results import load_run
     from kvviz.app.ui import view_needle
+    from kvviz.model.needle.results import load_run
 
     release, calls = threading.Event(), []
 
@@ -393,18 +393,21 @@ def test_own_prompt_puts_the_key_where_the_tokens_say():
     from apphelp import require_capture_stack
 
     require_capture_stack()
+    from kvviz.app.ui.view_needle import MAX_PROMPT
+    from kvviz.model.models import token_strings
+    from kvviz.model.needle.prompt import build_around
     from kvviz.model.needle.run import load_tokenizer
-    from kvviz.app.ui.view_needle import MAX_PROMPT, build_prompt
 
     tok = load_tokenizer()
-    p = build_prompt(tok, "Rain fell all day. The river rose. " * 10, "31415",
-                     "Which number was hidden?", 30)
-    assert "".join(p["tokens"][i] for i in p["key_positions"]).replace(" ", "") == "31415" * 2
-    assert "".join(p["tokens"][p["question_start"]:]).strip() == "Which number was hidden?"
-    assert "".join(p["tokens"]) == p["text"]
-    assert p["key_positions"][0] < len(p["ids"]) * 0.5  # 30 % into the passage
+    p = build_around(tok, "Rain fell all day. The river rose. " * 10, "31415",
+                     "Which number was hidden?", 30, max_tokens=MAX_PROMPT)
+    tokens = token_strings(tok, p.ids, p.text, p.offsets)
+    assert "".join(tokens[i] for i in p.key_positions).replace(" ", "") == "31415" * 2
+    assert "".join(tokens[p.question_start:]).strip() == "Which number was hidden?"
+    assert "".join(tokens) == p.text
+    assert p.key_positions[0] < len(p.ids) * 0.5  # 30 % into the passage
     with pytest.raises(ValueError, match="passage: the prompt is"):
-        build_prompt(tok, "word " * (MAX_PROMPT + 10), "1", "?", 50)
+        build_around(tok, "word " * (MAX_PROMPT + 10), "1", "?", 50, max_tokens=MAX_PROMPT)
 
 
 def test_own_run_with_the_real_model(monkeypatch, tmp_path):
@@ -417,8 +420,9 @@ def test_own_run_with_the_real_model(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))
     import kvviz.model.loop as loop
+    from kvviz.app.ui.view_needle import MAX_PROMPT, configs_for
     from kvviz.model.models import load_model
-    from kvviz.app.ui.view_needle import build_prompt, configs_for
+    from kvviz.model.needle.prompt import build_around
 
     passage = "The grass is green. The sky is blue. The sun is yellow. Here we go. " * 6
     at = page()
@@ -438,10 +442,10 @@ def test_own_run_with_the_real_model(monkeypatch, tmp_path):
     assert not job["running"] and job["error"] is None, job["error"]
     run = job["result"]
     pair = load_model(None, "needle")
-    p = build_prompt(pair[0], passage, "60494", NV_QUESTION, 50.0)
+    p = build_around(pair[0], passage, "60494", NV_QUESTION, 50.0, max_tokens=MAX_PROMPT)
     configs, _ = configs_for(["tova"], 32)
-    gen = loop.generate(p["ids"], configs, 8, prompt_mode="prefill", model=pair)
-    assert list(run["prompt_ids"]) == list(p["ids"])
+    gen = loop.generate(p.ids, configs, 8, prompt_mode="prefill", model=pair)
+    assert list(run["prompt_ids"]) == list(p.ids)
     assert np.array_equal(run["evicted_at"], gen.evicted_at)
     assert run["meta"]["answers"] == list(gen.texts)
     assert "60494" in run["meta"]["answers"][0] and run["meta"]["correct"][0]

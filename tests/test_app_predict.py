@@ -10,17 +10,16 @@ log, and the "why" numbers from kvviz.core.reference's plain-loop TOVA.
 import json
 import re
 
+from apphelp import REPO, app, ok
 
+from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
+from kvviz.app.teach.classroom import Registry, new_token
+from kvviz.app.ui.classroom import FOLLOWS, LEADS, REGISTRY, TOKEN
+from kvviz.app.ui.predict import marker
 from kvviz.core import harness
 from kvviz.core.reference import make_reference
 from kvviz.core.replay import NEVER, run_policy
-from kvviz.app.teach.classroom import Registry, new_token
 from kvviz.core.trace import load_trace
-from kvviz.app.ui.classroom import FOLLOWS, LEADS, REGISTRY, TOKEN
-from kvviz.app.ui.predict import marker
-from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
-
-from apphelp import REPO, app, ok
 
 PAGE = dict(trace="file:toy.npz", budget=4, b__recentWindow=1)
 ASKED_AT = 6

@@ -5,11 +5,11 @@ it without an exception or a warning, with its chart text at the room's floor.""
 import json
 import sys
 
-import pytest
-
 import needle_fixture as NF
+import pytest
 from apphelp import REPO, app, ok
 from test_room import font_sizes
+
 from kvviz.app.figures.room import FLOOR
 
 LOOP = REPO / "tests" / "fixtures" / "loop"

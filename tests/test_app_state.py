@@ -6,11 +6,10 @@ import shutil
 
 import numpy as np
 import pytest
+from apphelp import APP, REPO, app, ok, softmax_rows, traces_dir
 from streamlit.testing.v1 import AppTest
 
 from kvviz.core.trace import save_trace
-
-from apphelp import APP, REPO, app, ok, softmax_rows, traces_dir
 
 FIX = REPO / "tests" / "fixtures" / "loop"
 
@@ -195,8 +194,8 @@ def test_memory_has_a_thousands_separator(traces):
 def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch):
     """After every view, each session key is a widget's, the page state's, or one of
     kvviz.app.ui.session.PAGE_KEYS: no ad-hoc key elsewhere."""
-    from kvviz.app.ui import session
     from kvviz.app.state import VIEWS
+    from kvviz.app.ui import session
 
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = app(trace="file:long.npz")
@@ -214,3 +213,15 @@ def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch)
                          for p in session.PAGE_KEYS)}
     assert not stray, stray
     assert session.KV in keys and any(k.startswith(session.SWEEP_ON) for k in keys)
+
+
+def test_one_registry_of_views_feeds_the_url_the_lessons_and_the_page():
+    """The URL check, the lessons' check, the selector's labels and the page's dispatch
+    read kvviz.app.state.REGISTRY: a view in one is in all, in the same order."""
+    from kvviz.app.state import REGISTRY, VIEW_LABELS, VIEWS
+    from kvviz.app.ui import panels
+
+    names = [v.name for v in REGISTRY]
+    assert len(set(names)) == len(names) and list(VIEWS) == names
+    assert list(VIEW_LABELS) == names and all(VIEW_LABELS[v.name] == v.label for v in REGISTRY)
+    assert list(panels.RENDER) == names and all(callable(f) for f in panels.RENDER.values())

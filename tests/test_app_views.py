@@ -6,20 +6,19 @@ import gc
 import io
 import json
 
+import apphelp
 import numpy as np
 import pytest
+from apphelp import arr, ok, softmax_rows, traces_dir
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
+from kvviz.app import figures as V
+from kvviz.app.figures.cache import png_to_codes
+from kvviz.app.state import default_cmp
 from kvviz.core.metrics import summary
 from kvviz.core.replay import run_policy
-from kvviz.app.state import default_cmp
-from kvviz.app import figures as V
 from kvviz.core.trace import load_trace, save_trace
-from kvviz.app.figures.cache import png_to_codes
-
-import apphelp
-from apphelp import arr, ok, softmax_rows, traces_dir
 
 T = 160
 

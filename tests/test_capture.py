@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from apphelp import require_capture_stack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +82,7 @@ def test_capture_function_matches_self_weight():
     """Row sums plus the dropped diagonal equal 1: checked on the float32 result in memory."""
     require_capture_stack()
     import torch
+
     from kvviz.model.capture import capture
     from kvviz.model.models import load_model
 
@@ -146,6 +146,7 @@ def test_kv_groups_follow_transformers_repeat_kv():
     require_capture_stack()
     import torch
     from transformers.models.llama.modeling_llama import repeat_kv
+
     from kvviz.model.capture import head_groups
     from kvviz.model.models import load_model
 
@@ -164,6 +165,7 @@ def test_capture_per_head_rows_match_the_model():
     """--heads kv / all: each stored head's rows are the model's own weights for those heads."""
     require_capture_stack()
     import torch
+
     from kvviz.model.capture import capture
     from kvviz.model.models import load_model
 
@@ -191,7 +193,6 @@ def test_capture_key_norms_are_the_models_key_norms():
     """Format 3's key norms, checked against the keys before RoPE: the k_proj output of the
     layer, per KV head (RoPE rotates pairs of coordinates, which keeps every L2 norm)."""
     require_capture_stack()
-    import torch
     from kvviz.model.capture import capture
     from kvviz.model.models import load_model
 
@@ -214,8 +215,8 @@ def test_capture_key_norms_are_the_models_key_norms():
 
 def test_capture_cli_heads_kv_file(tmp_path):
     require_capture_stack()
-    from kvviz.model.capture import main
     from kvviz.core.trace import load_trace
+    from kvviz.model.capture import main
 
     src = tmp_path / "t.txt"
     src.write_text(TEXT, encoding="utf-8")

@@ -6,7 +6,6 @@ import pytest
 
 from kvviz.core.check import CONTRACT, check_policy, load_target, main
 from kvviz.core.policies import POLICIES
-from kvviz.core.policies.base import check_recent
 from kvviz.core.policies.h2o import H2O
 from kvviz.core.policies.random_policy import RandomPolicy
 from kvviz.core.policies.tova import Tova

@@ -3,12 +3,13 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as hs
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
-from kvviz.core.policies import make_policy
-from kvviz.core.replay import NEVER, Replay
 from kvviz.app.teach import classroom as cr
 from kvviz.app.teach.question import next_eviction
+from kvviz.core.policies import make_policy
+from kvviz.core.replay import NEVER, Replay
 from kvviz.core.trace import ArrayTrace, pack_rows
 
 

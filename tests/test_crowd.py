@@ -18,8 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-import loadtest  # noqa: E402
-import stclient  # noqa: E402
+import loadtest
+import stclient
 
 SESSIONS = 16
 QUERY = "?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache"

@@ -6,8 +6,8 @@ checks what a new shell would trip on first: each command's executable (`.venv/b
 `./scripts/X`, or a command on PATH), the module of `python -m MOD`, the file of
 `python FILE.py`. A bare name the .venv provides (`pytest`, `streamlit`, `python`) is
 refused even if some other install has it on PATH, and so is the `pytest` script itself
-(only `python -m pytest` puts the checkout on sys.path). Fenced blocks with no language, `bash`, `sh`, `shell` or `console` are
-shell; anything else (```python, ```toml, ```text) is not.
+(only `python -m pytest` puts the checkout on sys.path). Fenced blocks with no language,
+`bash`, `sh`, `shell` or `console` are shell; anything else (```python, ```toml, ```text) is not.
 """
 from __future__ import annotations
 

@@ -6,12 +6,12 @@ the policy changes. Ports 8651-8659 (this test's range); the server is stopped b
 import sys
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402
-import stclient  # noqa: E402
-from apphelp import require_browser  # noqa: E402
+import measure_latency as M
+import stclient
+from apphelp import require_browser
+
 ART = REPO / "artifacts"
 FIX = REPO / "tests" / "fixtures" / "loop"
 

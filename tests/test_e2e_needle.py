@@ -9,10 +9,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402
-import stclient  # noqa: E402
-from apphelp import require_browser  # noqa: E402
-import needle_fixture as NF  # noqa: E402
+import measure_latency as M
+import needle_fixture as NF
+import stclient
+from apphelp import require_browser
 
 ART = REPO / "artifacts"
 

@@ -14,7 +14,7 @@ import time
 from apphelp import REPO, require_browser
 
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402  (the server and browser helpers every e2e test uses)
+import measure_latency as M  # (the server and browser helpers every e2e test uses)
 
 
 def test_a_students_page_follows_the_question(tmp_path):

@@ -25,10 +25,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402
-from apphelp import require_browser  # noqa: E402
-from test_e2e_projector import CUT, FIRST_CHART, open_screen  # noqa: E402
-from kvviz.app.figures.room import FLOOR  # noqa: E402
+import measure_latency as M
+from apphelp import require_browser
+from test_e2e_projector import CUT, FIRST_CHART, open_screen
+
+from kvviz.app.figures.room import FLOOR
 
 ART = REPO / "artifacts"
 SCREENS = {"1024": ((1024, 768), 1), "zoom125": ((819, 614), 1.25), "zoom150": ((683, 512), 1.5)}

@@ -28,8 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402
-from apphelp import require_browser  # noqa: E402
+import measure_latency as M
+from apphelp import require_browser
 
 ART = REPO / "artifacts"
 SCREENS = {"1024": ((1024, 768), 1), "zoom125": ((819, 614), 1.25)}

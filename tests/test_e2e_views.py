@@ -17,9 +17,9 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402
-import stclient  # noqa: E402
-from apphelp import require_browser  # noqa: E402
+import measure_latency as M
+import stclient
+from apphelp import require_browser
 
 ART = REPO / "artifacts"
 CHROMIUM, CHROMIUM_ARGS = M.CHROMIUM, M.CHROMIUM_ARGS

@@ -242,7 +242,7 @@ def test_default_page_step_512(canonical_512, kernel):
     v = f.victim.position
     # the issue: both own sums are 0.0031731679919175804, so "higher" was false
     assert r.sums[r.idx(7)] == r.sums[r.idx(v)]
-    assert f"its own sum 0.003173 is equal to 7's" in text and "higher" not in text
+    assert "its own sum 0.003173 is equal to 7's" in text and "higher" not in text
     # ...and the neighbour is not "the slot beside it": position 6 is held between 5 and 7
     if kernel == 5:
         assert "Position 5, 2 held slots away in the cache (position 6 is held between them)" in text

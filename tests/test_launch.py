@@ -70,3 +70,17 @@ def test_bound_to_all_interfaces_it_prints_the_class_urls(capsys):
 @pytest.mark.parametrize("args", [[], ["--server.address=127.0.0.1"], ["--server.port", "8502"]])
 def test_no_class_urls_when_bound_to_loopback(capsys, args):
     assert not any(ln.startswith("class URLs") for ln in dry(capsys, *args))
+
+
+def test_the_checkouts_streamlit_config_says_what_kvviz_app_passes():
+    """`streamlit run app.py` in a checkout reads .streamlit/config.toml; `kvviz app` passes
+    launch.SETTINGS as flags (an install has no .streamlit/). One list, the same everywhere."""
+    import tomllib
+
+    toml = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    as_flags = {f"{section}.{key}": str(v).lower() if isinstance(v, bool) else str(v)
+                for section, values in toml.items() for key, v in values.items()}
+    assert as_flags == launch.SETTINGS
+    flags = launch.command([])[5:]
+    assert flags == [f"--{k}={v}" for k, v in launch.SETTINGS.items()]
+    assert "--server.address=127.0.0.1" not in launch.command(["--server.address", "0.0.0.0"])

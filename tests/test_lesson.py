@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from kvviz.__main__ import main
+from kvviz.app.teach import lesson as L
 from kvviz.core.policies import defaults, make_policy
 from kvviz.core.replay import Replay
-from kvviz.app.teach import lesson as L
 from kvviz.core.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]

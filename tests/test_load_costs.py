@@ -7,9 +7,9 @@ import numpy as np
 import plotly.io as pio
 import plotly.tools
 
+from kvviz.app.figures.cache import at_step, cache_heatmap, heatmap_grid
 from kvviz.core.replay import run_policy
 from kvviz.core.trace import canonical
-from kvviz.app.figures.cache import at_step, cache_heatmap, heatmap_grid
 
 
 def runs(n=300, budget=48):
@@ -88,9 +88,9 @@ def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
     import sys
 
     import streamlit as st
+    from apphelp import APP, ok
     from streamlit.testing.v1 import AppTest
 
-    from apphelp import APP, ok
     from kvviz.app.engine import Engine
     from kvviz.app.ui.warm import warm
 

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from apphelp import require_capture_stack
 
 from kvviz.model.loop import LoopConfig, check_configs, load_loop_result, parse_policy
 from kvviz.model.loop.cli import build_configs
-
-from apphelp import require_capture_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = (ROOT / "traces" / "sources" / "execmodel.txt").read_text(encoding="utf-8")
@@ -277,3 +276,22 @@ def test_perf_plain_decode_shows_progress_every_step():
     secs = plain_decode(LlamaForCausalLM(cfg).eval(), [3, 1, 4, 1, 5], 2,
                         lambda done, total: calls.append((done, total)))
     assert calls == [(t, 5) for t in range(1, 6)] and len(secs) == 5 and (secs > 0).all()
+
+
+def test_the_cli_table_names_configurations_as_the_app_does():
+    """`kvviz loop`'s table and `kvviz needle`'s summary name each row by config_label."""
+    import pandas as pd
+
+    from kvviz.model.loop.cli import table
+    from kvviz.model.needle.cli import summary
+
+    rows = [{"policy": "full", "params": {}, "budget": None, "perplexity": 9.0,
+             "perplexity_after_eviction": None, "top1_agreement": 1.0, "kl": 0.0},
+            {"policy": "snapkv", "params": {"obs_window": 16, "pool_kernel": 1}, "budget": 64,
+             "perplexity": 10.0, "perplexity_after_eviction": 11.0, "top1_agreement": 0.9, "kl": 0.1}]
+    names = [line.split("  ")[0] for line in table(rows).splitlines()[1:]]
+    assert names == ["full cache", "snapkv (poolKernel=1) @ 64"]
+    df = pd.DataFrame({"prompt_mode": ["decode"] * 2, "policy": ["full", "snapkv"],
+                       "params": ["{}", '{"pool_kernel": 1}'], "budget": [0, 64],
+                       "correct": [True, False], "held_end": [1.0, 0.5]})
+    assert "snapkv (poolKernel=1) @ 64" in summary(df) and "full cache" in summary(df)

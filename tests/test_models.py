@@ -14,14 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from apphelp import require_capture_stack
 
 TEXT = ("The committee met at noon; the minutes record that the motion passed. "
         "Topological Sorter sorts a graph. It was a bright cold day in April.")
 T = 24  # tokens read: shorter than the Gemma 2 model's sliding window below
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from tiny_model import ARCHS, build  # noqa: E402  (the README's tiny-model folders, built the same way)
+from tiny_model import ARCHS, build  # (the README's tiny-model folders, built the same way)
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +63,7 @@ def _plain_nll(mdl, ids):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch):
-    from kvviz.model.loop import LoopConfig, run_loop
-    from kvviz.model.loop import engine
+    from kvviz.model.loop import LoopConfig, engine, run_loop
     from kvviz.model.models import text_config, tokenize
 
     tok, mdl = _pair(tiny, arch)
@@ -131,7 +129,7 @@ def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch):
     import torch
 
     from kvviz.model.capture import capture
-    from kvviz.model.models import source_sha256, resolve, text_config
+    from kvviz.model.models import resolve, source_sha256, text_config
 
     tok, mdl = _pair(tiny, arch)
     cfg = text_config(mdl)
@@ -298,8 +296,7 @@ def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tm
     whose sizes are right but which does not load is rebuilt, with a message."""
     import hashlib
 
-    from kvviz.model import gguf_cache
-    from kvviz.model import models
+    from kvviz.model import gguf_cache, models
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     builds = []
@@ -350,8 +347,8 @@ def test_token_strings_render_a_sentencepiece_vocabulary():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from kvviz.model.tokens import byte_token_strings
     from kvviz.model.models import token_strings, tokenize
+    from kvviz.model.tokens import byte_token_strings
 
     raw = Tokenizer(models.BPE(unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Metaspace()

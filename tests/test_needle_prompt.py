@@ -1,7 +1,7 @@
 """The pass-key prompt and `kvviz needle`'s refusals: no model, only the tokenizer."""
 import pytest
-
 from apphelp import require_capture_stack
+
 from kvviz.__main__ import main
 from kvviz.model.needle.prompt import FILLER, QUESTION, build, make_key
 

@@ -8,7 +8,7 @@ import numpy as np
 from kvviz.model.needle.results import run_id, save_run, write_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import needle_report  # noqa: E402
+import needle_report
 
 CONFIGS = [("full", {}, None), ("tova", {}, 4), ("h2o", {"recent_window": 1}, 4),
            ("scissorhands", {"history_window": 1, "recent_window": 1}, 4)]
@@ -54,7 +54,6 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
     """setup.py's NEEDLE and scripts/needle_ship.sh describe the same grid."""
     import runpy
     import shlex
-
     import sys
     import types
 
@@ -77,7 +76,8 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
             k, v = line.split("=", 1)
             env[k] = " ".join(shlex.split(v.replace("$SIX", env.get("SIX", ""))))
         elif line.startswith("$N "):
-            argv = shlex.split(env["N"])[3:] + shlex.split(line[3:].replace("$SIX", env["SIX"]).replace("$ALL", env["ALL"]))
+            rest = line[3:].replace("$SIX", env["SIX"]).replace("$ALL", env["ALL"])
+            argv = shlex.split(env["N"])[3:] + shlex.split(rest)
             ids += [s.id for s in grid_from(parser().parse_args(argv[1:])).prompts()]
     assert len(ids) == len(set(ids)) == 40  # 5 + 10 + 10 + 5 + 10 prompts
     assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == sorted(x for x in shipped if "/runs/" in x)

@@ -69,14 +69,48 @@ def test_the_package_declares_what_it_imports():
     assert not missing, f"kvviz imports {sorted(missing)}, which no dependency or extra names"
 
 
-def test_requirements_files_pin_the_extras():
-    """The requirements files are the pinned versions of the same sets: a pin in one and
-    not the other is how websockets went missing."""
+def _version(text: str) -> tuple:
+    return tuple(int(x) for x in text.split("."))
+
+
+def _inside(version: str, spec: str) -> bool:
+    """`version` satisfies every clause of `spec` (">=2.13,<3"; plain release numbers only)."""
+    ops = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+           "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+    v = _version(version)
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        op = next(o for o in ops if clause.startswith(o))
+        b = _version(clause[len(op):].strip())
+        width = max(len(v), len(b))
+        if not ops[op](v + (0,) * (width - len(v)), b + (0,) * (width - len(b))):
+            return False
+    return True
+
+
+def _split(req: str) -> tuple[str, str]:
+    name = _name(req)
+    return name, req.strip()[len(name):].split(";")[0].strip()
+
+
+def test_requirements_files_pin_inside_the_ranges():
+    """pyproject.toml names ranges, the requirements files the measured pins: the same
+    names (a pin in one and not the other is how websockets went missing), an exact pin
+    for each, inside its range, and no package in two lists of one install."""
     def pins(name):
         lines = (ROOT / name).read_text().splitlines()
-        return {ln.split("#")[0].strip().lower() for ln in lines
-                if ln.split("#")[0].strip() and not ln.startswith("-")}
+        return dict(_split(ln.split("#")[0]) for ln in lines
+                    if ln.split("#")[0].strip() and not ln.startswith("-"))
 
-    for extra, req in (("test", "requirements-dev.txt"), ("capture", "requirements-capture.txt"),
-                       ("scale", "requirements-scale.txt")):
-        assert pins(req) == {r.lower() for r in PROJECT["optional-dependencies"][extra]}, req
+    for extra, req in (("main", "requirements.txt"), ("test", "requirements-dev.txt"),
+                       ("capture", "requirements-capture.txt"), ("scale", "requirements-scale.txt")):
+        ranges = dict(_split(r) for r in (PROJECT["dependencies"] if extra == "main"
+                                          else PROJECT["optional-dependencies"][extra]))
+        pinned = pins(req)
+        assert set(pinned) == set(ranges), req
+        for name, spec in ranges.items():
+            assert not spec.startswith("=="), f"{extra}: {name} is pinned; pyproject.toml gives ranges"
+            assert pinned[name].startswith("=="), f"{req}: {name} must be an exact pin"
+            assert _inside(pinned[name][2:], spec), f"{req}: {name}{pinned[name]} is outside {spec}"
+    main = {_name(r) for r in PROJECT["dependencies"]}
+    for extra, reqs in PROJECT["optional-dependencies"].items():
+        assert not main & {_name(r) for r in reqs}, f"{extra} repeats a main dependency"

@@ -11,19 +11,25 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from apphelp import APP, REPO, ok, softmax_rows, traces_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_policies import replay_both, scenarios
 
 import kvviz
 from kvviz.core import plugins
-from kvviz.core.policies import (BUILTINS, POLICIES, make_policy, param_specs, parse_params,
-                            score_labels, unregister_policy)
+from kvviz.core.policies import (
+    BUILTINS,
+    POLICIES,
+    make_policy,
+    param_specs,
+    parse_params,
+    score_labels,
+    unregister_policy,
+)
+from kvviz.core.trace import save_trace
 from kvviz.studies.sweep.cell import PluginLoadError
 from kvviz.studies.sweep.run import run_sweep
-from kvviz.core.trace import save_trace
-
-from apphelp import APP, REPO, ok, softmax_rows, traces_dir
-from test_policies import replay_both, scenarios
 
 EXAMPLES = REPO / "examples" / "plugins"
 DECAY, VOTE = str(EXAMPLES / "decay_sinks.py"), str(EXAMPLES / "window_vote.py")
@@ -66,10 +72,10 @@ def test_examples_match_their_slow_references(loaded, name):
 
 
 def test_declarations_reach_every_list(loaded):
+    from kvviz.app.figures.metrics import policy_colour
+    from kvviz.app.state import MAX_COMPARE, default_cmp
     from kvviz.model.loop.cli import perf_policies
     from kvviz.model.loop.config import parse_policy
-    from kvviz.app.state import MAX_COMPARE, default_cmp
-    from kvviz.app.figures.metrics import policy_colour
 
     half_life, = [s for s in param_specs("decay-sinks") if s.name == "half_life"]
     assert (half_life.kind, half_life.default, half_life.label) == ("float", 8.0, "halfLife")
@@ -177,7 +183,8 @@ def test_bench_rows_for_plugins_by_flag_and_by_environment(tmp_path):
     r2 = kvviz_cli("bench", "--policies", "window-vote", "--budgets", "256", env=env)
     assert r2.returncode == 0 and "window-vote" in r2.stdout, r2.stderr
     bad = kvviz_cli("bench", "--plugin", tmp_path / "nope.py", "--budgets", "256")
-    assert bad.returncode == 2 and bad.stderr.strip() == f"kvviz bench: error: plugin {tmp_path / 'nope.py'}: file not found"
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == f"kvviz bench: error: plugin {tmp_path / 'nope.py'}: file not found"
 
 
 # --- sweeps -----------------------------------------------------------------------------

@@ -243,3 +243,22 @@ def test_knorm_keeps_the_lowest_norms_and_breaks_ties_low():
     p.on_decode_step(5, None, key_norm=2.0)
     assert p.evict(3).tolist() == [0]          # 2.0 at 0 and 5 tie: the lower position
     assert p.kept.tolist() == [1, 3, 5]
+
+
+def test_config_label_names_a_configuration_one_way():
+    """Tables, figures, reports and CSVs name a configuration alike: the non-default
+    parameters by their control labels, in declaration order, whatever the input's spelling."""
+    from kvviz.core.policies import config_label, defaults, parse_params
+
+    assert config_label("tova") == config_label("tova", {}) == "tova"
+    assert config_label("snapkv", defaults("snapkv")) == "snapkv"
+    given = {"pooling": "avg", "pool_kernel": 1, "obs_window": 16}
+    assert config_label("snapkv", given) == "snapkv (poolKernel=1, pooling=avg)"
+    assert config_label("snapkv", {"poolKernel": "1", "pooling": "avg"}) == config_label("snapkv", given)
+    assert config_label("snapkv", parse_params("snapkv", {"poolKernel": "1"})) == "snapkv (poolKernel=1)"
+    assert config_label("snapkv", {"pool_kernel": 5}, keep=("pool_kernel",)) == "snapkv (poolKernel=5)"
+    assert config_label("streaming-llm", {"sinks": 0}, budget=64) == "streaming-llm (sinks=0) @ 64"
+    assert config_label("tova", {}, budget=64.0) == "tova @ 64"  # a column with gaps is float
+    assert config_label("tova", {}, budget=float("nan")) == "tova"
+    assert config_label("full", {}, budget=64) == "full cache"
+    assert config_label("not-registered", {"b": 2, "a": 1}) == "not-registered (a=1, b=2)"

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from kvviz.core import harness, plugins
 from kvviz.core.check import CONTRACT, check_policy
 from kvviz.core.policies import POLICIES, make_policy, register_policy, unregister_policy
-from kvviz.policies.base import Policy, Rank, param
 from kvviz.core.policies.h2o import H2O
 from kvviz.core.policies.tova import Tova
 from kvviz.core.replay import Replay
 from kvviz.core.trace import canonical
+from kvviz.policies.base import Policy, Rank, param
 
 SINKS = 4
 STEPS = 160  # as test_check: the contract run at budget 64, evictions at budgets 16 and 64

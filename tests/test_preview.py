@@ -10,15 +10,13 @@ import json
 import re
 import sys
 
-import pytest
-
-from kvviz.app.ui.view_cache import preview_html
-from kvviz.app.figures.cache import png_to_codes
-
 from apphelp import REPO, app, ok, require_browser
 
+from kvviz.app.figures.cache import png_to_codes
+from kvviz.app.ui.view_cache import preview_html
+
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M  # noqa: E402
+import measure_latency as M
 
 SRC = re.compile(r"<img src='([^']+)'")
 LINE = re.compile(r"<b style='top:(\d+)px;")

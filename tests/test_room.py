@@ -5,17 +5,15 @@ import copy
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from apphelp import REPO
 
 from kvviz.app import figures as V
-from kvviz.core.replay import run_policy
-from kvviz.core.trace import load_trace
-from kvviz.core.trace import canonical
 from kvviz.app.figures import compare as C
 from kvviz.app.figures.cache import at_step, cache_heatmap
 from kvviz.app.figures.room import FLOOR, PLOTLY_FONT, WRAP, for_room
 from kvviz.app.figures.toy import labelled_heatmap
-
-from apphelp import REPO
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import canonical, load_trace
 
 
 def font_sizes(spec: dict) -> list:

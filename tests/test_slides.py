@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kvviz.core.replay import run_policy
-from kvviz.core.trace import ArrayTrace, pack_rows
 from kvviz.app.figures import slides as S
 from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import ArrayTrace, pack_rows
 
 T = 160
 
@@ -142,7 +142,7 @@ def test_token_gif_boxes_match_the_held_sets(runs):
     steps = (60, 71, 82, 93, 104, 115, 126, 137, 148, 159)  # 10 frames over 60..159
     for rgb, step in zip(frames, steps):
         want = expected_row(ra, rb, step)
-        for p, (x, y, w, h, _) in zip(range(40, T), layout["boxes"]):
+        for p, (x, y, _w, h, _) in zip(range(40, T), layout["boxes"]):
             # the box's left edge (text starts 3 px in) carries the state colour
             got = COLOUR_STATE.get(tuple(int(v) for v in rgb[y + h // 2, x + 1]), -1)
             assert got == want[p], (step, p)
@@ -243,9 +243,9 @@ def test_slides_position_slider_ends_where_the_steps_end(tmp_path, monkeypatch):
     """The page's positions slider runs 0..T-1 like the steps slider (not 0..T), and the
     last position chosen is drawn (the library's range is half-open)."""
     import apphelp
-    from kvviz.core.trace import save_trace
 
     from kvviz.app.ui import view_slides
+    from kvviz.core.trace import save_trace
 
     view_slides._preview.clear()  # the page's preview cache: every draw below reaches the library
     asked = []

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from kvviz.core.replay import run_policy
 from kvviz.core.streams import VECTORISED, replay_streams, run_streams
-from kvviz.studies.streams_bench import check_lean
 from kvviz.core.trace import ArrayTrace, Trace, canonical, load_trace, pack_rows
+from kvviz.studies.streams_bench import check_lean
 
 TRACES = sorted((Path(__file__).resolve().parent.parent / "traces").glob("*.npz"))
 TIE_WEIGHTS = np.array([0.0, 0.0625, 0.125, 0.25, 0.5, 1.0], np.float32)

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from kvviz.core.metrics import evaluate
+from kvviz.core.trace import canonical, load_trace, pack_rows, save_trace
 from kvviz.studies.sweep.run import run_sweep
 from kvviz.studies.sweep.spec import SpecError
 from kvviz.studies.sweep.store import SweepDirError
-from kvviz.core.trace import canonical, load_trace, pack_rows, save_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 512
@@ -196,7 +196,8 @@ BAD = [
     ('"broken.npz"]', '"missing.npz"]', r"traces = 'missing.npz': file not found"),
     ("layers = [3, 7]", "layers = [3, 14]", r"layers = \[3, 14\]: good.npz stores .*not 14"),
     ("budgets = [40, 96]", "budgets = [0, 96]", r"budgets = \[0, 96\]: budget must be >= 1"),
-    ("budgets = [40, 96]", "budgets = [16, 96]", r"policies\[1\] \(snapkv.*at budget 16: recent_window must be smaller"),
+    ("budgets = [40, 96]", "budgets = [16, 96]",
+     r"policies\[1\] \(snapkv.*at budget 16: recent_window must be smaller"),
     ('name = "h2o"', 'name = "h2o"\nrecent_window = 2.5', r"policies\[2\]\.recent_window = 2.5"),
     ('traces =', 'trace =', r"trace = .*unknown key"),
     ('traces =', 'mode = "loop"\ntraces =', r"layers = \[3, 7\]: unknown key for mode = 'loop'"),
@@ -263,10 +264,10 @@ def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, mo
         titles = [a["text"] for a in spec["layout"]["annotations"]]
         assert titles == ["good.npz · layer 3", "good.npz · layer 7"]
         lines = {(d["xaxis"], d["name"]): d for d in spec["data"]}
-        assert {n for _, n in lines} == {"tova", "snapkv pool_kernel=1", "snapkv pool_kernel=3", "h2o"}
+        assert {n for _, n in lines} == {"tova", "snapkv (poolKernel=1)", "snapkv (poolKernel=3)", "h2o"}
         for (axis, name), d in lines.items():  # every point is the table's value for that cell
             layer = 3 if axis == "x" else 7
-            policy, _, kernel = name.partition(" pool_kernel=")
+            policy, _, kernel = name.removesuffix(")").partition(" (poolKernel=")
             want = serial_table[(serial_table.trace == "good.npz") & (serial_table.layer == layer)
                                 & (serial_table.policy == policy)]
             if kernel:
@@ -274,7 +275,8 @@ def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, mo
             assert _arr(d["x"]).tolist() == [40, 96]
             assert _arr(d["y"]).tolist() == want.sort_values("budget")[metric].tolist()
     # a file that is not a sweep table: an error on the page, no traceback
-    at.file_uploader(key="w.sweep_file").set_value(("results.parquet", b"not parquet", "application/octet-stream")).run()
+    junk = ("results.parquet", b"not parquet", "application/octet-stream")
+    at.file_uploader(key="w.sweep_file").set_value(junk).run()
     assert not at.exception
     assert any("results.parquet: could not be read as Parquet" in e.value for e in at.error)
 
@@ -352,8 +354,8 @@ def test_bench_spec_holds_only_policies_its_traces_can_run():
     in its spec must be able to replay them (knorm would fail every cell)."""
     from kvviz.core.policies import POLICIES
     from kvviz.core.replay import runnable
-    from kvviz.studies.sweep.cli import bench_spec
     from kvviz.core.trace import load_trace
+    from kvviz.studies.sweep.cli import bench_spec
 
     spec = bench_spec()
     names = [p["name"] for p in spec["policies"]]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from apphelp import require_capture_stack
+
 from kvviz.studies.sweep.run import run_sweep
 from kvviz.studies.sweep.spec import SpecError
 

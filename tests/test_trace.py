@@ -1,8 +1,6 @@
 """The canonical trace's shape follows the cards; the file format refuses bad input."""
 import hashlib
 import io
-import json
-import zipfile
 
 import numpy as np
 import pytest

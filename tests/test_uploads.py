@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.core.trace import save_trace
 from kvviz.app.ui.upload import validate_upload
+from kvviz.core.trace import save_trace
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 

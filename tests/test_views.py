@@ -1,7 +1,5 @@
 """The explorer's pure parts, without Streamlit: views, state arithmetic, engine, URL state,
 exports. Expectations are derived by hand (tiny runs) or by brute force over the held rule."""
-import base64
-import io
 import json
 
 import numpy as np
@@ -11,15 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from kvviz.app import figures as V
+from kvviz.app.engine import Engine
+from kvviz.app.figures.cache import png_to_codes
+from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, dominant_state, state_counts
+from kvviz.app.state import ViewState, from_query, to_query
+from kvviz.app.ui.export import eviction_log, run_json
 from kvviz.core.policies import POLICIES, make_policy
 from kvviz.core.replay import Replay, Run, run_policy
 from kvviz.core.trace import canonical
-from kvviz.app.engine import Engine
-from kvviz.app.ui.export import eviction_log, run_json
-from kvviz.app.state import ViewState, from_query, to_query
-from kvviz.app.figures.cache import png_to_codes
-from kvviz.app.figures.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, dominant_state,
-                                state_counts)
 
 # Tiny hand-built runs, T = 6 (held after s  iff  p <= s and (ev == -1 or ev > s)):
 #   A: p1 evicted at step 3, p3 at step 5.      B: p2 evicted at step 4, p3 at step 5.
@@ -548,6 +545,7 @@ def test_light_look_is_the_template_it_replaced():
     """base_layout lays LIGHT on as values where the figure has none; the look is the one
     the template `update_layout(template=LIGHT)` gave, axis by axis, own values winning."""
     from plotly.subplots import make_subplots
+
     from kvviz.app.figures.common import LIGHT, base_layout
 
     def fig():

@@ -2,8 +2,8 @@
 answer is marked only once revealed, and the held slots carry no score."""
 import re
 
-from kvviz.app.teach.classroom import Round
 from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR, held_figure, votes_figure
+from kvviz.app.teach.classroom import Round
 
 
 def bars(fig):

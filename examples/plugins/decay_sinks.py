@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.policies.base import Policy, Rank, param
 from kvviz.core.reference import RefPolicy
+from kvviz.policies.base import Policy, Rank, param
 
 
 class RefDecaySinks(RefPolicy):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.policies.base import Policy, Rank, check_recent, param
 from kvviz.core.reference import RefPolicy
+from kvviz.policies.base import Policy, Rank, check_recent, param
 
 
 class RefWindowVote(RefPolicy):

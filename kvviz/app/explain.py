@@ -193,7 +193,8 @@ def pooling_text(f: Pooling) -> str:
     if f.kind == "max" and d.source is not None:
         text += (f"Position {d.source}, {_away(d)}, has the window sum {n(d.source_sum)}, "
                  f"the largest within the poolKernel of {f.kernel} "
-                 f"({_plural(f.radius, 'held slot')} each side), so the max-pool gives {d.position} the pooled score {n(d.pooled)} "
+                 f"({_plural(f.radius, 'held slot')} each side), so the max-pool gives {d.position} "
+                 f"the pooled score {n(d.pooled)} "
                  "and it stays.")
     else:
         text += (f"Averaging over its poolKernel of {f.kernel} "

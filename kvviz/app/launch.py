@@ -1,9 +1,10 @@
 """`kvviz app`: start the explorer with the offline settings, from a checkout or an install.
 
 Which page and traces it serves is kvviz.core.paths' rule (the current directory's traces/
-first when it is a kvviz checkout). The settings are the ones in .streamlit/config.toml,
-passed as flags so they hold from any working directory; flags given after `kvviz app`
-override them.
+first when it is a kvviz checkout). SETTINGS below are passed as flags so they hold from any
+working directory (an install has no .streamlit/); flags given after `kvviz app` override
+them. SETTINGS is the one list: the checkout's .streamlit/config.toml (what `streamlit run
+app.py` reads there) must say the same, which tests/test_launch.py checks.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import os
 import socket
 import sys
 
-from kvviz.core.plugins import add_argument as plugin_arg
 from kvviz.core.paths import app_file, lessons_dir, loop_dir, traces_dir
+from kvviz.core.plugins import add_argument as plugin_arg
 
 # Offline and local-only: no telemetry, no external IP lookup, bound to 127.0.0.1.
 SETTINGS = {
@@ -27,7 +28,9 @@ SETTINGS = {
     "server.maxUploadSize": "64",
     "client.toolbarMode": "minimal",
     "theme.base": "light",
-    "runner.postScriptGC": "false",  # see .streamlit/config.toml: the GC walk cost a class
+    # Streamlit's default ends every script run with a full gc.collect(): 0.15-0.2 s of CPU per
+    # page load here, holding the GIL, so a class's sessions queue behind it (scripts/loadtest.py)
+    "runner.postScriptGC": "false",
     "runner.magicEnabled": "false",  # unused; Streamlit recompiles app.py per new session
 }
 

@@ -20,17 +20,39 @@ A key given twice is said, and its first value used.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kvviz.app.jumps import NOTABLE_SHARE
 from kvviz.core.policies import POLICIES, defaults, param_specs, parse_params
 
-VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "compare", "slides",
-         "export", "loop", "needle")
-VIEW_LABELS = {"cache": "Cache heatmap", "survival": "Sinks & recent", "scores": "Scores",
-               "divergence": "Divergence", "metrics": "Metrics & sweeps", "tokens": "Tokens",
-               "compare": "Compare all", "slides": "Slides", "export": "Export",
-               "loop": "Model in the loop", "needle": "Forgetting"}
+
+@dataclass(frozen=True)
+class View:
+    """One view of the page: its name (the URL's view=, a lesson's state.view), the label its
+    selector shows, and the kvviz.app.ui module whose `render(ctx)` draws it."""
+
+    name: str
+    label: str
+    glue: str
+
+
+# The one list of views, in the selector's order: the URL check, lessons, the selector and
+# the page's dispatch (kvviz.app.ui.panels.RENDER) all read it.
+REGISTRY = (
+    View("cache", "Cache heatmap", "view_cache"),
+    View("survival", "Sinks & recent", "view_survival"),
+    View("scores", "Scores", "view_scores"),
+    View("divergence", "Divergence", "view_divergence"),
+    View("metrics", "Metrics & sweeps", "view_metrics"),
+    View("tokens", "Tokens", "view_tokens"),
+    View("compare", "Compare all", "view_compare"),
+    View("slides", "Slides", "view_slides"),
+    View("export", "Export", "view_export"),
+    View("loop", "Model in the loop", "view_loop"),
+    View("needle", "Forgetting", "view_needle"),
+)
+VIEWS = tuple(v.name for v in REGISTRY)
+VIEW_LABELS = {v.name: v.label for v in REGISTRY}
 
 
 ZOOMS = (0, 32, 128, 512)
@@ -244,6 +266,3 @@ def to_query(st: ViewState) -> dict[str, str]:
     q.update({k: str(v) for k, v in st.needle.items() if k in NEEDLE_KEYS})
     return q
 
-
-def with_changes(st: ViewState, **kw) -> ViewState:
-    return replace(st, **kw)

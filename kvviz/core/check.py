@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import sys
 import time
@@ -27,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import load_file
 from kvviz.core.policies import POLICIES, Policy
 from kvviz.core.replay import Replay
 from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
@@ -95,21 +95,12 @@ def _import(where: str):
     if where.endswith(".py") or path.is_file():
         if not path.is_file():
             raise ValueError(f"{where}: no such file")
-        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-        name = f"kvviz_check_{path.stem}_{digest}"
-        if name in sys.modules:
-            return sys.modules[name]
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file runs
         try:
-            module_spec.loader.exec_module(module)
+            return load_file(path)
         except Exception as exc:
-            del sys.modules[name]
             hint = (" (a file inside a package: name it as MODULE:NAME)"
                     if "relative import" in str(exc) else "")
             raise ValueError(f"{where}: failed to import ({type(exc).__name__}: {exc}){hint}") from None
-        return module
     try:
         return importlib.import_module(where)
     except Exception as exc:
@@ -632,11 +623,6 @@ def passed(results) -> bool:
 
 
 # -- the command ----------------------------------------------------------------------------
-def _error(message):  # one clear line, not usage + message
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def parser(sub=None) -> argparse.ArgumentParser:
     """`kvviz check`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
     kw = dict(prog="kvviz check", description="Check a policy against the "
@@ -644,7 +630,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p = (sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] "
                         "| NAME | --all-builtins", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
-    p.error = _error
+    p.error = one_line_error
     p.add_argument("target", nargs="*", help="a built-in name (tova), PATH.py[:CLASS] or MODULE[:CLASS]")
     p.add_argument("--all-builtins", action="store_true", help="check every built-in policy")
     p.add_argument("--reference", help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) "

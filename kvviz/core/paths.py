@@ -117,7 +117,8 @@ def version() -> str:
             return data["version"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     try:
         return dist_version("kvviz")

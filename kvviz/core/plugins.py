@@ -48,7 +48,12 @@ def absolute(spec: str) -> str:
     return str(Path(target).expanduser().resolve()) + sep + cls if _is_path(target) else spec
 
 
-def _import_path(path: Path):
+def load_file(path) -> object:
+    """A `.py` file run as a module, once per process (the same module back for the same
+    resolved path): what plugins and `kvviz check --reference PATH.py:FUNC` both load, so a
+    file given to both is one module. Whatever the file raises is raised (it is not left
+    half-loaded in sys.modules); callers word the error for their option."""
+    path = Path(path).expanduser().resolve()
     name = f"kvviz_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -115,14 +120,14 @@ def load_plugin(spec: str) -> list[str]:
             path = Path(target).expanduser().resolve()
             if not path.is_file():
                 raise PluginError(f"plugin {spec}: file not found")
-            module = _import_path(path)
-            origin = (lambda cls, p=str(path): f"{p}:{cls.__name__}")
+            module = load_file(path)
+            where = str(path)
         else:
             module = importlib.import_module(target)
-            origin = (lambda cls: f"{cls.__module__}:{cls.__name__}")
+            where = None
     except PluginError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the author's code; SystemExit too
+    except BaseException as exc:  # the author's code; SystemExit too
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise PluginError(f"plugin {spec}: import failed: {_one_line(exc)}") from None
@@ -130,7 +135,8 @@ def load_plugin(spec: str) -> list[str]:
     if not classes:
         what = f"no Policy subclass named {only}" if only else "no Policy subclass with a name"
         raise PluginError(f"plugin {spec}: defines {what}")
-    _LOADED[spec] = _register_all(spec, classes, origin)
+    _LOADED[spec] = _register_all(spec, classes,
+                                  lambda cls: f"{where or cls.__module__}:{cls.__name__}")
     return _LOADED[spec]
 
 
@@ -160,7 +166,7 @@ def load_entry_points() -> list[str]:
             where = f"{ep.value} (entry point {ep.name} in {GROUP})"
             try:
                 obj = ep.load()
-            except Exception as exc:  # noqa: BLE001 - the author's code
+            except Exception as exc:  # the author's code
                 _ENTRY_POINTS.append(f"plugin {where}: import failed: {_one_line(exc)}")
                 continue
             classes = [obj] if isinstance(obj, type) else _classes(obj)

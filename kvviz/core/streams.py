@@ -21,7 +21,6 @@ from kvviz.core.replay import NEVER, Run, run_policy
 from kvviz.core.trace import ArrayTrace, Trace, packed_offset
 
 
-
 def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]:
     """One Run per trace, each bit-identical to `run_policy(trace, name, budget, rng, **params)`.
 

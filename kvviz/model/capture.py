@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
-    from kvviz.core.trace import save_trace, load_trace
+    from kvviz.core.trace import load_trace, save_trace
 
     try:
         text = Path(args.text).read_text(encoding="utf-8")

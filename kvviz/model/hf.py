@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig
 from kvviz.core.replay import NEVER
+from kvviz.model.loop.config import GRANULARITIES, LoopConfig
 
 
 @dataclass
@@ -69,8 +69,14 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
     cfg = LoopConfig(policy, params, budget)
     import torch
 
-    from kvviz.model.loop.engine import State, attached, bookkeeping, check_architecture, make_policies, \
-        prefill_bookkeeping
+    from kvviz.model.loop.engine import (
+        State,
+        attached,
+        bookkeeping,
+        check_architecture,
+        make_policies,
+        prefill_bookkeeping,
+    )
     from kvviz.model.models import text_config
 
     tc = text_config(model)

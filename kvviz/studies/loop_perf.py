@@ -9,6 +9,7 @@ full cache alone). Wall time, on a machine other jobs may share: read ratios, no
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from kvviz.model.loop.cli import Progress, build_configs, perf_policies
@@ -41,8 +42,8 @@ def main(tokens: int = 384, budget: int = 256, device: str = "cpu", dtype: str =
     import sys
 
     from kvviz.model.capture import require_stack
-    from kvviz.model.models import load_model
     from kvviz.model.loop.engine import run, tokenize
+    from kvviz.model.models import load_model
 
     if tokens <= budget + 16:
         print(f"error: --perf-tokens must exceed the budget by more than 16, got {tokens} <= {budget} + 16",

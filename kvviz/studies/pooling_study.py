@@ -22,6 +22,7 @@ import pandas as pd
 
 from kvviz.core.atomic import replacing
 from kvviz.core.metrics import summary
+from kvviz.core.policies import config_label
 from kvviz.core.replay import run_policy
 from kvviz.core.spans import DEFAULT_TOP, attention_spans, important_spans, judge, received, word_spans
 from kvviz.core.trace import canonical, load_trace
@@ -32,15 +33,13 @@ KERNELS = (1, 3, 5, 7)
 
 
 def configs(kernels=KERNELS, poolings=("max",)):
-    """(label, policy name, params) in table order. `poolings` max and/or avg: SnapKV's
-    pooling kind ("snapkv k=5 avg"; k=1 pools nothing, so it has no avg row)."""
-    out = [("tova", "tova", {})]
-    for pooling in poolings:
-        out += [(f"snapkv k={k}" + ("" if pooling == "max" else f" {pooling}"), "snapkv",
-                 {"pool_kernel": k, **({} if pooling == "max" else {"pooling": pooling})})
-                for k in kernels if pooling == "max" or k > 1]
-    out += [("h2o", "h2o", {}), ("streaming-llm", "streaming-llm", {})]
-    return out
+    """(label, policy name, params) in table order, labelled by config_label with the
+    kernel always shown ("snapkv (poolKernel=5, pooling=avg)"). `poolings` max and/or avg:
+    SnapKV's pooling kind (k=1 pools nothing, so it has no avg row)."""
+    snap = [("snapkv", {"pool_kernel": k, **({} if pooling == "max" else {"pooling": pooling})})
+            for pooling in poolings for k in kernels if pooling == "max" or k > 1]
+    return [(config_label(name, params, keep=("pool_kernel",)), name, params)
+            for name, params in [("tova", {}), *snap, ("h2o", {}), ("streaming-llm", {})]]
 
 
 def load_all(specs, all_layers=True, head=None):
@@ -113,7 +112,8 @@ def study(traces, budgets=BUDGETS, kernels=KERNELS, every=16, top=DEFAULT_TOP,
                 row.update(retained_mass=m["retained_mass"], hh_recall=m["hh_recall"])
                 for kind in ("words", "attn"):
                     res = (integrity(trace, run, span_sets[kind], totals, checkpoints, top)
-                           if kind in span_sets else dict.fromkeys(("whole", "frag", "dropped", "intact", "peak"), np.nan))
+                           if kind in span_sets
+                           else dict.fromkeys(("whole", "frag", "dropped", "intact", "peak"), np.nan))
                     row.update({f"{kind}_{k}": v for k, v in res.items()})
                 rows.append(row)
     return pd.DataFrame(rows)

@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 
-from kvviz.studies.bench import CachedTrace
 from kvviz.core.policies import make_policy
 from kvviz.core.replay import NEVER, Replay
 from kvviz.core.streams import replay_streams
 from kvviz.core.trace import ArrayTrace, canonical, packed_offset
+from kvviz.studies.bench import CachedTrace
 from kvviz.studies.table import Table
 
 STREAMS = (1, 3, 9, 27)
@@ -126,15 +126,15 @@ def bench(budget: int = 512, steps: int = 4096, policies=("tova", "h2o", "snapkv
     lists = [first.row(t).tolist() for t in range(steps)]
     out = []
     for name in policies:
-        def replay():
+        def replay(name=name):
             r = Replay(first, make_policy(name, budget))
             r.seek(steps - 1)
             return r.evicted_at.tolist()
 
-        ways = {("lean loop", 1): lambda: LEAN[name](lists, budget), ("Replay", 1): replay}
+        ways = {("lean loop", 1): lambda name=name: LEAN[name](lists, budget), ("Replay", 1): replay}
         for count in streams:
             ways["run_streams", count] = \
-                lambda group=traces[:count]: replay_streams(group, name, budget)[0].tolist()
+                lambda group=traces[:count], name=name: replay_streams(group, name, budget)[0].tolist()
         best, logs = {}, {}
         for _ in range(repeat):
             for way, fn in ways.items():

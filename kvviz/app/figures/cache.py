@@ -17,8 +17,18 @@ from PIL import Image
 
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import base_layout, range_label
-from kvviz.app.figures.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges,
-                     display_state, dominant_state, state_counts)
+from kvviz.app.figures.states import (
+    BOTH,
+    NEITHER,
+    NOT_YET,
+    ONLY_A,
+    ONLY_B,
+    STATE_COLOURS,
+    bin_edges,
+    display_state,
+    dominant_state,
+    state_counts,
+)
 
 DEFAULT_MAX_BINS = 1024
 HOVER_BINS = 64

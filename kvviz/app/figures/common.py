@@ -6,7 +6,6 @@ import plotly.graph_objects as go
 
 A_COLOUR = "#E69F00"   # orange: policy A everywhere in the app
 B_COLOUR = "#0072B2"   # blue: policy B
-VICTIM_COLOUR = "#D55E00"
 DEFENDED_COLOUR = "#009E73"
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=14)
 _AXIS = dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", ticks="",

@@ -19,8 +19,17 @@ from PIL import Image
 from kvviz.app.figures.common import base_layout
 from kvviz.app.figures.metrics import METRIC_LABELS
 from kvviz.app.figures.metrics import policy_colour as _colour_of
-from kvviz.app.figures.states import (BOTH, NEITHER, NOT_YET, STATE_COLOURS, bin_edges, held_mask,
-                     recent_held_fraction, sinks_held, state_counts)
+from kvviz.app.figures.states import (
+    BOTH,
+    NEITHER,
+    NOT_YET,
+    STATE_COLOURS,
+    bin_edges,
+    held_mask,
+    recent_held_fraction,
+    sinks_held,
+    state_counts,
+)
 
 SMALL_BINS = 192      # pixels per axis of each small multiple (4,096 steps -> 22-cell blocks)
 MAX_POLICIES = 6  # kvviz.app.state.MAX_COMPARE says the same (it has no plotly)

@@ -12,28 +12,16 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz.core.policies import param_specs
-
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import base_layout
 from kvviz.app.figures.tokens import join_token_spans, strip_css, token_html
+from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
-FULL = "full"
 # colour-blind safe, matching common.LIGHT's colorway order
 LINE_COLOURS = ["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999",
                 "#000000", "#F0E442"]
 HURT, HELPED = (213, 94, 0), (0, 114, 178)   # vermilion: eviction cost; blue: it helped
 DELTA_CLIP = 2.0  # nats: colours saturate beyond this
-
-
-def policy_line_label(policy: str, params: dict) -> str:
-    """'snapkv (poolKernel=1)': the policy and every parameter that is not its default."""
-    if policy == FULL:
-        return "full cache"
-    specs = {s.name: s for s in param_specs(policy)}
-    diff = [f"{specs[k].label}={v}" for k, v in sorted(params.items())
-            if k in specs and v != specs[k].default]
-    return policy + (f" ({', '.join(diff)})" if diff else "")
 
 
 def nice_log_ticks(lo: float, hi: float, min_ticks: int = 3) -> list[float]:
@@ -82,7 +70,7 @@ def perplexity_figure(results: list[dict], *, metric: str = "perplexity",
         if r["policy"] == FULL:
             full = float(v)
             continue
-        lines.setdefault(policy_line_label(r["policy"], r.get("params", {})), []).append(
+        lines.setdefault(config_label(r["policy"], r.get("params", {})), []).append(
             (int(r["budget"]), float(v)))
     budgets = sorted({b for pts in lines.values() for b, _ in pts})
     fig = go.Figure()
@@ -96,7 +84,7 @@ def perplexity_figure(results: list[dict], *, metric: str = "perplexity",
     values = [v for pts in lines.values() for _, v in pts] + ([full] if full else [])
     if full is not None and budgets:
         fig.add_trace(go.Scatter(
-            x=[budgets[0], budgets[-1]], y=[full, full], mode="lines", name="full cache",
+            x=[budgets[0], budgets[-1]], y=[full, full], mode="lines", name=FULL_LABEL,
             line=dict(color="#555555", dash="dash", width=2),
             hovertemplate=f"full cache (no eviction)<br>perplexity {full:.3f}<extra></extra>"))
     base_layout(fig, title or "What eviction costs the model: perplexity against budget", height)

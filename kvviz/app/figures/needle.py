@@ -17,10 +17,9 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.figures.cache import cache_heatmap
 from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
-from kvviz.app.figures.loop import FULL, policy_line_label
 from kvviz.app.figures.tokens import _token_html
+from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
-FULL_LABEL = "full cache"
 # accuracy 0 -> vermilion, 1 -> blue (colour-blind safe), through a light grey
 ACCURACY_SCALE = [[0, "#D55E00"], [0.5, "#eeeeee"], [1, "#0072B2"]]
 KEY_COLOUR = "#F0E442"
@@ -35,8 +34,9 @@ def _params(v) -> dict:
 
 
 def line_label(policy: str, params) -> str:
-    """'tova', 'snapkv (poolKernel=1)', 'full cache': one panel / row per configuration."""
-    return FULL_LABEL if policy == FULL else policy_line_label(policy, _params(params))
+    """A results row's configuration label (kvviz.core.policies.config_label), its
+    params given as the table's JSON text."""
+    return config_label(policy, _params(params))
 
 
 def with_lines(rows: pd.DataFrame) -> pd.DataFrame:

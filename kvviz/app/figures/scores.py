@@ -16,10 +16,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app import explain
-from kvviz.core.policies import POLICIES, rank_of, score_labels
-
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import DEFENDED_COLOUR, base_layout, log_ticks
+from kvviz.core.policies import POLICIES, rank_of, score_labels
 
 # Which score decides eviction, and in which direction, as each policy class declares it
 # (`Policy.rank`, `Policy.score_labels`), read from the registry when drawn so plugins show.

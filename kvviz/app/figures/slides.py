@@ -23,8 +23,17 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from kvviz.app.figures.cache import PALETTE
-from kvviz.app.figures.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, display_state,
-                     state_counts, states_at)
+from kvviz.app.figures.states import (
+    BOTH,
+    NEITHER,
+    NOT_YET,
+    ONLY_A,
+    ONLY_B,
+    bin_edges,
+    display_state,
+    state_counts,
+    states_at,
+)
 
 MAX_FRAMES = 240
 MAX_BYTES = 8 * 1024 * 1024   # a GIF larger than this is redrawn smaller, then refused
@@ -69,12 +78,6 @@ def shown_token(tok: str, size: int = 13) -> str:
         else:
             out.append(ch if _has_glyph(ch, size) else "?")
     return "".join(out) or ("∅" if _has_glyph("∅", size) else "_")
-
-
-def _new(width: int, height: int) -> Image.Image:
-    img = Image.new("P", (int(width), int(height)), PAPER)
-    img.putpalette(_PALETTE)
-    return img
 
 
 def frame_steps(start: int, stop: int, frames: int) -> np.ndarray:

@@ -15,8 +15,6 @@ from kvviz.core.replay import held_until as ends
 
 # Cell states of the A/B comparison, ordered so that "more held" is a higher code.
 NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH = 0, 1, 2, 3, 4
-STATE_NAMES = {NOT_YET: "not yet generated", NEITHER: "evicted by both",
-               ONLY_B: "only B", ONLY_A: "only A", BOTH: "held by both"}
 # Okabe-Ito based: readable on a projector and for the common colour-vision deficiencies.
 STATE_COLOURS = {NOT_YET: "#ffffff", NEITHER: "#e4e4e4", ONLY_B: "#0072B2",
                  ONLY_A: "#E69F00", BOTH: "#3a3a3a"}
@@ -39,11 +37,6 @@ def bin_edges(n: int, max_bins: int, start: int = 0) -> np.ndarray:
     n, max_bins, start = int(n), max(1, int(max_bins)), int(start)
     width = max(1, -(-(n - start) // max_bins))
     return np.append(np.arange(start, n, width), n).astype(np.int64)
-
-
-def _overlap(lo, hi, s0, s1):
-    """Length of [lo, hi) intersected with [s0, s1), broadcasting."""
-    return np.clip(np.minimum(hi, s1) - np.maximum(lo, s0), 0, None)
 
 
 def state_counts(ev_a, ev_b, step_edges, pos_edges) -> np.ndarray:

@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from kvviz.app.figures.common import base_layout
 from kvviz.app.figures.metrics import METRIC_LABELS, policy_colour, value_format
+from kvviz.core.policies import config_label
 
 REQUIRED = ("trace", "layer", "policy", "budget", "retained_mass", "hh_recall", "memory_bytes",
             "status")
@@ -25,23 +26,24 @@ def check_results(df: pd.DataFrame) -> None:
 
 
 def series_labels(df: pd.DataFrame) -> pd.Series:
-    """policy, plus the parameters (and head) that vary among that policy's rows."""
+    """One line per configuration: config_label with the parameters that vary among that
+    policy's rows (shown even at their default), then the head when heads vary."""
     params = [c for c in df.columns if c not in FIXED]
-    varying = ["head"] if "head" in df.columns and df["head"].nunique(dropna=True) > 1 else []
+    by_head = "head" in df.columns and df["head"].nunique(dropna=True) > 1
     labels = df["policy"].astype(str).copy()
     for policy, g in df.groupby("policy", sort=False):
-        cols = varying + [c for c in params if g[c].nunique(dropna=True) > 1]
-        if cols:
-            labels[g.index] = policy + " " + g[cols].apply(
-                lambda r: ", ".join(f"{c}={r[c]}" for c in cols), axis=1)
+        cols = [c for c in params if g[c].nunique(dropna=True) > 1]
+        for i, r in g.iterrows():
+            name = config_label(policy, {c: r[c] for c in cols}, keep=cols)
+            labels[i] = f"{name}, head {r['head']}" if by_head else name
     return labels
 
 
 def panels(df: pd.DataFrame) -> list[tuple]:
     """(trace, layer) pairs in table order; the canonical trace has no layer."""
     seen = []
-    for t, l in zip(df["trace"], df["layer"]):
-        key = (t, None if pd.isna(l) else int(l))
+    for t, layer in zip(df["trace"], df["layer"]):
+        key = (t, None if pd.isna(layer) else int(layer))
         if key not in seen:
             seen.append(key)
     return seen
@@ -66,7 +68,7 @@ def sweep_grid_figure(df: pd.DataFrame, metric: str = "retained_mass",
                         shared_yaxes=True, horizontal_spacing=0.04,
                         vertical_spacing=min(0.12, 0.5 / max(len(traces), 1)))
     labels = series_labels(df) if len(df) else pd.Series(dtype=str)
-    panel_of = [(t, None if pd.isna(l) else int(l)) for t, l in zip(df["trace"], df["layer"])]
+    panel_of = [(t, None if pd.isna(layer) else int(layer)) for t, layer in zip(df["trace"], df["layer"])]
     dash: dict[str, str] = {}
     shown = set()
     for (panel, label), g in df.groupby([pd.Series(panel_of, index=df.index), labels], sort=False):

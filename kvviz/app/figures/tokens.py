@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import base_layout
-from kvviz.app.figures.states import (BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges, states_at)
+from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges, states_at
 
 _TEXT_ON = {BOTH: "#ffffff", ONLY_A: "#000000", ONLY_B: "#ffffff", NEITHER: "#555555",
             NOT_YET: "#9a9a9a"}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz.app.figures.cache import LEGEND_ORDER, state_labels
 from kvviz.app.explain import visible_token
+from kvviz.app.figures.cache import LEGEND_ORDER, state_labels
 from kvviz.app.figures.common import base_layout
 from kvviz.app.figures.states import BOTH, NOT_YET, ONLY_B, STATE_COLOURS, states_at
 

@@ -2,10 +2,9 @@
 outlined in the strip). Pure: figure dicts and HTML in, new ones out."""
 from __future__ import annotations
 
-from kvviz.core.replay import NEVER
-
 from kvviz.app.figures.cache import Prebuilt
 from kvviz.app.figures.common import A_COLOUR, B_COLOUR
+from kvviz.core.replay import NEVER
 
 TRACK_COLOUR = "#CC0000"
 

@@ -27,10 +27,18 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz.app.teach.notes import (NEEDS, PLACEHOLDERS, Facts,  # noqa: F401 (the API)
-                               _line, _loop, _needle_table, note_text, positions_text,
-                               scene_trace)
 from kvviz.app.state import VIEWS, ViewState, from_query
+from kvviz.app.teach.notes import (  # noqa: F401 (the API)
+    NEEDS,
+    PLACEHOLDERS,
+    Facts,
+    _line,
+    _loop,
+    _needle_table,
+    note_text,
+    positions_text,
+    scene_trace,
+)
 
 # set by the lesson bar, never by a scene (the scene is where they point)
 NOT_IN_SCENE = ("lesson", "scene", "follow", "present")

@@ -262,7 +262,8 @@ def pooling(f: Facts) -> str:
     """Why pooling kept a slot at the step, in SnapKV's own numbers
     (kvviz.app.explain.pooling_text): the state's `focus` if it is defended, else the first
     defended slot, as the Scores view explains it."""
-    from kvviz.app.explain import defended as find, pooling_facts, pooling_text
+    from kvviz.app.explain import defended as find
+    from kvviz.app.explain import pooling_facts, pooling_text
 
     p = f.panel(_pooled_side(f), f.step)
     d = find(p["kept"], p["scores"], p["victims"])
@@ -414,9 +415,9 @@ def _trace(path: str, mtime: float, layer, head: str):
 
 
 def _line(row: dict) -> str:
-    from kvviz.app.figures.loop import policy_line_label
+    from kvviz.core.policies import config_label
 
-    return policy_line_label(row["policy"], row["params"])
+    return config_label(row["policy"], row["params"])
 
 
 @lru_cache(maxsize=8)
@@ -440,7 +441,7 @@ def _needle_table():
 
 @lru_cache(maxsize=2)
 def _needle_cached(folder: str, mtime: float):
-    from kvviz.model.needle.results import load_results
     from kvviz.app.figures.needle import with_lines
+    from kvviz.model.needle.results import load_results
 
     return with_lines(load_results(folder))

@@ -1,8 +1,9 @@
 """What a predict-then-reveal question asks, from a policy's eviction log alone.
 
 "Which position will A evict next?" asked of a page showing step t (the state after t's
-eviction) means: the first step s > t at which A evicts anything (`asked_at`); the guess is one of the positions A holds at s before it evicts (admitted
-up to s, not evicted before s), the answer the positions it evicts at s.
+eviction) means: the first step s > t at which A evicts anything (`asked_at`); the guess is
+one of the positions A holds at s before it evicts (admitted up to s, not evicted before s),
+the answer the positions it evicts at s.
 """
 from __future__ import annotations
 

@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from kvviz.core.metrics import summary
-from kvviz.core.replay import run_policy
-from kvviz.core.trace import canonical, load_trace
 from kvviz.app.engine import Engine
 from kvviz.app.figures.cache import cache_heatmap, heatmap_grid
 from kvviz.app.figures.states import divergence_steps, symmetric_difference
-
+from kvviz.core.metrics import summary
+from kvviz.core.replay import run_policy
+from kvviz.core.trace import canonical, load_trace
 
 
 def traces_dir() -> Path:
@@ -220,11 +219,6 @@ def peek(key: str, layer: int, version: str, policy: str, params: tuple, budget:
 def run_summary(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
                 head: str = "mean") -> dict:
     return summary_of(RunKey(key, layer, version, policy, params, budget, head))
-
-
-def evaluate_one(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-                 head: str = "mean") -> dict:
-    return evaluate(RunKey(key, layer, version, policy, params, budget, head))
 
 
 def heatmap_bins(steps: int) -> int:

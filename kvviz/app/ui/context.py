@@ -6,10 +6,10 @@ from functools import cached_property
 
 import streamlit as st
 
-from kvviz.core.policies import param_specs
-from kvviz.app.ui import compute
 from kvviz.app.figures.common import A_COLOUR, B_COLOUR
 from kvviz.app.figures.states import NEVER, next_after
+from kvviz.app.ui import compute
+from kvviz.core.policies import config_label
 
 # the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
 CHART = dict(width="stretch", config={"displaylogo": False, "scrollZoom": False,
@@ -31,12 +31,6 @@ def table(df) -> None:
     st.table(df.style.format(fmt, na_rep="–"), hide_index=True)
 
 
-def policy_label(name: str, params: dict) -> str:
-    specs = {s.name: s for s in param_specs(name)}
-    diff = [f"{specs[k].label}={v}" for k, v in params.items() if k in specs and v != specs[k].default]
-    return name + (f" ({', '.join(diff)})" if diff else "")
-
-
 def refusal_message(which: str, pols: dict) -> str:
     """The page's error for a refused policy: its own rule (controls named by their labels)
     and what is still drawn."""
@@ -44,7 +38,7 @@ def refusal_message(which: str, pols: dict) -> str:
     other = "b" if which == "a" else "a"
     oname, oparams, oerror = pols[other]
     tail = ("Neither policy can run: change a setting in the sidebar." if oerror else
-            f"Policy {other.upper()} ({policy_label(oname, oparams)}) is drawn alone below; "
+            f"Policy {other.upper()} ({config_label(oname, oparams)}) is drawn alone below; "
             "the next valid setting brings both back.")
     return f"Policy {which.upper()} ({name}) refuses these settings: {error}. {tail}"
 

@@ -16,14 +16,11 @@ import contextlib
 
 import streamlit as st
 
-from kvviz.app.teach.classroom import CODE_LEN, HERE_SECONDS, Refused
-from kvviz.app.ui import classroom
-from kvviz.app.ui import compute
-from kvviz.app.ui import predict
-from kvviz.app.ui import session
-from kvviz.app.ui.context import policy_label
-from kvviz.app.ui.session import S, fragment_run
 from kvviz.app.state import from_query, to_query
+from kvviz.app.teach.classroom import CODE_LEN, HERE_SECONDS, Refused
+from kvviz.app.ui import classroom, compute, predict, session
+from kvviz.app.ui.session import S, fragment_run
+from kvviz.core.policies import config_label
 
 # How often a student's page asks whether the lecturer moved. The follow delay is this wait
 # (uniform over 0..POLL_S) plus the student's rerun, queued behind the other students' (one
@@ -107,7 +104,7 @@ def summary(key: str, budget: int | None = None, pols: dict | None = None) -> No
     if budget is not None:
         lines.append(f"- budget: {budget}")
     for which, (name, params, error) in (pols or {}).items():
-        lines.append(f"- {which.upper()}: {policy_label(name, params)}"
+        lines.append(f"- {which.upper()}: {config_label(name, params)}"
                      + (" (refused: see the page)" if error else ""))
     side = st.sidebar
     side.markdown(f"**The lecturer's settings** (class **{S[classroom.FOLLOWS]}**):\n"

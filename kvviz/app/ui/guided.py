@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.core.policies import param_specs
-from kvviz.app.ui import compute
-from kvviz.app.ui import experiments
-from kvviz.app.ui.session import S, apply_state, from_link, note, view_state
-from kvviz.app.state import ViewState
 from kvviz.app import explain
 from kvviz.app.explain import pooling_text
+from kvviz.app.state import ViewState
+from kvviz.app.ui import compute, experiments
+from kvviz.app.ui.session import S, apply_state, from_link, note, view_state
+from kvviz.core.policies import param_specs
 
 # what an explanation depends on; the step, the view and chosen positions may move freely
 SETTINGS = ("trace", "layer", "head", "budget", "a", "b")

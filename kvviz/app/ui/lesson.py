@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.app.teach import lesson as L
-from kvviz.app.ui import classroom
-from kvviz.app.ui import compute
-from kvviz.app.ui import session
-from kvviz.app.ui.session import S
 from kvviz.app.state import from_query
+from kvviz.app.teach import lesson as L
+from kvviz.app.ui import classroom, compute, session
+from kvviz.app.ui.session import S
 
 ERROR = "lesson.error"  # a lesson that could not be opened, said once
 # link keys a short link may carry beside lesson and scene (not the page's state)

@@ -5,19 +5,15 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from kvviz.app import explain
-from kvviz.app import jumps
+from kvviz.app import explain, jumps
 from kvviz.app import figures as V
-from kvviz.app.ui import compute
-from kvviz.app.ui import follow
-from kvviz.app.ui import present
+from kvviz.app.figures.common import A_COLOUR, B_COLOUR
+from kvviz.app.figures.states import NEVER, next_after
+from kvviz.app.ui import compute, follow, present
 from kvviz.app.ui.context import Ctx
 from kvviz.app.ui.glossary import glossary_popover
 from kvviz.app.ui.positions import restore_position
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR
-from kvviz.app.figures.states import NEVER, next_after
-from kvviz.app.ui.session import (S, fragment_run, from_link, keep, note, restore, set_value,
-                              timer_place, widget, wkey)
+from kvviz.app.ui.session import S, fragment_run, from_link, keep, note, restore, set_value, timer_place, widget, wkey
 
 SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 

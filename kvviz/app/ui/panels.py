@@ -1,37 +1,24 @@
 """The main area's registry: which glue module draws which view, plus the view selector.
 
 Each view's Streamlit glue is its own module (kvviz/app/ui/view_*.py) exposing `render(ctx)`;
-the figures come from kvviz/app/figures. Adding a view = a new module + one line in `RENDER`
-(and its label in kvviz.app.state.VIEW_LABELS). Ctx, navigation, status and the experiments
-box are re-exported here so `app.py` needs one import.
+the figures come from kvviz/app/figures. Adding a view = a new module + one line in
+kvviz.app.state.REGISTRY (name, label, module); `RENDER` is built from it. Ctx, navigation,
+status and the experiments box are re-exported here so `app.py` needs one import.
 """
 from __future__ import annotations
 
+import importlib
+
 import streamlit as st
 
-from kvviz.app.ui import (view_cache, view_compare, view_divergence, view_export, view_loop,
-                      view_metrics, view_needle, view_scores, view_slides, view_survival,
-                      view_tokens)
-from kvviz.app.ui.context import CHART, Ctx, policy_label, refusal_message  # noqa: F401
+from kvviz.app.state import REGISTRY, VIEW_LABELS
+from kvviz.app.ui.context import Ctx, refusal_message  # noqa: F401
 from kvviz.app.ui.guided import experiments_box  # noqa: F401
 from kvviz.app.ui.guided import open_linked as open_linked_experiment  # noqa: F401
 from kvviz.app.ui.navigation import advance, navigator, status  # noqa: F401
 from kvviz.app.ui.session import S, note, widget, wkey
-from kvviz.app.state import VIEW_LABELS
 
-RENDER = {
-    "cache": view_cache.render,
-    "survival": view_survival.render,
-    "scores": view_scores.render,
-    "divergence": view_divergence.render,
-    "metrics": view_metrics.render,
-    "tokens": view_tokens.render,
-    "compare": view_compare.render,
-    "slides": view_slides.render,
-    "export": view_export.render,
-    "loop": view_loop.render,
-    "needle": view_needle.render,
-}
+RENDER = {v.name: importlib.import_module(f"kvviz.app.ui.{v.glue}").render for v in REGISTRY}
 
 
 def current_view(has_tokens: bool) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from kvviz.app.state import ZOOMS  # noqa: F401  (the heatmap's zoom choices)
 from kvviz.app.ui.context import Ctx
 from kvviz.app.ui.session import S, keep, restore, wkey
-from kvviz.app.state import ZOOMS  # noqa: F401  (the heatmap's zoom choices)
 
 
 def zoom_window(step: int, steps: int, half: int, centre: int):

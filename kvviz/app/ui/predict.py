@@ -15,13 +15,13 @@ from __future__ import annotations
 import streamlit as st
 
 from kvviz.app import explain
+from kvviz.app.figures.votes import held_figure, votes_figure
 from kvviz.app.teach.classroom import Refused
 from kvviz.app.teach.question import asked_at
 from kvviz.app.ui import classroom
 from kvviz.app.ui.context import CHART, Ctx
-from kvviz.app.ui.session import S, fragment_run, set_value, timer_place
-from kvviz.app.figures.votes import held_figure, votes_figure
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import S, fragment_run, set_value, timer_place
 
 POLL_S = 1.0              # how often a page in a class looks at its round
 MAX_PILLS = 64            # more held slots than this: the number box only

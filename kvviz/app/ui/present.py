@@ -14,10 +14,10 @@ import contextlib
 
 import streamlit as st
 
-from kvviz.app.ui import layout
-from kvviz.app.ui.session import S, note
 from kvviz.app.figures.cache import Prebuilt
 from kvviz.app.figures.room import for_room
+from kvviz.app.ui import layout
+from kvviz.app.ui.session import S, note
 
 # Every key the page answers in presentation mode, said in its "keys" line. Another part of
 # the page that adds a key adds its line here (e.g. "PageDown / PageUp": "next / previous

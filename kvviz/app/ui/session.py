@@ -9,13 +9,13 @@ address bar is always a link to exactly this view.
 """
 from __future__ import annotations
 
-import streamlit as st
-
-from kvviz.core.policies import param_specs
 from dataclasses import fields
 
-from kvviz.app.ui import classroom
+import streamlit as st
+
 from kvviz.app.state import PLAIN, ViewState, default_cmp, from_query, to_query
+from kvviz.app.ui import classroom
+from kvviz.core.policies import param_specs
 
 S = st.session_state
 # every ViewState field but the parameter dicts (kept per parameter, see pkey)

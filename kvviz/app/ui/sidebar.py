@@ -5,13 +5,12 @@ import re
 
 import streamlit as st
 
+from kvviz.app.ui import compute, session
+from kvviz.app.ui.present import sidebar
+from kvviz.app.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
+from kvviz.app.ui.upload import validate_upload
 from kvviz.core.policies import POLICIES, make_policy, param_specs
 from kvviz.core.replay import Replay
-from kvviz.app.ui import compute
-from kvviz.app.ui import session
-from kvviz.app.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
-from kvviz.app.ui.present import sidebar
-from kvviz.app.ui.upload import validate_upload
 
 
 def _on_upload():

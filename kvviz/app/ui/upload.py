@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvviz.core.trace import MAX_TRACE_BYTES, load_trace
 from kvviz.app.ui.compute import add_upload
+from kvviz.core.trace import MAX_TRACE_BYTES, load_trace
 
 
 def validate_upload(data: bytes, filename: str, max_bytes: int = MAX_TRACE_BYTES):

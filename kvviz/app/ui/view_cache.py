@@ -6,15 +6,14 @@ import html
 import streamlit as st
 
 from kvviz.app.figures.cache import at_step
+from kvviz.app.figures.toy import SMALL, labelled_heatmap
+from kvviz.app.figures.track import heatmap_with_track
 from kvviz.app.ui import compute
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.navigation import tracked
-from kvviz.app.figures.toy import SMALL, labelled_heatmap
-from kvviz.app.figures.track import heatmap_with_track
 from kvviz.app.ui.positions import ZOOMS, zoom_centre, zoom_window
-from kvviz.app.ui.session import PREVIEWED, S, widget
 from kvviz.app.ui.present import chart
-
+from kvviz.app.ui.session import PREVIEWED, S, widget
 
 # The Plotly chart hides the preview as soon as its own image is in place.
 PREVIEW_CSS = (".st-key-cache-chart:has(.js-plotly-plot image) .kv-preview{display:none}"

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.core.policies import POLICIES, param_specs
-from kvviz.app.ui import compute
-from kvviz.app.ui.context import table
-from kvviz.app.ui.session import widget
-from kvviz.app.state import default_cmp
 from kvviz.app.figures import compare as C
 from kvviz.app.figures.states import held_mask
+from kvviz.app.state import default_cmp
+from kvviz.app.ui import compute
+from kvviz.app.ui.context import table
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import widget
+from kvviz.core.policies import POLICIES, param_specs
 
 CONFIG = {"displaylogo": False, "scrollZoom": False}
 

@@ -9,8 +9,8 @@ from kvviz.app import figures as V
 from kvviz.app.ui.context import CHART, Ctx, table
 from kvviz.app.ui.navigation import goto
 from kvviz.app.ui.positions import restore_position
-from kvviz.app.ui.session import keep, wkey
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import keep, wkey
 
 
 def render(ctx: Ctx):

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvviz.app.state import to_query
 from kvviz.app.ui.context import Ctx
 from kvviz.app.ui.export import eviction_log, metrics_frame, run_json
 from kvviz.app.ui.session import view_state
-from kvviz.app.state import to_query
 from kvviz.app.ui.view_metrics import metrics_rows
 
 

@@ -16,12 +16,12 @@ import pandas as pd
 import streamlit as st
 
 from kvviz.app import figures as V
-from kvviz.core.policies import POLICIES
+from kvviz.app.figures import loop as LV
 from kvviz.app.ui import jobs
 from kvviz.app.ui.context import CHART
-from kvviz.app.ui.session import from_link, note, timer_place, widget
-from kvviz.app.figures import loop as LV
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import from_link, note, timer_place, widget
+from kvviz.core.policies import POLICIES, config_label
 
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
@@ -234,21 +234,21 @@ def draw(res, rows):
     if not choices:
         st.info("This result holds only the full cache.")
         return
-    lines = sorted({LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) for i in choices})
+    lines = sorted({config_label(rows[i]["policy"], rows[i]["params"]) for i in choices})
     c = st.columns([3, 2])
     line = widget(c[0].selectbox, "loop_policy", "policy", lines, key="loop.policy",
                   fit=_fits(lines, "loop_policy", "tova" if "tova" in lines else lines[0],
                             "policy line"))
     budgets = sorted(rows[i]["budget"] for i in choices
-                     if LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) == line)
+                     if config_label(rows[i]["policy"], rows[i]["params"]) == line)
     budget = widget(c[1].selectbox, "loop_budget", "budget", budgets, key="loop.budget",
                     fit=_fits(budgets, "loop_budget", budgets[len(budgets) // 2],
                               "budget for this policy"))
     ci = next(i for i in choices if rows[i]["budget"] == budget and
-              LV.policy_line_label(rows[i]["policy"], rows[i]["params"]) == line)
+              config_label(rows[i]["policy"], rows[i]["params"]) == line)
     f = res.full_index
     r = rows[ci]
-    name = f"{line} @ {budget}"
+    name = config_label(r["policy"], r["params"], budget=budget)
     st.caption(
         f"{name}: perplexity {r['perplexity']:.3f} against {rows[f]['perplexity']:.3f} with the "
         f"full cache; top-1 agreement {r['top1_agreement']:.1%}; mean KL(full ‖ evicted) "
@@ -275,8 +275,8 @@ def heatmap(res, rows, ci: int, name: str):
     head_a = c[1].selectbox("A: KV head", range(len(heads)), format_func=heads.__getitem__,
                             key="loop.head_a", disabled=len(heads) == 1)
     others = [i for i, r in enumerate(rows) if r["policy"] != LV.FULL]
-    lab = {i: f"{LV.policy_line_label(rows[i]['policy'], rows[i]['params'])} @ "
-              f"{rows[i]['budget']}" for i in others}
+    lab = {i: config_label(rows[i]["policy"], rows[i]["params"], budget=rows[i]["budget"])
+           for i in others}
     same_budget = [i for i in others if rows[i]["budget"] == rows[ci]["budget"] and i != ci]
     default_b = same_budget[0] if same_budget else ci
     if S.get("loop.b") not in others:

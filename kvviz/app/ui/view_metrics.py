@@ -6,12 +6,11 @@ from dataclasses import replace
 import streamlit as st
 
 from kvviz.app import figures as V
-from kvviz.core.policies import POLICIES, param_specs
 from kvviz.app.ui import compute
 from kvviz.app.ui.context import CHART, Ctx, table
-from kvviz.app.ui.session import S, SWEEP_ON
 from kvviz.app.ui.present import chart
-
+from kvviz.app.ui.session import SWEEP_ON, S
+from kvviz.core.policies import POLICIES, param_specs
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
 POOL_KERNELS = (1, 3, 5, 7, 9, 11, 13, 15)
@@ -44,7 +43,7 @@ def _sweep(ctx: Ctx, points):
 
 def metrics_rows(ctx: Ctx) -> list[dict]:
     rows = []
-    for which, name, params, lab in (("a", ctx.a, ctx.pa, ctx.label_a), ("b", ctx.b, ctx.pb, ctx.label_b)):
+    for which, name, params in (("a", ctx.a, ctx.pa), ("b", ctx.b, ctx.pb)):
         if ctx.solo and which != ctx.solo:
             continue  # that policy refused its settings
         m = ctx.run(which).summary()
@@ -61,11 +60,11 @@ def render(ctx: Ctx):
     rows = metrics_rows(ctx)
     table(V.metrics_table(rows))
     same = {k: rows[0][k] == rows[-1][k] for k in ("retained_mass", "hh_recall")}
-    st.caption("" if len(rows) < 2 else "retained mass: A and B " + ("identical to the last digit" if same["retained_mass"]
-                                            else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")
-               + " · heavy-hitter recall: " + ("identical" if same["hh_recall"] else
-                                               f"differ by {rows[1]['hh_recall'] - rows[0]['hh_recall']:+.6f}")
-               + ".")
+    mass = ("identical to the last digit" if same["retained_mass"]
+            else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")
+    recall = ("identical" if same["hh_recall"]
+              else f"differ by {rows[1]['hh_recall'] - rows[0]['hh_recall']:+.6f}")
+    st.caption("" if len(rows) < 2 else f"retained mass: A and B {mass} · heavy-hitter recall: {recall}.")
     st.subheader("Sweeps (cached; all on the current trace)")
     metric = st.radio("metric", ["retained_mass", "hh_recall", "memory_bytes"], horizontal=True,
                       key="w.sweep_metric", format_func=lambda m: V.metrics.METRIC_LABELS[m])

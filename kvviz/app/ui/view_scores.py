@@ -6,12 +6,12 @@ import streamlit as st
 
 from kvviz.app import explain
 from kvviz.app import figures as V
+from kvviz.app.figures.toy import SMALL, label_bars
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.navigation import tracked
 from kvviz.app.ui.positions import focus_input
-from kvviz.app.ui.session import set_value
-from kvviz.app.figures.toy import SMALL, label_bars
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import set_value
 
 
 def panels(ctx: Ctx, s: int) -> list[dict]:

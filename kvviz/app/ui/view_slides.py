@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from kvviz.app.ui.session import S, widget
 from kvviz.app.figures import slides as SL
+from kvviz.app.ui.session import S, widget
 
 FRAME_MS = (80, 150, 300, 600)
 MAX_TOKENS = 600

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from kvviz.app import figures as V
 from kvviz.app import explain
+from kvviz.app import figures as V
+from kvviz.app.figures.track import strip_track_css
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.navigation import tracked
-from kvviz.app.figures.track import strip_track_css
 from kvviz.app.ui.positions import zoom_centre
 from kvviz.app.ui.present import chart
 

@@ -9,10 +9,9 @@ import dataclasses
 import hashlib
 import importlib
 import inspect
+import pkgutil
 import re
 import uuid
-
-import pkgutil
 
 from kvviz.core.policies.base import KINDS, ParamSpec, Policy, Rank, param
 
@@ -90,7 +89,7 @@ def check_declaration(cls) -> None:
         raise ValueError(f"{name}: colour must be '#RRGGBB' or None, got {cls.colour!r}")
     try:
         cls(budget=512)
-    except Exception as exc:  # noqa: BLE001 - the author's code, reported not raised through
+    except Exception as exc:  # the author's code, reported not raised through
         raise ValueError(f"{name}: its defaults do not construct at budget 512: "
                          f"{type(exc).__name__}: {exc}") from None
 
@@ -123,11 +122,6 @@ def _policy_class(name: str) -> type[Policy]:
     if name not in POLICIES:
         raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
     return POLICIES[name]
-
-
-def policy_class(name: str) -> type[Policy]:
-    """The registered class for `name`; an unknown name is a ValueError listing the known ones."""
-    return _policy_class(name)
 
 
 def make_policy(name: str, budget: int = 512, rng=None, **params) -> Policy:
@@ -180,9 +174,44 @@ def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
     return out
 
 
-def label_of(name: str) -> str:
-    """The policy's human label (its `label`, else its name) for legends and tables."""
-    return _policy_class(name).label or name
+FULL = "full"              # the no-eviction configuration, as `--policy full` names it
+FULL_LABEL = "full cache"  # and as every table and figure shows it
+
+
+def config_label(name: str, params=None, *, budget=None, keep=()) -> str:
+    """How every table, figure, report and CSV names a configuration: 'snapkv
+    (poolKernel=1, pooling=avg)': the policy's name, then the parameters that differ from
+    its defaults (plus any named in `keep`), by the labels the sidebar shows and
+    `name:k=v` accepts, in declaration order; 'full cache' for no eviction; with a
+    `budget`, ' @ 256' after it (the full cache has none). One spelling,
+    so a row of a report, a CSV and a line in the app name a configuration alike.
+
+    `params` may hold every parameter (a policy's own `params`) or only some; values are
+    compared typed, so the text "1" of a CLI flag is the default 1. A policy that is not
+    registered (a plugin not loaded) shows every parameter given."""
+    if name == FULL:
+        return FULL_LABEL
+    if isinstance(budget, float) and budget.is_integer():  # a table column with gaps
+        budget = int(budget)
+    at = "" if budget is None or budget == "" or budget != budget else f" @ {budget}"
+    params = dict(params or {})
+    keep = set(keep)
+    if name not in POLICIES:
+        shown = [f"{k}={v}" for k, v in sorted(params.items())]
+    else:
+        shown = []
+        for spec in param_specs(name):
+            key = spec.name if spec.name in params else spec.label
+            if key not in params:
+                continue
+            value = params[key]
+            try:
+                value = spec.coerce(value)
+            except ValueError:
+                pass
+            if value != spec.default or spec.name in keep or spec.label in keep:
+                shown.append(f"{spec.label}={value}")
+    return name + (f" ({', '.join(shown)})" if shown else "") + at
 
 
 def rank_of(name: str) -> Rank | None:
@@ -231,7 +260,7 @@ def reference_class(name: str):
     return ref
 
 
-__all__ = ["POLICIES", "ParamSpec", "Policy", "Rank", "check_declaration", "defaults",
-           "label_of", "make_policy", "param", "param_specs", "parse_params", "policy_class",
+__all__ = ["FULL", "FULL_LABEL", "POLICIES", "ParamSpec", "Policy", "Rank", "check_declaration",
+           "config_label", "defaults", "make_policy", "param", "param_specs", "parse_params",
            "rank_of", "reference_class", "register_policy", "score_labels", "source_hash",
            "unregister_policy"]

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 from kvviz.core.atomic import replacing
+from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
+from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, parse_layers, require_stack
-from kvviz.model.models import PROVENANCE, resolve
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.loop.config import GRANULARITIES, LoopConfig, parse_policy
+from kvviz.model.models import PROVENANCE, resolve
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
 
@@ -24,12 +27,6 @@ def perf_policies() -> list[str]:
     from kvviz.core.policies import POLICIES
 
     return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
-
-
-def one_line_error(message):
-    """argparse's `error` for kvviz's commands: one clear line and exit 2, not usage + message."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def read_text(path: str, option: str) -> str:
@@ -138,7 +135,8 @@ def table(results) -> str:
     lines = [f"{'config':<58} {'ppl':>8} {'ppl after':>9} {'top1':>6} {'kl':>7}"]
     for r in results:
         after = r["perplexity_after_eviction"]
-        lines.append(f"{r['label']:<58} {r['perplexity']:8.3f} "
+        name = config_label(r["policy"], r["params"], budget=r["budget"])
+        lines.append(f"{name:<58} {r['perplexity']:8.3f} "
                      f"{'-' if after is None else format(after, '.3f'):>9} "
                      f"{r['top1_agreement']:6.3f} {r['kl']:7.4f}")
     return "\n".join(lines)

@@ -5,9 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvviz.core.policies import POLICIES, make_policy, parse_params
+from kvviz.core.policies import FULL, POLICIES, make_policy, parse_params
 
-FULL = "full"
 GRANULARITIES = ("layer", "kv-head")
 
 

@@ -209,8 +209,15 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     import torch
     from transformers import DynamicCache
 
-    from kvviz.model.models import check_layers, default_layers, load_model, model_provenance, text_config, \
-        token_strings, tokenize as tokens
+    from kvviz.model.models import (
+        check_layers,
+        default_layers,
+        load_model,
+        model_provenance,
+        text_config,
+        token_strings,
+    )
+    from kvviz.model.models import tokenize as tokens
 
     tok, mdl = load_model(model, "loop", device, dtype)
     ids, offsets, bos = tokens(tok, text, int(max_tokens))
@@ -292,15 +299,15 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
     if vectorised and cfg.policy in STATES:
         S = L * G
         return Streams(cfg.make(0, 0, seed), S, offsets=np.arange(S) * T)
-    return [[cfg.make(l, g, seed) for g in range(G)] for l in range(L)]
+    return [[cfg.make(layer, g, seed) for g in range(G)] for layer in range(L)]
 
 
-def _mark(state: State, evicted_at, c: int, l: int, g: int, victims, t: int) -> None:
-    evicted_at[c, l, g, victims] = t
+def _mark(state: State, evicted_at, c: int, layer: int, g: int, victims, t: int) -> None:
+    evicted_at[c, layer, g, victims] = t
     if state.G == 1:
-        state.bias[c, l][:, victims] = -np.inf
+        state.bias[c, layer][:, victims] = -np.inf
     else:
-        state.bias[c, l, g, victims] = -np.inf
+        state.bias[c, layer, g, victims] = -np.inf
 
 
 def bookkeeping(state: State, configs, policies, evicted_at, t: int, active=None) -> None:
@@ -322,13 +329,13 @@ def bookkeeping(state: State, configs, policies, evicted_at, t: int, active=None
                 else:
                     bias[c].reshape(len(v), -1)[pol.streams, v] = -np.inf
             continue
-        for l, per_layer in enumerate(pol):
+        for layer, per_layer in enumerate(pol):
             for g, p in enumerate(per_layer):
-                raw = state.cur[c, l, g][p.held()] if p.uses_attention else None
-                norm = state.knorm[c, l, g] if p.reads_key_norms else None
+                raw = state.cur[c, layer, g][p.held()] if p.uses_attention else None
+                norm = state.knorm[c, layer, g] if p.reads_key_norms else None
                 victims = harness.step(p, t, raw, cfg.budget, norm)
                 if len(victims):
-                    _mark(state, evicted_at, c, l, g, victims, t)
+                    _mark(state, evicted_at, c, layer, g, victims, t)
 
 
 def prefill_bookkeeping(state: State, configs, policies, evicted_at, T0: int) -> None:
@@ -343,14 +350,14 @@ def prefill_bookkeeping(state: State, configs, policies, evicted_at, T0: int) ->
             continue
         if isinstance(pol, Streams):
             raise ValueError("prefill_bookkeeping needs per-head policies, not Streams")
-        for l, per_layer in enumerate(pol):
+        for layer, per_layer in enumerate(pol):
             for g, p in enumerate(per_layer):
                 for t in range(T0):
-                    raw = rows[l, g, t, :t] if p.uses_attention else None  # nothing evicted yet: held = 0..t-1
-                    norm = norms[l, g, t] if p.reads_key_norms else None
+                    raw = rows[layer, g, t, :t] if p.uses_attention else None  # nothing evicted yet: held = 0..t-1
+                    norm = norms[layer, g, t] if p.reads_key_norms else None
                     if t < T0 - 1:
                         harness.feed(p, t, raw, norm)
                     else:
                         victims = harness.step(p, t, raw, cfg.budget, norm)
                         if len(victims):
-                            _mark(state, evicted_at, c, l, g, victims, t)
+                            _mark(state, evicted_at, c, layer, g, victims, t)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
+from kvviz.core.policies import config_label
 from kvviz.model.capture import require_stack
-from kvviz.model.models import resolve
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
-from kvviz.model.loop.cli import Progress, add_config_arguments, add_model_arguments, build_configs, one_line_error, \
-    read_text
+from kvviz.model.loop.cli import Progress, add_config_arguments, add_model_arguments, build_configs, read_text
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
+from kvviz.model.models import resolve
 
 MARK = "|>"
 
@@ -51,12 +53,13 @@ def side_by_side(gen) -> str:
     """One line per config, the full cache first: agreement, departure, stop, and the
     continuation with MARK where it first departs from the full cache's."""
     order = [gen.full_index] + [c for c in range(len(gen.configs)) if c != gen.full_index]
-    width = max(len(gen.labels[c]) for c in order)
+    names = [config_label(cfg.policy, cfg.params, budget=cfg.budget) for cfg in gen.configs]
+    width = max(len(names[c]) for c in order)
     lines = [f"{'config':<{width}}  {'agree':>5}  {'departs':>7}  {'stop':<6}  continuation "
              f"({MARK} marks the first token that differs from full)"]
     for c in order:
         d = gen.departure[c]
-        lines.append(f"{gen.labels[c]:<{width}}  {gen.agreement[c]:5.3f}  {'-' if d < 0 else d:>7}  "
+        lines.append(f"{names[c]:<{width}}  {gen.agreement[c]:5.3f}  {'-' if d < 0 else d:>7}  "
                      f"{gen.stopped[c]:<6}  {gen.marked(c, MARK)}")
     return "\n".join(lines)
 

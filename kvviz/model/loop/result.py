@@ -112,7 +112,8 @@ class LoopResult:
         cfg = self.configs[c]
         return ArrayTrace(self.rows[c, li, h], self.rows_tokens, name=f"loop {cfg.label} L{layer} {self.heads[h]}",
                           tokens=self.tokens[: self.rows_tokens], layers=self.rows_layers, layer=layer,
-                          heads=self.heads, head=self.heads[h], meta={"source": "kvviz loop", "config": cfg.label, "granularity": self.granularity,
+                          heads=self.heads, head=self.heads[h],
+                          meta={"source": "kvviz loop", "config": cfg.label, "granularity": self.granularity,
                                 "head": self.heads[h]})
 
     def run(self, c: int, layer: int, head: int = 0) -> Run:

@@ -3,19 +3,18 @@ loads (the key's fit needs only the tokenizer); re-running the same command resu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
+from kvviz.core.cli import one_line_error
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
+from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, require_stack
 from kvviz.model.loop.config import GRANULARITIES
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
-
-
-def _error(message):
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _numbers(kind):
@@ -33,7 +32,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
                           "policy answers over its own evicted cache beside the full cache. Re-running resumes.")
     p = (sub.add_parser("needle", help="the pass-key test under eviction (needs pip install 'kvviz[capture]')", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
-    p.error = _error
+    p.error = one_line_error
     p.add_argument("--out", help="results folder (runs/<id>.npz, results.csv, results.json)")
     p.add_argument("--lengths", nargs="+", type=_numbers(int), default=[[256]], help="prompt lengths in tokens")
     p.add_argument("--depths", nargs="+", type=_numbers(float), default=[[10, 50, 90]],
@@ -122,7 +121,10 @@ def run(args) -> int:
 
 
 def summary(df) -> str:
-    """Accuracy and key share held at the end of the prompt, per config label and prompt mode."""
-    g = df.groupby(["prompt_mode", "label"], sort=False).agg(
+    """Accuracy and key share held at the end of the prompt, per configuration
+    (kvviz.core.policies.config_label) and prompt mode."""
+    df = df.assign(config=[config_label(p, json.loads(q) if isinstance(q, str) else q, budget=b)
+                           for p, q, b in zip(df["policy"], df["params"], df["budget"])])
+    g = df.groupby(["prompt_mode", "config"], sort=False).agg(
         runs=("correct", "size"), accuracy=("correct", "mean"), held_end=("held_end", "mean"))
     return g.to_string(float_format=lambda v: f"{v:.2f}")

@@ -62,8 +62,8 @@ def minimum_length(tok) -> int:
     return len(_tokens(tok, _join("", "", make_key(0)))[0])
 
 
-def _join(before: str, after: str, key: str) -> str:
-    return " ".join(p for p in (INTRO, before, NEEDLE.format(key=key), after, QUESTION) if p)
+def _join(before: str, after: str, key: str, question: str = QUESTION) -> str:
+    return " ".join(p for p in (INTRO, before, NEEDLE.format(key=key), after, question) if p)
 
 
 def _cut(hay: str, hay_offsets, n: int, depth: float) -> tuple[str, str]:
@@ -124,6 +124,29 @@ def key_positions(text: str, offsets, key: str) -> list[int]:
     return [i for i, (a, b) in enumerate(offsets) if b > a and any(a < e and b > s for s, e in spans)]
 
 
-def question_start(text: str, offsets) -> int:
-    q = text.rindex(QUESTION)
+def build_around(tok, passage: str, key: str, question: str = QUESTION, depth: float = 50.0,
+                 max_tokens: int | None = None) -> NeedlePrompt:
+    """The pass-key prompt around a passage, key and question the user gives (the app's own
+    run), in the same wording as `build`: the key's sentence goes in at `depth` percent of
+    the passage's characters, moved back to a sentence end; the passage is used once, whole.
+    ValueError names the field: an empty passage or question, a prompt over `max_tokens`."""
+    depth = check_depth(depth)
+    hay = check_haystack(passage, "passage")
+    question = question.strip()
+    if not question:
+        raise ValueError("question: it is empty")
+    cut = int(round(depth / 100 * len(hay)))
+    dot = hay.rfind(". ", 0, cut + 1)
+    cut = dot + 1 if dot >= 0 and cut < len(hay) else cut
+    text = _join(hay[:cut].strip(), hay[cut:].strip(), key, question)
+    ids, offsets = _tokens(tok, text)
+    if max_tokens is not None and len(ids) > max_tokens:
+        raise ValueError(f"passage: the prompt is {len(ids)} tokens; at most {max_tokens} here "
+                         "(shorten the passage, or use `kvviz needle --haystack`)")
+    return NeedlePrompt(text, key, ids, offsets, key_positions(text, offsets, key),
+                        question_start(text, offsets, question), len(ids), depth)
+
+
+def question_start(text: str, offsets, question: str = QUESTION) -> int:
+    q = text.rindex(question)
     return next(i for i, (a, b) in enumerate(offsets) if b > q)

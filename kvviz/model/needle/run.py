@@ -8,7 +8,7 @@ import sys
 
 from kvviz.core.paths import version
 from kvviz.model.needle.grid import Grid, PromptSpec
-from kvviz.model.needle.prompt import FILLER, build, minimum_length
+from kvviz.model.needle.prompt import FILLER, NeedlePrompt, build, minimum_length
 from kvviz.model.needle.results import list_runs, load_run, save_run, write_tables
 
 
@@ -72,31 +72,27 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
             "sha256": hashlib.sha256(body.encode()).hexdigest()}
 
 
-def generation(pair, ids, configs, max_new_tokens, prompt_mode, granularity, seed):
-    """The one call into kvviz.model.loop.generate (the batched greedy engine)."""
+def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: str,
+               prompt_mode: str, granularity: str, seed: int = 0, haystack: dict | None = None,
+               progress=None) -> dict:
+    """One prompt, every config in one kvviz.model.loop.generate batch: the run as
+    results.load_run returns it (not written). The grid and the app's own-passage form both
+    run through here, so a run from either is read the same way. `haystack`: the
+    haystack_info to record (the filler's when None)."""
     from kvviz.model.loop import generate
-
-    return generate(list(ids), configs, max_new_tokens, granularity=granularity,
-                    prompt_mode=prompt_mode, model=pair, seed=seed)
-
-
-def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
-            haystack_name: str | None = None) -> dict:
-    """One prompt, every config: the run as results.load_run returns it (not written)."""
     from kvviz.model.models import model_provenance, token_strings
 
     tok, mdl = pair
-    p = build(tok, spec.length, spec.depth, spec.seed, haystack)
-    gen = generation(pair, p.ids, grid.configs, grid.max_new_tokens, spec.prompt_mode,
-                     spec.granularity, spec.seed)
+    gen = generate(list(p.ids), configs, max_new_tokens, granularity=granularity,
+                   prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress)
     if list(gen.prompt_ids) != list(p.ids):
-        raise RuntimeError(f"{spec.id}: generate read other tokens than the prompt built")
+        raise RuntimeError(f"{run_id}: generate read other tokens than the prompt built")
     answers = [str(t) for t in gen.texts]
-    meta = {"id": spec.id, "length": spec.length, "depth": spec.depth, "seed": spec.seed,
-            "prompt_mode": spec.prompt_mode, "granularity": spec.granularity, "key": p.key,
+    meta = {"id": run_id, "length": p.length, "depth": p.depth, "seed": seed,
+            "prompt_mode": prompt_mode, "granularity": granularity, "key": p.key,
             "key_positions": p.key_positions, "question_start": p.question_start,
-            "prompt_len": len(p.ids), "max_new_tokens": grid.max_new_tokens,
-            "haystack": haystack_info(haystack, haystack_name),
+            "prompt_len": len(p.ids), "max_new_tokens": max_new_tokens,
+            "haystack": haystack or haystack_info(None),
             "model": model_provenance(mdl), "kvviz_version": version(),
             "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
             "answers": answers, "correct": [p.key in a for a in answers],
@@ -104,6 +100,15 @@ def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2])}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
+
+
+def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
+            haystack_name: str | None = None) -> dict:
+    """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
+    p = build(pair[0], spec.length, spec.depth, spec.seed, haystack)
+    return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
+                      prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
+                      haystack=haystack_info(haystack, haystack_name))
 
 
 def model_name(model) -> str:

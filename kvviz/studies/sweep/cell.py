@@ -17,8 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from kvviz.core.metrics import evaluate
-from kvviz.core.metrics import summary
+from kvviz.core.metrics import evaluate, summary
 from kvviz.core.trace import canonical, load_trace
 
 try:

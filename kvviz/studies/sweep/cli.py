@@ -8,7 +8,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvviz.core.plugins import add_argument as add_plugin_argument, cli_load
+from kvviz.core.plugins import add_argument as add_plugin_argument
+from kvviz.core.plugins import cli_load
 
 BENCH_BUDGETS = [64, 128, 256, 512, 768]
 BENCH_LAYERS = [0, 14, 29]

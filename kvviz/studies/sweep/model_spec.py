@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig
 from kvviz.core.policies import param_specs, source_hash
+from kvviz.model.loop.config import GRANULARITIES, LoopConfig
 from kvviz.studies.sweep.rules import SpecError, TraceInfo, axis_values, built, normalise_budgets, normalise_policies
 
 FILLER = "filler"
@@ -116,7 +116,8 @@ def normalise(raw: dict) -> dict:
     if not isinstance(haystack, str):
         raise SpecError(f"haystack = {haystack!r}: \"filler\" or a text file")
     return {**spec, "lengths": lengths, "depths": [float(d) for d in depths],
-            "seeds": axis_values(raw, "seeds", int), "prompt_modes": _choices(raw, "prompt_modes", PROMPT_MODES, ["decode"]),
+            "seeds": axis_values(raw, "seeds", int),
+            "prompt_modes": _choices(raw, "prompt_modes", PROMPT_MODES, ["decode"]),
             "max_new_tokens": _int(raw, "max_new_tokens", 8, 1), "haystack": haystack}
 
 
@@ -187,7 +188,8 @@ def load(spec: dict, base: Path):
             check_lengths(load_tokenizer(spec["model"]), spec["lengths"], spec["max_new_tokens"],
                           context_limit(spec["model"]))
         except ValueError as exc:
-            raise SpecError(str(exc).replace("--lengths ", "lengths = ").replace("--max-new-tokens", "max_new_tokens")) from None
+            raise SpecError(str(exc).replace("--lengths ", "lengths = ")
+                            .replace("--max-new-tokens", "max_new_tokens")) from None
     keys = ("model", "max_new_tokens") if spec["mode"] == "needle" else ("model", "max_tokens", "seed")
     batch = json.dumps({"configs": [c.to_dict() for c in cfgs], "payload": {k: spec[k] for k in keys}})
     cells = []

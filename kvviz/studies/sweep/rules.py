@@ -8,7 +8,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from kvviz.core.policies import POLICIES, param_specs, parse_params
 
 CANONICAL = "canonical"

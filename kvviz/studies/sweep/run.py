@@ -7,8 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvviz.core.plugins import PluginError, load_plugins, worker_specs
-from kvviz.studies.sweep import engines
-from kvviz.studies.sweep import store
+from kvviz.studies.sweep import engines, store
 from kvviz.studies.sweep.progress import Progress
 from kvviz.studies.sweep.spec import load
 

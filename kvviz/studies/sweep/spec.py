@@ -19,8 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.core.policies import make_policy, param_specs, source_hash
-from kvviz.studies.sweep.rules import (CANONICAL, MODES, SpecError, TraceInfo, axis_values, built,
-                                       normalise_budgets, normalise_policies, read_spec)
+from kvviz.studies.sweep.rules import (
+    CANONICAL,
+    MODES,
+    SpecError,
+    TraceInfo,
+    axis_values,
+    built,
+    normalise_budgets,
+    normalise_policies,
+    read_spec,
+)
 
 KEYS = ("mode", "traces", "layers", "heads", "budgets", "policies")
 
