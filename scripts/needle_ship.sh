@@ -13,4 +13,4 @@ $N --lengths 256 --seeds 0 1 --prompt-modes prefill --budgets 64 128 --policies 
 $N --lengths 512 --seeds 0 1 --prompt-modes prefill --budgets 64 128 256 --policies $ALL
 $N --lengths 1024 --seeds 0 --prompt-modes prefill --budgets 64 128 256 --policies $ALL
 $N --lengths 512 --seeds 0 1 --prompt-modes prefill --granularity kv-head --budgets 128 --policies $ALL
-.venv/bin/python scripts/needle_report.py traces/needle --predictors --write
+.venv/bin/python -m kvviz.studies.needle_report traces/needle --predictors --write

@@ -1,4 +1,4 @@
-"""scripts/needle_report.py computes its answers from the CSV: hand-built runs whose
+"""kvviz.studies.needle_report computes its answers from the CSV: hand-built runs whose
 counts are known give those counts and verdicts."""
 import sys
 from pathlib import Path
@@ -6,9 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.model.needle.results import run_id, save_run, write_tables
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import needle_report
+from kvviz.studies import needle_report
 
 CONFIGS = [("full", {}, None), ("tova", {}, 4), ("h2o", {"recent_window": 1}, 4),
            ("scissorhands", {"history_window": 1, "recent_window": 1}, 4)]
@@ -54,7 +52,6 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
     """setup.py's NEEDLE and scripts/needle_ship.sh describe the same grid."""
     import runpy
     import shlex
-    import sys
     import types
 
     from kvviz.model.needle.cli import grid_from, parser

@@ -1,6 +1,6 @@
 """Print the knorm / average-pooling companion study's figures (docs/loop.md quotes them).
 
-    .venv/bin/python scripts/knorm_report.py --dir out/knorm-study [--csv out/knorm.csv]
+    .venv/bin/python -m kvviz.studies.knorm_report --dir out/knorm-study [--csv out/knorm.csv]
 
 Reads the `<text>-kv-head.json` files that `scripts/loop_ship.py --policies ...` wrote and
 prints, per text and budget, each configuration's perplexity after the first eviction as a

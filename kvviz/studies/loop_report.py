@@ -1,6 +1,6 @@
 """Build docs/loop.csv and the tables of docs/loop.md from the shipped loop results.
 
-    python scripts/loop_report.py [--dir traces/loop] [--csv docs/loop.csv]
+    python -m kvviz.studies.loop_report [--dir traces/loop] [--csv docs/loop.csv]
 
 No torch. Adds to every closed-loop row the replay's retained mass for the same policy,
 parameters and budget: the shipped head-mean trace of the same text (traces/NAME.npz),
@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import pandas as pd
 
 from kvviz.core.metrics import retained_mass
+from kvviz.core.paths import REPO, traces_or_default
 from kvviz.core.policies import config_label
 from kvviz.core.replay import Replay
 from kvviz.core.trace import ArrayTrace, load_trace
@@ -42,7 +39,7 @@ SINKS4, SINKS0 = (short("streaming-llm", {"sinks": n}) for n in (4, 0))
 
 def shipped_layers(name: str, steps: int) -> list[ArrayTrace]:
     """The shipped trace's stored layers, each cut to `steps` rows (index or model-layer API)."""
-    path = ROOT / "traces" / f"{name}.npz"
+    path = traces_or_default() / f"{name}.npz"
     first = load_trace(path)
     out = []
     for i, layer in enumerate(first.layers):
@@ -153,8 +150,8 @@ def answers(df: pd.DataFrame) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--dir", default=str(ROOT / "traces" / "loop"))
-    p.add_argument("--csv", default=str(ROOT / "docs" / "loop.csv"))
+    p.add_argument("--dir", default=str(traces_or_default() / "loop"))
+    p.add_argument("--csv", default=str(REPO / "docs" / "loop.csv"))
     args = p.parse_args()
     df = frame(Path(args.dir))
     df.to_csv(args.csv, index=False, float_format="%.6g")
