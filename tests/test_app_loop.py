@@ -20,7 +20,7 @@ from kvviz.app.figures import loop as LV
 from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
-from apphelp import APP, REPO, arr, ok, require_capture_stack
+from apphelp import APP, REPO, arr, ok
 
 FIX = REPO / "tests" / "fixtures" / "loop"
 KV_HEAD = FIX / "prose64_kv-head.npz"
@@ -128,7 +128,7 @@ def charts(at) -> dict:
     return out
 
 
-def test_view_draws_from_results_without_torch(no_torch):
+def test_view_draws_from_results_without_torch(no_torch, apptest):
     import importlib.util
 
     assert importlib.util.find_spec("torch") is None  # the block works
@@ -171,7 +171,7 @@ def test_view_draws_from_results_without_torch(no_torch):
     assert any("pip install" in c.value for c in at.caption)
 
 
-def test_heatmap_shows_the_runs_log_per_kv_head(no_torch):
+def test_heatmap_shows_the_runs_log_per_kv_head(no_torch, apptest):
     at = loop_page()
     src = at.selectbox(key="loop.source")
     at.selectbox(key="loop.source").set_value(
@@ -202,7 +202,7 @@ def test_heatmap_shows_the_runs_log_per_kv_head(no_torch):
     assert (ha != hb).any()  # the two KV heads really keep different positions
 
 
-def test_layer_result_and_metric_switch(no_torch):
+def test_layer_result_and_metric_switch(no_torch, apptest):
     at = loop_page(trace="canonical")
     ok(at)
     src = at.selectbox(key="loop.source")
@@ -216,14 +216,14 @@ def test_layer_result_and_metric_switch(no_torch):
     assert at.selectbox(key="loop.head_a").disabled  # one "mean" head at layer granularity
 
 
-def test_missing_results_dir_is_a_note(monkeypatch, tmp_path):
+def test_missing_results_dir_is_a_note(monkeypatch, tmp_path, apptest):
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(tmp_path / "none"))
     at = loop_page()
     ok(at)
     assert any("No closed-loop results" in i.value for i in at.info)
 
 
-def test_run_button_runs_in_background(monkeypatch, tmp_path):
+def test_run_button_runs_in_background(monkeypatch, tmp_path, apptest):
     """With torch present the button starts a loop in a thread (here a stand-in for
     run_loop that replays the fixture), the page stays up, and the result is shown."""
     import importlib.util
@@ -267,13 +267,12 @@ def test_run_button_runs_in_background(monkeypatch, tmp_path):
     assert at.selectbox(key="loop.source").value.startswith("your run")
 
 
-def test_run_button_runs_the_real_model(monkeypatch):
+def test_run_button_runs_the_real_model(monkeypatch, torch_stack, apptest):
     """The button end to end with SmolLM2 itself: 48 tokens of the prose trace, tova at
     budget 32, in the page's background thread. A causal model's prediction at t depends
     only on tokens <= t, and tova's choices only on rows <= t, so the first 47 per-token
     NLLs must equal the recorded 64-token fixture's (written by `kvviz loop`) for both the
     full cache and tova@32 (whose evictions start at step 32)."""
-    require_capture_stack()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = loop_page(trace="file:prose.npz", budget=128)
@@ -301,7 +300,7 @@ def test_run_button_runs_the_real_model(monkeypatch):
     assert at.selectbox(key="loop.source").value.startswith("your run")
 
 
-def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path):
+def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path, apptest):
     """One model: no choice shown. A second (a folder in $KVVIZ_MODELS): a selectbox, and the
     run gets the chosen model's folder."""
     import importlib.util

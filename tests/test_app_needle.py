@@ -229,7 +229,7 @@ def answers(at) -> pd.DataFrame:
     return next(d.value for d in at.dataframe if "configuration" in d.value.columns)
 
 
-def test_view_opens_from_link_and_controls_change_the_chart(no_torch, fix):
+def test_view_opens_from_link_and_controls_change_the_chart(no_torch, fix, apptest):
     at = page()
     ok(at)
     assert at.session_state["w.view"] == "needle"
@@ -247,7 +247,7 @@ def test_view_opens_from_link_and_controls_change_the_chart(no_torch, fix):
     assert any("needs torch" in c.value for c in at.caption)
 
 
-def test_shared_link_restores_the_cell(no_torch, fix):
+def test_shared_link_restores_the_cell(no_torch, fix, apptest):
     link = dict(nbudget=16, nmode="decode", ngran="layer", nlen=96, ndepth=50, nseed=0,
                 npol="tova", nvs="h2o", nlayer=1)
     at = page(**link)
@@ -271,7 +271,7 @@ def test_shared_link_restores_the_cell(no_torch, fix):
         assert again.session_state[f"needle.{k}"] == at.session_state[f"needle.{k}"]
 
 
-def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix):
+def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix, apptest):
     from kvviz.app.figures.cache import png_to_codes
     from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
@@ -296,7 +296,7 @@ def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix):
     assert not np.array_equal(ev[ia, 2, 0], ea)  # head 0 keeps another set: the choice matters
 
 
-def test_bad_link_values_fall_back_with_a_note(no_torch):
+def test_bad_link_values_fall_back_with_a_note(no_torch, apptest):
     at = page(nbudget="abc", nlen=77, npol="nope", nmode="sideways")
     ok(at)
     notes = " ".join(w.value for w in at.warning)
@@ -308,7 +308,7 @@ def test_bad_link_values_fall_back_with_a_note(no_torch):
     assert not at.warning  # said once
 
 
-def test_guided_button_opens_its_cell(no_torch, fix):
+def test_guided_button_opens_its_cell(no_torch, fix, apptest):
     at = page()
     story = NV.guided(load_results(fix))
     box = next(m.value for m in at.markdown if "Guided experiment" in m.value)
@@ -324,7 +324,7 @@ def test_guided_button_opens_its_cell(no_torch, fix):
     assert t["tova"].startswith("✗") and t["h2o"].startswith("✓")
 
 
-def test_no_results_says_so(monkeypatch, tmp_path):
+def test_no_results_says_so(monkeypatch, tmp_path, apptest):
     monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))
     at = page()
     ok(at)
@@ -332,7 +332,7 @@ def test_no_results_says_so(monkeypatch, tmp_path):
     assert not [c for c in charts(at) if c.startswith("Pass-key accuracy")]
 
 
-def test_own_runs_queue_and_show_their_place(monkeypatch, fix):
+def test_own_runs_queue_and_show_their_place(monkeypatch, fix, apptest):
     """Two sessions start a run: the second waits in the server's queue and says its place;
     both finish in order and the page shows the session's own run. The model is a stand-in
     (the adapter returns a fixture run) that holds the first run until released."""
@@ -386,13 +386,11 @@ def test_own_runs_queue_and_show_their_place(monkeypatch, fix):
     assert list(t.index) == ["full cache", "tova", "h2o", "scissorhands", "streaming-llm"]
 
 
-def test_own_prompt_puts_the_key_where_the_tokens_say():
+def test_own_prompt_puts_the_key_where_the_tokens_say(torch_stack):
     """The run form's prompt (the user's passage, key and question) with SmolLM2's own
     tokenizer: the recorded key positions are exactly the tokens that spell the key (both
     mentions), and the question starts where its text does."""
-    from apphelp import require_capture_stack
 
-    require_capture_stack()
     from kvviz.model.needle.run import load_tokenizer
     from kvviz.app.ui.view_needle import MAX_PROMPT, build_prompt
 
@@ -407,13 +405,11 @@ def test_own_prompt_puts_the_key_where_the_tokens_say():
         build_prompt(tok, "word " * (MAX_PROMPT + 10), "1", "?", 50)
 
 
-def test_own_run_with_the_real_model(monkeypatch, tmp_path):
+def test_own_run_with_the_real_model(monkeypatch, tmp_path, torch_stack, apptest):
     """The run form end to end with SmolLM2 (prefill mode, the cheap one): the page's run in
     the background equals kvviz.model.loop.generate called directly on the same prompt, the full
     cache answers the key (as in FIELD-NOTES), and the page draws the run as a cell."""
-    from apphelp import require_capture_stack
 
-    require_capture_stack()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))
     import kvviz.model.loop as loop
@@ -486,7 +482,7 @@ def test_guided_text_on_the_shipped_grid_says_what_its_run_files_show():
         assert f"The opposite happened in {rev}:" in story["text"]
 
 
-def test_the_page_opens_on_the_shipped_grid(monkeypatch):
+def test_the_page_opens_on_the_shipped_grid(monkeypatch, apptest):
     for name in ("torch", "transformers"):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delenv("KVVIZ_NEEDLE_DIR", raising=False)

@@ -92,8 +92,8 @@ def test_ray_auto_without_a_cluster_is_one_line(tmp_path, raytmp):
                                   "start one with `ray start --head` or use --ray local")
 
 
-def test_ray_local_writes_nothing_in_home_and_cleans_its_files(tmp_path, raytmp):
-    res = _sweep(tmp_path, raytmp, "--ray", "local", "--workers", "1", "--quiet")
+def test_ray_local_writes_nothing_in_home_and_cleans_its_files(tmp_path, raytmp, ray_local):
+    res = _sweep(tmp_path, raytmp, "--ray", ray_local, "--workers", "1", "--quiet")
     assert res.returncode == 0, res.stderr
     assert "1 cells, 0 failed" in res.stdout
     assert not (tmp_path / "home" / ".ray").exists()  # no ~/.ray/auth_token

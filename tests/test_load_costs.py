@@ -82,7 +82,7 @@ def test_the_moved_figure_is_sent_without_copying_the_shared_data():
     assert sent["layout"] is not base["layout"] and base["layout"]["annotations"][0]["y"] == 0
 
 
-def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
+def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch, apptest):
     """`kvviz app` draws the default page once before it serves (kvviz.app.ui.warm): the replays
     of the default pair are then built, and a first visit builds none."""
     import sys

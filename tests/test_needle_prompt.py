@@ -1,14 +1,12 @@
 """The pass-key prompt and `kvviz needle`'s refusals: no model, only the tokenizer."""
 import pytest
 
-from apphelp import require_capture_stack
 from kvviz.__main__ import main
 from kvviz.model.needle.prompt import FILLER, QUESTION, build, make_key
 
 
 @pytest.fixture(scope="module")
-def tok():
-    require_capture_stack()
+def tok(torch_stack):
     from kvviz.model.needle.run import load_tokenizer
 
     return load_tokenizer(None)

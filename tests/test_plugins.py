@@ -203,10 +203,10 @@ def sweep_dir(tmp_path_factory):
     return d
 
 
-def test_sweep_serial_pool_and_ray_give_one_table(sweep_dir):
+def test_sweep_serial_pool_and_ray_give_one_table(sweep_dir, ray_local):
     tables = {}
     try:
-        for label, kw in [("serial", {}), ("pool", {"workers": 2}), ("ray", {"ray": "local", "workers": 2})]:
+        for label, kw in [("serial", {}), ("pool", {"workers": 2}), ("ray", {"ray": ray_local, "workers": 2})]:
             tables[label] = run_sweep(sweep_dir / "spec.toml", sweep_dir / label, base=sweep_dir,
                                       progress=False, plugins=[DECAY, VOTE], **kw)
     finally:
@@ -303,7 +303,7 @@ def test_a_sweep_with_failed_cells_exits_non_zero_with_the_count_and_first_error
 
 
 # --- the app ------------------------------------------------------------------------------
-def test_app_selectors_controls_compare_and_colours(loaded):
+def test_app_selectors_controls_compare_and_colours(loaded, apptest):
     from streamlit.testing.v1 import AppTest
 
     from kvviz.app.figures.metrics import policy_colour
@@ -334,7 +334,7 @@ def test_app_selectors_controls_compare_and_colours(loaded):
     assert colours[label] == policy_colour("decay-sinks")
 
 
-def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path):
+def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path, apptest):
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("KVVIZ_PLUGINS", os.pathsep.join([VOTE, str(tmp_path / "missing.py")]))
@@ -349,7 +349,7 @@ def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path):
         plugins.forget()
 
 
-def test_loop_view_offers_every_registered_policy(loaded):
+def test_loop_view_offers_every_registered_policy(loaded, apptest):
     from streamlit.testing.v1 import AppTest
 
     pytest.importorskip("torch")
