@@ -9,9 +9,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz.core.trace import save_trace
-from kvviz.app.figures.cache import png_to_codes
 
 from apphelp import REPO, app, arr, ok, softmax_rows, traces_dir
+from figurehelp import png_to_codes
 
 T = 160
 
@@ -471,7 +471,7 @@ def test_positions_beyond_a_new_trace_are_reset(traces, apptest):
     assert qp(at)["why"] == "-1"
 
 
-# --- issue 9: a class's first minutes ---------------------------------------------------------
+# --- a class's first minutes -----------------------------------------------------------------
 def warnings(at: AppTest) -> str:
     return " ".join(w.value for w in at.warning)
 

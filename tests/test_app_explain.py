@@ -1,4 +1,4 @@
-"""Issue 15 on the page (AppTest): the toy trace and its guided experiment, the tracked
+"""Explanations on the page (AppTest): the toy trace and its guided experiment, the tracked
 position across views, and the new jumps. Expected values come from kvviz.core.replay runs
 and hand pooling here, not from the page's own helpers."""
 import json

@@ -1,4 +1,4 @@
-"""Follow the lecturer (issue 16 §3) under AppTest: several AppTest sessions in one process
+"""Follow the lecturer under AppTest: several AppTest sessions in one process
 share the page's class registry (kvviz.app.ui.classroom.REGISTRY, a module global), as the
 sessions of one server do. Every AppTest has the same session id, so a session is told
 apart by its member token in session state, as the page does."""

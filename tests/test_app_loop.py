@@ -17,10 +17,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz.app.figures import loop as LV
-from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
 from apphelp import APP, REPO, arr, ok
+from figurehelp import png_to_codes
 
 FIX = REPO / "tests" / "fixtures" / "loop"
 KV_HEAD = FIX / "prose64_kv-head.npz"
@@ -223,13 +223,9 @@ def test_missing_results_dir_is_a_note(monkeypatch, tmp_path, apptest):
     assert any("No closed-loop results" in i.value for i in at.info)
 
 
-def test_run_button_runs_in_background(monkeypatch, tmp_path, apptest):
+def test_run_button_runs_in_background(monkeypatch, tmp_path, apptest, torch_stack):
     """With torch present the button starts a loop in a thread (here a stand-in for
     run_loop that replays the fixture), the page stays up, and the result is shown."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is not installed: the run button cannot be tested")
     import kvviz.model.loop
     from kvviz.model.loop import load_loop_result
 
@@ -300,13 +296,9 @@ def test_run_button_runs_the_real_model(monkeypatch, torch_stack, apptest):
     assert at.selectbox(key="loop.source").value.startswith("your run")
 
 
-def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path, apptest):
+def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path, apptest, torch_stack):
     """One model: no choice shown. A second (a folder in $KVVIZ_MODELS): a selectbox, and the
     run gets the chosen model's folder."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is not installed: the run button cannot be tested")
     import kvviz.model.loop
     from kvviz.model.loop import load_loop_result
 

@@ -272,7 +272,7 @@ def test_shared_link_restores_the_cell(no_torch, fix, apptest):
 
 
 def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix, apptest):
-    from kvviz.app.figures.cache import png_to_codes
+    from figurehelp import png_to_codes
     from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
     at = page(nbudget=16, nmode="decode", ngran="kv-head", nlen=48, ndepth=10, nseed=0,
@@ -332,14 +332,10 @@ def test_no_results_says_so(monkeypatch, tmp_path, apptest):
     assert not [c for c in charts(at) if c.startswith("Pass-key accuracy")]
 
 
-def test_own_runs_queue_and_show_their_place(monkeypatch, fix, apptest):
+def test_own_runs_queue_and_show_their_place(monkeypatch, fix, apptest, torch_stack):
     """Two sessions start a run: the second waits in the server's queue and says its place;
     both finish in order and the page shows the session's own run. The model is a stand-in
     (the adapter returns a fixture run) that holds the first run until released."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is not installed: the run form cannot be tested")
     from kvviz.model.needle.results import load_run
     from kvviz.app.ui import view_needle
 
@@ -408,7 +404,8 @@ def test_own_prompt_puts_the_key_where_the_tokens_say(torch_stack):
 def test_own_run_with_the_real_model(monkeypatch, tmp_path, torch_stack, apptest):
     """The run form end to end with SmolLM2 (prefill mode, the cheap one): the page's run in
     the background equals kvviz.model.loop.generate called directly on the same prompt, the full
-    cache answers the key (as in FIELD-NOTES), and the page draws the run as a cell."""
+    cache answers the key (SmolLM2 finds it when nothing is evicted), and the page draws the
+    run as a cell."""
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_NEEDLE_DIR", str(tmp_path / "none"))

@@ -1,4 +1,4 @@
-"""Predict, then reveal (issue 16 §2) under AppTest: one lecturer and three students in one
+"""Predict, then reveal under AppTest: one lecturer and three students in one
 process. AppTests share the module-global class registry (kvviz.app.ui.classroom.REGISTRY) and
 one session id; who is who is each session's member token in its own session state.
 

@@ -1,4 +1,4 @@
-"""Presentation mode under AppTest (issue 16 §1): `present=1` from the link or the page's
+"""Presentation mode under AppTest: `present=1` from the link or the page's
 button draws no sidebar, no view selector and no view settings' values lost: the same trace,
 budget, policies and step as the explorer, one view, the step navigator; every view draws in
 it without an exception or a warning, with its chart text at the room's floor."""

@@ -1,4 +1,4 @@
-"""The page's state under AppTest (issue 15): what a shared link keeps, what a trace switch
+"""The page's state under AppTest: what a shared link keeps, what a trace switch
 keeps, one budget per trace, the link's fallbacks, and the loop view's own controls. Each
 test opens a second, fresh session on the first one's address where the defect was a lost
 choice: the link alone must reproduce it."""

@@ -16,10 +16,10 @@ from kvviz.core.replay import run_policy
 from kvviz.app.state import default_cmp
 from kvviz.app import figures as V
 from kvviz.core.trace import load_trace, save_trace
-from kvviz.app.figures.cache import png_to_codes
 
 import apphelp
 from apphelp import arr, ok, softmax_rows, traces_dir
+from figurehelp import png_to_codes
 
 T = 160
 

@@ -349,10 +349,10 @@ def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path, apptest):
         plugins.forget()
 
 
-def test_loop_view_offers_every_registered_policy(loaded, apptest):
+def test_loop_view_offers_every_registered_policy(loaded, apptest, torch_stack):
+    """The run form (drawn only where torch is installed) offers every policy."""
     from streamlit.testing.v1 import AppTest
 
-    pytest.importorskip("torch")
     with traces_dir(REPO / "traces"):
         at = AppTest.from_file(APP, default_timeout=120)
         for k, v in {"view": "loop", "trace": "file:prose.npz", "budget": "128"}.items():

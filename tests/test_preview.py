@@ -12,9 +12,9 @@ import sys
 
 
 from kvviz.app.ui.view_cache import preview_html
-from kvviz.app.figures.cache import png_to_codes
 
 from apphelp import REPO, app, ok
+from figurehelp import png_to_codes
 
 sys.path.insert(0, str(REPO / "scripts"))
 import measure_latency as M  # noqa: E402

@@ -64,11 +64,6 @@ def workdir(tmp_path_factory, torch_stack):
     return d
 
 
-def _needs_generate(mode):
-    if mode == "needle":
-        pytest.importorskip("kvviz.model.loop.generation", reason="kvviz.model.loop.generate (branch gen14) not merged")
-
-
 @pytest.fixture(scope="module")
 def serial(workdir):
     """mode -> the serial table, computed by the first test that needs it."""
@@ -103,7 +98,6 @@ def test_loop_rows_are_run_loops_own_results(workdir, serial, torch_stack):
 
 @pytest.mark.parametrize("mode", ["loop", "needle"])
 def test_pool_and_ray_give_the_serial_table(workdir, serial, mode, ray_local):
-    _needs_generate(mode)
     want = _serial(workdir, serial, mode)
     assert (want.status == "ok").all(), want.error.tolist()
     for name, kw in (("pool", {"workers": 2}), ("ray", {"ray": ray_local, "workers": 2})):
@@ -115,7 +109,6 @@ def test_pool_and_ray_give_the_serial_table(workdir, serial, mode, ray_local):
 
 @pytest.mark.parametrize("mode", ["loop", "needle"])
 def test_sigkill_then_resume_loses_nothing(workdir, serial, mode):
-    _needs_generate(mode)
     want = _serial(workdir, serial, mode)
     out = workdir / f"killed-{mode}"
     proc = subprocess.Popen([sys.executable, "-m", "kvviz", "sweep", f"{mode}.toml", "--out", str(out), "--quiet"],
