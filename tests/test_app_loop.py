@@ -145,6 +145,7 @@ def test_view_draws_from_results_without_torch(no_torch, apptest):
     ppl = next(v for k, v in figs.items() if k.startswith("What eviction costs"))
     by_name = {d["name"]: d for d in ppl["data"]}
     # every policy's line: perplexity = exp(mean NLL) of its row in the file, at its budget
+    assert any(c["policy"] == "full" for c in cfgs)  # the full cache's line is checked too
     for i, c in enumerate(cfgs):
         expect = math.exp(a["nll"][i].mean())
         if c["policy"] == "full":

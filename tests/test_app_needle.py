@@ -467,16 +467,16 @@ def test_guided_text_on_the_shipped_grid_says_what_its_run_files_show():
             k[1] += t and not h and not s
             k[2] += 1
             k[3] += t
-    if any(v[0] for v in claim.values()):
-        assert story["kind"] == "tova-forgets"
-        return
-    assert story["kind"] in ("no-support", "snapkv-whole")
-    if story["kind"] == "no-support":
-        c = story["cell"]
-        n_claim, rev, n, tova_right = claim[(c["prompt_mode"], c["granularity"], c["budget"])]
-        assert rev == max(v[1] for v in claim.values())
-        assert f"of {n} prompts TOVA answered right {tova_right}," in story["text"]
-        assert f"The opposite happened in {rev}:" in story["text"]
+    # the shipped grid has no prompt where TOVA alone lost the key, and cells where the
+    # opposite happened: the story says the data does not support TOVA's warning
+    # (the other stories: the synthetic results in the tests above)
+    assert claim and not any(v[0] for v in claim.values()), claim
+    assert story["kind"] == "no-support"
+    c = story["cell"]
+    n_claim, rev, n, tova_right = claim[(c["prompt_mode"], c["granularity"], c["budget"])]
+    assert rev == max(v[1] for v in claim.values()) > 0
+    assert f"of {n} prompts TOVA answered right {tova_right}," in story["text"]
+    assert f"The opposite happened in {rev}:" in story["text"]
 
 
 def test_the_page_opens_on_the_shipped_grid(monkeypatch, apptest):

@@ -204,7 +204,7 @@ def test_unknown_head_in_a_link_warns_and_shows_mean(heads_trace, apptest):
     assert any("q5" in w.value for w in at.sidebar.warning)
 
 
-def test_knorm_on_a_trace_without_key_norms_is_an_error_not_a_traceback():
+def test_knorm_on_a_trace_without_key_norms_is_an_error_not_a_traceback(apptest):
     """A = knorm on the canonical trace: the page says why (the library's refusal) and
     B still draws; on code-kv (format 3, key norms) the same policy replays."""
     at = apphelp.app(a="knorm", b="tova", budget=256, step=600)

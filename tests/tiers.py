@@ -39,8 +39,8 @@ _NAMES = {
     "require_capture_stack": "model",
     "load_model": "model",
 }
-# `M.server()` / `M.browser()` from scripts/measure_latency.py (imported as M)
-_ATTRS = {("M", "server"): "server", ("M", "browser"): "browser"}
+# `M.server()` / `M.browser()` from scripts/measure_latency.py (imported as M), `apphelp.app()`
+_ATTRS = {("M", "server"): "server", ("M", "browser"): "browser", ("apphelp", "app"): "page"}
 _MODULES = {"torch": "model", "transformers": "model", "playwright": "browser"}
 # a subprocess started with one of these arguments runs a server
 _SERVER_ARGS = ("app", "run")  # `kvviz app ...`, `streamlit run ...`
