@@ -3,10 +3,10 @@
 # the browser tests (Debian chromium) and the real-model tests (CPU torch) included.
 #
 #   ./scripts/test.sh                 everything (what CI runs)
-#   ./scripts/test.sh --fast          the fast tier: no model, browser, server or slow test
-#                                     (the markers: pyproject.toml, tests/tiers.py); it needs
-#                                     neither chromium nor the capture stack, so it installs
-#                                     neither
+#   ./scripts/test.sh --fast          the fast tier (a few minutes): no model, browser,
+#                                     server, page (AppTest) or slow test (the markers:
+#                                     pyproject.toml, tests/tiers.py); it needs neither chromium
+#                                     nor the capture stack, so it installs neither
 #   ./scripts/test.sh [--fast] ARGS   ARGS go to pytest (files, -k, -x ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ if [ "${1:-}" = "--fast" ]; then
   FAST=1
   shift
 fi
-FAST_TIER="not model and not browser and not server and not slow"
+FAST_TIER="not model and not browser and not server and not page and not slow"
 
 [ "$FAST" = 1 ] || ./scripts/apt_deps.sh  # chromium, if missing (waits out another install's apt lock)
 

@@ -111,22 +111,34 @@ def test_import_without_torch():
     assert res.stdout.strip() == "ok"
 
 
+def no_model(*args, **kwargs):
+    raise AssertionError("the model must not be loaded for an empty text")
+
+
 def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    """No torch needed: loading the model at all would fail this test."""
+    """`kvviz capture` on an empty text: no torch needed, and loading the model at all would
+    fail this test."""
     import kvviz.model.capture as cap
+    import kvviz.model.models as models
 
-    def no_model():
-        raise AssertionError("the model must not be loaded for an empty text")
-
-    monkeypatch.setattr(cap, "load_model", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)  # capture imports it when it runs
     for content in ("", "  \n\t\n"):
         src = tmp_path / "empty.txt"
         src.write_text(content, encoding="utf-8")
         assert cap.main(["--text", str(src), "--out", str(tmp_path / "e.npz")]) == 2
         assert "empty" in capsys.readouterr().err
+    assert not (tmp_path / "e.npz").exists()
+
+
+def test_capture_refuses_an_empty_text_before_the_model_loads(monkeypatch, torch_stack):
+    """capture() itself (it imports torch first): the same refusal, no model load."""
+    import kvviz.model.capture as cap
+    import kvviz.model.models as models
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    for content in ("", "  \n\t\n"):
         with pytest.raises(ValueError, match="text is empty"):
             cap.capture(content)
-    assert not (tmp_path / "e.npz").exists()
 
 
 def test_head_groups_labels():

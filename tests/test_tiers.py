@@ -56,6 +56,10 @@ def test_importorskip():
     pytest.importorskip("torch")
 
 
+def test_getfixturevalue(request):
+    request.getfixturevalue("smollm")
+
+
 def test_streamlit_server():
     with M.server() as url:
         pass
@@ -99,6 +103,7 @@ def test_static_needs_follow_helpers_fixtures_and_aliases(tmp_path):
         "test_apphelp_module_app": {"page"},
         "test_a_module_fixture": {"model"},
         "test_importorskip": {"model"},
+        "test_getfixturevalue": {"model"},
         "test_streamlit_server": {"server"},
         "test_kvviz_app_process": {"server"},
         "test_kvviz_app_dry_run": set(),

@@ -75,6 +75,9 @@ def _direct(node: ast.AST, apphelp_app: bool) -> tuple[set[str], set[str]]:
                 marks.add("slow")
             f = n.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if (name == "getfixturevalue" and n.args and isinstance(n.args[0], ast.Constant)
+                    and n.args[0].value in FIXTURE_MARKS):  # a fixture taken at run time
+                marks.add(FIXTURE_MARKS[n.args[0].value])
             if name == "importorskip" and n.args and isinstance(n.args[0], ast.Constant):
                 if str(n.args[0].value).split(".")[0] in _MODULES:  # importorskip("torch")
                     marks.add(_MODULES[str(n.args[0].value).split(".")[0]])
