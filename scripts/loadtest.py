@@ -9,7 +9,7 @@
 following it and voting (class_session below: what is measured and how).
 
 For each N, a fresh server (`streamlit run app.py`, or `kvviz app` with --launcher kvviz;
-headless, 127.0.0.1, port in 8621-8649), once it answers its health check:
+headless, 127.0.0.1, a free port from the operating system), once it answers its health check:
   cold  N sessions open the default page at the same moment (nobody has loaded it yet: with
         `streamlit run` nothing is imported or cached; `kvviz app` drew the default page once
         before it listened), then all move B's poolKernel 5 -> 7 at once, then the step +1;
@@ -48,7 +48,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import stclient as C
+import stclient as C  # noqa: E402
+from measure_latency import free_port  # noqa: E402  (a port the operating system gives)
 
 QUERY = "?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache"
 PAGE_TITLE = "Cache contents over time: A = tova, B = snapkv"
@@ -184,7 +185,7 @@ def stats(xs) -> dict:
 
 def run_size(n: int, timeout: float, settle: float, repo: Path = REPO,
              launcher: str = "streamlit") -> dict:
-    port = C.free_port(8621, 8649)
+    port = free_port()
     out = {"n": n, "launcher": launcher}
     with C.Server(repo, port, launcher=launcher) as srv:
         out["ready_s"] = srv.ready_s
@@ -431,7 +432,7 @@ async def _vote(s, delay: float, pos: int, wait: float):
 def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
               launcher: str = "kvviz", **kw) -> dict:
     """A fresh server (`kvviz app` by default), one class of n students on it."""
-    port = C.free_port(8621, 8649)
+    port = free_port()
     with C.Server(repo, port, launcher=launcher) as srv:
         load0 = os.getloadavg()
         c0, p0 = cpu_s(srv.pid), time.process_time()
@@ -485,7 +486,7 @@ def browser_round(pages: int) -> dict:
     if not Path(M.CHROMIUM).exists():
         return {"skipped": f"{M.CHROMIUM} not found"}
     from playwright.sync_api import sync_playwright
-    port = C.free_port(8621, 8649)
+    port = free_port()
     out = {"pages": pages, "first_chart_s": [], "update_s": [], "errors": []}
     with C.Server(REPO, port) as srv:
         asyncio.run(C.crowd(srv.url, QUERY, 1))  # warm: imports and the default replays

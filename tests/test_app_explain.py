@@ -1,4 +1,4 @@
-"""Issue 15 on the page (AppTest): the toy trace and its guided experiment, the tracked
+"""Explanations on the page (AppTest): the toy trace and its guided experiment, the tracked
 position across views, and the new jumps. Expected values come from kvviz.core.replay runs
 and hand pooling here, not from the page's own helpers."""
 import json
@@ -35,7 +35,7 @@ def text_of(at):
     return " ".join(m.value for m in at.markdown)
 
 
-def test_toy_trace_and_its_experiment(traces):
+def test_toy_trace_and_its_experiment(traces, apptest):
     from kvviz.app.ui.experiments import TOY_PARAMS
 
     at = app()
@@ -84,7 +84,7 @@ def test_toy_trace_and_its_experiment(traces):
     assert f"Tracked position {track}" in text_of(at)
 
 
-def test_tracked_position_across_views(traces):
+def test_tracked_position_across_views(traces, apptest):
     trace = canonical()
     ea = run_policy(trace, "tova", 512).evicted_at
     eb = run_policy(trace, "snapkv", 512).evicted_at
@@ -116,7 +116,7 @@ def test_tracked_position_across_views(traces):
     assert any("track=99999 is not a position" in w.value for w in at.warning)
 
 
-def test_tracked_token_in_the_strip(traces):
+def test_tracked_token_in_the_strip(traces, apptest):
     at = app(trace="file:toy.npz", budget=4, b__recentWindow=1, view="tokens", track=5, step=9)
     ok(at)
     strip = " ".join(h.proto.body for h in at.get("html"))
@@ -124,7 +124,7 @@ def test_tracked_token_in_the_strip(traces):
     assert "tracked position **5** “·mat”" in text_of(at).replace("\\", "")
 
 
-def test_jumps(traces):
+def test_jumps(traces, apptest):
     trace = canonical().keep_rows()
     ea = run_policy(trace, "tova", 512).evicted_at
     eb = run_policy(trace, "snapkv", 512).evicted_at
@@ -158,7 +158,7 @@ def test_jumps(traces):
     assert qp(at)["step"] == str(s2[k]) and qp(at)["why"] == str(p2[k])
 
 
-def test_glossary_lists_the_policies(traces):
+def test_glossary_lists_the_policies(traces, apptest):
     at = app(trace="file:toy.npz", budget=4, b__recentWindow=1)
     ok(at)
     gloss = text_of(at)
@@ -166,7 +166,7 @@ def test_glossary_lists_the_policies(traces):
         assert key in gloss
 
 
-def test_experiment_texts_say_the_runs_numbers(traces):
+def test_experiment_texts_say_the_runs_numbers(traces, apptest):
     from kvviz.core.metrics import retained_mass
 
     trace = canonical()
@@ -196,7 +196,7 @@ def test_experiment_texts_say_the_runs_numbers(traces):
     assert "A, tova, ranks it" in text and text.rstrip(".").split("B, h2o,")[1].endswith("it stays")
 
 
-def test_the_divergence_threshold_comes_from_the_link(traces):
+def test_the_divergence_threshold_comes_from_the_link(traces, apptest):
     """A shared link carries the next-divergence jump's threshold; a bad one falls back, said."""
     at = app(nav__share="0.02")
     ok(at)

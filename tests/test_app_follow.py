@@ -1,4 +1,4 @@
-"""Follow the lecturer (issue 16 §3) under AppTest: several AppTest sessions in one process
+"""Follow the lecturer under AppTest: several AppTest sessions in one process
 share the page's class registry (kvviz.app.ui.classroom.REGISTRY, a module global), as the
 sessions of one server do. Every AppTest has the same session id, so a session is told
 apart by its member token in session state, as the page does."""
@@ -73,7 +73,7 @@ def shared(at) -> dict:
     return {k: v for k, v in qp(at).items() if k not in ("follow", "present")}
 
 
-def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces):
+def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces, apptest):
     lect, code = lecturer(traces)
     assert "class.token" in lect.session_state
     version, state = REGISTRY.get(code).snapshot()
@@ -111,7 +111,7 @@ def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces):
     assert shared(stu) == shared(lect)
 
 
-def test_a_follower_explores_then_goes_back(traces):
+def test_a_follower_explores_then_goes_back(traces, apptest):
     lect, code = lecturer(traces)
     stu = app(follow=code)
     stu.button(key="nav.prev").click().run()  # the student moves on their own
@@ -132,7 +132,7 @@ def test_a_follower_explores_then_goes_back(traces):
     assert step(stu) == 79
 
 
-def test_a_follower_leaves_and_returns(traces):
+def test_a_follower_leaves_and_returns(traces, apptest):
     lect, code = lecturer(traces)
     stu = app(follow=code)
     stu.button(key="class.leave").click().run()
@@ -148,7 +148,7 @@ def test_a_follower_leaves_and_returns(traces):
     assert "Following the lecturer" in banner(again)
 
 
-def test_a_follower_cannot_move_the_class(traces):
+def test_a_follower_cannot_move_the_class(traces, apptest):
     lect, code = lecturer(traces)
     stu = app(follow=code)
     c = REGISTRY.get(code)
@@ -163,7 +163,7 @@ def test_a_follower_cannot_move_the_class(traces):
     assert "class.open" not in [b.key for b in stu.sidebar.button]  # a student opens none
 
 
-def test_presentation_mode_is_each_screens_own(traces):
+def test_presentation_mode_is_each_screens_own(traces, apptest):
     lect = app(trace="file:small.npz")
     code = open_class(lect)  # opened before presenting: presentation mode has no sidebar
     lect.button(key="nav.present").click().run()
@@ -179,7 +179,7 @@ def test_presentation_mode_is_each_screens_own(traces):
     assert qp(projector)["present"] == "1" and "Following the lecturer" in banner(projector)
 
 
-def test_unknown_code_is_refused_and_the_page_works(traces):
+def test_unknown_code_is_refused_and_the_page_works(traces, apptest):
     at = app(follow="zzzzzz")
     ok(at)
     msg = text(at, "error")
@@ -190,7 +190,7 @@ def test_unknown_code_is_refused_and_the_page_works(traces):
     assert not at.error  # said once
 
 
-def test_a_closed_class_frees_its_followers(traces):
+def test_a_closed_class_frees_its_followers(traces, apptest):
     lect, code = lecturer(traces)
     stu = app(follow=code)
     lect.button(key="class.close").click().run()
@@ -204,7 +204,7 @@ def test_a_closed_class_frees_its_followers(traces):
     assert "follow" not in qp(stu) and step(stu) == 77
 
 
-def test_every_view_keeps_its_follower_following(traces, monkeypatch):
+def test_every_view_keeps_its_follower_following(traces, monkeypatch, apptest):
     """A page that settles a view's own choices on its second run (frame counts, a loop
     result) must not take that for the student exploring."""
     from kvviz.app.state import VIEW_LABELS, VIEWS
@@ -229,7 +229,7 @@ def test_every_view_keeps_its_follower_following(traces, monkeypatch):
     assert len(seen) >= len(VIEWS) - 1
 
 
-def test_a_class_with_nothing_published_yet_is_seen_once(traces):
+def test_a_class_with_nothing_published_yet_is_seen_once(traces, apptest):
     """A class whose lecturer has not published a page yet (a fresh class; the browser
     test's lecturer, which never does): the follower's page marks that version seen, so its
     poll (version != follow.applied) does not redraw the whole page every tick (it did, and a
@@ -249,7 +249,7 @@ def test_a_class_with_nothing_published_yet_is_seen_once(traces):
     assert stu.segmented_control(key="w.view").value == "scores" and step(stu) == 40
 
 
-def test_the_lecturers_panel_counts_the_students(traces):
+def test_the_lecturers_panel_counts_the_students(traces, apptest):
     from kvviz.app.ui.follow import students_line
 
     lect, code = lecturer(traces)
@@ -263,7 +263,7 @@ def test_the_lecturers_panel_counts_the_students(traces):
     assert students_line(1) == "**1** student in the class now"
 
 
-def test_explore_on_my_own_draws_the_lecturers_controls(traces):
+def test_explore_on_my_own_draws_the_lecturers_controls(traces, apptest):
     lect, code = lecturer(traces)
     stu = app(follow=code)
     stu.button(key="class.explore").click().run()
@@ -286,7 +286,7 @@ def test_explore_on_my_own_draws_the_lecturers_controls(traces):
 KEY = re.compile(r"lecturer key: `([A-Z2-9]{4})-([A-Z2-9]{4})`")
 
 
-def test_a_reloaded_lecturer_takes_the_class_back_with_its_key(traces):
+def test_a_reloaded_lecturer_takes_the_class_back_with_its_key(traces, apptest):
     """A reload is a new session: with the code and the key the old tab showed, it leads the
     class again at the class's page, and the old tab no longer moves it."""
     lect, code = lecturer(traces)

@@ -55,7 +55,7 @@ def shows_scene(at, n):
     assert q["lesson"] == ["tova-vs-snapkv"] or q["lesson"] == "tova-vs-snapkv"
 
 
-def test_every_scene_loads_clean_and_next_previous_move(monkeypatch):
+def test_every_scene_loads_clean_and_next_previous_move(monkeypatch, apptest):
     at = app(timeout=180, lesson="tova-vs-snapkv", scene=1)
     clean(at)
     shows_scene(at, 1)
@@ -70,7 +70,7 @@ def test_every_scene_loads_clean_and_next_previous_move(monkeypatch):
     shows_scene(at, N - 1)
 
 
-def test_a_short_link_opens_its_scene_and_a_full_link_keeps_its_state():
+def test_a_short_link_opens_its_scene_and_a_full_link_keeps_its_state(apptest):
     at = app(lesson="tova-vs-snapkv", scene=7)
     clean(at)
     shows_scene(at, 7)
@@ -90,7 +90,7 @@ def numbers_of_scene_1(text):
     return [int(x) for x in m.groups()], [int(x) for x in r.groups()]
 
 
-def test_the_speaker_notes_numbers_are_the_librarys():
+def test_the_speaker_notes_numbers_are_the_librarys(apptest):
     at = app(lesson="tova-vs-snapkv", scene=1)
     clean(at)
     (step, held_a, held_b), (va, sa, vb, sb) = numbers_of_scene_1(note(at))
@@ -118,7 +118,7 @@ def test_the_speaker_notes_numbers_are_the_librarys():
         assert [int(got)] == sorted(int(v) for v in rp.step())
 
 
-def test_the_loop_scenes_note_matches_the_results_json_and_the_view():
+def test_the_loop_scenes_note_matches_the_results_json_and_the_view(apptest):
     n = next(s.number for s in LESSON.scenes if s.state.view == "loop")
     at = app(lesson="tova-vs-snapkv", scene=n)
     clean(at)
@@ -137,7 +137,7 @@ def test_the_loop_scenes_note_matches_the_results_json_and_the_view():
     assert any(f"perplexity {m.group(1)} against {m.group(2)}" in c.value for c in at.caption)
 
 
-def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode():
+def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode(apptest):
     from kvviz.app.ui.classroom import REGISTRY
 
     at = app(lesson="tova-vs-snapkv", scene=2)
@@ -161,7 +161,7 @@ def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode():
     assert not [m for m in student.markdown if m.value.startswith("Say:")]
 
 
-def test_the_picker_opens_scene_1_and_no_lesson_leaves_the_state(tmp_path):
+def test_the_picker_opens_scene_1_and_no_lesson_leaves_the_state(tmp_path, apptest):
     at = app(trace="file:prose.npz", budget=64)
     clean(at)
     assert at.selectbox(key="lesson").options == ["no lesson", "tova-vs-snapkv"]
@@ -175,7 +175,7 @@ def test_the_picker_opens_scene_1_and_no_lesson_leaves_the_state(tmp_path):
     assert not [m for m in at.markdown if m.value.startswith("**TOVA against SnapKV**")]
 
 
-def test_a_bad_lesson_file_is_an_error_and_the_page_works_on(tmp_path, monkeypatch):
+def test_a_bad_lesson_file_is_an_error_and_the_page_works_on(tmp_path, monkeypatch, apptest):
     (tmp_path / "broken.toml").write_text('title = "B"\nminutes = 5\n[[scene]]\ntitle = "S"\n'
                                           'minutes = 5\nnote = "{nope}"\n')
     monkeypatch.setenv("KVVIZ_LESSONS_DIR", str(tmp_path))
@@ -194,7 +194,7 @@ def test_a_bad_lesson_file_is_an_error_and_the_page_works_on(tmp_path, monkeypat
     assert at.get("plotly_chart")
 
 
-def test_a_slides_scene_after_another_trace_keeps_its_own_slides(tmp_path, monkeypatch):
+def test_a_slides_scene_after_another_trace_keeps_its_own_slides(tmp_path, monkeypatch, apptest):
     """The slides view resets its range when the trace changes; a scene's own range stays."""
     (tmp_path / "s.toml").write_text(
         'title = "Slides"\nminutes = 2\n'

@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 import pytest
-from apphelp import APP, REPO, arr, ok, require_capture_stack
+from apphelp import APP, REPO, arr, ok
+from figurehelp import png_to_codes
 from streamlit.testing.v1 import AppTest
 
 from kvviz.app.figures import loop as LV
-from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B
 
 FIX = REPO / "tests" / "fixtures" / "loop"
@@ -127,7 +127,7 @@ def charts(at) -> dict:
     return out
 
 
-def test_view_draws_from_results_without_torch(no_torch):
+def test_view_draws_from_results_without_torch(no_torch, apptest):
     import importlib.util
 
     assert importlib.util.find_spec("torch") is None  # the block works
@@ -144,6 +144,7 @@ def test_view_draws_from_results_without_torch(no_torch):
     ppl = next(v for k, v in figs.items() if k.startswith("What eviction costs"))
     by_name = {d["name"]: d for d in ppl["data"]}
     # every policy's line: perplexity = exp(mean NLL) of its row in the file, at its budget
+    assert any(c["policy"] == "full" for c in cfgs)  # the full cache's line is checked too
     for i, c in enumerate(cfgs):
         expect = math.exp(a["nll"][i].mean())
         if c["policy"] == "full":
@@ -170,7 +171,7 @@ def test_view_draws_from_results_without_torch(no_torch):
     assert any("pip install" in c.value for c in at.caption)
 
 
-def test_heatmap_shows_the_runs_log_per_kv_head(no_torch):
+def test_heatmap_shows_the_runs_log_per_kv_head(no_torch, apptest):
     at = loop_page()
     src = at.selectbox(key="loop.source")
     at.selectbox(key="loop.source").set_value(
@@ -201,7 +202,7 @@ def test_heatmap_shows_the_runs_log_per_kv_head(no_torch):
     assert (ha != hb).any()  # the two KV heads really keep different positions
 
 
-def test_layer_result_and_metric_switch(no_torch):
+def test_layer_result_and_metric_switch(no_torch, apptest):
     at = loop_page(trace="canonical")
     ok(at)
     src = at.selectbox(key="loop.source")
@@ -215,20 +216,16 @@ def test_layer_result_and_metric_switch(no_torch):
     assert at.selectbox(key="loop.head_a").disabled  # one "mean" head at layer granularity
 
 
-def test_missing_results_dir_is_a_note(monkeypatch, tmp_path):
+def test_missing_results_dir_is_a_note(monkeypatch, tmp_path, apptest):
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(tmp_path / "none"))
     at = loop_page()
     ok(at)
     assert any("No closed-loop results" in i.value for i in at.info)
 
 
-def test_run_button_runs_in_background(monkeypatch, tmp_path):
+def test_run_button_runs_in_background(monkeypatch, tmp_path, apptest, torch_stack):
     """With torch present the button starts a loop in a thread (here a stand-in for
     run_loop that replays the fixture), the page stays up, and the result is shown."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is not installed: the run button cannot be tested")
     import kvviz.model.loop
     from kvviz.model.loop import load_loop_result
 
@@ -266,13 +263,12 @@ def test_run_button_runs_in_background(monkeypatch, tmp_path):
     assert at.selectbox(key="loop.source").value.startswith("your run")
 
 
-def test_run_button_runs_the_real_model(monkeypatch):
+def test_run_button_runs_the_real_model(monkeypatch, torch_stack, apptest):
     """The button end to end with SmolLM2 itself: 48 tokens of the prose trace, tova at
     budget 32, in the page's background thread. A causal model's prediction at t depends
     only on tokens <= t, and tova's choices only on rows <= t, so the first 47 per-token
     NLLs must equal the recorded 64-token fixture's (written by `kvviz loop`) for both the
     full cache and tova@32 (whose evictions start at step 32)."""
-    require_capture_stack()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = loop_page(trace="file:prose.npz", budget=128)
@@ -300,13 +296,9 @@ def test_run_button_runs_the_real_model(monkeypatch):
     assert at.selectbox(key="loop.source").value.startswith("your run")
 
 
-def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path):
+def test_run_box_offers_a_model_choice_when_there_is_one(monkeypatch, tmp_path, apptest, torch_stack):
     """One model: no choice shown. A second (a folder in $KVVIZ_MODELS): a selectbox, and the
     run gets the chosen model's folder."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.fail("torch is not installed: the run button cannot be tested")
     import kvviz.model.loop
     from kvviz.model.loop import load_loop_result
 

@@ -1,4 +1,4 @@
-"""Predict, then reveal (issue 16 §2) under AppTest: one lecturer and three students in one
+"""Predict, then reveal under AppTest: one lecturer and three students in one
 process. AppTests share the module-global class registry (kvviz.app.ui.classroom.REGISTRY) and
 one session id; who is who is each session's member token in its own session state.
 
@@ -105,7 +105,7 @@ def ref_tova_at(trace, budget, step):
     return ref
 
 
-def test_ask_vote_reveal_close_with_three_students():
+def test_ask_vote_reveal_close_with_three_students(apptest):
     lect, c = lecturer(step=ASKED_AT)
     ev = run_policy(load_trace(TOY), "tova", 4).evicted_at
     s, held, answer = expected_question(ev, ASKED_AT)
@@ -194,14 +194,14 @@ def test_ask_vote_reveal_close_with_three_students():
     assert not any("Which position" in t for t in texts(s1)) and s1.button(key="nav.prev")
 
 
-def test_unknown_code_is_refused_and_the_page_works():
+def test_unknown_code_is_refused_and_the_page_works(apptest):
     at = app(**PAGE, follow="nope")
     ok(at)
     assert "class code 'NOPE' is not open on this server" in errors(at)
     assert at.session_state[FOLLOWS] == "" and at.segmented_control(key="w.view").value == "cache"
 
 
-def test_nothing_to_ask_and_a_settings_change_closes_the_question():
+def test_nothing_to_ask_and_a_settings_change_closes_the_question(apptest):
     full, c = lecturer(budget=16, step=3)  # budget = the trace: nothing is ever evicted
     full.button(key="predict.ask.b").click().run()
     ok(full)
@@ -237,7 +237,7 @@ def test_a_students_page_redraws_on_ask_reveal_and_close_never_on_a_vote():
     assert c.poll()[1] == 4  # the vote moved the round's version, not the marker
 
 
-def test_a_tab_that_takes_the_class_back_keeps_its_question():
+def test_a_tab_that_takes_the_class_back_keeps_its_question(apptest):
     lect, c = lecturer(step=ASKED_AT)
     lect.button(key="predict.ask.a").click().run()
     stu = student(c.code)

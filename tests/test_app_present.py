@@ -1,4 +1,4 @@
-"""Presentation mode under AppTest (issue 16 §1): `present=1` from the link or the page's
+"""Presentation mode under AppTest: `present=1` from the link or the page's
 button draws no sidebar, no view selector and no view settings' values lost: the same trace,
 budget, policies and step as the explorer, one view, the step navigator; every view draws in
 it without an exception or a warning, with its chart text at the room's floor."""
@@ -40,7 +40,7 @@ def problems(at) -> list[str]:
         e.value for e in at.error]
 
 
-def test_the_link_presents_the_same_page_without_its_controls():
+def test_the_link_presents_the_same_page_without_its_controls(apptest):
     link = dict(budget=256, a="h2o", b__poolKernel=3, step=900, view="divergence", track=40)
     normal = app(**link)
     ok(normal)
@@ -69,7 +69,7 @@ def test_the_link_presents_the_same_page_without_its_controls():
         assert key in caption
 
 
-def test_the_button_enters_and_leaves_and_the_link_says_so():
+def test_the_button_enters_and_leaves_and_the_link_says_so(apptest):
     at = app(view="scores")
     ok(at)
     at.number_input(key="w.budget").set_value(300).run()
@@ -91,7 +91,7 @@ def test_the_button_enters_and_leaves_and_the_link_says_so():
     assert "nav.left" not in {b.key for b in at.button}
 
 
-def test_a_bad_link_value_is_still_said():
+def test_a_bad_link_value_is_still_said(apptest):
     at = app(present=1, budget=99999, zoom=7)
     ok(at)
     said = " ".join(w.value for w in at.warning)
@@ -115,7 +115,7 @@ def view_env(monkeypatch, tmp_path_factory):
                "b__poolKernel": 3}),
     ("loop", {}), ("needle", {}), ("metrics", {}), ("slides", {}), ("export", {}),
 ])
-def test_every_view_presents_at_the_room_floor(view_env, view, extra):
+def test_every_view_presents_at_the_room_floor(view_env, view, extra, apptest):
     at = app(present=1, view=view, **extra)
     assert not problems(at), problems(at)
     assert sidebar_widgets(at) == []

@@ -1,4 +1,4 @@
-"""The page's state under AppTest (issue 15): what a shared link keeps, what a trace switch
+"""The page's state under AppTest: what a shared link keeps, what a trace switch
 keeps, one budget per trace, the link's fallbacks, and the loop view's own controls. Each
 test opens a second, fresh session on the first one's address where the defect was a lost
 choice: the link alone must reproduce it."""
@@ -40,7 +40,7 @@ def warnings(at) -> str:
 
 
 # --- shared links keep every choice -----------------------------------------------------------
-def test_loop_choice_is_in_the_link(monkeypatch):
+def test_loop_choice_is_in_the_link(monkeypatch, apptest):
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = app(view="loop")
     ok(at)
@@ -66,7 +66,7 @@ def test_loop_choice_is_in_the_link(monkeypatch):
     assert "loop.budget=999: no such budget" in warnings(odd)
 
 
-def test_slides_settings_are_in_the_link(traces):
+def test_slides_settings_are_in_the_link(traces, apptest):
     at = app(trace="file:long.npz", view="slides")
     ok(at)
     assert at.number_input(key="slides.frames").value == 48  # automatic: not in the link
@@ -93,7 +93,7 @@ def test_slides_settings_are_in_the_link(traces):
 
 
 # --- trace switch, budget ----------------------------------------------------------------------
-def test_switching_trace_keeps_the_step(traces):
+def test_switching_trace_keeps_the_step(traces, apptest):
     at = app(step=300, view="scores")
     ok(at)
     at.selectbox(key="w.trace").set_value("file:long.npz").run()  # 400 steps: 300 exists
@@ -106,7 +106,7 @@ def test_switching_trace_keeps_the_step(traces):
     assert qp(at)["step"] == "119"
 
 
-def test_one_budget_per_trace(traces):
+def test_one_budget_per_trace(traces, apptest):
     # the budget a link without one opens at is the one picking the trace gives
     linked = app(trace="file:long.npz")
     ok(linked)
@@ -118,14 +118,14 @@ def test_one_budget_per_trace(traces):
 
 
 # --- link values that lead nowhere -------------------------------------------------------
-def test_out_of_range_budget_falls_back_to_the_default(traces):
+def test_out_of_range_budget_falls_back_to_the_default(traces, apptest):
     at = app(budget=-3)
     ok(at)
     assert "budget=-3 is outside 1–4096; using this trace's default, 512" in warnings(at)
     assert qp(at)["budget"] == "512" and not at.error  # SnapKV does not refuse
 
 
-def test_experiment_link(traces):
+def test_experiment_link(traces, apptest):
     shutil.copy(REPO / "traces" / "prose.npz", traces / "prose.npz")
     at = app(exp="pool-defends")  # only the experiment: it opens, as its button would
     ok(at)
@@ -139,7 +139,7 @@ def test_experiment_link(traces):
     assert "exp" not in qp(at)
 
 
-def test_position_not_yet_generated_is_said(traces):
+def test_position_not_yet_generated_is_said(traces, apptest):
     at = app(focus=4000, step=600, view="scores")
     ok(at)
     assert "focus=4000 is not generated until step 4000 (this link shows step 600)" in \
@@ -148,7 +148,7 @@ def test_position_not_yet_generated_is_said(traces):
     assert not any("around position 4000" in str(c.proto.spec) for c in at.get("plotly_chart"))
 
 
-def test_repeated_key_is_said(traces):
+def test_repeated_key_is_said(traces, apptest):
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params["budget"] = ["64", "128"]
     at.run()
@@ -158,7 +158,7 @@ def test_repeated_key_is_said(traces):
 
 
 # --- the loop view shows only its own controls ------------------------------------------------
-def test_loop_view_has_one_step_slider_and_no_page_budget(monkeypatch):
+def test_loop_view_has_one_step_slider_and_no_page_budget(monkeypatch, apptest):
     monkeypatch.setenv("KVVIZ_LOOP_DIR", str(FIX))
     at = app(view="loop", step=700, budget=256)
     ok(at)
@@ -173,7 +173,7 @@ def test_loop_view_has_one_step_slider_and_no_page_budget(monkeypatch):
 
 
 # --- waiting -----------------------------------------------------------------------------
-def test_a_sweep_says_what_it_is_doing(traces):
+def test_a_sweep_says_what_it_is_doing(traces, apptest):
     at = app(trace="file:short.npz", view="metrics")
     ok(at)
     at.button(key="sweep.obs").click().run()
@@ -182,7 +182,7 @@ def test_a_sweep_says_what_it_is_doing(traces):
     assert any(lab.startswith("Swept 8 settings in ") for lab in labels), labels
 
 
-def test_memory_has_a_thousands_separator(traces):
+def test_memory_has_a_thousands_separator(traces, apptest):
     at = app(view="metrics")  # 512 slots: tens of thousands of bytes
     ok(at)
     body = at.table[0].proto.arrow_data.styler.display_values.hex()  # the Styler's shown text
@@ -191,7 +191,7 @@ def test_memory_has_a_thousands_separator(traces):
 
 
 # --- the session keys are gathered ------------------------------------------------------------
-def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch):
+def test_every_session_key_is_a_widget_or_a_listed_page_key(traces, monkeypatch, apptest):
     """After every view, each session key is a widget's, the page state's, or one of
     kvviz.app.ui.session.PAGE_KEYS: no ad-hoc key elsewhere."""
     from kvviz.app.state import VIEWS

@@ -10,11 +10,11 @@ import apphelp
 import numpy as np
 import pytest
 from apphelp import arr, ok, softmax_rows, traces_dir
+from figurehelp import png_to_codes
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from kvviz.app import figures as V
-from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.state import default_cmp
 from kvviz.core.metrics import summary
 from kvviz.core.replay import run_policy
@@ -64,7 +64,7 @@ def download(button) -> bytes:
 
 
 # --- compare -------------------------------------------------------------------------------
-def test_compare_view_six_policies(traces):
+def test_compare_view_six_policies(traces, apptest):
     at = app(trace="file:tiny.npz", budget=48, view="compare", step=100)
     ok(at)
     shown = default_cmp("tova", "snapkv")  # seven registered: the first six every trace can run
@@ -94,7 +94,7 @@ def test_compare_view_six_policies(traces):
         assert sinks.tolist() == want, name
 
 
-def test_compare_view_subset_and_sidebar_params(traces):
+def test_compare_view_subset_and_sidebar_params(traces, apptest):
     at = app(trace="file:tiny.npz", budget=48, view="compare", cmp="snapkv,h2o",
              b__poolKernel=3)
     ok(at)
@@ -113,7 +113,7 @@ def test_compare_view_subset_and_sidebar_params(traces):
 
 
 # --- slides --------------------------------------------------------------------------------
-def test_slides_gif_download(traces):
+def test_slides_gif_download(traces, apptest):
     at = app(trace="file:tiny.npz", budget=48, view="slides", step=90)
     ok(at)
     at.number_input(key="slides.frames").set_value(6).run()
@@ -133,7 +133,7 @@ def test_slides_gif_download(traces):
     assert Image.open(io.BytesIO(download(gif))).n_frames == 6
 
 
-def test_slides_bad_range_is_an_error_not_a_traceback(traces):
+def test_slides_bad_range_is_an_error_not_a_traceback(traces, apptest):
     at = app(trace="file:tiny.npz", budget=48, view="slides")
     ok(at)
     at.slider(key="slides.steps").set_value((10, 12)).run()
@@ -142,7 +142,7 @@ def test_slides_bad_range_is_an_error_not_a_traceback(traces):
     assert any("frames must be at most" in e.value for e in at.error)
 
 
-def test_no_head_selector_for_single_head_traces(traces):
+def test_no_head_selector_for_single_head_traces(traces, apptest):
     at = app(trace="file:tiny.npz", budget=48)
     ok(at)
     assert not [s for s in at.sidebar.selectbox if s.label == "head"]
@@ -171,7 +171,7 @@ def states(trace, step):
     return V.states_at(ea, eb, step)
 
 
-def test_head_selector_drives_the_views(heads_trace):
+def test_head_selector_drives_the_views(heads_trace, apptest):
     at = app(trace="file:heads.npz", budget=48, step=120)
     ok(at)
     box = at.selectbox(key="w.head")
@@ -196,14 +196,14 @@ def test_head_selector_drives_the_views(heads_trace):
         m["retained_mass"], abs=1e-12)
 
 
-def test_unknown_head_in_a_link_warns_and_shows_mean(heads_trace):
+def test_unknown_head_in_a_link_warns_and_shows_mean(heads_trace, apptest):
     at = app(trace="file:heads.npz", budget=48, head="q5")
     ok(at)
     assert at.selectbox(key="w.head").value == "mean"
     assert any("q5" in w.value for w in at.sidebar.warning)
 
 
-def test_knorm_on_a_trace_without_key_norms_is_an_error_not_a_traceback():
+def test_knorm_on_a_trace_without_key_norms_is_an_error_not_a_traceback(apptest):
     """A = knorm on the canonical trace: the page says why (the library's refusal) and
     B still draws; on code-kv (format 3, key norms) the same policy replays."""
     at = apphelp.app(a="knorm", b="tova", budget=256, step=600)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from apphelp import require_capture_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
@@ -21,8 +20,7 @@ TEXT = ("It was a bright cold day in April, and the clocks were striking thirtee
 
 
 @pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    require_capture_stack()
+def captured(tmp_path_factory, torch_stack):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kvviz.model.capture import main
 
@@ -78,9 +76,8 @@ def test_tokens_round_trip_to_text_prefix(captured):
     assert t.meta["text"] == joined
 
 
-def test_capture_function_matches_self_weight():
+def test_capture_function_matches_self_weight(torch_stack):
     """Row sums plus the dropped diagonal equal 1: checked on the float32 result in memory."""
-    require_capture_stack()
     import torch
 
     from kvviz.model.capture import capture
@@ -114,22 +111,34 @@ def test_import_without_torch():
     assert res.stdout.strip() == "ok"
 
 
+def no_model(*args, **kwargs):
+    raise AssertionError("the model must not be loaded for an empty text")
+
+
 def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    """No torch needed: loading the model at all would fail this test."""
+    """`kvviz capture` on an empty text: no torch needed, and loading the model at all would
+    fail this test."""
     import kvviz.model.capture as cap
+    import kvviz.model.models as models
 
-    def no_model():
-        raise AssertionError("the model must not be loaded for an empty text")
-
-    monkeypatch.setattr(cap, "load_model", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)  # capture imports it when it runs
     for content in ("", "  \n\t\n"):
         src = tmp_path / "empty.txt"
         src.write_text(content, encoding="utf-8")
         assert cap.main(["--text", str(src), "--out", str(tmp_path / "e.npz")]) == 2
         assert "empty" in capsys.readouterr().err
+    assert not (tmp_path / "e.npz").exists()
+
+
+def test_capture_refuses_an_empty_text_before_the_model_loads(monkeypatch, torch_stack):
+    """capture() itself (it imports torch first): the same refusal, no model load."""
+    import kvviz.model.capture as cap
+    import kvviz.model.models as models
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    for content in ("", "  \n\t\n"):
         with pytest.raises(ValueError, match="text is empty"):
             cap.capture(content)
-    assert not (tmp_path / "e.npz").exists()
 
 
 def test_head_groups_labels():
@@ -141,9 +150,8 @@ def test_head_groups_labels():
         head_groups("per-head", 9, 3)
 
 
-def test_kv_groups_follow_transformers_repeat_kv():
+def test_kv_groups_follow_transformers_repeat_kv(torch_stack):
     """Query head h reads the KV head that transformers' own repeat_kv gives it."""
-    require_capture_stack()
     import torch
     from transformers.models.llama.modeling_llama import repeat_kv
 
@@ -161,9 +169,8 @@ def test_kv_groups_follow_transformers_repeat_kv():
         assert groups[f"kv{g}"] == [h for h in range(n_heads) if served_by[h] == g]
 
 
-def test_capture_per_head_rows_match_the_model():
+def test_capture_per_head_rows_match_the_model(torch_stack):
     """--heads kv / all: each stored head's rows are the model's own weights for those heads."""
-    require_capture_stack()
     import torch
 
     from kvviz.model.capture import capture
@@ -189,10 +196,9 @@ def test_capture_per_head_rows_match_the_model():
     assert not np.allclose(kv["attn"][0, 1], kv["attn"][0, 2], atol=1e-3)  # heads differ
 
 
-def test_capture_key_norms_are_the_models_key_norms():
+def test_capture_key_norms_are_the_models_key_norms(torch_stack):
     """Format 3's key norms, checked against the keys before RoPE: the k_proj output of the
     layer, per KV head (RoPE rotates pairs of coordinates, which keeps every L2 norm)."""
-    require_capture_stack()
     from kvviz.model.capture import capture
     from kvviz.model.models import load_model
 
@@ -213,8 +219,7 @@ def test_capture_key_norms_are_the_models_key_norms():
     assert not np.allclose(pre[0], pre[1], rtol=1e-2)  # KV heads differ, so the mapping is tested
 
 
-def test_capture_cli_heads_kv_file(tmp_path):
-    require_capture_stack()
+def test_capture_cli_heads_kv_file(tmp_path, torch_stack):
     from kvviz.core.trace import load_trace
     from kvviz.model.capture import main
 

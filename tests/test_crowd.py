@@ -2,12 +2,13 @@
 exception; the protocol client keeps a page's run_every timers; a small class follows its
 lecturer and every vote reaches the lecturer's histogram.
 
-The crowd: `streamlit run app.py` (headless, 127.0.0.1, telemetry off) on a free port in
-8621-8649; before anyone has loaded the page, SESSIONS sessions open it at the same moment
-with protocol-level clients (scripts/stclient.py: Streamlit's websocket as its frontend speaks
-it). On the code before the fix, 20 such sessions crashed 1-15 of 20 per trial with
-"partially initialized module 'numpy' has no attribute 'ndarray'" (issue 9, item 0): plotly
-read a half-imported numpy from sys.modules while another session's thread was importing it.
+The crowd: `streamlit run app.py` (headless, 127.0.0.1, telemetry off) on a port the
+operating system gave; before anyone has loaded the page, SESSIONS sessions open it at the
+same moment with protocol-level clients (scripts/stclient.py: Streamlit's websocket as its
+frontend speaks it). Before the page imported numpy up front, 20 such sessions crashed 1-15
+of 20 per trial with "partially initialized module 'numpy' has no attribute 'ndarray'":
+plotly read a half-imported numpy from sys.modules while another session's thread was
+importing it.
 """
 import asyncio
 import re
@@ -25,8 +26,8 @@ SESSIONS = 16
 QUERY = "?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache"
 
 
-def test_a_crowd_on_a_cold_server_gets_charts_and_no_exceptions():
-    port = stclient.free_port(8621, 8649)
+def test_a_crowd_on_a_cold_server_gets_charts_and_no_exceptions(server):
+    port = server.port()
     with stclient.Server(REPO, port, env={"STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}) as srv:
         results = asyncio.run(stclient.crowd(srv.url, QUERY, SESSIONS, timeout=80))
     failures = [r for r in results if isinstance(r, BaseException)]
@@ -42,11 +43,11 @@ def test_a_crowd_on_a_cold_server_gets_charts_and_no_exceptions():
                    for t in r.chart_titles), r.chart_titles
 
 
-def test_the_live_client_keeps_the_run_every_timers_as_the_browser_does():
+def test_the_live_client_keeps_the_run_every_timers_as_the_browser_does(server):
     """st.fragment(run_every=...) is a timer in the browser: without it a follower never
     polls. The client must rerun the fragment on its timer, keep one timer per fragment
     across full reruns (which restart it), and see each fragment run's new text."""
-    port = stclient.free_port(8621, 8649)
+    port = server.port()
     app = REPO / "tests" / "fixtures" / "ticker"
 
     async def go(url):
@@ -76,13 +77,13 @@ def test_the_live_client_keeps_the_run_every_timers_as_the_browser_does():
         asyncio.run(go(srv.url))
 
 
-def test_a_class_of_four_follows_the_lecturer_and_every_vote_is_counted():
-    """`kvviz app`, one lecturer and 4 students (issue 16, section 5, at the smallest size):
+def test_a_class_of_four_follows_the_lecturer_and_every_vote_is_counted(server):
+    """`kvviz app`, one lecturer and 4 students (the classroom load test at its smallest size):
     the lecturer opens a class, moves the step twice (the next button, the slider); every
     follower's page redraws at the lecturer's step with the lecturer's settings; the
     lecturer asks which position A evicts next, each student votes a held position, the
     lecturer's histogram counts all 4; no exception, st.error or lost connection anywhere."""
-    port = stclient.free_port(8621, 8649)
+    port = server.port()
     with stclient.Server(REPO, port, launcher="kvviz") as srv:
         r = asyncio.run(loadtest.class_session(srv.url, 4, moves=2, vote_spread=0.5,
                                                join_spread=0.5, gap=0.5, timeout=60, wait=30))

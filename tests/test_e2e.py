@@ -17,13 +17,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M
-from apphelp import require_browser
+import measure_latency as M  # noqa: E402
 
 ART = REPO / "artifacts"
 
-
-_require = require_browser  # a failure in CI, a skip elsewhere
 
 
 def image_href(page) -> str:
@@ -81,12 +78,12 @@ def projector(browser, url):
         assert not errors, errors
 
 
-def test_explorer_in_chromium():
-    _require()
+def test_explorer_in_chromium(chromium, server):
     ART.mkdir(exist_ok=True)
     lat = {}
     errors = []
-    with M.server() as url, M.browser() as page:
+    url = server.streamlit()
+    with M.browser() as page:
         page.on("pageerror", lambda e: errors.append(str(e)))
         lat["first_chart_s"] = M.load_first_chart(
             page, url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")

@@ -20,8 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M
-from apphelp import require_browser
+import measure_latency as M  # noqa: E402
 
 ART = REPO / "artifacts"
 MOVES = 5
@@ -46,11 +45,11 @@ def wait_step(page, step: int, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
-def test_a_follower_moves_when_the_lecturer_does():
-    require_browser()
+def test_a_follower_moves_when_the_lecturer_does(chromium, server):
     ART.mkdir(exist_ok=True)
     errors, delays, lect_delays = [], [], []
-    with M.server() as url, contextlib.ExitStack() as stack:
+    url = server.streamlit()
+    with contextlib.ExitStack() as stack:
         from playwright.sync_api import sync_playwright
 
         p = stack.enter_context(sync_playwright())

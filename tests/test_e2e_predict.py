@@ -11,17 +11,16 @@ import subprocess
 import sys
 import time
 
-from apphelp import REPO, require_browser
+from apphelp import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import measure_latency as M  # (the server and browser helpers every e2e test uses)
 
 
-def test_a_students_page_follows_the_question(tmp_path):
-    require_browser()
+def test_a_students_page_follows_the_question(tmp_path, chromium, server):
     from playwright.sync_api import sync_playwright
 
-    port, code_file = M.free_port(), tmp_path / "code"
+    port, code_file = server.port(), tmp_path / "code"
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "predict_server.py"),
                              str(port), str(code_file)], cwd=REPO, env=env,

@@ -25,11 +25,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M
-from apphelp import require_browser
-from test_e2e_projector import CUT, FIRST_CHART, open_screen
+import measure_latency as M  # noqa: E402
+from test_e2e_projector import CUT, FIRST_CHART, open_screen  # noqa: E402
 
-from kvviz.app.figures.room import FLOOR
+from kvviz.app.figures.room import FLOOR  # noqa: E402
 
 ART = REPO / "artifacts"
 SCREENS = {"1024": ((1024, 768), 1), "zoom125": ((819, 614), 1.25), "zoom150": ((683, 512), 1.5)}
@@ -92,11 +91,11 @@ def _keys(page) -> dict:
     return out
 
 
-def test_presentation_screens():
-    require_browser()
+def test_presentation_screens(chromium, server):
     ART.mkdir(exist_ok=True)
     seen, errors, keys = {}, [], None
-    with M.server() as url, contextlib.ExitStack() as stack:
+    url = server.streamlit()
+    with contextlib.ExitStack() as stack:
         from playwright.sync_api import sync_playwright
 
         p = stack.enter_context(sync_playwright())

@@ -28,8 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M
-from apphelp import require_browser
+import measure_latency as M  # noqa: E402
 
 ART = REPO / "artifacts"
 SCREENS = {"1024": ((1024, 768), 1), "zoom125": ((819, 614), 1.25)}
@@ -107,11 +106,11 @@ def open_screen(browser, url, screen, screens=SCREENS):
     return ctx, page
 
 
-def test_projector_screens():
-    require_browser()
+def test_projector_screens(chromium, server):
     ART.mkdir(exist_ok=True)
     seen, errors = {}, []
-    with M.server() as url, contextlib.ExitStack() as stack:
+    url = server.streamlit()
+    with contextlib.ExitStack() as stack:
         from playwright.sync_api import sync_playwright
 
         p = stack.enter_context(sync_playwright())

@@ -1,8 +1,8 @@
 """The compare and slides views in a real browser (Debian's chromium driven by playwright,
 never `playwright install`), following tests/test_e2e.py: start `streamlit run app.py` on a
-port of this helper's range (8611-8619), wait for /_stcore/health, drive the page, stop the
-server by PID. At 1024x768 (a projector) the compare view draws its six small multiples and
-its table, whole; the slides view's GIF download delivers a GIF.
+free port, wait for /_stcore/health, drive the page, stop the server by PID. At 1024x768 (a
+projector) the compare view draws its six small multiples and its table, whole; the slides
+view's GIF download delivers a GIF.
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
 """
@@ -17,32 +17,11 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import measure_latency as M
-import stclient
-from apphelp import require_browser
+import measure_latency as M  # noqa: E402
 
 ART = REPO / "artifacts"
 CHROMIUM, CHROMIUM_ARGS = M.CHROMIUM, M.CHROMIUM_ARGS
-PORTS = range(8611, 8620)
 CHART = '[data-testid="stPlotlyChart"]'
-
-
-_require = require_browser  # a failure in CI, a skip elsewhere
-
-
-def _free_port() -> int:
-    return stclient.free_port(PORTS.start, PORTS.stop - 1)
-
-
-@contextlib.contextmanager
-def server():
-    port = _free_port()
-    proc = M.start_server(port)
-    try:
-        M.wait_health(port, proc, timeout=90)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        M.stop_server(proc)
 
 
 @contextlib.contextmanager
@@ -69,11 +48,11 @@ def wait_chart_text(page, text, timeout=120_000):
         ".some(e => e.textContent.includes(t))", arg=text, timeout=timeout)
 
 
-def test_compare_and_gif_download_at_1024x768():
-    _require()
+def test_compare_and_gif_download_at_1024x768(chromium, server):
     ART.mkdir(exist_ok=True)
     errors, took = [], {}
-    with server() as url, browser(1024, 768) as page:
+    url = server.streamlit()
+    with browser(1024, 768) as page:
         page.on("pageerror", lambda e: errors.append(str(e)))
         # compare: six small multiples, the survival chart and a six-row table
         # the shipped prose trace (1,024 steps) keeps the cold replays of six policies short

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PORT = 8663  # the "heads" helper's port range (8661-8669)
 
 
 def run(cmd, cwd, env, timeout=180):
@@ -95,37 +94,38 @@ def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
     assert "trace: code-kv (512 steps), model layer 29 of stored 0, 14, 29, head kv1" in shipped.stdout
 
 
-def test_kvviz_app_serves_the_installed_page_and_traces(installed):
+def test_kvviz_app_serves_the_installed_page_and_traces(installed, server):
     venv, work, env, _ = installed
     kvviz = venv / "bin" / "kvviz"
-    dry = run([kvviz, "app", "--dry-run", f"--server.port={PORT}"], work, env)
+    port = server.port()
+    dry = run([kvviz, "app", "--dry-run", f"--server.port={port}"], work, env)
     bundle = venv / "lib"
     app_line, traces_line, loop_line = dry.stdout.strip().splitlines()
     app = Path(app_line.split(" run ")[1].split()[0])
     assert app.is_relative_to(bundle) and app.read_bytes() == (ROOT / "app.py").read_bytes()
     assert "--server.address=127.0.0.1" in app_line and "--browser.gatherUsageStats=false" in app_line
-    assert app_line.count("server.port") == 1 and f"--server.port={PORT}" in app_line
+    assert app_line.count("server.port") == 1 and f"--server.port={port}" in app_line
     traces = Path(traces_line.removeprefix("traces: "))
     assert traces.is_relative_to(bundle)
     shipped = sorted(p.name for p in (ROOT / "traces").glob("*.npz"))
     assert shipped and sorted(p.name for p in traces.glob("*.npz")) == shipped
     assert (traces / "README.md").is_file() and (traces / "sources" / "PSF-LICENSE.txt").is_file()
     assert loop_line == f"loop results: {traces / 'loop'}"
-    server = subprocess.Popen([kvviz, "app", f"--server.port={PORT}"], cwd=work, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([kvviz, "app", f"--server.port={port}"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline, health = time.time() + 45, ""
-        while time.time() < deadline and server.poll() is None:
+        while time.time() < deadline and proc.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/_stcore/health", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
                     health = r.read().decode()
                     break
             except OSError:
                 time.sleep(0.3)
-        assert health == "ok", server.stdout.read().decode() if server.poll() is not None else "no answer"
+        assert health == "ok", proc.stdout.read().decode() if proc.poll() is not None else "no answer"
     finally:
-        server.terminate()
-        server.wait(timeout=20)
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def test_installed_kvviz_app_in_a_checkout_serves_its_traces(installed):
@@ -161,12 +161,10 @@ def test_installed_kvviz_finds_and_checks_the_bundled_lesson(installed):
     assert list(work.iterdir()) == []
 
 
-def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed):
+def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed, torch_stack):
     """From outside the checkout: the loop view finds the bundled results, the version is
     pyproject's, and `kvviz loop --perf` finds its shipped text (a tiny run)."""
     import tomllib
-
-    from apphelp import require_capture_stack
 
     venv, work, env, _ = installed
     code = ("import kvviz\nfrom kvviz.app.ui.view_loop import shipped\n"
@@ -177,7 +175,6 @@ def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed):
     listed = [Path(x) for x in lines[1:]]
     assert sorted(p.name for p in listed) == sorted(p.name for p in (ROOT / "traces" / "loop").glob("*.npz"))
     assert listed and all(p.is_relative_to(venv / "lib") for p in listed)
-    require_capture_stack()
     perf = run([venv / "bin" / "kvviz", "loop", "--perf", "--perf-tokens", "50", "--budget", "33"],
                work, dict(env, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), timeout=900)
     assert "perf: 50 tokens of execmodel.txt, budget 33" in perf.stdout

@@ -56,8 +56,8 @@ def test_notable_divergences_match_the_definition(seed):
 
 
 def test_notable_divergence_is_not_every_step():
-    """The issue: TOVA and SnapKV evict differently at every step from 512 on, so "next
-    divergence" moved one step; the notable jump skips the quiet positions."""
+    """TOVA and SnapKV evict differently at every step from 512 on, so a plain "next
+    divergence" would move one step; the notable jump skips the quiet positions."""
     from kvviz.app.figures.states import divergence_steps
 
     trace = canonical().keep_rows()

@@ -1,5 +1,5 @@
 """What every page load costs: the cache heatmap is built once and moved per step, and its
-hover says less where nothing has been generated yet (issue 9, item 13)."""
+hover says less where nothing has been generated yet."""
 import copy
 import json
 
@@ -60,7 +60,7 @@ def test_blocks_not_generated_yet_say_only_that():
 
 def test_default_page_figure_is_smaller():
     """The canonical trace's whole-run heatmap, as sent: 549 KB before the future blocks lost
-    their ranges (issue 9 measured ~560 KB of chart data per page load)."""
+    their ranges (~560 KB of chart data per page load had been measured)."""
     t = canonical()
     ea = run_policy(t, "tova", 512).evicted_at
     eb = run_policy(t, "snapkv", 512).evicted_at
@@ -82,7 +82,7 @@ def test_the_moved_figure_is_sent_without_copying_the_shared_data():
     assert sent["layout"] is not base["layout"] and base["layout"]["annotations"][0]["y"] == 0
 
 
-def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch):
+def test_warming_fills_the_server_caches_before_anyone_connects(monkeypatch, apptest):
     """`kvviz app` draws the default page once before it serves (kvviz.app.ui.warm): the replays
     of the default pair are then built, and a first visit builds none."""
     import sys

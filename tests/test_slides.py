@@ -239,7 +239,7 @@ def test_heatmap_frames_have_step_and_position_axes(runs):
         assert ink[y0 + gh + 19:, x0:x0 + gw].any()  # the "position" title
 
 
-def test_slides_position_slider_ends_where_the_steps_end(tmp_path, monkeypatch):
+def test_slides_position_slider_ends_where_the_steps_end(tmp_path, monkeypatch, apptest):
     """The page's positions slider runs 0..T-1 like the steps slider (not 0..T), and the
     last position chosen is drawn (the library's range is half-open)."""
     import apphelp

@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def runs_the_model(code: str) -> bool:
+    return "run_loop(" in code or "capture(" in code or "generate(" in code
+
+
 def snippets():
     out = []
     for doc in DOCS:
@@ -28,6 +32,8 @@ def snippets():
 
 
 SNIPPETS = snippets()
+MODEL_SNIPPETS = [s for s in SNIPPETS if runs_the_model(s.values[0])]
+PLAIN_SNIPPETS = [s for s in SNIPPETS if not runs_the_model(s.values[0])]
 
 
 def undefined_names(code: str) -> set[str]:
@@ -55,13 +61,21 @@ def test_the_name_check_catches_an_undefined_name():
     assert undefined_names("import numpy as np\nx = np.zeros(3)\nprint(x)") == set()
 
 
-@pytest.mark.parametrize("code", SNIPPETS)
-def test_snippet_runs_as_shown(code, tmp_path, monkeypatch, request):
+@pytest.mark.parametrize("code", PLAIN_SNIPPETS)
+def test_snippet_runs_as_shown(code, tmp_path, monkeypatch):
+    run_snippet(code, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("code", MODEL_SNIPPETS)
+def test_model_snippet_runs_as_shown(code, tmp_path, monkeypatch, smollm):
+    """Snippets that run the model share the session's one model load (tests/conftest.py)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run_snippet(code, tmp_path, monkeypatch)
+
+
+def run_snippet(code, tmp_path, monkeypatch):
     compiled = compile(code, "<snippet>", "exec")
     assert not undefined_names(code), undefined_names(code)
-    if "run_loop(" in code or "capture(" in code or "generate(" in code:
-        request.getfixturevalue("smollm")  # the session's one model load (tests/conftest.py)
-        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "traces").symlink_to(ROOT / "traces")
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__snippet__"}

@@ -116,11 +116,11 @@ def test_failing_cells_are_recorded_and_the_sweep_goes_on(serial_table):
     assert bad.retained_mass.isna().all() and (df[df.status == "ok"].error == "").all()
 
 
-def test_pool_and_ray_give_the_serial_table(workdir, serial_table):
+def test_pool_and_ray_give_the_serial_table(workdir, serial_table, ray_local):
     pool = run_sweep(workdir / "spec.toml", workdir / "pool", base=workdir, workers=2,
                      progress=False)
     _same(pool, serial_table)
-    ray = run_sweep(workdir / "spec.toml", workdir / "ray", base=workdir, ray="local",
+    ray = run_sweep(workdir / "spec.toml", workdir / "ray", base=workdir, ray=ray_local,
                     workers=2, progress=False)
     _same(ray, serial_table)
     for d in ("pool", "ray"):  # the files too
@@ -250,7 +250,7 @@ def _metrics_page(workdir, monkeypatch):
     return at.run()
 
 
-def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, monkeypatch):
+def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, monkeypatch, apptest):
     at = _metrics_page(workdir, monkeypatch)
     assert not at.exception and not at.get("plotly_chart")
     parquet = (workdir / "serial" / "results.parquet").read_bytes()
@@ -281,7 +281,7 @@ def test_metrics_view_draws_a_sweep_by_trace_and_layer(workdir, serial_table, mo
     assert any("results.parquet: could not be read as Parquet" in e.value for e in at.error)
 
 
-def test_metrics_view_without_pyarrow_says_so(workdir, monkeypatch):
+def test_metrics_view_without_pyarrow_says_so(workdir, monkeypatch, apptest):
     from kvviz.app.ui import sweep_view
 
     monkeypatch.setattr(sweep_view, "pyarrow_available", lambda: False)

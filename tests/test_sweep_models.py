@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from apphelp import require_capture_stack
 
 from kvviz.studies.sweep.run import run_sweep
 from kvviz.studies.sweep.spec import SpecError
@@ -54,8 +53,7 @@ SPECS = {"loop": LOOP, "needle": NEEDLE}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    require_capture_stack()
+def workdir(tmp_path_factory, torch_stack):
     sys.path.insert(0, str(ROOT / "scripts"))
     import tiny_model
 
@@ -65,11 +63,6 @@ def workdir(tmp_path_factory):
     for mode, spec in SPECS.items():
         (d / f"{mode}.toml").write_text(spec)
     return d
-
-
-def _needs_generate(mode):
-    if mode == "needle":
-        pytest.importorskip("kvviz.model.loop.generation", reason="kvviz.model.loop.generate (branch gen14) not merged")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +78,7 @@ def _serial(workdir, serial, mode):
     return serial[mode]
 
 
-def test_loop_rows_are_run_loops_own_results(workdir, serial):
+def test_loop_rows_are_run_loops_own_results(workdir, serial, torch_stack):
     from kvviz.model.loop import LoopConfig, run_loop
     from kvviz.model.models import load_model
 
@@ -105,11 +98,10 @@ def test_loop_rows_are_run_loops_own_results(workdir, serial):
 
 
 @pytest.mark.parametrize("mode", ["loop", "needle"])
-def test_pool_and_ray_give_the_serial_table(workdir, serial, mode):
-    _needs_generate(mode)
+def test_pool_and_ray_give_the_serial_table(workdir, serial, mode, ray_local):
     want = _serial(workdir, serial, mode)
     assert (want.status == "ok").all(), want.error.tolist()
-    for name, kw in (("pool", {"workers": 2}), ("ray", {"ray": "local", "workers": 2})):
+    for name, kw in (("pool", {"workers": 2}), ("ray", {"ray": ray_local, "workers": 2})):
         got = run_sweep(workdir / f"{mode}.toml", workdir / f"{name}-{mode}", base=workdir, progress=False, **kw)
         pd.testing.assert_frame_equal(got, want, check_exact=True)
         assert (workdir / f"{name}-{mode}" / "results.csv").read_bytes() == \
@@ -118,7 +110,6 @@ def test_pool_and_ray_give_the_serial_table(workdir, serial, mode):
 
 @pytest.mark.parametrize("mode", ["loop", "needle"])
 def test_sigkill_then_resume_loses_nothing(workdir, serial, mode):
-    _needs_generate(mode)
     want = _serial(workdir, serial, mode)
     out = workdir / f"killed-{mode}"
     proc = subprocess.Popen([sys.executable, "-m", "kvviz", "sweep", f"{mode}.toml", "--out", str(out), "--quiet"],

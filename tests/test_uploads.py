@@ -116,7 +116,7 @@ def trace_param(at):
     return v[0] if isinstance(v, list) else v
 
 
-def test_bad_uploads_in_the_page_keep_the_previous_trace(tmp_path):
+def test_bad_uploads_in_the_page_keep_the_previous_trace(tmp_path, apptest):
     at = run_app()
     assert not at.exception
     # a good upload first: the page switches to it
@@ -138,7 +138,7 @@ def test_bad_uploads_in_the_page_keep_the_previous_trace(tmp_path):
     assert shown >= 12
 
 
-def test_uploaded_trace_listed_with_token_view(tmp_path):
+def test_uploaded_trace_listed_with_token_view(tmp_path, apptest):
     at = run_app()
     at.file_uploader(key="w.upload").set_value(("good.npz", good_bytes(tmp_path), "application/octet-stream")).run()
     opts = at.selectbox(key="w.trace").options

@@ -5,12 +5,12 @@ import json
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from figurehelp import png_to_codes
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from kvviz.app import figures as V
 from kvviz.app.engine import Engine
-from kvviz.app.figures.cache import png_to_codes
 from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, dominant_state, state_counts
 from kvviz.app.state import ViewState, from_query, to_query
 from kvviz.app.ui.export import eviction_log, run_json
@@ -294,8 +294,6 @@ def test_why_table_has_no_none():
     assert dict(zip(df[""], df["B: snapkv"]))["window sum"] == "9"
     gone = V.why_table(7, 5, [dict(tova, kept=np.arange(6))], tokens=list("abcdefgh"))
     assert dict(zip(gone[""], gone["A: tova"]))["held before eviction"] == "no"
-    assert V.divergence.when_evicted(-1) == "never"
-    assert V.divergence.when_evicted(512) == "at step 512"
 
 
 # --- view 4 ---------------------------------------------------------------------------
@@ -458,7 +456,7 @@ def test_state_counts_on_a_long_trace_use_wide_integers():
     assert c[:, 0, 1].sum() == 39_999 * (n - 10)
 
 
-# --- issue 9: readable charts, pooling explained ------------------------------------------
+# --- readable charts, pooling explained --------------------------------------------------
 def test_pooling_explanation_in_the_policys_numbers():
     p = snap_panel()  # pooled by hand above: 4 (sum 0.05) is lifted by 5 (sum 9); 2 goes
     assert V.scores.pooled_from(p["kept"], p["scores"]).tolist() == [0, 0, 2, 2, 5, 5]

@@ -56,16 +56,6 @@ def codes_to_png(codes: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def png_to_codes(uri: str) -> np.ndarray:
-    """Inverse of `codes_to_png` (tests and tooling): data URI -> state codes."""
-    raw = base64.b64decode(uri.split(",", 1)[1])
-    rgb = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
-    codes = np.full(rgb.shape[:2], -1, np.int8)
-    for c, col in enumerate(PALETTE):
-        codes[(rgb == col).all(axis=2)] = c
-    return codes
-
-
 def _coarser(edges: np.ndarray, max_bins: int):
     """(coarse edges, their indices into `edges`): every k-th fine edge, <= max_bins bins."""
     n = len(edges) - 1

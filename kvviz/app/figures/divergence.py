@@ -29,11 +29,6 @@ def decision_step(ev_a, ev_b, position: int) -> int:
     return min(e for e in (ea, eb) if e != NEVER)
 
 
-def when_evicted(e: int) -> str:
-    """An eviction step as a class reads it: "at step 512", or "never" (not -1)."""
-    return "never" if int(e) == NEVER else f"at step {int(e)}"
-
-
 def divergence_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B",
                       height: int = 460) -> go.Figure:
     diff = symmetric_difference(ev_a, ev_b)
