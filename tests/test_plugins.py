@@ -14,16 +14,17 @@ import pytest
 from apphelp import APP, REPO, ok, softmax_rows, traces_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_policies import replay_both, scenarios
 
 import kvviz
 from kvviz.core import plugins
+from kvviz.core.check import compare, scenarios
 from kvviz.core.policies import (
     BUILTINS,
     POLICIES,
     make_policy,
     param_specs,
     parse_params,
+    reference_class,
     score_labels,
     unregister_policy,
 )
@@ -66,7 +67,8 @@ def test_examples_match_their_slow_references(loaded, name):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(data=st.data())
     def check(data):
-        replay_both(name, data.draw(scenarios(name)))
+        cls = POLICIES[name]
+        compare(cls, reference_class(name), data.draw(scenarios(cls)))
 
     check()
 

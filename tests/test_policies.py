@@ -1,82 +1,17 @@
 """Policy behaviour: differential tests against the reference loops, refusals, layout."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvviz.core.check import compare, scenarios
 from kvviz.core.policies import POLICIES, check_declaration, make_policy, param_specs, reference_class
 from kvviz.core.reference import make_reference
-
-# Weights from a small set provoke ties; arbitrary floats provoke rounding.
-TIE_WEIGHTS = [0.0, 0.0625, 0.125, 0.25, 0.5, 1.0]
-
-
-def values(spec, budget):
-    """A few values of one parameter, read from its declaration; small, to provoke
-    evictions at budgets up to 8 (rules relative to the budget are left to assume())."""
-    if spec.kind == "choice":
-        return st.sampled_from(spec.choices)
-    low = spec.low
-    high = min(spec.high, low + 8)
-    if spec.kind == "float":
-        return st.floats(low, high, allow_nan=False, allow_infinity=False)
-    if spec.odd_only:
-        return st.integers(0, (high - low) // 2).map(lambda k: low + 2 * k)
-    return st.integers(low, high)
-
-
-@st.composite
-def scenarios(draw, name):
-    budget = draw(st.integers(1, 8))
-    params = {s.name: draw(values(s, budget)) for s in param_specs(name)}
-    try:
-        make_policy(name, budget, **params)
-    except ValueError:  # e.g. recent_window >= budget
-        assume(False)
-    steps, pos = [], -1
-    for _ in range(draw(st.integers(1, 30))):
-        pos += draw(st.integers(1, 3))
-        null = draw(st.integers(0, 6)) == 0
-        evict = draw(st.one_of(st.just(budget), st.integers(0, budget + 2), st.none()))
-        steps.append((pos, null, evict, draw(st.integers(0, 2**32 - 1)), draw(st.booleans())))
-    return budget, params, steps, draw(st.integers(0, 2**32 - 1))
-
-
-def weights(n, seed, ties):
-    rng = np.random.default_rng(seed)
-    if ties:
-        return rng.choice(np.array(TIE_WEIGHTS, np.float32), size=n)
-    return rng.random(n, dtype=np.float32)
 
 
 def norms(p, t):
     """A key norm for a policy that reads them (a varied, deterministic one), else nothing."""
     return {"key_norm": float(1 + (t * 7919) % 13) / 4} if p.reads_key_norms else {}
-
-
-def replay_both(name, scenario):
-    """Drive fast and reference through the same calls; every outcome must agree."""
-    budget, params, steps, seed = scenario
-    fast = make_policy(name, budget, rng=np.random.default_rng(seed), **params)
-    ref = make_reference(name, budget, rng=np.random.default_rng(seed), **params)
-    for pos, null, evict, seed_w, ties in steps:
-        attn = None if null else weights(len(fast.kept), seed_w, ties)
-        extra = {"key_norm": 4 * weights(1, seed_w + 1, ties)[0]} if fast.reads_key_norms else {}
-        fast.on_decode_step(pos, attn, **extra)
-        ref.on_decode_step(pos, attn, **extra)
-        if evict is None:
-            continue
-        outcome = []
-        for policy in (fast, ref):
-            try:
-                outcome.append(policy.evict(evict).tolist())
-            except ValueError:
-                outcome.append("refused")
-        assert outcome[0] == outcome[1], (pos, outcome)
-        assert fast.kept.tolist() == ref.kept.tolist()
-        if outcome[0] == "refused":
-            return
-    assert fast.kept.tolist() == ref.kept.tolist()
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -85,8 +20,10 @@ def replay_both(name, scenario):
                                  HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_matches_reference(name, data):
-    """Every registered policy against the slow reference its class names."""
-    replay_both(name, data.draw(scenarios(name)))
+    """Every registered policy against the slow reference its class names, on the scenarios
+    `kvviz check --reference` draws, compared by its one harness."""
+    cls = POLICIES[name]
+    compare(cls, reference_class(name), data.draw(scenarios(cls)))
 
 
 def test_every_registered_policy_is_declared_and_has_a_reference():

@@ -522,9 +522,9 @@ def check_differential(cls, reference, examples: int = 200, shrink: bool = True)
 
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None, phases=phases,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-    @given(_scenarios(cls))
+    @given(scenarios(cls))
     def run(scenario):
-        _compare(cls, reference, scenario, failure)
+        compare(cls, reference, scenario, failure)
 
     try:
         run()
@@ -536,7 +536,12 @@ def check_differential(cls, reference, examples: int = 200, shrink: bool = True)
     return [RuleResult("differential", name, True, f"{examples} Hypothesis scenarios")]
 
 
-def _scenarios(cls):
+def scenarios(cls):
+    """A Hypothesis strategy of differential scenarios for the policy class `cls`: a budget up
+    to 8, parameters drawn from the class's own declaration, and up to 30 steps (position
+    gaps, null rows, tie-prone or arbitrary weights, evictions at, under and over the budget).
+    Small budgets make every step an edge case; `compare` replays one. The test suite and
+    `kvviz check --reference` draw from this one strategy."""
     from hypothesis import assume
     from hypothesis import strategies as st
 
@@ -573,7 +578,12 @@ def _values(spec, budget: int):
     return st.integers(0, (top - spec.min) // step).map(lambda k: spec.min + k * step)
 
 
-def _compare(cls, reference, scenario, failure: list) -> None:
+def compare(cls, reference, scenario, failure: list | None = None) -> None:
+    """Replay one scenario through a fresh `cls` and `reference(budget, rng, **params)` with the
+    same calls; raise AssertionError naming the budget, parameters, step, row and both kept
+    sets at the first step where the victims, a refusal or the kept set differ (the message
+    is also appended to `failure`)."""
+    failure = [] if failure is None else failure
     budget, params, steps, seed = scenario
     fast = _make(cls, budget, seed, **params)
     try:
