@@ -56,14 +56,16 @@ def third_party(files) -> set[str]:
     return out
 
 
-def test_the_test_extra_covers_what_the_tests_import():
+def test_the_test_extra_covers_what_the_tests_import(torch_stack):
+    # maps import names to installed distributions: the capture stack must be installed
     needed = third_party((ROOT / "tests").rglob("*.py"))
     missing = needed - declared("main", "test", "capture", "scale")
     assert not missing, f"add to [project.optional-dependencies] test: {sorted(missing)}"
     assert "websockets" in declared("test")
 
 
-def test_the_package_declares_what_it_imports():
+def test_the_package_declares_what_it_imports(torch_stack):
+    # maps import names to installed distributions: the capture stack must be installed
     needed = third_party((ROOT / "kvviz").rglob("*.py"))
     missing = needed - declared("main", "capture", "scale", "check")
     assert not missing, f"kvviz imports {sorted(missing)}, which no dependency or extra names"
