@@ -93,12 +93,10 @@ class Facts:
         return self._eng[which]
 
     def label(self, which: str) -> str:
-        from kvviz.core.policies import param_specs
+        """The policy on side `which` as every table and figure names it."""
+        from kvviz.core.policies import config_label
 
-        name = getattr(self.vs, which)
-        p = self.vs.params(which)
-        diff = [f"{s.label}={p[s.name]}" for s in param_specs(name) if p[s.name] != s.default]
-        return name + (f" ({', '.join(diff)})" if diff else "")
+        return config_label(getattr(self.vs, which), self.vs.params(which))
 
     def panel(self, which: str, step: int) -> dict:
         """A policy at `step` as the page's views see it (kvviz.app.ui.context.Ctx.panel)."""
