@@ -448,7 +448,7 @@ def test_zoom_to_defended_slot(traces, apptest):
     # canonical, SnapKV, a step where pooling defends a slot (found from the page itself)
     at = app(step=1304, view="scores")
     ok(at)
-    buttons = [b for b in at.button if b.key == "scores.defended"]
+    buttons = [b for b in at.button if b.key.startswith("scores.defended.")]
     assert buttons, "no defended slot at step 1304 on the canonical trace"
     target = int(buttons[0].label.split()[-1])
     buttons[0].click().run()
@@ -457,6 +457,19 @@ def test_zoom_to_defended_slot(traces, apptest):
     spec = specs(at)[0]
     d = next(t for t in spec["data"] if t.get("name", "").startswith("defended"))
     assert target in arr(d["x"]).tolist()
+
+
+def test_both_policies_defending_a_slot_each_get_their_zoom_button(traces, apptest):
+    # A and B both SnapKV (kernels 9 and 5): at step 900 pooling defends position 5 in each,
+    # so the page draws one zoom button per policy, and neither run may raise
+    at = app(view="scores", a="snapkv", a__poolKernel=9, b="snapkv", budget=256, step=900)
+    ok(at)
+    buttons = {b.key: b for b in at.button if b.key.startswith("scores.defended.")}
+    assert sorted(buttons) == ["scores.defended.a", "scores.defended.b"]
+    target = int(buttons["scores.defended.b"].label.split()[-1])
+    buttons["scores.defended.b"].click().run()
+    ok(at)
+    assert qp(at)["focus"] == str(target)
 
 
 def test_positions_beyond_a_new_trace_are_reset(traces, apptest):

@@ -54,7 +54,8 @@ def render(ctx: Ctx):
                 c1.markdown(f"**{p['label']}** at step {s}: defended by pooling: "
                             f"{', '.join(map(str, d))} (own window sum ranked among the "
                             "victims; a neighbour's pooled score kept it).")
-                c2.button(f"zoom to {int(d[0])}", key="scores.defended", on_click=set_value,
+                c2.button(f"zoom to {int(d[0])}", key=f"scores.defended.{p['label'][0].lower()}",
+                          on_click=set_value,
                           args=("focus", int(d[0])))
                 pos = center if center in set(d.tolist()) else int(d[0])
                 f = explain.pooling_facts(p["kept"], p["scores"], p["victims"], pos,
