@@ -60,3 +60,97 @@ def step(policy, pos: int, raw, budget: int, key_norm=None) -> np.ndarray:
     feed(policy, pos, raw, key_norm)
     return policy.evict(budget)
 
+
+
+# -- a prompt read in one pass ----------------------------------------------------------
+
+def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
+    """What `prefill` needs of a `length`-row prompt for `policy`: (how many last rows as
+    they are, whether the float64 sum of the renormalised rows before the last, whether
+    every row in order as it arrives). A policy reading no attention needs no rows."""
+    if not policy.uses_attention:
+        return 0, False, False
+    if policy.summable:
+        return 1, True, False
+    k = int(policy.prefill_rows(length))
+    if not 1 <= k <= length:
+        raise ValueError(f"{policy.name}.prefill_rows({length}) must be in 1..{length}, got {k}")
+    return (1, False, True) if k == length else (k, False, False)
+
+
+class PromptRows:
+    """One stream's prompt rows as `prefill` needs them, gathered from chunks of rows as a
+    model produces them, in memory linear in the prompt length: the last `tail` rows,
+    optionally the float64 sum of the renormalised rows before the last (`sums`), and
+    every row before the last fed at once to the `streamed` policies (which need them all).
+
+    `add(start, raw, key_norms)` takes rows start..start+m-1 in order: row t's weights
+    on positions 0..t-1 are `raw[i, :t]` (nothing is evicted during a prefill, so a
+    row's held positions are all the earlier ones); `key_norms` (length,) is needed
+    only when a streamed policy reads key norms."""
+
+    def __init__(self, length: int, tail: int = 1, sums: bool = False, streamed=()):
+        self.length = int(length)
+        self.tail = max(1, min(int(tail), self.length))
+        self.rows = np.zeros((self.tail, self.length), np.float32)  # row i = prompt row length - tail + i
+        self.sums = np.zeros(max(self.length - 1, 0)) if sums else None
+        self.streamed = list(streamed)
+        self.next = 0
+
+    def add(self, start: int, raw: np.ndarray, key_norms=None) -> None:
+        if start != self.next:
+            raise ValueError(f"prompt rows must arrive in order: expected row {self.next}, got {start}")
+        first_tail = self.length - self.tail
+        for i in range(raw.shape[0]):
+            t = start + i
+            row = raw[i, :t]
+            if t < self.length - 1:
+                for p in self.streamed:
+                    feed(p, t, row, None if key_norms is None or not p.reads_key_norms else key_norms[t])
+                if self.sums is not None and t:
+                    self.sums[:t] += renormalise(row, t)
+            if t >= first_tail:
+                self.rows[t - first_tail, :t] = row
+        self.next = start + raw.shape[0]
+
+    def row(self, t: int) -> np.ndarray:
+        """Prompt row t's weights on 0..t-1, for one of the last `tail` rows."""
+        return self.rows[t - (self.length - self.tail), :t]
+
+
+def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms=None) -> np.ndarray:
+    """A prompt of `length` positions read in one pass: `policy` observes its rows without
+    evicting, then evicts once, down to `budget`, at the last row (one `step`); returns
+    the victims. Bit for bit what feeding every row and stepping the last gives, through
+    the policy's declared shortcut (`prefill_needs`): rows it does not depend on are
+    passed over (their positions admitted unobserved, `skip_rows` told), and a summable
+    policy observes the rows' sum once. `rows` (a PromptRows built with at least the
+    policy's needs) may be None for a policy that reads no attention."""
+    tail, sums, streamed = prefill_needs(policy, length)
+    norm = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
+    last = length - 1
+    if tail:
+        if rows is None or rows.length != length or rows.tail < tail or (sums and rows.sums is None):
+            raise ValueError(f"prefill of {policy.name} needs the prompt's last {tail} rows"
+                             f"{' and their sum' if sums else ''}")
+        if rows.next != length:
+            raise ValueError(f"prefill of {policy.name}: {rows.next} of {length} prompt rows arrived")
+    if streamed:
+        if len(policy.held()) != last:
+            raise ValueError(f"prefill of {policy.name} streams every row: give it to PromptRows(streamed=...)")
+        return step(policy, last, rows.row(last), budget, norm(last))
+    if not tail:
+        for t in range(last):
+            feed(policy, t, None, norm(t))
+        return step(policy, last, None, budget, norm(last))
+    start = last if sums else length - tail
+    for t in range(start):
+        feed(policy, t, None, norm(t))  # admitted unobserved
+    if sums:
+        if last:
+            policy.observe(rows.sums)
+    else:
+        policy.skip_rows(start)
+        for t in range(start, last):
+            feed(policy, t, rows.row(t), norm(t))
+    return step(policy, last, rows.row(last), budget, norm(last))

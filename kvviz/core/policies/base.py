@@ -149,6 +149,7 @@ class Policy:
     reference: ClassVar = None  # the slow reference class, or "module:Class"
     uses_attention: ClassVar[bool] = True
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
+    summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
     specs: ClassVar = _Specs()
 
     def __init_subclass__(cls, **kwargs):
@@ -189,6 +190,22 @@ class Policy:
 
     def observe(self, attn: np.ndarray) -> None:
         """Record one step's weights, index-aligned with `kept`."""
+
+    def prefill_rows(self, prompt_len: int) -> int:
+        """How many of a prompt's last rows this policy's state after a prefill depends on.
+
+        A prefill (kvviz.core.harness.prefill) observes a prompt's rows without evicting,
+        then evicts once at its last row. Rows before the last `prefill_rows` are not
+        observed: their positions are admitted as they come (`advance(pos, None)`), and
+        `skip_rows` hears how many were passed over. The default reads every row; a policy
+        whose state is overwritten by later rows (TOVA's last row, SnapKV's ring) says
+        how many it keeps, and a test shows the shortcut equals streaming every row.
+        """
+        return prompt_len
+
+    def skip_rows(self, count: int) -> None:
+        """`count` prompt rows were passed over unobserved (see `prefill_rows`): a policy that
+        counts observed steps (a ring's write index) advances that count here."""
 
     def protected_tail(self) -> int:
         """How many of the newest slots are never victims (a recent window)."""

@@ -22,6 +22,7 @@ class H2O(Policy):
     rank = Rank("cumulative", "accumulated attention", "lowest accumulated attention goes first")
     colour = "#009E73"
     reference = "kvviz.core.reference:RefH2O"
+    summable = True  # cumulative += each row: a prefill may add the rows' float64 sum once
 
     def check_params(self):
         check_recent(self)

@@ -51,6 +51,12 @@ class Scissorhands(Policy):
             flags += (attn < np.float32(1.0 / len(attn))) * BITS[self.slot]
         self.slot = (self.slot + 1) % self.history_window
 
+    def prefill_rows(self, prompt_len):
+        return min(self.history_window, prompt_len)  # the ring holds the last history_window rows
+
+    def skip_rows(self, count):
+        self.slot = (self.slot + count) % self.history_window
+
     def protected_tail(self):
         return self.recent_window
 

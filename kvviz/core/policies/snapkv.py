@@ -78,6 +78,12 @@ class SnapKV(Policy):
         self.col("history")[self.slot] = attn
         self.slot = (self.slot + 1) % self.obs_window
 
+    def prefill_rows(self, prompt_len):
+        return min(self.obs_window, prompt_len)  # the ring holds the last obs_window rows
+
+    def skip_rows(self, count):
+        self.slot = (self.slot + count) % self.obs_window
+
     def protected_tail(self):
         return self.recent_window
 

@@ -25,6 +25,9 @@ class Tova(Policy):
     def observe(self, attn):
         self.col("last")[:] = attn  # assignment, not accumulation
 
+    def prefill_rows(self, prompt_len):
+        return min(1, prompt_len)  # the last row overwrites every slot's weight
+
     def candidates(self):
         return np.isfinite(self.col("last"))
 
