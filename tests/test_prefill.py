@@ -105,8 +105,8 @@ def test_prefill_refuses_what_it_cannot_do_exactly():
     with pytest.raises(ValueError, match="4 of 10 prompt rows arrived"):
         harness.prefill(Tova(budget=3), rows, 10, 3)
     rows.add(4, raw[4:])
-    with pytest.raises(ValueError, match="needs the prompt's last 16 rows"):
-        harness.prefill(make_policy("snapkv", budget=3, recent_window=1), rows, 10, 3)
+    with pytest.raises(ValueError, match="needs the prompt.s last 4 rows"):
+        harness.prefill(make_policy("snapkv", budget=3, recent_window=1, obs_window=4), rows, 10, 3)
     with pytest.raises(ValueError, match="and their sum"):
         harness.prefill(make_policy("h2o", budget=3, recent_window=1), rows, 10, 3)
     with pytest.raises(ValueError, match="streams every row: give it to PromptRows"):
