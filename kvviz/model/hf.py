@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.replay import NEVER
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig
+from kvviz.model.loop.config import GRANULARITIES, LoopConfig, check_eviction
 
 
 @dataclass
@@ -60,22 +60,33 @@ def _cache_length(kwargs) -> int | None:
 
 @contextmanager
 def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = "kv-head", seed: int = 0,
-             **params):
+             eviction: str = "masked", prefill_chunk: int = 256, **params):
     """Inside the block, `model`'s forward passes evict by `policy` at `budget` (per layer,
     or per layer and KV head); yields the EvictionLog, filled as the model runs. The
-    model's attention implementation is restored on exit, error or not."""
+    model's attention implementation is restored on exit, error or not.
+
+    `eviction`: "masked" (evicted keys masked, the cache keeps them) or "freed" (after the
+    prompt the cache's layers are replaced by fixed slots holding only the kept
+    positions: the memory is the budget's). `prefill_chunk`: prompt queries per attention
+    block (memory grows with chunk x prompt length, never with its square). Works with
+    or without gradients enabled: the policies read detached weights."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
+    check_eviction(eviction)
     cfg = LoopConfig(policy, params, budget)
     import torch
 
     from kvviz.model.loop.engine import (
+        Lane,
+        PromptFeed,
         State,
         attached,
         bookkeeping,
         check_architecture,
+        gathered,
         make_policies,
-        prefill_bookkeeping,
+        slot_cache,
+        use,
     )
     from kvviz.model.models import text_config
 
@@ -83,11 +94,18 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
     L, Hk = tc.num_hidden_layers, tc.num_key_value_heads
     G = 1 if granularity == "layer" else Hk
     dev = next(model.parameters()).device
-    state = State(torch, 1, L, Hk, G, 256, dev)
     policies = [make_policies(cfg, L, G, 0, seed, vectorised=False)]
     log = EvictionLog(cfg, granularity, evicted_at=np.full((L, G, 0), NEVER, np.int64))
-    evicted = [np.full((1, L, G, state.T), NEVER, np.int64)]
+    evicted = [np.full((1, L, G, 256), NEVER, np.int64)]
     seen = [0]  # positions fed so far
+    lane = [None]
+
+    def grow(T):
+        if T > evicted[0].shape[-1]:
+            grown = np.full((1, L, G, max(2 * evicted[0].shape[-1], T)), NEVER, np.int64)
+            grown[..., : evicted[0].shape[-1]] = evicted[0]
+            evicted[0] = grown
+        lane[0].state.grow(torch, evicted[0].shape[-1])
 
     def before(module, args, kwargs):
         ids = _input_ids(args, kwargs)
@@ -101,29 +119,47 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         if seen[0] and q != 1:
             raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
         check_architecture(model, seen[0] + q)
-        if seen[0] + q > state.T:
-            state.grow(torch, max(2 * state.T, seen[0] + q))
-            grown = np.full((1, L, G, state.T), NEVER, np.int64)
-            grown[..., : evicted[0].shape[-1]] = evicted[0]
-            evicted[0] = grown
         if not seen[0]:
-            state.record_prompt(torch, q)
+            st = State(torch, 1, L, Hk, G, 0, dev)
+            st.bias_t = None
+            st.feed = PromptFeed(q, [cfg], policies, L, G, prefill_chunk)
+            lane[0] = Lane(np.zeros(1, np.int64), st, None)
+        else:
+            grow(seen[0] + 1)
+            if lane[0].state.freed:
+                lane[0].state.place(seen[0])
+                lane[0].state.push(torch)
+        use(lane[0].state)
 
     def after(module, args, kwargs, output):
         q = _input_ids(args, kwargs).shape[1]
         if not seen[0]:
-            state.pull_prompt()
-            prefill_bookkeeping(state, [cfg], policies, evicted[0], q)
-            state.prompt = state.prompt_norms = None
+            feed = lane[0].state.feed
+            grow(q + 1)
+            feed.evict([cfg], policies, evicted[0])
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            if eviction == "freed":
+                if cache is None:
+                    raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
+                st, layers = gathered(torch, cache, evicted[0][..., :q] == NEVER, budget, evicted[0].shape[-1], dev)
+                cache.layers[:] = slot_cache(st, layers, seen=q).layers
+            else:
+                st = State(torch, 1, L, Hk, G, evicted[0].shape[-1], dev)
+                gone = evicted[0][..., :q] != NEVER
+                st.bias[..., :q][np.broadcast_to(gone, (1, L, Hk, q)) if G == 1 else gone] = -np.inf
+                if not st.on_host:
+                    st.bias_t.copy_(st.bias_h)
+            lane[0] = Lane(np.zeros(1, np.int64), st, cache)
             log.prompt_len = q
         else:
-            state.pull(torch, None)
-            bookkeeping(state, [cfg], policies, evicted[0], seen[0])
-        state.push()
+            lane[0].state.pull(torch, None, seen[0])
+            bookkeeping(lane[0], [cfg], policies, evicted[0], seen[0])
+            lane[0].state.push(torch)
+        use(None)
         seen[0] += q
         log.evicted_at = evicted[0][0, :, :, : seen[0]].copy()
 
-    with attached(model, state):
+    with attached(model):
         hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
                  model.register_forward_hook(after, with_kwargs=True)]
         try:

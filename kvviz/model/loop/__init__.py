@@ -32,7 +32,7 @@ __all__ = ["GRANULARITIES", "PROMPT_MODES", "Generation", "LoopConfig", "LoopRes
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
              progress=None, model=None, rows_layers=None, rows_tokens=None,
-             seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoopResult:
+             seed: int = 0, device: str = "cpu", dtype: str = "float32", eviction: str = "masked") -> LoopResult:
     """Run every config over `text` as one batch; return a LoopResult.
 
     - `configs`: LoopConfig list; a `full` (no eviction) row is added first if absent,
@@ -48,16 +48,21 @@ def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1
     - `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16 or float16 on CUDA)
       apply when `model` is a spec; a loaded pair runs where it is.
     - `seed`: each policy gets rng default_rng([seed, layer, head]) (only `random` uses it).
+    - `eviction`: "masked" (evicted keys masked; every row holds the full cache) or "freed"
+      (each row's cache holds only its kept positions, in budget + 1 slots per layer and
+      KV head; the full row reads in its own forward). Same tokens either way, within
+      float rounding; `meta` says the bytes each held.
     """
     from kvviz.model.loop.engine import run  # torch lives there
 
     return run(text, configs, granularity=granularity, max_tokens=max_tokens,
                progress=progress, model=model, rows_layers=rows_layers,
-               rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype)
+               rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype, eviction=eviction)
 
 
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
-             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True) -> Generation:
+             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
+             prefill_chunk=256) -> Generation:
     """Greedy continuation of `prompt` under every config at once; a Generation.
 
     - `prompt`: text (tokenised as the loop does, BOS by the tokenizer's convention) or a
@@ -69,6 +74,8 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
       policy observes every recorded prompt row, then evicts once to its budget).
     - A row stops at EOS (the model's generation config's, if `stop_at_eos`) or after
       `max_new_tokens`; a stopped row records nothing more.
+    - `eviction`: as for run_loop; `prefill_chunk`: prompt queries per attention block in
+      prefill mode (memory grows with chunk x prompt length, never with its square).
     - `model`, `device`, `dtype`, `seed`, `granularity`: as for run_loop;
       `progress(done, total)` counts prompt and generated tokens.
     """
@@ -77,4 +84,4 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
 
     return run(prompt, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode,
                model=model, progress=progress, seed=seed, device=device, dtype=dtype,
-               stop_at_eos=stop_at_eos)
+               stop_at_eos=stop_at_eos, eviction=eviction, prefill_chunk=prefill_chunk)

@@ -8,6 +8,13 @@ import numpy as np
 from kvviz.core.policies import FULL, POLICIES, make_policy, parse_params
 
 GRANULARITIES = ("layer", "kv-head")
+EVICTIONS = ("masked", "freed")  # what an eviction does to the cache: mask the key, or free its memory
+
+
+def check_eviction(eviction) -> None:
+    """`eviction` is one of EVICTIONS; ValueError naming the parameter otherwise."""
+    if eviction not in EVICTIONS:
+        raise ValueError(f"eviction must be one of {list(EVICTIONS)}, got {eviction!r}")
 
 
 @dataclass

@@ -1,16 +1,27 @@
-"""The torch side of the loop: one batched teacher-forced decode, evicted keys masked.
+"""The torch side of the loop: one batched teacher-forced decode under eviction.
 
-The whole DynamicCache is kept; a registered attention function adds a bias of 0 or
--inf per (config, layer, KV head, position) before the softmax, which is exactly
-removal (keys are stored after RoPE, so positions survive either way). The bias and the
-step's group-mean weights are torch tensors sharing memory with numpy arrays, so the
-policy bookkeeping reads and writes them without copies.
+Two ways to evict (`EVICTIONS`):
+- "masked": the whole DynamicCache is kept; a registered attention function adds a bias of
+  0 or -inf per (config, layer, KV head, position) before the softmax, which is exactly
+  removal (keys are stored after RoPE, so positions survive either way). Memory is the
+  full cache's, per configuration.
+- "freed": each configuration's cache holds only its kept positions, in a fixed number of
+  slots per layer and KV head (`SlotLayer`): a new token is written into a slot an eviction
+  freed, so the cache's memory is the budget's, not the text's. Where streams hold
+  different counts the empty slots are masked (-inf). The full-cache row runs beside it
+  in its own ordinary cache (its own forward: a "lane").
+
+The bias and the step's group-mean weights are torch tensors sharing memory with numpy
+arrays on the CPU, so the policy bookkeeping reads and writes them without copies; on a
+GPU only the step's weights on the held slots come to the host, and only the bias
+entries an eviction changed go back.
 """
 from __future__ import annotations
 
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,138 +29,402 @@ from kvviz.core import harness
 from kvviz.core.replay import NEVER
 from kvviz.core.streams import STATES, Streams
 from kvviz.core.trace import packed_offset
-from kvviz.model.loop.config import GRANULARITIES, check_configs
+from kvviz.model.loop.config import GRANULARITIES, check_configs, check_eviction
 from kvviz.model.loop.result import LoopResult
 
 ATTN_NAME = "kvviz_loop"
+PREFILL_CHUNK = 256  # prompt queries per attention block in a prefill: memory ~ chunk x prompt length
 _LOCK = threading.Lock()  # one loop per process at a time: the attention function reads _STATE
 _STATE = None
 
 
 class State:
-    """What the attention function and the bookkeeping share for one run. The host arrays
-    (numpy views of CPU tensors) are what the policies read and write; on a GPU the device
-    tensors are separate: the step's weights come to the host in one copy with the step's
-    statistics (`pull`), the bias goes back after the bookkeeping (`push`). On the CPU they
-    are the same memory and neither copies.
+    """What the attention function and the bookkeeping share for one lane of B batch rows.
 
-    `record_prompt(T0)` arms a prefill: the next forward (any length) writes batch row 0's
-    prompt rows (L, G, T0, T0) and key norms (L, G, T0) into `prompt` / `prompt_norms`."""
+    Host arrays (numpy) are what the policies read and write: `cur` (B, L, G, T) the step's
+    weights by position (mean over each group's query heads), `knorm` (B, L, G) the new key's
+    L2 norm. Masked (`slots` None): `bias` (B, L, Hk, T) by position. Freed (`slots` = S):
+    `bias` (B, L, Hk, S) by slot, `slot_pos` (B, L, Hk, S) the position each slot holds
+    (-1 empty), `write` (B, L, Hk) the slot the next token goes to; the attention function
+    records weights by slot (`cur_s`) and `pull` scatters them to positions.
 
-    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu"):
-        self.G, self.T = G, 0
+    On the CPU host and device arrays are the same memory; on a GPU `pull` brings the
+    step's weights (held slots only, when freed) and statistics in one copy and `push`
+    sends back only the bias entries that changed (`dirty`)."""
+
+    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu", slots: int | None = None):
+        self.B, self.L, self.Hk, self.G, self.T = B, L, Hk, G, 0
         self.on_host = torch.device(device).type == "cpu"
         self.device = device
+        self.freed = slots is not None
+        self.S = slots
         self.knorm_h = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
         self.knorm = self.knorm_h.numpy()
-        self.knorm_t = self.knorm_h if self.on_host else self.knorm_h.to(device)
-        self.bias_h = torch.zeros(B, L, Hk, 0)
+        self.knorm_t = self._dev(torch, self.knorm_h)
         self.cur_h = torch.zeros(B, L, G, 0)
+        self.dirty = []  # (flat bias indices, value) since the last push
+        self.feed = None  # a PromptFeed while a prompt is read in one pass
+        if self.freed:
+            self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
+            self.bias = self.bias_h.numpy()
+            self.bias_t = self._dev(torch, self.bias_h)
+            self.cur_s_h = torch.zeros(B, L, G, slots)
+            self.cur_s = self.cur_s_h.numpy()
+            self.cur_s_t = self._dev(torch, self.cur_s_h)
+            self.slot_pos = np.full((B, L, Hk, slots), -1, np.int64)
+            self.write = np.zeros((B, L, Hk), np.int64)
+            self.write_t = torch.from_numpy(self.write) if self.on_host else torch.zeros(
+                B, L, Hk, dtype=torch.long, device=device)
+        else:
+            self.bias_h = torch.zeros(B, L, Hk, 0)
         self.grow(torch, T)
-        self.prompt_t = self.prompt_norms_t = self.prompt = self.prompt_norms = None
+
+    def _dev(self, torch, host):
+        return host if self.on_host else host.to(self.device)
 
     def grow(self, torch, T: int) -> None:
         """Room for T positions, what is set kept (kvviz.hf does not know the length ahead)."""
         if T <= self.T:
             return
-        B, L, Hk, old = self.bias_h.shape
-        bias = torch.zeros(B, L, Hk, T)  # 0 = held, -inf = evicted
-        bias[..., :old] = self.bias_h
-        self.bias_h, self.bias = bias, bias.numpy()
-        self.cur_h = torch.zeros(B, L, self.G, T)  # this step's weights, mean over each group's query heads
-        self.cur = self.cur_h.numpy()
-        self.bias_t = self.bias_h if self.on_host else self.bias_h.to(self.device)
-        self.cur_t = self.cur_h if self.on_host else self.cur_h.to(self.device)
+        B, L, G, old = self.cur_h.shape
+        if not self.freed:
+            bias = torch.zeros(B, L, self.Hk, T)  # 0 = held, -inf = evicted
+            bias[..., :old] = self.bias_h
+            self.bias_h, self.bias = bias, bias.numpy()
+            self.bias_t = self._dev(torch, self.bias_h)
+        cur = torch.zeros(B, L, G, T)  # this step's weights by position
+        cur[..., :old] = self.cur_h
+        self.cur_h, self.cur = cur, cur.numpy()
+        if not self.freed:
+            self.cur_t = self._dev(torch, self.cur_h)
         self.T = T
 
-    def record_prompt(self, torch, T0: int) -> None:
-        L, G = self.cur.shape[1:3]
-        self.prompt_t = torch.zeros(L, G, T0, T0, device=self.device)
-        self.prompt_norms_t = torch.zeros(L, G, T0, device=self.device)
+    # -- freed: the slots ---------------------------------------------------------------
+    def heads(self, g: int) -> slice:
+        """The KV heads policy stream g decides for: all of them at layer granularity."""
+        return slice(None) if self.G == 1 else slice(g, g + 1)
 
-    def pull_prompt(self) -> None:
-        """The prefill's recorded rows to the host (one copy each), recording disarmed."""
-        self.prompt = self.prompt_t.cpu().numpy()
-        self.prompt_norms = self.prompt_norms_t.cpu().numpy()
-        self.prompt_t = self.prompt_norms_t = None
+    def place(self, pos: int, active=None) -> None:
+        """Freed: each (active) row's next token `pos` goes to its lowest empty slot."""
+        rows = np.arange(self.B) if active is None else np.flatnonzero(active)
+        empty = self.slot_pos[rows] < 0
+        if not empty.any(axis=-1).all():
+            full = np.argwhere(~empty.any(axis=-1))[0]
+            raise ValueError(f"freed cache overflow: row {rows[full[0]]}, layer {full[1]}, KV head {full[2]} "
+                             f"holds all {self.S} slots at position {pos}: a policy kept more than its budget")
+        b, layer, h = np.meshgrid(rows, np.arange(self.L), np.arange(self.Hk), indexing="ij")
+        s = empty.argmax(axis=-1)  # (rows, L, Hk): the lowest empty slot
+        self.write[b, layer, h] = s
+        self.slot_pos[b, layer, h, s] = pos
+        self._set(np.ravel_multi_index((b, layer, h, s), self.bias.shape).ravel(), 0.0)
 
-    def pull(self, torch, stats):
-        """Host copy of this step's weights (into `cur`) and of `stats` (returned, or None)."""
-        if self.on_host:
-            return None if stats is None else stats.numpy()
-        parts = [self.cur_t.reshape(-1).double(), self.knorm_t.reshape(-1).double()]
-        host = torch.cat(parts + ([] if stats is None else [stats.reshape(-1)])).cpu().numpy()
-        n, k = self.cur.size, self.knorm.size
-        self.cur.reshape(-1)[:] = host[:n]
-        self.knorm.reshape(-1)[:] = host[n:n + k]
-        return None if stats is None else host[n + k:].reshape(stats.shape)
-
-    def push(self):
+    def _set(self, flat, value) -> None:
+        self.bias.reshape(-1)[flat] = value
         if not self.on_host:
-            self.bias_t.copy_(self.bias_h)
+            self.dirty.append((np.asarray(flat, np.int64), value))
+
+    def free(self, b: int, layer: int, g: int, victims) -> None:
+        """Freed: the victims' slots emptied (masked until a token is written there)."""
+        hs = self.heads(g)
+        pos = self.slot_pos[b, layer, hs]  # (h, S)
+        hit = np.isin(pos, victims)
+        idx = np.argwhere(hit)
+        pos[hit] = -1
+        heads = np.arange(self.Hk)[hs]
+        flat = np.ravel_multi_index((np.full(len(idx), b), np.full(len(idx), layer), heads[idx[:, 0]], idx[:, 1]),
+                                    self.bias.shape)
+        self._set(flat, -np.inf)
+        self.cur[b, layer, g, victims] = 0.0  # an evicted position's last weight is not current
+
+    # -- host <-> device ----------------------------------------------------------------
+    def pull(self, torch, stats, t: int):
+        """Host copy of this step's weights (into `cur`) and of `stats` (returned, or None).
+        Masked: positions 0..t; freed: the S slots, scattered to their positions."""
+        src = self.cur_s if self.freed else None
+        if self.on_host:
+            host = None if stats is None else stats.numpy()
+        else:
+            w = self.cur_s_t if self.freed else self.cur_t[..., : t + 1]
+            parts = [w.reshape(-1).double(), self.knorm_t.reshape(-1).double()]
+            flat = torch.cat(parts + ([] if stats is None else [stats.reshape(-1)])).cpu().numpy()
+            n, k = w.numel(), self.knorm.size
+            if self.freed:
+                self.cur_s.reshape(-1)[:] = flat[:n]
+            else:
+                self.cur[..., : t + 1] = flat[:n].reshape(self.cur[..., : t + 1].shape)
+            self.knorm.reshape(-1)[:] = flat[n:n + k]
+            host = None if stats is None else flat[n + k:].reshape(stats.shape)
+        if src is not None:
+            pos = self.slot_pos if self.G > 1 else self.slot_pos[:, :, :1]  # (B, L, G, S)
+            held = pos >= 0
+            b, layer, g, _ = np.nonzero(held)
+            self.cur[b, layer, g, pos[held]] = src[held]
+        return host
+
+    def push(self, torch) -> None:
+        if self.freed and not self.on_host:
+            self.write_t.copy_(torch.from_numpy(self.write))
+        if self.on_host or not self.dirty:
+            self.dirty = []
+            return
+        flat = np.concatenate([f for f, _ in self.dirty])
+        vals = np.concatenate([np.full(len(f), v, np.float32) for f, v in self.dirty])
+        self.dirty = []
+        self.bias_t.view(-1)[torch.as_tensor(flat, device=self.device)] = torch.as_tensor(vals, device=self.device)
+
+
+def slot_layer_class():
+    """`SlotLayer`, defined on first use (transformers is imported lazily)."""
+    global _SLOT_LAYER
+    if _SLOT_LAYER is None:
+        from transformers.cache_utils import DynamicLayer
+
+        class SlotLayer(DynamicLayer):
+            """A cache layer of fixed size: keys and values (B, Hk, S, D), each step's new token
+            written into the slot its State chose (`State.write`), not appended. Positions
+            are explicit (position_ids), so a slot's order says nothing; the attention
+            function masks empty slots. `get_seq_length` counts the positions read, as
+            transformers' generate expects of a cache."""
+
+            is_croppable = False
+
+            def __init__(self, state, layer: int, keys=None, values=None, seen: int = 0):
+                super().__init__()
+                self.state, self.layer, self.seen = state, layer, seen
+                if keys is not None:
+                    self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+
+            def lazy_initialization(self, key_states, value_states):
+                B, Hk, _, D = key_states.shape
+                shape = (B, Hk, self.state.S, D)
+                self.device = key_states.device
+                self.keys = key_states.new_zeros(shape)
+                self.values = value_states.new_zeros(shape)
+                self.is_initialized = True
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                if not self.is_initialized:
+                    self.lazy_initialization(key_states, value_states)
+                if key_states.shape[2] != 1:
+                    raise ValueError("a freed cache takes one token per step")
+                B, Hk, _, D = key_states.shape
+                idx = self.state.write_t[:B, self.layer, :, None, None].expand(B, Hk, 1, D)
+                self.keys.scatter_(2, idx, key_states)
+                self.values.scatter_(2, idx, value_states)
+                self.seen += 1
+                return self.keys, self.values
+
+            def get_seq_length(self) -> int:
+                return self.seen
+
+            def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+                return self.keys.shape[-2] if self.is_initialized else self.state.S, 0
+
+            def batch_repeat_interleave(self, repeats: int) -> None:
+                raise ValueError("a freed cache cannot be repeated")
+
+        _SLOT_LAYER = SlotLayer
+    return _SLOT_LAYER
+
+
+_SLOT_LAYER = None
+
+
+def slot_cache(state: State, layers=None, seen: int = 0):
+    """A transformers Cache of `SlotLayer`s over `state` (layers given, or allocated on first use)."""
+    from transformers.cache_utils import Cache
+
+    cls = slot_layer_class()
+    if layers is None:
+        return Cache(layers=[cls(state, i) for i in range(state.L)])
+    return Cache(layers=[cls(state, i, k, v, seen) for i, (k, v) in enumerate(layers)])
+
+
+@dataclass
+class Lane:
+    """Batch rows that share one forward call: `index` the configs (global indices, batch
+    order), their `state` and `cache`."""
+
+    index: np.ndarray
+    state: State
+    cache: object
 
 
 def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Eager attention with the running loop's eviction bias; records the group means.
+    """Eager attention with the running lane's eviction bias; records the group means.
 
     query (B, Hq, q, D), key/value (B, Hk, k, D); query head h reads KV head h // (Hq/Hk),
     as transformers' repeat_kv lays them out, so grouping avoids repeating the keys. A
-    one-token step records its row into `cur`; a prefill armed by `State.record_prompt`
-    records batch row 0's q rows into `prompt_t`.
+    one-token step records its weights into `cur` (by position, self dropped) or `cur_s`
+    (freed: by slot); a prompt read with a PromptFeed armed goes through `_prompt`.
     """
     import torch
 
     st = _STATE
+    layer = module.layer_idx
     B, Hq, q, D = query.shape
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
-    scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
     softcap = kwargs.get("softcap")
+    if q > 1:
+        return _prompt(st, layer, query, key, value, scaling, softcap), None
+    scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
     if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
         scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        scores = (scores.view(B, Hk, g, q, k) + attention_mask[..., :k].unsqueeze(2)).view(B, Hk, g * q, k)
     if st is not None:
-        scores = scores + st.bias_t[:B, module.layer_idx, :, None, :k]
+        scores = scores + st.bias_t[:B, layer, :, None, :k]
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
-    if st is not None and st.prompt_t is not None:
-        w0 = w.view(B, Hk, g, q, k)[0].float()  # row i is query i over keys 0..k-1 (row i's self at i)
-        norms = key[0].float().norm(dim=-1)  # (Hk, k)
+    if st is not None and q == 1 and st.freed:
+        w = w.view(B, Hk, g, k)  # by slot, the new token's own slot included (never read as a held weight)
+        idx = st.write_t[:B, layer, :, None, None].expand(B, Hk, 1, D)
+        norms = key.detach().gather(2, idx)[:, :, 0].float().norm(dim=-1)  # (B, Hk): the new key, after RoPE
         if st.G == 1:
-            st.prompt_t[module.layer_idx, 0, :q, :k] = w0.mean(dim=(0, 1))
-            st.prompt_norms_t[module.layer_idx, 0, :k] = norms.mean(dim=0)
+            st.cur_s_t[:B, layer, 0, :k] = w.detach().mean(dim=(1, 2))
+            st.knorm_t[:B, layer, 0] = norms.mean(dim=1)
         else:
-            st.prompt_t[module.layer_idx, :, :q, :k] = w0.mean(dim=1)
-            st.prompt_norms_t[module.layer_idx, :, :k] = norms
+            st.cur_s_t[:B, layer, :, :k] = w.detach().mean(dim=2)
+            st.knorm_t[:B, layer] = norms
     elif st is not None and q == 1:
         t = k - 1  # self weight dropped: the policies decide about earlier positions
-        w = w.view(B, Hk, g, k)[..., :t]
-        norms = key[:, :, t].float().norm(dim=-1)  # (B, Hk): the new key, after RoPE, as cached
+        w = w.detach().view(B, Hk, g, k)[..., :t]
+        norms = key[:, :, t].detach().float().norm(dim=-1)  # (B, Hk): the new key, after RoPE, as cached
         if st.G == 1:
-            st.cur_t[:, module.layer_idx, 0, :t] = w.mean(dim=(1, 2))
-            st.knorm_t[:, module.layer_idx, 0] = norms.mean(dim=1)
+            st.cur_t[:B, layer, 0, :t] = w.mean(dim=(1, 2))
+            st.knorm_t[:B, layer, 0] = norms.mean(dim=1)
         else:
-            st.cur_t[:, module.layer_idx, :, :t] = w.mean(dim=2)
-            st.knorm_t[:, module.layer_idx] = norms
+            st.cur_t[:B, layer, :, :t] = w.mean(dim=2)
+            st.knorm_t[:B, layer] = norms
     return out, None
 
 
+def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
+    """Several queries at once (a prompt), `CHUNK` (or the feed's chunk) queries at a time,
+    causal: the output as eager attention gives it, with no (q, k) array held. When a
+    PromptFeed is armed (a prompt from an empty cache), each block's group-mean rows of
+    batch row 0 go to it while they exist."""
+    import torch
+
+    B, Hq, q, D = query.shape
+    Hk, k = key.shape[1], key.shape[2]
+    g = Hq // Hk
+    past = k - q
+    feed = None if st is None else st.feed
+    if feed is not None:
+        if past:
+            raise ValueError("a prompt is read in one pass from an empty cache")
+        norms = key[0].detach().float().norm(dim=-1)  # (Hk, k)
+        feed.key_norms(layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+    chunk = feed.chunk if feed is not None else PREFILL_CHUNK
+    out = query.new_empty(B, Hk, g, q, D)
+    for a in range(0, q, chunk):
+        b = min(q, a + chunk)
+        m, end = b - a, past + b
+        s = torch.matmul(query[:, :, a:b].reshape(B, Hk, g * m, D), key[:, :, :end].transpose(-1, -2)) * scaling
+        if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
+            s = torch.tanh(s / softcap) * softcap
+        s = s.view(B, Hk, g, m, end)
+        later = torch.arange(end, device=s.device)[None, :] > torch.arange(past + a, end, device=s.device)[:, None]
+        s = s.masked_fill(later, float("-inf"))  # causal: query i reads keys 0..i
+        if st is not None and not st.freed and st.bias_t is not None:
+            s = s + st.bias_t[:B, layer, :, None, None, :end]
+        w = torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype)
+        out[:, :, :, a:b] = torch.matmul(w.view(B, Hk, g * m, end), value[:, :, :end]).view(B, Hk, g, m, D)
+        if feed is not None and feed.wants(a, b):
+            w0 = w[0].detach().float()
+            rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
+            feed.add(layer, a, rows.cpu().numpy())
+    return out.view(B, Hq, q, D).transpose(1, 2).contiguous()
+
+
+def no_mask(batch_size=None, q_length=None, kv_length=None, *args, attention_mask=None, **kwargs):
+    """The mask builder registered with the attention function: none, since the function
+    masks causally itself, block by block (no (q, k) mask is built). It reads unpadded
+    sequences only, so a padding mask is refused rather than ignored."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("kvviz reads unpadded sequences: attention_mask must be all ones")
+    return None
+
+
+class PromptFeed:
+    """A prompt's attention rows on their way to the policies, per (layer, stream): one
+    kvviz.core.harness.PromptRows each, built with what its configs' policies need
+    (harness.prefill_needs), so memory stays linear in the prompt's length. Policies that
+    need every row are fed them here, in order, as the blocks are computed."""
+
+    def __init__(self, T0: int, configs, policies, L: int, G: int, chunk: int = PREFILL_CHUNK):
+        if isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1:
+            raise ValueError(f"prefill chunk must be an integer >= 1, got {chunk!r}")
+        self.T0, self.chunk, self.seconds = T0, int(chunk), 0.0
+        self.rows = []
+        self.norms = None
+        self.everything = False
+        tails = [0]
+        for layer in range(L):
+            per = []
+            for g in range(G):
+                tail, sums, streamed = 1, False, []
+                for pol in policies:
+                    if pol is None:
+                        continue
+                    p = pol[layer][g]
+                    t, s, st = harness.prefill_needs(p, T0)
+                    tail, sums = max(tail, t), sums or s
+                    if st:
+                        streamed.append(p)
+                    if p.reads_key_norms and self.norms is None:
+                        self.norms = np.zeros((L, G, T0), np.float32)
+                per.append(harness.PromptRows(T0, tail, sums, streamed))
+                tails.append(tail)
+                self.everything = self.everything or sums or bool(streamed)
+            self.rows.append(per)
+        self.first = 0 if self.everything else T0 - max(tails)
+
+    def wants(self, a: int, b: int) -> bool:
+        """Whether any policy reads prompt rows a..b-1."""
+        return b > self.first
+
+    def key_norms(self, layer: int, norms) -> None:
+        if self.norms is not None:
+            self.norms[layer] = norms
+
+    def add(self, layer: int, start: int, rows) -> None:
+        t0 = time.perf_counter()
+        for g, per in enumerate(self.rows[layer]):
+            per.add(start, rows[g], None if self.norms is None else self.norms[layer, g])
+        self.seconds += time.perf_counter() - t0
+
+    def evict(self, configs, policies, evicted_at) -> None:
+        """After the prompt's forward: every policy evicts once, down to its budget, at the
+        prompt's last row (kvviz.core.harness.prefill); victims logged at step T0 - 1."""
+        t0 = time.perf_counter()
+        last = self.T0 - 1
+        for c, cfg in enumerate(configs):
+            pol = policies[c]
+            if pol is None:
+                continue
+            for layer, per in enumerate(pol):
+                for g, p in enumerate(per):
+                    norms = None if self.norms is None else self.norms[layer, g]
+                    victims = harness.prefill(p, self.rows[layer][g], self.T0, cfg.budget, norms)
+                    evicted_at[c, layer, g, victims] = last
+        self.seconds += time.perf_counter() - t0
+
+
 def register():
-    """The attention function, and the eager (additive causal) mask for it: without a
-    registered mask transformers passes none, which a one-token step does not need but a
-    prefill does."""
+    """The attention function, and `no_mask` as its mask builder (it masks causally itself)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_NAME, attention)
-    AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+    AttentionMaskInterface.register(ATTN_NAME, no_mask)
 
 
 @contextmanager
-def attached(mdl, state: State):
-    """`mdl` runs the eviction attention over `state` inside the block (one at a time per
-    process); its previous attention implementation comes back on exit, error or not."""
+def attached(mdl, state: State | None = None):
+    """`mdl` runs the eviction attention inside the block (one block at a time per process),
+    over `state` until `use` names another lane's; its previous attention implementation
+    comes back on exit, error or not."""
     global _STATE
     with _LOCK:
         register()
@@ -163,6 +438,12 @@ def attached(mdl, state: State):
             mdl.set_attn_implementation(previous)
 
 
+def use(state: State | None) -> None:
+    """The lane the next forward runs (inside `attached`)."""
+    global _STATE
+    _STATE = state
+
+
 def tokenize(tok, text: str, max_tokens: int) -> list[int]:
     """As kvviz.model.capture does (kvviz.model.models.tokenize): BOS as the tokenizer's convention says."""
     from kvviz.model.models import tokenize as tokens
@@ -170,7 +451,8 @@ def tokenize(tok, text: str, max_tokens: int) -> list[int]:
     return tokens(tok, text, max_tokens)[0]
 
 
-def check_inputs(text, granularity, max_tokens) -> None:
+def check_inputs(text, granularity, max_tokens, eviction="masked") -> None:
+    check_eviction(eviction)
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
     if not isinstance(text, str) or not text.strip():
@@ -179,35 +461,170 @@ def check_inputs(text, granularity, max_tokens) -> None:
         raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
 
 
-def step(mdl, cache, state: State, ids, t: int, configs, policies, evicted_at, stats=None,
-         active=None) -> tuple:
-    """The step contract, shared by `run` and generation: one batched forward of token
+def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, device) -> list[Lane]:
+    """The lanes of a run read token by token from an empty cache. Masked: every config in
+    one lane over one DynamicCache. Freed: the full row in its own lane, the evicting rows
+    in one lane over slots (the largest budget + 1 per layer and KV head: one step admits
+    one position before the eviction)."""
+    from transformers import DynamicCache
+
+    C = len(configs)
+    if eviction == "masked":
+        return [Lane(np.arange(C), State(torch, C, L, Hk, G, T, device), DynamicCache())]
+    full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
+    rest = np.array([c for c, cfg in enumerate(configs) if not cfg.is_full])
+    lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), DynamicCache())]
+    if len(rest):
+        S = min(T, max(configs[c].budget for c in rest) + 1)
+        st = State(torch, len(rest), L, Hk, G, T, device, slots=S)
+        st.place(0)
+        lanes.append(Lane(rest, st, slot_cache(st)))
+    return lanes
+
+
+def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int, device) -> list[Lane]:
+    """The lanes after a prompt read in one pass (batch 1, full `cache`) and each config's
+    one-shot eviction (`evicted_at` (C, L, G, T), victims at step T0 - 1). Masked: the cache
+    repeated per config, victims masked. Freed: the full row keeps `cache`; each evicting
+    row's cache is gathered to its kept positions."""
+    C, L, G, _ = evicted_at.shape
+    T0 = cache.get_seq_length()
+    Hk = cache.layers[0].keys.shape[1]
+    if eviction == "masked":
+        cache.batch_repeat_interleave(C)
+        st = State(torch, C, L, Hk, G, T, device)
+        gone = evicted_at[..., :T0] != NEVER  # (C, L, G, T0)
+        st.bias[..., :T0][np.broadcast_to(gone, (C, L, Hk, T0)) if G == 1 else gone] = -np.inf
+        if not st.on_host:  # the whole bias once
+            st.bias_t.copy_(st.bias_h)
+        return [Lane(np.arange(C), st, cache)]
+    full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
+    rest = np.array([c for c, cfg in enumerate(configs) if not cfg.is_full])
+    lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)]
+    if not len(rest):
+        return lanes
+    st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER,
+                          max(configs[c].budget for c in rest), T, device, limit=T)
+    st.place(T0)
+    lanes.append(Lane(rest, st, slot_cache(st, layers, seen=T0)))
+    return lanes
+
+
+def gathered(torch, cache, held, budget: int, T: int, device, limit: int | None = None):
+    """Freed: a State (positions 0..T-1) over slots and, per layer, keys and values
+    (E, Hk, S, D) gathered from a batch-1 `cache` of T0 positions to the `held` ones (bool
+    (E, L, G, T0)), S = the largest held count or `budget`, + 1 (room for the next token),
+    at most `limit` (the positions the run will ever see, when known)."""
+    E, L, G, T0 = held.shape
+    Hk = cache.layers[0].keys.shape[1]
+    n_held = held.sum(axis=-1)
+    S = max(int(n_held.max()), budget) + 1
+    S = S if limit is None else min(limit, S)
+    st = State(torch, E, L, Hk, G, T, device, slots=S)
+    pos = np.zeros((E, L, G, S), np.int64)
+    valid = np.arange(S) < n_held[..., None]
+    for e, layer, g in np.ndindex(E, L, G):
+        kept = np.flatnonzero(held[e, layer, g])
+        pos[e, layer, g, : len(kept)] = kept
+    if G == 1:
+        pos, valid = np.repeat(pos, Hk, axis=2), np.repeat(valid, Hk, axis=2)
+    st.slot_pos[:] = np.where(valid, pos, -1)
+    st.bias[:] = np.where(valid, 0.0, -np.inf)
+    if not st.on_host:  # the whole bias once
+        st.bias_t.copy_(st.bias_h)
+    index = torch.as_tensor(pos, device=device)  # (E, L, Hk, S)
+    layers = []
+    for layer, lay in enumerate(cache.layers):
+        D = lay.keys.shape[-1]
+        idx = index[:, layer, :, :, None].expand(E, Hk, S, D)
+        layers.append((lay.keys.expand(E, -1, -1, -1).gather(2, idx),
+                       lay.values.expand(E, -1, -1, -1).gather(2, idx)))
+    return st, layers
+
+
+def cache_bytes(lanes) -> int:
+    """Bytes the lanes' caches hold in keys and values (what was allocated, empty slots included)."""
+    total = 0
+    for lane in lanes:
+        for lay in lane.cache.layers:
+            if getattr(lay, "keys", None) is not None and getattr(lay, "is_initialized", True):
+                total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
+    return total
+
+
+def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, active=None) -> tuple:
+    """The step contract, shared by `run` and generation: one forward per lane of token
     `ids` (C,) at position t through the eviction attention, `stats(logits (C, V))` on the
-    device, the step's one host copy, each active config's bookkeeping, the bias pushed.
+    device, each lane's one host copy, each active config's bookkeeping, the bias pushed.
     Returns (host stats or None, model seconds, bookkeeping seconds)."""
     import torch
 
     C = ids.shape[0]
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = mdl(input_ids=ids.reshape(C, 1),
-                  position_ids=torch.full((C, 1), t, dtype=torch.long, device=ids.device),
-                  cache=cache, use_cache=True)
-        host = state.pull(torch, None if stats is None else stats(out.logits[:, -1]))
-    del out
+        logits = None
+        for lane in lanes:
+            n = len(lane.index)
+            use(lane.state)
+            out = mdl(input_ids=ids[lane.index].reshape(n, 1) if len(lanes) > 1 else ids.reshape(C, 1),
+                      position_ids=torch.full((n, 1), t, dtype=torch.long, device=ids.device),
+                      cache=lane.cache, use_cache=True)
+            last = out.logits[:, -1]
+            if len(lanes) == 1:
+                logits = last
+            else:
+                if logits is None:
+                    logits = last.new_empty(C, last.shape[-1])
+                logits[torch.as_tensor(lane.index, device=last.device)] = last
+            del out
+        use(None)
+        s = None if stats is None else stats(logits)
+        host = lanes[0].state.pull(torch, s, t)
+        for lane in lanes[1:]:
+            lane.state.pull(torch, None, t)
     t1 = time.perf_counter()
-    bookkeeping(state, configs, policies, evicted_at, t, active)
-    state.push()
+    for lane in lanes:
+        bookkeeping(lane, configs, policies, evicted_at, t, active)
+        if lane.state.freed and t + 1 < lane.state.T:
+            lane.state.place(t + 1, None if active is None else active[lane.index])
+        lane.state.push(torch)
     return host, t1 - t0, time.perf_counter() - t1
+
+
+def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk: int, device):
+    """A prompt read in one pass with the full cache (batch 1), its rows fed to the policies a
+    block at a time (PromptFeed), then each policy's one-shot eviction. Returns (the cache,
+    the last position's logits (1, V), the feed)."""
+    from transformers import DynamicCache
+
+    from kvviz.model.models import text_config
+
+    cfg = text_config(mdl)
+    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    T0 = int(ids_t.shape[0])
+    st = State(torch, 1, L, Hk, G, 0, device)
+    st.bias_t = None
+    st.feed = PromptFeed(T0, configs, policies, L, G, chunk)
+    cache = DynamicCache()
+    use(st)
+    try:
+        with torch.no_grad():
+            out = mdl(input_ids=ids_t.view(1, T0), position_ids=torch.arange(T0, device=device).view(1, T0),
+                      cache=cache, use_cache=True)
+            logits = out.logits[:, -1]
+            del out
+    finally:
+        use(None)
+    st.feed.evict(configs, policies, evicted_at)
+    return cache, logits, st.feed
 
 
 def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,
         rows_layers=None, rows_tokens=None, seed=0, timings=None, device="cpu",
-        dtype="float32") -> LoopResult:
-    check_inputs(text, granularity, max_tokens)
+        dtype="float32", eviction="masked") -> LoopResult:
+    check_inputs(text, granularity, max_tokens, eviction)
     configs = check_configs(configs)
     import torch
-    from transformers import DynamicCache
 
     from kvviz.model.models import (
         check_layers,
@@ -242,9 +659,8 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
-    state = State(torch, C, L, Hk, G, T, device)
-    with attached(mdl, state):
-        cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
+    with attached(mdl):
+        lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
         for t in range(T):
             def stats(logits, t=t):  # (C, 3): nll, argmax, KL(full || config), on the device
@@ -252,15 +668,17 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
                 return torch.stack([-logp[:, ids[t + 1]], logp.argmax(dim=-1).double(),
                                     (logp[f].exp() * (logp[f] - logp)).sum(dim=-1).clamp_min(0)], 1)
 
-            host, model_s[t], book_s[t] = step(mdl, cache, state, ids_t[t].expand(C), t, configs, policies,
+            host, model_s[t], book_s[t] = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies,
                                                evicted_at, stats if t < T - 1 else None)
             if host is not None:
                 nll[:, t], top1[:, t], kl[:, t] = host[:, 0], host[:, 1].astype(np.int64), host[:, 2]
             if t < Tr and rows is not None:  # `cur` is still step t's: the bookkeeping reads it only
                 off = packed_offset(t)
-                rows[:, :, :, off:off + t] = state.cur[:, rows_layers, :, :t]
+                for lane in lanes:
+                    rows[lane.index, :, :, off:off + t] = lane.state.cur[:, rows_layers, :, :t]
             if progress is not None:
                 progress(t + 1, T)
+        held_bytes = cache_bytes(lanes)
     np.exp(-nll, out=p_true)
     if timings is not None:
         timings.update(model=model_s, bookkeeping=book_s)
@@ -269,7 +687,32 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
                       evicted_at=evicted_at, layers=list(range(L)), rows=rows, rows_layers=rows_layers,
                       rows_tokens=Tr,
                       meta={"model_seconds": float(model_s.sum()), "bookkeeping_seconds": float(book_s.sum()),
-                            "seed": seed, "bos": bos, **model_provenance(mdl)})
+                            "seed": seed, "bos": bos, "eviction": eviction,
+                            **memory(mdl, configs, policies, evicted_at, held_bytes, T - 1),
+                            **model_provenance(mdl)})
+
+
+def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> dict:
+    """The two memories of a run at `step`, side by side: the keys and values the caches hold
+    (`cache_bytes`) beside what the full cache would hold for the same rows, and the
+    policies' own bookkeeping (each policy's bytes per slot x the slots it holds)."""
+    from kvviz.model.models import text_config
+
+    cfg = text_config(mdl)
+    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    item = next(mdl.parameters()).element_size()
+    C, _, G, T = evicted_at.shape
+    n = step + 1
+    full = C * L * Hk * n * D * 2 * item
+    book = 0
+    for c, cfg_c in enumerate(configs):
+        if cfg_c.is_full:
+            continue
+        ev = evicted_at[c, ..., :n]
+        slots = int(((ev == NEVER) | (ev > step)).sum())
+        book += slots * cfg_c.make().bytes_per_slot
+    return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
 
 
 def check_architecture(mdl, T: int) -> None:
@@ -302,62 +745,49 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
     return [[cfg.make(layer, g, seed) for g in range(G)] for layer in range(L)]
 
 
-def _mark(state: State, evicted_at, c: int, layer: int, g: int, victims, t: int) -> None:
+def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims, t: int) -> None:
+    """Config c (row i of its lane) evicted `victims` at (layer, stream g) at step t."""
     evicted_at[c, layer, g, victims] = t
-    if state.G == 1:
-        state.bias[c, layer][:, victims] = -np.inf
-    else:
-        state.bias[c, layer, g, victims] = -np.inf
+    if state.freed:
+        state.free(i, layer, g, victims)
+        return
+    heads = state.heads(g)
+    state.bias[i, layer, heads][:, victims] = -np.inf
+    if not state.on_host:
+        hs = np.arange(state.Hk)[heads]
+        b, h, v = np.meshgrid([i], hs, np.asarray(victims), indexing="ij")
+        state.dirty.append((np.ravel_multi_index((b.ravel(), np.full(b.size, layer), h.ravel(), v.ravel()),
+                                                 state.bias.shape), -np.inf))
 
 
-def bookkeeping(state: State, configs, policies, evicted_at, t: int, active=None) -> None:
-    """Each (active) policy takes one harness step (kvviz.core.harness.step: the step's weights
-    on its held positions, renormalised, admit t, evict to budget); victims get -inf."""
-    bias, G = state.bias, state.G
-    for c, cfg in enumerate(configs):
-        pol = policies[c]
+def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) -> None:
+    """Each (active) policy of the lane takes one harness step (kvviz.core.harness.step: the
+    step's weights on its held positions, renormalised, admit t, evict to budget); victims
+    are masked (or their slots freed)."""
+    state = lane.state
+    for i, c in enumerate(lane.index):
+        cfg, pol = configs[c], policies[c]
         if pol is None or (active is not None and not active[c]):
             continue
         if isinstance(pol, Streams):
-            raw = state.cur[c].reshape(-1).take(pol.held())  # (L*G, n); row t is cur[..., :t]
+            raw = state.cur[i].reshape(-1).take(pol.held())  # (L*G, n); row t is cur[..., :t]
             victims = harness.step(pol, t, raw, cfg.budget)
             if victims.shape[1]:
                 v = victims[:, 0]
+                if state.freed or not state.on_host:
+                    for s, pos in zip(pol.streams, v):
+                        _mark(state, evicted_at, c, i, s // state.G, s % state.G, [pos], t)
+                    continue
                 evicted_at[c].reshape(len(v), -1)[pol.streams, v] = t
-                if G == 1:
-                    bias[c][pol.streams, :, v] = -np.inf
+                if state.G == 1:
+                    state.bias[i][pol.streams, :, v] = -np.inf
                 else:
-                    bias[c].reshape(len(v), -1)[pol.streams, v] = -np.inf
+                    state.bias[i].reshape(len(v), -1)[pol.streams, v] = -np.inf
             continue
         for layer, per_layer in enumerate(pol):
             for g, p in enumerate(per_layer):
-                raw = state.cur[c, layer, g][p.held()] if p.uses_attention else None
-                norm = state.knorm[c, layer, g] if p.reads_key_norms else None
+                raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
+                norm = state.knorm[i, layer, g] if p.reads_key_norms else None
                 victims = harness.step(p, t, raw, cfg.budget, norm)
                 if len(victims):
-                    _mark(state, evicted_at, c, layer, g, victims, t)
-
-
-def prefill_bookkeeping(state: State, configs, policies, evicted_at, T0: int) -> None:
-    """After a prefill (`State.pull_prompt`): each policy observes prompt rows 0..T0-1 as
-    recorded, without evicting (kvviz.core.harness.feed), then evicts once, down to its budget,
-    at step T0-1 (the last row through kvviz.core.harness.step, so Policy.evict's one-shot
-    choice). Needs per-(layer, head) policies (`make_policies(..., vectorised=False)`)."""
-    rows, norms = state.prompt, state.prompt_norms
-    for c, cfg in enumerate(configs):
-        pol = policies[c]
-        if pol is None:
-            continue
-        if isinstance(pol, Streams):
-            raise ValueError("prefill_bookkeeping needs per-head policies, not Streams")
-        for layer, per_layer in enumerate(pol):
-            for g, p in enumerate(per_layer):
-                for t in range(T0):
-                    raw = rows[layer, g, t, :t] if p.uses_attention else None  # nothing evicted yet: held = 0..t-1
-                    norm = norms[layer, g, t] if p.reads_key_norms else None
-                    if t < T0 - 1:
-                        harness.feed(p, t, raw, norm)
-                    else:
-                        victims = harness.step(p, t, raw, cfg.budget, norm)
-                        if len(victims):
-                            _mark(state, evicted_at, c, layer, g, victims, t)
+                    _mark(state, evicted_at, c, i, layer, g, victims, t)

@@ -1,10 +1,11 @@
 """The torch side of generation under eviction: the loop's engine, continuing greedily.
 
-Every config is one batch row of the loop's engine (kvviz.model.loop.engine: the same masking
+Every config is one batch row of the loop's engine (kvviz.model.loop.engine: the same
 attention function, the same `step`, the same policy objects). In prompt mode "decode"
 each prompt token is one engine step, as in `run`; in "prefill" the prompt is one forward
-pass over the full cache, whose recorded rows every policy then observes before evicting
-once to its budget (engine.prefill_bookkeeping). Then each row feeds back its own argmax.
+pass over the full cache whose rows reach the policies a block of queries at a time
+(engine.read_prompt), each policy then evicting once to its budget. Then each row feeds
+back its own argmax. `eviction` says whether evicted keys are masked or their memory freed.
 """
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ import numpy as np
 
 from kvviz.core.replay import NEVER
 from kvviz.model.loop.config import check_configs
-from kvviz.model.loop.engine import State, attached, check_architecture, make_policies, prefill_bookkeeping, step
+from kvviz.model.loop.engine import (
+    PREFILL_CHUNK,
+    attached,
+    cache_bytes,
+    check_architecture,
+    lanes_after_prompt,
+    lanes_for,
+    make_policies,
+    memory,
+    read_prompt,
+    step,
+)
 from kvviz.model.loop.generation import Generation, check_request
 
 
@@ -36,11 +48,11 @@ def greedy_stats(logits):
 
 
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
-             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True) -> Generation:
-    check_request(prompt, max_new_tokens, granularity, prompt_mode)
+             progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
+             prefill_chunk=PREFILL_CHUNK) -> Generation:
+    check_request(prompt, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
     configs = check_configs(configs)
     import torch
-    from transformers import DynamicCache
 
     from kvviz.model.models import load_model, model_provenance, text_config, token_strings, tokenize
 
@@ -68,35 +80,26 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
     active = np.ones(C, bool)
     eos = eos_ids(tok, mdl) if stop_at_eos else set()
     dev = next(mdl.parameters()).device
-    state = State(torch, C, L, Hk, G, T, dev)
     model_s = book_s = 0.0
     report = progress or (lambda done, total: None)
-    with attached(mdl, state):
-        cache = DynamicCache()  # full layers only: key index = position (see check_architecture)
+    with attached(mdl):
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         t_prompt = time.perf_counter()
         if prompt_mode == "decode":
+            lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, dev)
             for t in range(T0):
-                host, m, b = step(mdl, cache, state, ids_t[t].expand(C), t, configs, policies, evicted_at,
+                host, m, b = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies, evicted_at,
                                   greedy_stats if t == T0 - 1 else None)
                 model_s, book_s = model_s + m, book_s + b
                 report(t + 1, T)
         else:
-            state.record_prompt(torch, T0)
-            t0 = time.perf_counter()
-            with torch.no_grad():  # batch 1: every row reads the same prompt over the same full cache
-                out = mdl(input_ids=ids_t.view(1, T0), position_ids=torch.arange(T0, device=dev).view(1, T0),
-                          cache=cache, use_cache=True)
-                first = greedy_stats(out.logits[:, -1])
-            del out
-            host = np.repeat(first.cpu().numpy(), C, axis=0)
-            state.pull_prompt()
-            cache.batch_repeat_interleave(C)
+            cache, logits, feed = read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G, prefill_chunk, dev)
+            host = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
             t1 = time.perf_counter()
-            prefill_bookkeeping(state, configs, policies, evicted_at, T0)
-            state.prompt = state.prompt_norms = None
-            state.push()
-            model_s, book_s = model_s + t1 - t0, book_s + time.perf_counter() - t1
+            lanes = lanes_after_prompt(torch, cache, configs, evicted_at, eviction, T, dev)
+            del cache
+            model_s = t1 - t_prompt - feed.seconds
+            book_s = feed.seconds + time.perf_counter() - t1
             report(T0, T)
         t_gen = time.perf_counter()
         prompt_s = t_gen - t_prompt
@@ -110,9 +113,11 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             if i == N - 1 or not active.any():
                 break
             # a stopped row keeps decoding its last token, unrecorded and unevicted: rows are independent
-            host, m, b = step(mdl, cache, state, torch.tensor(chosen, device=dev), T0 + i, configs, policies,
+            host, m, b = step(mdl, lanes, torch.tensor(chosen, device=dev), T0 + i, configs, policies,
                               evicted_at, greedy_stats, active)
             model_s, book_s = model_s + m, book_s + b
+        held_bytes = cache_bytes(lanes)
+        del lanes
     gen_s = time.perf_counter() - t_gen
     if progress is not None:
         progress(T, T)
@@ -121,7 +126,8 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
     meta = {**model_provenance(mdl), "bos": bos, "seed": seed, "prompt_mode": prompt_mode,
             "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
             "model_seconds": model_s, "bookkeeping_seconds": book_s, "prompt_seconds": prompt_s,
-            "generation_seconds": gen_s,
+            "generation_seconds": gen_s, "eviction": eviction,
+            **memory(mdl, configs, policies, evicted_at, held_bytes, T0 + int((new_ids >= 0).sum(axis=1).max()) - 2),
             "seconds": time.perf_counter() - start}
     return Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,
                       prompt_ids=np.array(ids, np.int64), tokens=shown, new_ids=new_ids, logprobs=logprobs,
