@@ -137,7 +137,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
             feed = lane[0].state.feed
             grow(q + 1)
             feed.evict([cfg], policies, evicted[0])
-            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            cache = kwargs.get("cache", kwargs.get("past_key_values")) or getattr(output, "past_key_values", None)
             if eviction == "freed":
                 if cache is None:
                     raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")

@@ -63,6 +63,7 @@ class State:
         self.knorm_t = self._dev(torch, self.knorm_h)
         self.cur_h = torch.zeros(B, L, G, 0)
         self.dirty = []  # (flat bias indices, value) since the last push
+        self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
         self.feed = None  # a PromptFeed while a prompt is read in one pass
         if self.freed:
             self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
@@ -134,7 +135,7 @@ class State:
         flat = np.ravel_multi_index((np.full(len(idx), b), np.full(len(idx), layer), heads[idx[:, 0]], idx[:, 1]),
                                     self.bias.shape)
         self._set(flat, -np.inf)
-        self.cur[b, layer, g, victims] = 0.0  # an evicted position's last weight is not current
+        self.stale.append((b, layer, g, victims))  # its weight in `cur` is cleared at the next pull
 
     # -- host <-> device ----------------------------------------------------------------
     def pull(self, torch, stats, t: int):
@@ -155,6 +156,9 @@ class State:
             self.knorm.reshape(-1)[:] = flat[n:n + k]
             host = None if stats is None else flat[n + k:].reshape(stats.shape)
         if src is not None:
+            for b, layer, g, victims in self.stale:  # evicted since the last step: no weight now
+                self.cur[b, layer, g, victims] = 0.0
+            self.stale = []
             pos = self.slot_pos if self.G > 1 else self.slot_pos[:, :, :1]  # (B, L, G, S)
             held = pos >= 0
             b, layer, g, _ = np.nonzero(held)
@@ -464,7 +468,7 @@ def check_inputs(text, granularity, max_tokens, eviction="masked") -> None:
 def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, device) -> list[Lane]:
     """The lanes of a run read token by token from an empty cache. Masked: every config in
     one lane over one DynamicCache. Freed: the full row in its own lane, the evicting rows
-    in one lane over slots (the largest budget + 1 per layer and KV head: one step admits
+    in one lane per budget over slots (budget + 1 per layer and KV head: one step admits
     one position before the eviction)."""
     from transformers import DynamicCache
 
@@ -472,14 +476,20 @@ def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, de
     if eviction == "masked":
         return [Lane(np.arange(C), State(torch, C, L, Hk, G, T, device), DynamicCache())]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
-    rest = np.array([c for c, cfg in enumerate(configs) if not cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), DynamicCache())]
-    if len(rest):
-        S = min(T, max(configs[c].budget for c in rest) + 1)
-        st = State(torch, len(rest), L, Hk, G, T, device, slots=S)
+    for budget, rest in by_budget(configs):
+        st = State(torch, len(rest), L, Hk, G, T, device, slots=min(T, budget + 1))
         st.place(0)
         lanes.append(Lane(rest, st, slot_cache(st)))
     return lanes
+
+
+def by_budget(configs) -> list[tuple[int, np.ndarray]]:
+    """Freed: the evicting configs grouped by budget, one lane each, so that every row's cache
+    is its own budget's size (a batched tensor has one size for all its rows)."""
+    budgets = sorted({cfg.budget for cfg in configs if not cfg.is_full})
+    return [(b, np.array([c for c, cfg in enumerate(configs) if not cfg.is_full and cfg.budget == b]))
+            for b in budgets]
 
 
 def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int, device) -> list[Lane]:
@@ -499,14 +509,11 @@ def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int,
             st.bias_t.copy_(st.bias_h)
         return [Lane(np.arange(C), st, cache)]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
-    rest = np.array([c for c, cfg in enumerate(configs) if not cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)]
-    if not len(rest):
-        return lanes
-    st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER,
-                          max(configs[c].budget for c in rest), T, device, limit=T)
-    st.place(T0)
-    lanes.append(Lane(rest, st, slot_cache(st, layers, seen=T0)))
+    for budget, rest in by_budget(configs):
+        st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER, budget, T, device, limit=T)
+        st.place(T0)
+        lanes.append(Lane(rest, st, slot_cache(st, layers, seen=T0)))
     return lanes
 
 
@@ -610,7 +617,7 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
     try:
         with torch.no_grad():
             out = mdl(input_ids=ids_t.view(1, T0), position_ids=torch.arange(T0, device=device).view(1, T0),
-                      cache=cache, use_cache=True)
+                      cache=cache, use_cache=True, logits_to_keep=1)  # not (T0, vocabulary) logits
             logits = out.logits[:, -1]
             del out
     finally:

@@ -1,0 +1,175 @@
+"""Long prompts: the prompt's rows reach the policies a block of queries at a time (no
+(T0, T0) array), and the freed eviction mode, whose cache holds only the kept positions.
+
+The reference for a prefill is the plain rule from the model's own rows: Hugging Face's
+eager attention with output_attentions=True gives every prompt row, each policy is fed
+every row in order and steps the last (kvviz.core.harness), and what it holds must be
+what the chunked engine holds, for any block size. Masked and freed must agree on the
+tokens (and the log-probabilities within float rounding): the same policies decide, only
+the memory differs.
+"""
+import numpy as np
+import pytest
+
+from kvviz.core import harness
+from kvviz.core.replay import NEVER
+from kvviz.model.loop import LoopConfig, generate, run_loop
+
+PROMPT = ("The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is Berlin. "
+          "Our meeting moved to Thursday at noon, in the blue room. The capital of Spain is")
+POLICIES = [LoopConfig("tova", {}, 12), LoopConfig("snapkv", {"obs_window": 4, "recent_window": 3}, 12),
+            LoopConfig("h2o", {"recent_window": 3}, 12), LoopConfig("scissorhands", {"history_window": 6,
+                                                                                  "recent_window": 3}, 12),
+            LoopConfig("streaming-llm", {"sinks": 2}, 12), LoopConfig("knorm", {}, 12),
+            LoopConfig("random", {}, 12)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread(torch_stack):
+    """One torch thread, as the model commands run: with two, the matrix products split
+    differently for different batch shapes (masked runs every row in one batch, freed in
+    lanes), and K-norm's exact ties (RoPE keeps a key's norm, so a repeated token's keys
+    tie) are then decided by rounding noise."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def reference_prefill(pair, ids, configs, granularity):
+    """evicted_at (C, L, G, T0) of each config's one-shot prefill eviction, from every row of
+    the model's own eager attention, each policy fed row by row (the plain rule)."""
+    import torch
+
+    tok, mdl = pair
+    previous = mdl.config._attn_implementation
+    mdl.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            att = mdl(torch.tensor([ids]), output_attentions=True).attentions
+    finally:
+        mdl.set_attn_implementation(previous)
+    Hk = mdl.config.num_key_value_heads
+    L, T0 = len(att), len(ids)
+    G = 1 if granularity == "layer" else Hk
+    rows = np.stack([(a[0].float().mean(dim=0, keepdim=True) if G == 1
+                      else a[0].float().view(Hk, -1, T0, T0).mean(dim=1)).numpy() for a in att])
+    norms = None
+    ev = np.full((len(configs), L, G, T0), NEVER, np.int64)
+    for c, cfg in enumerate(configs):
+        if cfg.is_full:
+            continue
+        for layer in range(L):
+            for g in range(G):
+                p = cfg.make(layer, g, 0)
+                if p.reads_key_norms:
+                    if norms is None:
+                        norms = key_norms(mdl, ids, G)
+                    kn = norms[layer, g]
+                else:
+                    kn = np.zeros(T0, np.float32)
+                for t in range(T0 - 1):
+                    harness.feed(p, t, rows[layer, g, t, :t], kn[t])
+                victims = harness.step(p, T0 - 1, rows[layer, g, T0 - 1, :T0 - 1], cfg.budget, kn[T0 - 1])
+                ev[c, layer, g, victims] = T0 - 1
+    return ev
+
+
+def key_norms(mdl, ids, G):
+    """(L, G, T0): each cached key's L2 norm (after RoPE), mean over KV heads when G == 1."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        mdl(torch.tensor([ids]), cache=cache, use_cache=True)
+    out = []
+    for lay in cache.layers:
+        n = lay.keys[0].float().norm(dim=-1)  # (Hk, T0)
+        out.append((n.mean(dim=0, keepdim=True) if G == 1 else n).numpy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("granularity", ["layer", "kv-head"])
+def test_chunked_prefill_holds_what_every_stored_row_gives(smollm, granularity):
+    tok, _ = smollm
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    T0 = len(ids)
+    assert T0 > 30
+    want = reference_prefill(smollm, ids, [LoopConfig("full"), *POLICIES], granularity)
+    gens = {chunk: generate(ids, POLICIES, 4, granularity=granularity, prompt_mode="prefill", model=smollm,
+                            prefill_chunk=chunk) for chunk in (1, 7, T0)}
+    for chunk, gen in gens.items():
+        got = gen.evicted_at[..., :T0] == T0 - 1  # the prompt's victims (later steps evict more)
+        for c, cfg in enumerate(gen.configs):
+            assert np.array_equal(got[c], want[c] == T0 - 1), (chunk, cfg.label)
+        assert np.array_equal(gen.new_ids, gens[T0].new_ids), chunk
+    # every evicting config held exactly its budget after the prompt, in every stream
+    for c, cfg in enumerate(gens[7].configs):
+        if not cfg.is_full:
+            assert (gens[7].held(c, T0 - 1).sum(axis=-1) == cfg.budget).all(), cfg.label
+
+
+def _same(a, b, what):
+    assert np.array_equal(a.evicted_at, b.evicted_at), what
+    assert np.array_equal(a.new_ids, b.new_ids), what
+    both = ~np.isnan(a.logprobs)
+    assert np.array_equal(both, ~np.isnan(b.logprobs))
+    assert np.abs(a.logprobs[both] - b.logprobs[both]).max() < 1e-3, what
+
+
+@pytest.mark.parametrize("granularity", ["layer", "kv-head"])
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_masked_and_freed_give_the_same_tokens(smollm, granularity, mode):
+    cfgs = [LoopConfig("tova", {}, 16), LoopConfig("snapkv", {"recent_window": 4}, 24),
+            LoopConfig("h2o", {"recent_window": 4}, 16), LoopConfig("knorm", {}, 24)]
+    gens = {ev: generate(PROMPT, cfgs, 8, granularity=granularity, prompt_mode=mode, model=smollm, eviction=ev)
+            for ev in ("masked", "freed")}
+    _same(gens["masked"], gens["freed"], (granularity, mode))
+    m, f = gens["masked"].meta, gens["freed"].meta
+    assert (m["eviction"], f["eviction"]) == ("masked", "freed")
+    # the last token is never fed back: T - 1 positions read. Masked: every row holds them all;
+    # freed: the full row holds them, each other row its budget + 1 slots (lanes of 16 and 24)
+    n = gens["freed"].prompt_len + 8 - 1
+    per_position = m["full_cache_bytes"] // (5 * n)
+    assert per_position == 30 * 3 * 64 * 2 * 4  # layers x KV heads x head size x (key, value) x fp32
+    assert m["cache_bytes"] == m["full_cache_bytes"] == 5 * n * per_position
+    assert f["cache_bytes"] == (n + 2 * 17 + 2 * 25) * per_position
+    assert m["policy_bytes"] == f["policy_bytes"] > 0
+
+
+def test_loop_masked_and_freed_agree(smollm):
+    text = PROMPT * 4
+    cfgs = [LoopConfig("tova", {}, 24), LoopConfig("snapkv", {"recent_window": 4}, 24),
+            LoopConfig("streaming-llm", {"sinks": 2}, 32)]
+    res = {ev: run_loop(text, cfgs, max_tokens=120, model=smollm, eviction=ev) for ev in ("masked", "freed")}
+    a, b = res["masked"], res["freed"]
+    assert np.array_equal(a.evicted_at, b.evicted_at) and np.array_equal(a.top1, b.top1)
+    assert np.abs(a.nll - b.nll).max() < 1e-3 and np.abs(a.kl_tokens - b.kl_tokens).max() < 1e-3
+    # the rows the app opens are the same rows: weights by position, 0 on evicted ones
+    assert np.abs(a.rows - b.rows).max() < 1e-5
+    assert b.meta["cache_bytes"] < a.meta["cache_bytes"]
+
+
+def test_hf_masked_and_freed_agree_with_and_without_gradients(smollm):
+    import torch
+
+    import kvviz.hf
+
+    tok, mdl = smollm
+    ids = torch.tensor([tok(PROMPT, add_special_tokens=False)["input_ids"]])
+    outs = {}
+    for ev in ("masked", "freed"):
+        with torch.no_grad(), kvviz.hf.evicting(mdl, "tova", 12, eviction=ev) as log:
+            outs[ev] = (mdl.generate(ids, max_new_tokens=6, do_sample=False)[0].tolist(), log.evicted_at.copy())
+    assert outs["masked"][0] == outs["freed"][0]
+    assert np.array_equal(outs["masked"][1], outs["freed"][1])
+    # a user's own decode loop with gradients on: the policies read detached weights
+    with kvviz.hf.evicting(mdl, "tova", 12, eviction="freed") as log:
+        out = mdl(ids, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        mdl(nxt, cache=out.past_key_values, use_cache=True)
+    assert log.evicted_at.shape[-1] == ids.shape[1] + 1
+    assert (log.held(ids.shape[1]).sum(axis=-1) == 12).all()
