@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["DEFAULT_SEED", "ParamSpec", "Policy", "Rank", "check_key_norm", "check_recent",
-           "need_candidates", "param"]
+__all__ = ["DEFAULT_SEED", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
+           "check_recent", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
 
@@ -112,6 +112,48 @@ def param(default, *, label: str, help: str, source: str, min=None, max=None, ch
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a stream sits in the model: its layer and the number of layers, its KV head and
+    the number of KV heads. A field is None where the harness does not have it: a replay of
+    one stored stream knows its model layer number (`layer`) but not the model's layer count,
+    and a synthetic trace knows nothing (every field None).
+
+    Every harness sets it on the policy before the first step, as `policy.place`, so
+    `advance`, `observe`, `priority` and `candidates` can read it; the class default is
+    `Place()`, all None. The loop engine builds its per-(layer, KV head) policies with
+    `make_policy(name, budget, place=Place(layer, L, g, G))`.
+    """
+
+    layer: int | None = None   # model layer number (0 = the first layer)
+    layers: int | None = None  # how many layers the model has
+    head: int | None = None    # KV-head index within the layer
+    heads: int | None = None   # how many KV heads the layer has
+
+    def __post_init__(self):
+        for name in ("layer", "layers", "head", "heads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < (1 if name in ("layers", "heads") else 0)):
+                raise ValueError(f"place.{name} must be None or an integer "
+                                 f"{'>= 1' if name in ('layers', 'heads') else '>= 0'}, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+        for index, count in (("layer", "layers"), ("head", "heads")):
+            i, n = getattr(self, index), getattr(self, count)
+            if i is not None and n is not None and i >= n:
+                raise ValueError(f"place.{index} must be below place.{count}: got {index}={i}, "
+                                 f"{count}={n}")
+
+    def describe(self) -> str:
+        """'layer 14, head 2', or '' when nothing is known: how refusals name a stream."""
+        parts = [f"{w} {v}" for w, v in (("layer", self.layer), ("head", self.head)) if v is not None]
+        return ", ".join(parts)
+
+
+NOWHERE = Place()
+
+
+@dataclass(frozen=True)
 class Rank:
     """The score a policy evicts by, for the Scores view and the explanations (display
     only: the policy's `priority` decides). `key` names an entry of `scores()`."""
@@ -150,6 +192,7 @@ class Policy:
     uses_attention: ClassVar[bool] = True
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     specs: ClassVar = _Specs()
+    place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
 
     def __init_subclass__(cls, **kwargs):
         """Make a subclass that declares no new fields a dataclass, so it needs no decorator.
@@ -314,6 +357,17 @@ class Policy:
             return np.empty(0, np.int64)
         idx = self.choose(excess)
         victims = self._pos[idx]
+        self._remove(idx)
+        return victims
+
+    def drop(self, idx) -> np.ndarray:
+        """Remove the slots at indices `idx` (ascending, distinct) and return their positions:
+        the mechanics of `evict` for an allocator, which chooses victims across streams from
+        each stream's `candidates()` and `priority()` instead of calling `choose`."""
+        idx = np.asarray(idx, np.int64)
+        if len(idx) == 0:
+            return np.empty(0, np.int64)
+        victims = self._pos[idx].copy()
         self._remove(idx)
         return victims
 
