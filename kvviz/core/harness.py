@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.core.policies.base import check_key_norm
+from kvviz.core.policies.base import BudgetError, check_key_norm, enforce
+
+__all__ = ["BudgetError", "enforce", "feed", "held_count", "renormalise", "step", "step_layer"]
 
 
 def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
@@ -63,23 +65,9 @@ def feed(policy, pos: int, raw, key_norm=None) -> None:
         policy.advance(pos, attn)
 
 
-class BudgetError(ValueError):
-    """A policy or allocator held more than its budget after an eviction: the run stops."""
-
-
 def held_count(policy) -> int:
     """How many slots the policy (or each stream of a Streams group) holds now."""
     return int(policy.held().shape[-1])
-
-
-def enforce(name: str, held: int, limit: int, pos: int, stream: str = "") -> None:
-    """BudgetError when `held` slots are over `limit` after step `pos`: the one check every
-    harness makes (Replay, run_streams, layer replays, and the loop engine after its own
-    evictions). `stream` names the stream ('layer 14, head 2', a trace name); '' for one."""
-    if held > limit:
-        where = f" in stream {stream}" if stream else ""
-        raise BudgetError(f"{name} held {held} slots{where} after step {pos}, over its budget of "
-                          f"{limit}: a policy must evict down to its budget")
 
 
 def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "") -> np.ndarray:

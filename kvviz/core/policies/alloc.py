@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kvviz.core.policies.base import Place, _Specs, need_candidates, param
+from kvviz.core.policies.base import Place, _Specs, enforce, need_candidates, param
 
 # Set by kvviz.core.policies once its registry exists (this module must not import it).
 _REGISTRY: dict = {"policies": {}, "make": None}
@@ -170,8 +170,6 @@ class LayerGroup:
 
     def enforce(self, pos: int) -> None:
         """BudgetError when a head is over its cap or the layer over its total."""
-        from kvviz.core.harness import enforce
-
         counts = self.held_counts()
         where = self.place.describe()
         for g, n in enumerate(counts):

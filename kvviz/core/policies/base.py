@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["DEFAULT_SEED", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
-           "check_recent", "need_candidates", "param"]
+__all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
+           "check_recent", "enforce", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
 
@@ -435,6 +435,21 @@ def _declares_fields(cls) -> bool:
         elif ann is not ClassVar and typing.get_origin(ann) is not ClassVar:
             return True
     return False
+
+
+class BudgetError(ValueError):
+    """A policy or allocator held more than its budget after an eviction: the run stops."""
+
+
+def enforce(name: str, held: int, limit: int, pos: int, stream: str = "") -> None:
+    """BudgetError when `held` slots are over `limit` after step `pos`: the one check every
+    harness makes (kvviz.core.harness.step and step_layer, so Replay, run_streams and the
+    layer replay; the loop engine calls it after its own evictions). `stream` names the
+    stream ('layer 14, head 2', a trace name); '' for none."""
+    if held > limit:
+        where = f" in stream {stream}" if stream else ""
+        raise BudgetError(f"{name} held {held} slots{where} after step {pos}, over its budget of "
+                          f"{limit}: a policy must evict down to its budget")
 
 
 def need_candidates(available: int, count: int) -> None:
