@@ -12,8 +12,8 @@ heads it scores low.
 """
 from dataclasses import dataclass
 
-from kvviz.core.policies.alloc import Allocator, alpha_floor, shared_victims
-from kvviz.core.policies.base import param
+from kvviz.core.policies.alloc import Allocator, alpha_floor, scorer_class, shared_victims
+from kvviz.core.policies.base import Policy, param
 
 
 @dataclass
@@ -25,6 +25,12 @@ class AdaKV(Allocator):
 
     name = "adakv"
     label = "AdaKV"
+
+    def check_params(self):
+        cls = scorer_class(self.scorer)
+        if cls is not None and cls.priority is Policy.priority:
+            raise ValueError(f"scorer must rank its slots (define priority) to share a layer's "
+                             f"budget across heads; {self.scorer} chooses victims without one")
 
     def floor(self, b):
         return alpha_floor(self.alpha, b)

@@ -46,6 +46,11 @@ def scorer_names() -> tuple:
     return tuple(_REGISTRY["policies"])
 
 
+def scorer_class(name: str):
+    """The registered policy class `name`, or None."""
+    return _REGISTRY["policies"].get(name)
+
+
 class _AllocSpecs(_Specs):
     """`cls.specs` for an allocator: the declared parameters, with `scorer`'s choices read
     from the registry at each call, so a plugin registered later is a valid scorer."""
