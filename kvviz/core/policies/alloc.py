@@ -66,7 +66,7 @@ class _AllocSpecs(_Specs):
 @dataclass
 class Allocator:
     budget: int = 512
-    rng: np.random.Generator | None = field(default=None, repr=False, compare=False)
+    rng: object = field(default=None, repr=False, compare=False)  # a numpy Generator or None
     scorer: str = param("tova", label="scorer", choices=("tova", "snapkv"),
                         help="the per-stream policy whose candidates and priority choose victims",
                         source="any registered policy (kvpress composes a press with a scorer "
@@ -162,6 +162,7 @@ class LayerGroup:
 
     @property
     def name(self) -> str:
+        """How a refusal names the allocator: 'adakv (scorer tova)'."""
         return self.allocator.title
 
     def held_counts(self) -> np.ndarray:
