@@ -344,3 +344,19 @@ def test_adakv_matches_its_reference_on_the_multi_head_trace(layer, scorer, para
     fast, ref = _both(3, 64, scorer, 0.2, params)
     steps = 512 if scorer == "tova" else 200
     _agree(fast, ref, lambda t, g, held: row[g].row(t)[held], steps)
+
+
+def test_a_sweep_runs_an_allocator_over_every_kv_head_and_refuses_one_without(tmp_path):
+    from kvviz.studies.sweep.rules import SpecError
+    from kvviz.studies.sweep.run import run_sweep
+
+    spec = {"traces": [CODE_KV], "budgets": [64],
+            "policies": [{"name": "adakv", "scorer": "snapkv", "pool_kernel": 3}]}
+    df = run_sweep(spec, tmp_path / "out", progress=False)
+    row = df.iloc[0]
+    assert (row["head"], row["status"], row["scorer"], row["pool_kernel"]) == ("kv*", "ok", "snapkv", 3)
+    grid = load_layers(CODE_KV)
+    want = replay_layers(grid, make_policy("adakv", 64, scorer="snapkv", pool_kernel=3))
+    assert row["memory_bytes"] == want.memory_bytes
+    with pytest.raises(SpecError, match="adakv is an allocator"):
+        run_sweep({**spec, "traces": ["canonical"]}, tmp_path / "other", progress=False)
