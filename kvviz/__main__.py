@@ -16,7 +16,9 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--head", default=None,
                        help="head label stored in --trace: mean, kv0.., q0.. (default: mean)")
     bench.add_argument("--budgets", default="256,512,1024", help="comma-separated budgets")
-    bench.add_argument("--policies", default=None, help="comma-separated policy names (default all)")
+    bench.add_argument("--policies", default=None,
+                       help="comma-separated policy names or name:k=v specs, e.g. "
+                            "tova,adakv:scorer=snapkv,poolKernel=3 (default all)")
     bench.add_argument("--pool-kernels", default=None,
                        help="snapkv once per poolKernel, e.g. 1,3,5,7 (default: its default only)")
     bench.add_argument("--spans", action="store_true",
@@ -94,7 +96,7 @@ def _bench_perf(args) -> int:
         try:
             trace = b.open_trace(args.trace, args.layer, args.head)
             budgets = [int(x) for x in args.budgets.split(",")]
-            policies = args.policies.split(",") if args.policies else None
+            policies = b.policy_list(args.policies) if args.policies else None
             kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
             results = b.table(trace, budgets, policies, kernels, args.spans)
         except ValueError as exc:
@@ -106,6 +108,8 @@ def _bench_perf(args) -> int:
                       "steps): nothing is ever evicted, so its rows (evicts False) score "
                       "perfectly by construction")
         print(results.to_string(float_format=lambda v: f"{v:.4f}"))
+        for line in getattr(results, "notes", ()):
+            print(line)
         if args.csv:
             results.to_csv(args.csv)
         if args.json:

@@ -6,12 +6,22 @@ compressed cache would compute; a row with no mass is observed as is), then admi
 then evicts down to its budget. `policy` is a Policy (one stream: rows are (n,)) or a
 kvviz.core.streams.Streams (S streams at once: rows are (S, n)); both offer `held()`,
 `advance(pos, attn)` and `evict(budget)`.
+
+The budget is enforced here, not trusted: after the eviction `step` counts what the policy
+holds and `enforce` stops the run (BudgetError, one line naming the policy, the stream, the
+step and the count) when it is over. A harness records the counts it reads (`held_count`)
+at every step, and memory figures are computed from those records.
+`step_layer` is the same rule for the KV heads of one layer under an allocator
+(kvviz.core.policies.alloc): each head is fed, then the allocator evicts across them, then
+every head and the layer's total are enforced.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from kvviz.core.policies.base import check_key_norm
+from kvviz.core.policies.base import BudgetError, check_key_norm, enforce
+
+__all__ = ["BudgetError", "enforce", "feed", "held_count", "renormalise", "step", "step_layer"]
 
 
 def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
@@ -55,10 +65,32 @@ def feed(policy, pos: int, raw, key_norm=None) -> None:
         policy.advance(pos, attn)
 
 
-def step(policy, pos: int, raw, budget: int, key_norm=None) -> np.ndarray:
-    """One harness step: feed, then `evict(budget)`; returns the victims' positions."""
+def held_count(policy) -> int:
+    """How many slots the policy (or each stream of a Streams group) holds now."""
+    return int(policy.held().shape[-1])
+
+
+def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "") -> np.ndarray:
+    """One harness step: feed, then `evict(budget)`, then `enforce` the budget; returns the
+    victims' positions. `stream` names the stream in a refusal."""
     feed(policy, pos, raw, key_norm)
-    return policy.evict(budget)
+    victims = policy.evict(budget)
+    enforce(getattr(policy, "name", type(policy).__name__), held_count(policy), budget, pos, stream)
+    return victims
+
+
+def step_layer(group, pos: int, raws, key_norms=None) -> list:
+    """One step of the KV heads of one layer under an allocator: feed head g its row
+    `raws[g]` (and `key_norms[g]`), let the allocator evict across the heads
+    (`group.evict()`), then enforce each head's cap and the layer's total
+    (`group.enforce(pos)`). `group` is an allocator's per-layer group
+    (`Allocator.group(...)`); returns one array of victims' positions per head."""
+    for g, policy in enumerate(group.policies):
+        feed(policy, pos, None if raws is None else raws[g],
+             None if key_norms is None else key_norms[g])
+    victims = group.evict()
+    group.enforce(pos)
+    return victims
 
 
 

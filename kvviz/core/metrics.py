@@ -9,7 +9,10 @@ hh_recall: at each step after the first eviction, the heavy hitters are the
     paper's notion of a heavy hitter (accumulated attention) measured on the
     uncompressed trace, so no policy's own view of attention enters the ground truth.
 attention_loss: 1 - retained_mass.
-memory_bytes: bytes_per_slot x budget, the cards' memory layout.
+memory_bytes: bytes_per_slot x the most slots held after any step, as the harness recorded
+    them (`Run.held`), in the cards' memory layout: what the run used, not the nominal
+    budget (the two differ when the trace is shorter than the budget). A run with no
+    record (built by hand) falls back to the budget.
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def summary(trace: Trace, run: Run) -> dict:
         "retained_mass": mass,
         "attention_loss": 1.0 - mass,
         "hh_recall": hh_recall(trace, run),
-        "memory_bytes": run.bytes_per_slot * run.budget,
+        "memory_bytes": run.bytes_per_slot * run.peak_held,
     }
 
 

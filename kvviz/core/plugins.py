@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvviz.core.policies import BUILTINS, POLICIES, Policy, check_declaration, register_policy
+from kvviz.core.policies import ALLOCATORS, BUILTINS, POLICIES, Policy, check_declaration, register_policy
 
 ENV = "KVVIZ_PLUGINS"
 GROUP = "kvviz.policies"  # the entry-point group an installed package declares its policies in
@@ -190,7 +190,10 @@ def load_all(specs=()) -> list[str]:
 
 
 def origin(name: str) -> str | None:
-    """What a worker process loads to get policy `name` (None for a built-in)."""
+    """What a worker process loads to get policy `name` (None for a built-in or an
+    allocator: its scorer is named on its own)."""
+    if name in ALLOCATORS:
+        return None
     cls = POLICIES[name]
     if cls in BUILTINS:
         return None

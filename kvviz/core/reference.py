@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+from decimal import Decimal
 
 import numpy as np
 
@@ -81,6 +82,7 @@ class RefPolicy:
         excess = len(self.keep) - budget
         if excess <= 0:
             return np.empty(0, np.int64)
+        self.prepare()
         ranked = []
         for i in range(len(self.keep)):
             if self.is_candidate(i):
@@ -97,6 +99,9 @@ class RefPolicy:
             del self.keep[i]
             del self.state[i]
         return np.array(victims, dtype=np.int64)
+
+    def prepare(self):
+        """Work out what `rank` reads at this step (SnapKV's window sums); by default nothing."""
 
     def is_candidate(self, i):
         """Whether slot `i` may be evicted now: by default, every slot outside the
@@ -178,14 +183,13 @@ class RefSnapKV(RefPolicy):
     def new_record(self):
         return [0.0] * self.window
 
-    def evict(self, budget):
+    def prepare(self):
         self.sums = []
         for ring in self.state:
             total = 0.0
             for w in ring:  # ring slot 0 upward
                 total += w
             self.sums.append(total)
-        return super().evict(budget)
 
     def rank(self, i):
         lo = max(0, i - self.radius)
@@ -284,6 +288,41 @@ class RefRandom(RefPolicy):
         for _ in range(excess):
             chosen.append(standing.pop(int(self.rng.integers(len(standing)))))
         return self.drop(sorted(chosen))
+
+
+class RefAdaKV:
+    """AdaKV from its rule, over one reference scorer per KV head of a layer: each step every
+    head has admitted its position; while the heads hold more than heads x budget, the
+    candidate with the lowest rank across all heads goes (ties: the lower head, then the
+    lower position), skipping a head that holds floor(alpha x budget) or fewer. Ranks are
+    read once per step, before any victim goes."""
+
+    def __init__(self, budget, heads, scorer="tova", alpha=0.2, **scorer_params):
+        self.heads = [make_reference(scorer, budget, **scorer_params) for _ in range(heads)]
+        self.budget = budget
+        self.floor = math.floor(Decimal(repr(float(alpha))) * budget)
+
+    def evict(self):
+        """One list of victims' positions per head (ascending)."""
+        held = [len(ref.keep) for ref in self.heads]
+        total = len(self.heads) * self.budget
+        ranked = []
+        for g, ref in enumerate(self.heads):
+            ref.prepare()
+            for i in range(len(ref.keep)):
+                if ref.is_candidate(i):
+                    ranked.append((ref.rank(i), g, ref.keep[i], i))
+        ranked.sort()  # lowest rank, then lower head, then lower position
+        chosen = [[] for _ in self.heads]
+        for _, g, _, i in ranked:
+            if sum(held) <= total:
+                break
+            if held[g] > self.floor:
+                chosen[g].append(i)
+                held[g] -= 1
+        if sum(held) > total:
+            raise ValueError("evict needs more victims than the heads have candidates above their floors")
+        return [ref.drop(sorted(c)) for ref, c in zip(self.heads, chosen)]
 
 
 def make_reference(name, budget=512, rng=None, **params):

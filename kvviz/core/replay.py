@@ -1,7 +1,8 @@
 """The replay: feed a trace to a policy one step at a time and log what it evicts.
 
 Each step is kvviz.core.harness.step (row t over the held positions, renormalised, then admit
-t, then evict to the budget). A run is its eviction log: O(T) memory.
+t, then evict to the budget, then enforce it). A run is its eviction log and the number
+of slots held after every step: O(T) memory.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvviz.core import harness
-from kvviz.core.policies import make_policy
+from kvviz.core.policies import Place, make_policy
 from kvviz.core.trace import Trace
 
 NEVER = -1
@@ -49,6 +50,14 @@ class Run:
     bytes_per_slot: int = 0
     trace_name: str = ""
     meta: dict = field(default_factory=dict)
+    held: np.ndarray | None = None  # int64 (T,): slots held after each step, as the harness counted
+
+    @property
+    def peak_held(self) -> int:
+        """The most slots held after any step (recorded; the budget when nothing was recorded)."""
+        if self.held is None or not len(self.held):
+            return self.budget
+        return int(self.held.max())
 
     @property
     def first_eviction(self) -> int:
@@ -77,6 +86,11 @@ class Replay:
     def __init__(self, trace: Trace, policy, checkpoint_every: int | None = None):
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        if getattr(policy, "allocator", False):
+            raise ValueError(f"{policy.name} is an allocator: it shares a budget across KV heads, "
+                             f"and a replay of trace {trace.name!r} is one stream: replay a trace "
+                             "captured per KV head with kvviz.core.layers (kvviz bench --trace "
+                             "code-kv.npz) or run it in the model loop")
         if policy.reads_key_norms and trace.key_norms is None:
             raise ValueError(f"{policy.name} reads key norms, and trace {trace.name!r} has none: "
                              "pick a trace captured with key norms (format version 3, e.g. "
@@ -86,8 +100,12 @@ class Replay:
         self.budget = policy.budget
         self.t = 0
         self.every = int(checkpoint_every) if checkpoint_every else None
+        if getattr(policy, "place", None) in (None, Place()):  # not set by the caller
+            policy.place = place_of(trace)
+        self.stream = stream_name(trace, policy.place)
         self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
         self.evicted_at = np.full(trace.steps, NEVER, np.int64)
+        self.held = np.zeros(trace.steps, np.int64)  # slots held after each step
 
     def _raw(self, policy, t: int):
         """Row t at the policy's held positions (None for a policy that reads no attention)."""
@@ -103,8 +121,9 @@ class Replay:
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
         victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget,
-                               self.trace.key_norm(t))
+                               self.trace.key_norm(t), self.stream)
         self.evicted_at[victims] = t
+        self.held[t] = len(self.policy.held())
         self.t += 1
         return victims
 
@@ -114,6 +133,7 @@ class Replay:
         self.policy = copy.deepcopy(self._checkpoints[start])
         self.t = start
         self.evicted_at[self.evicted_at >= start] = NEVER
+        self.held[start:] = 0
 
     def seek(self, i: int) -> None:
         """Bring the state to just after step i (i = -1: before any step)."""
@@ -148,7 +168,23 @@ class Replay:
         return Run(policy=self.policy.name, params=dict(self.policy.params), budget=self.budget,
                    steps=self.trace.steps, evicted_at=self.evicted_at.copy(),
                    retained=held_shares(self.trace, self.evicted_at), bytes_per_slot=self.policy.bytes_per_slot,
-                   trace_name=getattr(self.trace, "name", ""))
+                   trace_name=getattr(self.trace, "name", ""), held=self.held.copy())
+
+
+def place_of(trace: Trace) -> Place:
+    """Where a single trace stream sits: its model layer number (None on a synthetic trace) and
+    its KV-head index when the loaded head is one ("kv2" -> 2; None for "mean" or a query
+    head). The counts (`layers`, `heads`) are None: one stream does not share a budget."""
+    head = getattr(trace, "head", "mean")
+    kv = int(head[2:]) if isinstance(head, str) and head.startswith("kv") and head[2:].isdigit() else None
+    return Place(layer=getattr(trace, "layer", None), head=kv)
+
+
+def stream_name(trace: Trace, place: Place) -> str:
+    """How a refusal names the stream: the trace, then the place when known."""
+    where = place.describe()
+    name = getattr(trace, "name", "") or "trace"
+    return f"{name} ({where})" if where else name
 
 
 def held_shares(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:

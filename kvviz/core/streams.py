@@ -31,10 +31,10 @@ def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]
     policy = make_policy(name, budget=budget, rng=copy.deepcopy(rng), **params)  # same refusals
     if name not in VECTORISED:
         return [run_policy(tr, name, budget, rng=copy.deepcopy(rng), **params) for tr in traces]
-    evicted, retained = _replay(traces, policy, shares=True)
+    evicted, retained, held = _replay(traces, policy, shares=True)
     return [Run(policy=name, params=dict(policy.params), budget=policy.budget, steps=tr.steps,
                 evicted_at=evicted[s], retained=retained[s], bytes_per_slot=policy.bytes_per_slot,
-                trace_name=getattr(tr, "name", ""))
+                trace_name=getattr(tr, "name", ""), held=held.copy())
             for s, tr in enumerate(traces)]
 
 
@@ -47,12 +47,14 @@ def replay_streams(traces, name: str, budget: int, **params) -> np.ndarray:
 
 
 def _replay(traces, policy, shares: bool = False):
-    """(evicted_at (S, T), retained (S, T) or None): Replay.run, S streams at once."""
+    """(evicted_at (S, T), retained (S, T) or None, held (T,)): Replay.run, S streams at
+    once. Every stream holds the same count at every step, so one record serves them all."""
     rows = _Rows(traces)
     S, T = len(traces), traces[0].steps
     group = Streams(policy, S, offsets=rows.starts[:, 0])
     evicted = np.full((S, T), NEVER, np.int64)
     retained = np.full((S, T), np.nan) if shares else None
+    held = np.zeros(T, np.int64)
     for t in range(T):
         keys = group.held()
         raw = rows.gather(t, keys)
@@ -61,7 +63,8 @@ def _replay(traces, policy, shares: bool = False):
             retained[:, t] = rows.shares(t, keys, raw.astype(np.float64).sum(axis=1))
         if victims.shape[1]:
             evicted[group.streams, victims[:, 0]] = t
-    return evicted, retained
+        held[t] = group.n
+    return evicted, retained, held
 
 
 class Streams:
@@ -88,6 +91,11 @@ class Streams:
         # into the other.
         self.keys, self.spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
         self.state = STATES[policy.name](policy, S, B + 1)
+
+    @property
+    def name(self) -> str:
+        """The vectorised policy's registry name (how a refusal names it)."""
+        return self.policy.name
 
     def held(self) -> np.ndarray:
         """(S, n) keys of the held positions, ascending per stream."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 import time
 import tracemalloc
 
+from kvviz.core.layers import layer_summary, load_layers, refuse_single, replay_layers
 from kvviz.core.metrics import summary
-from kvviz.core.policies import make_policy
+from kvviz.core.policies import ALLOCATORS, POLICIES, make_policy, parse_params
 from kvviz.core.reference import make_reference
 from kvviz.core.replay import Replay, run_policy, runnable
 from kvviz.core.trace import Trace, canonical, load_trace
@@ -26,7 +27,9 @@ def open_trace(path=None, layer=None, head=None) -> Trace:
         shipped = traces_dir()
         if not Path(path).exists() and shipped is not None and (shipped / path).is_file():
             path = shipped / path
-        return load_trace(path, layer=layer, head=head)
+        trace = load_trace(path, layer=layer, head=head)
+        trace.source, trace.layer_chosen = path, layer  # an allocator replays every KV head
+        return trace
     if layer is not None:
         raise ValueError("layer applies to a --trace file; the canonical trace has no model layers")
     if head not in (None, "mean"):
@@ -42,20 +45,61 @@ def describe(trace: Trace) -> str:
     return text + f", head {getattr(trace, 'head', 'mean')}"
 
 
+def policy_list(text: str) -> list[str]:
+    """`--policies` text as specs: 'tova,adakv:scorer=snapkv,poolKernel=3,h2o' is
+    ['tova', 'adakv:scorer=snapkv,poolKernel=3', 'h2o'] (a k=v item belongs to the spec
+    before it)."""
+    out: list[str] = []
+    for item in (p.strip() for p in str(text).split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item and out:
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """'name' or 'name:k=v,...' -> (name, typed parameters), refused as the registry refuses."""
+    name, _, rest = str(spec).partition(":")
+    name = name.strip()
+    if name not in POLICIES and name not in ALLOCATORS:
+        raise ValueError(f"--policies: unknown policy {name!r}; known: "
+                         f"{', '.join(sorted(POLICIES) + sorted(ALLOCATORS))}")
+    params = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--policies {spec!r}: parameters are k=v, got {item!r}")
+        params[key.strip()] = value
+    return name, parse_params(name, params, where=f"--policies {spec!r}: ")
+
+
 def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
           spans: bool = False) -> Table:
     """Policies x budgets. `pool_kernels` gives snapkv one row per kernel; `spans` adds
     span integrity (kvviz.core.spans: important attention spans whole / fragmented / dropped at the end).
-    A Table, not a DataFrame, so `kvviz bench` runs with numpy alone (`.to_frame()` for pandas)."""
+    A Table, not a DataFrame, so `kvviz bench` runs with numpy alone (`.to_frame()` for pandas).
+
+    A policy is a name or 'name:k=v,...'. An allocator (adakv, pyramidkv) replays every KV
+    head of the trace file (all stored layers, or the one chosen) through
+    kvviz.core.layers; its row averages the streams' metrics, its memory is the recorded
+    held counts summed over the streams, and `Table.notes` gets each head's held count at
+    the end. A trace with no KV heads refuses it in one line."""
     configs = []
-    for name in policies or runnable(trace):
+    for spec in policies or runnable(trace):
+        name, given = parse_spec(spec)
         kernels = pool_kernels if name == "snapkv" and pool_kernels else [None]
-        configs += [(name, {} if k is None else {"pool_kernel": k}) for k in kernels]
+        configs += [(name, {**given, **({} if k is None else {"pool_kernel": k})}) for k in kernels]
     if spans:
         from kvviz.core.spans import received, span_integrity
         totals = received(trace)
-    rows = []
+    rows, notes = [], []
     for name, params in configs:
+        if name in ALLOCATORS:
+            rows += _allocator_rows(trace, name, params, budgets, notes)
+            continue
         for budget in budgets:
             run = run_policy(trace, name, budget, **params)
             row = {"policy": name, "budget": budget, **summary(trace, run)}
@@ -68,7 +112,31 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     columns = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
     columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
     columns += ["evicts"]
-    return Table(rows, columns + ["params"])
+    out = Table(rows, columns + ["params"])
+    out.notes = notes
+    return out
+
+
+def _allocator_rows(trace: Trace, name: str, params: dict, budgets, notes: list) -> list[dict]:
+    source = getattr(trace, "source", None)
+    if source is None or not [h for h in trace.heads if h.startswith("kv")]:
+        raise refuse_single(name, trace.name)
+    chosen = getattr(trace, "layer_chosen", None)
+    grid = load_layers(source, None if chosen is None else [chosen])
+    rows = []
+    for budget in budgets:
+        alloc = make_policy(name, budget, **params)
+        found = replay_layers(grid, alloc)
+        row = {"policy": name, "budget": budget, **layer_summary(grid, found)}
+        row["evicts"] = budget < trace.steps
+        row["params"] = ", ".join(f"{k}={v}" for k, v in alloc.params.items())
+        rows.append(row)
+        end = found.held_at_end()
+        for d, layer in enumerate(found.layer_numbers):
+            counts = ", ".join(f"kv{g}={int(n)}" for g, n in enumerate(end[d]))
+            notes.append(f"{name} @ {budget}: layer {layer} (per-head budget {found.budgets[d]}, "
+                         f"total {found.budgets[d] * len(end[d])}) held at the end: {counts}")
+    return rows
 
 
 class CachedTrace(Trace):

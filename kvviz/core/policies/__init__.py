@@ -2,6 +2,10 @@
 views, references, CLI lists) is read from the registered classes, so a policy is one file.
 
 `register_policy(cls)` adds one (kvviz.core.plugins loads files, modules and entry points).
+
+Allocators (kvviz.core.policies.alloc: budgets shared across heads and layers, e.g. adakv,
+pyramidkv) are found the same way and kept apart in ALLOCATORS, since they drive several
+streams at once; `make_policy`, `param_specs`, `parse_params` and `config_label` read both.
 """
 from __future__ import annotations
 
@@ -13,23 +17,25 @@ import pkgutil
 import re
 import uuid
 
-from kvviz.core.policies.base import KINDS, ParamSpec, Policy, Rank, param
+from kvviz.core.policies.alloc import Allocator, bind_registry
+from kvviz.core.policies.base import KINDS, ParamSpec, Place, Policy, Rank, param
 
 # The order lists, tables and default colours show the built-ins in. A built-in not named
 # here (a new file in this folder) follows these, alphabetically: adding one edits nothing here.
 ORDER = ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "knorm", "random")
 
 
-def _builtins() -> tuple[type[Policy], ...]:
-    """Every Policy class with a `name` defined in a module of this folder: the built-ins
-    are found from their files, so a new policy is its own file and nothing else."""
+def _builtins(base=Policy) -> tuple[type, ...]:
+    """Every `base` class (Policy or Allocator) with a `name` defined in a module of this
+    folder: the built-ins are found from their files, so a new policy is its own file and
+    nothing else."""
     found = {}
     for info in pkgutil.iter_modules(__path__, __name__ + "."):
-        if info.name.endswith(".base"):
+        if info.name.endswith((".base", ".alloc")):
             continue
         module = importlib.import_module(info.name)
         for obj in vars(module).values():
-            if (isinstance(obj, type) and issubclass(obj, Policy) and obj.__module__ == module.__name__
+            if (isinstance(obj, type) and issubclass(obj, base) and obj.__module__ == module.__name__
                     and isinstance(obj.__dict__.get("name"), str)):
                 found[obj.name] = obj
     rank = {n: i for i, n in enumerate(ORDER)}
@@ -38,6 +44,12 @@ def _builtins() -> tuple[type[Policy], ...]:
 
 BUILTINS = _builtins()
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in BUILTINS}
+ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in _builtins(Allocator)}
+
+
+def is_allocator(name: str) -> bool:
+    """Whether `name` is a registered allocator (several streams at once), not a policy."""
+    return name in ALLOCATORS
 RESERVED = {"policy", "full"}  # the base class's name; the loop's no-eviction row
 _COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -100,6 +112,8 @@ def register_policy(cls):
     Registering the same class again is a no-op; another class under a registered name,
     or a class that breaks a declaration rule, is refused with ValueError."""
     check_declaration(cls)
+    if cls.name in ALLOCATORS:
+        raise ValueError(f"policy name {cls.name!r} is already registered (an allocator)")
     have = POLICIES.get(cls.name)
     if have is cls:
         return cls
@@ -118,24 +132,64 @@ def unregister_policy(name: str) -> None:
     POLICIES.pop(name, None)
 
 
-def _policy_class(name: str) -> type[Policy]:
+def _policy_class(name: str):
+    if name in ALLOCATORS:
+        return ALLOCATORS[name]
     if name not in POLICIES:
-        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
+        raise ValueError(f"policy must be one of {sorted(POLICIES) + sorted(ALLOCATORS)}, got {name!r}")
     return POLICIES[name]
 
 
-def make_policy(name: str, budget: int = 512, rng=None, **params) -> Policy:
+def _split(name: str, params: dict) -> tuple[dict, str, dict]:
+    """An allocator's own parameters, its scorer's name, and the rest (the scorer's)."""
+    cls = ALLOCATORS[name]
+    own_names = {s.name for s in cls.specs} | {s.label for s in cls.specs}
+    own = {k: v for k, v in params.items() if k in own_names}
+    scorer = own.get("scorer", next(s.default for s in cls.specs if s.name == "scorer"))
+    scorer = str(scorer).strip()
+    if scorer in ALLOCATORS or scorer not in POLICIES:
+        raise ValueError(f"scorer must be one of {sorted(POLICIES)} (a registered policy, not an "
+                         f"allocator), got {scorer!r}")
+    rest = {k: v for k, v in params.items() if k not in own_names}
+    clash = sorted(own_names & ({s.name for s in POLICIES[scorer].specs}
+                                | {s.label for s in POLICIES[scorer].specs}))
+    if clash:
+        raise ValueError(f"{name} and its scorer {scorer} both declare {clash}: such a scorer "
+                         "cannot be composed with it")
+    return own, scorer, rest
+
+
+def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = None, **params):
     """A fresh policy object by registered name: the one constructor every surface uses, so
     an unknown name, an unknown parameter or a value outside its declared rule is refused the
     same way everywhere (a ValueError naming it). `rng` is used only by `random`; None is a
-    fixed seed, so replays are bit-identical run to run."""
+    fixed seed, so replays are bit-identical run to run. `place` (a Place) tells the policy
+    where its stream sits (`policy.place`; default: nowhere known).
+
+    An allocator's name gives an Allocator; a parameter it does not declare is its scorer's
+    (`make_policy("adakv", 64, scorer="snapkv", pool_kernel=3)`), checked by building the
+    scorer once at the budget."""
     cls = _policy_class(name)
+    if name in ALLOCATORS:
+        own, scorer, rest = _split(name, params)
+        try:
+            probe = make_policy(scorer, budget=budget, **parse_params(scorer, rest, check=False))
+        except ValueError as exc:
+            raise ValueError(f"{name}: scorer {scorer}: {exc}") from None
+        alloc = cls(budget=budget, rng=rng, **_parse_own(name, own, "", False))
+        alloc.scorer_params = dict(probe.params)
+        return alloc
     allowed = {s.name for s in cls.specs}
     unknown = set(params) - allowed
     if unknown:
         raise ValueError(f"{name} has no parameter {sorted(unknown)}; "
                          f"its parameters are {sorted(allowed) or 'none'}")
-    return cls(budget=budget, rng=rng, **params)
+    policy = cls(budget=budget, rng=rng, **params)
+    if place is not None:
+        if not isinstance(place, Place):
+            raise ValueError(f"place must be a kvviz.core.policies.base.Place, got {place!r}")
+        policy.place = place
+    return policy
 
 
 def param_specs(name: str) -> list[ParamSpec]:
@@ -156,10 +210,23 @@ def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
     text. Returns {name: typed value} for the keys given (defaults are not added).
     ValueError names the parameter and the rule; `where` prefixes the message. With
     check=False only the type is checked (the URL: the page then shows the policy's own
-    refusal, as it does for a control set out of its rule)."""
+    refusal, as it does for a control set out of its rule).
+
+    For an allocator, a key it does not declare is its scorer's (`scorer` given, else its
+    default), parsed by the scorer's declaration."""
+    given = {str(k).strip(): v for k, v in dict(given).items()}
+    if name in ALLOCATORS:  # the keys it does not declare are its scorer's
+        own, scorer, rest = _split(name, given)
+        out = _parse_own(name, own, where, check)
+        out.update(parse_params(scorer, rest, where + f"{name}: scorer {scorer}: ", check))
+        return out
+    return _parse_own(name, given, where, check)
+
+
+def _parse_own(name: str, given: dict, where: str, check: bool) -> dict:
+    """parse_params over `name`'s own declared parameters."""
     specs = param_specs(name)
     by_key = {**{s.label: s for s in specs}, **{s.name: s for s in specs}}
-    given = {str(k).strip(): v for k, v in dict(given).items()}
     unknown = sorted(set(given) - set(by_key))
     if unknown:  # worded as make_policy words it
         raise ValueError(f"{where}{name} has no parameter {unknown}; its parameters are "
@@ -173,6 +240,8 @@ def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
             raise ValueError(f"{where}{exc}") from None
     return out
 
+
+bind_registry(POLICIES, make_policy)
 
 FULL = "full"              # the no-eviction configuration, as `--policy full` names it
 FULL_LABEL = "full cache"  # and as every table and figure shows it
@@ -196,22 +265,33 @@ def config_label(name: str, params=None, *, budget=None, keep=()) -> str:
     at = "" if budget is None or budget == "" or budget != budget else f" @ {budget}"
     params = dict(params or {})
     keep = set(keep)
-    if name not in POLICIES:
+    if name in ALLOCATORS:
+        own, scorer, rest = _split(name, params)
+        inner = config_label(scorer, rest, keep=keep)[len(scorer):].strip(" ()")
+        shown = [f"scorer={scorer}"] + [p for p in _shown(name, own, keep) if not p.startswith("scorer=")]
+        shown += [inner] if inner else []
+    elif name not in POLICIES:
         shown = [f"{k}={v}" for k, v in sorted(params.items())]
     else:
-        shown = []
-        for spec in param_specs(name):
-            key = spec.name if spec.name in params else spec.label
-            if key not in params:
-                continue
-            value = params[key]
-            try:
-                value = spec.coerce(value)
-            except ValueError:
-                pass
-            if value != spec.default or spec.name in keep or spec.label in keep:
-                shown.append(f"{spec.label}={value}")
+        shown = _shown(name, params, keep)
     return name + (f" ({', '.join(shown)})" if shown else "") + at
+
+
+def _shown(name: str, params: dict, keep: set) -> list[str]:
+    """config_label's 'label=value' items: parameters off their default or kept."""
+    shown = []
+    for spec in param_specs(name):
+        key = spec.name if spec.name in params else spec.label
+        if key not in params:
+            continue
+        value = params[key]
+        try:
+            value = spec.coerce(value)
+        except ValueError:
+            pass
+        if value != spec.default or spec.name in keep or spec.label in keep:
+            shown.append(f"{spec.label}={value}")
+    return shown
 
 
 def rank_of(name: str) -> Rank | None:
@@ -260,7 +340,8 @@ def reference_class(name: str):
     return ref
 
 
-__all__ = ["FULL", "FULL_LABEL", "POLICIES", "ParamSpec", "Policy", "Rank", "check_declaration",
+__all__ = ["ALLOCATORS", "FULL", "FULL_LABEL", "POLICIES", "ParamSpec", "Place", "Policy", "Rank",
+           "check_declaration", "is_allocator",
            "config_label", "defaults", "make_policy", "param", "param_specs", "parse_params",
            "rank_of", "reference_class", "register_policy", "score_labels", "source_hash",
            "unregister_policy"]

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["DEFAULT_SEED", "ParamSpec", "Policy", "Rank", "check_key_norm", "check_recent",
-           "need_candidates", "param"]
+__all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
+           "check_recent", "enforce", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
 
@@ -112,6 +112,48 @@ def param(default, *, label: str, help: str, source: str, min=None, max=None, ch
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a stream sits in the model: its layer and the number of layers, its KV head and
+    the number of KV heads. A field is None where the harness does not have it: a replay of
+    one stored stream knows its model layer number (`layer`) but not the model's layer count,
+    and a synthetic trace knows nothing (every field None).
+
+    Every harness sets it on the policy before the first step, as `policy.place`, so
+    `advance`, `observe`, `priority` and `candidates` can read it; the class default is
+    `Place()`, all None. The loop engine builds its per-(layer, KV head) policies with
+    `make_policy(name, budget, place=Place(layer, L, g, G))`.
+    """
+
+    layer: int | None = None   # model layer number (0 = the first layer)
+    layers: int | None = None  # how many layers the model has
+    head: int | None = None    # KV-head index within the layer
+    heads: int | None = None   # how many KV heads the layer has
+
+    def __post_init__(self):
+        for name in ("layer", "layers", "head", "heads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < (1 if name in ("layers", "heads") else 0)):
+                raise ValueError(f"place.{name} must be None or an integer "
+                                 f"{'>= 1' if name in ('layers', 'heads') else '>= 0'}, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))
+        for index, count in (("layer", "layers"), ("head", "heads")):
+            i, n = getattr(self, index), getattr(self, count)
+            if i is not None and n is not None and i >= n:
+                raise ValueError(f"place.{index} must be below place.{count}: got {index}={i}, "
+                                 f"{count}={n}")
+
+    def describe(self) -> str:
+        """'layer 14, head 2', or '' when nothing is known: how refusals name a stream."""
+        parts = [f"{w} {v}" for w, v in (("layer", self.layer), ("head", self.head)) if v is not None]
+        return ", ".join(parts)
+
+
+NOWHERE = Place()
+
+
+@dataclass(frozen=True)
 class Rank:
     """The score a policy evicts by, for the Scores view and the explanations (display
     only: the policy's `priority` decides). `key` names an entry of `scores()`."""
@@ -151,6 +193,7 @@ class Policy:
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
     specs: ClassVar = _Specs()
+    place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
 
     def __init_subclass__(cls, **kwargs):
         """Make a subclass that declares no new fields a dataclass, so it needs no decorator.
@@ -334,6 +377,17 @@ class Policy:
         self._remove(idx)
         return victims
 
+    def drop(self, idx) -> np.ndarray:
+        """Remove the slots at indices `idx` (ascending, distinct) and return their positions:
+        the mechanics of `evict` for an allocator, which chooses victims across streams from
+        each stream's `candidates()` and `priority()` instead of calling `choose`."""
+        idx = np.asarray(idx, np.int64)
+        if len(idx) == 0:
+            return np.empty(0, np.int64)
+        victims = self._pos[idx].copy()
+        self._remove(idx)
+        return victims
+
     def _remove(self, idx: np.ndarray) -> None:
         n = self._n
         arrays = [self._pos, *self._bufs.values()]
@@ -398,6 +452,21 @@ def _declares_fields(cls) -> bool:
         elif ann is not ClassVar and typing.get_origin(ann) is not ClassVar:
             return True
     return False
+
+
+class BudgetError(ValueError):
+    """A policy or allocator held more than its budget after an eviction: the run stops."""
+
+
+def enforce(name: str, held: int, limit: int, pos: int, stream: str = "") -> None:
+    """BudgetError when `held` slots are over `limit` after step `pos`: the one check every
+    harness makes (kvviz.core.harness.step and step_layer, so Replay, run_streams and the
+    layer replay; the loop engine calls it after its own evictions). `stream` names the
+    stream ('layer 14, head 2', a trace name); '' for none."""
+    if held > limit:
+        where = f" in stream {stream}" if stream else ""
+        raise BudgetError(f"{name} held {held} slots{where} after step {pos}, over its budget of "
+                          f"{limit}: a policy must evict down to its budget")
 
 
 def need_candidates(available: int, count: int) -> None:

@@ -17,7 +17,9 @@ import threading
 import time
 from collections import OrderedDict
 
+from kvviz.core.layers import layer_summary, load_layers, replay_layers
 from kvviz.core.metrics import evaluate, summary
+from kvviz.core.policies import is_allocator, make_policy
 from kvviz.core.trace import canonical, load_trace
 
 try:
@@ -92,6 +94,16 @@ def _one(data, sha, trace, layer, head, policy, budget, params):
     return {m: result[m] for m in METRICS}, None
 
 
+def _allocated(data, trace, policy, budget, params):
+    """An allocator's cell: every stored layer and KV head of the trace, replayed together."""
+    try:
+        grid = load_layers(data, name=trace)
+        result = layer_summary(grid, replay_layers(grid, make_policy(policy, budget, **dict(params))))
+    except Exception as exc:  # recorded in the cell's row; the sweep goes on
+        return None, describe(exc)
+    return {m: result[m] for m in METRICS}, None
+
+
 def compute(data: bytes | None, sha: str, trace: str, streams: list, policy: str, budget: int,
             params: tuple, plugins=()) -> list[tuple[dict | None, str | None]]:
     """(metrics, None) or (None, error) per (layer, head) in `streams`, in order.
@@ -100,6 +112,8 @@ def compute(data: bytes | None, sha: str, trace: str, streams: list, policy: str
     _need_plugins(plugins)
     if data is None and sha in BLOBS:
         data = BLOBS[sha]
+    if is_allocator(policy):
+        return [_allocated(data, trace, policy, budget, params) for _ in streams]
     if len(streams) > 1 and run_streams is not None:
         try:
             traces = [open_trace(data, sha, layer, head, trace) for layer, head in streams]

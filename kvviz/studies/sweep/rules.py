@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz.core.policies import POLICIES, param_specs, parse_params
+from kvviz.core.policies import ALLOCATORS, POLICIES, param_specs, parse_params
 
 CANONICAL = "canonical"
 MODES = ("replay", "loop", "needle")
@@ -63,9 +63,12 @@ def _param_axis(name: str, entry: dict, key: str, where: str) -> list:
     if not values:
         raise SpecError(f"{where}.{key} = {value!r}: must not be empty")
     out = []
+    context = {}  # an allocator's scorer, so a key of the scorer's is read by its declaration
+    if name in ALLOCATORS and key != "scorer" and isinstance(entry.get("scorer"), str):
+        context = {"scorer": entry["scorer"]}
     for v in values:
         try:
-            out.append(parse_params(name, {key: v}, check=False)[key])
+            out.append(parse_params(name, {**context, key: v}, check=False)[key])
         except ValueError as exc:
             raise SpecError(f"{where}.{key} = {value!r}: {exc}") from None
     if len(set(out)) != len(out):
@@ -94,9 +97,14 @@ def normalise_policies(raw: dict) -> list[dict]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise SpecError(f"{where} = {entry!r}: must be a table with name = \"<policy>\"")
         name = entry["name"]
-        if name not in POLICIES:
-            raise SpecError(f"{where}.name = {name!r}: unknown policy; one of {sorted(POLICIES)}")
+        if name not in POLICIES and name not in ALLOCATORS:
+            raise SpecError(f"{where}.name = {name!r}: unknown policy; one of "
+                            f"{sorted(POLICIES) + sorted(ALLOCATORS)}")
         allowed = [s.name for s in param_specs(name)]
+        if name in ALLOCATORS:  # and its scorer's, when one scorer is named
+            scorer = entry.get("scorer", next(s.default for s in param_specs(name) if s.name == "scorer"))
+            if isinstance(scorer, str) and scorer in POLICIES:
+                allowed += [s.name for s in param_specs(scorer)]
         params = {}
         for k in sorted(set(entry) - {"name"}):
             if k not in allowed:

@@ -27,7 +27,9 @@ def run_sweep(spec, out, *, workers: int | None = None, ray: str | None = None,
     if refused:
         raise PluginError(refused[0])
     spec, traces, cells = load(spec, Path(base))  # SpecError before anything runs or is written
-    sent = worker_specs([e["name"] for e in spec["policies"]])  # PluginError: no file to send
+    names = [e["name"] for e in spec["policies"]]
+    names += [v for e in spec["policies"] for v in e.get("params", {}).get("scorer", [])]  # allocators'
+    sent = worker_specs(names)  # PluginError: no file to send
     if ray and importlib.util.find_spec("ray") is None:
         raise ValueError("--ray needs Ray: pip install 'kvviz[scale]' (in a checkout: "
                          "pip install -r requirements-scale.txt)")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.core.policies import make_policy, param_specs, source_hash
+from kvviz.core.layers import kv_heads, refuse_single
+from kvviz.core.policies import is_allocator, make_policy, param_specs, source_hash
 from kvviz.studies.sweep.rules import (
     CANONICAL,
     MODES,
@@ -32,6 +33,8 @@ from kvviz.studies.sweep.rules import (
 )
 
 KEYS = ("mode", "traces", "layers", "heads", "budgets", "policies")
+# An allocator's cell is every stored layer and KV head of its trace at once: no layer, head "kv*".
+ALLOCATED = (None, "kv*")
 
 
 @dataclass(frozen=True)
@@ -139,23 +142,28 @@ def expand(spec: dict, traces: dict[str, TraceInfo]) -> list[Cell]:
                 raise SpecError(f"heads = {spec['heads']!r}: {key} stores heads {info.heads}, "
                                 f"not {missing[0]!r}")
             heads = spec["heads"]
-        for layer in layers:
-            for head in heads:
-                for i, entry in enumerate(spec["policies"]):
-                    name, axes = entry["name"], entry["params"]
-                    defaults = {s.name: s.default for s in param_specs(name)}
-                    source = source_hash(name)
-                    for combo in itertools.product(*axes.values()):
-                        params = {**defaults, **dict(zip(axes, combo))}
-                        for budget in spec["budgets"]:
-                            cell = Cell(len(cells), key, layer, head, name, budget,
-                                        tuple(sorted(params.items())), source)
-                            k = cell.key()
-                            if k in seen:
-                                raise SpecError(f"policies[{i}] ({name}) repeats a cell of "
-                                                f"{seen[k]}: {dict(params)} at budget {budget}")
-                            seen[k] = f"policies[{i}]"
-                            cells.append(cell)
+        streams = [(layer, head) for layer in layers for head in heads]
+        for i, entry in enumerate(spec["policies"]):
+            if is_allocator(entry["name"]) and (info.data is None or not kv_heads(info.heads)):
+                raise SpecError(f"policies[{i}] ({entry['name']}): {refuse_single(entry['name'], key)}")
+        for layer, head in streams + [ALLOCATED]:
+            for i, entry in enumerate(spec["policies"]):
+                name, axes = entry["name"], entry["params"]
+                if is_allocator(name) != ((layer, head) == ALLOCATED):
+                    continue
+                defaults = {s.name: s.default for s in param_specs(name)}
+                source = source_hash(name)
+                for combo in itertools.product(*axes.values()):
+                    params = {**defaults, **dict(zip(axes, combo))}
+                    for budget in spec["budgets"]:
+                        cell = Cell(len(cells), key, layer, head, name, budget,
+                                    tuple(sorted(params.items())), source)
+                        k = cell.key()
+                        if k in seen:
+                            raise SpecError(f"policies[{i}] ({name}) repeats a cell of "
+                                            f"{seen[k]}: {dict(params)} at budget {budget}")
+                        seen[k] = f"policies[{i}]"
+                        cells.append(cell)
     return cells
 
 

@@ -111,6 +111,10 @@ def param_columns(spec: dict) -> dict[str, str]:
     for entry in spec["policies"]:
         for s in param_specs(entry["name"]):
             cols.setdefault(s.name, dtypes[s.kind])
+        for scorer in entry.get("params", {}).get("scorer", []):  # an allocator's scorer's
+            for s in param_specs(scorer):
+                if s.name in entry["params"]:
+                    cols.setdefault(s.name, dtypes[s.kind])
     return cols
 
 

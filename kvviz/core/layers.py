@@ -1,0 +1,124 @@
+"""Replay an allocator over the KV heads (and layers) of one trace file: the multi-stream harness.
+
+A trace captured per KV head (heads "kv0", "kv1", ..., e.g. traces/code-kv.npz) holds, for
+each stored layer, one attention stream per KV head. `replay_layers` steps all heads of a
+layer together through an allocator (kvviz.core.policies.alloc): at step t each head is fed
+row t of its own stream at the positions it holds (kvviz.core.harness.step_layer), then the
+allocator evicts across the heads, then every head's cap and the layer's total are
+enforced. The stored layers share the budget in depth order (code-kv's 0, 14 and 29 are
+depths 0, 1 and 2 of 3), and each head's policy is told Place(layer, None, g, heads): its
+model layer number, its KV-head index and count; the model's layer count is not stored.
+
+Every stream's held count is recorded after every step (`LayerRun.held`), and each stream
+gets an ordinary `Run`, so the metrics read it as they read a single replay's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.core import harness
+from kvviz.core.metrics import summary
+from kvviz.core.replay import NEVER, Run, held_shares
+from kvviz.core.trace import Trace, load_trace
+
+
+def kv_heads(heads) -> list[str]:
+    """The KV-head labels among stored head labels, in head order ("kv0", "kv1", ...)."""
+    return sorted((h for h in heads if h.startswith("kv") and h[2:].isdigit()), key=lambda h: int(h[2:]))
+
+
+def refuse_single(name: str, trace_name: str) -> ValueError:
+    """The one-line refusal of an allocator on a trace without KV heads."""
+    return ValueError(f"{name} is an allocator: it shares a budget across KV heads, and trace "
+                      f"{trace_name!r} stores no KV heads (only single streams): pick a trace "
+                      "captured per KV head (e.g. code-kv) or run it in the model loop")
+
+
+def load_layers(source, layers=None, *, name: str | None = None) -> list[list[Trace]]:
+    """[layer][head] traces of every KV head at each stored model layer number in `layers`
+    (default: every stored layer, in stored order). ValueError for a file with no KV heads."""
+    first = load_trace(source, name=name)
+    heads = kv_heads(first.heads)
+    if not heads:
+        raise refuse_single("an allocator", first.name)
+    chosen = first.layers if layers is None else [int(x) for x in layers]
+    return [[load_trace(source, layer=lay, head=h, name=first.name) for h in heads] for lay in chosen]
+
+
+@dataclass
+class LayerRun:
+    """What an allocator did over [layer][head] streams: one `Run` per stream and the held
+    counts every stream had after every step, as the harness recorded them."""
+
+    runs: list          # [layer][head] Run
+    held: np.ndarray    # int64 (layers, heads, T)
+    layer_numbers: list  # the model layer number of each layer
+    budgets: list       # the per-head budget of each layer
+    bytes_per_slot: int
+
+    def held_at_end(self) -> np.ndarray:
+        """int64 (layers, heads): each stream's held count after the last step."""
+        return self.held[:, :, -1].copy()
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes per slot x slots held, summed over the streams, at the step where that sum
+        is largest: the memory the run used, from the recorded counts."""
+        return int(self.bytes_per_slot * self.held.sum(axis=(0, 1)).max())
+
+
+def replay_layers(grid, allocator) -> LayerRun:
+    """Step `allocator` through `grid` ([layer][head] traces of equal length; every layer
+    with the same number of heads) and return the LayerRun. Refuses a grid of one stream
+    that is not a KV head, and a scorer that reads key norms when a stream has none."""
+    grid = [list(row) for row in grid]
+    if not grid or not grid[0]:
+        raise ValueError("replay_layers needs at least one layer of KV-head traces")
+    heads = len(grid[0])
+    if any(len(row) != heads for row in grid):
+        raise ValueError("every layer must hold the same number of KV heads")
+    steps = {tr.steps for row in grid for tr in row}
+    if len(steps) != 1:
+        raise ValueError(f"traces must have equal lengths (steps), got {sorted(steps)}")
+    T = steps.pop()
+    groups = []
+    for d, row in enumerate(grid):
+        labels = [getattr(tr, "head", "mean") for tr in row]
+        if kv_heads(labels) != labels:
+            raise refuse_single(allocator.name, getattr(row[0], "name", "trace"))
+        groups.append(allocator.group(getattr(row[0], "layer", None), None, heads,
+                                      depth=d, depths=len(grid)))
+    scorer = groups[0].policies[0]
+    if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
+        raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
+    L = len(grid)
+    evicted = np.full((L, heads, T), NEVER, np.int64)
+    held = np.zeros((L, heads, T), np.int64)
+    for t in range(T):
+        for d, (row, group) in enumerate(zip(grid, groups)):
+            raws = ([tr.row(t)[p.held()] for tr, p in zip(row, group.policies)]
+                    if scorer.uses_attention else None)
+            norms = [tr.key_norm(t) for tr in row] if scorer.reads_key_norms else None
+            victims = harness.step_layer(group, t, raws, norms)
+            for g, v in enumerate(victims):
+                evicted[d, g, v] = t
+            held[d, :, t] = group.held_counts()
+    runs = [[Run(policy=allocator.name, params=dict(allocator.params), budget=group.b, steps=T,
+                 evicted_at=evicted[d, g], retained=held_shares(tr, evicted[d, g]),
+                 bytes_per_slot=scorer.bytes_per_slot, trace_name=getattr(tr, "name", ""),
+                 held=held[d, g].copy())
+             for g, tr in enumerate(row)] for d, (row, group) in enumerate(zip(grid, groups))]
+    return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid],
+                    [g.b for g in groups], scorer.bytes_per_slot)
+
+
+def layer_summary(grid, layer_run: LayerRun) -> dict:
+    """One table row's metrics for a LayerRun: retained_mass, attention_loss and hh_recall
+    averaged over the streams (each as `summary` computes it), and the recorded memory."""
+    found = [summary(tr, run) for row, runs in zip(grid, layer_run.runs) for tr, run in zip(row, runs)]
+    mass = float(np.mean([f["retained_mass"] for f in found]))
+    return {"retained_mass": mass, "attention_loss": 1.0 - mass,
+            "hh_recall": float(np.mean([f["hh_recall"] for f in found])),
+            "memory_bytes": layer_run.memory_bytes}

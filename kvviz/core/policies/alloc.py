@@ -1,0 +1,220 @@
+"""Allocators: policies that share a budget across the KV heads and layers of a model.
+
+A budget stays the mean number of slots per stream (one stream = one KV head of one
+layer). An allocator decides each stream's share and keeps the total fixed; which slots go
+inside a stream is decided by a per-stream policy, its `scorer` (any registered policy,
+built-in or plugin, with its own parameters): the scorer's `candidates()` say which slots
+may go and its `priority()` ranks them, exactly as for that policy alone.
+
+An allocator is declared like a policy (a dataclass with `param(...)` fields, `name`,
+`label`) and registered beside them (kvviz.core.policies.ALLOCATORS), so `make_policy`,
+`parse_params`, `name:k=v` and sweep specs read it the same way: `adakv:scorer=tova`,
+`pyramidkv:scorer=snapkv,poolKernel=3` (a key the allocator does not declare is the
+scorer's). A subclass says only how a layer's slots are shared:
+
+- `layer_budget(depth, depths)`: the per-head mean budget of the layer at `depth` (0 the
+  first) of the `depths` layers that share the budget; their mean is `budget`;
+- `floor(b)`: no eviction takes a head below this (the rest of its slots may go);
+- `cap(b, heads)`: the most one head may hold (the layer's total is heads x b);
+- `choose_layer(policies, b)`: the victims' slot indices per head (default: each head
+  evicts down to b on its own, by its scorer).
+
+The harness (kvviz.core.harness.step_layer) feeds every head of a layer, lets the group
+evict, and enforces each head's cap and the layer's total after every step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import ClassVar
+
+import numpy as np
+
+from kvviz.core.policies.base import Place, _Specs, enforce, need_candidates, param
+
+# Set by kvviz.core.policies once its registry exists (this module must not import it).
+_REGISTRY: dict = {"policies": {}, "make": None}
+
+
+def bind_registry(policies: dict, make) -> None:
+    """Give the allocators the per-stream registry and its constructor (`make_policy`)."""
+    _REGISTRY["policies"], _REGISTRY["make"] = policies, make
+
+
+def scorer_names() -> tuple:
+    """The registered per-stream policies an allocator may use as its scorer."""
+    return tuple(_REGISTRY["policies"])
+
+
+def scorer_class(name: str):
+    """The registered policy class `name`, or None."""
+    return _REGISTRY["policies"].get(name)
+
+
+class _AllocSpecs(_Specs):
+    """`cls.specs` for an allocator: the declared parameters, with `scorer`'s choices read
+    from the registry at each call, so a plugin registered later is a valid scorer."""
+
+    def __get__(self, obj, cls):
+        specs = super().__get__(obj, cls)
+        from dataclasses import replace
+
+        return tuple(replace(s, choices=scorer_names() or s.choices) if s.name == "scorer" else s
+                     for s in specs)
+
+
+@dataclass
+class Allocator:
+    budget: int = 512
+    rng: object = field(default=None, repr=False, compare=False)  # a numpy Generator or None
+    scorer: str = param("tova", label="scorer", choices=("tova", "snapkv"),
+                        help="the per-stream policy whose candidates and priority choose victims",
+                        source="any registered policy (kvpress composes a press with a scorer "
+                               "press the same way)")
+
+    name: ClassVar[str] = "allocator"
+    label: ClassVar[str] = ""
+    allocator: ClassVar[bool] = True  # what the registry and the harnesses tell it apart by
+    specs: ClassVar = _AllocSpecs()
+
+    def __post_init__(self):
+        if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
+            raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
+        self.budget = int(self.budget)
+        for spec in self.specs:
+            setattr(self, spec.name, spec.parse(getattr(self, spec.name)))
+        self.scorer_params: dict = {}
+        self.check_params()
+
+    # -- what a subclass provides -------------------------------------------------
+    def check_params(self) -> None:
+        """Raise ValueError naming the parameter and the rule it breaks."""
+
+    def layer_budget(self, depth: int, depths: int) -> int:
+        """The per-head mean budget of layer `depth` of `depths`: by default the budget."""
+        return self.budget
+
+    def layer_budgets(self, depths: int) -> list[int]:
+        """Every layer's per-head budget; their sum is depths x budget."""
+        return [self.layer_budget(d, depths) for d in range(depths)]
+
+    def floor(self, b: int) -> int:
+        """No eviction takes a head of a layer with per-head budget `b` below this."""
+        return b
+
+    def cap(self, b: int, heads: int) -> int:
+        """The most slots one head may hold after an eviction."""
+        return b
+
+    def choose_layer(self, policies, b: int) -> list:
+        """Victims' slot indices (ascending) per head, the layer's heads over heads x b.
+        Default: each head down to `b` by its scorer's own choice."""
+        out = []
+        for p in policies:
+            excess = len(p.held()) - b
+            out.append(p.choose(excess) if excess > 0 else np.empty(0, np.int64))
+        return out
+
+    # -- shared mechanics ------------------------------------------------------------
+    @property
+    def params(self) -> dict:
+        """The allocator's parameters, then its scorer's (every one, defaults included)."""
+        own = {s.name: getattr(self, s.name) for s in self.specs}
+        return {**own, **self.scorer_params}
+
+    @property
+    def title(self) -> str:
+        """How a refusal names it: 'adakv (scorer tova)'."""
+        return f"{self.name} (scorer {self.scorer})"
+
+    def make_scorer(self, budget: int, place: Place):
+        """One stream's scorer at per-head budget `budget`, told its `place`."""
+        make = _REGISTRY["make"]
+        return make(self.scorer, budget=budget, rng=self.rng, place=place, **self.scorer_params)
+
+    def group(self, layer: int | None, layers: int | None, heads: int, *, depth: int | None = None,
+              depths: int | None = None) -> "LayerGroup":
+        """The `heads` KV heads of one layer, one scorer each, told
+        Place(layer, layers, head, heads). `depth`/`depths` place the layer among those
+        that share the budget (default: `layer`/`layers`; a trace replay passes the rank of
+        each stored layer among the stored ones)."""
+        depth = layer if depth is None else depth
+        depths = layers if depths is None else depths
+        if depth is None or depths is None:
+            depth, depths = 0, 1
+        if isinstance(heads, bool) or int(heads) != heads or heads < 1:
+            raise ValueError(f"heads must be a positive integer, got {heads!r}")
+        b = self.layer_budget(int(depth), int(depths))
+        policies = [self.make_scorer(b, Place(layer, layers, g, int(heads))) for g in range(int(heads))]
+        return LayerGroup(self, policies, b, Place(layer, layers, None, int(heads)))
+
+
+class LayerGroup:
+    """The KV heads of one layer under an allocator: `policies[g]` is head g's scorer.
+    Stepped by kvviz.core.harness.step_layer."""
+
+    def __init__(self, allocator: Allocator, policies: list, b: int, place: Place):
+        self.allocator, self.policies, self.b, self.place = allocator, policies, b, place
+        self.heads = len(policies)
+        self.total = self.heads * b
+        self.floor = allocator.floor(b)
+        self.cap = allocator.cap(b, self.heads)
+
+    @property
+    def name(self) -> str:
+        """How a refusal names the allocator: 'adakv (scorer tova)'."""
+        return self.allocator.title
+
+    def held_counts(self) -> np.ndarray:
+        """int64 (heads,): slots each head holds now."""
+        return np.array([len(p.held()) for p in self.policies], np.int64)
+
+    def evict(self) -> list:
+        """Let the allocator choose, drop the victims; their positions per head."""
+        chosen = self.allocator.choose_layer(self.policies, self.b)
+        return [p.drop(idx) for p, idx in zip(self.policies, chosen)]
+
+    def enforce(self, pos: int) -> None:
+        """BudgetError when a head is over its cap or the layer over its total."""
+        counts = self.held_counts()
+        where = self.place.describe()
+        for g, n in enumerate(counts):
+            enforce(self.name, int(n), self.cap, pos, ", ".join(filter(None, [where, f"head {g}"])))
+        enforce(self.name, int(counts.sum()), self.total, pos,
+                ", ".join(filter(None, [where, "all heads (the layer's total)"])))
+
+
+def alpha_floor(alpha: float, b: int) -> int:
+    """floor(alpha x b), exact on alpha's decimal spelling (0.29 x 100 is 29, not 28)."""
+    return int(Fraction(repr(float(alpha))) * b)
+
+
+def shared_victims(policies, total: int, floor: int) -> list:
+    """The victims' slot indices per head when the heads share `total` slots: while they
+    hold more, the lowest-priority candidate across heads goes (ties: the lower head, then
+    the lower position), skipping a head already at `floor`. Each head's priority is
+    computed once per step, before any victim goes (as Policy.choose does for its count)."""
+    counts = [len(p.held()) for p in policies]
+    excess = sum(counts) - total
+    empty = [np.empty(0, np.int64) for _ in policies]
+    if excess <= 0:
+        return empty
+    prio, head, slot = [], [], []
+    for g, p in enumerate(policies):
+        idx = np.flatnonzero(p.candidates())
+        prio.append(np.asarray(p.priority(), np.float64)[idx])
+        head.append(np.full(len(idx), g, np.int64))
+        slot.append(idx)
+    prio, head, slot = np.concatenate(prio), np.concatenate(head), np.concatenate(slot)
+    order = np.lexsort((slot, head, prio))  # priority, then head, then position
+    head_o = head[order]
+    # the k-th candidate (in this order) of head g may go iff k < its room above the floor
+    room = np.maximum(np.asarray(counts) - floor, 0)
+    rank = np.empty(len(order), np.int64)
+    for g in range(len(policies)):
+        mine = head_o == g
+        rank[mine] = np.arange(int(mine.sum()))
+    eligible = np.flatnonzero(rank < room[head_o])
+    need_candidates(len(eligible), excess)
+    taken = order[eligible[:excess]]
+    return [np.sort(slot[taken[head[taken] == g]]) for g in range(len(policies))]
