@@ -364,3 +364,40 @@ def token_strings(tok, ids, text: str | None = None, offsets=None) -> list[str]:
         out.append(text[prev:end] if end > prev else "")
         prev = max(prev, end)
     return out
+
+
+def _folder(model):
+    """The folder the model (and its tokenizer and config) loads from, if it is on disk yet."""
+    from kvviz.model.gguf_cache import cache_root, problem
+
+    src = resolve(model)
+    if src.kind == "folder":
+        return src.path
+    folder = cache_root() / "gguf" / source_sha256(src)
+    return folder if folder.is_dir() and problem(folder) is None else None
+
+
+def context_limit(model=None) -> int | None:
+    """The model's max_position_embeddings, read from its config without loading it."""
+    import json
+
+    if isinstance(model, tuple):
+        return getattr(text_config(model[1]), "max_position_embeddings", None)
+    folder = _folder(model)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    cfg = json.loads((folder / "config.json").read_text())
+    return cfg.get("max_position_embeddings", cfg.get("text_config", {}).get("max_position_embeddings"))
+
+
+def load_tokenizer(model=None):
+    """The tokenizer alone, for the checks that count tokens before the model loads: a
+    folder's own, the GGUF cache's (kvviz.model.gguf_cache) when it is built, else the model's."""
+    if isinstance(model, tuple):
+        return model[0]
+    from transformers import AutoTokenizer
+
+    folder = _folder(model)
+    if folder is not None:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return load_model(model, "capture")[0]

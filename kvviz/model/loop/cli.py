@@ -16,7 +16,7 @@ from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, parse_layers, require_stack
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig, parse_policy
+from kvviz.model.loop.config import EVICTIONS, GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_fits, parse_policy
 from kvviz.model.models import PROVENANCE, resolve
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
@@ -46,6 +46,40 @@ def add_config_arguments(p) -> None:
     p.add_argument("--policy", action="append", default=[],
                    help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=0 (repeatable)")
     p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
+    add_eviction_arguments(p)
+
+
+def add_eviction_arguments(p, prefill: bool = False) -> None:
+    """--eviction (and, where a prompt is read in one pass, --prefill-chunk)."""
+    p.add_argument("--eviction", choices=EVICTIONS, default="masked",
+                   help="masked: an evicted key is masked and stays in memory (what the policy decides, shown "
+                        "exactly); freed: each cache holds only its kept positions, so memory follows the budget")
+    if prefill:
+        p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                       help="prompt queries per attention block when a prompt is read in one pass (memory grows "
+                            "with chunk x prompt length)")
+
+
+def model_context(model) -> int | None:
+    """The model's context length from its config, without loading the weights."""
+    from kvviz.model.models import context_limit
+
+    return context_limit(model)
+
+
+def count_tokens(model, text: str, limit: int | None = None) -> int:
+    """How many tokens `text` is for the model's tokenizer (at most `limit`), tokenizer only."""
+    from kvviz.model.models import load_tokenizer, tokenize
+
+    return len(tokenize(load_tokenizer(model), text, limit or (1 << 40))[0])
+
+
+def memory_line(meta: dict) -> str:
+    """The two memories of a run side by side, as `meta` records them."""
+    mb = 1024 * 1024
+    return (f"eviction {meta['eviction']}: keys and values held {meta['cache_bytes'] / mb:.1f} MB "
+            f"(the full cache: {meta['full_cache_bytes'] / mb:.1f} MB); the policies' own bookkeeping "
+            f"{meta['policy_bytes'] / 1024:.1f} KB")
 
 
 def add_model_arguments(p) -> None:
@@ -166,6 +200,11 @@ def run(args) -> int:
             else parse_layers(args.rows_layers)
         resolve(args.model)  # a missing or incomplete model refused before anything loads
         require_stack("loop", args.model)
+        from kvviz.model.models import check_device
+
+        check_device(args.device, args.dtype)
+        n = count_tokens(args.model, text, args.max_tokens)
+        check_fits(n, args.budget, args.eviction, model_context(args.model), f"--text {args.text}")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -176,16 +215,19 @@ def run(args) -> int:
         res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,
                        progress=Progress(f"{Path(args.text).name} {args.granularity} x{len(configs)}", args.quiet),
                        rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed,
-                       model=args.model, device=args.device, dtype=args.dtype)
+                       model=args.model, device=args.device, dtype=args.dtype, eviction=args.eviction)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
     res.meta.update(name=Path(args.text).stem, text_file=str(args.text))
     print(table(res.results))
+    print(memory_line(res.meta))
     if args.json:
         write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
                                "granularity": args.granularity, "seconds": round(seconds, 1),
+                               **{k: res.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes",
+                                                           "policy_bytes")},
                                **{k: res.meta[k] for k in PROVENANCE if k in res.meta},
                                "results": res.results})
     if args.out:

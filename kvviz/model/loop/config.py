@@ -9,6 +9,7 @@ from kvviz.core.policies import FULL, POLICIES, make_policy, parse_params
 
 GRANULARITIES = ("layer", "kv-head")
 EVICTIONS = ("masked", "freed")  # what an eviction does to the cache: mask the key, or free its memory
+PREFILL_CHUNK = 256  # prompt queries per attention block in a prefill: memory ~ chunk x prompt length
 
 
 def check_eviction(eviction) -> None:
@@ -58,6 +59,23 @@ class LoopConfig:
 
     def to_dict(self) -> dict:
         return {"policy": self.policy, "params": self.full_params(), "budget": self.budget}
+
+
+def check_fits(positions: int, budgets, eviction: str = "masked", context: int | None = None,
+               what: str = "the run", chunk: int | None = None) -> None:
+    """A run of `positions` positions refused before the model loads, naming the option:
+    longer than the model's `context`; a `--budget` in freed mode that evicts nothing
+    (it holds every position, so nothing is freed); a `--prefill-chunk` below 1."""
+    if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
+        raise ValueError(f"--prefill-chunk must be an integer >= 1, got {chunk}")
+    if context is not None and positions > context:
+        raise ValueError(f"{what} needs {positions} positions, more than the model's context of {context}")
+    if eviction == "freed":
+        for b in budgets:
+            if b is not None and b >= positions:
+                raise ValueError(f"--budget {b} with --eviction freed: {what} reads {positions} positions, so "
+                                 f"nothing would be evicted or freed; use a budget below {positions}, "
+                                 "or --eviction masked")
 
 
 def parse_policy(spec: str) -> tuple[str, dict]:

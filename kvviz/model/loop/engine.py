@@ -29,11 +29,10 @@ from kvviz.core import harness
 from kvviz.core.replay import NEVER
 from kvviz.core.streams import STATES, Streams
 from kvviz.core.trace import packed_offset
-from kvviz.model.loop.config import GRANULARITIES, check_configs, check_eviction
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_configs, check_eviction
 from kvviz.model.loop.result import LoopResult
 
 ATTN_NAME = "kvviz_loop"
-PREFILL_CHUNK = 256  # prompt queries per attention block in a prefill: memory ~ chunk x prompt length
 _LOCK = threading.Lock()  # one loop per process at a time: the attention function reads _STATE
 _STATE = None
 

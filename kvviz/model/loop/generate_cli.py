@@ -10,7 +10,17 @@ from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import require_stack
-from kvviz.model.loop.cli import Progress, add_config_arguments, add_model_arguments, build_configs, read_text
+from kvviz.model.loop.cli import (
+    Progress,
+    add_config_arguments,
+    add_model_arguments,
+    build_configs,
+    count_tokens,
+    memory_line,
+    model_context,
+    read_text,
+)
+from kvviz.model.loop.config import PREFILL_CHUNK, check_fits
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
 from kvviz.model.models import resolve
 
@@ -36,6 +46,9 @@ def parser(sub=None, perf=None) -> argparse.ArgumentParser:
     p.add_argument("--prompt-mode", choices=PROMPT_MODES, default="decode",
                    help="decode: every prompt token is a step that may evict; prefill: read the prompt in one "
                         "pass with the full cache, then each policy evicts once to its budget")
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help="prompt queries per attention block in prefill mode (memory grows with chunk x prompt "
+                        "length, never with its square)")
     p.add_argument("--no-eos", action="store_true", help="do not stop a row at EOS")
     p.add_argument("--json", help="write the whole generation (texts, log-probs, eviction logs) here")
     add_model_arguments(p)
@@ -90,9 +103,16 @@ def run(args) -> int:
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         configs = build_configs(args.policy, args.budget)
+        check_fits(1, [], chunk=args.prefill_chunk)
         check_request(prompt, args.max_new_tokens, args.granularity, args.prompt_mode)
         resolve(args.model)  # a missing or incomplete model refused before anything loads
         require_stack("generate", args.model)
+        from kvviz.model.models import check_device
+
+        check_device(args.device, args.dtype)
+        n = count_tokens(args.model, prompt) + args.max_new_tokens - 1  # the last new token is never read
+        check_fits(n, args.budget, args.eviction, model_context(args.model),
+                   f"the prompt with --max-new-tokens {args.max_new_tokens}")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +121,8 @@ def run(args) -> int:
     try:
         gen = generate(prompt, configs, args.max_new_tokens, granularity=args.granularity,
                        prompt_mode=args.prompt_mode, model=args.model, seed=args.seed, device=args.device,
-                       dtype=args.dtype, stop_at_eos=not args.no_eos,
+                       dtype=args.dtype, stop_at_eos=not args.no_eos, eviction=args.eviction,
+                       prefill_chunk=args.prefill_chunk,
                        progress=Progress(f"{args.prompt_mode} {args.granularity} x{len(configs)}", args.quiet,
                                          command="generate"))
     except (ValueError, RuntimeError) as exc:
@@ -110,6 +131,7 @@ def run(args) -> int:
     m = gen.meta
     print(f"prompt: {gen.prompt_len} tokens, {args.prompt_mode} mode, {args.granularity} granularity; "
           f"{m['seconds']:.1f} s ({m['model_seconds']:.1f} s model, {m['bookkeeping_seconds']:.1f} s bookkeeping)")
+    print(memory_line(m))
     print(side_by_side(gen))
     if args.json:
         gen.save(args.json)

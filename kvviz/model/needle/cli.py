@@ -13,7 +13,8 @@ from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, require_stack
-from kvviz.model.loop.config import GRANULARITIES
+from kvviz.model.loop.cli import add_eviction_arguments
+from kvviz.model.loop.config import GRANULARITIES, check_fits
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
 
 
@@ -44,6 +45,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--prompt-modes", nargs="+", choices=PROMPT_MODES, default=["decode"])
     p.add_argument("--granularity", nargs="+", choices=GRANULARITIES, default=["layer"])
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per answer")
+    add_eviction_arguments(p, prefill=True)
     p.add_argument("--haystack", help="UTF-8 text file for the haystack (default: the pass-key filler)")
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
@@ -96,7 +98,13 @@ def run(args) -> int:
         require_stack("needle", args.model)
         from kvviz.model.needle.run import check_lengths, context_limit, load_tokenizer
 
+        check_fits(1, [], chunk=args.prefill_chunk)
+        from kvviz.model.models import check_device
+
+        check_device(args.device, args.dtype)
         check_lengths(load_tokenizer(args.model), grid.lengths, grid.max_new_tokens, context_limit(args.model))
+        check_fits(max(grid.lengths) + grid.max_new_tokens - 1, _flat(args.budgets), args.eviction,
+                   what=f"the longest prompt (--lengths {max(grid.lengths)}) with its new tokens")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -106,7 +114,8 @@ def run(args) -> int:
     try:
         df = run_grid(grid, args.out, model=args.model, haystack=haystack,
                       haystack_name=Path(args.haystack).name if args.haystack else None,
-                      progress=not args.quiet, device=args.device, dtype=args.dtype)
+                      progress=not args.quiet, device=args.device, dtype=args.dtype, eviction=args.eviction,
+                      prefill_chunk=args.prefill_chunk)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -114,6 +123,7 @@ def run(args) -> int:
         print("\ninterrupted: finished prompts are saved; re-run the same command to resume", file=sys.stderr)
         return 130
     mine = df[df["id"].isin([s.id for s in grid.prompts()])]
+    print(f"eviction: {args.eviction}")
     print(summary(mine))
     print(f"{len(grid.prompts())} prompts x {len(grid.configs)} configs in {time.perf_counter() - start:.0f} s "
           f"-> {Path(args.out) / 'results.csv'} and results.json")

@@ -7,51 +7,10 @@ import hashlib
 import sys
 
 from kvviz.core.paths import version
+from kvviz.model.models import context_limit, load_tokenizer  # noqa: F401 (the needle's checks use them)
 from kvviz.model.needle.grid import Grid, PromptSpec
 from kvviz.model.needle.prompt import FILLER, NeedlePrompt, build, minimum_length
 from kvviz.model.needle.results import list_runs, load_run, save_run, write_tables
-
-
-def _folder(model):
-    """The folder the model (and its tokenizer and config) loads from, if it is on disk yet."""
-    from kvviz.model.gguf_cache import cache_root, problem
-    from kvviz.model.models import resolve, source_sha256
-
-    src = resolve(model)
-    if src.kind == "folder":
-        return src.path
-    folder = cache_root() / "gguf" / source_sha256(src)
-    return folder if folder.is_dir() and problem(folder) is None else None
-
-
-def context_limit(model=None) -> int | None:
-    """The model's max_position_embeddings, read from its config without loading it."""
-    import json
-
-    if isinstance(model, tuple):
-        from kvviz.model.models import text_config
-
-        return getattr(text_config(model[1]), "max_position_embeddings", None)
-    folder = _folder(model)
-    if folder is None or not (folder / "config.json").is_file():
-        return None
-    cfg = json.loads((folder / "config.json").read_text())
-    return cfg.get("max_position_embeddings", cfg.get("text_config", {}).get("max_position_embeddings"))
-
-
-def load_tokenizer(model=None):
-    """The tokenizer alone, for the checks that count tokens before the model loads: a
-    folder's own, the GGUF cache's (kvviz.model.gguf_cache) when it is built, else the model's."""
-    if isinstance(model, tuple):
-        return model[0]
-    from transformers import AutoTokenizer
-
-    from kvviz.model.models import load_model
-
-    folder = _folder(model)
-    if folder is not None:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return load_model(model, "needle")[0]
 
 
 def check_lengths(tok, lengths, max_new_tokens: int = 1, limit: int | None = None) -> None:
@@ -74,17 +33,19 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
 
 def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: str,
                prompt_mode: str, granularity: str, seed: int = 0, haystack: dict | None = None,
-               progress=None) -> dict:
+               progress=None, eviction: str = "masked", prefill_chunk: int = 256) -> dict:
     """One prompt, every config in one kvviz.model.loop.generate batch: the run as
     results.load_run returns it (not written). The grid and the app's own-passage form both
     run through here, so a run from either is read the same way. `haystack`: the
-    haystack_info to record (the filler's when None)."""
+    haystack_info to record (the filler's when None). `eviction`, `prefill_chunk`: as for
+    kvviz.model.loop.generate; the run records the mode and the memory each held."""
     from kvviz.model.loop import generate
     from kvviz.model.models import model_provenance, token_strings
 
     tok, mdl = pair
     gen = generate(list(p.ids), configs, max_new_tokens, granularity=granularity,
-                   prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress)
+                   prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress, eviction=eviction,
+                   prefill_chunk=prefill_chunk)
     if list(gen.prompt_ids) != list(p.ids):
         raise RuntimeError(f"{run_id}: generate read other tokens than the prompt built")
     answers = [str(t) for t in gen.texts]
@@ -97,18 +58,20 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
             "answers": answers, "correct": [p.key in a for a in answers],
             "agreement": [float(x) for x in gen.agreement],
-            "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2])}
+            "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
+            **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")}}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
 
 
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
-            haystack_name: str | None = None) -> dict:
+            haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = 256) -> dict:
     """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
     p = build(pair[0], spec.length, spec.depth, spec.seed, haystack)
     return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
                       prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
-                      haystack=haystack_info(haystack, haystack_name))
+                      haystack=haystack_info(haystack, haystack_name), eviction=eviction,
+                      prefill_chunk=prefill_chunk)
 
 
 def model_name(model) -> str:
@@ -119,29 +82,31 @@ def model_name(model) -> str:
 
 
 def signature(meta: dict) -> tuple:
-    """What a saved run must match to be skipped on a re-run: configs, new tokens, haystack, model."""
+    """What a saved run must match to be skipped on a re-run: configs, new tokens, haystack,
+    model, eviction mode (a run from before the mode was recorded masked)."""
     return ([c["label"] for c in meta["configs"]], meta["max_new_tokens"], meta["haystack"]["sha256"],
-            meta["model"].get("model"))
+            meta["model"].get("model"), meta.get("eviction", "masked"))
 
 
-def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str) -> bool:
+def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, eviction: str = "masked") -> bool:
     try:
         meta = load_run(out, spec.id)["meta"]
     except (ValueError, OSError, KeyError):
         return False  # absent or unreadable: run it (again)
     return signature(meta) == ([c.label for c in grid.configs], grid.max_new_tokens,
-                               haystack_info(haystack, haystack_name)["sha256"], name)
+                               haystack_info(haystack, haystack_name)["sha256"], name, eviction)
 
 
 def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
-             progress: bool = True, device: str = "cpu", dtype: str = "float32"):
+             progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
+             prefill_chunk: int = 256):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
     Returns the table of every run in `out`."""
     from kvviz.model.models import load_model
 
     prompts = grid.prompts()
     name = model_name(model)
-    todo = [s for s in prompts if not done(out, s, grid, haystack, haystack_name, name)]
+    todo = [s for s in prompts if not done(out, s, grid, haystack, haystack_name, name, eviction)]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -154,7 +119,7 @@ def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_
             for spec in todo:
                 if bar is not None:
                     bar.set_postfix_str(spec.id, refresh=False)
-                run = compute(spec, grid, pair, haystack, haystack_name)
+                run = compute(spec, grid, pair, haystack, haystack_name, eviction, prefill_chunk)
                 save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
                 if bar is not None:
                     bar.update(1)

@@ -20,7 +20,7 @@ METRICS = {"needle": ("key", "answer", "correct", "agreement", "held_question", 
            "loop": ("perplexity", "perplexity_after_eviction", "top1_agreement", "kl",
                     "full_perplexity_after_eviction", "top1_agreement_after_eviction",
                     "kl_after_eviction", "first_eviction", "n_predicted", "n_after_eviction")}
-TAIL = ("status", "error", "kvviz_version", "text_sha256", "model")
+TAIL = ("status", "error", "kvviz_version", "text_sha256", "model", "eviction")
 
 
 def columns(mode: str) -> list[str]:
@@ -44,7 +44,7 @@ def _needle(text, unit, configs, payload, pair):
     grid = Grid([spec.length], [spec.depth], [spec.seed], ["full"], [], [spec.prompt_mode],
                 [spec.granularity], payload["max_new_tokens"])
     grid.configs = configs
-    run = needle_compute(spec, grid, pair, text, payload.get("text_key"))
+    run = needle_compute(spec, grid, pair, text, payload.get("text_key"), payload.get("eviction", "masked"))
     return rows(run), run["meta"]["model"]["model"]
 
 
@@ -52,14 +52,14 @@ def _loop(text, unit, configs, payload, pair):
     from kvviz.model.loop import run_loop
 
     res = run_loop(text, configs, granularity=unit[0], max_tokens=payload["max_tokens"], model=pair,
-                   rows_layers=[], seed=payload["seed"])
+                   rows_layers=[], seed=payload["seed"], eviction=payload.get("eviction", "masked"))
     return res.results, res.meta.get("model")
 
 
 def compute(data: bytes | None, sha: str, mode: str, text_key: str, unit: tuple, batch: str,
             plugins=()) -> list[tuple[dict | None, str | None]]:
     """(metrics, None) per configuration of `batch` (JSON: configs, full first, and the
-    payload: model, max_new_tokens or max_tokens and seed), or
+    payload: model, eviction, max_new_tokens or max_tokens and seed), or
     (None, error) for all of them if the batch raised. `data` None with a known sha: the
     text is in BLOBS (a pool worker); None and unknown: the needle's built-in filler."""
     from kvviz.model.loop.config import LoopConfig
@@ -78,7 +78,8 @@ def compute(data: bytes | None, sha: str, mode: str, text_key: str, unit: tuple,
         text = None if data is None else data.decode("utf-8")
         run = _needle if mode == "needle" else _loop
         rows, model = run(text, unit, configs, {**payload, "text_key": text_key}, pair)
-        return [({**{m: r.get(m) for m in METRICS[mode]}, "model": model}, None) for r in rows]
+        return [({**{m: r.get(m) for m in METRICS[mode]}, "model": model,
+                  "eviction": payload.get("eviction", "masked")}, None) for r in rows]
     except Exception as exc:  # recorded in every row of the task; the sweep goes on
         return [(None, describe(exc))] * len(configs)
     finally:

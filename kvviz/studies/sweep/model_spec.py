@@ -14,6 +14,9 @@ like a trace file: once per pool worker, once into Ray's object store.
     haystack = "filler"                  [[policies]] ...
     budgets = [128]
     [[policies]] ...
+
+Either mode takes `eviction = "masked"` (the default) or `"freed"` (kvviz.model.loop's
+two eviction modes); every row records it.
 """
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvviz.core.policies import param_specs, source_hash
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig
+from kvviz.model.loop.config import EVICTIONS, GRANULARITIES, LoopConfig
 from kvviz.studies.sweep.rules import SpecError, TraceInfo, axis_values, built, normalise_budgets, normalise_policies
 
 FILLER = "filler"
-COMMON = ("mode", "granularity", "model", "budgets", "policies")
+COMMON = ("mode", "granularity", "model", "budgets", "policies", "eviction")
 KEYS = {"needle": COMMON + ("lengths", "depths", "seeds", "prompt_modes", "max_new_tokens", "haystack"),
         "loop": COMMON + ("texts", "max_tokens", "seed")}
 
@@ -89,8 +92,12 @@ def normalise(raw: dict) -> dict:
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
         raise SpecError(f"model = {model!r}: must be a string (a folder, a .gguf or an installed name)")
+    eviction = raw.get("eviction", "masked")
+    if eviction not in EVICTIONS:
+        raise SpecError(f"eviction = {eviction!r}: must be one of {', '.join(map(repr, EVICTIONS))}")
     spec = {"mode": mode, "granularity": _choices(raw, "granularity", GRANULARITIES, ["layer"]),
-            "model": model, "budgets": normalise_budgets(raw), "policies": normalise_policies(raw)}
+            "model": model, "budgets": normalise_budgets(raw), "policies": normalise_policies(raw),
+            "eviction": eviction}
     if mode == "loop":
         texts = axis_values(raw, "texts", str)
         if texts is None:
@@ -190,7 +197,8 @@ def load(spec: dict, base: Path):
         except ValueError as exc:
             raise SpecError(str(exc).replace("--lengths ", "lengths = ")
                             .replace("--max-new-tokens", "max_new_tokens")) from None
-    keys = ("model", "max_new_tokens") if spec["mode"] == "needle" else ("model", "max_tokens", "seed")
+    keys = ("model", "eviction", "max_new_tokens") if spec["mode"] == "needle" else \
+        ("model", "eviction", "max_tokens", "seed")
     batch = json.dumps({"configs": [c.to_dict() for c in cfgs], "payload": {k: spec[k] for k in keys}})
     cells = []
     for text, item, unit in units(spec):
