@@ -98,16 +98,20 @@ def test_a_policy_without_a_shortcut_streams_every_row_and_agrees():
 
 def test_prefill_refuses_what_it_cannot_do_exactly():
     raw = rows_for(10, 0)
-    rows = harness.PromptRows(10, 1, False)
+    rows = harness.PromptRows(10, 1, True)  # a sum needs every row
     rows.add(0, raw[:4])
     with pytest.raises(ValueError, match="prompt rows must arrive in order: expected row 4, got 5"):
         rows.add(5, raw[5:])
+    tail = harness.PromptRows(10, 3, False)  # the last 3 rows only: earlier ones may be left out
+    assert not tail.wants(0, 7) and tail.wants(0, 8)
+    tail.add(6, raw[6:])
+    assert tail.next == 10 and np.array_equal(tail.row(9), raw[9, :9])
     with pytest.raises(ValueError, match="4 of 10 prompt rows arrived"):
         harness.prefill(Tova(budget=3), rows, 10, 3)
     rows.add(4, raw[4:])
     with pytest.raises(ValueError, match="needs the prompt.s last 4 rows"):
         harness.prefill(make_policy("snapkv", budget=3, recent_window=1, obs_window=4), rows, 10, 3)
     with pytest.raises(ValueError, match="and their sum"):
-        harness.prefill(make_policy("h2o", budget=3, recent_window=1), rows, 10, 3)
+        harness.prefill(make_policy("h2o", budget=3, recent_window=1), tail, 10, 3)
     with pytest.raises(ValueError, match="streams every row: give it to PromptRows"):
         harness.prefill(EveryRow(budget=3), rows, 10, 3)

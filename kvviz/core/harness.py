@@ -116,7 +116,8 @@ class PromptRows:
     optionally the float64 sum of the renormalised rows before the last (`sums`), and
     every row before the last fed at once to the `streamed` policies (which need them all).
 
-    `add(start, raw, key_norms)` takes rows start..start+m-1 in order: row t's weights
+    `add(start, raw, key_norms)` takes rows start..start+m-1 in order (rows nobody `wants`
+    may be left out): row t's weights
     on positions 0..t-1 are `raw[i, :t]` (nothing is evicted during a prefill, so a
     row's held positions are all the earlier ones); `key_norms` (length,) is needed
     only when a streamed policy reads key norms."""
@@ -129,8 +130,13 @@ class PromptRows:
         self.streamed = list(streamed)
         self.next = 0
 
+    def wants(self, start: int, stop: int) -> bool:
+        """Whether rows start..stop-1 are needed: every row is, for a sum or a streamed
+        policy; else only the last `tail`."""
+        return self.sums is not None or bool(self.streamed) or stop > self.length - self.tail
+
     def add(self, start: int, raw: np.ndarray, key_norms=None) -> None:
-        if start != self.next:
+        if start != self.next and (start < self.next or self.wants(self.next, start)):
             raise ValueError(f"prompt rows must arrive in order: expected row {self.next}, got {start}")
         first_tail = self.length - self.tail
         for i in range(raw.shape[0]):

@@ -22,6 +22,19 @@ from kvviz.app.ui.context import CHART
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import from_link, note, timer_place, widget
 from kvviz.core.policies import POLICIES, config_label
+from kvviz.model.loop.cli import memory_line
+from kvviz.model.loop.config import EVICTIONS
+
+EVICTION_HELP = ("masked: an evicted key is masked and stays in memory (what the policy decides, shown exactly); "
+                 "freed: each configuration's cache holds only its kept positions, so its memory follows the budget. "
+                 "Both give the same tokens.")
+
+
+def eviction_caption(meta: dict) -> str:
+    """The run's eviction mode and, where it recorded them, the bytes its caches held."""
+    if "cache_bytes" not in meta:
+        return f"eviction {meta.get('eviction', 'masked')}"
+    return memory_line(meta)
 
 MAX_NEW_TOKENS = 256
 NEW_BUDGETS = (32, 64, 128, 192)
@@ -67,7 +80,7 @@ def model_caption(meta: dict) -> str:
 
 def result_label(res, path: Path | None) -> str:
     name = res.meta.get("name") or (path.stem if path else "result")
-    return f"{name} · {res.granularity} · {len(res.tokens)} tokens"
+    return f"{name} · {res.granularity} · {len(res.tokens)} tokens · {res.meta.get('eviction', 'masked')}"
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -100,14 +113,14 @@ def new_configs(policies, budgets) -> tuple[list, list[str]]:
     return configs, refused
 
 
-def start_job(text: str, configs, granularity: str, max_tokens: int, model=None) -> dict:
+def start_job(text: str, configs, granularity: str, max_tokens: int, model=None, eviction: str = "masked") -> dict:
     """Queue one loop (kvviz.app.ui.jobs); its progress and result live in the returned dict
     (the worker never touches session state, which belongs to the script thread)."""
     from kvviz.model.loop import run_loop
 
     def run(progress):  # in kvviz.app.ui.jobs' queue: one model run at a time per server
         return run_loop(text, configs, granularity=granularity, max_tokens=max_tokens,
-                        progress=progress, rows_layers=(), model=model)
+                        progress=progress, rows_layers=(), model=model, eviction=eviction)
 
     return jobs.start(max_tokens, run)
 
@@ -149,6 +162,7 @@ def run_box(ctx):
             model = models[st.selectbox("model", list(models), key="loop.new.model",
                                         help="the bundled SmolLM2, or a folder / .gguf listed in "
                                              "$KVVIZ_MODELS")]
+        eviction = st.radio("eviction", EVICTIONS, horizontal=True, key="loop.new.eviction", help=EVICTION_HELP)
         go = st.button("run the model in the loop", key="loop.new.run", disabled=busy or not pols
                        or not buds, icon=":material/play_arrow:",
                        help="one run per session at a time; the page stays usable meanwhile")
@@ -157,7 +171,7 @@ def run_box(ctx):
             for r in refused:
                 st.warning(f"Left out: {r}")
             if len(configs) > 1:
-                S[JOB] = start_job("".join(tokens[:int(n)]), configs, gran, int(n), model)
+                S[JOB] = start_job("".join(tokens[:int(n)]), configs, gran, int(n), model, eviction)
                 busy = True
             else:
                 st.error("Nothing to run: every chosen policy refuses every chosen budget.")
@@ -218,7 +232,7 @@ def render(ctx):
     kind, obj, _ = sources[label]
     res = load(obj) if kind == "file" else obj
     rows = res.results
-    st.caption(model_caption(res.meta))
+    st.caption(f"{model_caption(res.meta)} · {eviction_caption(res.meta)}")
     draw(res, rows)
     run_box(ctx)
 

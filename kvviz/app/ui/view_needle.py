@@ -20,8 +20,9 @@ from kvviz.app.ui import jobs
 from kvviz.app.ui.context import CHART
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import note, timer_place
-from kvviz.app.ui.view_loop import POLL_S, torch_available
+from kvviz.app.ui.view_loop import EVICTION_HELP, POLL_S, eviction_caption, torch_available
 from kvviz.core.policies import POLICIES
+from kvviz.model.loop.config import EVICTIONS
 from kvviz.model.needle.prompt import QUESTION
 
 S = st.session_state
@@ -163,6 +164,7 @@ def render(ctx=None):
         run = mine
         budgets = sorted({c["budget"] for c in run["meta"]["configs"] if c["budget"]})
         budget = st.selectbox("budget", budgets, key="needle.mine.budget")
+        st.caption(eviction_caption(run["meta"]))
         draw_cell(run, budget, prefix="mine")
     elif rows is not None and not rows.empty:
         draw_grid(folder, rows)
@@ -260,7 +262,7 @@ MAX_PROMPT = 1024  # tokens: a page run stays a few minutes on 2 cores
 
 
 def run_needle(passage: str, key: str, question: str, depth: float, configs: list,
-               prompt_mode: str, granularity: str, max_new_tokens: int, progress) -> dict:
+               prompt_mode: str, granularity: str, max_new_tokens: int, progress, eviction: str = "masked") -> dict:
     """The one adapter from the page to the model: the prompt built around the user's
     passage, key and question (kvviz.model.needle.prompt.build_around, at most MAX_PROMPT
     tokens) and run as the grid runs one (kvviz.model.needle.run.run_prompt)."""
@@ -272,7 +274,7 @@ def run_needle(passage: str, key: str, question: str, depth: float, configs: lis
     p = build_around(pair[0], passage, key, question, depth, max_tokens=MAX_PROMPT)
     return run_prompt(pair, p, configs, max_new_tokens, run_id="your run", prompt_mode=prompt_mode,
                       granularity=granularity, haystack=haystack_info(passage, "your passage"),
-                      progress=progress)
+                      progress=progress, eviction=eviction)
 
 
 def start_job(spec: dict) -> dict:
@@ -306,6 +308,7 @@ def run_box():
         mode = c[2].selectbox("prompt mode", ("decode", "prefill"), key="needle.new.mode")
         gran = c[3].selectbox("granularity", ("layer", "kv-head"), key="needle.new.gran")
         n = c[4].number_input("new tokens", 1, 64, 12, key="needle.new.tokens")
+        eviction = st.radio("eviction", EVICTIONS, horizontal=True, key="needle.new.eviction", help=EVICTION_HELP)
         go = st.button("run", key="needle.new.run", disabled=busy or not pols,
                        icon=":material/play_arrow:",
                        help="one run per session at a time; runs from other sessions queue")
@@ -321,7 +324,7 @@ def run_box():
                     S[JOB] = start_job(dict(passage=passage, key=key.strip(), question=question,
                                             depth=float(depth), configs=configs,
                                             prompt_mode=mode, granularity=gran,
-                                            max_new_tokens=int(n)))
+                                            max_new_tokens=int(n), eviction=eviction))
                     busy = True
                 else:
                     st.error("Nothing to run: every chosen policy refuses this budget.")

@@ -33,6 +33,7 @@ from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_configs,
 from kvviz.model.loop.result import LoopResult
 
 ATTN_NAME = "kvviz_loop"
+MOVED = [0]  # bytes brought from the device to the host by `step`, since the process started
 _LOCK = threading.Lock()  # one loop per process at a time: the attention function reads _STATE
 _STATE = None
 
@@ -63,6 +64,7 @@ class State:
         self.cur_h = torch.zeros(B, L, G, 0)
         self.dirty = []  # (flat bias indices, value) since the last push
         self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
+        self._moved = 0
         self.feed = None  # a PromptFeed while a prompt is read in one pass
         if self.freed:
             self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
@@ -123,6 +125,11 @@ class State:
         if not self.on_host:
             self.dirty.append((np.asarray(flat, np.int64), value))
 
+    @property
+    def moved(self) -> int:
+        """Bytes the last `pull` brought from the device to the host (0 on the CPU)."""
+        return self._moved
+
     def free(self, b: int, layer: int, g: int, victims) -> None:
         """Freed: the victims' slots emptied (masked until a token is written there)."""
         hs = self.heads(g)
@@ -147,6 +154,7 @@ class State:
             w = self.cur_s_t if self.freed else self.cur_t[..., : t + 1]
             parts = [w.reshape(-1).double(), self.knorm_t.reshape(-1).double()]
             flat = torch.cat(parts + ([] if stats is None else [stats.reshape(-1)])).cpu().numpy()
+            self._moved = flat.nbytes
             n, k = w.numel(), self.knorm.size
             if self.freed:
                 self.cur_s.reshape(-1)[:] = flat[:n]
@@ -475,7 +483,7 @@ def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, de
     if eviction == "masked":
         return [Lane(np.arange(C), State(torch, C, L, Hk, G, T, device), DynamicCache())]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
-    lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), DynamicCache())]
+    lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), DynamicCache())] if len(full) else []
     for budget, rest in by_budget(configs):
         st = State(torch, len(rest), L, Hk, G, T, device, slots=min(T, budget + 1))
         st.place(0)
@@ -508,7 +516,7 @@ def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int,
             st.bias_t.copy_(st.bias_h)
         return [Lane(np.arange(C), st, cache)]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
-    lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)]
+    lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)] if len(full) else []
     for budget, rest in by_budget(configs):
         st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER, budget, T, device, limit=T)
         st.place(T0)
@@ -588,7 +596,9 @@ def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, act
         host = lanes[0].state.pull(torch, s, t)
         for lane in lanes[1:]:
             lane.state.pull(torch, None, t)
+        moved = sum(lane.state.moved for lane in lanes)
     t1 = time.perf_counter()
+    MOVED[0] += moved
     for lane in lanes:
         bookkeeping(lane, configs, policies, evicted_at, t, active)
         if lane.state.freed and t + 1 < lane.state.T:
