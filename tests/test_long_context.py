@@ -173,3 +173,119 @@ def test_hf_masked_and_freed_agree_with_and_without_gradients(smollm):
         mdl(nxt, cache=out.past_key_values, use_cache=True)
     assert log.evicted_at.shape[-1] == ids.shape[1] + 1
     assert (log.held(ids.shape[1]).sum(axis=-1) == 12).all()
+
+
+# -- the command line ------------------------------------------------------------------
+
+def _cli(capsys, argv):
+    from kvviz.__main__ import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """A refusal must come before the weights load: loading them fails the test."""
+    import kvviz.model.models as M
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(M, "load_model", refuse)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "--prompt", "The pass key is 42.", "--max-new-tokens", "4", "--policy", "tova", "--budget", "64",
+      "--eviction", "freed"],
+     "--budget 64 with --eviction freed: the prompt with --max-new-tokens 4 reads {n} positions, so nothing would "
+     "be evicted or freed"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "4", "--policy", "tova", "--budget", "8",
+      "--device", "cuda"], "--device cuda: no CUDA device here"),
+    (["generate", "--prompt-file", "{long}", "--max-new-tokens", "4", "--policy", "tova", "--budget", "8"],
+     "more than the model's context of 8192"),
+    (["loop", "--text", "{long}", "--max-tokens", "9000", "--policy", "tova", "--budget", "8"],
+     "--text {long} needs 9000 positions, more than the model's context of 8192"),
+    (["needle", "--out", "{out}", "--lengths", "512", "--policies", "tova", "--budgets", "600",
+      "--eviction", "freed", "--max-new-tokens", "4"],
+     "--budget 600 with --eviction freed: the longest prompt (--lengths 512) with its new tokens reads 515 "
+     "positions"),
+    (["needle", "--out", "{out}", "--lengths", "512", "--policies", "tova", "--budgets", "64",
+      "--prefill-chunk", "0"], "--prefill-chunk must be an integer >= 1, got 0"),
+])
+def test_long_run_refusals_name_the_option_before_the_model_loads(smollm, tmp_path, capsys, no_model_load,
+                                                                  argv, needle):
+    from kvviz.model.needle.prompt import FILLER
+
+    long = tmp_path / "long.txt"
+    long.write_text(FILLER * 800, encoding="utf-8")  # well over 8,192 tokens
+    argv = [a.format(long=long, out=tmp_path / "out") for a in argv]
+    code, out, err = _cli(capsys, argv)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    from kvviz.model.models import tokenize
+
+    n = len(tokenize(smollm[0], "The pass key is 42.", 100)[0]) + 4 - 1  # the last new token is never read
+    assert needle.format(long=long, n=n) in lines[0], lines[0]
+
+
+def test_a_2048_token_pass_key_prompt_in_prefill_mode_with_freed_eviction(smollm, tmp_path, capsys):
+    """The needle command end to end at 2,048 tokens: the prompt read a block at a time,
+    every policy's cache freed to its budget, the mode and the memory recorded."""
+    from kvviz.model.needle.results import list_runs, load_run
+
+    out = tmp_path / "needle"
+    code, stdout, err = _cli(capsys, ["needle", "--out", str(out), "--lengths", "2048", "--depths", "50",
+                                      "--prompt-modes", "prefill", "--policies", "tova", "streaming-llm:sinks=4",
+                                      "--budgets", "256", "--eviction", "freed", "--quiet"])
+    assert code == 0, err
+    assert "eviction: freed" in stdout
+    (run_id,) = list_runs(out)
+    run = load_run(out, run_id)
+    meta = run["meta"]
+    assert meta["prompt_len"] == 2048 and meta["eviction"] == "freed"
+    assert meta["correct"][0], meta["answers"][0]  # the full cache reads the key at 2,048 tokens
+    # every evicting row held its budget from the prompt on: 256 of the prompt's positions
+    ev = run["evicted_at"]
+    for c in (1, 2):
+        held = (ev[c, :, :, :2048] == NEVER) | (ev[c, :, :, :2048] > 2047)
+        assert (held.sum(axis=-1) == 256).all()
+    per_position = 30 * 3 * 64 * 2 * 4  # layers x KV heads x head size x (key, value) x fp32
+    n = 2048 + len(run["new_ids"][0][run["new_ids"][0] >= 0]) - 1
+    assert meta["full_cache_bytes"] == 3 * n * per_position
+    assert meta["cache_bytes"] == (n + 2 * 257) * per_position  # full row, then two rows of budget + 1 slots
+
+
+def test_gpu_check_runs_its_checks_on_the_cpu(torch_stack):
+    """scripts/gpu_check.py, small, on the CPU: the same code a GPU machine runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--quick"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "all checks passed" in proc.stdout
+    assert "MISMATCH" not in proc.stdout and "DIFFER" not in proc.stdout
+    assert proc.stdout.count("same tokens") == 12  # 3 architectures x 2 eviction modes x 2 prompt modes
+
+
+@pytest.mark.cuda
+def test_gpu_check_on_cuda(torch_stack):
+    """The GPU check on a CUDA device, where there is one (scripts/gpu_check.py, small)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: scripts/gpu_check.py runs this on a GPU machine")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script), "--device", "cuda", "--quick"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -7,14 +7,15 @@ without a tokenizer) is read once in one pass, every configuration evicting once
 (kvviz.model.loop.engine.read_prompt); then, per budget and batch size, `steps` greedy
 tokens are decoded three ways from that same prompt cache:
 
-- full: the model's own decode over the whole cache (its configured attention, no kvviz),
-  `batch` sequences;
+- full: the model's own decode over the whole cache (PyTorch's fused attention, sdpa,
+  no kvviz), `batch` sequences;
 - masked: kvviz's engine, `batch` configurations (distinct policies at the budget),
   evicted keys masked (every row holds the whole cache);
 - freed: the same configurations, each row's cache gathered to its kept positions.
 
 Printed per row: ms per decode step, tokens per second (batch x steps / seconds), the keys
-and values held, and freed's speed as a multiple of full's. Wall time on a machine other
+and values held, the bytes a step brought from the device to the host (0 on the CPU:
+host and device are one memory), and the speed as a multiple of full's. Wall time on a machine other
 jobs may share: read the ratios within one run. Figures, not a test.
 """
 from __future__ import annotations
@@ -61,7 +62,15 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
     import torch
 
     from kvviz.core.replay import NEVER
-    from kvviz.model.loop.engine import attached, cache_bytes, lanes_after_prompt, make_policies, read_prompt, step
+    from kvviz.model.loop.engine import (
+        MOVED,
+        attached,
+        cache_bytes,
+        lanes_after_prompt,
+        make_policies,
+        read_prompt,
+        step,
+    )
     from kvviz.model.loop.greedy import greedy_stats
     from kvviz.model.models import text_config
 
@@ -92,16 +101,22 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
                 for mode in ("full", "masked", "freed"):
                     cache = clone(torch, prompt)
                     tokens = torch.full((batch,), int(first), device=dev)
+                    moved = MOVED[0]
                     if mode == "full":
                         cache.batch_repeat_interleave(batch)
-                        sync()
-                        start = time.perf_counter()
-                        with torch.no_grad():
-                            for t in range(steps):
-                                out = mdl(input_ids=tokens.view(batch, 1), cache=cache, use_cache=True,
-                                          position_ids=torch.full((batch, 1), n + t, device=dev))
-                                tokens = out.logits[:, -1].argmax(-1)
-                        sync()
+                        previous = mdl.config._attn_implementation
+                        mdl.set_attn_implementation("sdpa")  # the model's fastest own attention
+                        try:
+                            sync()
+                            start = time.perf_counter()
+                            with torch.no_grad():
+                                for t in range(steps):
+                                    out = mdl(input_ids=tokens.view(batch, 1), cache=cache, use_cache=True,
+                                              position_ids=torch.full((batch, 1), n + t, device=dev))
+                                    tokens = out.logits[:, -1].argmax(-1)
+                            sync()
+                        finally:
+                            mdl.set_attn_implementation(previous)
                         secs, held = time.perf_counter() - start, cache_bytes([_Plain(cache)])
                     else:
                         import copy
@@ -119,7 +134,7 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
                             secs, held = time.perf_counter() - start, cache_bytes(lanes)
                     row = {"length": n, "budget": b, "batch": batch, "mode": mode, "steps": steps,
                            "ms_per_step": 1000 * secs / steps, "tokens_per_s": batch * steps / secs,
-                           "cache_bytes": held}
+                           "cache_bytes": held, "host_bytes_per_step": (MOVED[0] - moved) // steps}
                     rows.append(row)
                     log(f"  budget {b:>5} batch {batch}: {mode:<6} {row['ms_per_step']:8.1f} ms/step "
                         f"{row['tokens_per_s']:8.1f} tokens/s  cache {held / 2**20:8.1f} MB")
@@ -138,11 +153,12 @@ def table(rows) -> str:
     """The rows as the docs quote them: freed's and masked's speed as a multiple of full's."""
     full = {(r["length"], r["budget"], r["batch"]): r for r in rows if r["mode"] == "full"}
     lines = [f"{'length':>6} {'budget':>6} {'batch':>5} {'mode':<6} {'ms/step':>8} {'tokens/s':>9} "
-             f"{'cache MB':>9} {'x full':>7}"]
+             f"{'cache MB':>9} {'host KB/step':>12} {'x full':>7}"]
     for r in rows:
         f = full[r["length"], r["budget"], r["batch"]]
         lines.append(f"{r['length']:>6} {r['budget']:>6} {r['batch']:>5} {r['mode']:<6} {r['ms_per_step']:>8.1f} "
                      f"{r['tokens_per_s']:>9.1f} {r['cache_bytes'] / 2**20:>9.1f} "
+                     f"{r['host_bytes_per_step'] / 1024:>12.1f} "
                      f"{r['tokens_per_s'] / f['tokens_per_s']:>6.2f}x")
     return "\n".join(lines)
 
