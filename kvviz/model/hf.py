@@ -1,4 +1,4 @@
-"""kvviz's policies in your own Hugging Face code: mask what a policy evicts during `generate`.
+"""kvviz's policies in your own Hugging Face code: evict what a policy evicts during `generate`.
 
     import kvviz.hf
     with kvviz.hf.evicting(model, policy="tova", budget=128, granularity="kv-head") as log:
@@ -8,8 +8,10 @@
 It runs the loop's own machinery (kvviz.model.loop.engine): the same registered attention
 function adds -inf to each evicted key before the softmax (exactly removal: keys are
 cached after RoPE), and the same bookkeeping (kvviz.core.harness through engine.bookkeeping)
-steps the same policy objects. It masks; it does NOT free memory: the cache still holds
-every key and value, so this measures what eviction does to the output, not what it saves.
+steps the same policy objects. By default it masks: the cache still holds every key and
+value, so this measures what eviction does to the output, not what it saves; with
+`eviction="freed"` the cache's layers are replaced after the prompt by slots that hold only
+the kept positions (kvviz.model.loop.engine.slot_cache), so the memory is the budget's.
 
 `generate` reads the prompt in one forward pass, so this is kvviz's prompt_mode="prefill":
 the policy observes every prompt row (per layer, or per KV head), evicts once down to its
@@ -82,6 +84,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         State,
         attached,
         bookkeeping,
+        capacity,
         check_architecture,
         gathered,
         make_policies,
@@ -141,7 +144,8 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
             if eviction == "freed":
                 if cache is None:
                     raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
-                st, layers = gathered(torch, cache, evicted[0][..., :q] == NEVER, budget, evicted[0].shape[-1], dev)
+                st, layers = gathered(torch, cache, evicted[0][..., :q] == NEVER, capacity(cfg, policies[0]),
+                                      evicted[0].shape[-1], dev)
                 cache.layers[:] = slot_cache(st, layers, seen=q).layers
             else:
                 st = State(torch, 1, L, Hk, G, evicted[0].shape[-1], dev)

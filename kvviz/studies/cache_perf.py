@@ -124,7 +124,7 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
                         ev = evicted[pick].copy()
                         run_pols = copy.deepcopy(pols)
                         with attached(mdl):
-                            lanes = lanes_after_prompt(torch, cache, configs, ev, mode, T, dev)
+                            lanes = lanes_after_prompt(torch, cache, configs, ev, mode, T, dev, run_pols)
                             sync()
                             start = time.perf_counter()
                             for t in range(steps):

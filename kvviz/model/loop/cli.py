@@ -82,6 +82,13 @@ def memory_line(meta: dict) -> str:
             f"{meta['policy_bytes'] / 1024:.1f} KB")
 
 
+def speed_line(meta: dict, tokens: int, configs: int) -> str:
+    """How fast a run read its text, and the policies' bookkeeping's share of each step."""
+    model, book = meta["model_seconds"], meta["bookkeeping_seconds"]
+    return (f"{tokens} tokens x {configs} configurations in {model + book:.1f} s: {tokens / (model + book):.1f} "
+            f"tokens/s; model {model:.1f} s, bookkeeping {book:.1f} s ({book / (model + book):.0%} of a step)")
+
+
 def add_model_arguments(p) -> None:
     """--model, --device, --dtype: which model runs, and where."""
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
@@ -223,6 +230,7 @@ def run(args) -> int:
     res.meta.update(name=Path(args.text).stem, text_file=str(args.text))
     print(table(res.results))
     print(memory_line(res.meta))
+    print(speed_line(res.meta, len(res.tokens), len(configs)))
     if args.json:
         write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
                                "granularity": args.granularity, "seconds": round(seconds, 1),

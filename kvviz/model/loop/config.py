@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvviz.core.policies import FULL, POLICIES, make_policy, parse_params
+from kvviz.core.policies import ALLOCATORS, FULL, POLICIES, is_allocator, make_policy, parse_params
 
 GRANULARITIES = ("layer", "kv-head")
 EVICTIONS = ("masked", "freed")  # what an eviction does to the cache: mask the key, or free its memory
@@ -20,8 +20,9 @@ def check_eviction(eviction) -> None:
 
 @dataclass
 class LoopConfig:
-    """One configuration of the batch. `policy` is a registry name or "full" (no eviction,
-    budget ignored). `params` may omit defaults; `full_params()` lists them all."""
+    """One configuration of the batch. `policy` is a registry name (a policy, or an allocator
+    such as adakv whose parameters include its scorer's) or "full" (no eviction, budget
+    ignored). `params` may omit defaults; `full_params()` lists them all."""
 
     policy: str
     params: dict = field(default_factory=dict)
@@ -31,8 +32,9 @@ class LoopConfig:
         if self.policy == FULL:
             self.params, self.budget = {}, None
             return
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {sorted(POLICIES) + [FULL]}, got {self.policy!r}")
+        if self.policy not in POLICIES and not is_allocator(self.policy):
+            raise ValueError(f"policy must be one of {sorted(POLICIES) + sorted(ALLOCATORS) + [FULL]}, "
+                             f"got {self.policy!r}")
         self.params = parse_params(self.policy, dict(self.params or {}))  # names or labels
         self.make(0)  # the registry's own checks: unknown parameter, even poolKernel, ...
 
@@ -40,12 +42,18 @@ class LoopConfig:
     def is_full(self) -> bool:
         return self.policy == FULL
 
-    def make(self, layer: int = 0, head: int = 0, seed: int = 0):
-        """A fresh policy object (None for full); rng seeded per (seed, layer, head)."""
+    @property
+    def is_allocator(self) -> bool:
+        """Whether the policy is an allocator (it shares a budget across a layer's streams)."""
+        return is_allocator(self.policy)
+
+    def make(self, layer: int = 0, head: int = 0, seed: int = 0, place=None):
+        """A fresh policy object (None for full); rng seeded per (seed, layer, head); `place`
+        (kvviz.core.policies.Place) tells it where its stream sits."""
         if self.is_full:
             return None
-        return make_policy(self.policy, budget=self.budget,
-                           rng=np.random.default_rng([seed, layer, head]), **self.params)
+        return make_policy(self.policy, budget=self.budget, rng=np.random.default_rng([seed, layer, head]),
+                           place=place, **self.params)
 
     def full_params(self) -> dict:
         return {} if self.is_full else dict(self.make().params)
@@ -82,8 +90,9 @@ def parse_policy(spec: str) -> tuple[str, dict]:
     """'snapkv:poolKernel=5,obsWindow=16' -> ("snapkv", {"pool_kernel": 5, "obs_window": 16})."""
     name, _, rest = str(spec).partition(":")
     name = name.strip()
-    if name != FULL and name not in POLICIES:
-        raise ValueError(f"--policy: unknown policy {name!r}; known: {', '.join(sorted(POLICIES) + [FULL])}")
+    if name != FULL and name not in POLICIES and not is_allocator(name):
+        raise ValueError(f"--policy: unknown policy {name!r}; known: "
+                         f"{', '.join(sorted(POLICIES) + sorted(ALLOCATORS) + [FULL])}")
     params = {}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.policies import Place
+from kvviz.core.policies.alloc import LayerGroup
+from kvviz.core.policies.base import BudgetError
 from kvviz.core.replay import NEVER
 from kvviz.core.streams import STATES, Streams
 from kvviz.core.trace import packed_offset
@@ -378,7 +381,7 @@ class PromptFeed:
                 for pol in policies:
                     if pol is None:
                         continue
-                    p = pol[layer][g]
+                    p = streams_of(pol, layer)[g]
                     t, s, st = harness.prefill_needs(p, T0)
                     tail, sums = max(tail, t), sums or s
                     if st:
@@ -415,10 +418,17 @@ class PromptFeed:
             if pol is None:
                 continue
             for layer, per in enumerate(pol):
-                for g, p in enumerate(per):
+                group = per if isinstance(per, LayerGroup) else None
+                for g, p in enumerate(streams_of(pol, layer)):
                     norms = None if self.norms is None else self.norms[layer, g]
-                    victims = harness.prefill(p, self.rows[layer][g], self.T0, cfg.budget, norms)
+                    # an allocator's heads observe the prompt without evicting; the group evicts below
+                    victims = harness.prefill(p, self.rows[layer][g], self.T0,
+                                              self.T0 if group is not None else cfg.budget, norms)
                     evicted_at[c, layer, g, victims] = last
+                if group is not None:
+                    for g, victims in enumerate(group.evict()):
+                        evicted_at[c, layer, g, victims] = last
+                    group.enforce(last)
         self.seconds += time.perf_counter() - t0
 
 
@@ -472,7 +482,7 @@ def check_inputs(text, granularity, max_tokens, eviction="masked") -> None:
         raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
 
 
-def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, device) -> list[Lane]:
+def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, device, policies=None) -> list[Lane]:
     """The lanes of a run read token by token from an empty cache. Masked: every config in
     one lane over one DynamicCache. Freed: the full row in its own lane, the evicting rows
     in one lane per budget over slots (budget + 1 per layer and KV head: one step admits
@@ -484,22 +494,25 @@ def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, de
         return [Lane(np.arange(C), State(torch, C, L, Hk, G, T, device), DynamicCache())]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), DynamicCache())] if len(full) else []
-    for budget, rest in by_budget(configs):
+    for budget, rest in by_budget(configs, policies):
         st = State(torch, len(rest), L, Hk, G, T, device, slots=min(T, budget + 1))
         st.place(0)
         lanes.append(Lane(rest, st, slot_cache(st)))
     return lanes
 
 
-def by_budget(configs) -> list[tuple[int, np.ndarray]]:
-    """Freed: the evicting configs grouped by budget, one lane each, so that every row's cache
-    is its own budget's size (a batched tensor has one size for all its rows)."""
-    budgets = sorted({cfg.budget for cfg in configs if not cfg.is_full})
-    return [(b, np.array([c for c, cfg in enumerate(configs) if not cfg.is_full and cfg.budget == b]))
-            for b in budgets]
+def by_budget(configs, policies=None) -> list[tuple[int, np.ndarray]]:
+    """Freed: the evicting configs grouped by the most one stream may hold (`capacity`: the
+    budget, or an allocator's largest cap), one lane each, so that every row's cache is its
+    own size (a batched tensor has one size for all its rows)."""
+    cap = [None if cfg.is_full else cfg.budget if policies is None else capacity(cfg, policies[c])
+           for c, cfg in enumerate(configs)]
+    return [(b, np.array([c for c in range(len(configs)) if cap[c] == b]))
+            for b in sorted({x for x in cap if x is not None})]
 
 
-def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int, device) -> list[Lane]:
+def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int, device,
+                       policies=None) -> list[Lane]:
     """The lanes after a prompt read in one pass (batch 1, full `cache`) and each config's
     one-shot eviction (`evicted_at` (C, L, G, T), victims at step T0 - 1). Masked: the cache
     repeated per config, victims masked. Freed: the full row keeps `cache`; each evicting
@@ -517,7 +530,7 @@ def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int,
         return [Lane(np.arange(C), st, cache)]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)] if len(full) else []
-    for budget, rest in by_budget(configs):
+    for budget, rest in by_budget(configs, policies):
         st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER, budget, T, device, limit=T)
         st.place(T0)
         lanes.append(Lane(rest, st, slot_cache(st, layers, seen=T0)))
@@ -676,7 +689,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
     with attached(mdl):
-        lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, device)
+        lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, device, policies)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
         for t in range(T):
             def stats(logits, t=t):  # (C, 3): nll, argmax, KL(full || config), on the device
@@ -727,7 +740,7 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
             continue
         ev = evicted_at[c, ..., :n]
         slots = int(((ev == NEVER) | (ev > step)).sum())
-        book += slots * cfg_c.make().bytes_per_slot
+        book += slots * bytes_per_slot(policies[c])
     return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
 
 
@@ -751,14 +764,42 @@ def check_architecture(mdl, T: int) -> None:
 def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True):
     """A config's policy state: None for full; one Streams over its L x G streams where the
     policy is vectorised and `vectorised` allows (stream s = layer * G + head, keyed into the
-    flat (L, G, T) step weights); else one policy per (layer, head), rng seeded per (seed,
-    layer, head). A prefill needs the per-head objects: Streams holds at most budget + 1."""
+    flat (L, G, T) step weights); for an allocator, one LayerGroup per layer (its G streams
+    share the layer's slots); else one policy per (layer, head), rng seeded per (seed,
+    layer, head). Every per-stream policy is told its Place (layer of L; KV head of G at
+    kv-head granularity). A prefill needs the per-head objects: Streams holds at most
+    budget + 1."""
     if cfg.is_full:
         return None
+    if cfg.is_allocator:
+        alloc = cfg.make(0, 0, seed)
+        return [alloc.group(layer, L, G) for layer in range(L)]
     if vectorised and cfg.policy in STATES:
         S = L * G
         return Streams(cfg.make(0, 0, seed), S, offsets=np.arange(S) * T)
-    return [[cfg.make(layer, g, seed) for g in range(G)] for layer in range(L)]
+    return [[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
+             for g in range(G)] for layer in range(L)]
+
+
+def streams_of(pol, layer: int) -> list:
+    """The per-stream policies of one layer of a config's policy state (make_policies)."""
+    per = pol[layer]
+    return per.policies if isinstance(per, LayerGroup) else per
+
+
+def capacity(cfg, pol) -> int:
+    """The most positions one stream of the config may hold after an eviction: its budget,
+    or for an allocator the largest cap of its layers' groups."""
+    if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup):
+        return max(group.cap for group in pol)
+    return cfg.budget
+
+
+def bytes_per_slot(pol) -> int:
+    """One stream's bytes per kept slot (the cards' memory per slot) of a policy state."""
+    if isinstance(pol, Streams):
+        return pol.policy.bytes_per_slot
+    return streams_of(pol, 0)[0].bytes_per_slot
 
 
 def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims, t: int) -> None:
@@ -801,9 +842,21 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     state.bias[i].reshape(len(v), -1)[pol.streams, v] = -np.inf
             continue
         for layer, per_layer in enumerate(pol):
-            for g, p in enumerate(per_layer):
-                raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
-                norm = state.knorm[i, layer, g] if p.reads_key_norms else None
-                victims = harness.step(p, t, raw, cfg.budget, norm)
-                if len(victims):
-                    _mark(state, evicted_at, c, i, layer, g, victims, t)
+            try:
+                if isinstance(per_layer, LayerGroup):
+                    heads = per_layer.policies
+                    raws = [state.cur[i, layer, g][p.held()] if p.uses_attention else None
+                            for g, p in enumerate(heads)]
+                    norms = [state.knorm[i, layer, g] if p.reads_key_norms else None for g, p in enumerate(heads)]
+                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms)):
+                        if len(victims):
+                            _mark(state, evicted_at, c, i, layer, g, victims, t)
+                    continue
+                for g, p in enumerate(per_layer):
+                    raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
+                    norm = state.knorm[i, layer, g] if p.reads_key_norms else None
+                    victims = harness.step(p, t, raw, cfg.budget, norm)
+                    if len(victims):
+                        _mark(state, evicted_at, c, i, layer, g, victims, t)
+            except BudgetError as exc:
+                raise BudgetError(f"{cfg.label}, layer {layer}: {exc}") from None

@@ -86,7 +86,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         t_prompt = time.perf_counter()
         if prompt_mode == "decode":
-            lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, dev)
+            lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, dev, policies)
             for t in range(T0):
                 host, m, b = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies, evicted_at,
                                   greedy_stats if t == T0 - 1 else None)
@@ -96,7 +96,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             cache, logits, feed = read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G, prefill_chunk, dev)
             host = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
             t1 = time.perf_counter()
-            lanes = lanes_after_prompt(torch, cache, configs, evicted_at, eviction, T, dev)
+            lanes = lanes_after_prompt(torch, cache, configs, evicted_at, eviction, T, dev, policies)
             del cache
             model_s = t1 - t_prompt - feed.seconds
             book_s = feed.seconds + time.perf_counter() - t1
