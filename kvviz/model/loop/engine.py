@@ -412,24 +412,32 @@ class PromptFeed:
         """After the prompt's forward: every policy evicts once, down to its budget, at the
         prompt's last row (kvviz.core.harness.prefill); victims logged at step T0 - 1."""
         t0 = time.perf_counter()
-        last = self.T0 - 1
         for c, cfg in enumerate(configs):
-            pol = policies[c]
-            if pol is None:
-                continue
-            for layer, per in enumerate(pol):
-                group = per if isinstance(per, LayerGroup) else None
-                for g, p in enumerate(streams_of(pol, layer)):
-                    norms = None if self.norms is None else self.norms[layer, g]
-                    # an allocator's heads observe the prompt without evicting; the group evicts below
+            if policies[c] is not None:
+                try:
+                    self._evict(cfg, policies[c], evicted_at[c])
+                except BudgetError as exc:
+                    raise BudgetError(f"{cfg.label}: {exc}") from None
+        self.seconds += time.perf_counter() - t0
+
+    def _evict(self, cfg, pol, evicted_at) -> None:
+        """One config's one-shot eviction at the prompt's last row (its evicted_at (L, G, T))."""
+        last = self.T0 - 1
+        for layer, per in enumerate(pol):
+            group = per if isinstance(per, LayerGroup) else None
+            for g, p in enumerate(streams_of(pol, layer)):
+                norms = None if self.norms is None else self.norms[layer, g]
+                # an allocator's heads observe the prompt without evicting; the group evicts below
+                try:
                     victims = harness.prefill(p, self.rows[layer][g], self.T0,
                                               self.T0 if group is not None else cfg.budget, norms)
-                    evicted_at[c, layer, g, victims] = last
-                if group is not None:
-                    for g, victims in enumerate(group.evict()):
-                        evicted_at[c, layer, g, victims] = last
-                    group.enforce(last)
-        self.seconds += time.perf_counter() - t0
+                except BudgetError as exc:
+                    raise BudgetError(f"layer {layer}: {exc}") from None
+                evicted_at[layer, g, victims] = last
+            if group is not None:
+                for g, victims in enumerate(group.evict()):
+                    evicted_at[layer, g, victims] = last
+                group.enforce(last)
 
 
 def register():

@@ -1,0 +1,111 @@
+"""Policies that see the whole model, in the model's own loop: each stream is told where it
+sits (Place), allocators share a layer's slots across its KV heads (masked or freed), and a
+policy that keeps more than its budget stops the run with one line naming it."""
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from kvviz.core import plugins
+from kvviz.core.policies import Place, make_policy
+from kvviz.core.policies.base import BudgetError
+from kvviz.core.policies.tova import Tova
+from kvviz.model.loop import LoopConfig, generate, run_loop
+
+PROMPT = ("The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is Berlin. "
+          "Our meeting moved to Thursday at noon, in the blue room. The capital of Spain is")
+
+
+class PlaceRecorder(Tova):
+    name = "place-recorder"
+    label = "place recorder"
+    seen: ClassVar[set] = set()
+
+    def observe(self, attn):
+        type(self).seen.add(self.place)
+        super().observe(attn)
+
+
+class KeepsOneMore(Tova):
+    name = "keeps-one-more-loop"
+    label = "keeps one more"
+
+    def evict(self, budget):
+        return super().evict(budget + 1)  # one victim too few
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    plugins.register_policy(PlaceRecorder)
+    plugins.register_policy(KeepsOneMore)
+    PlaceRecorder.seen = set()
+    yield
+    plugins.forget()
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_each_stream_is_told_its_layer_and_head_in_the_loop(smollm, mode):
+    generate(PROMPT, [LoopConfig("place-recorder", {}, 12)], 2, granularity="kv-head", prompt_mode=mode,
+             model=smollm)
+    assert PlaceRecorder.seen == {Place(layer, 30, g, 3) for layer in range(30) for g in range(3)}
+    PlaceRecorder.seen = set()
+    generate(PROMPT, [LoopConfig("place-recorder", {}, 12)], 2, granularity="layer", prompt_mode=mode,
+             model=smollm)
+    assert PlaceRecorder.seen == {Place(layer, 30, None, None) for layer in range(30)}
+
+
+def test_each_stream_is_told_its_layer_and_head_in_kvviz_hf(smollm):
+    import torch
+
+    import kvviz.hf
+
+    tok, mdl = smollm
+    ids = torch.tensor([tok(PROMPT, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad(), kvviz.hf.evicting(mdl, "place-recorder", 12):
+        mdl.generate(ids, max_new_tokens=2, do_sample=False)
+    assert PlaceRecorder.seen == {Place(layer, 30, g, 3) for layer in range(30) for g in range(3)}
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_adakv_shares_each_layers_slots_across_its_heads(smollm, mode):
+    budget = 12
+    cfgs = [LoopConfig("adakv", {"scorer": "tova"}, budget), LoopConfig("tova", {}, budget)]
+    gens = {ev: generate(PROMPT, cfgs, 6, granularity="kv-head", prompt_mode=mode, model=smollm, eviction=ev)
+            for ev in ("masked", "freed")}
+    gen = gens["masked"]
+    floor = make_policy("adakv", budget, scorer="tova").floor(budget)  # floor(alpha x budget)
+    assert floor == int(0.2 * budget)
+    T0, last = gen.prompt_len, gen.prompt_len + 4
+    moved = False
+    for step in range(T0 - 1, last + 1):
+        held = gen.held(1, step).sum(axis=-1)  # (layers, heads)
+        assert (held.sum(axis=-1) == 3 * budget).all(), step  # the layer's total, every step
+        assert (held >= floor).all(), step
+        moved |= bool((held != budget).any())
+        assert (gen.held(2, step).sum(axis=-1) == budget).all()  # plain tova: each head its budget
+    assert moved  # the budget really moved between heads
+    assert np.array_equal(gens["masked"].new_ids, gens["freed"].new_ids)
+    assert np.array_equal(gens["masked"].evicted_at, gens["freed"].evicted_at)
+    assert gens["freed"].meta["cache_bytes"] < gens["masked"].meta["cache_bytes"]
+
+
+def test_pyramidkv_gives_each_layer_its_scheduled_budget_in_the_loop(smollm):
+    cfg = LoopConfig("pyramidkv", {"scorer": "tova"}, 24)
+    gen = generate(PROMPT, [cfg], 2, granularity="kv-head", prompt_mode="prefill", model=smollm)
+    schedule = make_policy("pyramidkv", 24, scorer="tova").layer_budgets(30)
+    held = gen.held(1, gen.prompt_len - 1).sum(axis=-1)  # (30, 3) after the prompt's eviction
+    T0 = gen.prompt_len
+    assert held.tolist() == [[min(b, T0)] * 3 for b in schedule]
+    assert sum(schedule) == 30 * 24
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_a_policy_over_its_budget_stops_the_loop_naming_it(smollm, mode):
+    with pytest.raises(BudgetError) as exc:
+        generate(PROMPT, [LoopConfig("keeps-one-more-loop", {}, 8)], 4, prompt_mode=mode, model=smollm)
+    msg = str(exc.value)
+    step = 8 if mode == "decode" else len(smollm[0](PROMPT, add_special_tokens=False)["input_ids"]) - 1
+    assert msg.startswith("keeps-one-more-loop@8, layer 0: keeps-one-more-loop held 9 slots"), msg
+    assert f"after step {step}, over its budget of 8" in msg
+    with pytest.raises(BudgetError, match="keeps-one-more-loop held 9 slots"):
+        run_loop(PROMPT, [LoopConfig("keeps-one-more-loop", {}, 8)], model=smollm, max_tokens=20)
