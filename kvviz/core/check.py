@@ -1,4 +1,4 @@
-"""`kvviz check PATH[:CLASS]`: a conformance run for any policy, built-in or not.
+"""`kvviz check PATH[:CLASS]`: a conformance run for any policy or allocator, built-in or not.
 
 What a policy author runs before trusting a number. Each rule is a `RuleResult`, pass or
 fail, with the failing step and values; `check_policy` returns them all and the CLI exits
@@ -10,6 +10,10 @@ outside its range, and budget < 1, raise ValueError naming it), robustness (null
 and one-hot rows never raise; the canonical trace and every shipped trace replay at
 budgets 16, 64 and 256), and, given the author's slow reference, a differential check on
 Hypothesis scenarios (identical victims at every step, as tests/test_policies.py does).
+
+An allocator (a registered name such as adakv, or an Allocator subclass in a file) is held
+to the allocator contract instead (kvviz.core.check_alloc: total, floor, candidates,
+determinism, refusals), with its default scorer.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import numpy as np
 from kvviz.core import harness
 from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import load_file
-from kvviz.core.policies import POLICIES, Policy
+from kvviz.core.policies import ALLOCATORS, POLICIES, Policy
+from kvviz.core.policies.alloc import Allocator
 from kvviz.core.replay import Replay
 from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
 
@@ -56,26 +61,33 @@ class RuleResult:
 
 
 # -- loading what to check ------------------------------------------------------------------
+def _checkable(c) -> bool:
+    """A Policy or an Allocator subclass (not the bases themselves)."""
+    return inspect.isclass(c) and issubclass(c, (Policy, Allocator)) and c not in (Policy, Allocator)
+
+
 def load_target(spec: str) -> tuple[str, type]:
-    """(label, class) for a built-in name, PATH.py[:CLASS] or MODULE[:CLASS]."""
+    """(label, class) for a registered name (a policy or an allocator), PATH.py[:CLASS] or
+    MODULE[:CLASS] (a Policy or an Allocator subclass)."""
     spec = str(spec).strip()
     if spec in POLICIES:
         return spec, POLICIES[spec]
+    if spec in ALLOCATORS:
+        return spec, ALLOCATORS[spec]
     where, _, cls_name = spec.rpartition(":")
     if not where or not cls_name.isidentifier():
         where, cls_name = spec, ""
     module = _import(where)
     if cls_name:
         cls = getattr(module, cls_name, None)
-        if not (inspect.isclass(cls) and issubclass(cls, Policy)):
-            raise ValueError(f"{where}: no Policy subclass named {cls_name!r}")
+        if not _checkable(cls):
+            raise ValueError(f"{where}: no Policy or Allocator subclass named {cls_name!r}")
         return f"{where}:{cls_name}", cls
-    found = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, Policy)
-             and c.__module__ == module.__name__]
+    found = [c for c in vars(module).values() if _checkable(c) and c.__module__ == module.__name__]
     if len(found) != 1:
         names = ", ".join(c.__name__ for c in found) or "none"
-        raise ValueError(f"{where}: name the class as {where}:CLASS (Policy subclasses defined "
-                         f"there: {names})")
+        raise ValueError(f"{where}: name the class as {where}:CLASS (Policy and Allocator "
+                         f"subclasses defined there: {names})")
     return f"{where}:{found[0].__name__}", found[0]
 
 
@@ -627,6 +639,19 @@ def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
     return results
 
 
+def check_allocator_class(cls, seeds=(0, 1, 2)) -> list[RuleResult]:
+    """The allocator contract (kvviz.core.check_alloc) for an Allocator subclass, with its
+    scorer's defaults and its own, any it refuses at the contract's budget shrunk to fit
+    (as for a policy)."""
+    from kvviz.core.check_alloc import BUDGET, check_allocator
+
+    try:
+        params = _fit_params(cls, BUDGET)
+    except ValueError as exc:
+        return [RuleResult("contract", "its defaults construct", False, str(exc))]
+    return check_allocator(lambda b: _make(cls, b, **params), cls, seeds)
+
+
 def passed(results) -> bool:
     """Whether every rule passed (info lines always pass): the command's exit status."""
     return all(r.passed for r in results)
@@ -636,13 +661,16 @@ def passed(results) -> bool:
 def parser(sub=None) -> argparse.ArgumentParser:
     """`kvviz check`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
     kw = dict(prog="kvviz check", description="Check a policy against the "
-                                  "harness contract, determinism, refusals and robustness.")
-    p = (sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] "
+                                  "harness contract, determinism, refusals and robustness, "
+                                  "or an allocator against the allocator contract.")
+    p = (sub.add_parser("check", help="conformance run for a policy or an allocator: kvviz check PATH.py[:CLASS] "
                         "| NAME | --all-builtins", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
     p.error = one_line_error
-    p.add_argument("target", nargs="*", help="a built-in name (tova), PATH.py[:CLASS] or MODULE[:CLASS]")
-    p.add_argument("--all-builtins", action="store_true", help="check every built-in policy")
+    p.add_argument("target", nargs="*", help="a built-in name (tova, adakv), PATH.py[:CLASS] or "
+                   "MODULE[:CLASS]")
+    p.add_argument("--all-builtins", action="store_true",
+                   help="check every built-in policy and allocator")
     p.add_argument("--reference", help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) "
                    "-> a slow reference policy: adds the differential check")
     p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
@@ -682,10 +710,14 @@ def run(args) -> int:
         targets = [load_target(t) for t in args.target]
         if args.all_builtins:
             targets += [(cls.name, cls) for cls in BUILTINS]
+            targets += [(name, cls) for name, cls in ALLOCATORS.items()]
         if not targets:
             raise ValueError("name a policy to check, or pass --all-builtins")
         if args.steps < 2 or args.examples < 1:
             raise ValueError("--steps must be >= 2 and --examples >= 1")
+        if args.reference and any(issubclass(cls, Allocator) for _, cls in targets):
+            raise ValueError("--reference is for a policy: an allocator is checked against "
+                             "the allocator contract only")
         reference = load_function(args.reference) if args.reference else None
         if reference is not None:
             _need_hypothesis()
@@ -694,8 +726,11 @@ def run(args) -> int:
         return 2
     ok = True
     for label, cls in targets:
-        results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
-                               examples=args.examples)
+        if issubclass(cls, Allocator):
+            results = check_allocator_class(cls)
+        else:
+            results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
+                                   examples=args.examples)
         good = passed(results)
         ok &= good
         print(f"{label} ({cls.__module__}.{cls.__name__}): {'PASS' if good else 'FAIL'}")
@@ -704,7 +739,7 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["RuleResult", "check_policy", "load_target", "load_function", "passed", "main"]
+__all__ = ["RuleResult", "check_allocator_class", "check_policy", "load_target", "load_function", "passed", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
