@@ -178,25 +178,37 @@ def _norm(pos: int) -> float:
     return 1 + (pos * 7919 % 13) / 4
 
 
+def _vnorm(pos: int) -> float:
+    """A synthetic value norm for position `pos`: varied, with ties, unlike the key norm's."""
+    return 0.5 + (pos * 104729 % 7) / 8
+
+
 def _kn(policy, pos: int) -> dict:
-    """The synthetic key norm, for a policy that reads them; else nothing."""
-    return {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
+    """The synthetic key and value norms, for a policy that reads them; else nothing."""
+    out = {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
+    if getattr(policy, "reads_value_norms", False):
+        out["value_norm"] = _vnorm(pos)
+    return out
 
 
 def truncated(trace, steps: int | None):
-    """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key norms
-    are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that reads
-    key norms replays every trace; that a real replay refuses such a trace is its own rule."""
+    """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key and value
+    norms are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that
+    reads norms replays every trace; that a real replay refuses such a trace is its own rule."""
     steps = trace.steps if steps is None else min(int(steps), trace.steps)
     norms = (trace.key_norms[:steps] if trace.key_norms is not None else
              np.array([_norm(t) for t in range(steps)], np.float32))
+    given = getattr(trace, "value_norms", None)
+    values = (given[:steps] if given is not None else
+              np.array([_vnorm(t) for t in range(steps)], np.float32))
     if isinstance(trace, ArrayTrace):
         return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
-                          key_norms=norms)
+                          key_norms=norms, value_norms=values)
     packed = np.empty(packed_offset(steps), np.float32)
     for t in range(1, steps):
         packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
-    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms)
+    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms,
+                      value_norms=values)
 
 
 @functools.lru_cache(maxsize=2)
@@ -450,6 +462,8 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
                              f"{type(exc).__name__}: {exc}")
     if cls.reads_key_norms:
         fails += _refuses_without_norms(cls)
+    if getattr(cls, "reads_value_norms", False):
+        fails += _refuses_without_norms(cls, "value norm")
     names = ", ".join(tr.name for tr in traces)
     detail = "; ".join(fails) if fails else (
         f"{runs} replays: {names} x budgets {list(BUDGETS)}, "
@@ -458,18 +472,21 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
                                  f"budgets {', '.join(map(str, BUDGETS))}", not fails, detail)]
 
 
-def _refuses_without_norms(cls) -> list[str]:
-    """A policy that reads key norms must be refused (ValueError naming them) on a trace
-    that has none, not replayed on made-up values."""
-    bare = canonical(8)
+def _refuses_without_norms(cls, what: str = "key norm") -> list[str]:
+    """A policy that reads key (or value) norms must be refused (ValueError naming them) on
+    a trace that has none, not replayed on made-up values."""
+    bare = canonical(20)
+    if what != "key norm":  # only the value norms missing
+        bare = ArrayTrace(truncated(bare, 20).packed, 20, name=bare.name,
+                          key_norms=np.ones(20, np.float32))
     try:
-        Replay(bare, _make(cls, 4, **_fit_params(cls, 4))).seek(7)
+        Replay(bare, _make(cls, 16, **_fit_params(cls, 16))).seek(19)
     except ValueError as exc:
-        return [] if "key norm" in str(exc) else [f"a trace without key norms: ValueError does "
-                                                 f"not name key norms ({exc})"]
+        return [] if what in str(exc) else [f"a trace without {what}s: ValueError does "
+                                            f"not name {what}s ({exc})"]
     except Exception as exc:
-        return [f"a trace without key norms: raised {type(exc).__name__}, not ValueError ({exc})"]
-    return ["a trace without key norms was replayed instead of refused"]
+        return [f"a trace without {what}s: raised {type(exc).__name__}, not ValueError ({exc})"]
+    return [f"a trace without {what}s was replayed instead of refused"]
 
 
 def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
@@ -484,7 +501,9 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
         kinds = ("null", "zero", "onehot", "random")
         for t in range(max(steps, budget + 64)):
             kind, row = _rows(rng, len(policy.kept), kinds if kind != "null" else kinds[1:])
-            harness.step(policy, t, row, budget, _kn(policy, t).get("key_norm"))
+            norms = _kn(policy, t)
+            harness.step(policy, t, row, budget, norms.get("key_norm"),
+                         value_norm=norms.get("value_norm"))
     except Exception as exc:
         return RuleResult("robustness", name, False,
                           f"step {t} ({kind} row): {type(exc).__name__}: {exc}")

@@ -25,7 +25,7 @@ import numpy as np
 
 from kvviz.core import harness
 from kvviz.core.metrics import summary
-from kvviz.core.replay import NEVER, Run, held_shares
+from kvviz.core.replay import NEVER, Run, held_shares, refuse_value_norms
 from kvviz.core.trace import Trace, load_trace
 
 
@@ -103,6 +103,9 @@ def replay_layers(grid, allocator) -> LayerRun:
             group.calibrate([[tr.row(t) for t in range(calibration)] for tr in row])
     if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
         raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
+    reads_values = getattr(scorer, "reads_value_norms", False)
+    if reads_values and any(getattr(tr, "value_norms", None) is None for row in grid for tr in row):
+        raise refuse_value_norms(allocator.scorer, getattr(grid[0][0], "name", "trace"))
     L = len(grid)
     evicted = np.full((L, heads, T), NEVER, np.int64)
     held = np.zeros((L, heads, T), np.int64)
@@ -111,7 +114,8 @@ def replay_layers(grid, allocator) -> LayerRun:
             raws = ([tr.row(t)[p.held()] for tr, p in zip(row, group.policies)]
                     if scorer.uses_attention else None)
             norms = [tr.key_norm(t) for tr in row] if scorer.reads_key_norms else None
-            victims = harness.step_layer(group, t, raws, norms)
+            values = [tr.value_norm(t) for tr in row] if reads_values else None
+            victims = harness.step_layer(group, t, raws, norms, values)
             for g, v in enumerate(victims):
                 evicted[d, g, v] = t
             held[d, :, t] = group.held_counts()
