@@ -23,12 +23,14 @@ import importlib
 import inspect
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.check_alloc import BUDGET as ALLOC_BUDGET
+from kvviz.core.check_alloc import check_allocator
+from kvviz.core.check_rules import BIG_BUDGET, RuleResult, bad_values
 from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import load_file
 from kvviz.core.policies import ALLOCATORS, POLICIES, Policy
@@ -39,25 +41,7 @@ from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
 BUDGETS = (16, 64, 256)
 STEPS = 384  # rows per replay unless `full`; > 256 so every budget evicts
 CONTRACT_BUDGETS = (64, 256, 1024)  # the first the class accepts with its defaults
-BIG_BUDGET = 2 ** 20  # refusal probes: no parameter is refused for being near the budget
 TIE_WEIGHTS = np.array([0.0625, 0.125, 0.25, 0.5, 1.0], np.float32)
-
-
-@dataclass
-class RuleResult:
-    """One rule's verdict on one policy: which rule, what it looked at, pass or fail, and the
-    failing step and values, so a failure says where to look without re-running anything."""
-
-    rule: str  # contract, determinism, refusals, robustness, differential, speed
-    name: str  # what was checked
-    passed: bool
-    detail: str = ""  # the failing step and values, or what was covered
-    info: bool = False  # a figure to read, not a pass/fail rule
-
-    def line(self) -> str:
-        """The line `kvviz check` prints: PASS, FAIL or info, the rule, and the detail."""
-        mark = "info" if self.info else ("PASS" if self.passed else "FAIL")
-        return f"{mark}  {self.rule}: {self.name}" + (f" -- {self.detail}" if self.detail else "")
 
 
 # -- loading what to check ------------------------------------------------------------------
@@ -396,19 +380,6 @@ def _contract_budget_or(cls, default: int) -> int:
 REFUSALS = "out-of-range parameters and budget < 1 raise ValueError naming them"
 
 
-def bad_values(spec) -> list:
-    """Values outside a parameter's rule: below min, above a declared max (a `ui_max` is
-    only a control's end, not a rule), or not among its choices."""
-    choices = getattr(spec, "choices", None)
-    if choices:
-        return ["<not one of the choices>"]
-    out = []
-    for bound, step in ((getattr(spec, "min", None), -1), (getattr(spec, "max", None), 1)):
-        if bound is not None and np.isfinite(bound):
-            out.append(bound + step)
-    return out
-
-
 def check_refusals(cls) -> list[RuleResult]:
     """Every parameter value outside its declared rule, and a budget of 0 or -1, must raise a
     ValueError that names it: a bad value is refused where it is given, not silently run."""
@@ -662,10 +633,8 @@ def check_allocator_class(cls, seeds=(0, 1, 2)) -> list[RuleResult]:
     """The allocator contract (kvviz.core.check_alloc) for an Allocator subclass, with its
     scorer's defaults and its own, any it refuses at the contract's budget shrunk to fit
     (as for a policy)."""
-    from kvviz.core.check_alloc import BUDGET, check_allocator
-
     try:
-        params = _fit_params(cls, BUDGET)
+        params = _fit_params(cls, ALLOC_BUDGET)
     except ValueError as exc:
         return [RuleResult("contract", "its defaults construct", False, str(exc))]
     return check_allocator(lambda b: _make(cls, b, **params), cls, seeds)

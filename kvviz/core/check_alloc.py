@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.core import harness
-from kvviz.core.check import BIG_BUDGET, RuleResult, bad_values
+from kvviz.core.check_rules import BIG_BUDGET, RuleResult, bad_values
 
 HEADS, BUDGET, STEPS = 3, 16, 120
 CALIBRATION = 48  # at most this many calibration rows for an allocator that asks for them

@@ -131,6 +131,7 @@ class PromptRows:
         self.next = 0
 
     def add(self, start: int, raw: np.ndarray, key_norms=None, value_norms=None) -> None:
+        """Take prompt rows start..start+len(raw)-1 (see the class docstring)."""
         if start != self.next:
             raise ValueError(f"prompt rows must arrive in order: expected row {self.next}, got {start}")
         first_tail = self.length - self.tail

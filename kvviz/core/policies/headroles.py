@@ -102,6 +102,7 @@ class HeadRoles(Allocator):
         return max(1, min(heads, math.ceil(Fraction(repr(float(self.share))) * heads)))
 
     def streaming_slots(self) -> int:
+        """The slots a streaming head holds: its sinks and its recent window."""
         return self.stream_sinks + self.stream_recent
 
     def _retrieval_budget(self, b: int, heads: int) -> tuple[int, int]:
