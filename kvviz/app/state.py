@@ -48,6 +48,7 @@ REGISTRY = (
     View("compare", "Compare all", "view_compare"),
     View("slides", "Slides", "view_slides"),
     View("export", "Export", "view_export"),
+    View("heads", "Heads", "view_heads"),
     View("loop", "Model in the loop", "view_loop"),
     View("needle", "Forgetting", "view_needle"),
 )
