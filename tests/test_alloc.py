@@ -360,3 +360,122 @@ def test_a_sweep_runs_an_allocator_over_every_kv_head_and_refuses_one_without(tm
     assert row["memory_bytes"] == want.memory_bytes
     with pytest.raises(SpecError, match="adakv is an allocator"):
         run_sweep({**spec, "traces": ["canonical"]}, tmp_path / "other", progress=False)
+
+
+# -- kvviz check on allocators --------------------------------------------------------------
+BROKEN = '''
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.core.policies.adakv import AdaKV
+from kvviz.core.policies.alloc import shared_victims
+from kvviz.core.policies.base import param
+
+
+class OneTooFew(AdaKV):
+    name = "one-too-few"
+
+    def choose_layer(self, policies, b):
+        out = super().choose_layer(policies, b)
+        for i, v in enumerate(out):
+            if len(v):
+                out[i] = v[1:]
+                break
+        return out
+
+
+class NoFloor(AdaKV):
+    name = "no-floor"
+
+    def floor(self, b):
+        return b // 2  # claims half the budget, then evicts below it
+
+    def choose_layer(self, policies, b):
+        return shared_victims(policies, len(policies) * b, 0)
+
+
+class IgnoresCandidates(AdaKV):
+    name = "ignores-candidates"
+
+    def choose_layer(self, policies, b):  # the newest slots: tova never offers its unobserved newcomer
+        out = []
+        for p in policies:
+            n = len(p.held())
+            out.append(np.arange(b, n) if n > b else np.empty(0, np.int64))
+        return out
+
+
+class Restless(AdaKV):
+    name = "restless"
+
+    def choose_layer(self, policies, b):
+        order = np.random.default_rng().permutation(len(policies))  # unseeded: runs differ
+        chosen = shared_victims([policies[g] for g in order], len(policies) * b, self.floor(b))
+        out = [None] * len(policies)
+        for k, g in enumerate(order):
+            out[g] = chosen[k]
+        return out
+
+
+@dataclass
+class Lax(AdaKV):
+    name = "lax"
+    alpha: float = param(0.2, label="alpha", min=0.0, max=1.0, help="floor share",
+                         source="a broken copy of adakv's")
+
+    def __post_init__(self):  # skips the parameters' rules
+        self.scorer_params = {}
+'''
+
+
+def test_kvviz_check_runs_the_allocator_contract_on_the_built_ins(capsys):
+    from kvviz.__main__ import main
+
+    assert main(["check", "adakv", "pyramidkv", "headroles"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, cls in [("adakv", "AdaKV"), ("pyramidkv", "PyramidKV"), ("headroles", "HeadRoles")]:
+        at = lines.index(f"{name} (kvviz.core.policies.{name}.{cls}): PASS")
+        assert lines[at + 1:at + 6] == [
+            "  PASS  contract: total", "  PASS  contract: floor", "  PASS  contract: candidates",
+            "  PASS  determinism: two runs, identical victims",
+            "  PASS  refusals: bad parameters and budgets raise ValueError naming them"]
+
+
+def test_kvviz_check_all_builtins_includes_the_allocators(capsys, monkeypatch):
+    import kvviz.core.policies as registry
+    from kvviz.core import check
+
+    monkeypatch.setattr(registry, "BUILTINS", ())  # the policies' own run is test_check's
+    assert check.main(["--all-builtins"]) == 0
+    out = capsys.readouterr().out
+    assert {line.split(" ")[0] for line in out.splitlines() if not line.startswith(" ")} == {
+        "adakv", "pyramidkv", "headroles"}
+
+
+@pytest.mark.parametrize("cls, rule", [
+    ("OneTooFew", "contract: total"),
+    ("NoFloor", "contract: floor"),
+    ("IgnoresCandidates", "contract: candidates"),
+    ("Restless", "determinism: two runs, identical victims"),
+    ("Lax", "refusals: bad parameters and budgets raise ValueError naming them"),
+])
+def test_kvviz_check_fails_a_broken_allocator_file_on_its_rule(tmp_path, capsys, cls, rule):
+    from kvviz.__main__ import main
+
+    path = tmp_path / "broken.py"
+    path.write_text(BROKEN)
+    assert main(["check", f"{path}:{cls}"]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:{cls} (" in out and "): FAIL" in out
+    failed = [line.strip()[len("FAIL  "):].split(" -- ")[0] for line in out.splitlines()
+              if line.strip().startswith("FAIL")]
+    assert failed == [rule]
+
+
+def test_kvviz_check_refuses_a_reference_for_an_allocator(capsys):
+    from kvviz.__main__ import main
+
+    assert main(["check", "adakv", "--reference", "kvviz.core.reference:RefTova"]) == 2
+    err = capsys.readouterr().err
+    assert "--reference is for a policy" in err and len(err.strip().splitlines()) == 1

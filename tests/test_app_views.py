@@ -67,7 +67,7 @@ def download(button) -> bytes:
 def test_compare_view_six_policies(traces, apptest):
     at = app(trace="file:tiny.npz", budget=48, view="compare", step=100)
     ok(at)
-    shown = default_cmp("tova", "snapkv")  # seven registered: the first six every trace can run
+    shown = default_cmp("tova", "snapkv")  # eight registered: the first six every trace can run
     assert len(shown) == 6 and "knorm" not in shown
     sp = specs(at)
     small = next(s for s in sp if s["layout"]["title"]["text"].startswith("Held set over time"))

@@ -39,7 +39,8 @@ def test_capture_file_format(captured):
     with np.load(captured, allow_pickle=False) as npz:
         assert npz["attn"].dtype == np.float16 and npz["attn"].shape[:2] == (3, 1)
         assert npz["layers"].tolist() == [0, 14, 29] and npz["heads"].tolist() == ["mean"]
-        assert int(npz["format_version"]) == 3 and npz["key_norms"].shape == (3, 1, 64)
+        assert int(npz["format_version"]) == 4 and npz["key_norms"].shape == (3, 1, 64)
+        assert npz["value_norms"].shape == (3, 1, 64) and npz["value_norms"].dtype == np.float32
     for layer in (0, 14, 29):
         t = load_trace(captured, layer=layer)
         assert t.layer == layer and t.heads == ["mean"]
@@ -217,6 +218,30 @@ def test_capture_key_norms_are_the_models_key_norms(torch_stack):
     for h in range(9):
         np.testing.assert_allclose(kn[0, 1 + h], pre[h // 3], rtol=1e-5)
     assert not np.allclose(pre[0], pre[1], rtol=1e-2)  # KV heads differ, so the mapping is tested
+
+
+def test_capture_value_norms_are_the_models_value_norms(torch_stack):
+    """Format 4's value norms, checked against the v_proj output of the layer, per KV head
+    (values are cached as projected: no RoPE), mapped to head labels as the key norms are."""
+    from kvviz.model.capture import capture
+    from kvviz.model.models import load_model
+
+    tok, model = load_model()
+    seen = []
+    hook = model.model.layers[14].self_attn.v_proj.register_forward_hook(
+        lambda mod, inp, out: seen.append(out[0].detach()))
+    try:
+        res = capture(TEXT, max_tokens=32, layers=[14], heads="all")
+    finally:
+        hook.remove()
+    v = seen[-1].reshape(32, 3, 64).float().norm(dim=-1).T.numpy()  # (KV heads, T)
+    vn = res["value_norms"]
+    assert vn.shape == (1, 10, 32) and vn.dtype == np.float32
+    np.testing.assert_allclose(vn[0, 0], v.mean(axis=0), rtol=1e-5)
+    for h in range(9):
+        np.testing.assert_allclose(vn[0, 1 + h], v[h // 3], rtol=1e-5)
+    assert not np.allclose(v[0], v[1], rtol=1e-2)  # KV heads differ, so the mapping is tested
+    assert not np.allclose(vn, res["key_norms"], rtol=1e-2)  # not the keys' norms again
 
 
 def test_capture_cli_heads_kv_file(tmp_path, torch_stack):

@@ -196,7 +196,7 @@ def test_cli_exit_status_and_report(tmp_path, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["no-such-policy"], "no-such-policy: not a .py file and failed to import"),
     (["{path}"], "name the class as"),
-    (["{path}:Missing"], "no Policy subclass named 'Missing'"),
+    (["{path}:Missing"], "no Policy or Allocator subclass named 'Missing'"),
     (["tova", "--reference", "kvviz.core.reference"], "--reference must be PATH.py:FUNC"),
     ([], "name a policy to check"),
 ])

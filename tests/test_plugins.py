@@ -419,13 +419,14 @@ def test_kvviz_check_passes_the_examples_with_their_references(path, ref):
 
 def test_kvviz_check_takes_plugin_and_all_builtins_stays_the_builtins():
     """--plugin registers the file's policies, which are then checked by name; a refused
-    plugin is exit 2 in one line; --all-builtins checks the built-ins, not the plugins."""
+    plugin is exit 2 in one line; --all-builtins checks the built-ins (policies, then
+    allocators), not the plugins."""
     r = kvviz_cli("check", "window-vote", "--plugin", VOTE, "--steps", "64")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("window-vote (") and "FAIL" not in r.stdout
     r = kvviz_cli("check", "tova", "--plugin", "no/such/plugin.py")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "kvviz check: error:" in r.stderr
     r = kvviz_cli("check", "--all-builtins", "--plugin", VOTE, "--steps", "32")
-    from kvviz.core.policies import BUILTINS
+    from kvviz.core.policies import ALLOCATORS, BUILTINS
     checked = [ln.split(" (")[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")]
-    assert checked == [c.name for c in BUILTINS], r.stdout + r.stderr
+    assert checked == [c.name for c in BUILTINS] + list(ALLOCATORS), r.stdout + r.stderr

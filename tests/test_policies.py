@@ -10,8 +10,11 @@ from kvviz.core.reference import make_reference
 
 
 def norms(p, t):
-    """A key norm for a policy that reads them (a varied, deterministic one), else nothing."""
-    return {"key_norm": float(1 + (t * 7919) % 13) / 4} if p.reads_key_norms else {}
+    """Key and value norms for a policy that reads them (varied, deterministic), else nothing."""
+    out = {"key_norm": float(1 + (t * 7919) % 13) / 4} if p.reads_key_norms else {}
+    if p.reads_value_norms:
+        out["value_norm"] = float(1 + (t * 104729) % 7) / 8
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

@@ -112,7 +112,7 @@ GOOD = dict(format_version=np.int64(1), attn=np.full((1, 6), 0.25, np.float32))
     (npz_bytes(**{**GOOD, "attn": np.full((1, 6), 1, np.int32)}), "float16 or float32"),
     (npz_bytes(**{**GOOD, "attn": np.full(6, 0.1, np.float32)}), "2-D"),
     (npz_bytes(attn=GOOD["attn"]), "format_version"),
-    (npz_bytes(format_version=np.int64(4), attn=GOOD["attn"]), "format_version must be 1, 2 or 3"),
+    (npz_bytes(format_version=np.int64(5), attn=GOOD["attn"]), "format_version must be 1, 2, 3 or 4"),
     (npz_bytes(format_version=np.float64(1), attn=GOOD["attn"]), "format_version"),
     (npz_bytes(**GOOD, heads=np.array(["mean"])), "heads is a format_version 2 field"),
     (npz_bytes(**{**GOOD, "layers": np.array([0.5])}), "layers must be integers"),
@@ -191,7 +191,7 @@ def test_version_2_round_trip_every_layer_and_head(tmp_path):
     path = save_trace(tmp_path / "h.npz", m, layers=[14, 29], heads=labels, dtype="float32",
                       tokens=[str(i) for i in range(12)])
     with np.load(path, allow_pickle=False) as npz:
-        assert int(npz["format_version"]) == 3  # written as the newest version; read as 2 was
+        assert int(npz["format_version"]) == 4  # written as the newest version; read as 2 was
         assert npz["attn"].shape == (2, 4, 66) and npz["heads"].tolist() == labels
     for li, layer in enumerate([14, 29]):
         for hi, head in enumerate(labels):
@@ -347,3 +347,43 @@ def test_shipped_per_kv_head_trace_has_key_norms_that_replay_knorm():
     assert (run.evicted_at != -1).sum() == 512 - 64
     with pytest.raises(ValueError, match="reads key norms, and trace 'code' has none"):
         Replay(load_trace(traces / "code.npz"), make_policy("knorm", 64))
+
+
+# ---- format version 4: value norms -------------------------------------------------------
+def test_version_4_value_norms_round_trip_beside_key_norms(tmp_path):
+    labels = ["mean", "kv0"]
+    m = heads_stack(labels=labels)
+    keys = np.arange(2 * 2 * 12, dtype=np.float32).reshape(2, 2, 12) / 7
+    values = keys[::-1, ::-1].copy() + 1  # distinct from the keys in every cell
+    path = save_trace(tmp_path / "v.npz", m, layers=[0, 5], heads=labels, key_norms=keys,
+                      value_norms=values)
+    with np.load(path, allow_pickle=False) as npz:
+        assert int(npz["format_version"]) == 4
+    for li, layer in enumerate([0, 5]):
+        for hi, head in enumerate(labels):
+            t = load_trace(path, layer=layer, head=head)
+            assert np.array_equal(t.value_norms, values[li, hi])
+            assert np.array_equal(t.key_norms, keys[li, hi])
+            assert t.value_norm(11) == float(values[li, hi, 11])
+    bare = load_trace(save_trace(tmp_path / "n.npz", matrix(6)))
+    assert bare.value_norms is None and bare.value_norm(3) is None
+
+
+def test_an_older_file_still_loads_without_value_norms():
+    data = npz_bytes(format_version=np.int64(3), attn=np.full((1, 1, 6), 0.25, np.float32),
+                     heads=np.array(["mean"]), key_norms=np.ones((1, 1, 4), np.float32))
+    t = load_trace(data)
+    assert t.value_norms is None and t.key_norm(0) == 1.0
+
+
+@pytest.mark.parametrize("version, norms, keyword", [
+    (3, np.ones((1, 1, 4), np.float32), "value_norms is a format_version 4 field"),
+    (4, np.ones((1, 1, 5), np.float32), "value_norms must be float32 of shape"),
+    (4, np.ones((1, 1, 4), np.float64), "value_norms must be float32"),
+    (4, -np.ones((1, 1, 4), np.float32), "value_norms must be finite and non-negative"),
+])
+def test_bad_value_norms_are_refused(version, norms, keyword):
+    data = npz_bytes(format_version=np.int64(version), attn=np.full((1, 1, 6), 0.25, np.float32),
+                     heads=np.array(["mean"]), value_norms=norms)
+    with pytest.raises(ValueError, match=keyword):
+        load_trace(data)

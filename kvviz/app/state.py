@@ -48,6 +48,7 @@ REGISTRY = (
     View("compare", "Compare all", "view_compare"),
     View("slides", "Slides", "view_slides"),
     View("export", "Export", "view_export"),
+    View("heads", "Heads", "view_heads"),
     View("loop", "Model in the loop", "view_loop"),
     View("needle", "Forgetting", "view_needle"),
 )
@@ -64,8 +65,9 @@ def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
     registered others up to the limit, in registry order."""
     names = list(POLICIES)
     pick = [n for n in (a, b) if n in POLICIES]
-    # fill with policies every trace can run first (knorm needs key norms; most traces have none)
-    for n in sorted(names, key=lambda n: POLICIES[n].reads_key_norms):
+    # fill with policies every trace can run first (knorm needs key norms, vatp value norms;
+    # most traces have none)
+    for n in sorted(names, key=lambda n: POLICIES[n].reads_key_norms or POLICIES[n].reads_value_norms):
         if len(set(pick)) >= MAX_COMPARE:
             break
         pick.append(n)

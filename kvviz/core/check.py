@@ -1,4 +1,4 @@
-"""`kvviz check PATH[:CLASS]`: a conformance run for any policy, built-in or not.
+"""`kvviz check PATH[:CLASS]`: a conformance run for any policy or allocator, built-in or not.
 
 What a policy author runs before trusting a number. Each rule is a `RuleResult`, pass or
 fail, with the failing step and values; `check_policy` returns them all and the CLI exits
@@ -10,6 +10,10 @@ outside its range, and budget < 1, raise ValueError naming it), robustness (null
 and one-hot rows never raise; the canonical trace and every shipped trace replay at
 budgets 16, 64 and 256), and, given the author's slow reference, a differential check on
 Hypothesis scenarios (identical victims at every step, as tests/test_policies.py does).
+
+An allocator (a registered name such as adakv, or an Allocator subclass in a file) is held
+to the allocator contract instead (kvviz.core.check_alloc: total, floor, candidates,
+determinism, refusals), with its default scorer.
 """
 from __future__ import annotations
 
@@ -19,63 +23,55 @@ import importlib
 import inspect
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.check_alloc import BUDGET as ALLOC_BUDGET
+from kvviz.core.check_alloc import check_allocator
+from kvviz.core.check_rules import BIG_BUDGET, RuleResult, bad_values
 from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import load_file
-from kvviz.core.policies import POLICIES, Policy
+from kvviz.core.policies import ALLOCATORS, POLICIES, Policy
+from kvviz.core.policies.alloc import Allocator
 from kvviz.core.replay import Replay
 from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
 
 BUDGETS = (16, 64, 256)
 STEPS = 384  # rows per replay unless `full`; > 256 so every budget evicts
 CONTRACT_BUDGETS = (64, 256, 1024)  # the first the class accepts with its defaults
-BIG_BUDGET = 2 ** 20  # refusal probes: no parameter is refused for being near the budget
 TIE_WEIGHTS = np.array([0.0625, 0.125, 0.25, 0.5, 1.0], np.float32)
 
 
-@dataclass
-class RuleResult:
-    """One rule's verdict on one policy: which rule, what it looked at, pass or fail, and the
-    failing step and values, so a failure says where to look without re-running anything."""
-
-    rule: str  # contract, determinism, refusals, robustness, differential, speed
-    name: str  # what was checked
-    passed: bool
-    detail: str = ""  # the failing step and values, or what was covered
-    info: bool = False  # a figure to read, not a pass/fail rule
-
-    def line(self) -> str:
-        """The line `kvviz check` prints: PASS, FAIL or info, the rule, and the detail."""
-        mark = "info" if self.info else ("PASS" if self.passed else "FAIL")
-        return f"{mark}  {self.rule}: {self.name}" + (f" -- {self.detail}" if self.detail else "")
-
-
 # -- loading what to check ------------------------------------------------------------------
+def _checkable(c) -> bool:
+    """A Policy or an Allocator subclass (not the bases themselves)."""
+    return inspect.isclass(c) and issubclass(c, (Policy, Allocator)) and c not in (Policy, Allocator)
+
+
 def load_target(spec: str) -> tuple[str, type]:
-    """(label, class) for a built-in name, PATH.py[:CLASS] or MODULE[:CLASS]."""
+    """(label, class) for a registered name (a policy or an allocator), PATH.py[:CLASS] or
+    MODULE[:CLASS] (a Policy or an Allocator subclass)."""
     spec = str(spec).strip()
     if spec in POLICIES:
         return spec, POLICIES[spec]
+    if spec in ALLOCATORS:
+        return spec, ALLOCATORS[spec]
     where, _, cls_name = spec.rpartition(":")
     if not where or not cls_name.isidentifier():
         where, cls_name = spec, ""
     module = _import(where)
     if cls_name:
         cls = getattr(module, cls_name, None)
-        if not (inspect.isclass(cls) and issubclass(cls, Policy)):
-            raise ValueError(f"{where}: no Policy subclass named {cls_name!r}")
+        if not _checkable(cls):
+            raise ValueError(f"{where}: no Policy or Allocator subclass named {cls_name!r}")
         return f"{where}:{cls_name}", cls
-    found = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, Policy)
-             and c.__module__ == module.__name__]
+    found = [c for c in vars(module).values() if _checkable(c) and c.__module__ == module.__name__]
     if len(found) != 1:
         names = ", ".join(c.__name__ for c in found) or "none"
-        raise ValueError(f"{where}: name the class as {where}:CLASS (Policy subclasses defined "
-                         f"there: {names})")
+        raise ValueError(f"{where}: name the class as {where}:CLASS (Policy and Allocator "
+                         f"subclasses defined there: {names})")
     return f"{where}:{found[0].__name__}", found[0]
 
 
@@ -166,25 +162,37 @@ def _norm(pos: int) -> float:
     return 1 + (pos * 7919 % 13) / 4
 
 
+def _vnorm(pos: int) -> float:
+    """A synthetic value norm for position `pos`: varied, with ties, unlike the key norm's."""
+    return 0.5 + (pos * 104729 % 7) / 8
+
+
 def _kn(policy, pos: int) -> dict:
-    """The synthetic key norm, for a policy that reads them; else nothing."""
-    return {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
+    """The synthetic key and value norms, for a policy that reads them; else nothing."""
+    out = {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
+    if getattr(policy, "reads_value_norms", False):
+        out["value_norm"] = _vnorm(pos)
+    return out
 
 
 def truncated(trace, steps: int | None):
-    """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key norms
-    are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that reads
-    key norms replays every trace; that a real replay refuses such a trace is its own rule."""
+    """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key and value
+    norms are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that
+    reads norms replays every trace; that a real replay refuses such a trace is its own rule."""
     steps = trace.steps if steps is None else min(int(steps), trace.steps)
     norms = (trace.key_norms[:steps] if trace.key_norms is not None else
              np.array([_norm(t) for t in range(steps)], np.float32))
+    given = getattr(trace, "value_norms", None)
+    values = (given[:steps] if given is not None else
+              np.array([_vnorm(t) for t in range(steps)], np.float32))
     if isinstance(trace, ArrayTrace):
         return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
-                          key_norms=norms)
+                          key_norms=norms, value_norms=values)
     packed = np.empty(packed_offset(steps), np.float32)
     for t in range(1, steps):
         packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
-    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms)
+    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms,
+                      value_norms=values)
 
 
 @functools.lru_cache(maxsize=2)
@@ -372,19 +380,6 @@ def _contract_budget_or(cls, default: int) -> int:
 REFUSALS = "out-of-range parameters and budget < 1 raise ValueError naming them"
 
 
-def bad_values(spec) -> list:
-    """Values outside a parameter's rule: below min, above a declared max (a `ui_max` is
-    only a control's end, not a rule), or not among its choices."""
-    choices = getattr(spec, "choices", None)
-    if choices:
-        return ["<not one of the choices>"]
-    out = []
-    for bound, step in ((getattr(spec, "min", None), -1), (getattr(spec, "max", None), 1)):
-        if bound is not None and np.isfinite(bound):
-            out.append(bound + step)
-    return out
-
-
 def check_refusals(cls) -> list[RuleResult]:
     """Every parameter value outside its declared rule, and a budget of 0 or -1, must raise a
     ValueError that names it: a bad value is refused where it is given, not silently run."""
@@ -438,6 +433,8 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
                              f"{type(exc).__name__}: {exc}")
     if cls.reads_key_norms:
         fails += _refuses_without_norms(cls)
+    if getattr(cls, "reads_value_norms", False):
+        fails += _refuses_without_norms(cls, "value norm")
     names = ", ".join(tr.name for tr in traces)
     detail = "; ".join(fails) if fails else (
         f"{runs} replays: {names} x budgets {list(BUDGETS)}, "
@@ -446,18 +443,21 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
                                  f"budgets {', '.join(map(str, BUDGETS))}", not fails, detail)]
 
 
-def _refuses_without_norms(cls) -> list[str]:
-    """A policy that reads key norms must be refused (ValueError naming them) on a trace
-    that has none, not replayed on made-up values."""
-    bare = canonical(8)
+def _refuses_without_norms(cls, what: str = "key norm") -> list[str]:
+    """A policy that reads key (or value) norms must be refused (ValueError naming them) on
+    a trace that has none, not replayed on made-up values."""
+    bare = canonical(20)
+    if what != "key norm":  # only the value norms missing
+        bare = ArrayTrace(truncated(bare, 20).packed, 20, name=bare.name,
+                          key_norms=np.ones(20, np.float32))
     try:
-        Replay(bare, _make(cls, 4, **_fit_params(cls, 4))).seek(7)
+        Replay(bare, _make(cls, 16, **_fit_params(cls, 16))).seek(19)
     except ValueError as exc:
-        return [] if "key norm" in str(exc) else [f"a trace without key norms: ValueError does "
-                                                 f"not name key norms ({exc})"]
+        return [] if what in str(exc) else [f"a trace without {what}s: ValueError does "
+                                            f"not name {what}s ({exc})"]
     except Exception as exc:
-        return [f"a trace without key norms: raised {type(exc).__name__}, not ValueError ({exc})"]
-    return ["a trace without key norms was replayed instead of refused"]
+        return [f"a trace without {what}s: raised {type(exc).__name__}, not ValueError ({exc})"]
+    return [f"a trace without {what}s was replayed instead of refused"]
 
 
 def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
@@ -472,7 +472,9 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
         kinds = ("null", "zero", "onehot", "random")
         for t in range(max(steps, budget + 64)):
             kind, row = _rows(rng, len(policy.kept), kinds if kind != "null" else kinds[1:])
-            harness.step(policy, t, row, budget, _kn(policy, t).get("key_norm"))
+            norms = _kn(policy, t)
+            harness.step(policy, t, row, budget, norms.get("key_norm"),
+                         value_norm=norms.get("value_norm"))
     except Exception as exc:
         return RuleResult("robustness", name, False,
                           f"step {t} ({kind} row): {type(exc).__name__}: {exc}")
@@ -627,6 +629,17 @@ def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
     return results
 
 
+def check_allocator_class(cls, seeds=(0, 1, 2)) -> list[RuleResult]:
+    """The allocator contract (kvviz.core.check_alloc) for an Allocator subclass, with its
+    scorer's defaults and its own, any it refuses at the contract's budget shrunk to fit
+    (as for a policy)."""
+    try:
+        params = _fit_params(cls, ALLOC_BUDGET)
+    except ValueError as exc:
+        return [RuleResult("contract", "its defaults construct", False, str(exc))]
+    return check_allocator(lambda b: _make(cls, b, **params), cls, seeds)
+
+
 def passed(results) -> bool:
     """Whether every rule passed (info lines always pass): the command's exit status."""
     return all(r.passed for r in results)
@@ -636,13 +649,16 @@ def passed(results) -> bool:
 def parser(sub=None) -> argparse.ArgumentParser:
     """`kvviz check`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
     kw = dict(prog="kvviz check", description="Check a policy against the "
-                                  "harness contract, determinism, refusals and robustness.")
-    p = (sub.add_parser("check", help="conformance run for a policy: kvviz check PATH.py[:CLASS] "
+                                  "harness contract, determinism, refusals and robustness, "
+                                  "or an allocator against the allocator contract.")
+    p = (sub.add_parser("check", help="conformance run for a policy or an allocator: kvviz check PATH.py[:CLASS] "
                         "| NAME | --all-builtins", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
     p.error = one_line_error
-    p.add_argument("target", nargs="*", help="a built-in name (tova), PATH.py[:CLASS] or MODULE[:CLASS]")
-    p.add_argument("--all-builtins", action="store_true", help="check every built-in policy")
+    p.add_argument("target", nargs="*", help="a built-in name (tova, adakv), PATH.py[:CLASS] or "
+                   "MODULE[:CLASS]")
+    p.add_argument("--all-builtins", action="store_true",
+                   help="check every built-in policy and allocator")
     p.add_argument("--reference", help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) "
                    "-> a slow reference policy: adds the differential check")
     p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
@@ -682,10 +698,14 @@ def run(args) -> int:
         targets = [load_target(t) for t in args.target]
         if args.all_builtins:
             targets += [(cls.name, cls) for cls in BUILTINS]
+            targets += [(name, cls) for name, cls in ALLOCATORS.items()]
         if not targets:
             raise ValueError("name a policy to check, or pass --all-builtins")
         if args.steps < 2 or args.examples < 1:
             raise ValueError("--steps must be >= 2 and --examples >= 1")
+        if args.reference and any(issubclass(cls, Allocator) for _, cls in targets):
+            raise ValueError("--reference is for a policy: an allocator is checked against "
+                             "the allocator contract only")
         reference = load_function(args.reference) if args.reference else None
         if reference is not None:
             _need_hypothesis()
@@ -694,8 +714,11 @@ def run(args) -> int:
         return 2
     ok = True
     for label, cls in targets:
-        results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
-                               examples=args.examples)
+        if issubclass(cls, Allocator):
+            results = check_allocator_class(cls)
+        else:
+            results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
+                                   examples=args.examples)
         good = passed(results)
         ok &= good
         print(f"{label} ({cls.__module__}.{cls.__name__}): {'PASS' if good else 'FAIL'}")
@@ -704,7 +727,7 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["RuleResult", "check_policy", "load_target", "load_function", "passed", "main"]
+__all__ = ["RuleResult", "check_allocator_class", "check_policy", "load_target", "load_function", "passed", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

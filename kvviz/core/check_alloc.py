@@ -2,7 +2,8 @@
 
 `check_allocator(make)` runs an allocator built by `make(budget)` over layers of random
 KV-head rows (random weights, ties, and one head given one-hot rows so the others' slots
-are pitted against its) and returns one RuleResult per rule:
+are pitted against its; an allocator that asks for calibration rows gets rows of the same
+kind first) and returns one RuleResult per rule:
 
 - total: after every step no head is over its cap and the layer holds at most its
   total (heads x the layer's per-head budget); exactly down to it when over;
@@ -17,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.core import harness
-from kvviz.core.check import BIG_BUDGET, RuleResult, bad_values
+from kvviz.core.check_rules import BIG_BUDGET, RuleResult, bad_values
 
 HEADS, BUDGET, STEPS = 3, 16, 120
+CALIBRATION = 48  # at most this many calibration rows for an allocator that asks for them
 
 
 def _rows(rng, kind: str, g: int, n: int) -> np.ndarray:
@@ -37,13 +39,19 @@ def _run(make, seed: int, kind: str, layers: int = 2):
     alloc = make(BUDGET)
     groups = [alloc.group(d, layers, HEADS) for d in range(layers)]
     rng = np.random.default_rng(seed)
+    calibration = min(int(alloc.calibration_rows()), CALIBRATION)
+    if calibration:  # rows of the same kind, read with the full cache
+        for group in groups:
+            group.calibrate([[_rows(rng, kind, g, t) for t in range(calibration)]
+                             for g in range(HEADS)])
     log, fails = [], {}
     for t in range(STEPS):
         for d, group in enumerate(groups):
             before = None
             for g, p in enumerate(group.policies):
                 raw = _rows(rng, kind, g, len(p.held())) if p.uses_attention else None
-                harness.feed(p, t, raw, 1.0 if p.reads_key_norms else None)
+                harness.feed(p, t, raw, 1.0 if p.reads_key_norms else None,
+                             1.0 if getattr(p, "reads_value_norms", False) else None)
             before = [(p.held().copy(), p.candidates().copy()) for p in group.policies]
             try:
                 victims = group.evict()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.core.policies.base import BudgetError, check_key_norm, enforce
+from kvviz.core.policies.base import BudgetError, enforce, norm_inputs
 
 __all__ = ["BudgetError", "enforce", "feed", "held_count", "renormalise", "step", "step_layer"]
 
@@ -52,17 +52,16 @@ def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
     return attn
 
 
-def feed(policy, pos: int, raw, key_norm=None) -> None:
+def feed(policy, pos: int, raw, key_norm=None, value_norm=None) -> None:
     """The first half of `step`: observe the renormalised row, admit `pos`; no eviction.
 
     `raw` holds the weights at `policy.held()`; it is ignored (and may be None) for a
-    policy that reads no attention.
+    policy that reads no attention. `key_norm` / `value_norm` (the admitted position's key
+    and value L2 norms) reach only a policy that reads them (`reads_key_norms`,
+    `reads_value_norms`); one that reads a norm not given is refused (ValueError).
     """
     attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
-    if policy.reads_key_norms:
-        policy.advance(pos, attn, check_key_norm(key_norm, policy.name))
-    else:
-        policy.advance(pos, attn)
+    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm))
 
 
 def held_count(policy) -> int:
@@ -70,24 +69,26 @@ def held_count(policy) -> int:
     return int(policy.held().shape[-1])
 
 
-def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "") -> np.ndarray:
+def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
+         value_norm=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`, then `enforce` the budget; returns the
     victims' positions. `stream` names the stream in a refusal."""
-    feed(policy, pos, raw, key_norm)
+    feed(policy, pos, raw, key_norm, value_norm)
     victims = policy.evict(budget)
     enforce(getattr(policy, "name", type(policy).__name__), held_count(policy), budget, pos, stream)
     return victims
 
 
-def step_layer(group, pos: int, raws, key_norms=None) -> list:
+def step_layer(group, pos: int, raws, key_norms=None, value_norms=None) -> list:
     """One step of the KV heads of one layer under an allocator: feed head g its row
-    `raws[g]` (and `key_norms[g]`), let the allocator evict across the heads
+    `raws[g]` (and `key_norms[g]`, `value_norms[g]`), let the allocator evict across the heads
     (`group.evict()`), then enforce each head's cap and the layer's total
     (`group.enforce(pos)`). `group` is an allocator's per-layer group
     (`Allocator.group(...)`); returns one array of victims' positions per head."""
     for g, policy in enumerate(group.policies):
         feed(policy, pos, None if raws is None else raws[g],
-             None if key_norms is None else key_norms[g])
+             None if key_norms is None else key_norms[g],
+             None if value_norms is None else value_norms[g])
     victims = group.evict()
     group.enforce(pos)
     return victims
@@ -120,7 +121,7 @@ class PromptRows:
     may be left out): row t's weights
     on positions 0..t-1 are `raw[i, :t]` (nothing is evicted during a prefill, so a
     row's held positions are all the earlier ones); `key_norms` (length,) is needed
-    only when a streamed policy reads key norms."""
+    only when a streamed policy reads key norms, `value_norms` when one reads value norms."""
 
     def __init__(self, length: int, tail: int = 1, sums: bool = False, streamed=()):
         self.length = int(length)
@@ -135,7 +136,8 @@ class PromptRows:
         policy; else only the last `tail`."""
         return self.sums is not None or bool(self.streamed) or stop > self.length - self.tail
 
-    def add(self, start: int, raw: np.ndarray, key_norms=None) -> None:
+    def add(self, start: int, raw: np.ndarray, key_norms=None, value_norms=None) -> None:
+        """Take prompt rows start..start+len(raw)-1 (see the class docstring)."""
         if start != self.next and (start < self.next or self.wants(self.next, start)):
             raise ValueError(f"prompt rows must arrive in order: expected row {self.next}, got {start}")
         first_tail = self.length - self.tail
@@ -144,7 +146,8 @@ class PromptRows:
             row = raw[i, :t]
             if t < self.length - 1:
                 for p in self.streamed:
-                    feed(p, t, row, None if key_norms is None or not p.reads_key_norms else key_norms[t])
+                    feed(p, t, row, None if key_norms is None or not p.reads_key_norms else key_norms[t],
+                         None if value_norms is None or not getattr(p, "reads_value_norms", False) else value_norms[t])
                 if self.sums is not None and t:
                     self.sums[:t] += renormalise(row, t)
             if t >= first_tail:
@@ -156,7 +159,8 @@ class PromptRows:
         return self.rows[t - (self.length - self.tail), :t]
 
 
-def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms=None) -> np.ndarray:
+def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms=None,
+            value_norms=None) -> np.ndarray:
     """A prompt of `length` positions read in one pass: `policy` observes its rows without
     evicting, then evicts once, down to `budget`, at the last row (one `step`); returns
     the victims. Bit for bit what feeding every row and stepping the last gives, through
@@ -165,7 +169,15 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
     policy observes the rows' sum once. `rows` (a PromptRows built with at least the
     policy's needs) may be None for a policy that reads no attention."""
     tail, sums, streamed = prefill_needs(policy, length)
-    norm = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
+    kn = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
+    vn = (lambda t: value_norms[t]) if getattr(policy, "reads_value_norms", False) else (lambda t: None)
+
+    def norm(t):
+        return kn(t), vn(t)
+
+    def last_step(raw):
+        k, v = norm(last)
+        return step(policy, last, raw, budget, k, value_norm=v)
     last = length - 1
     if tail:
         if rows is None or rows.length != length or rows.tail < tail or (sums and rows.sums is None):
@@ -176,19 +188,19 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
     if streamed:
         if len(policy.held()) != last:
             raise ValueError(f"prefill of {policy.name} streams every row: give it to PromptRows(streamed=...)")
-        return step(policy, last, rows.row(last), budget, norm(last))
+        return last_step(rows.row(last))
     if not tail:
         for t in range(last):
-            feed(policy, t, None, norm(t))
-        return step(policy, last, None, budget, norm(last))
+            feed(policy, t, None, *norm(t))
+        return last_step(None)
     start = last if sums else length - tail
     for t in range(start):
-        feed(policy, t, None, norm(t))  # admitted unobserved
+        feed(policy, t, None, *norm(t))  # admitted unobserved
     if sums:
         if last:
             policy.observe(rows.sums)
     else:
         policy.skip_rows(start)
         for t in range(start, last):
-            feed(policy, t, rows.row(t), norm(t))
-    return step(policy, last, rows.row(last), budget, norm(last))
+            feed(policy, t, rows.row(t), *norm(t))
+    return last_step(rows.row(last))

@@ -9,6 +9,11 @@ enforced. The stored layers share the budget in depth order (code-kv's 0, 14 and
 depths 0, 1 and 2 of 3), and each head's policy is told Place(layer, None, g, heads): its
 model layer number, its KV-head index and count; the model's layer count is not stored.
 
+An allocator that decides something per layer before eviction starts (headroles: which
+heads retrieve) gets its calibration rows here: the first `calibration_rows()` rows of every
+head's stream of that layer, read with the full cache (row t over positions 0..t-1), then
+the replay starts at step 0 as for any allocator.
+
 Every stream's held count is recorded after every step (`LayerRun.held`), and each stream
 gets an ordinary `Run`, so the metrics read it as they read a single replay's.
 """
@@ -20,7 +25,7 @@ import numpy as np
 
 from kvviz.core import harness
 from kvviz.core.metrics import summary
-from kvviz.core.replay import NEVER, Run, held_shares
+from kvviz.core.replay import NEVER, Run, held_shares, refuse_value_norms
 from kvviz.core.trace import Trace, load_trace
 
 
@@ -57,6 +62,7 @@ class LayerRun:
     layer_numbers: list  # the model layer number of each layer
     budgets: list       # the per-head budget of each layer
     bytes_per_slot: int
+    states: list | None = None  # each layer's calibrated state (headroles: its Roles), or None
 
     def held_at_end(self) -> np.ndarray:
         """int64 (layers, heads): each stream's held count after the last step."""
@@ -91,8 +97,15 @@ def replay_layers(grid, allocator) -> LayerRun:
         groups.append(allocator.group(getattr(row[0], "layer", None), None, heads,
                                       depth=d, depths=len(grid)))
     scorer = groups[0].policies[0]
+    calibration = min(int(allocator.calibration_rows()), T)
+    if calibration:  # read with the full cache, before eviction starts
+        for row, group in zip(grid, groups):
+            group.calibrate([[tr.row(t) for t in range(calibration)] for tr in row])
     if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
         raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
+    reads_values = getattr(scorer, "reads_value_norms", False)
+    if reads_values and any(getattr(tr, "value_norms", None) is None for row in grid for tr in row):
+        raise refuse_value_norms(allocator.scorer, getattr(grid[0][0], "name", "trace"))
     L = len(grid)
     evicted = np.full((L, heads, T), NEVER, np.int64)
     held = np.zeros((L, heads, T), np.int64)
@@ -101,7 +114,8 @@ def replay_layers(grid, allocator) -> LayerRun:
             raws = ([tr.row(t)[p.held()] for tr, p in zip(row, group.policies)]
                     if scorer.uses_attention else None)
             norms = [tr.key_norm(t) for tr in row] if scorer.reads_key_norms else None
-            victims = harness.step_layer(group, t, raws, norms)
+            values = [tr.value_norm(t) for tr in row] if reads_values else None
+            victims = harness.step_layer(group, t, raws, norms, values)
             for g, v in enumerate(victims):
                 evicted[d, g, v] = t
             held[d, :, t] = group.held_counts()
@@ -111,7 +125,7 @@ def replay_layers(grid, allocator) -> LayerRun:
                  held=held[d, g].copy())
              for g, tr in enumerate(row)] for d, (row, group) in enumerate(zip(grid, groups))]
     return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid],
-                    [g.b for g in groups], scorer.bytes_per_slot)
+                    [g.b for g in groups], scorer.bytes_per_slot, [g.state for g in groups])
 
 
 def layer_summary(grid, layer_run: LayerRun) -> dict:

@@ -41,6 +41,7 @@ class RefPolicy:
         self.bytes_per_slot = self.fast.bytes_per_slot
         self.uses_attention = self.fast.uses_attention
         self.reads_key_norms = self.fast.reads_key_norms
+        self.reads_value_norms = self.fast.reads_value_norms
         self.keep = []  # positions, ascending
         self.state = []  # one record per kept position
 
@@ -53,11 +54,11 @@ class RefPolicy:
         """The positions the next query attends over: here, all kept ones."""
         return self.kept
 
-    def advance(self, pos, attn, key_norm=None):
+    def advance(self, pos, attn, key_norm=None, value_norm=None):
         """The harness's name for one decode step; the same as `on_decode_step`."""
-        self.on_decode_step(pos, attn, key_norm)
+        self.on_decode_step(pos, attn, key_norm, value_norm)
 
-    def on_decode_step(self, pos, attn, key_norm=None):
+    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None):
         """Observe step `pos`'s weights over the kept slots (or None: no attention), then
         admit `pos`. The input checks are written out again, loop by loop, so the fast
         policy's refusals are tested against an independent statement of the rule."""
@@ -74,7 +75,10 @@ class RefPolicy:
                     raise ValueError("attn weights must be non-negative")
             self.observe(weights)
         self.keep.append(int(pos))
-        self.state.append(self.new_record(key_norm) if self.reads_key_norms else self.new_record())
+        if self.reads_value_norms:
+            self.state.append(self.new_record(value_norm))
+        else:
+            self.state.append(self.new_record(key_norm) if self.reads_key_norms else self.new_record())
 
     def evict(self, budget):
         """Drop down to `budget`: rank every candidate slot by (`rank`, position) and take the
@@ -260,6 +264,34 @@ class RefKnorm(RefPolicy):
 
     def rank(self, i):
         return -self.state[i]
+
+
+class RefVATP(RefPolicy):
+    """VATP: each slot's record is [attention summed since admission, its value's norm]; the
+    rank is their product; the first `sinks` admitted and the `recent_window` newest are
+    protected."""
+
+    name = "vatp"
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.protect_recent = self.params["recent_window"]
+        self.sinks = self.params["sinks"]
+
+    def observe(self, weights):
+        for i, w in enumerate(weights):
+            self.state[i][0] += w
+
+    def new_record(self, value_norm):
+        if value_norm is None:
+            raise ValueError("vatp reads value norms, and none was given")
+        return [0.0, float(np.float32(value_norm))]  # the norm stored as float32
+
+    def is_candidate(self, i):
+        return self.sinks <= i < len(self.keep) - self.protect_recent
+
+    def rank(self, i):
+        return self.state[i][0] * self.state[i][1]
 
 
 class RefRandom(RefPolicy):

@@ -95,6 +95,8 @@ class Replay:
             raise ValueError(f"{policy.name} reads key norms, and trace {trace.name!r} has none: "
                              "pick a trace captured with key norms (format version 3, e.g. "
                              "code-kv) or run it in the model loop")
+        if getattr(policy, "reads_value_norms", False) and trace.value_norms is None:
+            raise refuse_value_norms(policy.name, trace.name)
         self.trace = trace
         self.policy = policy
         self.budget = policy.budget
@@ -121,7 +123,7 @@ class Replay:
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
         victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget,
-                               self.trace.key_norm(t), self.stream)
+                               self.trace.key_norm(t), self.stream, self.trace.value_norm(t))
         self.evicted_at[victims] = t
         self.held[t] = len(self.policy.held())
         self.t += 1
@@ -158,7 +160,8 @@ class Replay:
             probe.t = start
             probe.seek(step - 1)
             policy = probe.policy
-        harness.feed(policy, step, self._raw(policy, step), self.trace.key_norm(step))
+        harness.feed(policy, step, self._raw(policy, step), self.trace.key_norm(step),
+                     self.trace.value_norm(step))
         return policy.kept.copy(), policy.scores()
 
     def run(self) -> Run:
@@ -199,12 +202,25 @@ def held_shares(trace: Trace, evicted_at: np.ndarray) -> np.ndarray:
     return shares
 
 
+def refuse_value_norms(name: str, trace_name: str) -> ValueError:
+    """The one-line refusal of a policy that reads value norms on a trace without them."""
+    return ValueError(f"{name} reads value norms, and trace {trace_name!r} has none: pick a "
+                      "trace captured with value norms (format version 4, kvviz capture)")
+
+
+def can_drive(trace: Trace, cls) -> bool:
+    """Whether `trace` carries every input policy class `cls` reads (key and value norms)."""
+    return ((trace.key_norms is not None or not cls.reads_key_norms)
+            and (getattr(trace, "value_norms", None) is not None
+                 or not getattr(cls, "reads_value_norms", False)))
+
+
 def runnable(trace: Trace) -> list[str]:
-    """The registered policies this trace can drive: all, less those that read key norms
-    when the trace has none (a default list; asking for one of those by name is refused)."""
+    """The registered policies this trace can drive: all, less those that read key or value
+    norms the trace does not have (a default list; asking for one of those by name is refused)."""
     from kvviz.core.policies import POLICIES
 
-    return [n for n, cls in POLICIES.items() if trace.key_norms is not None or not cls.reads_key_norms]
+    return [n for n, cls in POLICIES.items() if can_drive(trace, cls)]
 
 
 def run_policy(trace: Trace, name: str, budget: int, rng=None, **params) -> Run:

@@ -10,7 +10,9 @@ labels: "mean" (always, first), "kv0".. (mean over the query heads sharing one K
 Version 3 adds an optional `key_norms` (layers, heads, T) float32: the L2 norm of each
 position's cached key (after RoPE) for policies that read key norms (knorm); for "kvN" and
 "qN" the norm of the KV head they read, for "mean" the mean over the KV heads. Older files
-still load, with no key norms.
+still load, with no key norms. Version 4 adds an optional `value_norms`, shaped and read like
+`key_norms`: the L2 norm of each position's cached value, for policies that read value norms
+(vatp). Files of versions 1-3 still load, with no value norms.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ import numpy as np
 
 from kvviz.core.atomic import replacing
 
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 
 
@@ -47,6 +49,7 @@ class Trace:
     heads: list[str] = ["mean"]  # head labels stored
     head: str = "mean"          # the one loaded
     key_norms: np.ndarray | None = None  # float32 (T,): each position's key L2 norm, if recorded
+    value_norms: np.ndarray | None = None  # float32 (T,): each position's value L2 norm, if recorded
 
     def row(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
         """Query i's attention over positions 0..i-1 (a fresh array the caller may change):
@@ -57,6 +60,10 @@ class Trace:
     def key_norm(self, i: int) -> float | None:
         """Position i's key L2 norm, or None when the trace has none (synthetic, version < 3)."""
         return None if self.key_norms is None else float(self.key_norms[i])
+
+    def value_norm(self, i: int) -> float | None:
+        """Position i's value L2 norm, or None when the trace has none (synthetic, version < 4)."""
+        return None if self.value_norms is None else float(self.value_norms[i])
 
     def _check_step(self, i: int) -> int:
         i = int(i)
@@ -151,9 +158,11 @@ class ArrayTrace(Trace):
     """A trace held as packed lower-triangle rows (float16 or float32) of one layer and head."""
 
     def __init__(self, packed: np.ndarray, steps: int, *, name="trace", tokens=None,
-                 meta=None, layers=None, layer=None, heads=None, head="mean", key_norms=None):
+                 meta=None, layers=None, layer=None, heads=None, head="mean", key_norms=None,
+                 value_norms=None):
         self._packed = packed
         self.key_norms = None if key_norms is None else np.asarray(key_norms, np.float32)
+        self.value_norms = None if value_norms is None else np.asarray(value_norms, np.float32)
         self.steps = steps
         self.name = name
         self.tokens = tokens
@@ -184,11 +193,12 @@ def pack_rows(matrix: np.ndarray) -> np.ndarray:
 
 
 def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
-               dtype="float16", key_norms=None) -> Path:
-    """Write a trace file (format version 3). Row t of each matrix uses columns 0..t-1.
+               dtype="float16", key_norms=None, value_norms=None) -> Path:
+    """Write a trace file (format version 4). Row t of each matrix uses columns 0..t-1.
 
-    `key_norms`, when given, is (L, H, T) like `attn` without its last axis (see the module
-    docstring); kept float32, since a norm's scale is far from float16's sweet spot.
+    `key_norms` and `value_norms`, when given, are (L, H, T) like `attn` without its last
+    axis (see the module docstring); kept float32, since a norm's scale is far from
+    float16's sweet spot.
 
     `attn` is (T, T), (L, T, T) (head-mean only) or (L, H, T, T) with `heads` naming the H
     heads ("mean" first). Written to a temporary file and renamed, so an interrupted save
@@ -220,6 +230,8 @@ def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
         arrays["tokens"] = np.asarray([str(s) for s in tokens], dtype=np.str_)
     if key_norms is not None:
         arrays["key_norms"] = np.asarray(key_norms, np.float32)
+    if value_norms is not None:
+        arrays["value_norms"] = np.asarray(value_norms, np.float32)
     _check_arrays(arrays, "attn")
     path = Path(path)
     with replacing(path) as fh:
@@ -259,9 +271,10 @@ def load_trace(source, layer: int | None = None, head: str | None = None, *,
     meta = json.loads(str(arrays["meta"])) if "meta" in arrays else {}
     rows = packed[li, hi].copy()  # a copy, so the other layers and heads can be freed
     norms = arrays["key_norms"][li, hi].copy() if "key_norms" in arrays else None
+    values = arrays["value_norms"][li, hi].copy() if "value_norms" in arrays else None
     return ArrayTrace(rows, steps, name=name or meta.get("name") or default_name,
                       tokens=tokens, meta=meta, layers=layers, layer=layers[li],
-                      heads=heads, head=heads[hi], key_norms=norms)
+                      heads=heads, head=heads[hi], key_norms=norms, value_norms=values)
 
 
 def _pick(field_name: str, wanted, stored: list, default) -> int:
@@ -306,7 +319,7 @@ def _check_arrays(arrays: dict, key: str) -> int:
     version = arrays["format_version"]
     if (version.shape != () or version.dtype.kind not in "iu"
             or int(version) not in READ_VERSIONS):
-        raise ValueError(f"format_version must be 1, 2 or 3, got {version!r}")
+        raise ValueError(f"format_version must be 1, 2, 3 or 4, got {version!r}")
     version = int(version)
     if key not in arrays:
         raise ValueError(f"trace file has no '{key}' field")
@@ -339,8 +352,9 @@ def _check_arrays(arrays: dict, key: str) -> int:
         raise ValueError("attn weights must be finite (found NaN or inf)")
     if (packed < 0).any():
         raise ValueError("attn weights must be non-negative")
-    if "key_norms" in arrays:
-        _check_key_norms(arrays, version, packed.shape[:-1] + (steps,))
+    for field_name, since in (("key_norms", 3), ("value_norms", 4)):
+        if field_name in arrays:
+            _check_norms(arrays, field_name, since, version, packed.shape[:-1] + (steps,))
     if "tokens" in arrays and arrays["tokens"].shape != (steps,):
         raise ValueError(f"tokens must have one entry per step ({steps}), "
                          f"got shape {arrays['tokens'].shape}")
@@ -359,15 +373,15 @@ def _check_arrays(arrays: dict, key: str) -> int:
     return steps
 
 
-def _check_key_norms(arrays: dict, version: int, shape: tuple) -> None:
-    if version < 3:
-        raise ValueError(f"key_norms is a format_version 3 field; this file says {version}")
-    kn = arrays["key_norms"]
+def _check_norms(arrays: dict, field_name: str, since: int, version: int, shape: tuple) -> None:
+    if version < since:
+        raise ValueError(f"{field_name} is a format_version {since} field; this file says {version}")
+    kn = arrays[field_name]
     if kn.dtype != np.float32 or kn.shape != shape:
-        raise ValueError(f"key_norms must be float32 of shape {shape} (layers, heads, steps), "
+        raise ValueError(f"{field_name} must be float32 of shape {shape} (layers, heads, steps), "
                          f"got {kn.dtype} of shape {kn.shape}")
     if not np.isfinite(kn).all() or (kn < 0).any():
-        raise ValueError("key_norms must be finite and non-negative (they are L2 norms)")
+        raise ValueError(f"{field_name} must be finite and non-negative (they are L2 norms)")
 
 
 HEAD_LABEL = re.compile(r"mean|kv\d+|q\d+")

@@ -95,11 +95,20 @@ def cache_key_norms(cache, layers, groups, r: int, T: int) -> np.ndarray:
     """(L, H, T) float32 key L2 norms per stored layer and head label: "kvN" its KV head,
     "qN" the KV head query head N reads (N // r, transformers' repeat_kv), "mean" the mean
     over the KV heads (what a head-mean policy would see of the cache's keys)."""
+    return _cache_norms(cache, "keys", layers, groups, r, T)
+
+
+def cache_value_norms(cache, layers, groups, r: int, T: int) -> np.ndarray:
+    """(L, H, T) float32 value L2 norms, per stored layer and head label as `cache_key_norms`."""
+    return _cache_norms(cache, "values", layers, groups, r, T)
+
+
+def _cache_norms(cache, which: str, layers, groups, r: int, T: int) -> np.ndarray:
     out = []
     for i in layers:
-        kv = cache.layers[i].keys[0].float().norm(dim=-1).cpu().numpy()  # (Hk, T)
+        kv = getattr(cache.layers[i], which)[0].float().norm(dim=-1).cpu().numpy()  # (Hk, T)
         if kv.shape[1] != T:
-            raise ValueError(f"layer {i}'s cache holds {kv.shape[1]} keys, not one per token "
+            raise ValueError(f"layer {i}'s cache holds {kv.shape[1]} {which}, not one per token "
                              "(a sliding-window layer): capture a text no longer than its window")
         per = []
         for label, _ in groups:
@@ -162,7 +171,9 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         np.stack([np.where(strict_lower, out.attentions[i][0][idx].float().mean(0).cpu().numpy(), 0.0)
                   for _, idx in groups])
         for i in layers]).astype(np.float32)
-    key_norms = cache_key_norms(out.cache, layers, groups, cfg.num_attention_heads // cfg.num_key_value_heads, T)
+    r = cfg.num_attention_heads // cfg.num_key_value_heads
+    key_norms = cache_key_norms(out.cache, layers, groups, r, T)
+    value_norms = cache_value_norms(out.cache, layers, groups, r, T)
     del out
     tokens = token_strings(tok, ids, text, offsets)
     info = {
@@ -173,13 +184,15 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         "heads": [label for label, _ in groups],
         "head_groups": {label: idx for label, idx in groups},
         "diagonal": "dropped (rows sum to 1 minus the self weight)",
-        "format_version": 3,
+        "format_version": 4,
         "key_norms": "L2 norm of each position's cached key (after RoPE); for mean, the mean over the KV heads",
+        "value_norms": "L2 norm of each position's cached value; for mean, the mean over the KV heads",
         "n_tokens": T,
         "text": "".join(tokens),
     }
     info.update({k: v for k, v in meta.items() if v is not None})
-    return {"attn": attn, "key_norms": key_norms, "heads": [label for label, _ in groups], "tokens": tokens,
+    return {"attn": attn, "key_norms": key_norms, "value_norms": value_norms,
+            "heads": [label for label, _ in groups], "tokens": tokens,
             "layers": layers, "meta": info,
             "seconds": {"load": getattr(mdl, "kvviz_load_seconds", 0.0), "forward": forward}}
 
@@ -238,7 +251,8 @@ def run(args) -> int:
         return 2
     log(f"writing {out} ...")
     save_trace(out, result["attn"], tokens=result["tokens"], layers=result["layers"],
-               heads=result["heads"], meta=result["meta"], key_norms=result["key_norms"])
+               heads=result["heads"], meta=result["meta"], key_norms=result["key_norms"],
+               value_norms=result["value_norms"])
     size = out.stat().st_size
     load_trace(out)  # prove it reads back under the same validation the app uses
     log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, "

@@ -232,8 +232,8 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
         error = None
         try:
             policy = make_policy(name, budget=int(budget), **params)
-            if trace is not None and policy.reads_key_norms:
-                Replay(trace, policy)  # refuses a trace without key norms; runs nothing
+            if trace is not None and (policy.reads_key_norms or policy.reads_value_norms):
+                Replay(trace, policy)  # refuses a trace without the norms it reads; runs nothing
         except ValueError as exc:
             error = labelled(name, str(exc))
             side.error(f"Refused: {error}")

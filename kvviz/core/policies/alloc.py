@@ -17,7 +17,11 @@ scorer's). A subclass says only how a layer's slots are shared:
 - `floor(b)`: no eviction takes a head below this (the rest of its slots may go);
 - `cap(b, heads)`: the most one head may hold (the layer's total is heads x b);
 - `choose_layer(policies, b)`: the victims' slot indices per head (default: each head
-  evicts down to b on its own, by its scorer).
+  evicts down to b on its own, by its scorer);
+- `calibration_rows()` and `calibrate(rows, group)`: an allocator that decides something
+  per layer before eviction starts (headroles: each head's role) asks for the first N rows
+  of every head's stream read with the full cache, and returns the layer's state
+  (`LayerGroup.state`); `choose_group(group)` then chooses with it.
 
 The harness (kvviz.core.harness.step_layer) feeds every head of a layer, lets the group
 evict, and enforces each head's cap and the layer's total after every step.
@@ -115,6 +119,21 @@ class Allocator:
             out.append(p.choose(excess) if excess > 0 else np.empty(0, np.int64))
         return out
 
+    def calibration_rows(self) -> int:
+        """How many rows of each head's stream, read with the full cache (row t over
+        positions 0..t-1), `calibrate` needs before the first step: 0 (the default) none."""
+        return 0
+
+    def calibrate(self, rows: list, group: "LayerGroup"):
+        """The layer's state from `rows[g][t]` (head g's row t, full cache): what
+        `choose_group` reads as `group.state`. Called once, before the first step."""
+        return None
+
+    def choose_group(self, group: "LayerGroup") -> list:
+        """Victims' slot indices per head for one layer: `choose_layer` by default; an
+        allocator with per-layer state (`group.state`) overrides this."""
+        return self.choose_layer(group.policies, group.b)
+
     # -- shared mechanics ------------------------------------------------------------
     @property
     def params(self) -> dict:
@@ -159,6 +178,17 @@ class LayerGroup:
         self.total = self.heads * b
         self.floor = allocator.floor(b)
         self.cap = allocator.cap(b, self.heads)
+        self.state = None  # what `calibrate` made of the calibration rows, if it asks for any
+        self.calibrated = False
+
+    def calibrate(self, rows: list) -> None:
+        """Give the allocator the calibration rows (`rows[g][t]`: head g's row t read with
+        the full cache) before the first step; it keeps what it makes of them as `state`."""
+        if len(rows) != self.heads:
+            raise ValueError(f"calibration rows must come for every head: {len(rows)} for "
+                             f"{self.heads} heads")
+        self.state = self.allocator.calibrate(rows, self)
+        self.calibrated = True
 
     @property
     def name(self) -> str:
@@ -171,7 +201,7 @@ class LayerGroup:
 
     def evict(self) -> list:
         """Let the allocator choose, drop the victims; their positions per head."""
-        chosen = self.allocator.choose_layer(self.policies, self.b)
+        chosen = self.allocator.choose_group(self)
         return [p.drop(idx) for p, idx in zip(self.policies, chosen)]
 
     def enforce(self, pos: int) -> None:

@@ -14,6 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 __all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
+           "check_value_norm", "norm_inputs",
            "check_recent", "enforce", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
@@ -191,6 +192,7 @@ class Policy:
     reference: ClassVar = None  # the slow reference class, or "module:Class"
     uses_attention: ClassVar[bool] = True
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
+    reads_value_norms: ClassVar[bool] = False  # True: advance() needs the admitted value's L2 norm
     summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
     specs: ClassVar = _Specs()
     place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
@@ -326,7 +328,7 @@ class Policy:
         return 4 + sum(np.dtype(dtype).itemsize * math.prod(shape)
                        for dtype, shape, _ in self._spec.values()) + 1
 
-    def on_decode_step(self, pos, attn, key_norm=None) -> None:
+    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None) -> None:
         """One step of the harness: check and `observe` the weights over the kept slots (`None`
         for a step with no attention), then admit position `pos` as a new slot. The checks live
         here, once, so no subclass can accept a wrong-length, negative or non-finite row."""
@@ -336,15 +338,14 @@ class Policy:
             raise ValueError(f"pos must be above every kept position: got {pos}, "
                              f"highest kept is {int(self._pos[n - 1])}")
         attn = None if attn is None else _check_attn(attn, n)
-        if self.reads_key_norms:
-            self.advance(pos, attn, check_key_norm(key_norm, self.name))
-        else:
-            self.advance(pos, attn)
+        self.advance(pos, attn, **norm_inputs(self, key_norm, value_norm))
 
-    def advance(self, pos: int, attn: np.ndarray | None, key_norm: float | None = None) -> None:
+    def advance(self, pos: int, attn: np.ndarray | None, key_norm: float | None = None,
+                value_norm: float | None = None) -> None:
         """on_decode_step without the checks: observe `attn`, admit `pos`. For the harness
         (kvviz.core.harness.step), whose rows are already validated and renormalised. `key_norm`
-        (the admitted key's L2 norm) is passed only to a policy that `reads_key_norms`."""
+        (the admitted key's L2 norm) is passed only to a policy that `reads_key_norms`,
+        `value_norm` (the admitted value's L2 norm) only to one that `reads_value_norms`."""
         n = self._n
         if attn is not None:
             self.observe(attn)
@@ -486,6 +487,29 @@ def check_recent(policy, spec_name: str = "recent_window") -> None:
     if value >= policy.budget:
         raise ValueError(f"{spec_name} must be smaller than budget: "
                          f"{spec_name}={value} >= budget={policy.budget} leaves no room to evict")
+
+
+def check_value_norm(value, name: str) -> float:
+    """The admitted value's L2 norm, for a policy that reads value norms: finite and >= 0."""
+    if value is None:
+        raise ValueError(f"{name} reads value norms, and none was given for this position: "
+                         "replay a trace captured with value norms (format version 4)")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"value_norm must be a finite non-negative L2 norm, got {value!r}")
+    return v
+
+
+def norm_inputs(policy, key_norm=None, value_norm=None) -> dict:
+    """The checked norms `policy.advance` takes as keywords: key_norm if it reads key norms,
+    value_norm if it reads value norms, nothing otherwise (so a policy reading neither keeps
+    the two-argument `advance`)."""
+    out = {}
+    if policy.reads_key_norms:
+        out["key_norm"] = check_key_norm(key_norm, policy.name)
+    if getattr(policy, "reads_value_norms", False):
+        out["value_norm"] = check_value_norm(value_norm, policy.name)
+    return out
 
 
 def check_key_norm(value, name: str) -> float:

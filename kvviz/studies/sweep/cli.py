@@ -97,8 +97,8 @@ def bench_spec() -> dict:
 
     return {"traces": [str(root / f"{n}.npz") for n in ("prose", "code", "table")],
             "layers": BENCH_LAYERS, "budgets": BENCH_BUDGETS,
-            "policies": [{"name": n} for n, cls in POLICIES.items()
-                         if not cls.reads_key_norms]}  # the three texts carry no key norms
+            "policies": [{"name": n} for n, cls in POLICIES.items()  # the three texts carry
+                         if not (cls.reads_key_norms or cls.reads_value_norms)]}  # no norms
 
 
 def _cpu() -> float:

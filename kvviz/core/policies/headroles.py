@@ -1,0 +1,163 @@
+"""Head roles, after DuoAttention (Xiao et al. 2024, arXiv:2410.10819): retrieval heads and
+streaming heads.
+
+A share of each layer's KV heads (`retrievalShare`: ceil(share x heads), at least one) are
+retrieval heads: each keeps its scorer's choice at a larger budget. The rest are streaming
+heads: each keeps its first `streamSinks` positions and its `streamRecent` newest: once the
+roles are known its scorer is replaced by StreamingLLM (kvviz's streaming-llm, sinks =
+streamSinks) at sinks + recent slots. The layer's total stays heads x budget: with S
+streaming heads of s = sinks + recent slots, the R retrieval heads share
+heads x budget - S x s, floor(that / R) each, the remainder one each to the retrieval heads
+with the largest proxy (below).
+
+Which heads retrieve is decided once per layer, before the first step, from calibration
+rows: the first `calibration` rows of every head's stream read with the full cache (row t
+over positions 0..t-1, as the model computed it before any eviction). Each head's proxy is
+its mean attention share outside sinks + recent window, the mass a streaming head would not
+hold, over the calibration rows that have any position there (rows with no mass are
+skipped); the heads with the largest proxy retrieve (ties: the lower head). This is a
+proxy: DuoAttention learns a gate per head by optimisation on synthetic retrieval data.
+
+Eviction follows the total as every allocator does: nothing goes while the layer holds at
+most heads x budget; when it holds more, exactly the excess goes, one slot at a time from
+the head furthest over its own budget (ties: a streaming head before a retrieval head, then
+the lower head), each head's slots chosen by its own policy (a streaming head's oldest
+non-sinks, a retrieval head's scorer's choice); no head goes below its own budget, so a
+streaming head ends at sinks + recent and a retrieval head at its larger budget.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from kvviz.core.policies.alloc import _REGISTRY, Allocator
+from kvviz.core.policies.base import param
+
+
+def outside_share(rows, sinks: int, recent: int) -> float:
+    """One head's proxy: the mean, over rows with any position outside the first `sinks`
+    and the `recent` newest, of the row's mass there over its whole mass (float64)."""
+    shares = []
+    for row in rows:
+        row = np.asarray(row, np.float64)
+        lo, hi = sinks, len(row) - recent
+        total = row.sum()
+        if hi <= lo or not total > 0:
+            continue
+        shares.append(row[lo:hi].sum() / total)
+    return float(np.mean(shares)) if shares else 0.0
+
+
+@dataclass(frozen=True)
+class Roles:
+    """One layer's roles: the proxy per head, which heads retrieve, and each head's budget."""
+
+    proxy: tuple
+    retrieval: tuple  # bool per head
+    budgets: tuple    # int per head
+
+
+@dataclass
+class HeadRoles(Allocator):
+    share: float = param(
+        0.5, label="retrievalShare", min=0.0, max=1.0, step=0.05,
+        help="share of each layer's KV heads that are retrieval heads: ceil(share x heads), "
+             "at least one",
+        source="DuoAttention (Xiao et al. 2024) deploys 50% retrieval heads on GQA models "
+               "(25% on MHA); SmolLM2 is GQA")
+    stream_sinks: int = param(
+        4, label="streamSinks", min=0, ui_max=64,
+        help="first positions a streaming head keeps",
+        source="Xiao et al. 2024 (StreamingLLM): four initial tokens as attention sinks")
+    stream_recent: int = param(
+        28, label="streamRecent", min=1, ui_max=1024,
+        help="newest positions a streaming head keeps (with its sinks: its whole cache)",
+        source="kvviz choice: a streaming head of 32 slots, small beside the budgets kvviz "
+               "tables show (64-1024); DuoAttention's streaming heads are likewise constant-length")
+    calibration: int = param(
+        256, label="calibration", min=1, ui_max=4096,
+        help="rows of each head's stream, read with the full cache before eviction starts, "
+             "that decide the roles",
+        source="kvviz choice: the first 256 rows of the trace (DuoAttention calibrates offline "
+               "on synthetic passkey data)")
+
+    name = "headroles"
+    label = "Head roles"
+
+    def check_params(self):
+        if self.share <= 0:
+            raise ValueError(f"share must be above 0 (retrievalShare): share={self.share} leaves "
+                             "no retrieval head to hold the rest of the layer's slots")
+        s = self.stream_sinks + self.stream_recent
+        if s > self.budget:
+            raise ValueError(f"stream_sinks + stream_recent must be at most the budget: "
+                             f"{self.stream_sinks} + {self.stream_recent} = {s} > budget={self.budget}")
+
+    # -- roles ---------------------------------------------------------------------
+    def retrieval_count(self, heads: int) -> int:
+        """ceil(share x heads), exact on share's decimal spelling, at least 1."""
+        return max(1, min(heads, math.ceil(Fraction(repr(float(self.share))) * heads)))
+
+    def streaming_slots(self) -> int:
+        """The slots a streaming head holds: its sinks and its recent window."""
+        return self.stream_sinks + self.stream_recent
+
+    def _retrieval_budget(self, b: int, heads: int) -> tuple[int, int]:
+        """(each retrieval head's base budget, how many get one more)."""
+        r = self.retrieval_count(heads)
+        pool = heads * b - (heads - r) * self.streaming_slots()
+        return pool // r, pool % r
+
+    def roles(self, proxy, b: int) -> Roles:
+        """The roles and budgets for per-head budget `b` from each head's proxy."""
+        heads = len(proxy)
+        ranked = sorted(range(heads), key=lambda g: (-proxy[g], g))
+        r = self.retrieval_count(heads)
+        base, extra = self._retrieval_budget(b, heads)
+        budgets = [self.streaming_slots()] * heads
+        retrieval = [False] * heads
+        for k, g in enumerate(ranked[:r]):
+            retrieval[g] = True
+            budgets[g] = base + (k < extra)
+        return Roles(tuple(float(p) for p in proxy), tuple(retrieval), tuple(budgets))
+
+    def calibration_rows(self):
+        return self.calibration
+
+    def calibrate(self, rows, group):
+        sinks, recent = self.stream_sinks, self.stream_recent
+        roles = self.roles([outside_share(r[: self.calibration], sinks, recent) for r in rows], group.b)
+        make = _REGISTRY["make"]
+        for g, retrieves in enumerate(roles.retrieval):
+            if not retrieves:  # before the first step: nothing observed is lost
+                group.policies[g] = make("streaming-llm", budget=self.streaming_slots(), rng=self.rng,
+                                         place=group.policies[g].place, sinks=sinks)
+        return roles
+
+    # -- the layer's slots ------------------------------------------------------------
+    def floor(self, b):
+        return min(b, self.streaming_slots())
+
+    def cap(self, b, heads):
+        base, extra = self._retrieval_budget(b, heads)
+        return base + (extra > 0)
+
+    def choose_group(self, group):
+        roles = group.state
+        if roles is None:
+            raise ValueError(f"{self.name} decides its heads' roles from calibration rows read "
+                             "before eviction starts, and this layer was given none: replay it "
+                             "with kvviz.core.layers.replay_layers (or call group.calibrate)")
+        counts = group.held_counts()
+        over = counts - np.array(roles.budgets)
+        excess = int(counts.sum()) - group.total
+        take = np.zeros(group.heads, np.int64)
+        for _ in range(max(excess, 0)):  # one slot from the head furthest over its budget
+            g = max(range(group.heads), key=lambda h: (over[h], not roles.retrieval[h], -h))
+            over[g] -= 1
+            take[g] += 1
+        return [p.choose(int(k)) if k else np.empty(0, np.int64)
+                for p, k in zip(group.policies, take)]
