@@ -22,7 +22,7 @@ from kvviz.core.policies.base import KINDS, ParamSpec, Place, Policy, Rank, para
 
 # The order lists, tables and default colours show the built-ins in. A built-in not named
 # here (a new file in this folder) follows these, alphabetically: adding one edits nothing here.
-ORDER = ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "knorm", "random")
+ORDER = ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "knorm", "random", "vatp")
 
 
 def _builtins(base=Policy) -> tuple[type, ...]:

@@ -61,9 +61,10 @@ class State:
         self.device = device
         self.freed = slots is not None
         self.S = slots
-        self.knorm_h = torch.zeros(B, L, G)  # L2 norm of this step's new key (mean over KV heads if G == 1)
-        self.knorm = self.knorm_h.numpy()
-        self.knorm_t = self._dev(torch, self.knorm_h)
+        # L2 norms of this step's new key and value (mean over KV heads if G == 1)
+        self.knorm_h, self.vnorm_h = torch.zeros(B, L, G), torch.zeros(B, L, G)
+        self.knorm, self.vnorm = self.knorm_h.numpy(), self.vnorm_h.numpy()
+        self.knorm_t, self.vnorm_t = self._dev(torch, self.knorm_h), self._dev(torch, self.vnorm_h)
         self.cur_h = torch.zeros(B, L, G, 0)
         self.dirty = []  # (flat bias indices, value) since the last push
         self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
@@ -155,15 +156,16 @@ class State:
             host = None if stats is None else stats.numpy()
         else:
             w = self.cur_s_t if self.freed else self.cur_t[..., : t + 1]
-            parts = [w.reshape(-1).double(), self.knorm_t.reshape(-1).double()]
+            parts = [w.reshape(-1).double(), self.knorm_t.reshape(-1).double(), self.vnorm_t.reshape(-1).double()]
             flat = torch.cat(parts + ([] if stats is None else [stats.reshape(-1)])).cpu().numpy()
             self._moved = flat.nbytes
-            n, k = w.numel(), self.knorm.size
+            n, k = w.numel(), 2 * self.knorm.size
             if self.freed:
                 self.cur_s.reshape(-1)[:] = flat[:n]
             else:
                 self.cur[..., : t + 1] = flat[:n].reshape(self.cur[..., : t + 1].shape)
-            self.knorm.reshape(-1)[:] = flat[n:n + k]
+            self.knorm.reshape(-1)[:] = flat[n:n + k // 2]
+            self.vnorm.reshape(-1)[:] = flat[n + k // 2:n + k]
             host = None if stats is None else flat[n + k:].reshape(stats.shape)
         if src is not None:
             for b, layer, g, victims in self.stale:  # evicted since the last step: no weight now
@@ -293,22 +295,24 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         w = w.view(B, Hk, g, k)  # by slot, the new token's own slot included (never read as a held weight)
         idx = st.write_t[:B, layer, :, None, None].expand(B, Hk, 1, D)
         norms = key.detach().gather(2, idx)[:, :, 0].float().norm(dim=-1)  # (B, Hk): the new key, after RoPE
+        vnorms = value.detach().gather(2, idx)[:, :, 0].float().norm(dim=-1)
         if st.G == 1:
             st.cur_s_t[:B, layer, 0, :k] = w.detach().mean(dim=(1, 2))
-            st.knorm_t[:B, layer, 0] = norms.mean(dim=1)
+            st.knorm_t[:B, layer, 0], st.vnorm_t[:B, layer, 0] = norms.mean(dim=1), vnorms.mean(dim=1)
         else:
             st.cur_s_t[:B, layer, :, :k] = w.detach().mean(dim=2)
-            st.knorm_t[:B, layer] = norms
+            st.knorm_t[:B, layer], st.vnorm_t[:B, layer] = norms, vnorms
     elif st is not None and q == 1:
         t = k - 1  # self weight dropped: the policies decide about earlier positions
         w = w.detach().view(B, Hk, g, k)[..., :t]
         norms = key[:, :, t].detach().float().norm(dim=-1)  # (B, Hk): the new key, after RoPE, as cached
+        vnorms = value[:, :, t].detach().float().norm(dim=-1)
         if st.G == 1:
             st.cur_t[:B, layer, 0, :t] = w.mean(dim=(1, 2))
-            st.knorm_t[:B, layer, 0] = norms.mean(dim=1)
+            st.knorm_t[:B, layer, 0], st.vnorm_t[:B, layer, 0] = norms.mean(dim=1), vnorms.mean(dim=1)
         else:
             st.cur_t[:B, layer, :, :t] = w.mean(dim=2)
-            st.knorm_t[:B, layer] = norms
+            st.knorm_t[:B, layer], st.vnorm_t[:B, layer] = norms, vnorms
     return out, None
 
 
@@ -327,8 +331,9 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
     if feed is not None:
         if past:
             raise ValueError("a prompt is read in one pass from an empty cache")
-        norms = key[0].detach().float().norm(dim=-1)  # (Hk, k)
-        feed.key_norms(layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+        for which, x in (("key", key), ("value", value)):
+            norms = x[0].detach().float().norm(dim=-1)  # (Hk, k)
+            feed.set_norms(which, layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
     chunk = feed.chunk if feed is not None else PREFILL_CHUNK
     out = query.new_empty(B, Hk, g, q, D)
     for a in range(0, q, chunk):
@@ -371,7 +376,7 @@ class PromptFeed:
             raise ValueError(f"prefill chunk must be an integer >= 1, got {chunk!r}")
         self.T0, self.chunk, self.seconds = T0, int(chunk), 0.0
         self.rows = []
-        self.norms = None
+        self.norms = self.vnorms = None
         self.everything = False
         tails = [0]
         for layer in range(L):
@@ -388,24 +393,38 @@ class PromptFeed:
                         streamed.append(p)
                     if p.reads_key_norms and self.norms is None:
                         self.norms = np.zeros((L, G, T0), np.float32)
+                    if getattr(p, "reads_value_norms", False) and self.vnorms is None:
+                        self.vnorms = np.zeros((L, G, T0), np.float32)
                 per.append(harness.PromptRows(T0, tail, sums, streamed))
                 tails.append(tail)
                 self.everything = self.everything or sums or bool(streamed)
             self.rows.append(per)
         self.first = 0 if self.everything else T0 - max(tails)
+        # an allocator that decides from calibration rows (head roles) gets the prompt's first ones
+        wanted = [min(int(per.allocator.calibration_rows()), T0) for pol in policies if pol is not None
+                  for per in pol[:1] if isinstance(per, LayerGroup)]
+        self.calib_n = max(wanted, default=0)
+        self.calib = [[[] for _ in range(G)] for _ in range(L)] if self.calib_n else None
 
     def wants(self, a: int, b: int) -> bool:
-        """Whether any policy reads prompt rows a..b-1."""
-        return b > self.first
+        """Whether any policy reads prompt rows a..b-1 (or an allocator calibrates on them)."""
+        return b > self.first or a < self.calib_n
 
-    def key_norms(self, layer: int, norms) -> None:
-        if self.norms is not None:
-            self.norms[layer] = norms
+    def set_norms(self, which: str, layer: int, norms) -> None:
+        """A layer's prompt key or value norms (G, T0), kept when a policy reads them."""
+        store = self.norms if which == "key" else self.vnorms
+        if store is not None:
+            store[layer] = norms
 
     def add(self, layer: int, start: int, rows) -> None:
         t0 = time.perf_counter()
+        if self.calib is not None:
+            for g in range(len(self.calib[layer])):
+                for i in range(min(len(rows[g]), self.calib_n - start)):
+                    self.calib[layer][g].append(rows[g][i, : start + i].copy())
         for g, per in enumerate(self.rows[layer]):
-            per.add(start, rows[g], None if self.norms is None else self.norms[layer, g])
+            per.add(start, rows[g], None if self.norms is None else self.norms[layer, g],
+                    None if self.vnorms is None else self.vnorms[layer, g])
         self.seconds += time.perf_counter() - t0
 
     def evict(self, configs, policies, evicted_at) -> None:
@@ -425,12 +444,16 @@ class PromptFeed:
         last = self.T0 - 1
         for layer, per in enumerate(pol):
             group = per if isinstance(per, LayerGroup) else None
+            if group is not None and group.allocator.calibration_rows():
+                n = min(int(group.allocator.calibration_rows()), self.T0)
+                group.calibrate([rows[:n] for rows in self.calib[layer]])
             for g, p in enumerate(streams_of(pol, layer)):
                 norms = None if self.norms is None else self.norms[layer, g]
+                vnorms = None if self.vnorms is None else self.vnorms[layer, g]
                 # an allocator's heads observe the prompt without evicting; the group evicts below
                 try:
                     victims = harness.prefill(p, self.rows[layer][g], self.T0,
-                                              self.T0 if group is not None else cfg.budget, norms)
+                                              self.T0 if group is not None else cfg.budget, norms, vnorms)
                 except BudgetError as exc:
                     raise BudgetError(f"layer {layer}: {exc}") from None
                 evicted_at[layer, g, victims] = last
@@ -696,6 +719,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
+    refuse_uncalibrated(configs, policies)
     with attached(mdl):
         lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, device, policies)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
@@ -789,6 +813,16 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
              for g in range(G)] for layer in range(L)]
 
 
+def refuse_uncalibrated(configs, policies) -> None:
+    """An allocator that decides from calibration rows read with the full cache (head roles)
+    gets them from a prompt read in one pass; decoding token by token has none to give."""
+    for cfg, pol in zip(configs, policies):
+        if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup) and pol[0].allocator.calibration_rows():
+            raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
+                             "the full cache, which only a prompt read in one pass gives: use prompt_mode "
+                             "'prefill' (--prompt-mode prefill)")
+
+
 def streams_of(pol, layer: int) -> list:
     """The per-stream policies of one layer of a config's policy state (make_policies)."""
     per = pol[layer]
@@ -856,14 +890,17 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     raws = [state.cur[i, layer, g][p.held()] if p.uses_attention else None
                             for g, p in enumerate(heads)]
                     norms = [state.knorm[i, layer, g] if p.reads_key_norms else None for g, p in enumerate(heads)]
-                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms)):
+                    vnorms = [state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
+                              for g, p in enumerate(heads)]
+                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms)):
                         if len(victims):
                             _mark(state, evicted_at, c, i, layer, g, victims, t)
                     continue
                 for g, p in enumerate(per_layer):
                     raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
                     norm = state.knorm[i, layer, g] if p.reads_key_norms else None
-                    victims = harness.step(p, t, raw, cfg.budget, norm)
+                    vnorm = state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
+                    victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm)
                     if len(victims):
                         _mark(state, evicted_at, c, i, layer, g, victims, t)
             except BudgetError as exc:

@@ -25,6 +25,7 @@ from kvviz.model.loop.engine import (
     make_policies,
     memory,
     read_prompt,
+    refuse_uncalibrated,
     step,
 )
 from kvviz.model.loop.generation import Generation, check_request
@@ -86,6 +87,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         t_prompt = time.perf_counter()
         if prompt_mode == "decode":
+            refuse_uncalibrated(configs, policies)
             lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, dev, policies)
             for t in range(T0):
                 host, m, b = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies, evicted_at,
