@@ -140,6 +140,22 @@ def test_masked_and_freed_give_the_same_tokens(smollm, granularity, mode):
     assert m["policy_bytes"] == f["policy_bytes"] > 0
 
 
+@pytest.mark.parametrize("length,mode", [(256, "decode"), (256, "prefill"), (2048, "prefill")])
+def test_masked_and_freed_agree_on_pass_key_prompts(smollm, length, mode):
+    """At 256 and 2,048 tokens, several policies, both granularities: the same tokens, the
+    same evictions, log-probabilities within float rounding."""
+    from kvviz.model.needle.prompt import build
+
+    p = build(smollm[0], length, 50, 0)
+    cfgs = [LoopConfig("tova", {}, 64), LoopConfig("snapkv", {}, 96), LoopConfig("h2o", {}, 64),
+            LoopConfig("streaming-llm", {}, 64)]
+    for granularity in ("layer", "kv-head"):
+        gens = {ev: generate(list(p.ids), cfgs, 6, granularity=granularity, prompt_mode=mode, model=smollm,
+                             eviction=ev) for ev in ("masked", "freed")}
+        _same(gens["masked"], gens["freed"], (length, mode, granularity))
+        assert gens["freed"].meta["cache_bytes"] < gens["masked"].meta["cache_bytes"]
+
+
 def test_loop_masked_and_freed_agree(smollm):
     text = PROMPT * 4
     cfgs = [LoopConfig("tova", {}, 24), LoopConfig("snapkv", {"recent_window": 4}, 24),
@@ -236,14 +252,19 @@ def test_a_2048_token_pass_key_prompt_in_prefill_mode_with_freed_eviction(smollm
     every policy's cache freed to its budget, the mode and the memory recorded."""
     from kvviz.model.needle.results import list_runs, load_run
 
-    out = tmp_path / "needle"
-    code, stdout, err = _cli(capsys, ["needle", "--out", str(out), "--lengths", "2048", "--depths", "50",
-                                      "--prompt-modes", "prefill", "--policies", "tova", "streaming-llm:sinks=4",
-                                      "--budgets", "256", "--eviction", "freed", "--quiet"])
-    assert code == 0, err
-    assert "eviction: freed" in stdout
-    (run_id,) = list_runs(out)
-    run = load_run(out, run_id)
+    runs = {}
+    for ev in ("masked", "freed"):
+        out = tmp_path / ev
+        code, stdout, err = _cli(capsys, ["needle", "--out", str(out), "--lengths", "2048", "--depths", "50",
+                                          "--prompt-modes", "prefill", "--policies", "tova",
+                                          "streaming-llm:sinks=4", "--budgets", "256", "--eviction", ev, "--quiet"])
+        assert code == 0, err
+        assert f"eviction: {ev}" in stdout
+        (run_id,) = list_runs(out)
+        runs[ev] = load_run(out, run_id)
+    assert runs["masked"]["meta"]["answers"] == runs["freed"]["meta"]["answers"]
+    assert np.array_equal(runs["masked"]["evicted_at"], runs["freed"]["evicted_at"])
+    run = runs["freed"]
     meta = run["meta"]
     assert meta["prompt_len"] == 2048 and meta["eviction"] == "freed"
     assert meta["correct"][0], meta["answers"][0]  # the full cache reads the key at 2,048 tokens

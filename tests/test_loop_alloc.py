@@ -109,3 +109,63 @@ def test_a_policy_over_its_budget_stops_the_loop_naming_it(smollm, mode):
     assert f"after step {step}, over its budget of 8" in msg
     with pytest.raises(BudgetError, match="keeps-one-more-loop held 9 slots"):
         run_loop(PROMPT, [LoopConfig("keeps-one-more-loop", {}, 8)], model=smollm, max_tokens=20)
+
+
+class ValueRecorder(Tova):
+    name = "value-recorder"
+    label = "value recorder"
+    reads_value_norms = True
+    seen: ClassVar[dict] = {}
+
+    def advance(self, pos, attn, key_norm=None, value_norm=None):
+        type(self).seen[(self.place.layer, self.place.head, pos)] = value_norm
+        super().advance(pos, attn)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_the_loop_gives_each_stream_its_positions_value_norms(smollm, mode):
+    """The L2 norm of each position's cached value, per layer and KV head, as a plain forward
+    pass caches it (in decode mode, up to the first eviction: later values depend on it)."""
+    import torch
+    from transformers import DynamicCache
+
+    plugins.register_policy(ValueRecorder)
+    ValueRecorder.seen = {}
+    tok, mdl = smollm
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    for ev in ("masked", "freed"):
+        generate(ids, [LoopConfig("value-recorder", {}, 12)], 2, granularity="kv-head", prompt_mode=mode,
+                 model=smollm, eviction=ev)
+    cache = DynamicCache()
+    with torch.no_grad():
+        mdl(torch.tensor([ids]), cache=cache, use_cache=True)
+    upto = len(ids) if mode == "prefill" else 13
+    checked = 0
+    for (layer, head, pos), got in ValueRecorder.seen.items():
+        if pos < upto:
+            want = float(cache.layers[layer].values[0, head, pos].norm())
+            assert got == pytest.approx(want, rel=1e-4), (layer, head, pos)
+            checked += 1
+    assert checked == 30 * 3 * upto
+
+
+def test_head_roles_in_the_loop_keep_the_layers_total_and_need_a_prompt_read_in_one_pass(smollm):
+    from pathlib import Path
+
+    prompt = (Path(__file__).resolve().parents[1] / "examples" / "passkey.txt").read_text(encoding="utf-8")
+    budget = 48
+    cfg = LoopConfig("headroles", {"scorer": "tova"}, budget)
+    roles = make_policy("headroles", budget, scorer="tova")
+    streaming = roles.stream_sinks + roles.stream_recent  # what a streaming head keeps
+    gens = {ev: generate(prompt, [cfg], 4, granularity="kv-head", prompt_mode="prefill", model=smollm,
+                         eviction=ev) for ev in ("masked", "freed")}
+    gen = gens["masked"]
+    held = gen.held(1, gen.prompt_len - 1).sum(axis=-1)  # (30, 3)
+    assert gen.prompt_len > 3 * budget
+    assert (held.sum(axis=-1) == 3 * budget).all()
+    # per layer, ceil(share x 3) = 2 retrieval heads split the rest; the streaming head keeps its window
+    assert all(sorted(row) == [streaming, (3 * budget - streaming) // 2, (3 * budget - streaming) // 2]
+               for row in held.tolist())
+    assert np.array_equal(gens["masked"].evicted_at, gens["freed"].evicted_at)
+    with pytest.raises(ValueError, match="only a prompt read in one pass gives: use prompt_mode 'prefill'"):
+        generate(prompt, [cfg], 2, granularity="kv-head", prompt_mode="decode", model=smollm)
