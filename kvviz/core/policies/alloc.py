@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kvviz.core.policies.base import Place, _Specs, enforce, need_candidates, param
+from kvviz.core.policies.base import Place, _Specs, enforce, need_candidates, param, parse_declared
 
 # Set by kvviz.core.policies once its registry exists (this module must not import it).
 _REGISTRY: dict = {"policies": {}, "make": None}
@@ -82,11 +82,7 @@ class Allocator:
     specs: ClassVar = _AllocSpecs()
 
     def __post_init__(self):
-        if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
-            raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
-        self.budget = int(self.budget)
-        for spec in self.specs:
-            setattr(self, spec.name, spec.parse(getattr(self, spec.name)))
+        parse_declared(self)
         self.scorer_params: dict = {}
         self.check_params()
 

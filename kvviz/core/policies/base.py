@@ -212,11 +212,7 @@ class Policy:
             dataclass(cls)
 
     def __post_init__(self):
-        if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
-            raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
-        self.budget = int(self.budget)
-        for spec in self.specs:
-            setattr(self, spec.name, spec.parse(getattr(self, spec.name)))
+        parse_declared(self)
         if self.rng is None:
             self.rng = np.random.default_rng(DEFAULT_SEED)
         self.check_params()
@@ -468,6 +464,16 @@ def enforce(name: str, held: int, limit: int, pos: int, stream: str = "") -> Non
         where = f" in stream {stream}" if stream else ""
         raise BudgetError(f"{name} held {held} slots{where} after step {pos}, over its budget of "
                           f"{limit}: a policy must evict down to its budget")
+
+
+def parse_declared(obj) -> None:
+    """The budget (a positive integer) and each declared parameter (`specs`) checked and
+    coerced in place: the first half of a policy's or an allocator's construction."""
+    if isinstance(obj.budget, bool) or int(obj.budget) != obj.budget or obj.budget < 1:
+        raise ValueError(f"budget must be a positive integer, got {obj.budget!r}")
+    obj.budget = int(obj.budget)
+    for spec in obj.specs:
+        setattr(obj, spec.name, spec.parse(getattr(obj, spec.name)))
 
 
 def need_candidates(available: int, count: int) -> None:
