@@ -163,6 +163,26 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def floor(pair, length: int, new: int = 8) -> dict:
+    """The floor a long run is measured against: the pass-key prompt's plain full-cache
+    prefill and greedy generation, by the model's own `generate` (sdpa), no kvviz."""
+    import torch
+
+    tok, mdl = pair
+    ids = torch.tensor([prompt_ids(pair, length)], device=next(mdl.parameters()).device)
+    previous = mdl.config._attn_implementation
+    mdl.set_attn_implementation("sdpa")
+    try:
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = mdl.generate(ids, max_new_tokens=new, do_sample=False)
+        secs = time.perf_counter() - start
+    finally:
+        mdl.set_attn_implementation(previous)
+    text = tok.decode(out[0, length:]) if tok is not None else ""
+    return {"length": length, "new_tokens": new, "seconds": secs, "text": text}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvviz.studies.cache_perf", description=__doc__.splitlines()[0])
     p.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192])
@@ -171,6 +191,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per row")
     p.add_argument("--threads", type=int, default=1, help="torch threads (one: what these figures assume)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--floor", type=int, metavar="LENGTH",
+                   help="only time the plain full-cache prefill and greedy generation (8 new tokens) of the "
+                        "LENGTH-token pass-key prompt, the floor a long run is measured against")
     args = p.parse_args(argv)
     try:
         for b in args.budgets:
@@ -187,6 +210,12 @@ def main(argv=None) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.floor:
+        f = floor(pair, args.floor)
+        print(f"floor: the {f['length']}-token pass-key prompt's plain full-cache prefill and greedy generation "
+              f"({f['new_tokens']} new tokens, the model's own generate, sdpa): {f['seconds']:.1f} s; "
+              f"answer {f['text']!r}")
+        return 0
     rows = measure(pair, args.lengths, args.budgets, args.batches, args.steps,
                    log=lambda s: print(s, file=sys.stderr, flush=True))
     where = f"{next(pair[1].parameters()).device}, {args.threads} thread(s)"
