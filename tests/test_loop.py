@@ -232,7 +232,7 @@ def test_sliding_window_without_sinks_loses_to_four_sinks(runs):
     assert zero["kl"] > four["kl"] and zero["top1_agreement"] < four["top1_agreement"]
 
 
-def test_cli_writes_json_and_result(model, tmp_path):
+def test_cli_writes_json_and_result(model, tmp_path, capsys):
     from kvviz.__main__ import main
 
     src, js, npz = tmp_path / "t.txt", tmp_path / "r.json", tmp_path / "r.npz"
@@ -259,6 +259,16 @@ def test_cli_writes_json_and_result(model, tmp_path):
         {k: data[k] for k in ("model", "model_sha256", "bos")}
     run = back.run(1, 29, 2)
     assert run.held_at(23).tolist() == list(range(16, 24))  # sinks=0: the 8 newest
+    # the two memories side by side: 3 rows x 24 positions x 30 layers x 3 KV heads x 64 x (key, value) x
+    # 4 bytes held (masked: every row the whole cache); streaming-llm's 4 bytes per slot x 8 and 12 slots
+    # in each of 90 streams
+    assert (data["eviction"], data["cache_bytes"], data["full_cache_bytes"]) == \
+        ("masked", 3 * 24 * 30 * 3 * 64 * 2 * 4, 3 * 24 * 30 * 3 * 64 * 2 * 4)
+    assert data["policy_bytes"] == (8 + 12) * 90 * 4
+    out = capsys.readouterr().out
+    assert "eviction masked: keys and values held 3.2 MB (the full cache: 3.2 MB); the policies' own " \
+        "bookkeeping 7.0 KB" in out
+    assert "24 tokens x 3 configurations in " in out and "of a step)" in out
 
 
 def test_perf_plain_decode_shows_progress_every_step(torch_stack):
