@@ -254,12 +254,11 @@ def kvpress_compare(kvpress_file: Path, pair=None) -> dict:
     diff = kept_diff(theirs, mine["adakv"])
     knorm_theirs = {(int(k.split(",")[0]), int(k.split(",")[1])): v for k, v in d["knorm_kept"].items()}
     diff_plain = kept_diff(knorm_theirs, mine["knorm"])
-    T = len(d["ids"])
-    window = d.get("window", 0)
-    outside = {c: [p for p in v if p < T - window] for c, v in diff["only_a"].items()}
-    return {"budget": d["budget"], "T": T, "adakv": _jsonable(diff), "knorm": _jsonable(diff_plain),
-            "adakv_only_kvpress_outside_window": sum(len(v) for v in outside.values()),
-            "kvpress_pyramid": d["pyramid_budgets"], "kvviz_pyramid": mine["pyramid"],
+    return {"budget": d["budget"], "T": len(d["ids"]), "adakv": _jsonable(diff), "knorm": _jsonable(diff_plain),
+            "kvpress_pyramid": d["pyramid_budgets"], "kvpress_pyramid_cache_lengths": d["pyramid_cache_lengths"],
+            "kvpress_pyramid_small_window": d["pyramid_budgets_small_window"],
+            "small_window": d["small_window"], "kvviz_pyramid": mine["pyramid"],
+            "small_window_same_as_kvviz": d["pyramid_budgets_small_window"] == mine["pyramid"],
             "kvpress_pyramid_total": sum(d["pyramid_budgets"]), "kvviz_pyramid_total": sum(mine["pyramid"])}
 
 
@@ -364,7 +363,8 @@ def main(argv=None) -> int:
         print(f"kvpress vs kvviz at budget {k['budget']} over {k['T']} tokens: adakv same cells "
               f"{ad['same_cells']}/{ad['cells']} (kept {ad['kept_a']} vs {ad['kept_b']}); knorm same cells "
               f"{kn['same_cells']}/{kn['cells']}; pyramid totals {k['kvpress_pyramid_total']} vs "
-              f"{k['kvviz_pyramid_total']}")
+              f"{k['kvviz_pyramid_total']}; kvpress's schedule at window {k['small_window']} equals kvviz's: "
+              f"{k['small_window_same_as_kvviz']}")
     print_report(s)
     if a.json:
         Path(a.json).write_text(json.dumps(s, indent=1, default=float), encoding="utf-8")
