@@ -39,6 +39,8 @@ SHIPPED = (
     "traces/sources/graphlib.py.txt",
     "traces/sources/make_table.py",
     *(NEEDLE if (ROOT / "traces/needle/results.csv").is_file() else ()),
+    *(f"traces/alloc/{name}.json" for name in ("kvpress", "kvpress_compare", "loop", "summary")),
+    *(f"traces/alloc/needle/L512-d{d}-s{s}.json" for d in (10, 50, 90) for s in range(4)),
 )
 
 

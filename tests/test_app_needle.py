@@ -343,7 +343,8 @@ def test_own_runs_queue_and_show_their_place(monkeypatch, fix, apptest, torch_st
     release, calls = threading.Event(), []
 
     def fake(passage, key, question, depth, configs, prompt_mode, granularity,
-             max_new_tokens, progress):
+             max_new_tokens, progress, eviction):
+        assert eviction == "masked"  # the form's default
         calls.append((key, [(c.policy, c.budget) for c in configs], prompt_mode, granularity))
         progress(1, max_new_tokens)
         release.wait(30)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from kvviz.model.loop.cli import Progress, build_configs, perf_policies
+from kvviz.model.loop.cli import Progress, perf_configs
 from kvviz.studies.loop_perf import TEXT_NAME
 
 
@@ -24,7 +24,10 @@ def main(tokens: int = 512, budget: int = 128, new: int = 32, device: str = "cpu
         print(f"error: --perf-tokens must exceed the budget, got {tokens} <= {budget}", file=sys.stderr)
         return 2
     try:
-        configs = build_configs(perf_policies(), [budget])[:8]
+        configs, left_out = perf_configs(budget)
+        configs = configs[:8]
+        for line in left_out:
+            print(f"left out: {line}", file=sys.stderr)
         require_stack("generate --perf")
         text = source_file(TEXT_NAME).read_text(encoding="utf-8")
         tok, mdl = load_model(None, "generate --perf", device, dtype)

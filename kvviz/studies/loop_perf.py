@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from kvviz.model.loop.cli import Progress, build_configs, perf_policies
+from kvviz.model.loop.cli import Progress, perf_configs
 
 TEXT_NAME = "execmodel.txt"  # a shipped source, found by kvviz.core.paths.source_file
 
@@ -50,7 +50,10 @@ def main(tokens: int = 384, budget: int = 256, device: str = "cpu", dtype: str =
               file=sys.stderr)
         return 2
     try:
-        configs = build_configs(perf_policies(), [budget])
+        configs, left_out = perf_configs(budget)
+        configs = configs
+        for line in left_out:
+            print(f"left out: {line}", file=sys.stderr)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,18 @@ def perf_policies() -> list[str]:
     return [x for name in POLICIES for x in (name, *PERF_VARIANTS.get(name, ()))]
 
 
+def perf_configs(budget: int) -> tuple[list[LoopConfig], list[str]]:
+    """`--perf`'s configurations at `budget`: full, then every perf policy the budget admits;
+    and one line per policy it does not (a protected window as large as the budget)."""
+    configs, left_out = [LoopConfig("full")], []
+    for spec in perf_policies():
+        try:
+            configs.append(LoopConfig(*parse_policy(spec), budget))
+        except ValueError as exc:
+            left_out.append(f"{spec} at budget {budget}: {exc}")
+    return configs, left_out
+
+
 def read_text(path: str, option: str) -> str:
     """A UTF-8 text file given as `option`, or a ValueError naming the option and the file."""
     try:
