@@ -153,7 +153,7 @@ def test_head_roles_in_the_loop_keep_the_layers_total_and_need_a_prompt_read_in_
     from pathlib import Path
 
     prompt = (Path(__file__).resolve().parents[1] / "examples" / "passkey.txt").read_text(encoding="utf-8")
-    budget = 48
+    budget = 40  # 3 x 40 = 120 slots a layer, below the prompt's 126 tokens
     cfg = LoopConfig("headroles", {"scorer": "tova"}, budget)
     roles = make_policy("headroles", budget, scorer="tova")
     streaming = roles.stream_sinks + roles.stream_recent  # what a streaming head keeps

@@ -433,34 +433,35 @@ class PromptFeed:
         t0 = time.perf_counter()
         for c, cfg in enumerate(configs):
             if policies[c] is not None:
-                try:
-                    self._evict(cfg, policies[c], evicted_at[c])
-                except BudgetError as exc:
-                    raise BudgetError(f"{cfg.label}: {exc}") from None
+                self._evict(cfg, policies[c], evicted_at[c])
         self.seconds += time.perf_counter() - t0
 
     def _evict(self, cfg, pol, evicted_at) -> None:
         """One config's one-shot eviction at the prompt's last row (its evicted_at (L, G, T))."""
         last = self.T0 - 1
-        for layer, per in enumerate(pol):
-            group = per if isinstance(per, LayerGroup) else None
-            if group is not None and group.allocator.calibration_rows():
-                n = min(int(group.allocator.calibration_rows()), self.T0)
-                group.calibrate([rows[:n] for rows in self.calib[layer]])
-            for g, p in enumerate(streams_of(pol, layer)):
-                norms = None if self.norms is None else self.norms[layer, g]
-                vnorms = None if self.vnorms is None else self.vnorms[layer, g]
-                # an allocator's heads observe the prompt without evicting; the group evicts below
-                try:
-                    victims = harness.prefill(p, self.rows[layer][g], self.T0,
-                                              self.T0 if group is not None else cfg.budget, norms, vnorms)
-                except BudgetError as exc:
-                    raise BudgetError(f"layer {layer}: {exc}") from None
-                evicted_at[layer, g, victims] = last
-            if group is not None:
-                for g, victims in enumerate(group.evict()):
-                    evicted_at[layer, g, victims] = last
-                group.enforce(last)
+        for layer in range(len(pol)):
+            try:
+                self._evict_layer(cfg, pol, layer, evicted_at[layer], last)
+            except BudgetError as exc:
+                raise BudgetError(f"{cfg.label}, layer {layer}: {exc}") from None
+
+    def _evict_layer(self, cfg, pol, layer: int, evicted_at, last: int) -> None:
+        per = pol[layer]
+        group = per if isinstance(per, LayerGroup) else None
+        if group is not None and group.allocator.calibration_rows():
+            n = min(int(group.allocator.calibration_rows()), self.T0)
+            group.calibrate([rows[:n] for rows in self.calib[layer]])
+        for g, p in enumerate(streams_of(pol, layer)):
+            norms = None if self.norms is None else self.norms[layer, g]
+            vnorms = None if self.vnorms is None else self.vnorms[layer, g]
+            # an allocator's heads observe the prompt without evicting; the group evicts below
+            victims = harness.prefill(p, self.rows[layer][g], self.T0,
+                                      self.T0 if group is not None else cfg.budget, norms, vnorms)
+            evicted_at[g, victims] = last
+        if group is not None:
+            for g, victims in enumerate(group.evict()):
+                evicted_at[g, victims] = last
+            group.enforce(last)
 
 
 def register():
