@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from apphelp import arr, ok
 
-from kvviz.app.figures.heads import heads_figure
+from kvviz.app.figures.heads import heads_figure, needle_heads_figure, position_figure
 
 
 def test_heads_figure_draws_each_head_solid_and_its_plain_scorer_dashed():
@@ -45,7 +45,7 @@ def test_the_heads_view_shows_the_allocators_counts(apptest):
     ok(at)
     at.selectbox(key="heads.allocator").set_value("headroles").run()
     ok(at)
-    spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
+    spec = chart_titled(at, "Held slots")
     assert spec["layout"]["title"]["text"] == ("Held slots per KV head: headroles (tova) vs "
                                                "tova alone @ 64")
     want = replay_layers(load_layers("traces/code-kv.npz"), make_policy("headroles", 64))
@@ -56,3 +56,97 @@ def test_the_heads_view_shows_the_allocators_counts(apptest):
             assert arr(solid[3 * d + g]["y"]).tolist() == want.held[d, g].tolist()
     assert sum("retrieval" in t["name"] for t in solid) == 6  # two of three heads per layer
     assert any("total 192 of 192" in c.value for c in at.caption)
+
+
+def chart_titled(at, start: str) -> dict:
+    """The figure JSON of the page's chart whose title starts with `start`."""
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return next(s for s in specs if s["layout"]["title"]["text"].startswith(start))
+
+
+def test_eviction_grid_reads_each_runs_own_log():
+    from kvviz.app.figures.heads import eviction_grid
+    from kvviz.core.replay import NEVER, Run
+
+    def run(ev):
+        return Run(policy="p", params={}, budget=1, steps=3, evicted_at=np.array(ev),
+                   retained=np.zeros(3))
+
+    runs = [[run([1, 2, NEVER]), run([NEVER, 2, NEVER])]]
+    assert eviction_grid(runs, 0).tolist() == [[1, NEVER]]
+    assert eviction_grid(runs, 1).tolist() == [[2, 2]]
+
+
+def test_position_figure_shows_each_heads_eviction_step_or_held():
+    ev = np.array([[5, -1], [7, 9]])  # two layers, two heads; -1: held to the end
+    plain = np.array([[-1, -1], [6, 8]])
+    fig = position_figure(ev, plain, [0, 14], position=3, steps=12, label="adakv (tova)",
+                          plain_label="tova alone")
+    left, right = fig.data
+    assert [list(r) for r in left.text] == [["5", "held"], ["7", "9"]]
+    assert [list(r) for r in right.text] == [["held", "held"], ["6", "8"]]
+    assert np.asarray(left.z).tolist() == [[5, 12], [7, 9]]  # held coloured as the last step
+    assert list(left.y) == ["layer 0", "layer 14"] and list(left.x) == ["kv0", "kv1"]
+    assert (left.zmin, left.zmax) == (3, 12)
+    assert [a.text for a in fig.layout.annotations] == ["adakv (tova)", "tova alone"]
+    assert fig.layout.title.text.startswith("Position 3:")
+    with pytest.raises(ValueError, match="evicted and plain must both be"):
+        position_figure(ev, plain[:1], [0, 14], position=3, steps=12, label="a", plain_label="b")
+    with pytest.raises(ValueError, match="layers must name the 2 layers"):
+        position_figure(ev, plain, [0], position=3, steps=12, label="a", plain_label="b")
+
+
+def test_needle_heads_figure_shows_the_files_numbers():
+    fig = needle_heads_figure([[3, 1]], [[2, 2]], [[0.5, 0.25]], label_a="adakv:tova @ 4",
+                              label_b="tova @ 4")
+    a, b, mass = fig.data
+    assert np.asarray(a.z).tolist() == [[3, 1]] and np.asarray(b.z).tolist() == [[2, 2]]
+    assert np.asarray(mass.z).tolist() == [[0.5, 0.25]]
+    assert [list(r) for r in mass.text] == [["0.5000", "0.2500"]]
+    assert [x.text for x in fig.layout.annotations] == ["held: adakv:tova @ 4", "held: tova @ 4",
+                                                        "key attention (full cache)"]
+    with pytest.raises(ValueError, match="must all be"):
+        needle_heads_figure([[3, 1]], [[2, 2]], [[0.5]], label_a="a", label_b="b")
+
+
+def test_the_heads_view_tracks_a_position_across_heads(apptest):
+    from kvviz.core.layers import load_layers, replay_layers
+    from kvviz.core.policies import make_policy
+    from kvviz.core.replay import run_policy
+
+    at = apphelp.app(timeout=180, view="heads")
+    ok(at)
+    at.number_input(key="heads.position").set_value(40).run()
+    ok(at)
+    spec = chart_titled(at, "Position 40:")
+    grid = load_layers("traces/code-kv.npz")
+    found = replay_layers(grid, make_policy("adakv", 64, scorer="tova"))
+    want = [[r.evicted_at[40] for r in row] for row in found.runs]
+    alone = [[run_policy(tr, "tova", 64).evicted_at[40] for tr in row] for row in grid]
+    for shown, runs in zip(spec["data"], (want, alone)):
+        assert shown["text"] == [["held" if v < 0 else str(int(v)) for v in row] for row in runs]
+    assert any(v >= 0 for row in want for v in row)  # something was evicted at this budget
+    caption = next(c.value for c in at.caption if "evicted position 40 of 512" in c.value)
+    assert "layer 0: " + ", ".join(f"kv{g}={'held' if v < 0 else v}" for g, v in
+                                   enumerate(want[0])) in caption
+
+
+def test_the_heads_view_shows_a_pass_key_prompts_heads_from_the_files(apptest):
+    at = apphelp.app(timeout=180, view="heads")
+    ok(at)
+    at.selectbox(key="heads.needle.prompt").set_value("L512-d50-s0").run()
+    ok(at)
+    assert at.selectbox(key="heads.needle.a").value == "adakv:tova @ 128"
+    assert at.selectbox(key="heads.needle.b").value == "tova @ 128"
+    data = json.loads(open("traces/alloc/needle/L512-d50-s0.json").read())
+    rows = {(r["name"], r["budget"]): r for r in data["rows"]}
+    spec = chart_titled(at, "Pass key per")
+    a, b, mass = spec["data"]
+    assert arr(a["z"]).tolist() == rows["adakv:tova", 128]["held"]
+    assert arr(b["z"]).tolist() == rows["tova", 128]["held"]
+    assert np.array_equal(arr(mass["z"]), np.array(data["key_mass"]))
+    at.selectbox(key="heads.needle.a").set_value("headroles:tova @ 64").run()
+    ok(at)
+    spec = chart_titled(at, "Pass key per")
+    assert arr(spec["data"][0]["z"]).tolist() == rows["headroles:tova", 64]["held"]
+    assert any(repr(rows["headroles:tova", 64]["answer"]) in c.value for c in at.caption)

@@ -159,3 +159,20 @@ def test_a_bad_needle_spec_is_refused(workdir, edit, message):
         run_sweep(workdir / "bad.toml", workdir / "bad", base=workdir, progress=False)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not (workdir / "bad").exists()
+
+
+def test_a_needle_sweep_runs_an_allocator_per_kv_head(workdir):
+    """An allocator over a scorer as a sweep policy: adakv shares each layer's budget across
+    its KV heads, so the sweep runs it at kv-head granularity and labels its rows."""
+    spec = NEEDLE.replace("depths = [20, 90]", "depths = [50]").replace(
+        'prompt_modes = ["decode", "prefill"]', 'prompt_modes = ["prefill"]\ngranularity = ["kv-head"]')
+    spec = spec[:spec.index("[[policies]]")] + '[[policies]]\nname = "adakv"\nscorer = "tova"\n'
+    (workdir / "adakv.toml").write_text(spec)
+    df = run_sweep(workdir / "adakv.toml", workdir / "serial-adakv", base=workdir, progress=False)
+    assert (df.status == "ok").all(), df.error.tolist()
+    assert df.policy.tolist() == ["full", "adakv"]
+    assert (df.granularity == "kv-head").all() and (df.prompt_mode == "prefill").all()
+    row = df[df.policy == "adakv"].iloc[0]
+    assert row.label == "adakv(scorer=tova,alpha=0.2)@32" and row.budget == 32
+    assert row.params == '{"alpha": 0.2, "scorer": "tova"}'
+    assert row.held_end < 1.0  # the prompt outgrew the budget, so the allocator evicted

@@ -53,3 +53,76 @@ def heads_figure(held, plain, layers, budgets, *, label: str, plain_label: str, 
     fig.update_layout(title=f"Held slots per KV head: {label} vs {plain_label} @ {budget}",
                       height=380, margin=dict(t=70, l=50, r=10, b=40))
     return fig
+
+
+def eviction_grid(runs, position: int) -> np.ndarray:
+    """int64 (layers, heads): the step each stream's run evicted `position` at (its own
+    `evicted_at`), NEVER (-1) where it held the position to the end. `runs`: [layer][head] Run."""
+    return np.array([[int(r.evicted_at[int(position)]) for r in row] for row in runs], np.int64)
+
+
+def _grid_heatmap(fig, z, text, col, *, layers, colorscale, zmin, zmax, showscale, colorbar=None):
+    z = np.asarray(z)
+    fig.add_trace(go.Heatmap(z=z, x=[f"kv{g}" for g in range(z.shape[1])],
+                             y=[f"layer {lay}" for lay in layers], text=text,
+                             texttemplate="%{text}", colorscale=colorscale, zmin=zmin, zmax=zmax,
+                             showscale=showscale, colorbar=colorbar, xgap=1, ygap=1,
+                             hovertemplate="%{y}, %{x}: %{text}<extra></extra>"), row=1, col=col)
+
+
+def position_figure(evicted, plain, layers, *, position: int, steps: int, label: str,
+                    plain_label: str) -> go.Figure:
+    """Where one position went on every (layer, KV head): the step at which the allocator
+    (left) and its plain scorer (right) evicted it, "held" where it stayed to the end.
+
+    `evicted` and `plain` are int (layers, heads) as `eviction_grid` gives them (-1: held to
+    the end); `steps` the trace's length (the colour of a held cell); `layers` the model layer
+    numbers. Each cell's text is the eviction step, or "held".
+    """
+    evicted, plain = np.asarray(evicted, np.int64), np.asarray(plain, np.int64)
+    if evicted.ndim != 2 or evicted.shape != plain.shape:
+        raise ValueError(f"evicted and plain must both be (layers, heads), got {evicted.shape} "
+                         f"and {plain.shape}")
+    if len(layers) != evicted.shape[0]:
+        raise ValueError(f"layers must name the {evicted.shape[0]} layers, got {len(layers)}")
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=[label, plain_label])
+    for col, ev in ((1, evicted), (2, plain)):
+        text = [["held" if v < 0 else str(int(v)) for v in row] for row in ev]
+        _grid_heatmap(fig, np.where(ev < 0, steps, ev), text, col, layers=layers,
+                      colorscale="Viridis", zmin=int(position), zmax=int(steps),
+                      showscale=col == 2, colorbar=dict(title="evicted at step"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=f"Position {int(position)}: the step each KV head evicted it "
+                            f"({label} vs {plain_label})",
+                      height=120 + 40 * len(layers), margin=dict(t=80, l=70, r=10, b=30))
+    return fig
+
+
+def needle_heads_figure(held_a, held_b, key_mass, *, label_a: str, label_b: str) -> go.Figure:
+    """A pass-key prompt per (layer, KV head): slots held after the prompt under two
+    configurations, beside the full cache's attention mass from the question onto the key.
+
+    `held_a`, `held_b` int (layers, heads) and `key_mass` float (layers, heads), as
+    kvviz.studies.alloc_report writes them; the layers are the model's, from 0.
+    """
+    held_a, held_b, key_mass = (np.asarray(held_a), np.asarray(held_b), np.asarray(key_mass, float))
+    if not (held_a.ndim == 2 and held_a.shape == held_b.shape == key_mass.shape):
+        raise ValueError(f"held_a, held_b and key_mass must all be (layers, heads), got "
+                         f"{held_a.shape}, {held_b.shape} and {key_mass.shape}")
+    layers = list(range(held_a.shape[0]))
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=[f"held: {label_a}", f"held: {label_b}",
+                                        "key attention (full cache)"])
+    top = int(max(held_a.max(), held_b.max()))
+    for col, held in ((1, held_a), (2, held_b)):
+        _grid_heatmap(fig, held, [[str(int(v)) for v in row] for row in held], col, layers=layers,
+                      colorscale="Blues", zmin=0, zmax=top, showscale=False)
+    _grid_heatmap(fig, key_mass, [[f"{v:.4f}" for v in row] for row in key_mass], 3,
+                  layers=layers, colorscale="Reds", zmin=0, zmax=float(key_mass.max()),
+                  showscale=True, colorbar=dict(title="mass"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=f"Pass key per KV head: held slots after the prompt ({label_a} vs "
+                            f"{label_b}) and the key's attention mass",
+                      height=120 + 22 * len(layers), margin=dict(t=80, l=70, r=10, b=30))
+    return fig

@@ -1,12 +1,17 @@
 """Heads view: an allocator's held slots per KV head over time, beside its plain scorer,
-on a trace captured per KV head (traces/code-kv.npz). The numbers come from
-kvviz.core.layers.replay_layers and kvviz.core.replay.run_policy: nothing is re-implemented."""
+on a trace captured per KV head (traces/code-kv.npz), and where one position was evicted on
+each head. The numbers come from kvviz.core.layers.replay_layers and
+kvviz.core.replay.run_policy: nothing is re-implemented. Below, the shipped pass-key results
+(traces/alloc/needle/*.json, written by kvviz.studies.alloc_report) per (layer, KV head)."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import streamlit as st
 
-from kvviz.app.figures.heads import heads_figure
+from kvviz.app.figures.heads import eviction_grid, heads_figure, needle_heads_figure, position_figure
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.present import chart
 
@@ -22,9 +27,15 @@ def _runs(path: str, allocator: str, scorer: str, budget: int):
 
     grid = load_layers(path)
     found = replay_layers(grid, make_policy(allocator, budget, scorer=scorer))
-    plain = np.array([[run_policy(tr, scorer, budget).held for tr in row] for row in grid])
+    alone = [[run_policy(tr, scorer, budget) for tr in row] for row in grid]
+    plain = np.array([[r.held for r in row] for row in alone])
     roles = [getattr(s, "retrieval", None) for s in (found.states or [None] * len(grid))]
-    return found.held, plain, found.layer_numbers, found.budgets, roles
+    return found.held, plain, found.layer_numbers, found.budgets, roles, found.runs, alone
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _needle(path: str) -> dict:
+    return json.loads(Path(path).read_text())
 
 
 def render(ctx: Ctx):
@@ -45,7 +56,7 @@ def render(ctx: Ctx):
     budget = int(cols[2].number_input("budget (mean slots per head)", min_value=8, max_value=512,
                                       value=64, step=8, key="heads.budget"))
     try:
-        held, plain, layers, budgets, roles = _runs(str(path), allocator, scorer, budget)
+        held, plain, layers, budgets, roles, runs, alone = _runs(str(path), allocator, scorer, budget)
     except ValueError as exc:
         st.error(f"Refused: {exc}")
         return
@@ -58,3 +69,62 @@ def render(ctx: Ctx):
         f"layer {lay}: " + ", ".join(f"kv{g}={int(n)}" for g, n in enumerate(end[d]))
         + f" (total {int(end[d].sum())} of {budgets[d] * end.shape[1]})"
         for d, lay in enumerate(layers)))
+    position_section(runs, alone, layers, allocator, scorer)
+    needle_section(folder)
+
+
+def position_section(runs, alone, layers, allocator: str, scorer: str):
+    steps = int(runs[0][0].steps)
+    st.markdown("**One position across the heads**")
+    pos = int(st.number_input("position", min_value=0, max_value=steps - 1, value=min(100, steps - 1),
+                              step=1, key="heads.position"))
+    ev, pl = eviction_grid(runs, pos), eviction_grid(alone, pos)
+    label, plain_label = f"{allocator} ({scorer})", f"{scorer} alone"
+    chart(position_figure(ev, pl, layers, position=pos, steps=steps, label=label,
+                          plain_label=plain_label), key="chart.heads.position", **CHART)
+
+    def line(grid):
+        return "; ".join(f"layer {lay}: " + ", ".join(
+            f"kv{g}={'held' if v < 0 else int(v)}" for g, v in enumerate(grid[d]))
+            for d, lay in enumerate(layers))
+
+    st.caption(f"The step at which each KV head evicted position {pos} of {steps} (held: kept "
+               f"to the end), from each run's eviction log. {label}: {line(ev)}. "
+               f"{plain_label}: {line(pl)}.")
+
+
+def needle_section(folder):
+    st.markdown("**On a pass-key prompt: each head's slots and the key's attention**")
+    found = sorted((Path(folder) / "alloc" / "needle").glob("*.json")) if folder else []
+    if not found:
+        st.info("No pass-key results (alloc/needle/*.json, written by kvviz.studies.alloc_report) "
+                "in the traces folder.")
+        return
+    cols = st.columns(3)
+    name = cols[0].selectbox("pass-key prompt", [p.stem for p in found], key="heads.needle.prompt")
+    data = _needle(str(next(p for p in found if p.stem == name)))
+    configs = [f"{r['name']} @ {r['budget']}" for r in data["rows"] if r.get("held") is not None]
+    if not configs:
+        st.info(f"{name} records no held counts.")
+        return
+
+    def default(want):
+        return configs.index(want) if want in configs else 0
+
+    a = cols[1].selectbox("configuration", configs, index=default("adakv:tova @ 128"),
+                          key="heads.needle.a")
+    b = cols[2].selectbox("beside", configs, index=default("tova @ 128"), key="heads.needle.b")
+    rows = {f"{r['name']} @ {r['budget']}": r for r in data["rows"]}
+    ra, rb = rows[a], rows[b]
+    chart(needle_heads_figure(ra["held"], rb["held"], data["key_mass"], label_a=a, label_b=b),
+          key="chart.heads.needle", **CHART)
+    st.caption(
+        f"Prompt of {data['prompt_len']} tokens, key {data['key']} at positions "
+        f"{data['key_positions'][0]}..{data['key_positions'][-1]}. Left and middle: the slots "
+        "each (layer, KV head) held after the prompt under each configuration. Right: the full "
+        "cache's attention mass from the question's tokens onto the key's tokens (mean over the "
+        "question's rows and the query heads sharing the KV head). The files record no count of "
+        "the key's tokens each head still holds, so none is shown. Answers: "
+        f"{a}: {ra['answer']!r} ({ra['digits']} leading digits); "
+        f"{b}: {rb['answer']!r} ({rb['digits']} leading digits); "
+        f"full cache: {data['full_answer']!r}.")
