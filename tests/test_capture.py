@@ -197,51 +197,32 @@ def test_capture_per_head_rows_match_the_model(torch_stack):
     assert not np.allclose(kv["attn"][0, 1], kv["attn"][0, 2], atol=1e-3)  # heads differ
 
 
-def test_capture_key_norms_are_the_models_key_norms(torch_stack):
-    """Format 3's key norms, checked against the keys before RoPE: the k_proj output of the
-    layer, per KV head (RoPE rotates pairs of coordinates, which keeps every L2 norm)."""
+@pytest.mark.parametrize("proj,field,layer", [("k_proj", "key_norms", 29), ("v_proj", "value_norms", 14)])
+def test_capture_norms_are_the_models_own(torch_stack, proj, field, layer):
+    """The key norms (format 3) and value norms (format 4), checked against the layer's k_proj
+    and v_proj outputs, per KV head: RoPE rotates pairs of a key's coordinates, which keeps
+    every L2 norm, and values are cached as projected. Mapped to head labels alike (`mean`
+    first, then each query head's KV head)."""
     from kvviz.model.capture import capture
     from kvviz.model.models import load_model
 
     tok, model = load_model()
     seen = []
-    hook = model.model.layers[29].self_attn.k_proj.register_forward_hook(
+    hook = getattr(model.model.layers[layer].self_attn, proj).register_forward_hook(
         lambda mod, inp, out: seen.append(out[0].detach()))
     try:
-        res = capture(TEXT, max_tokens=32, layers=[29], heads="all")
+        res = capture(TEXT, max_tokens=32, layers=[layer], heads="all")
     finally:
         hook.remove()
     pre = seen[-1].reshape(32, 3, 64).float().norm(dim=-1).T.numpy()  # (KV heads, T)
-    kn = res["key_norms"]
-    assert kn.shape == (1, 10, 32) and kn.dtype == np.float32
-    np.testing.assert_allclose(kn[0, 0], pre.mean(axis=0), rtol=1e-5)
+    got = res[field]
+    assert got.shape == (1, 10, 32) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0, 0], pre.mean(axis=0), rtol=1e-5)
     for h in range(9):
-        np.testing.assert_allclose(kn[0, 1 + h], pre[h // 3], rtol=1e-5)
+        np.testing.assert_allclose(got[0, 1 + h], pre[h // 3], rtol=1e-5)
     assert not np.allclose(pre[0], pre[1], rtol=1e-2)  # KV heads differ, so the mapping is tested
-
-
-def test_capture_value_norms_are_the_models_value_norms(torch_stack):
-    """Format 4's value norms, checked against the v_proj output of the layer, per KV head
-    (values are cached as projected: no RoPE), mapped to head labels as the key norms are."""
-    from kvviz.model.capture import capture
-    from kvviz.model.models import load_model
-
-    tok, model = load_model()
-    seen = []
-    hook = model.model.layers[14].self_attn.v_proj.register_forward_hook(
-        lambda mod, inp, out: seen.append(out[0].detach()))
-    try:
-        res = capture(TEXT, max_tokens=32, layers=[14], heads="all")
-    finally:
-        hook.remove()
-    v = seen[-1].reshape(32, 3, 64).float().norm(dim=-1).T.numpy()  # (KV heads, T)
-    vn = res["value_norms"]
-    assert vn.shape == (1, 10, 32) and vn.dtype == np.float32
-    np.testing.assert_allclose(vn[0, 0], v.mean(axis=0), rtol=1e-5)
-    for h in range(9):
-        np.testing.assert_allclose(vn[0, 1 + h], v[h // 3], rtol=1e-5)
-    assert not np.allclose(v[0], v[1], rtol=1e-2)  # KV heads differ, so the mapping is tested
-    assert not np.allclose(vn, res["key_norms"], rtol=1e-2)  # not the keys' norms again
+    other = "value_norms" if field == "key_norms" else "key_norms"
+    assert not np.allclose(got, res[other], rtol=1e-2)  # not the other norms again
 
 
 def test_capture_cli_heads_kv_file(tmp_path, torch_stack):
