@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.replay import NEVER
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig, check_eviction
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _cache_length(kwargs) -> int | None:
 
 @contextmanager
 def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = "kv-head", seed: int = 0,
-             eviction: str = "masked", prefill_chunk: int = 256, **params):
+             eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK, **params):
     """Inside the block, `model`'s forward passes evict by `policy` at `budget` (per layer,
     or per layer and KV head); yields the EvictionLog, filled as the model runs. The
     model's attention implementation is restored on exit, error or not.
@@ -80,14 +80,14 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
 
     from kvviz.model.loop.engine import (
         Lane,
-        PromptFeed,
-        State,
         attached,
         bookkeeping,
         capacity,
         check_architecture,
         gathered,
         make_policies,
+        masked_state,
+        prompt_state,
         slot_cache,
         use,
     )
@@ -123,10 +123,8 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
             raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
         check_architecture(model, seen[0] + q)
         if not seen[0]:
-            st = State(torch, 1, L, Hk, G, 0, dev)
-            st.bias_t = None
-            st.feed = PromptFeed(q, [cfg], policies, L, G, prefill_chunk)
-            lane[0] = Lane(np.zeros(1, np.int64), st, None)
+            lane[0] = Lane(np.zeros(1, np.int64), prompt_state(torch, q, [cfg], policies, L, Hk, G, prefill_chunk,
+                                                               dev), None)
         else:
             grow(seen[0] + 1)
             if lane[0].state.freed:
@@ -148,11 +146,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
                                       evicted[0].shape[-1], dev)
                 cache.layers[:] = slot_cache(st, layers, seen=q).layers
             else:
-                st = State(torch, 1, L, Hk, G, evicted[0].shape[-1], dev)
-                gone = evicted[0][..., :q] != NEVER
-                st.bias[..., :q][np.broadcast_to(gone, (1, L, Hk, q)) if G == 1 else gone] = -np.inf
-                if not st.on_host:
-                    st.bias_t.copy_(st.bias_h)
+                st = masked_state(torch, evicted[0][..., :q], Hk, evicted[0].shape[-1], dev)
             lane[0] = Lane(np.zeros(1, np.int64), st, cache)
             log.prompt_len = q
         else:

@@ -62,6 +62,7 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
     import torch
 
     from kvviz.core.replay import NEVER
+    from kvviz.model.loop.config import PREFILL_CHUNK
     from kvviz.model.loop.engine import (
         MOVED,
         attached,
@@ -89,7 +90,7 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
         ids_t = torch.tensor(ids, device=dev)
         t0 = time.perf_counter()
         with attached(mdl):
-            prompt, logits, feed = read_prompt(mdl, torch, ids_t, everything, policies, evicted, 1, 256, dev)
+            prompt, logits, feed = read_prompt(mdl, torch, ids_t, everything, policies, evicted, 1, PREFILL_CHUNK, dev)
         sync()
         log(f"{n} tokens: prompt read, {len(everything)} configurations evicted, in {time.perf_counter() - t0:.1f} s")
         first = greedy_stats(logits).cpu().numpy()[0, 0]
@@ -117,21 +118,21 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
                             sync()
                         finally:
                             mdl.set_attn_implementation(previous)
-                        secs, held = time.perf_counter() - start, cache_bytes([_Plain(cache)])
+                        secs, held = time.perf_counter() - start, cache_bytes([cache])
                     else:
                         import copy
 
                         ev = evicted[pick].copy()
                         run_pols = copy.deepcopy(pols)
                         with attached(mdl):
-                            lanes = lanes_after_prompt(torch, cache, configs, ev, mode, T, dev, run_pols)
+                            lanes = lanes_after_prompt(torch, cache, configs, run_pols, ev, mode, T, dev)
                             sync()
                             start = time.perf_counter()
                             for t in range(steps):
                                 host, _, _ = step(mdl, lanes, tokens, n + t, configs, run_pols, ev, greedy_stats)
                                 tokens = torch.as_tensor(host[:, 0].astype(np.int64), device=dev)
                             sync()
-                            secs, held = time.perf_counter() - start, cache_bytes(lanes)
+                            secs, held = time.perf_counter() - start, cache_bytes(lane.cache for lane in lanes)
                     row = {"length": n, "budget": b, "batch": batch, "mode": mode, "steps": steps,
                            "ms_per_step": 1000 * secs / steps, "tokens_per_s": batch * steps / secs,
                            "cache_bytes": held, "host_bytes_per_step": (MOVED[0] - moved) // steps}
@@ -140,13 +141,6 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
                         f"{row['tokens_per_s']:8.1f} tokens/s  cache {held / 2**20:8.1f} MB")
                     del cache
     return rows
-
-
-class _Plain:
-    """A bare cache seen as a lane (for cache_bytes)."""
-
-    def __init__(self, cache):
-        self.cache = cache
 
 
 def table(rows) -> str:

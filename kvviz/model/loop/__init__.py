@@ -22,7 +22,7 @@ classes and the CLI's input checks work without it.
 """
 from __future__ import annotations
 
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig, check_configs, parse_policy
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_configs, parse_policy
 from kvviz.model.loop.generation import PROMPT_MODES, Generation, load_generation
 from kvviz.model.loop.result import LoopResult, load_loop_result
 
@@ -62,7 +62,7 @@ def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1
 
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
              progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
-             prefill_chunk=256) -> Generation:
+             prefill_chunk=PREFILL_CHUNK) -> Generation:
     """Greedy continuation of `prompt` under every config at once; a Generation.
 
     - `prompt`: text (tokenised as the loop does, BOS by the tokenizer's convention) or a

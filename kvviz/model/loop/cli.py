@@ -72,13 +72,6 @@ def add_eviction_arguments(p, prefill: bool = False) -> None:
                             "with chunk x prompt length)")
 
 
-def model_context(model) -> int | None:
-    """The model's context length from its config, without loading the weights."""
-    from kvviz.model.models import context_limit
-
-    return context_limit(model)
-
-
 def count_tokens(model, text: str, limit: int | None = None) -> int:
     """How many tokens `text` is for the model's tokenizer (at most `limit`), tokenizer only."""
     from kvviz.model.models import load_tokenizer, tokenize
@@ -219,11 +212,11 @@ def run(args) -> int:
             else parse_layers(args.rows_layers)
         resolve(args.model)  # a missing or incomplete model refused before anything loads
         require_stack("loop", args.model)
-        from kvviz.model.models import check_device
+        from kvviz.model.models import check_device, context_limit
 
         check_device(args.device, args.dtype)
         n = count_tokens(args.model, text, args.max_tokens)
-        check_fits(n, args.budget, args.eviction, model_context(args.model), f"--text {args.text}")
+        check_fits(n, args.budget, args.eviction, context_limit(args.model), f"--text {args.text}")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -69,13 +69,17 @@ class LoopConfig:
         return {"policy": self.policy, "params": self.full_params(), "budget": self.budget}
 
 
+def check_chunk(chunk, name: str = "prefill_chunk") -> None:
+    """A prefill's block of queries is an integer >= 1; ValueError naming `name` otherwise."""
+    if isinstance(chunk, (bool, np.bool_)) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {chunk!r}")
+
+
 def check_fits(positions: int, budgets, eviction: str = "masked", context: int | None = None,
-               what: str = "the run", chunk: int | None = None) -> None:
+               what: str = "the run") -> None:
     """A run of `positions` positions refused before the model loads, naming the option:
     longer than the model's `context`; a `--budget` in freed mode that evicts nothing
-    (it holds every position, so nothing is freed); a `--prefill-chunk` below 1."""
-    if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
-        raise ValueError(f"--prefill-chunk must be an integer >= 1, got {chunk}")
+    (it holds every position, so nothing is freed)."""
     if context is not None and positions > context:
         raise ValueError(f"{what} needs {positions} positions, more than the model's context of {context}")
     if eviction == "freed":

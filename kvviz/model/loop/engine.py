@@ -32,7 +32,7 @@ from kvviz.core.policies.base import BudgetError
 from kvviz.core.replay import NEVER
 from kvviz.core.streams import STATES, Streams
 from kvviz.core.trace import packed_offset
-from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_configs, check_eviction
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_chunk, check_configs, check_eviction
 from kvviz.model.loop.result import LoopResult
 
 ATTN_NAME = "kvviz_loop"
@@ -372,8 +372,7 @@ class PromptFeed:
     need every row are fed them here, in order, as the blocks are computed."""
 
     def __init__(self, T0: int, configs, policies, L: int, G: int, chunk: int = PREFILL_CHUNK):
-        if isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1:
-            raise ValueError(f"prefill chunk must be an integer >= 1, got {chunk!r}")
+        check_chunk(chunk)
         self.T0, self.chunk, self.seconds = T0, int(chunk), 0.0
         self.rows = []
         self.norms = self.vnorms = None
@@ -514,7 +513,7 @@ def check_inputs(text, granularity, max_tokens, eviction="masked") -> None:
         raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
 
 
-def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, device, policies=None) -> list[Lane]:
+def lanes_for(torch, configs, policies, eviction: str, L: int, Hk: int, G: int, T: int, device) -> list[Lane]:
     """The lanes of a run read token by token from an empty cache. Masked: every config in
     one lane over one DynamicCache. Freed: the full row in its own lane, the evicting rows
     in one lane per budget over slots (budget + 1 per layer and KV head: one step admits
@@ -533,18 +532,16 @@ def lanes_for(torch, configs, eviction: str, L: int, Hk: int, G: int, T: int, de
     return lanes
 
 
-def by_budget(configs, policies=None) -> list[tuple[int, np.ndarray]]:
+def by_budget(configs, policies) -> list[tuple[int, np.ndarray]]:
     """Freed: the evicting configs grouped by the most one stream may hold (`capacity`: the
     budget, or an allocator's largest cap), one lane each, so that every row's cache is its
     own size (a batched tensor has one size for all its rows)."""
-    cap = [None if cfg.is_full else cfg.budget if policies is None else capacity(cfg, policies[c])
-           for c, cfg in enumerate(configs)]
+    cap = [None if cfg.is_full else capacity(cfg, policies[c]) for c, cfg in enumerate(configs)]
     return [(b, np.array([c for c in range(len(configs)) if cap[c] == b]))
             for b in sorted({x for x in cap if x is not None})]
 
 
-def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int, device,
-                       policies=None) -> list[Lane]:
+def lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction: str, T: int, device) -> list[Lane]:
     """The lanes after a prompt read in one pass (batch 1, full `cache`) and each config's
     one-shot eviction (`evicted_at` (C, L, G, T), victims at step T0 - 1). Masked: the cache
     repeated per config, victims masked. Freed: the full row keeps `cache`; each evicting
@@ -554,12 +551,7 @@ def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int,
     Hk = cache.layers[0].keys.shape[1]
     if eviction == "masked":
         cache.batch_repeat_interleave(C)
-        st = State(torch, C, L, Hk, G, T, device)
-        gone = evicted_at[..., :T0] != NEVER  # (C, L, G, T0)
-        st.bias[..., :T0][np.broadcast_to(gone, (C, L, Hk, T0)) if G == 1 else gone] = -np.inf
-        if not st.on_host:  # the whole bias once
-            st.bias_t.copy_(st.bias_h)
-        return [Lane(np.arange(C), st, cache)]
+        return [Lane(np.arange(C), masked_state(torch, evicted_at[..., :T0], Hk, T, device), cache)]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)] if len(full) else []
     for budget, rest in by_budget(configs, policies):
@@ -567,6 +559,26 @@ def lanes_after_prompt(torch, cache, configs, evicted_at, eviction: str, T: int,
         st.place(T0)
         lanes.append(Lane(rest, st, slot_cache(st, layers, seen=T0)))
     return lanes
+
+
+def masked_state(torch, evicted, Hk: int, T: int, device) -> State:
+    """A masked State for T positions whose prompt victims (`evicted` (C, L, G, T0): any step
+    but NEVER) are masked already."""
+    C, L, G, T0 = evicted.shape
+    st = State(torch, C, L, Hk, G, T, device)
+    gone = evicted != NEVER
+    st.bias[..., :T0][np.broadcast_to(gone, (C, L, Hk, T0)) if G == 1 else gone] = -np.inf
+    if not st.on_host:  # the whole bias once
+        st.bias_t.copy_(st.bias_h)
+    return st
+
+
+def prompt_state(torch, T0: int, configs, policies, L: int, Hk: int, G: int, chunk: int, device) -> State:
+    """The State a prompt is read through in one pass: nothing to mask, a PromptFeed armed."""
+    st = State(torch, 1, L, Hk, G, 0, device)
+    st.bias_t = None  # nothing is evicted while the prompt is read
+    st.feed = PromptFeed(T0, configs, policies, L, G, chunk)
+    return st
 
 
 def gathered(torch, cache, held, budget: int, T: int, device, limit: int | None = None):
@@ -601,11 +613,11 @@ def gathered(torch, cache, held, budget: int, T: int, device, limit: int | None 
     return st, layers
 
 
-def cache_bytes(lanes) -> int:
-    """Bytes the lanes' caches hold in keys and values (what was allocated, empty slots included)."""
+def cache_bytes(caches) -> int:
+    """Bytes the caches hold in keys and values (what was allocated, empty slots included)."""
     total = 0
-    for lane in lanes:
-        for lay in lane.cache.layers:
+    for cache in caches:
+        for lay in cache.layers:
             if getattr(lay, "keys", None) is not None and getattr(lay, "is_initialized", True):
                 total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
     return total
@@ -663,9 +675,7 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
     cfg = text_config(mdl)
     L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
     T0 = int(ids_t.shape[0])
-    st = State(torch, 1, L, Hk, G, 0, device)
-    st.bias_t = None
-    st.feed = PromptFeed(T0, configs, policies, L, G, chunk)
+    st = prompt_state(torch, T0, configs, policies, L, Hk, G, chunk, device)
     cache = DynamicCache()
     use(st)
     try:
@@ -722,7 +732,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     device = next(mdl.parameters()).device
     refuse_uncalibrated(configs, policies)
     with attached(mdl):
-        lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, device, policies)
+        lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
         for t in range(T):
             def stats(logits, t=t):  # (C, 3): nll, argmax, KL(full || config), on the device
@@ -740,7 +750,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
                     rows[lane.index, :, :, off:off + t] = lane.state.cur[:, rows_layers, :, :t]
             if progress is not None:
                 progress(t + 1, T)
-        held_bytes = cache_bytes(lanes)
+        held_bytes = cache_bytes(lane.cache for lane in lanes)
     np.exp(-nll, out=p_true)
     if timings is not None:
         timings.update(model=model_s, bookkeeping=book_s)

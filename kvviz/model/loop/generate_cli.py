@@ -17,10 +17,9 @@ from kvviz.model.loop.cli import (
     build_configs,
     count_tokens,
     memory_line,
-    model_context,
     read_text,
 )
-from kvviz.model.loop.config import PREFILL_CHUNK, check_fits
+from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk, check_fits
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
 from kvviz.model.models import resolve
 
@@ -103,15 +102,15 @@ def run(args) -> int:
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         configs = build_configs(args.policy, args.budget)
-        check_fits(1, [], chunk=args.prefill_chunk)
+        check_chunk(args.prefill_chunk, "--prefill-chunk")
         check_request(prompt, args.max_new_tokens, args.granularity, args.prompt_mode)
         resolve(args.model)  # a missing or incomplete model refused before anything loads
         require_stack("generate", args.model)
-        from kvviz.model.models import check_device
+        from kvviz.model.models import check_device, context_limit
 
         check_device(args.device, args.dtype)
         n = count_tokens(args.model, prompt) + args.max_new_tokens - 1  # the last new token is never read
-        check_fits(n, args.budget, args.eviction, model_context(args.model),
+        check_fits(n, args.budget, args.eviction, context_limit(args.model),
                    f"the prompt with --max-new-tokens {args.max_new_tokens}")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

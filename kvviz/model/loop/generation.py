@@ -9,7 +9,7 @@ import numpy as np
 
 from kvviz.core.atomic import replacing
 from kvviz.core.replay import NEVER
-from kvviz.model.loop.config import GRANULARITIES, LoopConfig, check_eviction
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_chunk, check_eviction
 
 FORMAT = "kvviz-generation"
 VERSION = 1
@@ -17,12 +17,10 @@ PROMPT_MODES = ("decode", "prefill")
 
 
 def check_request(prompt, max_new_tokens, granularity="layer", prompt_mode="decode", eviction="masked",
-                  prefill_chunk=256) -> None:
+                  prefill_chunk=PREFILL_CHUNK) -> None:
     """generate's input rules, checked before any model loads; ValueError names the parameter."""
     check_eviction(eviction)
-    if isinstance(prefill_chunk, (bool, np.bool_)) or not isinstance(prefill_chunk, (int, np.integer)) \
-            or prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be an integer >= 1, got {prefill_chunk!r}")
+    check_chunk(prefill_chunk)
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
     if prompt_mode not in PROMPT_MODES:

@@ -88,7 +88,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
         t_prompt = time.perf_counter()
         if prompt_mode == "decode":
             refuse_uncalibrated(configs, policies)
-            lanes = lanes_for(torch, configs, eviction, L, Hk, G, T, dev, policies)
+            lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, dev)
             for t in range(T0):
                 host, m, b = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies, evicted_at,
                                   greedy_stats if t == T0 - 1 else None)
@@ -98,7 +98,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             cache, logits, feed = read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G, prefill_chunk, dev)
             host = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
             t1 = time.perf_counter()
-            lanes = lanes_after_prompt(torch, cache, configs, evicted_at, eviction, T, dev, policies)
+            lanes = lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction, T, dev)
             del cache
             model_s = t1 - t_prompt - feed.seconds
             book_s = feed.seconds + time.perf_counter() - t1
@@ -118,7 +118,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             host, m, b = step(mdl, lanes, torch.tensor(chosen, device=dev), T0 + i, configs, policies,
                               evicted_at, greedy_stats, active)
             model_s, book_s = model_s + m, book_s + b
-        held_bytes = cache_bytes(lanes)
+        held_bytes = cache_bytes(lane.cache for lane in lanes)
         del lanes
     gen_s = time.perf_counter() - t_gen
     if progress is not None:

@@ -14,7 +14,7 @@ from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, require_stack
 from kvviz.model.loop.cli import add_eviction_arguments
-from kvviz.model.loop.config import GRANULARITIES, check_fits
+from kvviz.model.loop.config import GRANULARITIES, check_chunk, check_fits
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
 
 
@@ -98,7 +98,7 @@ def run(args) -> int:
         require_stack("needle", args.model)
         from kvviz.model.needle.run import check_lengths, context_limit, load_tokenizer
 
-        check_fits(1, [], chunk=args.prefill_chunk)
+        check_chunk(args.prefill_chunk, "--prefill-chunk")
         from kvviz.model.models import check_device
 
         check_device(args.device, args.dtype)

@@ -7,6 +7,7 @@ import hashlib
 import sys
 
 from kvviz.core.paths import version
+from kvviz.model.loop.config import PREFILL_CHUNK
 from kvviz.model.models import context_limit, load_tokenizer  # noqa: F401 (the needle's checks use them)
 from kvviz.model.needle.grid import Grid, PromptSpec
 from kvviz.model.needle.prompt import FILLER, NeedlePrompt, build, minimum_length
@@ -33,7 +34,7 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
 
 def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: str,
                prompt_mode: str, granularity: str, seed: int = 0, haystack: dict | None = None,
-               progress=None, eviction: str = "masked", prefill_chunk: int = 256) -> dict:
+               progress=None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
     """One prompt, every config in one kvviz.model.loop.generate batch: the run as
     results.load_run returns it (not written). The grid and the app's own-passage form both
     run through here, so a run from either is read the same way. `haystack`: the
@@ -65,7 +66,7 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
 
 
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
-            haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = 256) -> dict:
+            haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
     """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
     p = build(pair[0], spec.length, spec.depth, spec.seed, haystack)
     return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
@@ -99,7 +100,7 @@ def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, 
 
 def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
              progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
-             prefill_chunk: int = 256):
+             prefill_chunk: int = PREFILL_CHUNK):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
     Returns the table of every run in `out`."""
     from kvviz.model.models import load_model
