@@ -56,15 +56,19 @@ with follow.turn():
     # controls (the same values, through presentation mode's quiet sidebar), until they
     # explore on their own: a third of a page run, 30 times after every move
     quiet = room or follow.following()
+    row = None
     if room:
         with top:
-            present.bar()  # the way back (key P) and every key, above the step navigator
-            follow.code_line()  # an open class's code, for a late student
+            # one compact row: the lesson's scene, the class, the step navigation, the ask
+            # buttons and the way back (key P), so the chart is on the first screen
+            row = present.bar()
     else:
         panels.open_linked_experiment()
         present.button()
     with notices:
-        lesson.bar(draw_picker=not quiet)  # the lesson bar above the page, its picker in the sidebar
+        lesson.bar(draw_picker=not quiet, row=row)  # the lesson bar (its picker in the sidebar)
+    if room:
+        follow.code_line(row)  # an open class's code and its live count, for a late student
 
     # The guided experiments and an open experiment's text head the sidebar: beside the chart
     # they explain, not above it (at 1024x768 and 125 % zoom the chart would leave the screen).
@@ -82,6 +86,8 @@ with follow.turn():
                 panels.experiments_box()
         elif not room:
             follow.summary(key)
+        if room:
+            present.leave(row)
         with main.container():
             if not room:
                 panels.view_selector(trace.tokens is not None)
@@ -108,6 +114,8 @@ with follow.turn():
     for which in refused:
         top.error(panels.refusal_message(which, pols))
     if len(refused) == 2:  # nothing left to draw
+        if room:
+            present.leave(row)
         main.empty()
         session.write_url()
         follow.publish(banner)
@@ -129,13 +137,15 @@ with follow.turn():
     with top:
         locked = predict.locked(ctx)  # a question is up: no navigation, no status (victims)
         if locked is None:
-            with st.container(key="nav"):  # its button row wraps instead of cutting labels
+            with row if room else st.container(key="nav"):  # (wraps, never cuts a label)
                 ctx.step = panels.navigator(ctx)
             session.check_positions(ctx.step)
             panels.status(ctx)
         else:
             ctx.step = locked
-        predict.controls(ctx)
+        predict.controls(ctx, row)
+        if room:
+            present.leave(row)
     with main.container():
         if not predict.question(ctx):  # the question panel replaces the view while it is up
             view = (panels.current_view(trace.tokens is not None) if room

@@ -18,7 +18,9 @@ TOKEN = "class.token"    # this session's member token (secret)
 LEADS = "class.leads"    # the code of the class this session opened ("" = none)
 FOLLOWS = "class.follows"  # the code this session follows as a student ("" = none)
 REFUSED = "class.refused"  # init_follow's refusal of the link's code, until the page shows it
-KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED)  # for session.PAGE_KEYS
+WAS_STUDENT = "class.was_student"  # this session joined a class as a student (never a note)
+LEFT = "class.left"      # (code, round number): stopped following while that question was up
+KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED, WAS_STUDENT, LEFT)  # for session.PAGE_KEYS
 
 
 def token() -> str:
@@ -40,6 +42,7 @@ def init_follow(query) -> str | None:
         S[FOLLOWS] = ""
         return str(exc)
     S[FOLLOWS] = code
+    S[WAS_STUDENT] = True
     return None
 
 

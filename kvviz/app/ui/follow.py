@@ -116,6 +116,14 @@ def summary(key: str, budget: int | None = None, pols: dict | None = None) -> No
 
 
 def _forget() -> None:
+    """Stop following: the page leaves the class. During an unrevealed question it goes
+    back one step, to the cache before the eviction asked about: the status line at the
+    question's step would name the answer."""
+    c = classroom.follows()
+    r = c.current_round() if c is not None else None
+    if r is not None and not r.revealed:
+        S[classroom.LEFT] = (c.code, r.number)
+        session.set_value("step", max(0, int(r.answer_step) - 1))
     S[classroom.FOLLOWS] = ""
     for k in KEYS:
         S.pop(k, None)
@@ -196,13 +204,29 @@ def student_link(code: str) -> str:
     return f"{url.rstrip('/')}/?follow={code}"
 
 
-def code_line() -> None:
-    """Presentation mode (no sidebar): the open class's code and link, one caption line, so a
-    late student can still join from the projector."""
+def code_line(where=None) -> None:
+    """Presentation mode (no sidebar): the open class's code and link, so a late student can
+    still join from the projector, and the students counted now, recounted every COUNT_S
+    without a move (a timer fragment). `where`: the compact row it goes in."""
     c = classroom.leads()
-    if c is not None:
-        st.caption(f"Class **{c.code}** · students open `{student_link(c.code)}` · "
-                   + students_line(c.students()))
+    if c is None:
+        return
+    with where if where is not None else contextlib.nullcontext():
+        with session.timer_place():  # (why: kvviz.app.ui.session.timer_place)
+            _code_line(c.code, student_link(c.code))
+
+
+@st.fragment(run_every=COUNT_S)
+def _code_line(code: str, link: str) -> None:
+    try:
+        n = classroom.REGISTRY.get(code).students()
+    except Refused:  # closed: the page run says so
+        return
+    st.markdown(f"Class **{code}** `{link}` · **{n}** {'student' if n == 1 else 'students'}",
+                width="content",
+                help="Students open the link (or type the code); the count is of their pages "
+                     f"heard from in the last {HERE_SECONDS:.0f} s, recounted every "
+                     f"{COUNT_S:.0f} s.")
 
 
 def panel() -> None:
@@ -295,6 +319,9 @@ def publish(slot) -> None:
             base.append(mine)
         elif mine not in base:
             S[OWN] = True
+            # this run drew the lecturer's settings in the sidebar: redraw it as the
+            # student's own, so the sidebar and the banner say the same
+            st.rerun()
     with slot:
         row = st.container(horizontal=True, vertical_alignment="center", gap="small")
         if S.get(OWN):

@@ -58,12 +58,42 @@ ROOM = "[class*='st-key-room-']"
 HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stRadio",
           "stExpander", "stButton", "stCheckbox", "stToggle", "stTextInput", "stDownloadButton",
           "stPopover", "stFileUploader", "stCaptionContainer")
+# The top of the page is one compact row (kvviz.app.ui.present.bar): the lesson's scene, the
+# class, the step navigation, the ask buttons and the way back, wrapping at 125 % zoom; the
+# header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
+# the jumps) still work: a hidden button keeps its shortcut.
+TOP = "13.5rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
+FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
+FIT = "div:has(> .st-key-kv-fit)"
+
+
+def fit_css(height: int) -> str:
+    """The fitted chart's box: its figure's own height, or the window's less the top rows
+    when that is less (never under 16rem)."""
+    h = f"max(16rem,min({int(height)}px,calc(100vh - {TOP})))"
+    return f"{FIT}{{flex:0 0 {h}!important;height:{h}!important;max-height:none!important}}"
+
+
 PRESENT_CSS = (
     "h4#kvviz-watch-kv-cache-eviction-policies-decide-step-by-step{display:none}"
-    f"{MAIN}{{padding-top:3.3rem}}"
-    f"{MAIN}{{position:relative}}.st-key-present-bar{{position:absolute;top:.5rem;right:1rem;"
-    "z-index:1000000;width:auto}"
-    ".st-key-nav-arrows{display:none}"
+    "[data-testid='stHeader']{display:none}"
+    f"{MAIN}{{padding-top:.8rem}}"
+    ".st-key-nav-arrows,.st-key-nav-jumps{display:none}"
+    ".st-key-kv-top{row-gap:.3rem}"
+    ".st-key-kv-top [data-testid='stElementContainer']:has([data-testid='stSlider'])"
+    "{flex:1 1 9rem;min-width:9rem}"
+    ".st-key-kv-top button{min-height:2.2rem;padding:.1rem .55rem}"
+    ".st-key-kv-top [data-testid='stMarkdownContainer'] p{margin:0;white-space:nowrap}"
+    ".st-key-kv-top [data-testid='stMarkdownContainer'] code{white-space:nowrap}"
+    ".st-key-kv-top>[data-testid='stElementContainer']:not(:has([data-testid='stSlider']))"
+    "{flex:0 0 auto;width:auto!important;max-width:100%}"
+    ".st-key-kv-top>[data-testid='stElementContainer']>*{width:auto!important}"
+    # a timer fragment's place (the class's live count) as wide as its line; an empty one none
+    ".st-key-kv-top>div:not([data-testid='stElementContainer'])"
+    "{flex:0 0 auto!important;width:auto!important;min-width:0!important}"
+    ".st-key-kv-top>div:not([data-testid='stElementContainer'])"
+    ":not(:has([data-testid='stElementContainer'])):not(:has([data-testid='stPopover']))"
+    "{display:none}"
     + "".join(f"{ROOM} [data-testid='{t}']," for t in HIDDEN)
     + f"{ROOM}:not(.st-key-room-loop) [data-testid='stSlider']{{display:none}}"
     f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"

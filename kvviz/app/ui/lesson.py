@@ -1,6 +1,7 @@
 """The lesson bar: the lesson's title, "Scene 3 of 13: title", previous/next scene
-(PageUp/PageDown, what presenter clickers send), the scene's short link and the speaker
-note; and the lesson picker in the sidebar.
+(keys N and B: PageUp/PageDown scroll the page), the scene's short link; the speaker note
+in the sidebar (a popover in presentation mode); and the lesson picker in the sidebar. A
+class's students get the title line only: no scene buttons, keys or notes.
 
 The page's state holds `lesson` (a file stem in lessons/) and `scene` (1-based). A short
 link, `?lesson=NAME&scene=N` with no other state, applies the scene's saved state on the
@@ -96,20 +97,54 @@ def picker() -> None:
                         "(lessons/*.toml; see docs/teaching.md). Choosing one opens scene 1.")
 
 
-def bar(draw_picker: bool = True) -> None:
+NEXT_KEY, PREV_KEY = "N", "B"  # PageDown/PageUp scroll the page (a student's, a lecturer's)
+
+
+def student() -> bool:
+    """This session is, or was, a class's student: it never sees a speaker note (the notes
+    name the answers of the questions the class is asked), nor scene buttons or keys."""
+    return bool(S.get(classroom.FOLLOWS)) or bool(S.get(classroom.WAS_STUDENT))
+
+
+def bar(draw_picker: bool = True, row=None) -> None:
     """The lesson bar (when the page has a lesson), then the sidebar picker (not drawn in
-    presentation mode, which has no sidebar)."""
+    presentation mode, which has no sidebar). `row`: presentation mode's compact row, where
+    the scene's line, its buttons and the note (a popover) go."""
     err = S.pop(ERROR, None)
     if err:
         st.error(f"Lesson: {err}", icon=":material/error:")
     name = str(S["kv"].get("lesson", ""))
     if name:
-        _bar(name)
+        _bar(name, row)
     if draw_picker:
         picker()
 
 
-def _bar(name: str) -> None:
+def _question_up() -> bool:
+    from kvviz.app.ui import predict  # (predict draws views; imported when a note is drawn)
+
+    return predict.active()
+
+
+def _speaker_note(les: L.Lesson, n: int, where, room: bool) -> None:
+    """The speaker note: in the sidebar beside the chart (the explorer), or a popover in
+    presentation mode's row: never above the chart. While the class's question is up it is
+    collapsed and says nothing (its text names the answers)."""
+    up = _question_up()
+    box = (where.popover("Speaker note", icon=":material/description:") if room else
+           where.expander("Speaker note", expanded=not up, icon=":material/description:"))
+    with box:
+        if up:
+            st.caption("Hidden while the class's question is up: the note may name its "
+                       "answer. It is back once the question is closed.")
+            return
+        try:
+            st.markdown(note(les, n).replace("\n", "  \n"))
+        except ValueError as exc:
+            st.error(f"Lesson: {exc}")
+
+
+def _bar(name: str, row=None) -> None:
     try:
         les = load(name)
     except ValueError as exc:
@@ -121,26 +156,39 @@ def _bar(name: str) -> None:
         st.error(f"Lesson: scene {n} is not a scene of {les.path.name} (scenes 1–{total}); "
                  "press next scene for scene 1.", icon=":material/error:")
         n = 0
+    pupil = student()
+    if n:
+        s = les.scene(n)
+    if row is not None:  # presentation mode: a few items of the one compact row
+        if not pupil:
+            row.button("", key="lesson.prev", on_click=go, args=(name, n - 1), disabled=n <= 1,
+                       icon=":material/skip_previous:", shortcut=PREV_KEY,
+                       help=f"previous scene (key {PREV_KEY})")
+        row.markdown(f"**Scene {n}/{total}**: {s.title}" if n else f"**{les.title}**",
+                     width="content")
+        if not pupil:
+            row.button("", key="lesson.next", on_click=go, args=(name, n + 1),
+                       disabled=n >= total, icon=":material/skip_next:", shortcut=NEXT_KEY,
+                       help=f"next scene (key {NEXT_KEY})")
+            if n:
+                _speaker_note(les, n, row, room=True)
+        return
     with st.container(border=True, key="lesson-bar"):
+        line = st.container(horizontal=True, wrap=True, vertical_alignment="center",
+                            gap="small")
         head = f"**{les.title}** ({les.minutes:g} min)"
         if n:
-            s = les.scene(n)
             head += f" · **Scene {n} of {total}: {s.title}** · {s.minutes:g} min"
-        st.markdown(head)
-        # the buttons on a row of their own: beside the title they were cut at 1024 px
-        c = st.columns([2, 2, 3], vertical_alignment="center", gap="small")
-        c[0].button("previous scene", key="lesson.prev", on_click=go, args=(name, n - 1),
-                    disabled=n <= 1, icon=":material/skip_previous:", width="stretch",
-                    help="previous scene (key PageUp)", shortcut="PageUp")
-        c[1].button("next scene", key="lesson.next", on_click=go, args=(name, n + 1),
-                    disabled=n >= total, icon=":material/skip_next:", width="stretch",
-                    help="next scene (key PageDown)", shortcut="PageDown")
+        line.markdown(head, width="content")
+        if pupil:  # a student's page: the lecturer moves the scenes
+            return
+        line.button("previous scene", key="lesson.prev", on_click=go, args=(name, n - 1),
+                    disabled=n <= 1, icon=":material/skip_previous:", width="content",
+                    help=f"previous scene (key {PREV_KEY})", shortcut=PREV_KEY)
+        line.button("next scene", key="lesson.next", on_click=go, args=(name, n + 1),
+                    disabled=n >= total, icon=":material/skip_next:", width="content",
+                    help=f"next scene (key {NEXT_KEY})", shortcut=NEXT_KEY)
         if n:
-            c[2].markdown(f"link `{L.link(name, n)}`")
-        if n and classroom.follows() is None:  # the lecturer's, not a following student's
-            present = bool(int(S["kv"].get("present", 0) or 0))
-            with st.expander("Speaker note", expanded=not present):
-                try:
-                    st.markdown(note(les, n).replace("\n", "  \n"))
-                except ValueError as exc:
-                    st.error(f"Lesson: {exc}")
+            line.markdown(f"link `{L.link(name, n)}`", width="content")
+    if n:  # beside the chart, not above it
+        _speaker_note(les, n, st.sidebar, room=False)

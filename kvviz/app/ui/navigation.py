@@ -139,23 +139,19 @@ def navigator(ctx: Ctx) -> int:
     # set, not left to the widget: a slider whose range changed (another trace) would
     # otherwise start again at 0
     S[wkey("step")] = int(S[wkey("step")])
+    room = present.active()
+    if room:  # one item each of presentation mode's compact row (no play, jumps by key)
+        return _room_navigator(ctx, steps)
     step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
     cols = st.columns([1.2, 1.2, 1, 1], vertical_alignment="center", gap="small")
-    room = present.active()
     cols[0].button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), width="stretch",
                    icon=":material/chevron_left:", shortcut="J",
-                   help="previous step (key J" + (" or ←)" if room else ")"))
+                   help="previous step (key J)")
     cols[1].button("next", key="nav.next", on_click=_shift, args=(1, steps), width="stretch",
                    icon=":material/chevron_right:", shortcut="K",
-                   help="next step (key K" + (" or →)" if room else ")"))
-    if room:  # a button holds one key: the arrows' own pair, hidden (kvviz.app.ui.layout)
-        arrows = st.container(key="nav-arrows")
-        arrows.button("previous step", key="nav.left", on_click=_shift, args=(-1, steps),
-                      shortcut="Left")
-        arrows.button("next step", key="nav.right", on_click=_shift, args=(1, steps),
-                      shortcut="Right")
+                   help="next step (key K)")
     cols[2].toggle("play", key="w.play")
     cols[3].selectbox("speed", PLAY_SPEEDS, key="w.speed", label_visibility="collapsed",
                       format_func=lambda v: f"+{v}", help="steps per tick while playing "
@@ -165,6 +161,26 @@ def navigator(ctx: Ctx) -> int:
     if S.get("w.play"):
         with timer_place():  # a tick reruns the page every second: (why: session.timer_place)
             _ticker(steps)
+    return int(step)
+
+
+def _room_navigator(ctx: Ctx, steps: int) -> int:
+    """Presentation mode's step navigation, drawn into its compact row: previous, the step
+    slider, next; the arrows' and the jumps' buttons hidden, their keys kept."""
+    st.button("", key="nav.prev", on_click=_shift, args=(-1, steps),
+              icon=":material/chevron_left:", shortcut="J", help="previous step (key J or ←)")
+    step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
+                     help="the decode step shown (state after that step's eviction)")
+    st.button("", key="nav.next", on_click=_shift, args=(1, steps),
+              icon=":material/chevron_right:", shortcut="K", help="next step (key K or →)")
+    arrows = st.container(key="nav-arrows")  # a button holds one key: the arrows' own pair
+    arrows.button("previous step", key="nav.left", on_click=_shift, args=(-1, steps),
+                  shortcut="Left")
+    arrows.button("next step", key="nav.right", on_click=_shift, args=(1, steps),
+                  shortcut="Right")
+    keep(wkey("step"), int(step))
+    with st.container(key="nav-jumps"):
+        jumps_row(ctx, int(step))
     return int(step)
 
 

@@ -141,19 +141,22 @@ def locked(ctx: Ctx) -> int | None:
     return step
 
 
-def controls(ctx: Ctx) -> None:
-    """The lecturer's ask buttons (no question up), and the last callback's message."""
+def controls(ctx: Ctx, row=None) -> None:
+    """The lecturer's ask buttons (no question up), and the last callback's message.
+    `row`: presentation mode's compact row, where the buttons go with short labels."""
     msg = S.pop(MSG, None)
     if msg:
         KIND[msg[0]](msg[1])
     c, r, lead = _round()
     if not lead or r is not None:
         return
-    row = st.container(horizontal=True, wrap=True, gap="small")
+    short = row is not None
+    row = row if short else st.container(horizontal=True, wrap=True, gap="small")
     for which in ("a", "b"):
         if ctx.solo and which != ctx.solo:
             continue
-        row.button(f"Ask: which position will {which.upper()} evict next?",
+        row.button(f"Ask {which.upper()}" if short else
+                   f"Ask: which position will {which.upper()} evict next?",
                    key=f"predict.ask.{which}", on_click=_ask, args=(which, ctx),
                    icon=":material/quiz:", width="content",
                    help=f"Ask the class which position {which.upper()} ({_label(ctx, which)}) "

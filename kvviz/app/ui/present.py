@@ -20,12 +20,13 @@ from kvviz.app.ui import layout
 from kvviz.app.ui.session import S, note
 
 # Every key the page answers in presentation mode, said in its "keys" line. Another part of
-# the page that adds a key adds its line here (e.g. "PageDown / PageUp": "next / previous
-# scene"); the button holding it is drawn by that part.
+# the page that adds a key adds its line here (e.g. "N / B": "next / previous scene"); the
+# button holding it is drawn by that part.
 KEYS = {"K or →": "next step", "J or ←": "previous step", "D": "next divergence",
         "E": "next epoch", "H": "next heavy-hitter eviction",
         "T": "next eviction of the tracked position", "P": "leave presentation",
-        "PageDown / PageUp": "next / previous scene of a lesson (kvviz.app.ui.lesson)",
+        "N / B": "next / previous scene of a lesson (kvviz.app.ui.lesson; PageDown and "
+                 "PageUp scroll the page)",
         "V": "reveal the answer of a class's question (kvviz.app.ui.predict)"}
 TOGGLE = "P"
 
@@ -54,15 +55,25 @@ def button() -> None:
                            "large type for a projector; in the link as present=1.")
 
 
-def bar() -> None:
-    """In presentation mode, at the top: the page's CSS for the room and the way back (key P),
-    pinned to the top right corner so the navigator keeps the first screen's lines."""
+FIT = "present.fit"  # the next chart this run draws is fitted to the window (`chart`)
+
+
+def bar():
+    """In presentation mode, at the top: the page's CSS for the room and the one compact row
+    (returned) that the lesson's scene, the class's code and count, the step navigation, the
+    ask buttons and the way back (key P, `leave`) share, so the chart is on the first screen."""
     st.html(f"<style>{layout.PRESENT_CSS}</style>")
-    st.container(key="present-bar").button(
-        "Leave presentation", key="nav.leave", on_click=_set, args=(False,), shortcut=TOGGLE,
+    return st.container(key="kv-top", horizontal=True, wrap=True, vertical_alignment="center",
+                        gap="small")
+
+
+def leave(row) -> None:
+    """The way back to the explorer (key P), the row's last item."""
+    row.button(
+        "Leave", key="nav.leave", on_click=_set, args=(False,), shortcut=TOGGLE,
         icon=":material/close_fullscreen:", width="content",
-        help="Back to the explorer, with the sidebar and every control (key P). Keys: "
-             + "; ".join(f"{k}: {what}" for k, what in KEYS.items()) + ".")
+        help="Leave presentation: back to the explorer, with the sidebar and every control "
+             "(key P). Keys: " + "; ".join(f"{k}: {what}" for k, what in KEYS.items()) + ".")
 
 
 def keys_line() -> None:
@@ -72,14 +83,22 @@ def keys_line() -> None:
 @contextlib.contextmanager
 def frame(view: str):
     """The view's container: in presentation mode one the CSS can find (the view's own
-    settings are hidden there), followed by the keys line; else no container at all (the
-    explorer's page is unchanged)."""
+    settings are hidden there), whose first chart is fitted to the window (`chart`),
+    followed by the keys line; else no container at all (the explorer's page is unchanged)."""
     if not active():
         yield
         return
+    fit_next()
     with st.container(key=f"room-{view}"):
         yield
+    S.pop(FIT, None)
     keys_line()
+
+
+def fit_next() -> None:
+    """The next chart drawn (in presentation mode) fills the window's height below the
+    page's top rows, whatever height its figure asked for (`chart`)."""
+    S[FIT] = True
 
 
 class Quiet:
@@ -119,7 +138,44 @@ def sidebar(draw: bool = True):
 # --- the room's charts ------------------------------------------------------------------------
 def chart(figure, **kw):
     """`st.plotly_chart`, with the figure re-sized for the room (`for_room`) when this run's
-    session presents; every view draws its charts through it (no other session changes)."""
-    if active():
-        figure = Prebuilt(for_room(figure))
-    return st.plotly_chart(figure, **kw)
+    session presents; every view draws its charts through it (no other session changes).
+    The first chart of a presented view is fitted to the window: its container's height is
+    the window's less the page's top rows (kvviz.app.ui.layout.FIT_CSS), and the chart
+    stretches to it, so its title, plot and legend are on the first screen at any size."""
+    if not active():
+        return st.plotly_chart(figure, **kw)
+    spec = for_room(figure)
+    height = (spec.get("layout") or {}).get("height")
+    fit = S.pop(FIT, False)
+    if fit and _rows(spec) > 1:  # stacked plots squeezed are unreadable: their own height,
+        spec = _legend_beside(spec)  # and the legend at the top right, on the first screen
+    if not fit or not isinstance(height, (int, float)) or _rows(spec) > 1:
+        return st.plotly_chart(Prebuilt(spec), **kw)
+    st.html(f"<style>{layout.fit_css(int(height))}</style>")
+    with st.container(key="kv-fit", height=layout.FIT_FALLBACK, border=False):
+        return st.plotly_chart(Prebuilt(spec), **{**kw, "height": "stretch"})
+
+
+def _rows(spec: dict) -> int:
+    """How many plots a figure stacks (distinct vertical domains of its y axes)."""
+    lay = spec.get("layout") or {}
+    return max(1, len({tuple((v.get("domain") or (0, 1))) for k, v in lay.items()
+                       if k.startswith("yaxis") and isinstance(v, dict)}))
+
+
+def _legend_beside(spec: dict) -> dict:
+    """A figure whose legend sits under its plots, with the legend beside the first plot's
+    top instead (plotly makes room for it on the right)."""
+    lay = dict(spec.get("layout") or {})
+    legend = dict(lay.get("legend") or {})
+    if legend.get("yref") != "container" or float(legend.get("y", 1)) > 0.5:
+        return spec
+    legend.update(orientation="v", yref="paper", y=1, yanchor="top", x=1.02, xanchor="left")
+    lay["legend"] = legend
+    margin = dict(lay.get("margin") or {})
+    if isinstance(margin.get("b"), (int, float)) and isinstance(lay.get("height"), (int, float)):
+        freed = max(0, int(margin["b"]) - 110)  # the legend's rows below the axis titles
+        margin["b"] = int(margin["b"]) - freed
+        lay["height"] = int(lay["height"]) - freed
+    lay["margin"] = margin
+    return {**spec, "layout": lay}
