@@ -10,7 +10,7 @@ log, and the "why" numbers from kvviz.core.reference's plain-loop TOVA.
 import json
 import re
 
-from apphelp import REPO, app, ok
+from apphelp import REPO, app, ok, arr
 
 from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
 from kvviz.app.teach.classroom import Registry, new_token
@@ -78,7 +78,8 @@ def expected_question(ev, after):
 
 
 def assert_gives_nothing_away(at, answer: set, allowed: set):
-    """No chart of scores, no text about evictions naming the answer, held slots all alike."""
+    """No text about evictions naming the answer; the evidence (the policy's scores, the
+    attention rows) with nothing marked: no victim, no defended slot, no guesses."""
     for t in texts(at):
         assert "victim" not in t.lower() and "evicted at step" not in t, t
         for sentence in re.split(r"(?<=[.?!])\s", t):
@@ -86,15 +87,26 @@ def assert_gives_nothing_away(at, answer: set, allowed: set):
                 nums = {int(n) for n in re.findall(r"\d+", sentence)}
                 assert not (nums & answer) or (nums & answer) <= allowed, sentence
     for title, fig in charts(at).items():
-        assert "score" not in json.dumps(fig).lower(), title
-        if "holds" in title:  # the held slots: one equal bar each
+        names = " ".join(str(tr.get("name", "")) for tr in fig["data"]).lower()
+        assert "victim" not in names and "defended" not in names and "guesses" not in names, \
+            title
+        if "holds" in title and "sees" not in title:  # the held slots: one equal bar each
             assert set(fig["data"][0]["y"]) == {1}
-        else:  # the guesses so far: nothing marked
-            assert "guesses" in title and set(fig["data"][0]["marker"]["color"]) <= {GUESS_COLOUR}
+        elif "guesses" in title:  # the guesses so far: nothing marked
+            assert set(fig["data"][0]["marker"]["color"]) <= {GUESS_COLOUR}
             assert "answer" not in fig["data"][0]["text"]
+        else:
+            assert "sees at step" in title or "Attention rows" in title, title
     assert not [b for b in at.button if b.key in ("nav.prev", "nav.next")]  # locked
     assert not at.get("segmented_control") or all(
         s.key != "w.view" for s in at.get("segmented_control"))
+
+
+def evidence(at) -> dict:
+    """The evidence chart's bars: {position: the policy's score shown}."""
+    (fig,) = [f for t, f in charts(at).items() if "sees at step" in t]
+    bar = fig["data"][0]
+    return dict(zip(map(int, arr(bar["x"])), map(float, arr(bar["y"])))), fig
 
 
 def ref_tova_at(trace, budget, step):
@@ -120,12 +132,21 @@ def test_ask_vote_reveal_close_with_three_students(apptest):
 
     s1, s2, s3 = student(c.code), student(c.code), student(c.code, view="loop")
     allowed = {s, ASKED_AT, len(held), len(answer)}  # steps and counts, not positions
+    ref = ref_tova_at(load_trace(TOY), 4, s)  # what TOVA reads at s, from the plain loop
+    weights = {int(p): ref.state[i] for i, p in enumerate(ref.keep)
+               if ref.state[i] is not None and ref.state[i] > 0}  # (log axis: positives)
     for page in (lect, s1, s2, s3):
         assert any("Which position will A (tova) evict next?" in t for t in texts(page))
         assert_gives_nothing_away(page, answer, allowed)
+        shown, _ = evidence(page)  # every held slot, with the weight TOVA ranks it by
+        assert set(shown) == held and all(
+            abs(shown[p] - weights[p]) < 1e-6 for p in weights) and len(weights) >= len(held) - 1, \
+            (shown, weights)
+    box = s1.number_input(key="predict.guess")
+    assert f"({min(held)}–{max(held)})" in box.placeholder and box.max is None
 
     right = min(answer)
-    wrong = max(held - answer)
+    wrong = max({int(p) for i, p in enumerate(ref.keep) if ref.is_candidate(i)} - answer)
     not_held = min(set(range(s + 1)) - held)
     s1.number_input(key="predict.guess").set_value(right).run()
     s1.button(key="predict.vote").click().run()
@@ -179,12 +200,25 @@ def test_ask_vote_reveal_close_with_three_students(apptest):
 
     s3.button(key="predict.vote").click().run()  # its page was drawn before the reveal
     assert "revealed: votes are closed" in errors(s3)
-    for stu, verdict in ((s1, f"You guessed position {right}: right."),
-                         (s2, f"You guessed position {wrong}: not the answer.")):
+    order = [p for _, p in cand]  # TOVA's candidates, lowest weight first (the reference)
+    for stu, guess, verdict, fate in ((s1, right, "right.", "so it was evicted."),
+                                      (s2, wrong, "not the answer.", "so it stayed.")):
         stu.run()
         ok(stu)
-        assert verdict in texts(stu) and any(t == why for t in texts(stu))
+        assert f"You guessed position {guess}: {verdict}" in texts(stu)
+        assert any(t == why for t in texts(stu))
         assert votes_chart(stu)[1:] == votes_chart(lect)[1:]
+        (reasons,) = [t for t in texts(stu) if t.startswith("**Why each guess")]
+        (mine,) = [ln for ln in reasons.split("\n") if ln.startswith("- **You:**")]
+        m = re.search(rf"Position {guess} \(“[^”]*”\): A \(tova\) ranks it (\d+) of (\d+) "
+                      r"candidates .* evicts 1 slot at this step", mine)
+        assert m and (int(m[1]), int(m[2])) == (order.index(guess) + 1, len(order)), mine
+        assert fate in mine and "the first 1" not in reasons
+        shown, fig = evidence(stu)  # the answer and the class's guesses marked on it
+        marked = {tr["name"]: tr for tr in fig["data"]}
+        assert set(map(int, arr(marked["victim of A this step"]["x"]))) == answer
+        assert dict(zip(map(int, arr(marked["the class's guesses"]["x"])),
+                        marked["the class's guesses"]["text"])) == {right: "1 vote", wrong: "1 vote"}
 
     lect.button(key="predict.close").click().run()
     ok(lect)

@@ -409,3 +409,43 @@ def evictions_text(who: str, panel: dict) -> str:
     ds = [decision(who, panel, v) for v in victims]
     n = number_format([d.score for d in ds])
     return " ".join(f"Position {v}: " + _decision_words(d, v, n) for v, d in zip(victims, ds))
+
+
+# --- a class's guesses, after the reveal --------------------------------------------------
+def _slots(n: int) -> str:
+    return "1 slot" if n == 1 else f"{n} slots"
+
+
+def guess_text(panel: dict, position: int, tokens=None) -> str:
+    """Why a guessed position was, or was not, evicted at the question's step: one sentence
+    from `decision` facts (the policy's own scores and eviction log), with the position's
+    token; the number of victims said as a count of slots, never as a bare number."""
+    d = decision(panel["label"].split(":")[0], panel, int(position))
+    tok = ""
+    if tokens is not None and 0 <= int(position) < len(tokens):
+        tok = f" (“{visible_token(tokens[int(position)])}”)"
+    name = f"{d.who} ({d.label.split(': ', 1)[-1]})"
+    head = f"Position {int(position)}{tok}: "
+    if not d.held:
+        return head + f"{name} did not hold it at this step, so it could not be evicted."
+    if not d.candidate:
+        return (head + f"{name} held it but could not evict it (protected, or not yet "
+                       "observed), so it stayed.")
+    goes = "so it was evicted." if d.evicted else "so it stayed."
+    if d.score_label is None or d.rank is None:
+        return (head + f"{name} has no score to rank by; its own rule picked {_slots(d.victims)}"
+                       f" at this step, and this was{'' if d.evicted else ' not'} one of them, "
+                + goes)
+    n = number_format([d.score])
+    score = "no observed weight" if d.score is None else n(d.score)
+    text = (head + f"{name} ranks it {d.rank.rank} of {d.rank.of} candidates (first to go "
+                   f"first) on its {d.score_label}, {score}")
+    if d.rank.ties:
+        text += (f", tied with {_plural(len(d.rank.ties), 'other candidate')} "
+                 f"({_positions(d.rank.ties)}; {TIE_RULE})")
+    if d.order_matches:
+        text += (f"; it evicts {_slots(d.victims)} at this step, the "
+                 f"{'lowest-ranked one' if d.victims == 1 else f'{d.victims} lowest-ranked'}, ")
+    else:
+        text += f"; it evicts {_slots(d.victims)} at this step, "
+    return text + goes

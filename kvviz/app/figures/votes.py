@@ -6,10 +6,12 @@ once the round is revealed, so a projected page gives nothing away before the re
 """
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import A_COLOUR, B_COLOUR, DEFENDED_COLOUR, base_layout
+from kvviz.core.policies import rank_of
 
 GUESS_COLOUR = "#999999"
 ANSWER_COLOUR = DEFENDED_COLOUR
@@ -70,4 +72,61 @@ def held_figure(held, step: int, label: str, who: str = "a", tokens=None,
     fig.update_xaxes(title_text="position (a guess names one of these)",
                      range=[-0.5, max(held, default=0) + 0.5])
     fig.update_yaxes(visible=False, range=[0, 1.05])
+    return fig
+
+
+TOKEN_TICKS = 24  # more held slots than this: positions only under the bars
+
+
+def evidence_figure(panel: dict, step: int, tokens=None, answer=(), votes=None,
+                    height: int = 380) -> go.Figure:
+    """What the policy sees at the question's step, for every slot it holds: its own scores
+    (`panel["scores"]`, from the policy's `scores()`: the current-step weight for TOVA, the
+    window sums and pooled envelope for SnapKV, the accumulated attention for H2O), one bar
+    per held slot labelled with its position and token. Before the reveal nothing is marked;
+    after it `answer` (the evicted positions) is marked as the policy's victims and `votes`
+    ({position: how many guessed it}) above the bars."""
+    from kvviz.app.figures.scores import neighbourhood_figure
+
+    kept = np.asarray(panel["kept"])
+    shown = dict(panel, victims=np.asarray(sorted(int(p) for p in answer), np.int64))
+    centre = int(kept[len(kept) // 2]) if len(kept) else 0
+    fig = neighbourhood_figure([shown], step, centre, half_width=len(kept) + 1, height=height,
+                               tokens=tokens if len(kept) <= TOKEN_TICKS else None)
+    fig.update_layout(title_text=f"What {panel['label']} sees at step {step}: its own "
+                                 f"score of each of the {len(kept)} slots it holds")
+    votes = {int(p): int(n) for p, n in (votes or {}).items() if int(p) in set(kept.tolist())}
+    if votes:
+        sc = panel["scores"]
+        r = rank_of(panel["policy"])
+        keys = [k for k in ("sums", r.key if r is not None else None) if k and k in sc]
+        vals = np.concatenate([np.asarray(sc[k], float) for k in keys] or [np.ones(1)])
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        top = float(vals.max()) * 1.25 if len(vals) else 1.0
+        xs = sorted(votes)
+        fig.add_trace(go.Scatter(
+            x=xs, y=[top] * len(xs), mode="markers+text", name="the class's guesses",
+            marker=dict(symbol="triangle-down", size=14, color=GUESS_COLOUR,
+                        line=dict(color="black", width=1)),
+            text=[votes_word(votes[p]) for p in xs], textposition="top center",
+            hovertemplate="position %{x}: %{text}<extra></extra>", cliponaxis=False))
+    return fig
+
+
+def attention_rows_figure(rows, held, first_step: int, step: int, tokens=None,
+                          height: int = 300) -> go.Figure:
+    """The attention rows the policy has read up to `step` (one row per step from
+    `first_step`, the trace's own weights), over the positions it holds: the input every
+    score above is computed from. Pure: `rows` is a (steps, len(held)) array."""
+    held = [int(p) for p in held]
+    rows = np.asarray(rows, float)
+    labels = [f"{p} {visible_token(tokens[p])}" if tokens is not None and len(held) <= TOKEN_TICKS
+              else str(p) for p in held]
+    fig = go.Figure(go.Heatmap(
+        z=rows, x=labels, y=list(range(int(first_step), int(first_step) + len(rows))),
+        colorscale="Greys", zmin=0, colorbar=dict(title="weight", thickness=12),
+        hovertemplate="step %{y}, position %{x}: weight %{z:.4f}<extra></extra>"))
+    base_layout(fig, f"Attention rows up to step {step}, over the held positions", height=height)
+    fig.update_xaxes(title_text="held position", type="category")
+    fig.update_yaxes(title_text="step (row)", autorange="reversed")
     return fig

@@ -12,10 +12,12 @@ when a question opens, is revealed or closes; the lecturer's histogram redraws a
 """
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from kvviz.app import explain
-from kvviz.app.figures.votes import held_figure, votes_figure
+from kvviz.app.figures.votes import (attention_rows_figure, evidence_figure, held_figure,
+                                     votes_figure, votes_word)
 from kvviz.app.teach.classroom import Refused
 from kvviz.app.teach.question import asked_at
 from kvviz.app.ui import classroom
@@ -123,6 +125,9 @@ def locked(ctx: Ctx) -> int | None:
     page; None otherwise. The lecturer's question closes if its run left the page."""
     c, r, lead = _round()
     if r is None:
+        if c is not None and not lead and S.get(DRAWN, (0, False))[0]:  # this page drew a question: it closed
+            st.info("The lecturer closed the question: the page is back to the lesson.",
+                    icon=":material/quiz:")
         return None
     # (a tab that took the class back, at the class's page, finds the question: its own now)
     if lead and S.setdefault(ASKED, {}).setdefault(r.number, ctx.run(r.who)) != ctx.run(r.who):
@@ -172,8 +177,41 @@ def _held(code: str, number: int, held: frozenset, step: int, label: str, who: s
     return held_figure(sorted(held), step, label, who, tokens=_tokens)
 
 
+ROWS = 24  # attention rows shown up to the question's step (the newest; TOVA reads the last)
+
+
+def _panel(ctx: Ctx, r):
+    """The asked policy's own state at the question's step (kept slots, its scores, the
+    victims), from the page's replay; None when this page no longer draws that run (a
+    student exploring other settings)."""
+    if r.label != _label(ctx, r.who):
+        return None
+    try:
+        return ctx.panel(r.who, r.answer_step)
+    except (IndexError, ValueError):
+        return None
+
+
+def _evidence(ctx: Ctx, r, panel, revealed: bool) -> None:
+    """What the policy sees: its own score of every held slot (marked with the answer and
+    the class's guesses once revealed), then the attention rows up to the step."""
+    tokens = ctx.trace.tokens
+    chart(evidence_figure(panel, r.answer_step, tokens=tokens,
+                          answer=r.answer if revealed else (),
+                          votes=dict(r.tally()) if revealed else None),
+          key="predict.evidence", **CHART)
+    held = sorted(r.held)
+    first = max(0, int(r.answer_step) - ROWS + 1)
+    rows = [np.asarray(ctx.trace.row(i), float) for i in range(first, int(r.answer_step) + 1)]
+    rows = [np.pad(row, (0, max(0, held[-1] + 1 - len(row))))[held] for row in rows]
+    chart(attention_rows_figure(rows, held, first, r.answer_step, tokens=tokens),
+          key="predict.rows", **CHART)
+
+
 def question(ctx: Ctx) -> bool:
-    """The question panel in place of the view; False (nothing drawn) with no question up."""
+    """The question panel in place of the view; False (nothing drawn) with no question up.
+    Its controls come first (the lecturer's Reveal and the votes so far, a student's guess),
+    then the evidence: the policy's own scores of the held slots and the attention rows."""
     c, r, lead = _round()  # a student's page polls the round with follow's timer (ui/follow.py)
     if marker(r)[0] != S.get(DRAWN, (0, False))[0]:  # a new question: an empty guess box
         S.pop(GUESS, None)
@@ -182,41 +220,53 @@ def question(ctx: Ctx) -> bool:
     if r is None:
         return False
     st.markdown(f"#### Which position will {_who(r)} evict next?")
-    chart(_held(c.code, r.number, r.held, r.answer_step, r.label, r.who,
-                (ctx.key, ctx.layer, ctx.version), ctx.trace.tokens),
-          key="predict.held", **CHART)
+    panel = _panel(ctx, r)
     if not r.revealed:
-        st.caption(f"Step {r.answer_step}, before {r.who.upper()} evicts: each bar is a position "
-                   f"it holds ({len(r.held)} in all). Guess the one it evicts"
-                   + (f" (it evicts {len(r.answer)} here)." if len(r.answer) > 1 else "."))
+        st.caption(f"Step {r.answer_step}, before {r.who.upper()} evicts: it holds "
+                   f"{len(r.held)} positions. Guess the one it evicts"
+                   + (f" (it evicts {len(r.answer)} here)" if len(r.answer) > 1 else "")
+                   + ", from its own scores below and the rule in their title.")
         if lead:
-            with timer_place():  # (why: kvviz.app.ui.session.timer_place)
-                _live(c.code)
             st.button("Reveal the answer", key="predict.reveal", on_click=_reveal, args=(ctx,),
                       shortcut="V", type="primary", icon=":material/visibility:",
                       help="Show the answer, why, and the class's guesses (key V).")
+            with timer_place():  # (why: kvviz.app.ui.session.timer_place)
+                _live(c.code)
         else:
             _guess(c, r, ctx)
+        if panel is not None:
+            _evidence(ctx, r, panel, revealed=False)
+        else:
+            chart(_held(c.code, r.number, r.held, r.answer_step, r.label, r.who,
+                        (ctx.key, ctx.layer, ctx.version), ctx.trace.tokens),
+                  key="predict.held", **CHART)
         return True
     answer = sorted(r.answer)
     st.markdown(f"**Answer:** {_who(r)} evicts "
                 f"{'position' if len(answer) == 1 else 'positions'} "
                 f"**{', '.join(map(str, answer))}** at step {r.answer_step}.")
-    if r.why:
-        st.info(r.why, icon=":material/lightbulb:")
-    chart(votes_figure(r), key="predict.votes", **CHART)
     n = len(r.votes)
-    st.markdown(f"**{r.right} of {n}** guessed right ({r.share_right:.0%})." if n else
-                "Nobody voted on this question.")
+    mine = None if lead else r.votes.get(classroom.token())
     if lead:
         st.button("Close the question", key="predict.close", on_click=_close,
                   icon=":material/close:", help="Back to the views; the class's pages follow.")
     else:
-        mine = r.votes.get(classroom.token())
         st.markdown("You did not vote on this question." if mine is None else
                     f"You guessed position {mine}: "
                     + ("right." if mine in r.answer else "not the answer."))
         _refusal()
+    if panel is not None and r.votes:  # one sentence per position guessed, from the facts
+        lines = [("**You:** " if p == mine else "") + explain.guess_text(panel, p, ctx.trace.tokens)
+                 + f" ({votes_word(k)})" for p, k in sorted(r.tally().items())]
+        st.markdown("**Why each guess was or was not evicted:**\n\n"
+                    + "\n".join(f"- {line}" for line in lines))
+    st.markdown(f"**{r.right} of {n}** guessed right ({r.share_right:.0%})." if n else
+                "Nobody voted on this question.")
+    if panel is not None:
+        _evidence(ctx, r, panel, revealed=True)
+    if r.why:
+        st.info(r.why, icon=":material/lightbulb:")
+    chart(votes_figure(r), key="predict.votes", **CHART)
     return True
 
 
@@ -227,12 +277,15 @@ def _refusal() -> None:
 
 
 def _guess(c, r, ctx: Ctx) -> None:
+    """The guess: a held slot's pill, or a number (any number: a position not held is
+    refused once, in the class's own words, when voting)."""
     held = sorted(r.held)
-    top = max(ctx.trace.steps - 1, held[-1])
-    st.number_input("your guess: the position it evicts", min_value=0, max_value=top, step=1,
-                    value=None, key=GUESS, placeholder=f"a position, 0–{top}")
+    span = f"{held[0]}–{held[-1]}" if len(held) > 1 else str(held[0])
     if len(held) <= MAX_PILLS:
-        st.pills("or pick a held slot", held, key=PICK, on_change=_pick)
+        st.pills(f"pick one of the {len(held)} held positions", held, key=PICK, on_change=_pick)
+    st.number_input("your guess: the position it evicts", step=1, value=None, key=GUESS,
+                    placeholder=f"a held position ({span})",
+                    help=f"One of the {len(held)} positions {r.who.upper()} holds: {span}.")
     st.button("Vote", key="predict.vote", on_click=_vote, args=(r.number,), type="primary",
               icon=":material/how_to_vote:")
     mine = r.votes.get(classroom.token())
