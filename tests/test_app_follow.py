@@ -117,6 +117,9 @@ def test_a_follower_explores_then_goes_back(traces, apptest):
     stu.button(key="nav.prev").click().run()  # the student moves on their own
     ok(stu)
     assert step(stu) == 76 and "exploring on your own" in banner(stu)
+    # the sidebar agrees with the banner: the student's own controls, no "Explore on my own"
+    assert "The lecturer's settings" not in text(stu.sidebar)
+    assert not [b for b in stu.button if b.key == "class.explore"] and stu.sidebar.selectbox
     lect.button(key="nav.next").click().run()
     lect.segmented_control(key="w.view").set_value("divergence").run()
     stu.run()
@@ -167,7 +170,8 @@ def test_presentation_mode_is_each_screens_own(traces, apptest):
     lect = app(trace="file:small.npz")
     code = open_class(lect)  # opened before presenting: presentation mode has no sidebar
     lect.button(key="nav.present").click().run()
-    assert f"Class **{code}**" in text(lect, "caption")  # the code stays on the projector
+    assert f"Class **{code}**" in text(lect)  # the code stays on the projector, counted
+    assert f"?follow={code}` · **0** students" in text(lect)
     assert "present" not in REGISTRY.get(code).snapshot()[1]
     assert qp(lect)["present"] == "1"
     stu = app(follow=code)

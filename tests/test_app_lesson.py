@@ -137,15 +137,26 @@ def test_the_loop_scenes_note_matches_the_results_json_and_the_view(apptest):
     assert any(f"perplexity {m.group(1)} against {m.group(2)}" in c.value for c in at.caption)
 
 
+def popovers(at) -> list[str]:
+    """The labels of every popover on the page (AppTest has no accessor for them)."""
+    out, todo = [], [at._tree]
+    while todo:
+        node = todo.pop()
+        if getattr(node, "type", None) == "popover":
+            out.append(node.proto.popover.label)
+        todo.extend(getattr(node, "children", {}).values())
+    return out
+
+
 def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode(apptest):
     from kvviz.app.ui.classroom import REGISTRY
 
     at = app(lesson="tova-vs-snapkv", scene=2)
-    assert at.expander and at.expander[0].label == "Speaker note"
-    assert at.expander[0].proto.expanded
+    (side,) = [e for e in at.sidebar.expander if e.label == "Speaker note"]  # beside the chart
+    assert side.proto.expanded and not [e for e in at.main.expander if e.label == "Speaker note"]
     shown = app(lesson="tova-vs-snapkv", scene=2, present=1)
-    notes = [e for e in shown.expander if e.label == "Speaker note"]
-    assert notes and not notes[0].proto.expanded
+    assert not shown.expander and "Speaker note" in popovers(shown)  # opened on demand
+    assert [m for m in shown.markdown if m.value.startswith("Say:")]
     c = REGISTRY.open("lecturer-token-for-the-test")
     from apphelp import APP
     from streamlit.testing.v1 import AppTest
@@ -159,6 +170,32 @@ def test_the_note_is_the_lecturers_and_collapsed_in_presentation_mode(apptest):
     assert "Scene 2 of" in bar(student)
     assert not [e for e in student.expander if e.label == "Speaker note"]
     assert not [m for m in student.markdown if m.value.startswith("Say:")]
+    # a student moves no scenes: no buttons (and so no keys: a key is a button's shortcut)
+    assert not {"lesson.prev", "lesson.next"} & {b.key for b in student.button}
+    student.button(key="class.leave").click().run()  # stops following: still a student's page
+    ok(student)
+    assert not student.session_state["class.follows"]
+    assert not [m for m in student.markdown if m.value.startswith("Say:")]
+    assert not {"lesson.prev", "lesson.next"} & {b.key for b in student.button}
+
+
+def test_the_note_says_nothing_while_a_question_is_up(apptest):
+    from kvviz.app.ui.classroom import LEADS, REGISTRY, TOKEN
+
+    at = app(lesson="tova-vs-snapkv", scene=1)
+    tok = "lecturer-token-for-the-note"
+    c = REGISTRY.open(tok)
+    at.session_state[TOKEN], at.session_state[LEADS] = tok, c.code
+    at.run()
+    (side,) = [e for e in at.sidebar.expander if e.label == "Speaker note"]
+    assert side.proto.expanded and any("Reveal:" in m.value for m in at.markdown)
+    at.button(key="predict.ask.a").click().run()
+    ok(at)
+    assert c.round is not None
+    (side,) = [e for e in at.sidebar.expander if e.label == "Speaker note"]
+    assert not side.proto.expanded
+    assert not [m for m in at.markdown if "Reveal:" in m.value or m.value.startswith("Say:")]
+    assert any("Hidden while the class's question is up" in t.value for t in at.caption)
 
 
 def test_the_picker_opens_scene_1_and_no_lesson_leaves_the_state(tmp_path, apptest):

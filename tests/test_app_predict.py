@@ -290,3 +290,23 @@ def test_a_tab_that_takes_the_class_back_keeps_its_question(apptest):
     assert c.round.revealed and len(c.round.votes) == 1
     stu.run()
     assert "right" in " ".join(texts(stu))
+
+
+def test_a_student_who_stops_following_during_a_question_sees_no_answer(apptest):
+    lect, c = lecturer(step=ASKED_AT)
+    lect.button(key="predict.ask.a").click().run()
+    r = c.round
+    stu = student(c.code)
+    assert any("Which position will A (tova) evict next?" in t for t in texts(stu))
+    stu.button(key="class.leave").click().run()
+    ok(stu)
+    # out of the class: the page is back one step, before the eviction asked about, and
+    # neither its status line nor a note names what A evicts at the question's step
+    ev = run_policy(load_trace(TOY), "tova", 4).evicted_at
+    before = r.answer_step - 1
+    assert stu.session_state["kv"]["step"] == before
+    status = " ".join(texts(stu))
+    assert f"evicted at step {before}:" in status
+    assert f"evicted at step {r.answer_step}:" not in status
+    assert not [t for t in texts(stu) if t.startswith("Say:") or "Reveal:" in t]
+    assert {int(p) for p in range(len(ev)) if ev[p] == r.answer_step} == set(r.answer)

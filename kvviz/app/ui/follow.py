@@ -189,6 +189,7 @@ def sync(where):
         _forget()
         return slot
     c.here(me)  # counted on the lecturer's panel
+    S[classroom.WAS_STUDENT] = True  # (kvviz.app.ui.lesson.student: never a speaker note)
     if not S.get(OWN):
         version, state = c.snapshot()
         if version != S.get(APPLIED):
