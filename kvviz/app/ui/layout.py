@@ -62,7 +62,7 @@ HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stR
 # class, the step navigation, the ask buttons and the way back, wrapping at 125 % zoom; the
 # header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
 # the jumps) still work: a hidden button keeps its shortcut.
-TOP = "13.5rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
+TOP = "17rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
 FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
 FIT = "div:has(> .st-key-kv-fit)"
 

@@ -284,8 +284,7 @@ def _guess(c, r, ctx: Ctx) -> None:
     if len(held) <= MAX_PILLS:
         st.pills(f"pick one of the {len(held)} held positions", held, key=PICK, on_change=_pick)
     st.number_input("your guess: the position it evicts", step=1, value=None, key=GUESS,
-                    placeholder=f"a held position ({span})",
-                    help=f"One of the {len(held)} positions {r.who.upper()} holds: {span}.")
+                    placeholder=f"a held position ({span})")
     st.button("Vote", key="predict.vote", on_click=_vote, args=(r.number,), type="primary",
               icon=":material/how_to_vote:")
     mine = r.votes.get(classroom.token())
