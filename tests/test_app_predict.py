@@ -10,6 +10,8 @@ log, and the "why" numbers from kvviz.core.reference's plain-loop TOVA.
 import json
 import re
 
+import numpy as np
+
 from apphelp import REPO, app, ok, arr
 
 from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
@@ -142,6 +144,12 @@ def test_ask_vote_reveal_close_with_three_students(apptest):
         assert set(shown) == held and all(
             abs(shown[p] - weights[p]) < 1e-6 for p in weights) and len(weights) >= len(held) - 1, \
             (shown, weights)
+    # the attention rows the policy has read, up to the question's step, over the held slots
+    (rows,) = [f for t, f in charts(lect).items() if t.startswith("Attention rows")]
+    z, trace = arr(rows["data"][0]["z"]), load_trace(TOY)
+    ys = [int(y) for y in arr(rows["data"][0]["y"])]
+    assert ys[-1] == s and len(ys) == len(z)
+    assert np.allclose(z, [np.asarray(trace.row(i))[sorted(held)] for i in ys])
     box = s1.number_input(key="predict.guess")
     assert f"({min(held)}–{max(held)})" in box.placeholder and box.max is None
 

@@ -58,6 +58,11 @@ FIRST = """() => {
   return table ? {kind: 'table', top: table.getBoundingClientRect().top, legend: null,
                   h: innerHeight} : null;
 }"""
+# the lines each scene button's label takes (1: whole words on one line)
+BUTTON_LINES = """() => [...document.querySelectorAll('[class*="st-key-lesson-"] button p')]
+  .map(p => { const r = document.createRange(); r.selectNodeContents(p);
+              return [p.textContent, new Set([...r.getClientRects()]
+                                             .map(x => Math.round(x.top))).size]; })"""
 # what a student must never see: a speaker note, a scene button
 STUDENT = """() => ({
   note: document.body.innerText.includes('Speaker note')
@@ -124,6 +129,16 @@ def test_the_lesson_taught_to_three_students(chromium, server):
         side = lect.locator('[data-testid="stSidebar"]')
         side.get_by_text(re.compile(r"follow=[A-Z2-9]{6}")).wait_for(timeout=60_000)
         code = re.search(r"follow=([A-Z2-9]{6})", side.inner_text()).group(1)
+        settle(lect)
+        # the explorer with the note open (the sidebar, beside the chart): the chart is on the
+        # first screen; at 125 % zoom with the sidebar open the scene buttons keep whole words
+        explorer = {"1024": lect.evaluate(FIRST)}
+        lect.set_viewport_size({"width": 819, "height": 614})
+        settle(lect)
+        explorer["zoom125"] = lect.evaluate(FIRST)
+        explorer["scene_buttons"] = lect.evaluate(BUTTON_LINES)
+        explorer["note_open"] = lect.locator('[data-testid="stSidebar"]').inner_text()
+        lect.set_viewport_size({"width": 1024, "height": 768})
         settle(lect)
         key(lect, "p")  # presentation mode
         wait_text(lect, f"Scene 1/{total}")
@@ -205,12 +220,19 @@ def test_the_lesson_taught_to_three_students(chromium, server):
                 if (screen, n) in (("1024", 9), ("zoom125", 5)):
                     lect.screenshot(path=str(ART / f"lecture-present-{screen}.png"))
     (ART / "e2e-lecture.json").write_text(json.dumps(
-        {"fits": fits, "students": seen, "why": why, "pagedown": pagedown,
+        {"fits": fits, "explorer": explorer, "students": seen, "why": why, "pagedown": pagedown,
          "count_s": round(count_s, 2)}, indent=1, default=str))
     if os.environ.get("KVVIZ_SCREENSHOT") == "1":
         for art, doc in SHOTS.items():
             shutil.copy(ART / art, REPO / "docs" / doc)
     assert not errors, errors
+    for screen in ("1024", "zoom125"):
+        f = explorer[screen]
+        assert f is not None and f["top"] + 80 <= f["h"], (screen, explorer)
+    assert "Say:" in explorer["note_open"]  # the note open beside it
+    assert len(explorer["scene_buttons"]) == 2 and all(
+        lines == 1 for _, lines in explorer["scene_buttons"]), explorer["scene_buttons"]
+    assert pagedown["scrolled"] > 0, pagedown
     for where, f in fits.items():
         assert f is not None, where
         assert f["top"] + 80 <= f["h"], (where, f)  # the chart's title and first rows

@@ -63,14 +63,15 @@ HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stR
 # header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
 # the jumps) still work: a hidden button keeps its shortcut.
 TOP = "17rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
+TOPS = {"loop": "13rem"}  # a view drawn without the status line (it has its own step)
 FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
 FIT = "div:has(> .st-key-kv-fit)"
 
 
-def fit_css(height: int) -> str:
+def fit_css(height: int, view: str = "") -> str:
     """The fitted chart's box: its figure's own height, or the window's less the top rows
-    when that is less (never under 16rem)."""
-    h = f"max(16rem,min({int(height)}px,calc(100vh - {TOP})))"
+    above `view` when that is less (never under 16rem)."""
+    h = f"max(16rem,min({int(height)}px,calc(100vh - {TOPS.get(view, TOP)})))"
     return f"{FIT}{{flex:0 0 {h}!important;height:{h}!important;max-height:none!important}}"
 
 

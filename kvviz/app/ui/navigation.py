@@ -167,12 +167,12 @@ def navigator(ctx: Ctx) -> int:
 def _room_navigator(ctx: Ctx, steps: int) -> int:
     """Presentation mode's step navigation, drawn into its compact row: previous, the step
     slider, next; the arrows' and the jumps' buttons hidden, their keys kept."""
-    st.button("", key="nav.prev", on_click=_shift, args=(-1, steps),
-              icon=":material/chevron_left:", shortcut="J", help="previous step (key J or ←)")
+    st.button("‹", key="nav.prev", on_click=_shift, args=(-1, steps), shortcut="J",
+              help="previous step (key J or ←)")
     step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
                      help="the decode step shown (state after that step's eviction)")
-    st.button("", key="nav.next", on_click=_shift, args=(1, steps),
-              icon=":material/chevron_right:", shortcut="K", help="next step (key K or →)")
+    st.button("›", key="nav.next", on_click=_shift, args=(1, steps), shortcut="K",
+              help="next step (key K or →)")
     arrows = st.container(key="nav-arrows")  # a button holds one key: the arrows' own pair
     arrows.button("previous step", key="nav.left", on_click=_shift, args=(-1, steps),
                   shortcut="Left")

@@ -88,17 +88,17 @@ def frame(view: str):
     if not active():
         yield
         return
-    fit_next()
+    fit_next(view)
     with st.container(key=f"room-{view}"):
         yield
     S.pop(FIT, None)
     keys_line()
 
 
-def fit_next() -> None:
+def fit_next(view: str = "") -> None:
     """The next chart drawn (in presentation mode) fills the window's height below the
-    page's top rows, whatever height its figure asked for (`chart`)."""
-    S[FIT] = True
+    page's top rows (above `view`), whatever height its figure asked for (`chart`)."""
+    S[FIT] = view or "-"
 
 
 class Quiet:
@@ -146,12 +146,12 @@ def chart(figure, **kw):
         return st.plotly_chart(figure, **kw)
     spec = for_room(figure)
     height = (spec.get("layout") or {}).get("height")
-    fit = S.pop(FIT, False)
+    fit = S.pop(FIT, "")
     if fit and _rows(spec) > 1:  # stacked plots squeezed are unreadable: their own height,
         spec = _legend_beside(spec)  # and the legend at the top right, on the first screen
     if not fit or not isinstance(height, (int, float)) or _rows(spec) > 1:
         return st.plotly_chart(Prebuilt(spec), **kw)
-    st.html(f"<style>{layout.fit_css(int(height))}</style>")
+    st.html(f"<style>{layout.fit_css(int(height), fit)}</style>")
     with st.container(key="kv-fit", height=layout.FIT_FALLBACK, border=False):
         return st.plotly_chart(Prebuilt(spec), **{**kw, "height": "stretch"})
 

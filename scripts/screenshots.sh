@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Regenerate the screenshots in docs/ from the browser tests that take them (Debian's
+# chromium and the playwright package, as for the tests themselves):
+#
+#   ./scripts/screenshots.sh            every docs/screenshot*.png
+#   ./scripts/screenshots.sh lecture    only the lecture's projector pages
+#
+# each test writes its pages to artifacts/ and, with KVVIZ_SCREENSHOT=1, copies them to docs/:
+#   tests/test_e2e.py            docs/screenshot.png, -zoom.png, -scores.png, -tokens.png
+#   tests/test_e2e_projector.py  docs/screenshot-1024.png, -zoom125.png (the explorer)
+#   tests/test_e2e_present.py    docs/screenshot-present-1024.png, -present-150.png
+#   tests/test_e2e_lecture.py    docs/screenshot-lecture-1024.png, -lecture-zoom125.png,
+#                                -lecture-question.png, -lecture-reveal-student.png
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+case "${1:-all}" in
+  lecture) TESTS=(tests/test_e2e_lecture.py) ;;
+  all) TESTS=(tests/test_e2e.py tests/test_e2e_projector.py tests/test_e2e_present.py
+              tests/test_e2e_lecture.py) ;;
+  *) echo "usage: $0 [all|lecture]" >&2; exit 2 ;;
+esac
+KVVIZ_SCREENSHOT=1 KVVIZ_REQUIRE_E2E=1 OMP_NUM_THREADS=1 "$PY" -m pytest -q "${TESTS[@]}"
