@@ -164,18 +164,33 @@ def _rows(spec: dict) -> int:
 
 
 def _legend_beside(spec: dict) -> dict:
-    """A figure whose legend sits under its plots, with the legend beside the first plot's
-    top instead (plotly makes room for it on the right)."""
+    """A figure whose legend sits under its plots, with the legend at its top instead, in
+    rows under the title (the top margin grows by them), so it is on the first screen."""
     lay = dict(spec.get("layout") or {})
     legend = dict(lay.get("legend") or {})
     if legend.get("yref") != "container" or float(legend.get("y", 1)) > 0.5:
         return spec
-    legend.update(orientation="v", yref="paper", y=1, yanchor="top", x=1.02, xanchor="left")
-    lay["legend"] = legend
     margin = dict(lay.get("margin") or {})
-    if isinstance(margin.get("b"), (int, float)) and isinstance(lay.get("height"), (int, float)):
-        freed = max(0, int(margin["b"]) - 110)  # the legend's rows below the axis titles
-        margin["b"] = int(margin["b"]) - freed
-        lay["height"] = int(lay["height"]) - freed
-    lay["margin"] = margin
+    height = lay.get("height")
+    if not isinstance(height, (int, float)) or not isinstance(margin.get("t"), (int, float)):
+        return spec
+    names = {tr.get("name") for tr in spec.get("data") or () if tr.get("showlegend", True)
+             and tr.get("name")}
+    rows = -(-max(1, len(names)) // 3)  # three entries a row on the narrowest room chart
+    size = float((legend.get("font") or {}).get("size") or 20)
+    legend_px = round(rows * size * 1.6) + 8
+    title = dict(lay.get("title") or {})
+    tsize = float((title.get("font") or {}).get("size") or 23)
+    title_px = round((str(title.get("text", "")).count("<br>") + 1) * tsize * 1.25) + 30
+    # the title pinned to the top, the legend under it, then the old margin's room for the
+    # first plot's own title: the top margin grows by the legend's rows
+    top = max(int(margin["t"]), title_px + 36) + legend_px
+    total = int(height) + top - int(margin["t"])
+    title.update(yref="container", y=1 - 26 / total, yanchor="top")
+    legend.update(orientation="h", yref="container", y=1 - title_px / total,
+                  yanchor="top", x=0, xanchor="left")
+    freed = max(0, int(margin.get("b", 0)) - 110)  # the legend's rows below the axis titles
+    margin["t"] = top
+    margin["b"] = int(margin.get("b", 0)) - freed
+    lay.update(title=title, legend=legend, margin=margin, height=total - freed)
     return {**spec, "layout": lay}
