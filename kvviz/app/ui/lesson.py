@@ -171,22 +171,21 @@ def _bar(name: str, row=None) -> None:
             if n:
                 _speaker_note(les, n, row, room=True)
         return
-    with st.container(border=True, key="lesson-bar"):
-        line = st.container(horizontal=True, wrap=True, vertical_alignment="center",
-                            gap="small")
-        head = f"**{les.title}** ({les.minutes:g} min)"
-        if n:
-            head += f" · **Scene {n} of {total}: {s.title}** · {s.minutes:g} min"
-        line.markdown(head, width="content")
-        if pupil:  # a student's page: the lecturer moves the scenes
-            return
-        line.button("previous scene", key="lesson.prev", on_click=go, args=(name, n - 1),
-                    disabled=n <= 1, icon=":material/skip_previous:", width="content",
-                    help=f"previous scene (key {PREV_KEY})", shortcut=PREV_KEY)
-        line.button("next scene", key="lesson.next", on_click=go, args=(name, n + 1),
-                    disabled=n >= total, icon=":material/skip_next:", width="content",
-                    help=f"next scene (key {NEXT_KEY})", shortcut=NEXT_KEY)
-        if n:
-            line.markdown(f"link `{L.link(name, n)}`", width="content")
-    if n:  # beside the chart, not above it
+    # one wrapping line, no frame: the chart stays on the first screen at 1024x768
+    line = st.container(horizontal=True, wrap=True, vertical_alignment="center", gap="small",
+                        key="lesson-bar")
+    head = f"**{les.title}** ({les.minutes:g} min)"
+    if n:
+        head += f" · **Scene {n} of {total}: {s.title}** · {s.minutes:g} min"
+    line.markdown(head, width="content")
+    if pupil:  # a student's page: the lecturer moves the scenes
+        return
+    line.button("previous scene", key="lesson.prev", on_click=go, args=(name, n - 1),
+                disabled=n <= 1, width="content", help=f"previous scene (key {PREV_KEY})",
+                shortcut=PREV_KEY)
+    line.button("next scene", key="lesson.next", on_click=go, args=(name, n + 1),
+                disabled=n >= total, width="content", help=f"next scene (key {NEXT_KEY})",
+                shortcut=NEXT_KEY)
+    if n:  # beside the chart, not above it, with the scene's short link
+        st.sidebar.markdown(f"link `{L.link(name, n)}`")
         _speaker_note(les, n, st.sidebar, room=False)
