@@ -4,8 +4,10 @@ student guesses from their own page, the lecturer reveals the answer, why, and t
 The question, its votes and the reveal live in the class (kvviz.app.teach.classroom.Round); this
 module only draws them. While a question is open, asked and until the lecturer closes it,
 every page in the class shows the question panel instead of the selected view and draws no
-step navigation and no status line: the held slots before the eviction, with no victim,
-score or marker (TOVA's lowest score is the answer). The lecturer's page is checked each run:
+step navigation and no status line: what the policy sees before the eviction (its own score
+of every held slot, the attention rows up to the step), with no victim or marker; after the
+reveal the answer and the class's guesses are marked on it and each guessed position gets
+one sentence from the facts (kvviz.app.explain.guess_text). The lecturer's page is checked each run:
 if its settings are no longer the ones the question was asked of, the question is closed
 and the page says so. Pages poll their class (a timer fragment): a student's page reruns
 when a question opens, is revealed or closes; the lecturer's histogram redraws as votes come.
