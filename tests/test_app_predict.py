@@ -149,8 +149,9 @@ def test_ask_vote_reveal_close_with_three_students(apptest):
     z, trace = arr(rows["data"][0]["z"]), load_trace(TOY)
     ys = [int(y) for y in arr(rows["data"][0]["y"])]
     assert ys[-1] == s and len(ys) == len(z)
-    assert np.allclose(z, [[trace.row(i)[p] if p <= i else 0.0 for p in sorted(held)]
-                           for i in ys])  # (a position not yet generated: no weight)
+    # (row i is query i's attention over positions 0..i-1: a later position has no weight)
+    assert np.allclose(z, [[trace.row(i)[p] if p < i else 0.0 for p in sorted(held)]
+                           for i in ys])
     box = s1.number_input(key="predict.guess")
     assert f"({min(held)}–{max(held)})" in box.placeholder and box.max is None
 
