@@ -161,12 +161,12 @@ def _bar(name: str, row=None) -> None:
         s = les.scene(n)
     if row is not None:  # presentation mode: a few items of the one compact row
         if not pupil:
-            row.button("⏮", key="lesson.prev", on_click=go, args=(name, n - 1),
+            row.button("«", key="lesson.prev", on_click=go, args=(name, n - 1),
                        disabled=n <= 1, shortcut=PREV_KEY, help=f"previous scene (key {PREV_KEY})")
         row.markdown(f"**Scene {n}/{total}**: {s.title}" if n else f"**{les.title}**",
                      width="content")
         if not pupil:
-            row.button("⏭", key="lesson.next", on_click=go, args=(name, n + 1),
+            row.button("»", key="lesson.next", on_click=go, args=(name, n + 1),
                        disabled=n >= total, shortcut=NEXT_KEY, help=f"next scene (key {NEXT_KEY})")
             if n:
                 _speaker_note(les, n, row, room=True)
