@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+from modelhelp import eager_attentions
 
 from kvviz.core import harness, plugins
 from kvviz.core.policies.base import Policy, Rank
@@ -90,16 +91,7 @@ def test_kvviz_check_drives_it_on_synthetic_heads():
 
 def eager_rows(mdl, ids):
     """Per layer, the model's own eager attention of batch row 0: (L, Hq, T, T)."""
-    import torch
-
-    previous = mdl.config._attn_implementation
-    mdl.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            att = mdl(torch.tensor([ids]), output_attentions=True).attentions
-    finally:
-        mdl.set_attn_implementation(previous)
-    return np.stack([a[0].float().numpy() for a in att])
+    return np.stack([a[0].float().numpy() for a in eager_attentions(mdl, ids)])
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])

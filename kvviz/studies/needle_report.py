@@ -417,7 +417,8 @@ def answers(df: pd.DataFrame, out: Path) -> str:
         h2o = ev[ev.name == "h2o"]
         lines.append(f"1. **TOVA against H2O and Scissorhands.** Over {len(piv)} paired runs, TOVA is wrong "
                      f"where both are right in {card} and right where both are wrong in {rev}. H2O answers "
-                     f"{acc_ci(h2o.correct)} over all its runs at layer granularity, TOVA {acc_ci(ev[ev.name == 'tova'].correct)}. "
+                     f"{acc_ci(h2o.correct)} over all its runs at layer granularity, TOVA "
+                     f"{acc_ci(ev[ev.name == 'tova'].correct)}. "
                      "The pass key is read once and never returned to, so this does not test the TOVA "
                      "card's warning about a token that matters intermittently.")
     if {PK5, PK1} <= set(ev.name):

@@ -14,7 +14,7 @@ import streamlit as st
 from kvviz.app.figures.heads import eviction_grid, heads_figure, needle_heads_figure, position_figure
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.present import chart
-from kvviz.app.ui.session import PLAIN_KEYS, from_link, note, widget
+from kvviz.app.ui.session import fits, from_link, note, widget
 
 TRACE = "code-kv.npz"
 
@@ -75,10 +75,10 @@ def controls(side):
     side.header("Heads")
     allocators, scorers = sorted(ALLOCATORS), list(POLICIES)
     allocator = widget(side.selectbox, "heads_alloc", "allocator", allocators,
-                       fit=_fits(allocators, "heads_alloc", "adakv", "allocator"),
+                       fit=fits(allocators, "heads_alloc", "adakv", "allocator"),
                        help="shares each layer's budget across its KV heads")
     scorer = widget(side.selectbox, "heads_scorer", "scorer", scorers,
-                    fit=_fits(scorers, "heads_scorer", "tova" if "tova" in scorers else scorers[0],
+                    fit=fits(scorers, "heads_scorer", "tova" if "tova" in scorers else scorers[0],
                               "policy"),
                     help="the per-stream policy whose scores choose the victims")
     budget = widget(side.number_input, "heads_budget", "budget (mean slots per head)",
@@ -101,19 +101,6 @@ def _budget_fit(v) -> int:
     if b and from_link("heads.budget"):
         note(f"heads.budget={v} is outside 8–{BUDGET_MAX}; using 64")
     return 64
-
-
-def _fits(options: list, field: str, default, what: str):
-    """A `widget` fit: a value not among `options` becomes `default` (said when a link
-    asked for it)."""
-    def fit(v):
-        if v in options:
-            return v
-        link = PLAIN_KEYS[field]
-        if v not in ("", 0, None) and from_link(link):
-            note(f"{link}={v}: no such {what} here; showing {default}")
-        return default
-    return fit
 
 
 def position_section(runs, alone, layers, allocator: str, scorer: str):
