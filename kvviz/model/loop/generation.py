@@ -128,7 +128,7 @@ class Generation:
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "granularity": self.granularity,
-                "prompt_mode": self.prompt_mode, "configs": [c.to_dict() for c in self.configs],
+                "prompt_mode": self.prompt_mode, "configs": [c.record() for c in self.configs],
                 "prompt_ids": self.prompt_ids.tolist(), "prompt_len": self.prompt_len, "tokens": list(self.tokens),
                 "new_ids": self.new_ids.tolist(),
                 "logprobs": [[None if np.isnan(x) else float(x) for x in row] for row in self.logprobs],
@@ -146,7 +146,7 @@ class Generation:
     def from_dict(cls, d: dict) -> "Generation":
         if d.get("format") != FORMAT:
             raise ValueError(f"not a kvviz generation file (format {d.get('format')!r})")
-        configs = [LoopConfig(c["policy"], c["params"], c["budget"]) for c in d["configs"]]
+        configs = [LoopConfig.from_record(c) for c in d["configs"]]  # without the policies' code
         C = len(configs)
         new_ids = np.asarray(d["new_ids"], np.int64).reshape(C, -1)
         logprobs = np.array([[np.nan if x is None else x for x in row] for row in d["logprobs"]],

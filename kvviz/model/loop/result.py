@@ -128,10 +128,8 @@ class LoopResult:
         if self.rows is not None and layer in self.rows_layers and self.rows_tokens > 1:
             n = self.rows_tokens
             retained[:n] = held_shares(self.trace(c, layer, head), ev[:n])
-        policy = cfg.make() if not cfg.is_full else None
         return Run(policy=cfg.policy, params=cfg.full_params(), budget=cfg.budget or steps, steps=steps,
-                   evicted_at=ev, retained=retained,
-                   bytes_per_slot=policy.bytes_per_slot if policy else 0,
+                   evicted_at=ev, retained=retained, bytes_per_slot=cfg.bytes_per_slot,
                    trace_name=self.meta.get("name", ""),
                    meta={"granularity": self.granularity, "layer": layer, "head": self.heads[h]})
 
@@ -145,7 +143,7 @@ class LoopResult:
         sel = [list(self.layers).index(x) for x in keep]
         T = len(self.tokens)
         meta = dict(self.meta, format=FORMAT, version=VERSION, granularity=self.granularity,
-                    configs=[c.to_dict() for c in self.configs], tokens=self.tokens, layers=keep,
+                    configs=[c.record() for c in self.configs], tokens=self.tokens, layers=keep,
                     rows_layers=list(self.rows_layers), rows_tokens=int(self.rows_tokens))
         arrays = {
             "meta": np.array(json.dumps(meta)),
@@ -174,7 +172,7 @@ def load_loop_result(path, max_bytes: int = MAX_BYTES) -> LoopResult:
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise ValueError(f"{path.name} is not a kvviz loop result version {VERSION}")
         data = {k: z[k] for k in z.files if k != "meta"}
-    configs = [LoopConfig(d["policy"], d["params"], d["budget"]) for d in meta.pop("configs")]
+    configs = [LoopConfig.from_record(d) for d in meta.pop("configs")]  # without the policies' code
     tokens = meta.pop("tokens")
     C, T = len(configs), len(tokens)
     for key in ("nll", "p_true", "kl_tokens", "top1"):

@@ -7,7 +7,8 @@ DIR/runs/<id>.npz, one per prompt, id `L<length>-d<depth>-s<seed>-<prompt_mode>-
   - `meta`: 0-d str, JSON: id, length, depth, seed, prompt_mode, granularity, key (digits),
     key_positions (prompt token indices of the key's digits, both mentions), question_start
     (index of the question's first token), prompt_len (T0), max_new_tokens, haystack,
-    model (provenance dict), kvviz_version, configs [{policy, params, budget, label}] with
+    model (provenance dict), kvviz_version, configs [{policy, params, budget, source, bytes_per_slot, label}]
+    (LoopConfig.record: source is where the policy came from, {origin, where, sha256}) with
     index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G.
   - `prompt_ids` int64 (T0,); `tokens` str (T0,) display strings of the prompt's tokens.
   - `new_ids` int64 (C, N): generated ids, -1 after a config stopped.
