@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson ...`
+"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson | export ...`
 (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     from kvviz.model.loop import cli as loop_cli
     from kvviz.model.loop import generate_cli
     from kvviz.model.needle import cli as needle_cli
+    from kvviz.studies import export
     from kvviz.studies.sweep import cli as sweep_cli
 
     tree = argparse.ArgumentParser(prog="kvviz")
@@ -72,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     capture.parser(sub)
     loop_cli.parser(sub, perf=_study("kvviz.studies.loop_perf"))
     generate_cli.parser(sub, perf=_study("kvviz.studies.generate_perf"))
-    for module in (needle_cli, launch, sweep_cli, check, lesson_cli):
+    for module in (needle_cli, launch, sweep_cli, check, lesson_cli, export):
         module.parser(sub)
     return tree
 

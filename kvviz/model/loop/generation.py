@@ -115,6 +115,36 @@ class Generation:
             pieces = pieces[:d] + [marker] + pieces[d:]
         return "".join(pieces).replace("\n", "\\n")
 
+    def to_frame(self, per: str = "position", configs=None, layers=None, heads=None):
+        """A long pandas DataFrame (kvviz.core.frame) over prompt and generated positions:
+        per="position", one row per config x layer x head x position; per="step", one row
+        per config x layer x head x step x position before it. Tokens are the prompt's and
+        then each row's own generated pieces; a generation records no attention rows, so
+        full_mass is NaN. `configs`, `layers`, `heads` (indices) narrow it."""
+        from kvviz.core import frame
+
+        frame.check_per(per)
+        C, L, G, T = self.evicted_at.shape
+        cs = range(C) if configs is None else [int(c) for c in configs]
+        ls = range(L) if layers is None else [int(x) for x in layers]
+        hs = range(G) if heads is None else [int(h) for h in heads]
+        for name, chosen, n in (("configs", cs, C), ("layers", ls, L), ("heads", hs, G)):
+            bad = [x for x in chosen if not 0 <= x < n]
+            if bad:
+                raise ValueError(f"{name} must be in 0..{n - 1}, got {bad[0]}")
+        frame.check_size(len(cs) * len(ls) * len(hs), T, per)
+        head_names = ["mean"] if G == 1 else [f"kv{g}" for g in range(G)]
+        blocks = []
+        for c in cs:
+            cfg = self.configs[c]
+            own = list(self.tokens) + (list(self.pieces[c]) if self.pieces else [])
+            for layer in ls:
+                for h in hs:
+                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": cfg.budget,
+                            "layer": layer, "head": head_names[h], "tokens": own}
+                    blocks.append((keys, frame.stream(self.evicted_at[c, layer, h], per=per)))
+        return frame.frame(blocks, per=per)
+
     @property
     def results(self) -> list[dict]:
         out = []
