@@ -34,6 +34,7 @@ KEYS = ("config", "policy", "budget", "layer", "head")
 
 
 def check_per(per) -> None:
+    """`per` is one of PER; ValueError naming the parameter otherwise."""
     if per not in PER:
         raise ValueError(f"per must be one of {list(PER)}, got {per!r}")
 
@@ -44,6 +45,7 @@ def size(streams: int, steps: int, per: str) -> int:
 
 
 def check_size(streams: int, steps: int, per: str) -> None:
+    """Refuse a table of more than MAX_ROWS rows, naming the filters that narrow it."""
     n = size(streams, steps, per)
     if n > MAX_ROWS:
         raise ValueError(f"per='step' over {streams} streams of {steps} steps is {n:,} rows (the limit is "
