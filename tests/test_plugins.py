@@ -376,14 +376,14 @@ def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
     import kvviz.model.models
 
     monkeypatch.setattr(kvviz.model.models, "load_model", lambda *a, **k: smollm)  # loaded once per session
-    src, js = tmp_path / "t.txt", tmp_path / "r.json"
+    src, js, npz = tmp_path / "t.txt", tmp_path / "r.json", tmp_path / "r.npz"
     src.write_text((REPO / "traces" / "sources" / "execmodel.txt").read_text()[:300])
     from kvviz.__main__ import main
 
     try:
         assert main(["loop", "--text", str(src), "--max-tokens", "20", "--budget", "12",
                      "--policy", "decay-sinks:sinks=2,halfLife=4", "--policy", "window-vote:reduce=max,recentWindow=2",
-                     "--plugin", DECAY, "--plugin", VOTE, "--json", str(js), "--quiet"]) == 0
+                     "--plugin", DECAY, "--plugin", VOTE, "--json", str(js), "--out", str(npz), "--quiet"]) == 0
     finally:
         plugins.forget()
     results = json.loads(js.read_text())["results"]
@@ -392,6 +392,18 @@ def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
     assert results[1]["params"] == {"sinks": 2, "half_life": 4.0}
     assert results[2]["params"]["reduce"] == "max"
     assert all(np.isfinite(r["perplexity"]) for r in results)
+    # the saved result loads in a process that never loads the plugins
+    code = ("import json; from kvviz.core.policies import POLICIES; from kvviz.model.loop import load_loop_result\n"
+            f"res = load_loop_result({str(npz)!r}); assert 'decay-sinks' not in POLICIES\n"
+            "print(json.dumps([[r['policy'], r['params'], r['perplexity']] for r in res.results]))\n"
+            "print(json.dumps(res.configs[1].source)); print(len(res.to_frame()))")
+    r = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows, source, n = r.stdout.splitlines()
+    assert json.loads(rows) == [[x["policy"], x["params"], x["perplexity"]] for x in results]
+    source = json.loads(source)
+    assert (source["origin"], source["where"]) == ("file", DECAY) and len(source["sha256"]) == 64
+    assert int(n) == 3 * 30 * 20  # configs x layers x positions
 
 
 def test_app_command_checks_its_plugins_and_hands_them_on(monkeypatch, capsys, tmp_path):
