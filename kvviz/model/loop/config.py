@@ -63,7 +63,8 @@ class LoopConfig:
             return {**out, "source": None}
         if self._recorded and (self.source is not None or not self.available):
             return {**out, "source": self.source, "bytes_per_slot": getattr(self, "_bytes", None)}
-        return {**out, "source": provenance(self.policy), "bytes_per_slot": int(self.make().bytes_per_slot)}
+        held = getattr(self.make(), "bytes_per_slot", None)  # an allocator counts its streams' own
+        return {**out, "source": provenance(self.policy), "bytes_per_slot": None if held is None else int(held)}
 
     @property
     def available(self) -> bool:
@@ -78,7 +79,7 @@ class LoopConfig:
             return 0
         if self._recorded and not self.available:
             return int(getattr(self, "_bytes", None) or 0)
-        return int(self.make().bytes_per_slot)
+        return int(getattr(self.make(), "bytes_per_slot", 0))
 
     def __post_init__(self):
         if self.policy == FULL:
