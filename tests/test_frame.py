@@ -109,18 +109,22 @@ def test_loop_result_to_frame_uses_the_full_caches_rows():
         hand_loop().to_frame(layers=[4])
 
 
-def test_generation_to_frame_reads_each_rows_own_tokens():
+def hand_generation():
     from kvviz.model.loop import Generation, LoopConfig
 
     ev = np.full((2, 1, 1, 5), NEVER)
     ev[1, 0, 0, 1] = 3
-    gen = Generation(configs=[LoopConfig("full"), LoopConfig("tova", {}, 3)], granularity="layer",
-                     prompt_mode="decode", prompt_ids=[1, 2, 3], tokens=["a", "b", "c"],
-                     new_ids=[[7, 8], [7, 9]], logprobs=[[-0.1, -0.2], [-0.1, -0.3]], texts=["de", "dx"],
-                     stopped=["length"] * 2, evicted_at=ev, pieces=[["d", "e"], ["d", "x"]])
+    return Generation(configs=[LoopConfig("full"), LoopConfig("tova", {}, 3)], granularity="layer",
+                      prompt_mode="decode", prompt_ids=[1, 2, 3], tokens=["a", "b", "c"],
+                      new_ids=[[7, 8], [7, 9]], logprobs=[[-0.1, -0.2], [-0.1, -0.3]], texts=["d\ne", "dx"],
+                      stopped=["length"] * 2, evicted_at=ev, pieces=[["d", "\n,e"], ["d", " x"]])
+
+
+def test_generation_to_frame_reads_each_rows_own_tokens():
+    gen = hand_generation()
     df = gen.to_frame()
-    assert df[df["policy"] == "full"]["token"].tolist() == ["a", "b", "c", "d", "e"]
-    assert df[df["policy"] == "tova"]["token"].tolist() == ["a", "b", "c", "d", "x"]
+    assert df[df["policy"] == "full"]["token"].tolist() == ["a", "b", "c", "d", "\n,e"]
+    assert df[df["policy"] == "tova"]["token"].tolist() == ["a", "b", "c", "d", " x"]
     assert df[df["policy"] == "tova"]["evicted"].isna().tolist() == [True, False, True, True, True]
     assert df["full_mass"].isna().all()
     steps = gen.to_frame(per="step", configs=[1])
@@ -180,8 +184,14 @@ def test_export_round_trip(tmp_path, fmt, needle_dir):
     pytest.importorskip("pyarrow") if fmt == "parquet" else None
     loop = hand_loop()
     loop.save(tmp_path / "loop.npz")
+    gen = hand_generation()
+    gen.save(tmp_path / "gen.json")
+    run_file = needle_dir / "runs" / "L6-d50-s0-decode-layer.npz"
+    from kvviz.model.needle.results import read_run
     for src, per, expect in ((tmp_path / "loop.npz", "position", loop.to_frame()),
                              (tmp_path / "loop.npz", "step", loop.to_frame(per="step")),
+                             (tmp_path / "gen.json", "position", gen.to_frame()),
+                             (run_file, "step", read_run(run_file).to_frame(per="step")),
                              (needle_dir, "position", None)):
         out = tmp_path / f"t-{per}.{fmt}"
         r = kvviz_export(src, "--format", fmt, "--out", out, "--per", per)
