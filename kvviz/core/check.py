@@ -547,17 +547,18 @@ def _scratch_storage():
     """Hypothesis keeps caches in ./.hypothesis even with database=None: a check run from the
     user's own folder writes there nothing, so its storage is a temporary folder (unless
     HYPOTHESIS_STORAGE_DIRECTORY says where)."""
-    from hypothesis.configuration import set_hypothesis_home_dir
+    from hypothesis import configuration
 
     if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
         yield
         return
+    before = getattr(configuration, "__hypothesis_home_directory", None)  # a caller's own choice
     with tempfile.TemporaryDirectory(prefix="kvviz-check-") as tmp:
-        set_hypothesis_home_dir(tmp)
+        configuration.set_hypothesis_home_dir(tmp)
         try:
             yield
         finally:
-            set_hypothesis_home_dir(None)
+            configuration.set_hypothesis_home_dir(before)
 
 
 def scenarios(cls):
