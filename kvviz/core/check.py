@@ -109,7 +109,35 @@ def _import(where: str):
 
 # -- helpers --------------------------------------------------------------------------------
 def _make(cls, budget: int, rng_seed: int = 0, **params):
+    if getattr(cls, "reads_query_rows", False):
+        cls = _fed_query_rows(cls)
     return cls(budget=budget, rng=np.random.default_rng(rng_seed), **params)
+
+
+@functools.lru_cache(maxsize=None)
+def _fed_query_rows(cls):
+    """`cls` fed synthetic per-query-head rows made from each step's row (`_query_rows`), so
+    the check drives a policy that reads them on traces and rows, which have one row per
+    stream; everything else is `cls`'s own."""
+    class Fed(cls):
+        reads_query_rows = False
+
+        def advance(self, pos, attn, key_norm=None, value_norm=None, query_rows=None):
+            given = {k: v for k, v in (("key_norm", key_norm), ("value_norm", value_norm)) if v is not None}
+            super().advance(pos, attn, query_rows=_query_rows(attn, len(self.held())), **given)
+
+    Fed.__name__ = Fed.__qualname__ = cls.__name__
+    return Fed
+
+
+def _query_rows(row, n: int) -> np.ndarray:
+    """Synthetic rows of two query heads over `n` kept slots: the step's row and the same
+    weights reversed (no attention: zeros), so the heads disagree and their mean has the
+    row's mass."""
+    if row is None:
+        return np.zeros((2, n), np.float32)
+    row = np.asarray(row, np.float32)
+    return np.stack([row, row[::-1]])
 
 
 def _fit_params(cls, budget: int) -> dict:

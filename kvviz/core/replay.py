@@ -117,6 +117,8 @@ class Replay:
                              "code-kv) or run it in the model loop")
         if getattr(policy, "reads_value_norms", False) and trace.value_norms is None:
             raise refuse_value_norms(policy.name, trace.name)
+        if getattr(policy, "reads_query_rows", False):
+            raise refuse_query_rows(policy.name, trace.name)
         self.trace = trace
         self.policy = policy
         self.budget = policy.budget
@@ -228,9 +230,18 @@ def refuse_value_norms(name: str, trace_name: str) -> ValueError:
                       "trace captured with value norms (format version 4, kvviz capture)")
 
 
+def refuse_query_rows(name: str, trace_name: str) -> ValueError:
+    """The one-line refusal of a policy that reads per-query-head rows, on any trace."""
+    return ValueError(f"{name} reads per-query-head rows, and trace {trace_name!r} stores one "
+                      "row per stream: run it in the model loop (kvviz loop, generate, needle "
+                      "or kvviz.hf), which supplies them")
+
+
 def can_drive(trace: Trace, cls) -> bool:
-    """Whether `trace` carries every input policy class `cls` reads (key and value norms)."""
-    return ((trace.key_norms is not None or not cls.reads_key_norms)
+    """Whether `trace` carries every input policy class `cls` reads (key and value norms; no
+    trace carries per-query-head rows)."""
+    return (not getattr(cls, "reads_query_rows", False)
+            and (trace.key_norms is not None or not cls.reads_key_norms)
             and (getattr(trace, "value_norms", None) is not None
                  or not getattr(cls, "reads_value_norms", False)))
 

@@ -86,6 +86,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         check_architecture,
         gathered,
         make_policies,
+        mark_query_rows,
         masked_state,
         prompt_state,
         slot_cache,
@@ -130,6 +131,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
             if lane[0].state.freed:
                 lane[0].state.place(seen[0])
                 lane[0].state.push(torch)
+            mark_query_rows(lane[0].state, policies)
         use(lane[0].state)
 
     def after(module, args, kwargs, output):

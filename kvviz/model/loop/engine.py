@@ -70,6 +70,10 @@ class State:
         self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
         self._moved = 0
         self.feed = None  # a PromptFeed while a prompt is read in one pass
+        # each query head's weights, for a policy that reads per-query-head rows (CPU only):
+        # `qcur` (B, L, Hq, T) by position; freed: recorded by slot (`qcur_s`) and scattered
+        self.want_q = None  # set by `mark_query_rows` before the first forward
+        self.qcur = self.qcur_s = None
         if self.freed:
             self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
             self.bias = self.bias_h.numpy()
@@ -104,6 +108,31 @@ class State:
         if not self.freed:
             self.cur_t = self._dev(torch, self.cur_h)
         self.T = T
+
+    def query_buffer(self, torch, Hq: int):
+        """Where this step's per-query-head weights go (B, L, Hq, width): by slot when freed,
+        else by position; made on first use and grown with the positions."""
+        if not self.on_host:
+            raise ValueError("per-query-head rows are supplied on the CPU only: run a policy that "
+                             "reads them with --device cpu")
+        T = max(self.T, 1)
+        if self.qcur is None or self.qcur.shape[-1] < T:
+            grown = np.zeros((self.B, self.L, Hq, T), np.float32)
+            if self.qcur is not None:
+                grown[..., : self.qcur.shape[-1]] = self.qcur
+            self.qcur = grown
+        if self.freed:
+            if self.qcur_s is None:
+                self.qcur_s = np.zeros((self.B, self.L, Hq, self.S), np.float32)
+            return torch.from_numpy(self.qcur_s)
+        return torch.from_numpy(self.qcur)
+
+    def query_rows(self, b: int, layer: int, g: int, held) -> np.ndarray:
+        """Stream g's query heads' weights on the positions `held` this step, (heads, n): the
+        heads of KV head g at kv-head granularity, every head of the layer at layer granularity."""
+        Hq = self.qcur.shape[2]
+        heads = slice(None) if self.G == 1 else slice(g * (Hq // self.Hk), (g + 1) * (Hq // self.Hk))
+        return self.qcur[b, layer, heads][:, held]
 
     # -- freed: the slots ---------------------------------------------------------------
     def heads(self, g: int) -> slice:
@@ -167,6 +196,11 @@ class State:
             self.knorm.reshape(-1)[:] = flat[n:n + k // 2]
             self.vnorm.reshape(-1)[:] = flat[n + k // 2:n + k]
             host = None if stats is None else flat[n + k:].reshape(stats.shape)
+        if src is not None and self.qcur_s is not None:
+            qpos = np.repeat(self.slot_pos, self.qcur.shape[2] // self.Hk, axis=2)  # (B, L, Hq, S)
+            held = qpos >= 0
+            b, layer, h, _ = np.nonzero(held)
+            self.qcur[b, layer, h, qpos[held]] = self.qcur_s[held]
         if src is not None:
             for b, layer, g, victims in self.stale:  # evicted since the last step: no weight now
                 self.cur[b, layer, g, victims] = 0.0
@@ -291,6 +325,9 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         scores = scores + st.bias_t[:B, layer, :, None, :k]
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
+    if st is not None and q == 1 and st.want_q:
+        n = k if st.freed else k - 1  # freed: by slot; masked: by position, self dropped
+        st.query_buffer(torch, Hq)[:B, layer, :, :n] = w.detach().view(B, Hq, k)[..., :n]
     if st is not None and q == 1 and st.freed:
         w = w.view(B, Hk, g, k)  # by slot, the new token's own slot included (never read as a held weight)
         idx = st.write_t[:B, layer, :, None, None].expand(B, Hk, 1, D)
@@ -352,7 +389,10 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
         if feed is not None and feed.wants(a, b):
             w0 = w[0].detach().float()
             rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
-            feed.add(layer, a, rows.cpu().numpy())
+            qrows = None
+            if feed.query:  # (G, query heads of the stream, m, end)
+                qrows = (w0.reshape(1, Hk * g, m, end) if st.G == 1 else w0).cpu().numpy()
+            feed.add(layer, a, rows.cpu().numpy(), qrows)
     return out.view(B, Hq, q, D).transpose(1, 2).contiguous()
 
 
@@ -377,6 +417,7 @@ class PromptFeed:
         self.rows = []
         self.norms = self.vnorms = None
         self.everything = False
+        self.query = reads_query_rows(policies)  # each row's query heads go to the policies too
         tails = [0]
         for layer in range(L):
             per = []
@@ -415,7 +456,7 @@ class PromptFeed:
         if store is not None:
             store[layer] = norms
 
-    def add(self, layer: int, start: int, rows) -> None:
+    def add(self, layer: int, start: int, rows, query_rows=None) -> None:
         t0 = time.perf_counter()
         if self.calib is not None:
             for g in range(len(self.calib[layer])):
@@ -423,7 +464,8 @@ class PromptFeed:
                     self.calib[layer][g].append(rows[g][i, : start + i].copy())
         for g, per in enumerate(self.rows[layer]):
             per.add(start, rows[g], None if self.norms is None else self.norms[layer, g],
-                    None if self.vnorms is None else self.vnorms[layer, g])
+                    None if self.vnorms is None else self.vnorms[layer, g],
+                    None if query_rows is None else query_rows[g])
         self.seconds += time.perf_counter() - t0
 
     def evict(self, configs, policies, evicted_at) -> None:
@@ -632,6 +674,8 @@ def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, act
 
     C = ids.shape[0]
     t0 = time.perf_counter()
+    for lane in lanes:
+        mark_query_rows(lane.state, policies)
     with torch.no_grad():
         logits = None
         for lane in lanes:
@@ -834,6 +878,20 @@ def refuse_uncalibrated(configs, policies) -> None:
                              "'prefill' (--prompt-mode prefill)")
 
 
+def reads_query_rows(policies) -> bool:
+    """Whether any config's policy reads per-query-head rows (`Policy.reads_query_rows`)."""
+    return any(getattr(p, "reads_query_rows", False) for pol in policies
+               if pol is not None and not isinstance(pol, Streams) for p in streams_of(pol, 0))
+
+
+def mark_query_rows(state: State, policies) -> None:
+    """Before a lane's first forward: record each query head's weights if a policy reads them."""
+    if state.want_q is None:
+        state.want_q = reads_query_rows(policies)
+        if state.want_q and not state.on_host:
+            state.query_buffer(None, 0)  # the one-line refusal off the CPU
+
+
 def streams_of(pol, layer: int) -> list:
     """The per-stream policies of one layer of a config's policy state (make_policies)."""
     per = pol[layer]
@@ -903,7 +961,9 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     norms = [state.knorm[i, layer, g] if p.reads_key_norms else None for g, p in enumerate(heads)]
                     vnorms = [state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
                               for g, p in enumerate(heads)]
-                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms)):
+                    qrows = [state.query_rows(i, layer, g, p.held()) if getattr(p, "reads_query_rows", False)
+                             else None for g, p in enumerate(heads)]
+                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms, qrows)):
                         if len(victims):
                             _mark(state, evicted_at, c, i, layer, g, victims, t)
                     continue
@@ -911,7 +971,9 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
                     norm = state.knorm[i, layer, g] if p.reads_key_norms else None
                     vnorm = state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
-                    victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm)
+                    qrows = (state.query_rows(i, layer, g, p.held()) if getattr(p, "reads_query_rows", False)
+                             else None)
+                    victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm, query_rows=qrows)
                     if len(victims):
                         _mark(state, evicted_at, c, i, layer, g, victims, t)
             except BudgetError as exc:
