@@ -18,10 +18,13 @@ determinism, refusals), with its default scorer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import inspect
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -557,13 +560,33 @@ def check_differential(cls, reference, examples: int = 200, shrink: bool = True)
         compare(cls, reference, scenario, failure)
 
     try:
-        run()
+        with _scratch_storage():
+            run()
     except AssertionError:
         return [RuleResult("differential", name, False, failure[-1] if failure else "mismatch")]
     except Exception as exc:
         return [RuleResult("differential", name, False, failure[-1] if failure else
                            f"raised: {type(exc).__name__}: {exc}")]
     return [RuleResult("differential", name, True, f"{examples} Hypothesis scenarios")]
+
+
+@contextlib.contextmanager
+def _scratch_storage():
+    """Hypothesis keeps caches in ./.hypothesis even with database=None: a check run from the
+    user's own folder writes there nothing, so its storage is a temporary folder (unless
+    HYPOTHESIS_STORAGE_DIRECTORY says where)."""
+    from hypothesis import configuration
+
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    before = getattr(configuration, "__hypothesis_home_directory", None)  # a caller's own choice
+    with tempfile.TemporaryDirectory(prefix="kvviz-check-") as tmp:
+        configuration.set_hypothesis_home_dir(tmp)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before)
 
 
 def scenarios(cls):
@@ -705,13 +728,15 @@ def main(argv=None) -> int:
 
 
 def _need_hypothesis() -> None:
-    """Hypothesis is an optional extra that only the differential check draws on: asked for
-    without it, say what to install before any rule runs, not a traceback after them."""
+    """Hypothesis is one of kvviz's dependencies, but only the differential check imports it:
+    missing (a `--no-deps` install), say what to install before any rule runs, not a
+    traceback after them."""
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise ValueError("--reference draws its scenarios with Hypothesis, which is not "
-                         "installed: pip install 'kvviz[check]'") from None
+        raise ValueError("--reference draws its scenarios with Hypothesis, a dependency of kvviz "
+                         "that is not installed here: pip install -r requirements.txt "
+                         "(or pip install 'hypothesis>=6.170,<7')") from None
 
 
 def run(args) -> int:

@@ -74,6 +74,26 @@ class Run:
         """The positions held after `step` finished, ascending: the cache as the next query sees it."""
         return np.flatnonzero(self.held_mask(step)).astype(np.int64)
 
+    def to_frame(self, trace: Trace | None = None, per: str = "position"):
+        """A long pandas DataFrame of this run (kvviz.core.frame): per="position", one row per
+        position (admitted, evicted, full_mass, lost_mass); per="step", one row per step x
+        position before it (held, full_mass). `trace`, the one replayed, gives the tokens'
+        text, the layer and head, and the full-cache masses (NaN without it)."""
+        from kvviz.core import frame
+        from kvviz.core.policies import config_label
+
+        frame.check_per(per)
+        if trace is not None and trace.steps != self.steps:
+            raise ValueError(f"trace has {trace.steps} steps; this run has {self.steps}")
+        frame.check_size(1, self.steps, per)
+        layer = getattr(trace, "layer", None) if trace is not None else self.meta.get("layer")
+        head = getattr(trace, "head", None) if trace is not None else self.meta.get("head")
+        keys = {"config": config_label(self.policy, self.params, budget=self.budget), "policy": self.policy,
+                "budget": self.budget, "layer": layer, "head": head or "mean"}
+        cols = frame.stream(self.evicted_at, row=None if trace is None else trace.row,
+                            n_rows=0 if trace is None else trace.steps, per=per)
+        return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
+
 
 class Replay:
     """Step a policy through a trace, forward or back.
