@@ -366,8 +366,10 @@ def test_lessons_are_found_by_the_paths_rule(tmp_path, monkeypatch):
     monkeypatch.setenv("KVVIZ_LESSONS_DIR", str(tmp_path))
     assert paths.lessons_dir() == tmp_path and L.names() == ["mine"]
     assert L.load("mine").title == "T"
-    with pytest.raises(ValueError, match="lesson 'nope': no file"):
+    with pytest.raises(ValueError, match=r"lesson 'nope': no file nope.toml in the lessons "
+                                         r"folder \(lessons: mine\)$") as refusal:
         L.load("nope")
+    assert str(tmp_path) not in str(refusal.value)
 
 
 def test_the_page_lists_lessons_as_the_library_does(tmp_path):
