@@ -181,6 +181,16 @@ def _ticker(steps: int):
     st.rerun(scope="app")
 
 
+def tie_line(ties) -> str:
+    """Said before the step's victims when a tie-break, not a score, chose any of them."""
+    if not ties:
+        return ""
+    parts = [f"{t.who}'s position {t.position} scores exactly as {len(t.kept)} "
+             f"position{'s' if len(t.kept) != 1 else ''} {t.who} keeps" for t in ties]
+    return ("**A tie-break, not a score, chose at this step:** " + "; ".join(parts)
+            + f" ({explain.TIE_RULE}) · ")
+
+
 def status(ctx: Ctx):
     """One wrapping line (metrics in five columns are cut at 1024 px): what each policy
     holds, |A Δ B| now, the first divergence and the positions evicted at this step."""
@@ -197,10 +207,12 @@ def status(ctx: Ctx):
     line, gloss = st.columns([4, 1.1], vertical_alignment="center")
     with gloss:
         glossary_popover()  # one click away whatever the view
+    sides = (ctx.solo,) if ctx.solo else ("a", "b")
+    tie = tie_line([t for w in sides for t in explain.tie_facts(w.upper(), ctx.panel(w, s))])
     if ctx.solo:
         w = ctx.solo.upper()
         line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
-                    f"**{hold_a}** · evicted at step {s}: {pos(va)} · the other policy refused "
+                    f"**{hold_a}** · {tie}evicted at step {s}: {pos(va)} · the other policy refused "
                     "its settings (see above)")
     else:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
@@ -209,9 +221,10 @@ def status(ctx: Ctx):
         line.markdown(
             f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
-            f"**|A Δ B|** {diff} · first\u00a0divergence:\u00a0"  # kept on one line
+            f"**|A Δ B|** {diff} (positions only one of them holds) · "
+            f"first\u00a0divergence:\u00a0"  # kept on one line
             f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
-            f"evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
+            f"{tie}evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
     track = tracked(ctx)
     if track >= 0:
