@@ -16,13 +16,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.figures.cache import cache_heatmap
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
+from kvviz.app.figures.common import KEY_COLOUR, RIGHT_COLOUR, WRONG_COLOUR, base_layout, pair_colours
 from kvviz.app.figures.tokens import _token_html
 from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
-# accuracy 0 -> vermilion, 1 -> blue (colour-blind safe), through a light grey
-ACCURACY_SCALE = [[0, "#D55E00"], [0.5, "#eeeeee"], [1, "#0072B2"]]
-KEY_COLOUR = "#F0E442"
+# accuracy 0 -> wrong's wine, 1 -> right's green, through a light grey: colours no policy has
+ACCURACY_SCALE = [[0, WRONG_COLOUR], [0.5, "#eeeeee"], [1, RIGHT_COLOUR]]
 
 
 def _params(v) -> dict:
@@ -202,7 +201,8 @@ def key_cache_figure(ev_a, ev_b, *, key_positions, prompt_len: int, label_a: str
     for lo, hi in _runs(key_positions):
         fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.35,
                       line=dict(color="#8a7f00", width=1), layer="above", name="key")
-    for ev, lab, colour, sym in ((ev_a, "A", A_COLOUR, "x"), (ev_b, "B", B_COLOUR, "cross")):
+    ca, cb = pair_colours(label_a, label_b)
+    for ev, lab, colour, sym in ((ev_a, "A", ca, "x"), (ev_b, "B", cb, "cross")):
         s = lost_step(ev, key_positions)
         if s >= 0:
             first = min(int(p) for p in key_positions if (ev[..., int(p)] == s).any())

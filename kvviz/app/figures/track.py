@@ -3,7 +3,7 @@ outlined in the strip). Pure: figure dicts and HTML in, new ones out."""
 from __future__ import annotations
 
 from kvviz.app.figures.cache import Prebuilt
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR
+from kvviz.app.figures.common import pair_colours
 from kvviz.core.replay import NEVER
 
 TRACK_COLOUR = "#CC0000"
@@ -20,7 +20,8 @@ def heatmap_with_track(figure, position: int, ev_a, ev_b, steps: int,
         type="rect", x0=p - 0.5, x1=p + 0.5, y0=p - 0.5, y1=steps - 0.5, name="track",
         line=dict(color=TRACK_COLOUR, width=1.5, dash="dot"))]
     data = list(spec["data"])
-    for who, label, ev, colour in (("A", label_a, ev_a, A_COLOUR), ("B", label_b, ev_b, B_COLOUR)):
+    ca, cb = pair_colours(label_a, label_b)
+    for who, label, ev, colour in (("A", label_a, ev_a, ca), ("B", label_b, ev_b, cb)):
         e = int(ev[p])
         text = (f"tracked position {p}: {who} ({label}) "
                 + ("holds it to the end" if e == NEVER else f"evicts it at step {e}"))

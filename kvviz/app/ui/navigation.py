@@ -7,7 +7,6 @@ import streamlit as st
 
 from kvviz.app import explain, jumps
 from kvviz.app import figures as V
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR
 from kvviz.app.figures.states import NEVER, next_after
 from kvviz.app.ui import compute, follow, present
 from kvviz.app.ui.context import Ctx
@@ -219,8 +218,8 @@ def status(ctx: Ctx):
         diff = int(ctx.pair["symdiff"][s])
         first = ctx.first_divergence
         line.markdown(
-            f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
-            f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
+            f"<span style='color:{ctx.colours[0]}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
+            f"<span style='color:{ctx.colours[1]}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
             f"**|A Δ B|** {diff} (positions only one of them holds) · "
             f"first\u00a0divergence:\u00a0"  # kept on one line
             f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
