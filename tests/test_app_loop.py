@@ -190,7 +190,7 @@ def test_heatmap_shows_the_runs_log_per_kv_head(no_torch, apptest):
     ev_a, ev_b = a["evicted_at"][ci, li, 0], a["evicted_at"][ci, li, 2]
     T = ev_a.shape[0]
     heat = next(v for k, v in charts(at).items() if k.startswith("Cache contents"))
-    codes = png_to_codes(heat["data"][0]["source"])
+    codes = png_to_codes(heat["data"][0]["source"], "tova", "tova")
     assert codes.shape == (T, T)
     # expected states from the raw log: held after step s iff p <= s and not evicted by s
     steps, pos = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
