@@ -258,6 +258,19 @@ class Decision:
     order_matches: bool      # the first `victims` of the documented order are the victims
 
 
+def unpooled(params) -> bool:
+    """SnapKV's settings with poolKernel 1: its "pooled" score is the window sum itself."""
+    return int((params or {}).get("pool_kernel", 0) or 0) == 1
+
+
+def score_name(label: str | None, key: str | None, params=None) -> str | None:
+    """The rank score's label as the page says it for these settings: a pooled score with
+    poolKernel 1 is said to be the window sum, which it is."""
+    if key == "pooled" and unpooled(params):
+        return "window sum (poolKernel 1: nothing pooled)"
+    return label
+
+
 def eviction_order(policy: str, kept, scores) -> np.ndarray:
     """Indices into `kept` of the eviction candidates in the documented order (first to go
     first, ties to the lower position); candidates in position order without a score."""
@@ -302,7 +315,8 @@ def tie_facts(who: str, panel: dict) -> list[Tie]:
         x = vals[hit[0]]
         same = kept[stays & _same(vals, x)]
         if len(same):
-            out.append(Tie(who=who, position=int(v), score_label=r.label,
+            out.append(Tie(who=who, position=int(v),
+                           score_label=score_name(r.label, r.key, panel.get("params")),
                            score=None if np.isnan(x) else float(x),
                            kept=tuple(int(p) for p in same)))
     return out
@@ -348,7 +362,8 @@ def decision(who: str, panel: dict, position: int) -> Decision:
     elif cand:
         where = np.flatnonzero(order == i)
         rank = Rank(int(where[0]) + 1, len(order), ())
-    return Decision(held=True, candidate=cand, score_label=r.label if has else None,
+    return Decision(held=True, candidate=cand,
+                    score_label=score_name(r.label, r.key, panel.get("params")) if has else None,
                     score=None if score is None or np.isnan(score) else score, rank=rank, **base)
 
 

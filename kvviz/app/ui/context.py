@@ -102,4 +102,5 @@ class Ctx:
         eng = self.eng_a if which == "a" else self.eng_b
         return dict(label=f"{which.upper()}: {self.label_a if which == 'a' else self.label_b}",
                     policy=self.a if which == "a" else self.b, kept=kept, scores=scores,
-                    victims=eng.victims(step), colour=self.colours[0 if which == "a" else 1])
+                    victims=eng.victims(step), colour=self.colours[0 if which == "a" else 1],
+                    params=dict(self.pa if which == "a" else self.pb))
