@@ -410,6 +410,41 @@ def _decision_words(d: Decision, position: int, n) -> str:
     return f"{core}; it evicts {d.victims} at this step: {goes}."
 
 
+def divergence_text(position: int, step: int, share: float, share_step: int,
+                    threshold: float, ev_a, ev_b, panels) -> str:
+    """Why the next-divergence jump stopped at `step`: which position one policy evicted
+    while the other kept it, the attention share that makes it count (the jump's
+    definition: over `threshold` of a step's attention while only one holds it, from
+    `kvviz.app.jumps.divergence_share`), and each policy's score for it at the step (its
+    panels A and B there: `decision` facts; a pooled score with the window sum under it)."""
+    decisions = [decision(w, p, position) for w, p in zip("AB", panels)]
+    ties = [t for w, p in zip("AB", panels) for t in tie_facts(w, p)]
+    ea, eb = int(ev_a[position]), int(ev_b[position])
+    who, other, other_end = ("A", "B", eb) if ea == step else ("B", "A", ea)
+    keeps = ("keeps it to the end" if other_end == NEVER else
+             f"keeps it until step {other_end}")
+    said = tie_text([t for t in ties if t.position == int(position)])
+    text = (f"{said + ' ' if said else ''}**Next divergence, step {step}:** {who} evicts "
+            f"position {position}; {other} {keeps}. It counts because while only {other} "
+            f"held it, step {share_step}'s query gave it {share:.2%} of its attention, "
+            f"{relation(share, threshold)} the {threshold:.1%} the jump looks for.")
+    sums = {}
+    for d, p in zip(decisions, panels):
+        kept = np.asarray(p["kept"])
+        if d.held and "sums" in p["scores"] and "pooled" in p["scores"]:
+            i = int(np.flatnonzero(kept == position)[0])
+            sums[d.who] = (float(np.asarray(p["scores"]["sums"], np.float64)[i]),
+                           float(np.asarray(p["scores"]["pooled"], np.float64)[i]))
+    n = number_format([d.score for d in decisions] + [v for pair in sums.values() for v in pair])
+    for d in decisions:
+        text += " " + _decision_words(d, position, n)
+        if d.who in sums and sums[d.who][1] != sums[d.who][0]:
+            own, pooled = sums[d.who]
+            text += (f" ({d.who}'s pooled score {n(pooled)} comes from pooling over its "
+                     f"neighbours; its own window sum is {n(own)}.)")
+    return text
+
+
 # --- sinks and recent positions -------------------------------------------------------
 @dataclass(frozen=True)
 class Survival:

@@ -34,6 +34,21 @@ def heatmap_with_track(figure, position: int, ev_a, ev_b, steps: int,
     return Prebuilt({"data": data, "layout": lay})
 
 
+def heatmap_with_divergence(figure, position: int, step: int) -> Prebuilt:
+    """The cache heatmap (a Prebuilt or its dict) with the next-divergence jump's position
+    marked where it diverged: a ringed cell at (position, step). Not modified."""
+    spec = figure.to_dict() if hasattr(figure, "to_dict") else figure
+    p, s = int(position), int(step)
+    mark = dict(type="scatter", x=[p], y=[s], mode="markers+text",
+                text=[f"position {p}"], textposition="middle right",
+                textfont=dict(color=TRACK_COLOUR, size=13), cliponaxis=False,
+                name=f"next divergence: position {p} at step {s}",
+                marker=dict(symbol="circle-open", size=22, color=TRACK_COLOUR,
+                            line=dict(color=TRACK_COLOUR, width=3)),
+                hovertemplate=f"diverged here: position {p}, step {s}<extra></extra>")
+    return Prebuilt({"data": list(spec["data"]) + [mark], "layout": dict(spec["layout"])})
+
+
 def strip_track_css(position: int) -> str:
     """A style that outlines the tracked token in `token_strip_html` (its spans are titled
     'position N: ...')."""

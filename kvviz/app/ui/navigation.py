@@ -57,6 +57,39 @@ def tracked(ctx: Ctx) -> int:
     return v if -1 <= v < ctx.trace.steps else -1
 
 
+def notable_here(ctx: Ctx):
+    """(position, share, share step, threshold) when the current step is a step the
+    next-divergence jump stops at (its position), else None."""
+    if ctx.solo:
+        return None
+    share = float(S["kv"].get("share", jumps.NOTABLE_SHARE) or jumps.NOTABLE_SHARE)
+    steps, positions = _notable(*_args(ctx), share)
+    i = np.searchsorted(steps, ctx.step)
+    if i >= len(steps) or int(steps[i]) != int(ctx.step):
+        return None
+    p = int(positions[i])
+    got, at = _share_of(*_args(ctx), p)
+    return p, got, at, share
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _share_of(key, layer, version, a, b, budget, head, position):
+    ea = compute.get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = compute.get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    return jumps.divergence_share(compute.get_trace(key, layer, version, head), ea, eb, position)
+
+
+def divergence_note(ctx: Ctx) -> None:
+    """At a step the next-divergence jump stops at: which position, why it counts and each
+    policy's score for it (the cache heatmap marks it)."""
+    here = notable_here(ctx)
+    if here is None:
+        return
+    p, got, at, share = here
+    panels = [ctx.panel("a", ctx.step), ctx.panel("b", ctx.step)]
+    st.markdown(explain.divergence_text(p, ctx.step, got, at, share, ctx.ev_a, ctx.ev_b, panels))
+
+
 def _jump_button(where, label, key, target, help_, shortcut, why=None):
     where.button(label, key=key, on_click=goto, args=(target, why), disabled=target < 0,
                  width="content", shortcut=shortcut,
@@ -225,6 +258,7 @@ def status(ctx: Ctx):
             f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
             f"{tie}evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
+    divergence_note(ctx)
     track = tracked(ctx)
     if track >= 0:
         st.markdown(explain.track_text(track, ctx.trace.tokens, ctx.ev_a, ctx.ev_b, s,
