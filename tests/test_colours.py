@@ -38,6 +38,16 @@ def test_every_policy_has_its_own_colour_and_categories_have_none_of_them():
     assert C.RIGHT_COLOUR != C.WRONG_COLOUR
 
 
+def test_categories_in_other_views_take_no_policys_colour():
+    from kvviz.app.figures.heads import HEAD_COLOURS
+    from kvviz.app.figures.loop import FULL_COLOUR
+    from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
+
+    reg = set(registry().values())
+    for c in (*HEAD_COLOURS, FULL_COLOUR, ANSWER_COLOUR, GUESS_COLOUR, C.KEY_COLOUR):
+        assert c.upper() not in reg, c
+
+
 def test_a_plugin_without_a_colour_gets_the_same_free_one_every_time():
     from kvviz.core.policies import register_policy, unregister_policy
     from kvviz.core.policies.tova import Tova

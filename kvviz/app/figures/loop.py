@@ -182,7 +182,7 @@ def delta_figure(tokens, nll_full, nll_evicted, p_full, p_evicted, *, label: str
     base_layout(fig, f"Where eviction hurt: ΔNLL per token, {label} against the full cache",
                 height)
     fig.update_xaxes(title="position of the predicted token")
-    fig.update_yaxes(title="ΔNLL (nats)", zeroline=True, zerolinecolor="#999999")
+    fig.update_yaxes(title="ΔNLL (nats)", zeroline=True, zerolinecolor="#777777")
     return fig
 
 

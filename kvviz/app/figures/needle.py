@@ -130,7 +130,7 @@ def key_strip_html(tokens, key_positions, question_start: int) -> str:
              "line-height:1.8;max-height:260px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
              "border-radius:6px;background:#fff}.kv-tok{white-space:pre}.kv-ws{opacity:0.45}"
              f".kv-key{{background:{KEY_COLOUR};font-weight:bold;outline:1px solid #999}}"
-             ".kv-q{text-decoration:underline;color:#0072B2}</style>")
+             ".kv-q{text-decoration:underline;color:#332288}</style>")
     return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
 
 
