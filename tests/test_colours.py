@@ -161,17 +161,31 @@ def test_the_loop_view_and_the_forgetting_view_follow_the_registry(apptest):
     ok(at)
     for f in charts(at):
         check_figure(f, {"A": "tova", "B": "tova"})
-    # scene 12's pair: A = snapkv, B = tova; each keeps its own colour
+    # scene 12's pair: A = snapkv, B = tova; each keeps its own colour (prefill: what each
+    # kept after the prompt's one eviction)
     at = app(view="needle", nbudget=128, nmode="prefill", ngran="layer", nlen=1024, ndepth=10,
              nseed=0, npol="snapkv", nvs="tova")
     ok(at)
     figs = charts(at)
-    heat = next(f for f in figs if f["layout"]["title"]["text"].startswith("Cache contents"))
-    check_figure(heat, {"A": "snapkv", "B": "tova"})
+    kept = next(f for f in figs if f["layout"]["title"]["text"].startswith("What each kept"))
+    assert check_figure(kept, {"A": "snapkv", "B": "tova"}) == 2
+    legend = {t["name"]: trace_colours(t) for t in kept["data"] if t.get("name")}
+    assert legend["held by A: snapkv"] == {C.policy_colour("snapkv").upper()}
+    assert legend["held by B: tova"] == {C.policy_colour("tova").upper()}
+    # decode: the cache heatmap over the steps, its sides in their policies' colours
+    dec = app(view="needle", nbudget=64, nmode="decode", ngran="layer", npol="tova", nvs="h2o")
+    ok(dec)
+    heat = next(f for f in charts(dec) if f["layout"]["title"]["text"].startswith("Cache contents"))
+    check_figure(heat, {"A": "tova", "B": "h2o"})
     legend = {t["name"]: trace_colours(t) for t in heat["data"] if t.get("name")}
-    assert C.policy_colour("snapkv").upper() in legend["only A (snapkv)"]
-    assert C.policy_colour("tova").upper() in legend["only B (tova)"]
-    for f in figs:  # the right/wrong grid: category colours only
-        if f["data"] and f["data"][0].get("type") == "heatmap" and "colorscale" in f["data"][0]:
-            scale = {c.upper() for _, c in f["data"][0]["colorscale"] if c.startswith("#")}
-            assert not scale & set(registry().values()), scale
+    assert C.policy_colour("tova").upper() in legend["only A (tova)"]
+    assert C.policy_colour("h2o").upper() in legend["only B (h2o)"]
+    figs += charts(dec)
+    grids = [f for f in figs if f["layout"]["title"]["text"].startswith("Pass-key accuracy")]
+    assert grids
+    scales = [t["colorscale"] for f in grids for t in f["data"] if t.get("colorscale")]
+    assert scales  # the right/wrong grid: right and wrong in category colours only
+    for scale in scales:
+        cols = {c.upper() for _, c in scale if c.startswith("#")}
+        assert {C.RIGHT_COLOUR, C.WRONG_COLOUR} <= cols, cols
+        assert not cols & set(registry().values()), cols
