@@ -226,7 +226,7 @@ def needle_chart(at):
 
 
 def answers(at) -> pd.DataFrame:
-    return next(d.value for d in at.dataframe if "configuration" in d.value.columns)
+    return next(d.value for d in [*at.table, *at.dataframe] if "configuration" in d.value.columns)
 
 
 def test_view_opens_from_link_and_controls_change_the_chart(no_torch, fix, apptest):

@@ -17,7 +17,7 @@ import streamlit as st
 from kvviz.app.figures import needle as NV
 from kvviz.app.figures.cache import Prebuilt
 from kvviz.app.ui import jobs
-from kvviz.app.ui.context import CHART
+from kvviz.app.ui.context import CHART, table
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import note, timer_place
 from kvviz.app.ui.view_loop import EVICTION_HELP, POLL_S, eviction_caption, torch_available
@@ -237,7 +237,7 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
                 "underlined)")
     st.html(NV.key_strip_html(run["tokens"], kp, q0))
     st.markdown(f"**The answers** at budget {budget}")
-    st.dataframe(NV.answers_table(meta, budget, ev), hide_index=True, width="stretch")
+    table(NV.answers_table(meta, budget, ev))  # whole, wrapping: no column cut at 1024 px
     lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
              if c["policy"] != NV.FULL and c.get("budget") == budget]
     if not lines:
