@@ -220,7 +220,8 @@ def key_cache_figure(ev_a, ev_b, *, key_positions, prompt_len: int, label_a: str
                 name=f"{lab} loses the key (step {s})",
                 marker=dict(symbol=sym + "-thin", size=16, color=colour,
                             line=dict(width=3, color=colour)),
-                textfont=dict(color=colour, size=13),
+                textfont=dict(color=colour, size=14, weight="bold",
+                              shadow="0 0 3px white, 0 0 3px white, 0 0 3px white"),
                 hovertemplate=f"{lab}: first key token evicted at step {s}<extra></extra>"))
     fig.layout.title.text = f"Cache contents over time (key shaded): A = {label_a}, B = {label_b}"
     return fig
