@@ -214,13 +214,13 @@ def _ticker(steps: int):
 
 
 def tie_line(ties) -> str:
-    """Said before the step's victims when a tie-break, not a score, chose any of them."""
+    """Said before the step's victims when a tie-break, not a score, chose any of them (one
+    short clause: the status line stays within the first screen at 1024 px)."""
     if not ties:
         return ""
-    parts = [f"{t.who}'s position {t.position} scores exactly as {len(t.kept)} "
-             f"position{'s' if len(t.kept) != 1 else ''} {t.who} keeps" for t in ties]
-    return ("**A tie-break, not a score, chose at this step:** " + "; ".join(parts)
-            + f" ({explain.TIE_RULE}) · ")
+    parts = [f"{t.who}'s position {t.position} scores the same as {len(t.kept)} it keeps"
+             for t in ties]
+    return f"**Tie-break:** {'; '.join(parts)}, and {explain.TIE_RULE} · "
 
 
 def status(ctx: Ctx):
