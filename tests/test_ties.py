@@ -132,7 +132,7 @@ def test_a_scene_on_a_tie_says_so_in_its_note(tmp_path):
 
 
 # --- the default page ------------------------------------------------------------------------
-def test_the_default_page_says_its_tie_before_its_victims(apptest):
+def test_the_default_page_says_its_tie_with_its_victims(apptest):
     """The canonical trace's current-step weights are mostly exact zeros, so no step of
     TOVA's at budget 512 is decided by its score: the page must say so first."""
     trace = canonical()
@@ -148,4 +148,6 @@ def test_the_default_page_says_its_tie_before_its_victims(apptest):
     ok(at)
     line = next(m.value for m in at.markdown if f"evicted at step {step}" in m.value)
     assert not unannounced(line, ties), line
-    assert line.lower().index("tie-break") < line.index(f"evicted at step {step}"), line
+    for t in ties:  # said with the victim, in the same clause
+        assert f"position {t.position} (tie-break: {len(t.kept)} it keeps score the same)" \
+            in line or f", {t.position} (tie-break: {len(t.kept)} it keeps" in line, line

@@ -27,8 +27,14 @@ def test_the_metrics_caption_says_b_minus_a_and_which_is_higher(apptest):
 def test_the_status_line_says_what_a_delta_b_counts(apptest):
     at = app()
     ok(at)
+    from kvviz.app.engine import Engine
+    from kvviz.app.figures.states import divergence_steps, symmetric_difference
+
+    ea, eb = (Engine(canonical(), n, 512, defaults(n)).evicted_at for n in ("tova", "snapkv"))
+    step = int(divergence_steps(ea, eb)[0])  # where the default page opens
+    diff = int(symmetric_difference(ea, eb)[step])
     line = next(m.value for m in at.markdown if "**|A Δ B|**" in m.value)
-    assert "(positions only one of them holds)" in line
+    assert f"**|A Δ B|** {diff} held by one only ·" in line
 
 
 def test_a_result_without_its_model_says_so_plainly():

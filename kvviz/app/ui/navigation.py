@@ -213,38 +213,38 @@ def _ticker(steps: int):
     st.rerun(scope="app")
 
 
-def tie_line(ties) -> str:
-    """Said before the step's victims when a tie-break, not a score, chose any of them (one
-    short clause: the status line stays within the first screen at 1024 px)."""
-    if not ties:
-        return ""
-    parts = [f"{t.who}'s position {t.position} scores the same as {len(t.kept)} it keeps"
-             for t in ties]
-    return f"**Tie-break:** {'; '.join(parts)}, and {explain.TIE_RULE} · "
+def tie_words(position: int, ties) -> str:
+    """' (tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
+    beside the position, in few words, so the status line stays one line at 1024 px."""
+    t = next((t for t in ties if t.position == int(position)), None)
+    return "" if t is None else f" (tie-break: {len(t.kept)} it keeps score the same)"
 
 
 def status(ctx: Ctx):
     """One wrapping line (metrics in five columns are cut at 1024 px): what each policy
-    holds, |A Δ B| now, the first divergence and the positions evicted at this step."""
+    holds, |A Δ B| now, the first divergence and the positions evicted at this step (a
+    victim the tie-break chose said to be one)."""
     s = ctx.step
     va, vb = ctx.eng_a.victims(s), ctx.eng_b.victims(s)
+    sides = (ctx.solo,) if ctx.solo else ("a", "b")
+    ties = {w: explain.tie_facts(w.upper(), ctx.panel(w, s)) for w in sides}
 
-    def pos(v):
+    def pos(v, w):
         if not len(v):
             return "nothing"
-        shown = ", ".join(map(str, v[:4])) + (f" … ({len(v)} in all)" if len(v) > 4 else "")
+        tied = ties.get(w, ())
+        shown = ", ".join(str(p) + tie_words(p, tied) for p in v[:4]) + (
+            f" … ({len(v)} in all)" if len(v) > 4 else "")
         return ("position " if len(v) == 1 else "positions ") + shown
 
     hold_a = int(V.held_mask(ctx.ev_a, s).sum())
     line, gloss = st.columns([4, 1.1], vertical_alignment="center")
     with gloss:
         glossary_popover()  # one click away whatever the view
-    sides = (ctx.solo,) if ctx.solo else ("a", "b")
-    tie = tie_line([t for w in sides for t in explain.tie_facts(w.upper(), ctx.panel(w, s))])
     if ctx.solo:
         w = ctx.solo.upper()
         line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
-                    f"**{hold_a}** · {tie}evicted at step {s}: {pos(va)} · the other policy refused "
+                    f"**{hold_a}** · evicted at step {s}: {pos(va, ctx.solo)} · the other policy refused "
                     "its settings (see above)")
     else:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
@@ -253,10 +253,10 @@ def status(ctx: Ctx):
         line.markdown(
             f"<span style='color:{ctx.colours[0]}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{ctx.colours[1]}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
-            f"**|A Δ B|** {diff} (positions only one of them holds) · "
+            f"**|A Δ B|** {diff} held by one only · "
             f"first\u00a0divergence:\u00a0"  # kept on one line
             f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
-            f"{tie}evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
+            f"evicted at step {s}: **A** {pos(va, 'a')} · **B** {pos(vb, 'b')}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
     divergence_note(ctx)
     track = tracked(ctx)
