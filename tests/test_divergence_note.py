@@ -50,7 +50,7 @@ def test_the_page_at_a_divergence_names_it_says_why_and_marks_it(apptest):
     step, p = int(steps[0]), int(positions[0])
     share, at_step = by_hand(trace, ea.evicted_at, eb.evicted_at, p)
     who = "A" if ea.evicted_at[p] == step else "B"
-    page = app(trace="file:prose.npz", layer=0, budget=128, step=step)
+    page = app(trace="file:prose.npz", layer=0, budget=128, step=step, why=p)  # where D lands
     ok(page)
     note = next(m.value for m in page.markdown if "Next divergence" in m.value)
     assert f"**Next divergence, step {step}:** {who} evicts position {p};" in note
@@ -66,8 +66,19 @@ def test_the_page_at_a_divergence_names_it_says_why_and_marks_it(apptest):
     heat = [json.loads(c.proto.spec) for c in page.get("plotly_chart")][0]
     marks = [t for t in heat["data"] if str(t.get("name", "")).startswith("next divergence")]
     assert len(marks) == 1 and marks[0]["x"] == [p] and marks[0]["y"] == [step]
-    # a step the jump does not stop at: no note, no mark
-    quiet = app(trace="file:prose.npz", layer=0, budget=128, step=step - 1)
+    # the same step opened without the jump (no position to explain): no note
+    quiet = app(trace="file:prose.npz", layer=0, budget=128, step=step)
     ok(quiet)
-    if step - 1 not in set(steps.tolist()):
-        assert not [m for m in quiet.markdown if "Next divergence" in m.value]
+    assert not [m for m in quiet.markdown if "Next divergence" in m.value]
+
+
+def test_pressing_d_lands_on_the_note(apptest):
+    trace, ea, eb = runs()
+    steps, positions = jumps.notable_divergences(trace, ea.evicted_at, eb.evicted_at, 0.005)
+    page = app(trace="file:prose.npz", layer=0, budget=128, step=int(steps[0]) - 1)
+    ok(page)
+    page.button(key="nav.div").click().run()
+    ok(page)
+    assert page.session_state["kv"]["step"] == int(steps[0])
+    note = next(m.value for m in page.markdown if "Next divergence" in m.value)
+    assert f"evicts position {int(positions[0])};" in note

@@ -58,8 +58,9 @@ def tracked(ctx: Ctx) -> int:
 
 
 def notable_here(ctx: Ctx):
-    """(position, share, share step, threshold) when the current step is a step the
-    next-divergence jump stops at (its position), else None."""
+    """(position, share, share step, threshold) when the page is where the next-divergence
+    jump put it (the step it stops at, and its position as `why`: the jump sets both, and a
+    link keeps them), else None."""
     if ctx.solo:
         return None
     share = float(S["kv"].get("share", jumps.NOTABLE_SHARE) or jumps.NOTABLE_SHARE)
@@ -68,6 +69,9 @@ def notable_here(ctx: Ctx):
     if i >= len(steps) or int(steps[i]) != int(ctx.step):
         return None
     p = int(positions[i])
+    why = S["kv"].get("why")
+    if why is None or int(why) != p:  # (position 0 is a position)
+        return None
     got, at = _share_of(*_args(ctx), p)
     return p, got, at, share
 
