@@ -9,7 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+# one per KV head: categories, so none is a policy's colour (kvviz.app.figures.common)
+HEAD_COLOURS = ("#332288", "#882255", "#117733", "#000000", "#6A3D9A", "#8C564B", "#2F4F4F",
+                "#B8860B")
 
 
 def heads_figure(held, plain, layers, budgets, *, label: str, plain_label: str, budget: int,

@@ -104,22 +104,25 @@ def bar(draw_picker: bool = True) -> None:
         st.error(f"Lesson: {err}", icon=":material/error:")
     name = str(S["kv"].get("lesson", ""))
     if name:
-        _bar(name)
+        _bar(name, said=bool(err))
     if draw_picker:
         picker()
 
 
-def _bar(name: str) -> None:
+def _bar(name: str, said: bool = False) -> None:
+    """The bar; `said`: this run already showed the lesson's error, which is not repeated."""
     try:
         les = load(name)
     except ValueError as exc:
-        st.error(f"Lesson: {exc}. The page works on without it.", icon=":material/error:")
+        if not said:
+            st.error(f"Lesson: {exc}. The page works on without it.", icon=":material/error:")
         return
     total = len(les.scenes)
     n = int(S["kv"].get("scene", 0) or 0)
     if not 1 <= n <= total:
-        st.error(f"Lesson: scene {n} is not a scene of {les.path.name} (scenes 1–{total}); "
-                 "press next scene for scene 1.", icon=":material/error:")
+        if not said:
+            st.error(f"Lesson: scene {n} is not a scene of {les.path.name} (scenes 1–{total}); "
+                     "press next scene for scene 1.", icon=":material/error:")
         n = 0
     with st.container(border=True, key="lesson-bar"):
         head = f"**{les.title}** ({les.minutes:g} min)"

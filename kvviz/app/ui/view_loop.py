@@ -71,7 +71,9 @@ def model_caption(meta: dict) -> str:
     """Which model produced a result, from its own record (results written before provenance
     was recorded were all made by the bundled SmolLM2, which is what they say)."""
     if not meta.get("model"):
-        return "model: SmolLM2-135M-Instruct (recorded before results named their model)"
+        return ("model: SmolLM2-135M-Instruct (this result file does not name its model: "
+                "it was written before kvviz recorded one, when SmolLM2 was the only model "
+                "kvviz ran)")
     extra = ", ".join(f"{k} {meta[k]}" for k in ("dtype", "device") if meta.get(k))
     sha = meta.get("model_sha256")
     return (f"model: {meta['model']} ({meta.get('model_source', '')}"
