@@ -6,11 +6,10 @@ categories (right/wrong, a defended slot, a guess) use colours no policy has."""
 import json
 import re
 
-import numpy as np
 import pytest
-
 from apphelp import app, ok
 from figurehelp import png_colours, trace_colours
+
 from kvviz.app.figures import common as C
 from kvviz.app.figures.loop import perplexity_figure
 from kvviz.app.figures.needle import ACCURACY_SCALE

@@ -1,15 +1,15 @@
 """The next-divergence jump explains where it stopped: which position, the attention share
 that makes it count, each policy's score for it, and a mark on the heatmap."""
 import json
+from pathlib import Path
 
 import numpy as np
-
 from apphelp import app, ok
+
 from kvviz.app import jumps
 from kvviz.app.engine import Engine
 from kvviz.core.policies import defaults
 from kvviz.core.trace import load_trace
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 

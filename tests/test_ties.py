@@ -6,8 +6,8 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from apphelp import app, ok
+
 from kvviz.app import explain
 from kvviz.app.engine import Engine
 from kvviz.app.figures.states import divergence_steps

@@ -4,6 +4,7 @@ library's own numbers."""
 import json
 
 from apphelp import app, ok
+
 from kvviz.app import explain
 from kvviz.app.ui.view_loop import model_caption
 from kvviz.core.metrics import evaluate

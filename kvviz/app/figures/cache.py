@@ -25,9 +25,9 @@ from kvviz.app.figures.states import (
     ONLY_B,
     STATE_COLOURS,
     bin_edges,
-    state_colours,
     display_state,
     dominant_state,
+    state_colours,
     state_counts,
 )
 

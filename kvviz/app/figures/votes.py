@@ -9,8 +9,16 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
-from kvviz.app.figures.common import (A_COLOUR, B_COLOUR, NEUTRAL_COLOUR, RIGHT_COLOUR,
-                                      UNKNOWN_COLOUR, base_layout, policy_colour, policy_of)
+from kvviz.app.figures.common import (
+    A_COLOUR,
+    B_COLOUR,
+    NEUTRAL_COLOUR,
+    RIGHT_COLOUR,
+    UNKNOWN_COLOUR,
+    base_layout,
+    policy_colour,
+    policy_of,
+)
 
 GUESS_COLOUR = NEUTRAL_COLOUR  # categories: no policy's colours
 ANSWER_COLOUR = RIGHT_COLOUR

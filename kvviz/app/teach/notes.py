@@ -183,9 +183,8 @@ def next_(f: Facts, w: str) -> str:
     """The answer to "which position will A (or B) evict next?" asked at the scene's step
     (kvviz.app.teach.question.asked_at, as the page's ask button): the positions and the step
     they go."""
-    from kvviz.app.teach.question import asked_at
-
     from kvviz.app.explain import tie_facts
+    from kvviz.app.teach.question import asked_at
 
     q = asked_at(f.engine(w).evicted_at, f.step)
     return "nothing (it evicts nothing from here on)" if q is None else (
