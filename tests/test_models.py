@@ -1,8 +1,10 @@
 """Other models without downloads: tiny random-weight models built here from configs.
 
 Each architecture (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 with softcapping and
-sliding-window layers) gets hidden size 64, 2-3 layers, 4 heads, 2 KV heads and the bundled
-SmolLM2 tokenizer, saved to a folder once per session. On each: the loop with a budget of
+sliding-window layers, OLMo 2, StableLM with partial rotary; GPT-2 with learned positions and
+GPT-NeoX with partial rotary, both multi-head; GPTBigCode and Falcon, multi-query; GPT-J)
+gets hidden size 64, 2-3 layers, 4 heads and the bundled SmolLM2 tokenizer, saved to a
+folder once per session. On each: the loop with a budget of
 the whole text reproduces a plain forward pass's per-token NLL; the registered attention
 function ran in every layer at every step; masking one key is removing it; capture's rows
 are the eager forward pass's attentions, head-averaged.
@@ -45,6 +47,18 @@ def tiny(tmp_path_factory, tokenizer_dir):
     return get
 
 
+# (query heads, KV heads the cache holds), written out from each tiny config: not read back
+# through kvviz.model.models.attention_shape, which they check
+KV_HEADS = {"llama": (4, 2), "mistral": (4, 2), "qwen2": (4, 2), "qwen3": (4, 2), "phi3": (4, 2), "gemma2": (4, 2),
+            "olmo2": (4, 2), "stablelm": (4, 2), "gpt2": (4, 4), "gpt_neox": (4, 4), "gptj": (4, 4),
+            "gpt_bigcode": (4, 1), "falcon": (4, 1)}
+
+
+def _attention_modules(mdl):
+    """The decoder's self-attention modules in layer order, whatever the architecture names them."""
+    return [m for m in mdl.modules() if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
+
+
 def _pair(tiny, arch):
     from kvviz.model.models import load_model
 
@@ -62,7 +76,7 @@ def _plain_nll(mdl, ids):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch, torch_stack):
     from kvviz.model.loop import LoopConfig, engine, run_loop
-    from kvviz.model.models import text_config, tokenize
+    from kvviz.model.models import attention_shape, tokenize
 
     tok, mdl = _pair(tiny, arch)
     calls = {}
@@ -80,7 +94,7 @@ def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(t
     want = _plain_nll(mdl, ids)
     for c in range(len(cfgs)):
         np.testing.assert_allclose(res.nll[c], want, atol=1e-4, rtol=0)
-    L = text_config(mdl).num_hidden_layers
+    L = attention_shape(mdl).layers
     assert calls == {layer: T for layer in range(L)}  # every layer, every step
     assert (res.evicted_at == -1).all()  # nothing had to go
     assert res.rows_layers == sorted({0, (L - 1) // 2, L - 1})
@@ -95,29 +109,30 @@ def test_masking_one_key_is_removing_it(tiny, arch, torch_stack):
     import torch
 
     from kvviz.model.loop import engine
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape, text_config
 
     tok, mdl = _pair(tiny, arch)
-    cfg = text_config(mdl)
-    layer = mdl.model.layers[-1].self_attn
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    cfg, shape = text_config(mdl), attention_shape(mdl)
+    layer = _attention_modules(mdl)[-1]
+    scaling = getattr(layer, "scaling", None) or layer.inv_norm_factor  # Falcon: inv_norm_factor
+    D = shape.head_dim
     g = torch.Generator().manual_seed(1)
     k = 9
-    q = torch.randn(1, cfg.num_attention_heads, 1, D, generator=g)
-    key = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
-    val = torch.randn(1, cfg.num_key_value_heads, k, D, generator=g)
+    q = torch.randn(1, shape.heads, 1, D, generator=g)
+    key = torch.randn(1, shape.kv_heads, k, D, generator=g)
+    val = torch.randn(1, shape.kv_heads, k, D, generator=g)
     kw = {"softcap": getattr(cfg, "attn_logit_softcapping", None)}
     j = 4
-    state = engine.State(torch, 1, cfg.num_hidden_layers, cfg.num_key_value_heads, 1, k)
+    state = engine.State(torch, 1, shape.layers, shape.kv_heads, 1, k)
     try:
         engine._STATE = state
-        full, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)
+        full, _ = engine.attention(layer, q, key, val, None, scaling, **kw)
         state.bias[0, layer.layer_idx, :, j] = -np.inf
-        masked, _ = engine.attention(layer, q, key, val, None, layer.scaling, **kw)
+        masked, _ = engine.attention(layer, q, key, val, None, scaling, **kw)
     finally:
         engine._STATE = None
     keep = [i for i in range(k) if i != j]
-    removed, _ = engine.attention(layer, q, key[:, :, keep], val[:, :, keep], None, layer.scaling, **kw)
+    removed, _ = engine.attention(layer, q, key[:, :, keep], val[:, :, keep], None, scaling, **kw)
     torch.testing.assert_close(masked, removed, atol=1e-6, rtol=1e-5)
     assert not torch.allclose(masked, full, atol=1e-4)
 
@@ -127,21 +142,21 @@ def test_capture_rows_are_the_eager_attentions_head_averaged(tiny, arch, torch_s
     import torch
 
     from kvviz.model.capture import capture
-    from kvviz.model.models import resolve, source_sha256, text_config
+    from kvviz.model.models import resolve, source_sha256
 
     tok, mdl = _pair(tiny, arch)
-    cfg = text_config(mdl)
     res = capture(TEXT, max_tokens=T, heads="kv", model=str(tiny(arch)))
-    L = cfg.num_hidden_layers
+    Hq, Hk = KV_HEADS[arch]
+    L = len(_attention_modules(mdl))
     assert res["layers"] == sorted({0, (L - 1) // 2, L - 1})
     with torch.no_grad():
         att = mdl(input_ids=torch.tensor([res_ids(tok)]), output_attentions=True).attentions
     lower = np.tril(np.ones((T, T), bool), k=-1)
-    r = cfg.num_attention_heads // cfg.num_key_value_heads
+    r = Hq // Hk
     for i, layer in enumerate(res["layers"]):
         a = att[layer][0].numpy()
         np.testing.assert_allclose(res["attn"][i, 0], np.where(lower, a.mean(0), 0), atol=1e-6)
-        for h in range(cfg.num_key_value_heads):
+        for h in range(Hk):
             np.testing.assert_allclose(res["attn"][i, 1 + h], np.where(lower, a[h * r:(h + 1) * r].mean(0), 0),
                                        atol=1e-6)
     meta = res["meta"]
@@ -157,12 +172,72 @@ def res_ids(tok):
     return tokenize(tok, TEXT, T)[0]
 
 
-def test_sliding_window_beyond_the_window_is_refused_naming_model_and_feature(tiny, torch_stack):
-    from kvviz.model.loop import LoopConfig, run_loop
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_shape_is_what_the_cache_holds(tiny, arch, torch_stack):
+    """The helper's KV heads and head size are the shapes the model's own cache stores."""
+    import torch
+
+    from kvviz.model.models import attention_shape
+
+    tok, mdl = _pair(tiny, arch)
+    shape = attention_shape(mdl)
+    with torch.no_grad():
+        cache = mdl(input_ids=torch.tensor([res_ids(tok)[:5]]), use_cache=True).past_key_values
+    assert (shape.heads, shape.kv_heads) == KV_HEADS[arch]
+    assert shape.layers == len(cache.layers) == len(_attention_modules(mdl))
+    assert tuple(cache.layers[0].keys.shape) == (1, shape.kv_heads, 5, shape.head_dim)
+
+
+def test_sliding_window_past_the_window_matches_the_plain_model(tiny, torch_stack):
+    """Gemma 2 (sliding window 32 on alternate layers) at three times the window, through the
+    loop (masked and freed) and a prompt read in one pass: the model's own window applies,
+    so the full budget reproduces a plain forward pass; eviction runs on top of it."""
+    import torch
+
+    from kvviz.model.loop import LoopConfig, generate, run_loop
+    from kvviz.model.models import tokenize
 
     tok, mdl = _pair(tiny, "gemma2")
-    with pytest.raises(ValueError, match=r"model tiny-gemma2\d*: sliding-window attention \(window 32\)"):
-        run_loop(TEXT * 3, [LoopConfig("full")], max_tokens=40, model=(tok, mdl))
+    n = 96
+    ids = tokenize(tok, TEXT * 6, n)[0]
+    assert len(ids) == n and mdl.config.sliding_window == 32
+    want = _plain_nll(mdl, ids)
+    cfgs = [LoopConfig("full"), LoopConfig("tova", {}, n), LoopConfig("tova", {}, 40)]
+    for eviction in ("masked", "freed"):
+        res = run_loop(TEXT * 6, cfgs, max_tokens=n, model=(tok, mdl), eviction=eviction)
+        np.testing.assert_allclose(res.nll[:2], [want, want], atol=1e-4, rtol=0)
+        assert np.abs(res.nll[2] - want).max() > 1e-3  # a budget of 40 does evict
+    wide = type(mdl)(type(mdl.config)(**{**mdl.config.to_dict(), "sliding_window": 4 * n})).eval()
+    wide.load_state_dict(mdl.state_dict())  # the same weights with a window wider than the text
+    assert np.abs(_plain_nll(wide, ids) - want).max() > 1e-3  # so the window matters here
+    with torch.no_grad():
+        plain = mdl.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False).tolist()[0][n:]
+    gen = generate(ids, [LoopConfig("full")], 6, model=(tok, mdl), prompt_mode="prefill", stop_at_eos=False)
+    assert gen.new_ids[0].tolist() == plain
+
+
+@pytest.mark.parametrize("kind, config", [
+    ("bloom", dict(n_layer=2, n_head=4, hidden_size=64)),
+    ("falcon", dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, alibi=True)),
+    ("gpt_neo", dict(num_layers=2, num_heads=4, hidden_size=64, attention_types=[[["global"], 2]])),
+])
+def test_an_unsupported_attention_is_refused_in_one_line_naming_the_type_and_reason(kind, config, torch_stack):
+    import transformers as tf
+
+    from kvviz.hf import evicting
+    from kvviz.model.loop import LoopConfig, generate, run_loop
+
+    cls = {"bloom": tf.BloomConfig, "falcon": tf.FalconConfig, "gpt_neo": tf.GPTNeoConfig}[kind]
+    mdl = tf.AutoModelForCausalLM.from_config(cls(vocab_size=64, **config)).eval()
+    reason = "ALiBi attention biases" if kind != "gpt_neo" else "does not go through transformers' AttentionInterface"
+    rule = rf"^model \S+ \(model type {kind}\) is not supported: .*{reason}"
+    with pytest.raises(ValueError, match=rule):
+        run_loop(TEXT, [LoopConfig("full")], max_tokens=8, model=(None, mdl))
+    with pytest.raises(ValueError, match=rule):
+        generate([1, 2, 3], [LoopConfig("full")], 2, model=(None, mdl))
+    with pytest.raises(ValueError, match=rule):
+        with evicting(mdl, budget=4):
+            pass
 
 
 def test_layers_outside_the_model_are_refused_naming_the_range(tiny, torch_stack):
@@ -404,7 +479,8 @@ def test_direct_load_is_the_same_model_as_from_pretrained(tiny, arch, torch_stac
 
     folder = tiny(arch)
     _, fast = _load_folder(folder)
-    assert getattr(fast, "kvviz_direct_load", False), f"{arch}: the direct path was not taken"
+    # GPT-NeoX saves its head under the legacy name embed_out: the fast path declines it
+    assert getattr(fast, "kvviz_direct_load", False) == (arch != "gpt_neox"), f"{arch}: the wrong path was taken"
     slow = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, attn_implementation="eager",
                                                 dtype=torch.float32).eval()
     a, b = fast.state_dict(), slow.state_dict()

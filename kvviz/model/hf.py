@@ -83,7 +83,6 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         attached,
         bookkeeping,
         capacity,
-        check_architecture,
         gathered,
         make_policies,
         masked_state,
@@ -91,10 +90,10 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         slot_cache,
         use,
     )
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape
 
-    tc = text_config(model)
-    L, Hk = tc.num_hidden_layers, tc.num_key_value_heads
+    shape = attention_shape(model)
+    L, Hk = shape.layers, shape.kv_heads
     G = 1 if granularity == "layer" else Hk
     dev = next(model.parameters()).device
     policies = [make_policies(cfg, L, G, 0, seed, vectorised=False)]
@@ -121,7 +120,6 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
                              f"(the cache holds {past} positions, this block has seen {seen[0]})")
         if seen[0] and q != 1:
             raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
-        check_architecture(model, seen[0] + q)
         if not seen[0]:
             lane[0] = Lane(np.zeros(1, np.int64), prompt_state(torch, q, [cfg], policies, L, Hk, G, prefill_chunk,
                                                                dev), None)

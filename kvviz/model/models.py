@@ -183,6 +183,35 @@ def text_config(model_or_config):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """A decoder's attention as its KV cache holds it: `layers`, query `heads`, `kv_heads`
+    (the heads the cache stores per layer), `head_dim`."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def attention_shape(model_or_config) -> AttentionShape:
+    """The one place the config's names for these are read. Multi-head configurations with no
+    `num_key_value_heads` (GPT-2, GPT-NeoX) cache one KV head per query head; GPTBigCode's
+    `multi_query` caches one; Falcon caches one when `multi_query` (the old architecture)
+    and, with `new_decoder_architecture`, broadcasts its `num_kv_heads` to every query head
+    before caching, so its cache holds `num_attention_heads`."""
+    cfg = text_config(model_or_config)
+    heads = int(cfg.num_attention_heads)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    if getattr(cfg, "model_type", None) == "falcon":
+        kv = heads if cfg.new_decoder_architecture else (1 if cfg.multi_query else heads)
+    elif getattr(cfg, "multi_query", False):
+        kv = 1
+    kv = heads if kv is None else int(kv)
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return AttentionShape(int(cfg.num_hidden_layers), heads, kv, int(dim))
+
+
 def default_layers(n_layers: int) -> list[int]:
     """First, middle and last (distinct, so a 2-layer model gives [0, 1])."""
     return sorted({0, (n_layers - 1) // 2, n_layers - 1})
