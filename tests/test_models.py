@@ -511,3 +511,72 @@ def test_direct_load_leaves_other_folders_to_from_pretrained(tiny, tmp_path):
     state["legacy." + key] = state.pop(key)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     assert _direct_load(folder) is None
+
+
+def _long_ids(tok, n):
+    from kvviz.model.models import tokenize
+
+    ids = tokenize(tok, TEXT * 8, n)[0]
+    assert len(ids) == n
+    return ids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generate_at_full_budget_is_plain_greedy_with_its_log_probabilities(tiny, arch, torch_stack):
+    """kvviz's generate (prompt token by token, and in one pass) at a budget of the whole
+    sequence gives plain HF greedy output, each token's log-probability the plain forward's;
+    Gemma 2's prompt runs past its 32-token window."""
+    import torch
+
+    from kvviz.model.loop import LoopConfig, generate
+
+    tok, mdl = _pair(tiny, arch)
+    ids, N = _long_ids(tok, 40), 6
+    with torch.no_grad():
+        plain = mdl.generate(torch.tensor([ids]), max_new_tokens=N, min_new_tokens=N, do_sample=False)[0]
+        logp = torch.log_softmax(mdl(input_ids=plain[None, :-1]).logits[0].double(), dim=-1)
+    want = logp[len(ids) - 1:].gather(1, plain[len(ids):, None])[:, 0].numpy()
+    for mode in ("decode", "prefill"):
+        gen = generate(ids, [LoopConfig("full"), LoopConfig("tova", {}, 40 + N)], N, model=(tok, mdl),
+                       prompt_mode=mode, stop_at_eos=False, granularity="kv-head")
+        assert gen.new_ids.tolist() == [plain[len(ids):].tolist()] * 2, mode
+        np.testing.assert_allclose(gen.logprobs, [want, want], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("eviction", ["masked", "freed"])
+def test_kvviz_hf_with_gradients_enabled_matches_a_plain_forward_at_full_budget(tiny, arch, eviction, torch_stack):
+    """A user's own decode loop inside kvviz.hf.evicting, outside torch.no_grad(): every
+    step's logits are the plain forward's at a budget of the whole text (Gemma 2 past its
+    window), the logits still carry gradients, and a budget of 8 evicts and changes them."""
+    import torch
+
+    import kvviz.hf
+    from kvviz.core.replay import NEVER
+    from kvviz.model.models import attention_shape
+
+    tok, mdl = _pair(tiny, arch)
+    n, P = 72, 20
+    ids = torch.tensor([_long_ids(tok, n)])
+    with torch.no_grad():
+        want = mdl(input_ids=ids).logits[0]
+
+    def decode(budget):
+        with kvviz.hf.evicting(mdl, "tova", budget, eviction=eviction) as log:
+            out = mdl(input_ids=ids[:, :P], use_cache=True)
+            logits, cache = [out.logits[0]], out.past_key_values
+            for t in range(P, n):
+                out = mdl(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+                logits.append(out.logits[0])
+        return torch.cat(logits), log
+
+    assert torch.is_grad_enabled()
+    got, log = decode(n)
+    assert got.requires_grad
+    got.sum().backward()  # gradients flow through the eviction attention
+    torch.testing.assert_close(got.detach(), want, atol=1e-4, rtol=0)
+    shape = attention_shape(mdl)
+    assert log.evicted_at.shape == (shape.layers, shape.kv_heads, n) and (log.evicted_at == NEVER).all()
+    small, log = decode(8)
+    assert (log.evicted_at != NEVER).any() and (small.detach() - want).abs().max() > 1e-3
+    mdl.zero_grad(set_to_none=True)

@@ -60,6 +60,28 @@ def _cache_length(kwargs) -> int | None:
     return None if cache is None else int(cache.get_seq_length())
 
 
+def full_layers(kwargs) -> dict:
+    """The forward's keyword arguments with a cache whose layers keep every position: a
+    sliding-window layer (DynamicSlidingWindowLayer, which transformers builds for a
+    sliding-window model) drops keys past its window, so a cache index would no longer be
+    a position; the window itself is applied by the eviction attention, as the model
+    applies it. Given no cache (and use_cache not False), a plain DynamicCache is passed."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None:
+        if kwargs.get("use_cache") is False:
+            return kwargs
+        kwargs = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+        return {**kwargs, "cache": DynamicCache()}
+    layers = getattr(cache, "layers", None) or []
+    for i, lay in enumerate(layers):
+        if getattr(lay, "is_sliding", False):
+            layers[i] = DynamicLayer()
+    return kwargs
+
+
 @contextmanager
 def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = "kv-head", seed: int = 0,
              eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK, **params):
@@ -123,14 +145,21 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         if not seen[0]:
             lane[0] = Lane(np.zeros(1, np.int64), prompt_state(torch, q, [cfg], policies, L, Hk, G, prefill_chunk,
                                                                dev), None)
+            kwargs = full_layers(kwargs)
         else:
             grow(seen[0] + 1)
             if lane[0].state.freed:
-                lane[0].state.place(seen[0])
-                lane[0].state.push(torch)
+                with torch.no_grad():
+                    lane[0].state.place(seen[0])
+                    lane[0].state.push(torch)
         use(lane[0].state)
+        return args, kwargs
 
     def after(module, args, kwargs, output):
+        with torch.no_grad():  # the bookkeeping reads detached weights, with or without gradients
+            _after(args, kwargs, output)
+
+    def _after(args, kwargs, output):
         q = _input_ids(args, kwargs).shape[1]
         if not seen[0]:
             feed = lane[0].state.feed

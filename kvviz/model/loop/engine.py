@@ -225,8 +225,12 @@ def slot_layer_class():
                     raise ValueError("a freed cache takes one token per step")
                 B, Hk, _, D = key_states.shape
                 idx = self.state.write_t[:B, self.layer, :, None, None].expand(B, Hk, 1, D)
-                self.keys.scatter_(2, idx, key_states)
-                self.values.scatter_(2, idx, value_states)
+                if key_states.requires_grad:  # in place would break the backward pass through earlier steps
+                    self.keys = self.keys.scatter(2, idx, key_states)
+                    self.values = self.values.scatter(2, idx, value_states)
+                else:
+                    self.keys.scatter_(2, idx, key_states)
+                    self.values.scatter_(2, idx, value_states)
                 self.seen += 1
                 return self.keys, self.values
 
