@@ -49,6 +49,12 @@ def add_device_arguments(parser) -> None:
                         help="float32 (the CPU's only choice); bfloat16 or float16 on CUDA")
 
 
+def add_threads_argument(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: $KVVIZ_THREADS, else $OMP_NUM_THREADS, else min(4, cores); "
+                             "run several processes side by side with 1 each)")
+
+
 def parse_layers(spec, n_layers: int | None = None) -> list[int] | None:
     """'0,14,29' -> [0, 14, 29]; negative indices count from the last layer. None or ""
     means the model's default (first, middle, last): None without `n_layers`. Without

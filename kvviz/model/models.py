@@ -269,6 +269,43 @@ def check_device(device: str = "cpu", dtype: str = "float32") -> tuple[str, str]
     return device, dtype
 
 
+THREADS_ENV = "KVVIZ_THREADS"  # torch threads per process, for a launcher running several side by side
+MAX_THREADS = 4  # beyond this a decode step of these small models gains little and others lose more
+
+
+def thread_count(requested=None) -> tuple[int, str]:
+    """The torch threads a model command uses, and why, by one rule: `--threads N` if given;
+    else $KVVIZ_THREADS (a launcher running several kvviz processes side by side sets 1, as
+    the sweep's workers run 1 each); else $OMP_NUM_THREADS if set; else min(4, the cores
+    this process may run on). ValueError names the option or variable and the rule."""
+    def whole(value, where):
+        try:
+            n = int(str(value).strip())
+        except ValueError:
+            n = 0
+        if isinstance(value, bool) or n < 1 or str(n) != str(value).strip():
+            raise ValueError(f"{where} must be an integer >= 1, got {value!r}")
+        return n
+
+    if requested is not None:
+        return whole(requested, "--threads"), "--threads"
+    for var in (THREADS_ENV, "OMP_NUM_THREADS"):
+        if os.environ.get(var, "").strip():
+            return whole(os.environ[var], f"${var}"), f"${var}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(MAX_THREADS, cores), f"min({MAX_THREADS}, {cores} cores available)"
+
+
+def use_threads(requested=None, command: str = "loop") -> int:
+    """torch.set_num_threads by `thread_count`'s rule, said in one line on stderr."""
+    import torch
+
+    n, why = thread_count(requested)
+    torch.set_num_threads(n)
+    log(f"torch threads: {n} ({why}; --threads N to choose)", command)
+    return n
+
+
 def load_model(spec=None, command: str = "capture", device: str = "cpu", dtype: str = "float32"):
     """(tokenizer, model) for `spec`, loaded once per process per (resolved spec, device,
     dtype), eager attention, eval mode. The pair's model carries `kvviz_provenance`."""

@@ -21,7 +21,7 @@ from kvviz.model.loop.cli import (
 )
 from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk, check_fits
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
-from kvviz.model.models import resolve
+from kvviz.model.models import resolve, thread_count, use_threads
 
 MARK = "|>"
 
@@ -89,10 +89,16 @@ def read_prompt(args) -> str:
 def run(args) -> int:
     if cli_load(args.plugin, "kvviz generate"):
         return 2
+    try:
+        threads = thread_count(args.threads)[0]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.perf:
         if args.perf_main is None:
             print("error: --perf is run by the kvviz command line (kvviz generate --perf)", file=sys.stderr)
             return 2
+        use_threads(threads, "generate")
         return args.perf_main(args.perf_tokens, budget=(args.budget or [128])[0], device=args.device,
                               dtype=args.dtype)
     try:
@@ -117,6 +123,7 @@ def run(args) -> int:
         return 2
     from kvviz.model.loop import generate
 
+    use_threads(threads, "generate")
     try:
         gen = generate(prompt, configs, args.max_new_tokens, granularity=args.granularity,
                        prompt_mode=args.prompt_mode, model=args.model, seed=args.seed, device=args.device,
