@@ -580,3 +580,69 @@ def test_kvviz_hf_with_gradients_enabled_matches_a_plain_forward_at_full_budget(
     small, log = decode(8)
     assert (log.evicted_at != NEVER).any() and (small.detach() - want).abs().max() > 1e-3
     mdl.zero_grad(set_to_none=True)
+
+
+def test_refusals_name_the_commands_own_options(tiny, tmp_path, capsys, torch_stack):
+    """The loop has no --prompt-mode and needle's budgets are --budgets: each command's
+    refusal names what that command takes."""
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.model.needle.cli import main as needle_main
+
+    pair = _pair(tiny, "llama")
+    with pytest.raises(ValueError, match=r"kvviz loop reads its text token by token; run it as a prompt with "
+                                         r"kvviz generate --prompt-mode prefill"):
+        run_loop(TEXT, [LoopConfig("headroles", {"scorer": "tova"}, 40)], max_tokens=T, model=pair,
+                 granularity="kv-head")
+    argv = ["--out", str(tmp_path / "n"), "--lengths", "128", "--policies", "tova", "--budgets", "500",
+            "--eviction", "freed", "--model", str(tiny("llama"))]
+    assert needle_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --budgets 500 with --eviction freed: ") and "--budget " not in err[-1]
+
+
+def test_threads_follow_one_rule_and_each_command_says_what_it_used(tiny, tmp_path, monkeypatch, capsys,
+                                                                     torch_stack):
+    import os as _os
+
+    import torch
+
+    from kvviz.model.loop.cli import main as loop_main
+    from kvviz.model.loop.generate_cli import main as generate_main
+    from kvviz.model.models import thread_count
+    from kvviz.model.needle.cli import main as needle_main
+
+    for var in ("KVVIZ_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(_os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert thread_count() == (4, "min(4, 16 cores available)")
+    monkeypatch.setattr(_os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert thread_count() == (2, "min(4, 2 cores available)")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert thread_count() == (3, "$OMP_NUM_THREADS")
+    monkeypatch.setenv("KVVIZ_THREADS", "1")  # a launcher running several side by side
+    assert thread_count() == (1, "$KVVIZ_THREADS") and thread_count(2) == (2, "--threads")
+    for bad, where in ((0, "--threads"), ("two", "--threads")):
+        with pytest.raises(ValueError, match=rf"^{where} must be an integer >= 1, got "):
+            thread_count(bad)
+    monkeypatch.setenv("KVVIZ_THREADS", "0")
+    with pytest.raises(ValueError, match=r"^\$KVVIZ_THREADS must be an integer >= 1, got '0'"):
+        thread_count()
+    monkeypatch.setenv("KVVIZ_THREADS", "1")
+
+    before = torch.get_num_threads()
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    model = ["--model", str(tiny("gpt2")), "--quiet"]
+    try:
+        assert loop_main(["--text", str(text), "--max-tokens", "12", "--threads", "2", *model]) == 0
+        assert torch.get_num_threads() == 2
+        assert "[kvviz loop] torch threads: 2 (--threads)" in capsys.readouterr().err.splitlines()
+        assert generate_main(["--prompt", TEXT, "--max-new-tokens", "2", *model]) == 0
+        assert torch.get_num_threads() == 1
+        assert ("[kvviz generate] torch threads: 1 ($KVVIZ_THREADS; --threads N to choose)"
+                in capsys.readouterr().err.splitlines())
+        for main in (loop_main, generate_main, needle_main):
+            assert main(["--threads", "0", *model]) == 2
+            assert capsys.readouterr().err.splitlines() == ["error: --threads must be an integer >= 1, got 0"]
+    finally:
+        torch.set_num_threads(before)

@@ -302,7 +302,8 @@ def use_threads(requested=None, command: str = "loop") -> int:
 
     n, why = thread_count(requested)
     torch.set_num_threads(n)
-    log(f"torch threads: {n} ({why}; --threads N to choose)", command)
+    log(f"torch threads: {n} ({why})" if why == "--threads" else f"torch threads: {n} ({why}; --threads N to choose)",
+        command)
     return n
 
 

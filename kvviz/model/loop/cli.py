@@ -187,7 +187,7 @@ def table(results) -> str:
     eviction beside the full cache's on the same tokens and the difference, top-1, KL."""
     lines = [f"{'config':<58} {'ppl':>8} {'after':>9} {'full':>9} {'diff':>9} {'top1':>6} {'kl':>7}"]
     for r in results:
-        after, full = r["perplexity_after_eviction"], r["full_perplexity_after_eviction"]
+        after, full = r["perplexity_after_eviction"], r.get("full_perplexity_after_eviction")
         name = config_label(r["policy"], r["params"], budget=r["budget"])
         cells = ["-", "-", "-"] if after is None or full is None else \
             [format(after, ".3f"), format(full, ".3f"), format(after - full, "+.3f")]
@@ -204,7 +204,7 @@ def run(args) -> int:
     if cli_load(args.plugin, "kvviz loop"):
         return 2
     try:
-        threads = thread_count(args.threads)[0]
+        thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -212,7 +212,7 @@ def run(args) -> int:
         if args.perf_main is None:
             print("error: --perf is run by the kvviz command line (kvviz loop --perf)", file=sys.stderr)
             return 2
-        use_threads(threads, "loop")
+        use_threads(args.threads, "loop")
         return args.perf_main(args.perf_tokens, budget=(args.budget or [256])[0], device=args.device,
                               dtype=args.dtype)
     try:
@@ -236,7 +236,7 @@ def run(args) -> int:
         return 2
     from kvviz.model.loop import run_loop
 
-    use_threads(threads, "loop")
+    use_threads(args.threads, "loop")
     start = time.perf_counter()
     try:
         res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,

@@ -763,7 +763,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
-    refuse_uncalibrated(configs, policies)
+    refuse_uncalibrated(configs, policies, "loop")
     with attached(mdl):
         lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
@@ -899,14 +899,21 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
              for g in range(G)] for layer in range(L)]
 
 
-def refuse_uncalibrated(configs, policies) -> None:
+READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one pass
+    "loop": "kvviz loop reads its text token by token; run it as a prompt with kvviz generate --prompt-mode "
+            "prefill (or kvviz needle --prompt-modes prefill)",
+    "generate": "use prompt_mode='prefill' (kvviz generate --prompt-mode prefill; kvviz needle --prompt-modes "
+                "prefill)"}
+
+
+def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
     """An allocator that decides from calibration rows read with the full cache (head roles)
-    gets them from a prompt read in one pass; decoding token by token has none to give."""
+    gets them from a prompt read in one pass; decoding token by token has none to give. The
+    refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
     for cfg, pol in zip(configs, policies):
         if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup) and pol[0].allocator.calibration_rows():
             raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
-                             "the full cache, which only a prompt read in one pass gives: use prompt_mode "
-                             "'prefill' (--prompt-mode prefill)")
+                             f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
 
 
 def streams_of(pol, layer: int) -> list:

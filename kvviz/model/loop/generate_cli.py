@@ -90,7 +90,7 @@ def run(args) -> int:
     if cli_load(args.plugin, "kvviz generate"):
         return 2
     try:
-        threads = thread_count(args.threads)[0]
+        thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -98,7 +98,7 @@ def run(args) -> int:
         if args.perf_main is None:
             print("error: --perf is run by the kvviz command line (kvviz generate --perf)", file=sys.stderr)
             return 2
-        use_threads(threads, "generate")
+        use_threads(args.threads, "generate")
         return args.perf_main(args.perf_tokens, budget=(args.budget or [128])[0], device=args.device,
                               dtype=args.dtype)
     try:
@@ -123,7 +123,7 @@ def run(args) -> int:
         return 2
     from kvviz.model.loop import generate
 
-    use_threads(threads, "generate")
+    use_threads(args.threads, "generate")
     try:
         gen = generate(prompt, configs, args.max_new_tokens, granularity=args.granularity,
                        prompt_mode=args.prompt_mode, model=args.model, seed=args.seed, device=args.device,

@@ -93,7 +93,7 @@ def run(args) -> int:
     try:
         from kvviz.model.models import thread_count
 
-        threads = thread_count(args.threads)[0]
+        thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
         grid = grid_from(args)
         haystack = read_haystack(args.haystack)
         from kvviz.model.models import resolve
@@ -115,7 +115,7 @@ def run(args) -> int:
     from kvviz.model.models import use_threads
     from kvviz.model.needle.run import run_grid
 
-    use_threads(threads, "needle")
+    use_threads(args.threads, "needle")
     start = time.perf_counter()
     try:
         df = run_grid(grid, args.out, model=args.model, haystack=haystack,
