@@ -58,7 +58,8 @@ def main(tokens: int = 512, budget: int = 128, new: int = 32, device: str = "cpu
     for mode in ("decode", "prefill"):
         whole = {k: runs[mode, k].meta["prompt_seconds"] + runs[mode, k].meta["generation_seconds"] for k in (n, 1)}
         print(f"{n} configs vs 1 ({mode}): whole run {whole[n]:.1f} s vs {whole[1]:.1f} s = "
-              f"{whole[n] / whole[1]:.2f}x, per new token {per_token[mode, n] / per_token[mode, 1]:.2f}x (target <= 3x)")
+              f"{whole[n] / whole[1]:.2f}x, per new token {per_token[mode, n] / per_token[mode, 1]:.2f}x "
+              "(target <= 3x)")
     dec, pre = runs["decode", n].meta["prompt_seconds"], runs["prefill", n].meta["prompt_seconds"]
     print(f"reading the prompt, {n} configs: decode {dec:.1f} s, prefill {pre:.2f} s = {dec / pre:.1f}x faster "
           "(target >= 5x)")

@@ -53,7 +53,7 @@ def parser(sub=None, perf=None) -> argparse.ArgumentParser:
     add_model_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
     p.add_argument("--perf", action="store_true",
-                   help="benchmark: 8 configs against 1, bookkeeping share, prefill against decode")
+                   help="benchmark: up to 8 configs (printed) against 1, bookkeeping share, prefill against decode")
     p.add_argument("--perf-tokens", type=int, default=512, help="prompt tokens per --perf run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_plugin_argument(p)
