@@ -98,6 +98,11 @@ def run(args) -> int:
         if args.perf_main is None:
             print("error: --perf is run by the kvviz command line (kvviz generate --perf)", file=sys.stderr)
             return 2
+        try:
+            require_stack("generate --perf")
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         use_threads(args.threads, "generate")
         return args.perf_main(args.perf_tokens, budget=(args.budget or [128])[0], device=args.device,
                               dtype=args.dtype)
