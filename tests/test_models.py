@@ -646,3 +646,31 @@ def test_threads_follow_one_rule_and_each_command_says_what_it_used(tiny, tmp_pa
             assert capsys.readouterr().err.splitlines() == ["error: --threads must be an integer >= 1, got 0"]
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("variant, cached", [(dict(new_decoder_architecture=True, num_kv_heads=2), 4),
+                                             (dict(multi_query=False), 4), (dict(multi_query=True), 1)])
+def test_falcons_other_layouts_cache_what_the_helper_says_and_match_a_plain_forward(tokenizer_dir, variant, cached,
+                                                                                      torch_stack):
+    """Falcon's new decoder architecture broadcasts its KV heads to every query head before
+    caching; without multi_query it is multi-head: the loop follows the cache either way."""
+    import torch
+    import transformers as tf
+
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.model.models import attention_shape, tokenize
+
+    torch.manual_seed(0)
+    cfg = tf.FalconConfig(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=False,
+                          initializer_range=0.2, **variant)
+    mdl = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    tok = tf.AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = tokenize(tok, TEXT, T)[0]
+    with torch.no_grad():
+        cache = mdl(input_ids=torch.tensor([ids[:3]]), use_cache=True).past_key_values
+    assert attention_shape(mdl).kv_heads == cached == cache.layers[0].keys.shape[1]
+    res = run_loop(TEXT, [LoopConfig("full"), LoopConfig("tova", {}, T), LoopConfig("tova", {}, 8)], max_tokens=T,
+                   model=(tok, mdl), granularity="kv-head")
+    want = _plain_nll(mdl, ids)
+    np.testing.assert_allclose(res.nll[:2], [want, want], atol=1e-4, rtol=0)
+    assert np.abs(res.nll[2] - want).max() > 1e-3 and res.evicted_at.shape[2] == cached
