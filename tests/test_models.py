@@ -674,3 +674,28 @@ def test_falcons_other_layouts_cache_what_the_helper_says_and_match_a_plain_forw
     want = _plain_nll(mdl, ids)
     np.testing.assert_allclose(res.nll[:2], [want, want], atol=1e-4, rtol=0)
     assert np.abs(res.nll[2] - want).max() > 1e-3 and res.evicted_at.shape[2] == cached
+
+
+def test_loop_perf_prints_the_configurations_it_runs(tiny, monkeypatch, capsys, torch_stack):
+    """`loop --perf` once printed "8 configs" while it ran more: what it prints is what ran."""
+    from kvviz.model import models
+    from kvviz.model.loop import engine
+    from kvviz.studies import loop_perf
+
+    pair = _pair(tiny, "gpt2")
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pair)
+    ran, inner = [], engine.run
+
+    def recording(text, configs, *a, **kw):
+        ran.append([c.label for c in configs])
+        return inner(text, configs, *a, **kw)
+
+    monkeypatch.setattr(engine, "run", recording)
+    assert loop_perf.main(64, budget=40) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [len(r) for r in ran] == [len(ran[0]), len(ran[0]), 1] and len(ran[0]) > 8
+    n = len(ran[0])
+    assert f"configs ({n}): {', '.join(ran[0])}" in out
+    assert any(line.startswith(f"batch efficiency (layer): {n} configs ") for line in out)
+    assert [line.split()[:2] for line in out if line.startswith(("layer ", "kv-head "))] == \
+        [["layer", str(n)], ["kv-head", str(n)], ["layer", "1"]]
