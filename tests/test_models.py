@@ -699,3 +699,38 @@ def test_loop_perf_prints_the_configurations_it_runs(tiny, monkeypatch, capsys, 
     assert any(line.startswith(f"batch efficiency (layer): {n} configs ") for line in out)
     assert [line.split()[:2] for line in out if line.startswith(("layer ", "kv-head "))] == \
         [["layer", str(n)], ["kv-head", str(n)], ["layer", "1"]]
+
+
+@pytest.mark.parametrize("kind", ["mistral", "starcoder2", "qwen2"])
+def test_a_16_token_window_at_four_times_the_window_matches_the_plain_model(tokenizer_dir, kind, torch_stack):
+    """Every layer sliding (Mistral, Starcoder2) or Qwen2's use_sliding_window, a window of 16,
+    a text of 64 tokens: the loop (masked and freed) at a full budget is the plain model; so
+    is StreamingLLM without sinks at budget 15 (it holds the 15 keys before the query, what
+    the window lets the query read besides itself), and at 14 it is not."""
+    import torch
+    import transformers as tf
+
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.model.models import tokenize
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=0.2, sliding_window=16)
+    cfg = {"mistral": lambda: tf.MistralConfig(**common),
+           "starcoder2": lambda: tf.Starcoder2Config(**common),
+           "qwen2": lambda: tf.Qwen2Config(**common, use_sliding_window=True, max_window_layers=0)}[kind]()
+    mdl = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    tok = tf.AutoTokenizer.from_pretrained(tokenizer_dir)
+    n = 64
+    ids = tokenize(tok, TEXT * 6, n)[0]
+    want = _plain_nll(mdl, ids)
+    wide = type(mdl)(type(cfg)(**{**cfg.to_dict(), "sliding_window": 4 * n})).eval()
+    wide.load_state_dict(mdl.state_dict())
+    assert np.abs(_plain_nll(wide, ids) - want).max() > 1e-3  # the window matters here
+    for eviction in ("masked", "freed"):
+        cfgs = [LoopConfig("full"), LoopConfig("tova", {}, n), LoopConfig("streaming-llm", {"sinks": 0}, 15),
+                LoopConfig("streaming-llm", {"sinks": 0}, 14)]
+        res = run_loop(TEXT * 6, cfgs, max_tokens=n, model=(tok, mdl), eviction=eviction, granularity="kv-head")
+        np.testing.assert_allclose(res.nll[:3], [want] * 3, atol=1e-4, rtol=0)
+        assert (res.evicted_at[2] != -1).any() and np.abs(res.nll[3] - want).max() > 1e-3
