@@ -509,7 +509,7 @@ def attached(mdl, state: State | None = None):
     with _LOCK:
         register()
         check_architecture(mdl)
-        settable = type(mdl)._can_set_attn_implementation()  # Falcon's is routed instead
+        settable = interface_settable(mdl)  # Falcon's is routed instead
         previous = mdl.config._attn_implementation
         _STATE = state
         try:
@@ -836,11 +836,18 @@ def check_architecture(mdl) -> None:
     name = model_provenance(mdl)["model"]
     if kind in ALIBI or getattr(cfg, "alibi", False):
         why = "its positions are ALiBi attention biases, which kvviz's eviction attention does not add"
-    elif kind != "falcon" and not type(mdl)._can_set_attn_implementation():
+    elif kind != "falcon" and not interface_settable(mdl):
         why = "its attention does not go through transformers' AttentionInterface, so no key can be masked in it"
     else:
         return
     raise ValueError(f"model {name} (model type {kind}) is not supported: {why}")
+
+
+def interface_settable(mdl) -> bool:
+    """Whether the model's attention goes through transformers' AttentionInterface (so
+    `set_attn_implementation` takes kvviz's function); transformers' own test of it."""
+    test = getattr(type(mdl), "_can_set_attn_implementation", None)
+    return True if test is None else bool(test())
 
 
 def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None,
