@@ -50,6 +50,7 @@ def add_device_arguments(parser) -> None:
 
 
 def add_threads_argument(parser) -> None:
+    """--threads (loop, generate, needle): the rule is kvviz.model.models.thread_count."""
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: $KVVIZ_THREADS, else $OMP_NUM_THREADS, else min(4, cores); "
                              "run several processes side by side with 1 each)")

@@ -93,7 +93,11 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
     prompt the cache's layers are replaced by fixed slots holding only the kept
     positions: the memory is the budget's). `prefill_chunk`: prompt queries per attention
     block (memory grows with chunk x prompt length, never with its square). Works with
-    or without gradients enabled: the policies read detached weights."""
+    or without gradients enabled: the bookkeeping runs under no_grad on detached weights,
+    and the output keeps its gradients (a freed cache is then written out of place). A
+    sliding-window model's window is applied as the model applies it (its sliding cache
+    layers are swapped for full ones when the prompt is read). A model kvviz cannot evict
+    in (ALiBi, an attention outside AttentionInterface) is refused on entry, in one line."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
     check_eviction(eviction)
