@@ -734,3 +734,22 @@ def test_a_16_token_window_at_four_times_the_window_matches_the_plain_model(toke
         res = run_loop(TEXT * 6, cfgs, max_tokens=n, model=(tok, mdl), eviction=eviction, granularity="kv-head")
         np.testing.assert_allclose(res.nll[:3], [want] * 3, atol=1e-4, rtol=0)
         assert (res.evicted_at[2] != -1).any() and np.abs(res.nll[3] - want).max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_bigcode", "falcon"])
+def test_a_text_past_the_models_positions_is_refused_before_it_loads(tiny, arch, tmp_path, capsys, monkeypatch):
+    """GPT-2 and GPTBigCode name their context `n_positions`; it is still the context (256 here)."""
+    import kvviz.model.models as models
+    from kvviz.model.loop.cli import main as loop_main
+
+    def no_load(*a, **k):
+        raise AssertionError("nothing may load for a text past the context")
+
+    folder = tiny(arch)
+    monkeypatch.setattr(models, "load_model", no_load)
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT * 20, encoding="utf-8")
+    capsys.readouterr()
+    assert loop_main(["--text", str(text), "--max-tokens", "300", "--model", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --text {text} needs 300 positions, more than the model's context of 256"]

@@ -445,16 +445,17 @@ def _folder(model):
 
 
 def context_limit(model=None) -> int | None:
-    """The model's max_position_embeddings, read from its config without loading it."""
-    import json
-
+    """The model's max_position_embeddings, read from its config without loading the weights
+    (through transformers' config class, whose attribute map reads GPT-2's `n_positions`)."""
     if isinstance(model, tuple):
         return getattr(text_config(model[1]), "max_position_embeddings", None)
     folder = _folder(model)
     if folder is None or not (folder / "config.json").is_file():
         return None
-    cfg = json.loads((folder / "config.json").read_text())
-    return cfg.get("max_position_embeddings", cfg.get("text_config", {}).get("max_position_embeddings"))
+    from transformers import AutoConfig
+
+    return getattr(text_config(AutoConfig.from_pretrained(folder, local_files_only=True)),
+                   "max_position_embeddings", None)
 
 
 def load_tokenizer(model=None):
