@@ -218,7 +218,7 @@ def no_model_load(monkeypatch):
      "--text {long} needs 9000 positions, more than the model's context of 8192"),
     (["needle", "--out", "{out}", "--lengths", "512", "--policies", "tova", "--budgets", "600",
       "--eviction", "freed", "--max-new-tokens", "4"],
-     "--budget 600 with --eviction freed: the longest prompt (--lengths 512) with its new tokens reads 515 "
+     "--budgets 600 with --eviction freed: the longest prompt (--lengths 512) with its new tokens reads 515 "
      "positions"),
     (["needle", "--out", "{out}", "--lengths", "512", "--policies", "tova", "--budgets", "64",
       "--prefill-chunk", "0"], "--prefill-chunk must be an integer >= 1, got 0"),

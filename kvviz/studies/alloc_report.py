@@ -163,11 +163,13 @@ def _pair():
 def eager_key_mass(pair, p) -> np.ndarray:
     import torch
 
+    from kvviz.model.models import attention_shape
+
     tok, mdl = pair
     with torch.no_grad():
         out = mdl(input_ids=torch.tensor([list(p.ids)]), output_attentions=True, use_cache=False)
     atts = [a[0].float().numpy() for a in out.attentions]
-    return key_mass(atts, p.question_start, p.key_positions, mdl.config.num_key_value_heads)
+    return key_mass(atts, p.question_start, p.key_positions, attention_shape(mdl).kv_heads)
 
 
 def needle_stage(out: Path, length: int, depths=DEPTHS, seeds=SEEDS, pair=None, log=print):

@@ -138,16 +138,16 @@ def check_chunk(chunk, name: str = "prefill_chunk") -> None:
 
 
 def check_fits(positions: int, budgets, eviction: str = "masked", context: int | None = None,
-               what: str = "the run") -> None:
+               what: str = "the run", option: str = "--budget") -> None:
     """A run of `positions` positions refused before the model loads, naming the option:
-    longer than the model's `context`; a `--budget` in freed mode that evicts nothing
-    (it holds every position, so nothing is freed)."""
+    longer than the model's `context`; a budget (the command's `option`) in freed mode that
+    evicts nothing (it holds every position, so nothing is freed)."""
     if context is not None and positions > context:
         raise ValueError(f"{what} needs {positions} positions, more than the model's context of {context}")
     if eviction == "freed":
         for b in budgets:
             if b is not None and b >= positions:
-                raise ValueError(f"--budget {b} with --eviction freed: {what} reads {positions} positions, so "
+                raise ValueError(f"{option} {b} with --eviction freed: {what} reads {positions} positions, so "
                                  f"nothing would be evicted or freed; use a budget below {positions}, "
                                  "or --eviction masked")
 

@@ -259,8 +259,12 @@ def slot_layer_class():
                     raise ValueError("a freed cache takes one token per step")
                 B, Hk, _, D = key_states.shape
                 idx = self.state.write_t[:B, self.layer, :, None, None].expand(B, Hk, 1, D)
-                self.keys.scatter_(2, idx, key_states)
-                self.values.scatter_(2, idx, value_states)
+                if key_states.requires_grad:  # in place would break the backward pass through earlier steps
+                    self.keys = self.keys.scatter(2, idx, key_states)
+                    self.values = self.values.scatter(2, idx, value_states)
+                else:
+                    self.keys.scatter_(2, idx, key_states)
+                    self.values.scatter_(2, idx, value_states)
                 self.seen += 1
                 return self.keys, self.values
 
@@ -316,13 +320,16 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     softcap = kwargs.get("softcap")
+    window = kwargs.get("sliding_window")  # this layer's own window, as the model passes it
     if q > 1:
-        return _prompt(st, layer, query, key, value, scaling, softcap), None
+        return _prompt(st, layer, query, key, value, scaling, softcap, window), None
     scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
     if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
         scores = torch.tanh(scores / softcap) * softcap
     if st is not None:
         scores = scores + st.bias_t[:B, layer, :, None, :k]
+    if window:
+        scores = _outside_window(torch, st, layer, scores, k, int(window))
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
     if st is not None and q == 1 and st.want_q:
@@ -353,9 +360,26 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     return out, None
 
 
-def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
+def _outside_window(torch, st: State | None, layer: int, scores, k: int, window: int):
+    """A one-token step's scores (B, Hk, g, k) with the keys older than the layer's sliding
+    window at -inf, as transformers' sliding mask has it: the query at position t reads keys
+    t - window + 1..t. Masked: key index = position (t = k - 1); freed: the slots' positions."""
+    if st is None or not st.freed:
+        if k > window:
+            scores = scores.clone()
+            scores[..., : k - window] = float("-inf")
+        return scores
+    pos = st.slot_pos[: scores.shape[0], layer]  # (B, Hk, S); the new token holds the highest
+    old = (pos >= 0) & (pos <= pos.max(axis=-1, keepdims=True) - window)
+    if not old.any():
+        return scores
+    return scores.masked_fill(torch.as_tensor(old, device=scores.device)[:, :, None, :k], float("-inf"))
+
+
+def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None):
     """Several queries at once (a prompt), `CHUNK` (or the feed's chunk) queries at a time,
-    causal: the output as eager attention gives it, with no (q, k) array held. When a
+    causal (and within the layer's sliding `window`, if it has one): the output as eager
+    attention gives it, with no (q, k) array held. When a
     PromptFeed is armed (a prompt from an empty cache), each block's group-mean rows of
     batch row 0 go to it while they exist."""
     import torch
@@ -380,7 +404,11 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
         if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
             s = torch.tanh(s / softcap) * softcap
         s = s.view(B, Hk, g, m, end)
-        later = torch.arange(end, device=s.device)[None, :] > torch.arange(past + a, end, device=s.device)[:, None]
+        keys = torch.arange(end, device=s.device)[None, :]
+        queries = torch.arange(past + a, end, device=s.device)[:, None]
+        later = keys > queries
+        if window:  # the layer's sliding window: query i reads keys i - window + 1..i
+            later = later | (keys <= queries - int(window))
         s = s.masked_fill(later, float("-inf"))  # causal: query i reads keys 0..i
         if st is not None and not st.freed and st.bias_t is not None:
             s = s + st.bias_t[:B, layer, :, None, None, :end]
@@ -522,14 +550,19 @@ def attached(mdl, state: State | None = None):
     global _STATE
     with _LOCK:
         register()
+        check_architecture(mdl)
+        settable = interface_settable(mdl)  # Falcon's is routed instead
         previous = mdl.config._attn_implementation
         _STATE = state
         try:
-            mdl.set_attn_implementation(ATTN_NAME)
-            yield state
+            if settable:
+                mdl.set_attn_implementation(ATTN_NAME)
+            with routed(mdl):
+                yield state
         finally:
             _STATE = None
-            mdl.set_attn_implementation(previous)
+            if settable:
+                mdl.set_attn_implementation(previous)
 
 
 def use(state: State | None) -> None:
@@ -714,10 +747,10 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
     the last position's logits (1, V), the feed)."""
     from transformers import DynamicCache
 
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape
 
-    cfg = text_config(mdl)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
     T0 = int(ids_t.shape[0])
     st = prompt_state(torch, T0, configs, policies, L, Hk, G, chunk, device)
     cache = DynamicCache()
@@ -742,23 +775,23 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     import torch
 
     from kvviz.model.models import (
+        attention_shape,
         check_layers,
         default_layers,
         load_model,
         model_provenance,
-        text_config,
         token_strings,
     )
     from kvviz.model.models import tokenize as tokens
 
     tok, mdl = load_model(model, "loop", device, dtype)
+    check_architecture(mdl)
     ids, offsets, bos = tokens(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
         raise ValueError("text must tokenise to at least 2 tokens")
-    cfg = text_config(mdl)
-    check_architecture(mdl, T)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
     G = 1 if granularity == "layer" else Hk
     rows_layers = default_layers(L) if rows_layers is None else check_layers(rows_layers, L, "rows_layers")
     Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
@@ -774,7 +807,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
-    refuse_uncalibrated(configs, policies)
+    refuse_uncalibrated(configs, policies, "loop")
     with attached(mdl):
         lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
@@ -812,11 +845,10 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
     """The two memories of a run at `step`, side by side: the keys and values the caches hold
     (`cache_bytes`) beside what the full cache would hold for the same rows, and the
     policies' own bookkeeping (each policy's bytes per slot x the slots it holds)."""
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape
 
-    cfg = text_config(mdl)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = attention_shape(mdl)
+    L, Hk, D = shape.layers, shape.kv_heads, shape.head_dim
     item = next(mdl.parameters()).element_size()
     C, _, G, T = evicted_at.shape
     n = step + 1
@@ -831,21 +863,71 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
     return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
 
 
-def check_architecture(mdl, T: int) -> None:
-    """Refuse, naming the model and the feature, what the masking attention function does not
-    reproduce: sliding-window layers once the text is longer than the window (within the
-    window a sliding layer attends to everything). Softcapping is implemented (`attention`)."""
+ALIBI = ("bloom", "mpt")  # model types whose positions are ALiBi biases
+
+
+def check_architecture(mdl) -> None:
+    """Refuse, in one line naming the model, its type and the reason, what the eviction
+    attention does not reproduce: ALiBi position biases (Bloom, MPT, Falcon with `alibi`),
+    and any other model whose attention does not go through transformers'
+    AttentionInterface (so no key could be masked in it), except Falcon's, which `attached`
+    routes through `attention` itself (`falcon_forward`). Sliding-window layers are applied
+    as the model applies them (`attention`); softcapping is implemented."""
     from kvviz.model.models import model_provenance, text_config
 
     cfg = text_config(mdl)
+    kind = getattr(cfg, "model_type", None)
     name = model_provenance(mdl)["model"]
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None) or []
-    sliding = "sliding_attention" in types or (window and getattr(cfg, "use_sliding_window", True)
-                                               and not types)
-    if sliding and window and T > window:
-        raise ValueError(f"model {name}: sliding-window attention (window {window}) is not supported "
-                         f"by the loop for a text of {T} tokens; use --max-tokens {window} or less")
+    if kind in ALIBI or getattr(cfg, "alibi", False):
+        why = "its positions are ALiBi attention biases, which kvviz's eviction attention does not add"
+    elif kind != "falcon" and not interface_settable(mdl):
+        why = "its attention does not go through transformers' AttentionInterface, so no key can be masked in it"
+    else:
+        return
+    raise ValueError(f"model {name} (model type {kind}) is not supported: {why}")
+
+
+def interface_settable(mdl) -> bool:
+    """Whether the model's attention goes through transformers' AttentionInterface (so
+    `set_attn_implementation` takes kvviz's function); transformers' own test of it."""
+    test = getattr(type(mdl), "_can_set_attn_implementation", None)
+    return True if test is None else bool(test())
+
+
+def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None,
+                   use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
+    """FalconAttention.forward (rotary, no ALiBi) with its scores computed by `attention`:
+    Falcon computes attention inline instead of through AttentionInterface. The queries, keys
+    and values are split, rotated and cached exactly as Falcon does."""
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+    query, key, value = self._split_heads(self.query_key_value(hidden_states))
+    B, q = query.shape[:2]
+    Hk = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    query = query.transpose(1, 2).reshape(B, self.num_heads, q, self.head_dim)
+    key = key.transpose(1, 2).reshape(B, Hk, q, self.head_dim)
+    value = value.transpose(1, 2).reshape(B, Hk, q, self.head_dim)
+    cos, sin = position_embeddings
+    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    out, _ = attention(self, query, key, value, None, self.inv_norm_factor)
+    return self.dense(out.reshape(B, q, self.num_heads * self.head_dim)), None
+
+
+@contextmanager
+def routed(mdl):
+    """Falcon's attention modules run `falcon_forward` inside the block (restored after)."""
+    import types
+
+    mods = [m for m in mdl.modules() if type(m).__name__ == "FalconAttention"]
+    for m in mods:
+        m.forward = types.MethodType(falcon_forward, m)
+    try:
+        yield
+    finally:
+        for m in mods:
+            del m.forward
 
 
 def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True):
@@ -868,14 +950,21 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
              for g in range(G)] for layer in range(L)]
 
 
-def refuse_uncalibrated(configs, policies) -> None:
+READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one pass
+    "loop": "kvviz loop reads its text token by token; run it as a prompt with kvviz generate --prompt-mode "
+            "prefill (or kvviz needle --prompt-modes prefill)",
+    "generate": "use prompt_mode='prefill' (kvviz generate --prompt-mode prefill; kvviz needle --prompt-modes "
+                "prefill)"}
+
+
+def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
     """An allocator that decides from calibration rows read with the full cache (head roles)
-    gets them from a prompt read in one pass; decoding token by token has none to give."""
+    gets them from a prompt read in one pass; decoding token by token has none to give. The
+    refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
     for cfg, pol in zip(configs, policies):
         if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup) and pol[0].allocator.calibration_rows():
             raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
-                             "the full cache, which only a prompt read in one pass gives: use prompt_mode "
-                             "'prefill' (--prompt-mode prefill)")
+                             f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
 
 
 def reads_query_rows(policies) -> bool:
