@@ -76,10 +76,11 @@ with follow.turn():
     if not room:
         follow.panel()  # the Class panel: open a class, its code and link
     key, layer, version, trace = sidebar.trace_controls(draw=not quiet)
-    if panels.current_view(trace.tokens is not None) == "loop" and not predict.active():
-        # the closed-loop results carry their own policies, budgets and steps: the page-wide
-        # ones would be a second, unrelated set of controls on the screen (a class's question, when
-        # one is up, is drawn below instead)
+    own = panels.current_view(trace.tokens is not None)
+    if own in ("loop", "needle") and not predict.active():
+        # the closed-loop and pass-key results carry their own policies, budgets and steps:
+        # the page-wide ones (and a status line about the trace) would be a second, unrelated
+        # set on the screen (a class's question, when one is up, is drawn below instead)
         if not quiet:
             sidebar.loop_note()
             with experiments:
@@ -91,8 +92,8 @@ with follow.turn():
         with main.container():
             if not room:
                 panels.view_selector(trace.tokens is not None)
-            with present.frame("loop"):
-                panels.RENDER["loop"](panels.loop_ctx(key, layer, version, trace))
+            with present.frame(own):
+                panels.RENDER[own](panels.loop_ctx(key, layer, version, trace))
         for note in session.pop_notes():
             notices.warning(note, icon=":material/warning:")
         st.session_state[session.DRAWN] = True

@@ -1,4 +1,4 @@
-"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson ...`
+"""`kvviz bench | perf | capture | loop | generate | needle | app | sweep | check | lesson | export ...`
 (or `python -m kvviz ...` from a checkout)."""
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def _perf_parser(sub) -> None:
     perf.add_argument("--budget", type=int, default=512)
     perf.add_argument("--steps", type=int, default=4096)
     perf.add_argument("--long-steps", type=int, default=65536, help="0 skips the long run")
+    perf.add_argument("--policies", default=None,
+                      help="comma-separated policy names or name:k=v specs, plugins' included, e.g. "
+                           "tova,snapkv:poolKernel=3 (default all)")
     perf.add_argument("--streams", nargs="?", const="1,3,9,27", default=None, metavar="S,...",
                       help="instead: per stream-step cost of the lean loop, Replay and run_streams "
                            "at these stream counts (kvviz.studies.streams_bench)")
@@ -60,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     from kvviz.model.loop import cli as loop_cli
     from kvviz.model.loop import generate_cli
     from kvviz.model.needle import cli as needle_cli
+    from kvviz.studies import export
     from kvviz.studies.sweep import cli as sweep_cli
 
     tree = argparse.ArgumentParser(prog="kvviz")
@@ -69,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     capture.parser(sub)
     loop_cli.parser(sub, perf=_study("kvviz.studies.loop_perf"))
     generate_cli.parser(sub, perf=_study("kvviz.studies.generate_perf"))
-    for module in (needle_cli, launch, sweep_cli, check, lesson_cli):
+    for module in (needle_cli, launch, sweep_cli, check, lesson_cli, export):
         module.parser(sub)
     return tree
 
@@ -122,9 +126,14 @@ def _bench_perf(args) -> int:
         streams_bench(args.budget, args.steps, streams=[int(x) for x in args.streams.split(",")])
         return 0
     if args.command == "perf":
+        try:
+            policies = b.policy_list(args.policies) if args.policies else None
+            b.perf_specs(policies or ())  # refused before the long run
+        except ValueError as exc:
+            parser.error(str(exc))
         if args.long_steps:  # first, so the process's peak RSS is the long run's own
             print(f"long run: {b.long_run(args.long_steps, 1024)}")
-        results = b.perf(args.budget, args.steps)
+        results = b.perf(args.budget, args.steps, policies)
         print(f"canonical trace, {args.steps} steps, budget {args.budget}; rows pre-generated; "
               "best of 3 for the fast replay, one reference replay")
         print(results.to_string(float_format=lambda v: f"{v:.3f}"))

@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/tiny_model.py --arch qwen2 --out /tmp/tinyqwen
 
-Hidden size 64, 2-3 layers, 4 heads, 2 KV heads, the bundled SmolLM2 tokenizer saved beside
-the weights: a few MB, built in about a second. The weights are random, so its attention
+Hidden size 64, 2-3 layers, 4 heads (2 KV heads where the architecture groups them; GPT-2
+and GPT-NeoX are multi-head, GPTBigCode and Falcon multi-query with one), the bundled SmolLM2
+tokenizer saved beside the weights: a few MB, built in about a second. The weights are random, so its attention
 and losses mean nothing; it exercises the architecture's code path (tests/test_models.py
 builds the same folders).
 """
@@ -14,11 +15,14 @@ import os
 import sys
 from pathlib import Path
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt2", "gpt_neox", "falcon", "gpt_bigcode",
+         "gptj", "olmo2", "stablelm")
 
 
 def config(arch: str):
-    """The tiny config of `arch`; Gemma 2 keeps softcapping and a 32-token sliding window."""
+    """The tiny config of `arch`; Gemma 2 keeps softcapping and a 32-token sliding window;
+    GPT-NeoX and StableLM rotate a quarter of each head (partial rotary), GPT-J 8 of 16 dims;
+    GPT-2 and GPTBigCode learn absolute positions."""
     import transformers as tf
 
     common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -37,6 +41,24 @@ def config(arch: str):
     if arch == "gemma2":
         return tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=32,
                                attn_logit_softcapping=5.0, final_logit_softcapping=30.0)
+    tiny = dict(vocab_size=49152, initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    if arch == "gpt2":
+        return tf.GPT2Config(**tiny, n_embd=64, n_layer=3, n_head=4, n_positions=256)
+    if arch == "gpt_bigcode":
+        return tf.GPTBigCodeConfig(**tiny, n_embd=64, n_layer=3, n_head=4, n_positions=256, multi_query=True)
+    if arch == "gptj":
+        return tf.GPTJConfig(**tiny, n_embd=64, n_layer=3, n_head=4, n_positions=256, rotary_dim=8)
+    if arch == "gpt_neox":
+        return tf.GPTNeoXConfig(**tiny, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                num_attention_heads=4, max_position_embeddings=256, rotary_pct=0.25)
+    if arch == "falcon":
+        return tf.FalconConfig(**tiny, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                               max_position_embeddings=256, multi_query=True, new_decoder_architecture=False,
+                               alibi=False)
+    if arch == "olmo2":
+        return tf.Olmo2Config(**common)
+    if arch == "stablelm":
+        return tf.StableLmConfig(**dict(common, num_hidden_layers=2), partial_rotary_factor=0.25)
     raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
 
 

@@ -3,6 +3,7 @@ the shipped multi-head trace (its numbers checked against kvviz.core.layers dire
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import apphelp
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from apphelp import arr, ok
 
 from kvviz.app.figures.heads import heads_figure, needle_heads_figure, position_figure
+from kvviz.app.ui.view_heads import key_holding
 
 
 def test_heads_figure_draws_each_head_solid_and_its_plain_scorer_dashed():
@@ -43,7 +45,7 @@ def test_the_heads_view_shows_the_allocators_counts(apptest):
 
     at = apphelp.app(timeout=180, view="heads")
     ok(at)
-    at.selectbox(key="heads.allocator").set_value("headroles").run()
+    at.sidebar.selectbox(key="heads.allocator").set_value("headroles").run()
     ok(at)
     spec = chart_titled(at, "Held slots")
     assert spec["layout"]["title"]["text"] == ("Held slots per KV head: headroles (tova) vs "
@@ -62,6 +64,39 @@ def chart_titled(at, start: str) -> dict:
     """The figure JSON of the page's chart whose title starts with `start`."""
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     return next(s for s in specs if s["layout"]["title"]["text"].startswith(start))
+
+
+def test_a_link_chooses_the_allocator_scorer_and_budget_and_the_page_writes_them_back(apptest):
+    from kvviz.core.layers import load_layers, replay_layers
+    from kvviz.core.policies import make_policy
+
+    at = apphelp.app(timeout=180, view="heads", heads__allocator="headroles", heads__scorer="h2o",
+                     heads__budget=96)
+    ok(at)
+    assert at.sidebar.selectbox(key="heads.allocator").value == "headroles"
+    assert at.sidebar.selectbox(key="heads.scorer").value == "h2o"
+    assert at.sidebar.number_input(key="heads.budget").value == 96
+    spec = chart_titled(at, "Held slots")
+    assert spec["layout"]["title"]["text"] == "Held slots per KV head: headroles (h2o) vs h2o alone @ 96"
+    want = replay_layers(load_layers("traces/code-kv.npz"), make_policy("headroles", 96, scorer="h2o"))
+    solid = [t for t in spec["data"] if "alone" not in t["name"]]
+    assert arr(solid[0]["y"]).tolist() == want.held[0, 0].tolist()
+    at.sidebar.selectbox(key="heads.scorer").set_value("snapkv").run()
+    ok(at)
+    assert at.query_params["heads.scorer"] == "snapkv"
+    assert at.query_params["heads.allocator"] == "headroles"
+    assert at.query_params["heads.budget"] == "96"
+
+
+def test_a_bad_heads_link_is_said_and_the_defaults_shown(apptest):
+    at = apphelp.app(timeout=180, view="heads", heads__allocator="nope", heads__scorer="nope",
+                     heads__budget=4)
+    ok(at)
+    warned = " ".join(w.value for w in at.warning)
+    assert "heads.allocator=nope: no such allocator here; showing adakv" in warned
+    assert "heads.scorer=nope: no such policy here; showing tova" in warned
+    assert "heads.budget=4 is outside 8–512; using 64" in warned
+    assert chart_titled(at, "Held slots")["layout"]["title"]["text"].endswith("tova alone @ 64")
 
 
 def test_eviction_grid_reads_each_runs_own_log():
@@ -109,6 +144,39 @@ def test_needle_heads_figure_shows_the_files_numbers():
         needle_heads_figure([[3, 1]], [[2, 2]], [[0.5]], label_a="a", label_b="b")
 
 
+def test_needle_heads_figure_shows_the_key_tokens_each_head_holds():
+    fig = needle_heads_figure([[3, 1]], [[2, 2]], [[0.5, 0.25]], label_a="A", label_b="B",
+                              key_held_a=[[2, 0]], key_held_b=[[1, 2]], key_tokens=2)
+    a, b, _ = fig.data
+    assert np.asarray(a.z).tolist() == [[2, 0]] and np.asarray(b.z).tolist() == [[1, 2]]
+    assert [list(r) for r in a.text] == [["2/2", "0/2"]]
+    assert [list(r) for r in a.customdata] == [["2 of the key's 2 tokens, 3 slots held",
+                                                "0 of the key's 2 tokens, 1 slots held"]]
+    assert (a.zmin, a.zmax) == (0, 2)
+    assert fig.layout.annotations[0].text == "key tokens held: A"
+    with pytest.raises(ValueError, match="key_tokens must be the key's token count"):
+        needle_heads_figure([[3, 1]], [[2, 2]], [[0.5, 0.25]], label_a="A", label_b="B",
+                            key_held_a=[[3, 0]], key_held_b=[[1, 2]], key_tokens=2)
+    with pytest.raises(ValueError, match="key_held_a and key_held_b must be"):
+        needle_heads_figure([[3, 1]], [[2, 2]], [[0.5, 0.25]], label_a="A", label_b="B",
+                            key_held_a=[[2]], key_held_b=[[1, 2]], key_tokens=2)
+
+
+def test_key_holding_counts_whole_part_and_none():
+    assert key_holding("X", [[5, 2], [0, 5], [0, 1]], 5) == (
+        "X: 2 of 6 heads hold the whole key, 2 part of it, 2 none of it.")
+
+
+def test_shipped_pass_key_files_count_key_tokens_within_what_each_head_holds():
+    for path in sorted(Path("traces/alloc/needle").glob("*.json")):
+        data = json.loads(path.read_text())
+        n_key = len(data["key_positions"])
+        for r in data["rows"]:
+            held, key = np.array(r["held"]), np.array(r["key_held"])
+            assert key.shape == held.shape, (path.name, r["name"])
+            assert ((0 <= key) & (key <= np.minimum(held, n_key))).all(), (path.name, r["name"])
+
+
 def test_the_heads_view_tracks_a_position_across_heads(apptest):
     from kvviz.core.layers import load_layers, replay_layers
     from kvviz.core.policies import make_policy
@@ -142,11 +210,21 @@ def test_the_heads_view_shows_a_pass_key_prompts_heads_from_the_files(apptest):
     rows = {(r["name"], r["budget"]): r for r in data["rows"]}
     spec = chart_titled(at, "Pass key per")
     a, b, mass = spec["data"]
-    assert arr(a["z"]).tolist() == rows["adakv:tova", 128]["held"]
-    assert arr(b["z"]).tolist() == rows["tova", 128]["held"]
+    assert arr(a["z"]).tolist() == rows["adakv:tova", 128]["key_held"]
+    assert arr(b["z"]).tolist() == rows["tova", 128]["key_held"]
     assert np.array_equal(arr(mass["z"]), np.array(data["key_mass"]))
+    n_key = len(data["key_positions"])
+    slots = rows["adakv:tova", 128]["held"][0][0]
+    assert a["customdata"][0][0] == (f"{rows['adakv:tova', 128]['key_held'][0][0]} of the key's "
+                                     f"{n_key} tokens, {slots} slots held")
     at.selectbox(key="heads.needle.a").set_value("headroles:tova @ 64").run()
     ok(at)
     spec = chart_titled(at, "Pass key per")
-    assert arr(spec["data"][0]["z"]).tolist() == rows["headroles:tova", 64]["held"]
+    held = rows["headroles:tova", 64]["key_held"]
+    assert arr(spec["data"][0]["z"]).tolist() == held
     assert any(repr(rows["headroles:tova", 64]["answer"]) in c.value for c in at.caption)
+    whole = sum(v == n_key for row in held for v in row)
+    none = sum(v == 0 for row in held for v in row)
+    cells = sum(len(row) for row in held)
+    assert any(f"headroles:tova @ 64: {whole} of {cells} heads hold the whole key, "
+               f"{cells - whole - none} part of it, {none} none of it." in c.value for c in at.caption)

@@ -223,11 +223,16 @@ def test_a_bad_lesson_file_is_an_error_and_the_page_works_on(tmp_path, monkeypat
     assert at.get("plotly_chart")  # the cache heatmap is drawn all the same
     missing = app(lesson="nope", scene=2)
     ok(missing)
-    assert any("lesson 'nope': no file" in e.value for e in missing.error)
+    # one box, naming the lesson and what there is, and no server path
+    assert [e.value for e in missing.error] == [
+        "Lesson: lesson 'nope': no file nope.toml in the lessons folder (lessons: broken)"]
+    assert str(tmp_path) not in missing.error[0].value
     monkeypatch.delenv("KVVIZ_LESSONS_DIR")
     far = app(lesson="tova-vs-snapkv", scene=99)
     ok(far)
-    assert any("scene 99" in e.value and f"scenes 1–{N}" in e.value for e in far.error)
+    assert len(far.error) == 1, [e.value for e in far.error]
+    assert "scene 99" in far.error[0].value and f"scenes 1–{N}" in far.error[0].value
+    assert "/" not in far.error[0].value
     assert at.get("plotly_chart")
 
 

@@ -81,11 +81,11 @@ def test_delta_strip_colours_and_hover():
     h = LV.delta_strip_html(tokens, nll_full, nll_ev, p_full, p_ev, label="tova @ 64")
     spans = h.split('<div class="kv-strip"')[1].split('<span class="kv-tok"')[1:]
     assert "not predicted" in spans[0] and "#eeeeee" in spans[0]
-    # saturated vermilion for +2.5 nats (clipped at 2), halfway from white to blue
-    # (0,114,178) for -1 (half the clip), white for 0
-    assert "rgb(213,94,0)" in spans[1] and f"{p_full[0]:.4f}" in spans[1] \
+    # saturated wrong-wine (#882255) for +2.5 nats (clipped at 2), halfway from white to
+    # right-green (17,119,51) for -1 (half the clip), white for 0: no policy's colours
+    assert "rgb(136,34,85)" in spans[1] and f"{p_full[0]:.4f}" in spans[1] \
         and f"{p_ev[0]:.4f}" in spans[1] and "+2.500" in spans[1]
-    assert "rgb(128,184,216)" in spans[2] and "&lt;b&gt;" in spans[2]
+    assert "rgb(136,187,153)" in spans[2] and "&lt;b&gt;" in spans[2]
     assert "rgb(255,255,255)" in spans[3] and "⏎" in spans[3]
     with pytest.raises(ValueError, match="same shape"):
         LV.delta_nll([1.0], [1.0, 2.0])
@@ -190,7 +190,7 @@ def test_heatmap_shows_the_runs_log_per_kv_head(no_torch, apptest):
     ev_a, ev_b = a["evicted_at"][ci, li, 0], a["evicted_at"][ci, li, 2]
     T = ev_a.shape[0]
     heat = next(v for k, v in charts(at).items() if k.startswith("Cache contents"))
-    codes = png_to_codes(heat["data"][0]["source"])
+    codes = png_to_codes(heat["data"][0]["source"], "tova", "tova")
     assert codes.shape == (T, T)
     # expected states from the raw log: held after step s iff p <= s and not evicted by s
     steps, pos = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")

@@ -226,7 +226,7 @@ def needle_chart(at):
 
 
 def answers(at) -> pd.DataFrame:
-    return next(d.value for d in at.dataframe if "configuration" in d.value.columns)
+    return next(d.value for d in [*at.table, *at.dataframe] if "configuration" in d.value.columns)
 
 
 def test_view_opens_from_link_and_controls_change_the_chart(no_torch, fix, apptest):
@@ -285,7 +285,7 @@ def test_kv_head_cell_draws_the_chosen_heads_log(no_torch, fix, apptest):
     ia = next(i for i, c in enumerate(meta["configs"]) if c["label"] == "tova@16")
     ib = next(i for i, c in enumerate(meta["configs"]) if c["label"] == "h2o@16")
     heat = next(v for k, v in charts(at).items() if k.startswith("Cache contents"))
-    codes = png_to_codes(heat["data"][0]["source"])
+    codes = png_to_codes(heat["data"][0]["source"], "tova", "h2o")
     ea, eb = ev[ia, 2, 1], ev[ib, 2, 1]
     T = len(ea)
     steps, pos = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")

@@ -11,8 +11,7 @@ import json
 import re
 
 import numpy as np
-
-from apphelp import REPO, app, ok, arr
+from apphelp import REPO, app, arr, ok
 
 from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
 from kvviz.app.teach.classroom import Registry, new_token

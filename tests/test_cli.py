@@ -134,7 +134,7 @@ def test_pooling_study_head_option(tmp_path):
 
 
 COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "app", "sweep", "check",
-            "lesson")
+            "lesson", "export")
 
 
 def test_help_lists_every_command_and_each_command_has_help(capsys):

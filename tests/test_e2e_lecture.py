@@ -145,7 +145,7 @@ def test_the_lesson_taught_to_three_students(chromium, server):
         settle(lect)
 
         students = []
-        for i in range(3):
+        for _ in range(3):
             stu = browser.new_context(viewport={"width": 1024, "height": 768}).new_page()
             stu.on("pageerror", lambda e: errors.append(str(e)))
             stu.goto(f"{url}/?follow={code}")

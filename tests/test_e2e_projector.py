@@ -38,6 +38,7 @@ PAGES = {  # what a class opens first
     "compare": "trace=file:prose.npz&budget=128&view=compare",
     "divergence": "view=divergence&step=600",
     "head": "trace=file:code-kv.npz&head=kv1",
+    "heads": "view=heads",  # the Heads view: its chart above the fold (its choices in the sidebar)
 }
 FIRST_CHART = """() => {
   const c = [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stPlotlyChart"]')]
@@ -121,7 +122,7 @@ def test_projector_screens(chromium, server):
             for name, query in PAGES.items():
                 if name == "compare" and not (REPO / "traces" / "prose.npz").exists():
                     continue
-                if name == "head" and not (REPO / "traces" / "code-kv.npz").exists():
+                if name in ("head", "heads") and not (REPO / "traces" / "code-kv.npz").exists():
                     continue
                 ctx, page = open_screen(browser, url + "/?" + query, screen)
                 with contextlib.closing(ctx):

@@ -179,3 +179,22 @@ def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed, torc
                work, dict(env, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"), timeout=900)
     assert "perf: 50 tokens of execmodel.txt, budget 33" in perf.stdout
     assert list(work.iterdir()) == []
+
+
+def test_installed_check_reference_runs_and_hypothesis_is_a_plain_requirement(installed, tmp_path):
+    """The README's `kvviz check ... --reference ...` from the installed copy: Hypothesis is
+    required by the wheel itself (no extra), and the differential check runs and passes."""
+    venv, work, env, wheel = installed
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [ln.removeprefix("Requires-Dist: ") for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    hyp = [r for r in requires if r.lower().startswith("hypothesis")]
+    assert hyp and all("extra ==" not in r for r in hyp), requires
+    plugin = tmp_path / "decay_sinks.py"
+    shutil.copy2(ROOT / "examples" / "plugins" / "decay_sinks.py", plugin)
+    res = run([venv / "bin" / "kvviz", "check", str(plugin), "--reference", f"{plugin}:RefDecaySinks",
+               "--examples", "20"], work, dict(env, OMP_NUM_THREADS="1"))
+    first = res.stdout.splitlines()[0]
+    assert first.startswith(f"{plugin}:DecaySinks (") and first.endswith(": PASS"), res.stdout
+    assert any("reference" in ln for ln in res.stdout.splitlines()[1:]) and "FAIL" not in res.stdout
+    assert list(work.iterdir()) == []

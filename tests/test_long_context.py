@@ -10,6 +10,7 @@ the memory differs.
 """
 import numpy as np
 import pytest
+from modelhelp import eager_attentions
 
 from kvviz.core import harness
 from kvviz.core.replay import NEVER
@@ -41,16 +42,8 @@ def one_thread(torch_stack):
 def reference_prefill(pair, ids, configs, granularity):
     """evicted_at (C, L, G, T0) of each config's one-shot prefill eviction, from every row of
     the model's own eager attention, each policy fed row by row (the plain rule)."""
-    import torch
-
     tok, mdl = pair
-    previous = mdl.config._attn_implementation
-    mdl.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            att = mdl(torch.tensor([ids]), output_attentions=True).attentions
-    finally:
-        mdl.set_attn_implementation(previous)
+    att = eager_attentions(mdl, ids)
     Hk = mdl.config.num_key_value_heads
     L, T0 = len(att), len(ids)
     G = 1 if granularity == "layer" else Hk
@@ -225,7 +218,7 @@ def no_model_load(monkeypatch):
      "--text {long} needs 9000 positions, more than the model's context of 8192"),
     (["needle", "--out", "{out}", "--lengths", "512", "--policies", "tova", "--budgets", "600",
       "--eviction", "freed", "--max-new-tokens", "4"],
-     "--budget 600 with --eviction freed: the longest prompt (--lengths 512) with its new tokens reads 515 "
+     "--budgets 600 with --eviction freed: the longest prompt (--lengths 512) with its new tokens reads 515 "
      "positions"),
     (["needle", "--out", "{out}", "--lengths", "512", "--policies", "tova", "--budgets", "64",
       "--prefill-chunk", "0"], "--prefill-chunk must be an integer >= 1, got 0"),

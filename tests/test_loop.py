@@ -295,9 +295,16 @@ def test_the_cli_table_names_configurations_as_the_app_does():
     rows = [{"policy": "full", "params": {}, "budget": None, "perplexity": 9.0,
              "perplexity_after_eviction": None, "top1_agreement": 1.0, "kl": 0.0},
             {"policy": "snapkv", "params": {"obs_window": 16, "pool_kernel": 1}, "budget": 64,
-             "perplexity": 10.0, "perplexity_after_eviction": 11.0, "top1_agreement": 0.9, "kl": 0.1}]
-    names = [line.split("  ")[0] for line in table(rows).splitlines()[1:]]
+             "perplexity": 10.0, "perplexity_after_eviction": 11.0, "full_perplexity_after_eviction": 12.5,
+             "top1_agreement": 0.9, "kl": 0.1}]
+    lines = table(rows).splitlines()
+    names = [line.split("  ")[0] for line in lines[1:3]]
     assert names == ["full cache", "snapkv (poolKernel=1) @ 64"]
+    # beside each configuration's perplexity after its first eviction: the full cache's on the same tokens
+    assert lines[0].split()[1:5] == ["ppl", "after", "full", "diff"]
+    assert lines[2].split()[-6:-2] == ["10.000", "11.000", "12.500", "-1.500"]
+    assert lines[1].split()[-6:-2] == ["9.000", "-", "-", "-"]
+    assert "the full cache's perplexity on those same tokens" in lines[3]
     df = pd.DataFrame({"prompt_mode": ["decode"] * 2, "policy": ["full", "snapkv"],
                        "params": ["{}", '{"pool_kernel": 1}'], "budget": [0, 64],
                        "correct": [True, False], "held_end": [1.0, 0.5]})

@@ -167,5 +167,6 @@ def test_head_roles_in_the_loop_keep_the_layers_total_and_need_a_prompt_read_in_
     assert all(sorted(row) == [streaming, (3 * budget - streaming) // 2, (3 * budget - streaming) // 2]
                for row in held.tolist())
     assert np.array_equal(gens["masked"].evicted_at, gens["freed"].evicted_at)
-    with pytest.raises(ValueError, match="only a prompt read in one pass gives: use prompt_mode 'prefill'"):
+    with pytest.raises(ValueError, match=r"only a prompt read in one pass gives: use prompt_mode='prefill' "
+                                         r"\(kvviz generate --prompt-mode prefill"):
         generate(prompt, [cfg], 2, granularity="kv-head", prompt_mode="decode", model=smollm)

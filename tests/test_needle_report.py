@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvviz.model.needle.results import run_id, save_run, write_tables
 from kvviz.studies import needle_report
@@ -38,7 +39,9 @@ def test_report_counts_and_verdicts(tmp_path):
     write_tables(tmp_path)
     table, doc = needle_report.report(tmp_path)
     assert "| full cache | 100 % | 100 % |" in table
-    assert "| tova | 50 % (0.88) | 100 % (1.00) |" in table
+    # Wilson 95 %: 1 of 2 -> 0.5 +- 0.406 = [9-91]; 1 of 1 -> [1 / (1 + z^2), 1] = [21-100]
+    assert "| tova | 50 % [9–91] (0.88) | 100 % [21–100] (1.00) |" in table
+    assert "distinct keys per evicting cell: 1." in table  # every hand-built prompt's key is 12
     # 9 evicting runs: right+whole 5 (tova d90, h2o d10, d90, sc d10, tova prefill), right+not whole 1
     # (sc d90), wrong+whole 2 (h2o, sc prefill), wrong+not whole 1 (tova d10)
     assert "right, whole 5, right, not whole 1, wrong, whole 2, wrong, not whole 1" in doc
@@ -46,6 +49,32 @@ def test_report_counts_and_verdicts(tmp_path):
     assert "H2O and Scissorhands both keep it (answer right): 1 of 3; the reverse: 1" in doc
     assert "prefill eviction is right more often than decode-time eviction in 1 of 3" in doc
     assert "Not computed: run this script with --predictors" in doc
+    assert "they come from 3 prompts, each under every configuration, so the runs are not independent" in doc
+    said = needle_report.answers(needle_report.prepare(needle_report.load_results(tmp_path)), tmp_path)
+    assert "Over 3 paired runs, TOVA is wrong where both are right in 1 and right where both are wrong in 1" in said
+    assert "of 9 evicting runs, 1 were right without it and 2 wrong with it" in said
+    # every wrong answer here is "x": no number
+    assert "of 3 wrong evicting answers, 0 are truncations of the key" in said and "3 no number" in said
+
+
+def test_wilson_interval_at_its_closed_forms():
+    from kvviz.core.metrics import wilson
+
+    z2 = 1.959963984540054 ** 2
+    assert wilson(0, 30) == (0.0, pytest.approx(z2 / (30 + z2)))  # k = 0: [0, z^2 / (n + z^2)]
+    assert wilson(30, 30) == (pytest.approx(30 / (30 + z2)), pytest.approx(1.0))
+    lo, hi = wilson(15, 30)
+    assert lo + hi == pytest.approx(1.0) and lo == pytest.approx(0.3315, abs=1e-4)  # symmetric at p = 1/2
+    assert all(v != v for v in wilson(0, 0))  # nan: no trials
+    with pytest.raises(ValueError, match="wilson needs 0 <= k <= n"):
+        wilson(3, 2)
+
+
+@pytest.mark.parametrize("answer,kind", [(" 42400. Remember", "right"), (" 424. The", "truncated"),
+                                         ("4240", "truncated"), (" 12345", "other number"),
+                                         (" 4241", "other number"), (" The key is", "no number")])
+def test_answers_are_sorted_by_how_they_fail(answer, kind):
+    assert needle_report.outcome(answer, "42400") == kind
 
 
 def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):

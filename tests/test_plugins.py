@@ -376,14 +376,14 @@ def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
     import kvviz.model.models
 
     monkeypatch.setattr(kvviz.model.models, "load_model", lambda *a, **k: smollm)  # loaded once per session
-    src, js = tmp_path / "t.txt", tmp_path / "r.json"
+    src, js, npz = tmp_path / "t.txt", tmp_path / "r.json", tmp_path / "r.npz"
     src.write_text((REPO / "traces" / "sources" / "execmodel.txt").read_text()[:300])
     from kvviz.__main__ import main
 
     try:
         assert main(["loop", "--text", str(src), "--max-tokens", "20", "--budget", "12",
                      "--policy", "decay-sinks:sinks=2,halfLife=4", "--policy", "window-vote:reduce=max,recentWindow=2",
-                     "--plugin", DECAY, "--plugin", VOTE, "--json", str(js), "--quiet"]) == 0
+                     "--plugin", DECAY, "--plugin", VOTE, "--json", str(js), "--out", str(npz), "--quiet"]) == 0
     finally:
         plugins.forget()
     results = json.loads(js.read_text())["results"]
@@ -392,6 +392,18 @@ def test_loop_cli_runs_the_plugins(smollm, tmp_path, monkeypatch):
     assert results[1]["params"] == {"sinks": 2, "half_life": 4.0}
     assert results[2]["params"]["reduce"] == "max"
     assert all(np.isfinite(r["perplexity"]) for r in results)
+    # the saved result loads in a process that never loads the plugins
+    code = ("import json; from kvviz.core.policies import POLICIES; from kvviz.model.loop import load_loop_result\n"
+            f"res = load_loop_result({str(npz)!r}); assert 'decay-sinks' not in POLICIES\n"
+            "print(json.dumps([[r['policy'], r['params'], r['perplexity']] for r in res.results]))\n"
+            "print(json.dumps(res.configs[1].source)); print(len(res.to_frame()))")
+    r = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows, source, n = r.stdout.splitlines()
+    assert json.loads(rows) == [[x["policy"], x["params"], x["perplexity"]] for x in results]
+    source = json.loads(source)
+    assert (source["origin"], source["where"]) == ("file", DECAY) and len(source["sha256"]) == 64
+    assert int(n) == 3 * 30 * 20  # configs x layers x positions
 
 
 def test_app_command_checks_its_plugins_and_hands_them_on(monkeypatch, capsys, tmp_path):
@@ -430,3 +442,129 @@ def test_kvviz_check_takes_plugin_and_all_builtins_stays_the_builtins():
     from kvviz.core.policies import ALLOCATORS, BUILTINS
     checked = [ln.split(" (")[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")]
     assert checked == [c.name for c in BUILTINS] + list(ALLOCATORS), r.stdout + r.stderr
+
+
+# --- a float parameter from the command line; entry points ---------------------------------
+def _ema_source(name="ema-sinks", default=0.1):
+    """A plugin as a researcher writes one: sinks plus an exponentially decayed score whose
+    float `alpha` is the weight of the newest step."""
+    return textwrap.dedent(f'''
+        from dataclasses import dataclass
+        import numpy as np
+        from kvviz.policies.base import Policy, Rank, param
+
+        @dataclass
+        class EmaSinks(Policy):
+            alpha: float = param({default}, label="alpha", min=0.001, max=1.0, help="weight of the newest step",
+                                 source="an example value")
+            name = "{name}"
+            label = "EMA + sinks"
+            rank = Rank("score", "EMA attention", "lowest EMA goes first")
+
+            def columns(self):
+                return {{"score": (np.float64, (), 0.0)}}
+
+            def observe(self, attn):
+                score = self.col("score")
+                score *= 1.0 - self.alpha
+                score += self.alpha * attn
+
+            def protected_tail(self):
+                return 1
+
+            def priority(self):
+                prio = self.col("score").copy()
+                prio[:4] = np.inf
+                return prio
+
+            def candidates(self):
+                cand = super().candidates()
+                cand[:4] = False
+                return cand
+        ''')
+
+
+def test_bench_and_perf_take_a_plugins_float_parameter(tmp_path):
+    plugin = tmp_path / "ema_sinks.py"
+    plugin.write_text(_ema_source())
+    r = kvviz_cli("bench", "--plugin", plugin, "--policies", "ema-sinks:alpha=0.05,ema-sinks:alpha=0.5",
+                  "--budgets", "128", "--json", tmp_path / "b.json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "b.json").read_text())
+    assert [x["params"] for x in rows] == ["alpha=0.05", "alpha=0.5"]
+    assert rows[0]["retained_mass"] != rows[1]["retained_mass"]  # the value reached the policy
+    r = kvviz_cli("perf", "--plugin", plugin, "--policies", "tova,ema-sinks:alpha=0.05",
+                  "--long-steps", "0", "--steps", "200", "--budget", "64")
+    assert r.returncode == 0, r.stderr
+    assert [ln.split()[0] for ln in r.stdout.splitlines()[2:]] == ["tova", "ema-sinks:alpha=0.05"]
+    bad = kvviz_cli("perf", "--plugin", plugin, "--policies", "ema-sinks:alpha=2", "--long-steps", "0")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1] == ("kvviz perf: error: --policies 'ema-sinks:alpha=2': "
+                                                   "alpha must be in 0.001..1.0, got 2.0")
+
+
+def _installed(tmp_path, entries: str, modules: dict) -> dict:
+    """An installed distribution (a .dist-info with entry_points.txt) on PYTHONPATH."""
+    site = tmp_path / "site"
+    info = site / "kvviz_ema-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvviz-ema\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[kvviz.policies]\n{entries}\n")
+    for name, text in modules.items():
+        (site / f"{name}.py").write_text(text)
+    return {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+
+
+def test_an_entry_point_registers_under_its_name_and_bench_varies_its_parameter(tmp_path):
+    env = _installed(tmp_path, "ema-sinks = ema_pkg:EmaSinks", {"ema_pkg": _ema_source()})
+    r = kvviz_cli("bench", "--policies", "ema-sinks:alpha=0.05", "--budgets", "128", env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines()[2].split()[:2] == ["ema-sinks", "128"]
+
+
+def test_an_entry_point_named_otherwise_than_its_policy_is_refused_in_one_line(tmp_path):
+    env = _installed(tmp_path, "ema = ema_pkg:EmaSinks\nboth = two_pkg", {
+        "ema_pkg": _ema_source(),
+        "two_pkg": _ema_source("ema-one") + _ema_source("ema-two").replace("class EmaSinks", "class Two")})
+    r = kvviz_cli("bench", "--policies", "tova", "--budgets", "128", env=env)
+    assert r.returncode == 0
+    warned = r.stderr.strip().splitlines()
+    assert warned == [
+        "kvviz bench: warning: plugin ema_pkg:EmaSinks (entry point ema in kvviz.policies of kvviz-ema): "
+        "the entry point's name must be the policy's name; EmaSinks.name is 'ema-sinks', the entry point "
+        "is 'ema' (ignored)",
+        "kvviz bench: warning: plugin two_pkg (entry point both in kvviz.policies of kvviz-ema): the entry "
+        "point's name must be the policy's name; the module defines 'ema-one', 'ema-two', the entry point "
+        "is 'both' (ignored)"]
+    r = kvviz_cli("bench", "--policies", "ema-sinks", "--budgets", "128", env=env)
+    assert r.returncode == 2 and "unknown policy 'ema-sinks'" in r.stderr
+
+
+def test_a_module_entry_point_registers_only_its_named_policy(tmp_path):
+    env = _installed(tmp_path, "ema-two = two_pkg", {
+        "two_pkg": _ema_source("ema-one") + _ema_source("ema-two").replace("class EmaSinks", "class Two")})
+    code = ("from kvviz.core import plugins; from kvviz.core.policies import POLICIES\n"
+            "print(plugins.load_entry_points()); print(sorted(n for n in POLICIES if n.startswith('ema')))\n"
+            "print(plugins.provenance('ema-two'))")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["[]", "['ema-two']"]
+    prov = eval(lines[2])  # noqa: S307 (a dict printed by the child)
+    assert prov["origin"] == "entry point" and prov["where"].startswith("two_pkg (entry point ema-two in")
+    assert len(prov["sha256"]) == 64
+
+
+def test_an_explicit_plugin_replaces_an_installed_one_of_the_same_name_with_one_line(tmp_path):
+    env = _installed(tmp_path, "ema-sinks = ema_pkg:EmaSinks", {"ema_pkg": _ema_source(default=0.1)})
+    edited = tmp_path / "ema_edit.py"  # the file being edited: another default
+    edited.write_text(_ema_source(default=0.25))
+    r = kvviz_cli("bench", "--plugin", edited, "--policies", "ema-sinks", "--budgets", "128", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"kvviz bench: plugin {edited} replaces the installed policy 'ema-sinks' "
+        "(ema_pkg:EmaSinks (entry point ema-sinks in kvviz.policies of kvviz-ema))"]
+    assert r.stdout.splitlines()[2].split()[-1] == "alpha=0.25"  # the file's policy ran
+    plain = kvviz_cli("bench", "--policies", "ema-sinks", "--budgets", "128", env=env)
+    assert plain.returncode == 0 and plain.stderr == ""
+    assert plain.stdout.splitlines()[2].split()[-1] == "alpha=0.1"  # the installed one

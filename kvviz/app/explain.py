@@ -46,6 +46,11 @@ def _positions(ps, limit: int = 4) -> str:
     return shown + (f" and {len(ps) - limit} more" if len(ps) > limit else "")
 
 
+def _same(vals: np.ndarray, v: float) -> np.ndarray:
+    """Where `vals` is exactly `v` (NaN counts as equal to NaN: both unobserved)."""
+    return (vals == v) | (np.isnan(vals) & np.isnan(v))
+
+
 # --- ranks ----------------------------------------------------------------------------
 def ranked(kept, values, candidate) -> np.ndarray:
     """Indices into `kept` of the candidates, lowest value first, ties to the lower position."""
@@ -139,6 +144,7 @@ class Pooling:
     victims: int             # how many slots were evicted at this step
     defended: Slot
     victim: Slot | None      # the first victim (lowest position)
+    victim_ties: tuple = ()  # kept candidates with exactly the victim's pooled score
 
 
 def pooling_facts(kept, scores, victims, position: int, params: dict, step: int):
@@ -151,10 +157,17 @@ def pooling_facts(kept, scores, victims, position: int, params: dict, step: int)
     radius = (kernel - 1) // 2
     kind = str(params.get("pooling", "max"))
     held = [int(v) for v in np.sort(np.asarray(victims)) if v in set(kept.tolist())]
+    ties = ()
+    if held:
+        pooled = np.asarray(scores["pooled"], np.float64)
+        cand = np.asarray(scores["candidate"], bool) & ~np.isin(kept, np.asarray(victims))
+        x = pooled[int(np.flatnonzero(kept == held[0])[0])]
+        ties = tuple(int(p) for p in kept[cand & _same(pooled, x)])
     return Pooling(step=int(step), kernel=kernel, radius=radius, kind=kind,
                    victims=len(np.asarray(victims)),
                    defended=slot_facts(kept, scores, victims, position, radius),
-                   victim=slot_facts(kept, scores, victims, held[0], radius) if held else None)
+                   victim=slot_facts(kept, scores, victims, held[0], radius) if held else None,
+                   victim_ties=ties)
 
 
 def _pool_numbers(f: Pooling):
@@ -188,7 +201,12 @@ def pooling_text(f: Pooling) -> str:
     d, v = f.defended, f.victim
     go = ("it would be the one evicted" if f.victims == 1 else
           f"it would be among the {f.victims} evicted")
-    text = (f"At step {f.step}, position {d.position}'s own window sum is {n(d.own)} "
+    text = ""
+    if v is not None and f.victim_ties:
+        text = (f"A tie decides this: the victim, position {v.position}, has the pooled score "
+                f"{n(v.pooled)}, exactly as {_plural(len(f.victim_ties), 'candidate')} kept "
+                f"({_positions(f.victim_ties)}); its score did not choose it, the tie-break did. ")
+    text += (f"At step {f.step}, position {d.position}'s own window sum is {n(d.own)} "
             f"({_rank_words(d.by_sum, 'own window sum', n(d.own))}): without pooling {go}. ")
     if f.kind == "max" and d.source is not None:
         text += (f"Position {d.source}, {_away(d)}, has the window sum {n(d.source_sum)}, "
@@ -240,6 +258,19 @@ class Decision:
     order_matches: bool      # the first `victims` of the documented order are the victims
 
 
+def unpooled(params) -> bool:
+    """SnapKV's settings with poolKernel 1: its "pooled" score is the window sum itself."""
+    return int((params or {}).get("pool_kernel", 0) or 0) == 1
+
+
+def score_name(label: str | None, key: str | None, params=None) -> str | None:
+    """The rank score's label as the page says it for these settings: a pooled score with
+    poolKernel 1 is said to be the window sum, which it is."""
+    if key == "pooled" and unpooled(params):
+        return "window sum (poolKernel 1: nothing pooled)"
+    return label
+
+
 def eviction_order(policy: str, kept, scores) -> np.ndarray:
     """Indices into `kept` of the eviction candidates in the documented order (first to go
     first, ties to the lower position); candidates in position order without a score."""
@@ -250,6 +281,60 @@ def eviction_order(policy: str, kept, scores) -> np.ndarray:
         return np.flatnonzero(cand)
     vals = np.asarray(scores[r.key], np.float64)
     return ranked(kept, -vals if r.descending else vals, cand)
+
+
+# --- ties that decide a victim -------------------------------------------------------------
+@dataclass(frozen=True)
+class Tie:
+    """A victim chosen by the tie-break, not by its score: a candidate the policy keeps at
+    this step has exactly the same score (in its documented eviction order)."""
+
+    who: str                 # "A" / "B"
+    position: int            # the victim
+    score_label: str
+    score: float | None      # None: no observed weight (NaN)
+    kept: tuple              # candidates kept at this step with exactly that score
+
+
+def tie_facts(who: str, panel: dict) -> list[Tie]:
+    """The victims of `panel`'s step that a tie decided (empty when every victim's score
+    alone put it among the victims, or the policy ranks by no score)."""
+    kept = np.asarray(panel["kept"])
+    scores, victims = panel["scores"], np.asarray(panel["victims"], np.int64)
+    r = rank_of(panel["policy"])
+    if r is None or r.key not in scores or not len(victims):
+        return []
+    vals = np.asarray(scores[r.key], np.float64)
+    cand = np.asarray(scores.get("candidate", np.ones(len(kept), bool)), bool)
+    stays = cand & ~np.isin(kept, victims)
+    out = []
+    for v in victims:
+        hit = np.flatnonzero(kept == v)
+        if not len(hit):
+            continue
+        x = vals[hit[0]]
+        same = kept[stays & _same(vals, x)]
+        if len(same):
+            out.append(Tie(who=who, position=int(v),
+                           score_label=score_name(r.label, r.key, panel.get("params")),
+                           score=None if np.isnan(x) else float(x),
+                           kept=tuple(int(p) for p in same)))
+    return out
+
+
+def tie_text(ties: list[Tie]) -> str:
+    """One plain sentence per tie-decided victim, to be said before anything else about the
+    step: the score did not choose it, the tie-break did. '' without ties."""
+    out = []
+    for t in ties:
+        score = "no observed weight" if t.score is None else f"the {t.score_label} {t.score:.4g}"
+        lower = all(t.position < p for p in t.kept)
+        rule = (f"the tie-break ({TIE_RULE}) picked {t.position}" if lower else
+                f"the tie-break picked {t.position}")
+        out.append(f"A tie decides this: {t.who}'s victim, position {t.position}, has {score}, "
+                   f"exactly as {_plural(len(t.kept), 'candidate')} {t.who} keeps "
+                   f"({_positions(t.kept)}); its score did not choose it, {rule}.")
+    return " ".join(out)
 
 
 def decision(who: str, panel: dict, position: int) -> Decision:
@@ -277,7 +362,8 @@ def decision(who: str, panel: dict, position: int) -> Decision:
     elif cand:
         where = np.flatnonzero(order == i)
         rank = Rank(int(where[0]) + 1, len(order), ())
-    return Decision(held=True, candidate=cand, score_label=r.label if has else None,
+    return Decision(held=True, candidate=cand,
+                    score_label=score_name(r.label, r.key, panel.get("params")) if has else None,
                     score=None if score is None or np.isnan(score) else score, rank=rank, **base)
 
 
@@ -285,13 +371,16 @@ def when(step: int) -> str:
     return "never (held to the end)" if step == NEVER else f"at step {step}"
 
 
-def why_text(position: int, ev_a, ev_b, decisions, step: int, steps: int | None = None) -> str:
+def why_text(position: int, ev_a, ev_b, decisions, step: int, steps: int | None = None,
+             ties=()) -> str:
     """The divergence view's explanation of `position`: when each policy evicted it and,
-    at the first of those steps, how each one ranked it (from `decision` facts)."""
+    at the first of those steps, how each one ranked it (from `decision` facts). `ties`
+    (`tie_facts` of both panels at that step): a tie that chose `position` is said first."""
     ea, eb = int(ev_a[position]), int(ev_b[position])
     first = "A" if ea == step else "B"
-    text = (f"Position {position}: A evicted it {when(ea)}, B {when(eb)}. {first} evicted it "
-            f"first, at step {step}.")
+    said = tie_text([t for t in ties if t.position == int(position)])
+    text = (f"{said + ' ' if said else ''}Position {position}: A evicted it {when(ea)}, "
+            f"B {when(eb)}. {first} evicted it first, at step {step}.")
     n = number_format([d.score for d in decisions])
     for d in decisions:
         text += " " + _decision_words(d, position, n)
@@ -319,6 +408,41 @@ def _decision_words(d: Decision, position: int, n) -> str:
     if d.order_matches and d.score_label is not None:
         return f"{core}, and evicts the first {d.victims}: {goes}."
     return f"{core}; it evicts {d.victims} at this step: {goes}."
+
+
+def divergence_text(position: int, step: int, share: float, share_step: int,
+                    threshold: float, ev_a, ev_b, panels) -> str:
+    """Why the next-divergence jump stopped at `step`: which position one policy evicted
+    while the other kept it, the attention share that makes it count (the jump's
+    definition: over `threshold` of a step's attention while only one holds it, from
+    `kvviz.app.jumps.divergence_share`), and each policy's score for it at the step (its
+    panels A and B there: `decision` facts; a pooled score with the window sum under it)."""
+    decisions = [decision(w, p, position) for w, p in zip("AB", panels)]
+    ties = [t for w, p in zip("AB", panels) for t in tie_facts(w, p)]
+    ea, eb = int(ev_a[position]), int(ev_b[position])
+    who, other, other_end = ("A", "B", eb) if ea == step else ("B", "A", ea)
+    keeps = ("keeps it to the end" if other_end == NEVER else
+             f"keeps it until step {other_end}")
+    said = tie_text([t for t in ties if t.position == int(position)])
+    text = (f"{said + ' ' if said else ''}**Next divergence, step {step}:** {who} evicts "
+            f"position {position}; {other} {keeps}. It counts because while only {other} "
+            f"held it, step {share_step}'s query gave it {share:.2%} of its attention, "
+            f"{relation(share, threshold)} the {threshold:.1%} the jump looks for.")
+    sums = {}
+    for d, p in zip(decisions, panels):
+        kept = np.asarray(p["kept"])
+        if d.held and "sums" in p["scores"] and "pooled" in p["scores"]:
+            i = int(np.flatnonzero(kept == position)[0])
+            sums[d.who] = (float(np.asarray(p["scores"]["sums"], np.float64)[i]),
+                           float(np.asarray(p["scores"]["pooled"], np.float64)[i]))
+    n = number_format([d.score for d in decisions] + [v for pair in sums.values() for v in pair])
+    for d in decisions:
+        text += " " + _decision_words(d, position, n)
+        if d.who in sums and sums[d.who][1] != sums[d.who][0]:
+            own, pooled = sums[d.who]
+            text += (f" ({d.who}'s pooled score {n(pooled)} comes from pooling over its "
+                     f"neighbours; its own window sum is {n(own)}.)")
+    return text
 
 
 # --- sinks and recent positions -------------------------------------------------------
@@ -408,7 +532,9 @@ def evictions_text(who: str, panel: dict) -> str:
         return f"{who}, {panel['label'].split(': ', 1)[-1]}, evicts nothing at this step."
     ds = [decision(who, panel, v) for v in victims]
     n = number_format([d.score for d in ds])
-    return " ".join(f"Position {v}: " + _decision_words(d, v, n) for v, d in zip(victims, ds))
+    ties = tie_text(tie_facts(who, panel))
+    return (ties + " " if ties else "") + " ".join(
+        f"Position {v}: " + _decision_words(d, v, n) for v, d in zip(victims, ds))
 
 
 # --- a class's guesses, after the reveal --------------------------------------------------

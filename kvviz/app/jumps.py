@@ -46,6 +46,23 @@ def notable_divergences(trace, ev_a, ev_b, share: float = NOTABLE_SHARE):
     return steps, np.asarray([best[s] for s in steps.tolist()], np.int64)
 
 
+def divergence_share(trace, ev_a, ev_b, position: int) -> tuple[float, int]:
+    """(share, step): the largest share of a step's attention (row s of the full trace) that
+    `position` received while exactly one of A and B held it, and the first step s with it;
+    (0.0, -1) if they never disagree about it. What `notable_divergences` compares with
+    its threshold."""
+    ea, eb = held_until(ev_a, trace.steps), held_until(ev_b, trace.steps)
+    p = int(position)
+    lo, hi = min(ea[p], eb[p]), max(ea[p], eb[p])
+    best, at = 0.0, -1
+    for s in range(max(1, int(lo) + 1), min(int(hi), trace.steps - 1) + 1):
+        row = trace.row(s).astype(np.float64)
+        total = row.sum()
+        if total > 0 and row[p] / total > best:
+            best, at = float(row[p] / total), s
+    return best, at
+
+
 def epoch_boundaries(trace) -> np.ndarray:
     """The first step of every epoch after the first (traces with an `epoch`, the canonical
     one); empty for traces without epochs."""

@@ -89,6 +89,9 @@ PLAIN = {
     "present": "present",  # presentation mode: 1 = no sidebar, one view, large type
     "lesson": "lesson",    # the lesson being taught (a file name in lessons/, "" = none)
     "scene": "scene",      # ... and its scene (1-based; 0 = none)
+    "heads.allocator": "heads_alloc",  # Heads view: the allocator ("" = adakv)
+    "heads.scorer": "heads_scorer",    # ... its scorer, any per-stream policy ("" = tova)
+    "heads.budget": "heads_budget",    # ... the mean slots per head (0 = 64)
 }
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
               "zoom", "exp", "cmp", "embed", "embed_options", "track", "follow", *PLAIN}
@@ -127,6 +130,9 @@ class ViewState:
     lesson: str = ""
     scene: int = 0
     needle: dict = field(default_factory=dict)  # NEEDLE_KEYS -> str (the Forgetting view's)
+    heads_alloc: str = ""
+    heads_scorer: str = ""
+    heads_budget: int = 0
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""

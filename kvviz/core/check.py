@@ -18,10 +18,13 @@ determinism, refusals), with its default scorer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import inspect
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -106,7 +109,35 @@ def _import(where: str):
 
 # -- helpers --------------------------------------------------------------------------------
 def _make(cls, budget: int, rng_seed: int = 0, **params):
+    if getattr(cls, "reads_query_rows", False):
+        cls = _fed_query_rows(cls)
     return cls(budget=budget, rng=np.random.default_rng(rng_seed), **params)
+
+
+@functools.lru_cache(maxsize=None)
+def _fed_query_rows(cls):
+    """`cls` fed synthetic per-query-head rows made from each step's row (`_query_rows`), so
+    the check drives a policy that reads them on traces and rows, which have one row per
+    stream; everything else is `cls`'s own."""
+    class Fed(cls):
+        reads_query_rows = False
+
+        def advance(self, pos, attn, key_norm=None, value_norm=None, query_rows=None):
+            given = {k: v for k, v in (("key_norm", key_norm), ("value_norm", value_norm)) if v is not None}
+            super().advance(pos, attn, query_rows=_query_rows(attn, len(self.held())), **given)
+
+    Fed.__name__ = Fed.__qualname__ = cls.__name__
+    return Fed
+
+
+def _query_rows(row, n: int) -> np.ndarray:
+    """Synthetic rows of two query heads over `n` kept slots: the step's row and the same
+    weights reversed (no attention: zeros), so the heads disagree and their mean has the
+    row's mass."""
+    if row is None:
+        return np.zeros((2, n), np.float32)
+    row = np.asarray(row, np.float32)
+    return np.stack([row, row[::-1]])
 
 
 def _fit_params(cls, budget: int) -> dict:
@@ -529,13 +560,33 @@ def check_differential(cls, reference, examples: int = 200, shrink: bool = True)
         compare(cls, reference, scenario, failure)
 
     try:
-        run()
+        with _scratch_storage():
+            run()
     except AssertionError:
         return [RuleResult("differential", name, False, failure[-1] if failure else "mismatch")]
     except Exception as exc:
         return [RuleResult("differential", name, False, failure[-1] if failure else
                            f"raised: {type(exc).__name__}: {exc}")]
     return [RuleResult("differential", name, True, f"{examples} Hypothesis scenarios")]
+
+
+@contextlib.contextmanager
+def _scratch_storage():
+    """Hypothesis keeps caches in ./.hypothesis even with database=None: a check run from the
+    user's own folder writes there nothing, so its storage is a temporary folder (unless
+    HYPOTHESIS_STORAGE_DIRECTORY says where)."""
+    from hypothesis import configuration
+
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    before = getattr(configuration, "__hypothesis_home_directory", None)  # a caller's own choice
+    with tempfile.TemporaryDirectory(prefix="kvviz-check-") as tmp:
+        configuration.set_hypothesis_home_dir(tmp)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before)
 
 
 def scenarios(cls):
@@ -677,13 +728,15 @@ def main(argv=None) -> int:
 
 
 def _need_hypothesis() -> None:
-    """Hypothesis is an optional extra that only the differential check draws on: asked for
-    without it, say what to install before any rule runs, not a traceback after them."""
+    """Hypothesis is one of kvviz's dependencies, but only the differential check imports it:
+    missing (a `--no-deps` install), say what to install before any rule runs, not a
+    traceback after them."""
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise ValueError("--reference draws its scenarios with Hypothesis, which is not "
-                         "installed: pip install 'kvviz[check]'") from None
+        raise ValueError("--reference draws its scenarios with Hypothesis, a dependency of kvviz "
+                         "that is not installed here: pip install -r requirements.txt "
+                         "(or pip install 'hypothesis>=6.170,<7')") from None
 
 
 def run(args) -> int:

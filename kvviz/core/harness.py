@@ -52,16 +52,20 @@ def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
     return attn
 
 
-def feed(policy, pos: int, raw, key_norm=None, value_norm=None) -> None:
+def feed(policy, pos: int, raw, key_norm=None, value_norm=None, query_rows=None) -> None:
     """The first half of `step`: observe the renormalised row, admit `pos`; no eviction.
 
     `raw` holds the weights at `policy.held()`; it is ignored (and may be None) for a
     policy that reads no attention. `key_norm` / `value_norm` (the admitted position's key
     and value L2 norms) reach only a policy that reads them (`reads_key_norms`,
-    `reads_value_norms`); one that reads a norm not given is refused (ValueError).
+    `reads_value_norms`), `query_rows` ((query heads, held): each query head's raw weights,
+    renormalised here row by row) only one that `reads_query_rows`; one that reads an input
+    not given is refused (ValueError).
     """
     attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
-    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm))
+    if query_rows is not None and getattr(policy, "reads_query_rows", False):
+        query_rows = renormalise(np.asarray(query_rows), pos)
+    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm, query_rows))
 
 
 def held_count(policy) -> int:
@@ -70,25 +74,26 @@ def held_count(policy) -> int:
 
 
 def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
-         value_norm=None) -> np.ndarray:
+         value_norm=None, query_rows=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`, then `enforce` the budget; returns the
     victims' positions. `stream` names the stream in a refusal."""
-    feed(policy, pos, raw, key_norm, value_norm)
+    feed(policy, pos, raw, key_norm, value_norm, query_rows)
     victims = policy.evict(budget)
     enforce(getattr(policy, "name", type(policy).__name__), held_count(policy), budget, pos, stream)
     return victims
 
 
-def step_layer(group, pos: int, raws, key_norms=None, value_norms=None) -> list:
+def step_layer(group, pos: int, raws, key_norms=None, value_norms=None, query_rows=None) -> list:
     """One step of the KV heads of one layer under an allocator: feed head g its row
-    `raws[g]` (and `key_norms[g]`, `value_norms[g]`), let the allocator evict across the heads
+    `raws[g]` (and `key_norms[g]`, `value_norms[g]`, `query_rows[g]`), let the allocator evict across the heads
     (`group.evict()`), then enforce each head's cap and the layer's total
     (`group.enforce(pos)`). `group` is an allocator's per-layer group
     (`Allocator.group(...)`); returns one array of victims' positions per head."""
     for g, policy in enumerate(group.policies):
         feed(policy, pos, None if raws is None else raws[g],
              None if key_norms is None else key_norms[g],
-             None if value_norms is None else value_norms[g])
+             None if value_norms is None else value_norms[g],
+             None if query_rows is None else query_rows[g])
     victims = group.evict()
     group.enforce(pos)
     return victims
@@ -103,6 +108,8 @@ def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     every row in order as it arrives). A policy reading no attention needs no rows."""
     if not policy.uses_attention:
         return 0, False, False
+    if getattr(policy, "reads_query_rows", False):
+        return 1, False, True  # each row's query heads, as they arrive
     if policy.summable:
         return 1, True, False
     k = int(policy.prefill_rows(length))
@@ -129,6 +136,7 @@ class PromptRows:
         self.rows = np.zeros((self.tail, self.length), np.float32)  # row i = prompt row length - tail + i
         self.sums = np.zeros(max(self.length - 1, 0)) if sums else None
         self.streamed = list(streamed)
+        self.last_query_rows = None  # the last row's, per query head, when given
         self.next = 0
 
     def wants(self, start: int, stop: int) -> bool:
@@ -136,8 +144,10 @@ class PromptRows:
         policy; else only the last `tail`."""
         return self.sums is not None or bool(self.streamed) or stop > self.length - self.tail
 
-    def add(self, start: int, raw: np.ndarray, key_norms=None, value_norms=None) -> None:
-        """Take prompt rows start..start+len(raw)-1 (see the class docstring)."""
+    def add(self, start: int, raw: np.ndarray, key_norms=None, value_norms=None,
+            query_rows=None) -> None:
+        """Take prompt rows start..start+len(raw)-1 (see the class docstring); `query_rows`
+        (query heads, rows, length), each query head's rows, when a streamed policy reads them."""
         if start != self.next and (start < self.next or self.wants(self.next, start)):
             raise ValueError(f"prompt rows must arrive in order: expected row {self.next}, got {start}")
         first_tail = self.length - self.tail
@@ -147,11 +157,15 @@ class PromptRows:
             if t < self.length - 1:
                 for p in self.streamed:
                     feed(p, t, row, None if key_norms is None or not p.reads_key_norms else key_norms[t],
-                         None if value_norms is None or not getattr(p, "reads_value_norms", False) else value_norms[t])
+                         None if value_norms is None or not getattr(p, "reads_value_norms", False) else value_norms[t],
+                         None if query_rows is None or not getattr(p, "reads_query_rows", False)
+                         else query_rows[:, i, :t])
                 if self.sums is not None and t:
                     self.sums[:t] += renormalise(row, t)
             if t >= first_tail:
                 self.rows[t - first_tail, :t] = row
+            if t == self.length - 1 and query_rows is not None:
+                self.last_query_rows = query_rows[:, i, :t].copy()
         self.next = start + raw.shape[0]
 
     def row(self, t: int) -> np.ndarray:
@@ -177,7 +191,8 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
 
     def last_step(raw):
         k, v = norm(last)
-        return step(policy, last, raw, budget, k, value_norm=v)
+        q = rows.last_query_rows if rows is not None and getattr(policy, "reads_query_rows", False) else None
+        return step(policy, last, raw, budget, k, value_norm=v, query_rows=q)
     last = length - 1
     if tail:
         if rows is None or rows.length != length or rows.tail < tail or (sums and rows.sums is None):

@@ -25,7 +25,7 @@ import numpy as np
 
 from kvviz.core import harness
 from kvviz.core.metrics import summary
-from kvviz.core.replay import NEVER, Run, held_shares, refuse_value_norms
+from kvviz.core.replay import NEVER, Run, held_shares, refuse_query_rows, refuse_value_norms
 from kvviz.core.trace import Trace, load_trace
 
 
@@ -103,6 +103,8 @@ def replay_layers(grid, allocator) -> LayerRun:
             group.calibrate([[tr.row(t) for t in range(calibration)] for tr in row])
     if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
         raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
+    if getattr(scorer, "reads_query_rows", False):
+        raise refuse_query_rows(allocator.scorer, getattr(grid[0][0], "name", "trace"))
     reads_values = getattr(scorer, "reads_value_norms", False)
     if reads_values and any(getattr(tr, "value_norms", None) is None for row in grid for tr in row):
         raise refuse_value_norms(allocator.scorer, getattr(grid[0][0], "name", "trace"))

@@ -79,3 +79,19 @@ def evaluate(trace: Trace, name: str, budget: int, rng=None, **params) -> dict:
     app's metrics view so their rows always agree."""
     run = run_policy(trace, name, budget, rng=rng, **params)
     return {"policy": name, "budget": budget, "params": dict(run.params), **summary(trace, run)}
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval for a proportion: `k` successes in `n` trials, at `z` (default
+    the two-sided 95 % normal quantile). (nan, nan) for n = 0. Unlike the normal
+    approximation it stays inside [0, 1] and is not empty at k = 0 or k = n."""
+    k, n = int(k), int(n)
+    if n < 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson needs 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

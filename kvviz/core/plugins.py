@@ -6,6 +6,12 @@ Loading imports the plugin and registers every Policy subclass it defines with a
 (kvviz.core.policies.register_policy, which checks the declaration). A plugin that fails is
 refused with one line naming it and the rule, and the built-ins keep working. Loading is
 idempotent, so a page that reruns can load on every run.
+
+An entry point's name is the name of the policy it registers (`ema-sinks = "pkg.mod:Ema"`
+needs `Ema.name == "ema-sinks"`; an entry point naming a module registers its policy of that
+name); any other is refused. A plugin named explicitly (a file or module: `--plugin`,
+$KVVIZ_PLUGINS, `load_plugins`) replaces an installed entry point's policy of the same name,
+and says so in one line (`notices()`).
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ GROUP = "kvviz.policies"  # the entry-point group an installed package declares 
 _LOADED: dict[str, list[str]] = {}  # spec as given -> policy names it registered
 _REFUSED: dict[str, str] = {}  # spec as given -> its refusal
 _ORIGIN: dict[type, str] = {}  # class -> the spec a worker process can load it from
+_KIND: dict[type, tuple[str, str]] = {}  # class -> ("file" | "module" | "entry point", where)
 _ENTRY_POINTS: list[str] | None = None  # refusals of the entry points, once per process
+_NOTICES: list[str] = []  # an explicit plugin replaced an entry point's policy: said once each
 
 
 class PluginError(ValueError):
@@ -88,7 +96,16 @@ def _same_source(a: type, b: type) -> bool:
         return False
 
 
-def _register_all(spec: str, classes: list[type], origin) -> list[str]:
+def _is_entry_point(cls) -> bool:
+    return _KIND.get(cls, ("",))[0] == "entry point"
+
+
+def _register_all(spec: str, classes: list[type], origin, kind: tuple[str, str] | None = None) -> list[str]:
+    """Register `classes` (all or none). `kind` ("file" | "module" | "entry point", where):
+    an explicit plugin replaces an entry point's policy of its name; an entry point gives
+    way to an explicit plugin already registered; both say so in one line (notices())."""
+    entry = kind is not None and kind[0] == "entry point"
+    replace, skip = [], []
     for cls in classes:  # every declaration first, so a plugin registers whole or not at all
         try:
             check_declaration(cls)
@@ -96,15 +113,39 @@ def _register_all(spec: str, classes: list[type], origin) -> list[str]:
             raise PluginError(f"plugin {spec}: {exc}") from None
         have = POLICIES.get(cls.name)
         if have is not None and have is not cls and not _same_source(have, cls):
-            raise PluginError(f"plugin {spec}: policy name {cls.name!r} is already registered "
-                              f"(by {have.__module__}.{have.__qualname__})")
+            if not entry and _is_entry_point(have):
+                replace.append((cls, have))
+            elif entry and have in _KIND and not _is_entry_point(have):
+                skip.append(cls)
+            else:
+                raise PluginError(f"plugin {spec}: policy name {cls.name!r} is already registered "
+                                  f"(by {have.__module__}.{have.__qualname__})")
+    from kvviz.core.policies import unregister_policy
+
+    for cls, have in replace:
+        unregister_policy(cls.name)
+        _NOTICES.append(f"plugin {spec} replaces the installed policy {cls.name!r} "
+                        f"({_KIND[have][1]})")
+    for cls in skip:
+        _NOTICES.append(f"plugin {_KIND[POLICIES[cls.name]][1]} replaces the installed policy "
+                        f"{cls.name!r} ({kind[1]})")
     names = []
     for cls in classes:
         if cls.name not in POLICIES:
             register_policy(cls)
             _ORIGIN[cls] = origin(cls)
+            if kind is not None:
+                _KIND.setdefault(cls, kind)
         names.append(cls.name)
     return names
+
+
+def notices() -> list[str]:
+    """The lines saying which explicit plugin replaced which installed policy, each once
+    (taken: a second call returns only the newer ones)."""
+    out = list(_NOTICES)
+    _NOTICES.clear()
+    return out
 
 
 def load_plugin(spec: str) -> list[str]:
@@ -135,8 +176,9 @@ def load_plugin(spec: str) -> list[str]:
     if not classes:
         what = f"no Policy subclass named {only}" if only else "no Policy subclass with a name"
         raise PluginError(f"plugin {spec}: defines {what}")
+    kind = ("file", where) if where else ("module", target)
     _LOADED[spec] = _register_all(spec, classes,
-                                  lambda cls: f"{where or cls.__module__}:{cls.__name__}")
+                                  lambda cls: f"{where or cls.__module__}:{cls.__name__}", kind)
     return _LOADED[spec]
 
 
@@ -163,20 +205,44 @@ def load_entry_points() -> list[str]:
 
         _ENTRY_POINTS = []
         for ep in entry_points(group=GROUP):
-            where = f"{ep.value} (entry point {ep.name} in {GROUP})"
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            label = f"entry point {ep.name} in {GROUP}" + (f" of {dist}" if dist else "")
+            where = f"{ep.value} ({label})"
             try:
                 obj = ep.load()
             except Exception as exc:  # the author's code
                 _ENTRY_POINTS.append(f"plugin {where}: import failed: {_one_line(exc)}")
                 continue
-            classes = [obj] if isinstance(obj, type) else _classes(obj)
             try:
-                if not classes:
-                    raise PluginError(f"plugin {where}: defines no Policy subclass with a name")
-                _register_all(where, classes, lambda cls: f"{cls.__module__}:{cls.__name__}")
+                classes = _entry_classes(ep.name, obj, where)
+                _register_all(where, classes, lambda cls: f"{cls.__module__}:{cls.__name__}",
+                              ("entry point", where))
             except PluginError as exc:
                 _ENTRY_POINTS.append(str(exc))
     return list(_ENTRY_POINTS)
+
+
+def _entry_classes(name: str, obj, where: str) -> list[type]:
+    """The one policy entry point `name` registers: the class it names, or its module's
+    policy called `name`; the rule (the entry point's name is the policy's) refused in one
+    line otherwise."""
+    if isinstance(obj, type):
+        if not issubclass(obj, Policy):
+            raise PluginError(f"plugin {where}: {obj.__qualname__} is not a Policy subclass")
+        own = obj.__dict__.get("name")
+        if own != name:
+            raise PluginError(f"plugin {where}: the entry point's name must be the policy's name; "
+                              f"{obj.__qualname__}.name is {own!r}, the entry point is {name!r}")
+        return [obj]
+    found = _classes(obj)
+    if not found:
+        raise PluginError(f"plugin {where}: defines no Policy subclass with a name")
+    match = [c for c in found if c.name == name]
+    if not match:
+        raise PluginError(f"plugin {where}: the entry point's name must be the policy's name; the "
+                          f"module defines {', '.join(repr(c.name) for c in found)}, the entry point "
+                          f"is {name!r}")
+    return match
 
 
 def _one_line(exc: BaseException) -> str:
@@ -210,6 +276,25 @@ def origin(name: str) -> str | None:
     return f"{cls.__module__}:{cls.__name__}"
 
 
+def provenance(name: str) -> dict:
+    """Where policy (or allocator) `name` comes from, as a saved result records it beside its
+    parameters: {"origin": "built-in" | "entry point" | "file" | "module", "where": the
+    entry point, the file's absolute path or the module (empty for a built-in), "sha256":
+    the SHA-256 of its module's source (kvviz.core.policies.source_hash)}."""
+    from kvviz.core.policies import _policy_class, source_hash
+
+    cls = _policy_class(name)  # ValueError naming the registered ones
+    if cls in BUILTINS or name in ALLOCATORS:
+        kind = ("built-in", "")
+    elif cls in _KIND:
+        kind = _KIND[cls]
+    else:  # registered by register_policy from a script or a module
+        path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        kind = (("file", str(Path(path).resolve())) if cls.__module__ in ("__main__", "__mp_main__") and path
+                else ("module", cls.__module__))
+    return {"origin": kind[0], "where": kind[1], "sha256": source_hash(name)}
+
+
 def worker_specs(names) -> list[str]:
     """The plugins a worker must load to run policies `names`, in a fixed order."""
     out = []
@@ -226,6 +311,8 @@ def cli_load(specs, prog: str = "kvviz") -> int:
     for msg in load_entry_points() + load_plugins(env_specs()):
         print(f"{prog}: warning: {msg} (ignored)", file=sys.stderr)
     refused = load_plugins(specs)
+    for msg in notices():
+        print(f"{prog}: {msg}", file=sys.stderr)
     for msg in refused:
         print(f"{prog}: error: {msg}", file=sys.stderr)
     return 2 if refused else 0
@@ -240,6 +327,10 @@ def forget() -> None:
     _LOADED.clear()
     _REFUSED.clear()
     _ORIGIN.clear()
+    _KIND.clear()
+    _NOTICES.clear()
+    global _ENTRY_POINTS
+    _ENTRY_POINTS = None
 
 
 def add_argument(parser) -> None:

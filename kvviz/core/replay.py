@@ -74,6 +74,26 @@ class Run:
         """The positions held after `step` finished, ascending: the cache as the next query sees it."""
         return np.flatnonzero(self.held_mask(step)).astype(np.int64)
 
+    def to_frame(self, trace: Trace | None = None, per: str = "position"):
+        """A long pandas DataFrame of this run (kvviz.core.frame): per="position", one row per
+        position (admitted, evicted, full_mass, lost_mass); per="step", one row per step x
+        position before it (held, full_mass). `trace`, the one replayed, gives the tokens'
+        text, the layer and head, and the full-cache masses (NaN without it)."""
+        from kvviz.core import frame
+        from kvviz.core.policies import config_label
+
+        frame.check_per(per)
+        if trace is not None and trace.steps != self.steps:
+            raise ValueError(f"trace has {trace.steps} steps; this run has {self.steps}")
+        frame.check_size(1, self.steps, per)
+        layer = getattr(trace, "layer", None) if trace is not None else self.meta.get("layer")
+        head = getattr(trace, "head", None) if trace is not None else self.meta.get("head")
+        keys = {"config": config_label(self.policy, self.params, budget=self.budget), "policy": self.policy,
+                "budget": self.budget, "layer": layer, "head": head or "mean"}
+        cols = frame.stream(self.evicted_at, row=None if trace is None else trace.row,
+                            n_rows=0 if trace is None else trace.steps, per=per)
+        return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
+
 
 class Replay:
     """Step a policy through a trace, forward or back.
@@ -97,6 +117,8 @@ class Replay:
                              "code-kv) or run it in the model loop")
         if getattr(policy, "reads_value_norms", False) and trace.value_norms is None:
             raise refuse_value_norms(policy.name, trace.name)
+        if getattr(policy, "reads_query_rows", False):
+            raise refuse_query_rows(policy.name, trace.name)
         self.trace = trace
         self.policy = policy
         self.budget = policy.budget
@@ -208,9 +230,18 @@ def refuse_value_norms(name: str, trace_name: str) -> ValueError:
                       "trace captured with value norms (format version 4, kvviz capture)")
 
 
+def refuse_query_rows(name: str, trace_name: str) -> ValueError:
+    """The one-line refusal of a policy that reads per-query-head rows, on any trace."""
+    return ValueError(f"{name} reads per-query-head rows, and trace {trace_name!r} stores one "
+                      "row per stream: run it in the model loop (kvviz loop, generate, needle "
+                      "or kvviz.hf), which supplies them")
+
+
 def can_drive(trace: Trace, cls) -> bool:
-    """Whether `trace` carries every input policy class `cls` reads (key and value norms)."""
-    return ((trace.key_norms is not None or not cls.reads_key_norms)
+    """Whether `trace` carries every input policy class `cls` reads (key and value norms; no
+    trace carries per-query-head rows)."""
+    return (not getattr(cls, "reads_query_rows", False)
+            and (trace.key_norms is not None or not cls.reads_key_norms)
             and (getattr(trace, "value_norms", None) is not None
                  or not getattr(cls, "reads_value_norms", False)))
 

@@ -49,6 +49,13 @@ def add_device_arguments(parser) -> None:
                         help="float32 (the CPU's only choice); bfloat16 or float16 on CUDA")
 
 
+def add_threads_argument(parser) -> None:
+    """--threads (loop, generate, needle): the rule is kvviz.model.models.thread_count."""
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: $KVVIZ_THREADS, else $OMP_NUM_THREADS, else min(4, cores); "
+                             "run several processes side by side with 1 each)")
+
+
 def parse_layers(spec, n_layers: int | None = None) -> list[int] | None:
     """'0,14,29' -> [0, 14, 29]; negative indices count from the last layer. None or ""
     means the model's default (first, middle, last): None without `n_layers`. Without
@@ -149,11 +156,11 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         raise ValueError("text is empty: give a text file with something to tokenise")
     if heads not in HEAD_MODES:
         raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
-    from kvviz.model.models import load_model, model_provenance, text_config, token_strings, tokenize
+    from kvviz.model.models import attention_shape, load_model, model_provenance, token_strings, tokenize
 
     tok, mdl = load_model(model, "capture", device, dtype)
-    cfg = text_config(mdl)
-    layers = parse_layers(layers, cfg.num_hidden_layers)
+    shape = attention_shape(mdl)
+    layers = parse_layers(layers, shape.layers)
     ids, offsets, bos = tokenize(tok, text, max_tokens)
     if len(ids) < 2:
         raise ValueError("text must tokenise to at least 2 tokens")
@@ -165,13 +172,13 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
                   output_attentions=True, use_cache=True)  # the cache: its keys' norms
     forward = time.perf_counter() - start
     log(f"forward done in {forward:.1f} s")
-    groups = head_groups(heads, cfg.num_attention_heads, cfg.num_key_value_heads)
+    groups = head_groups(heads, shape.heads, shape.kv_heads)
     strict_lower = np.tril(np.ones((T, T), dtype=bool), k=-1)
     attn = np.stack([
         np.stack([np.where(strict_lower, out.attentions[i][0][idx].float().mean(0).cpu().numpy(), 0.0)
                   for _, idx in groups])
         for i in layers]).astype(np.float32)
-    r = cfg.num_attention_heads // cfg.num_key_value_heads
+    r = shape.heads // shape.kv_heads
     key_norms = cache_key_norms(out.cache, layers, groups, r, T)
     value_norms = cache_value_norms(out.cache, layers, groups, r, T)
     del out

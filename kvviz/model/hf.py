@@ -60,6 +60,28 @@ def _cache_length(kwargs) -> int | None:
     return None if cache is None else int(cache.get_seq_length())
 
 
+def full_layers(kwargs) -> dict:
+    """The forward's keyword arguments with a cache whose layers keep every position: a
+    sliding-window layer (DynamicSlidingWindowLayer, which transformers builds for a
+    sliding-window model) drops keys past its window, so a cache index would no longer be
+    a position; the window itself is applied by the eviction attention, as the model
+    applies it. Given no cache (and use_cache not False), a plain DynamicCache is passed."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None:
+        if kwargs.get("use_cache") is False:
+            return kwargs
+        kwargs = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+        return {**kwargs, "cache": DynamicCache()}
+    layers = getattr(cache, "layers", None) or []
+    for i, lay in enumerate(layers):
+        if getattr(lay, "is_sliding", False):
+            layers[i] = DynamicLayer()
+    return kwargs
+
+
 @contextmanager
 def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = "kv-head", seed: int = 0,
              eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK, **params):
@@ -71,7 +93,11 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
     prompt the cache's layers are replaced by fixed slots holding only the kept
     positions: the memory is the budget's). `prefill_chunk`: prompt queries per attention
     block (memory grows with chunk x prompt length, never with its square). Works with
-    or without gradients enabled: the policies read detached weights."""
+    or without gradients enabled: the bookkeeping runs under no_grad on detached weights,
+    and the output keeps its gradients (a freed cache is then written out of place). A
+    sliding-window model's window is applied as the model applies it (its sliding cache
+    layers are swapped for full ones when the prompt is read). A model kvviz cannot evict
+    in (ALiBi, an attention outside AttentionInterface) is refused on entry, in one line."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
     check_eviction(eviction)
@@ -83,18 +109,18 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         attached,
         bookkeeping,
         capacity,
-        check_architecture,
         gathered,
         make_policies,
+        mark_query_rows,
         masked_state,
         prompt_state,
         slot_cache,
         use,
     )
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape
 
-    tc = text_config(model)
-    L, Hk = tc.num_hidden_layers, tc.num_key_value_heads
+    shape = attention_shape(model)
+    L, Hk = shape.layers, shape.kv_heads
     G = 1 if granularity == "layer" else Hk
     dev = next(model.parameters()).device
     policies = [make_policies(cfg, L, G, 0, seed, vectorised=False)]
@@ -121,18 +147,25 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
                              f"(the cache holds {past} positions, this block has seen {seen[0]})")
         if seen[0] and q != 1:
             raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
-        check_architecture(model, seen[0] + q)
         if not seen[0]:
             lane[0] = Lane(np.zeros(1, np.int64), prompt_state(torch, q, [cfg], policies, L, Hk, G, prefill_chunk,
                                                                dev), None)
+            kwargs = full_layers(kwargs)
         else:
             grow(seen[0] + 1)
             if lane[0].state.freed:
-                lane[0].state.place(seen[0])
-                lane[0].state.push(torch)
+                with torch.no_grad():
+                    lane[0].state.place(seen[0])
+                    lane[0].state.push(torch)
+            mark_query_rows(lane[0].state, policies)
         use(lane[0].state)
+        return args, kwargs
 
     def after(module, args, kwargs, output):
+        with torch.no_grad():  # the bookkeeping reads detached weights, with or without gradients
+            _after(args, kwargs, output)
+
+    def _after(args, kwargs, output):
         q = _input_ids(args, kwargs).shape[1]
         if not seen[0]:
             feed = lane[0].state.feed

@@ -183,6 +183,35 @@ def text_config(model_or_config):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """A decoder's attention as its KV cache holds it: `layers`, query `heads`, `kv_heads`
+    (the heads the cache stores per layer), `head_dim`."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def attention_shape(model_or_config) -> AttentionShape:
+    """The one place the config's names for these are read. Multi-head configurations with no
+    `num_key_value_heads` (GPT-2, GPT-NeoX) cache one KV head per query head; GPTBigCode's
+    `multi_query` caches one; Falcon caches one when `multi_query` (the old architecture)
+    and, with `new_decoder_architecture`, broadcasts its `num_kv_heads` to every query head
+    before caching, so its cache holds `num_attention_heads`."""
+    cfg = text_config(model_or_config)
+    heads = int(cfg.num_attention_heads)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    if getattr(cfg, "model_type", None) == "falcon":
+        kv = heads if cfg.new_decoder_architecture else (1 if cfg.multi_query else heads)
+    elif getattr(cfg, "multi_query", False):
+        kv = 1
+    kv = heads if kv is None else int(kv)
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return AttentionShape(int(cfg.num_hidden_layers), heads, kv, int(dim))
+
+
 def default_layers(n_layers: int) -> list[int]:
     """First, middle and last (distinct, so a 2-layer model gives [0, 1])."""
     return sorted({0, (n_layers - 1) // 2, n_layers - 1})
@@ -238,6 +267,44 @@ def check_device(device: str = "cpu", dtype: str = "float32") -> tuple[str, str]
     if device == "cpu" and dtype != "float32":
         raise ValueError(f"--dtype {dtype} needs --device cuda; the CPU runs float32")
     return device, dtype
+
+
+THREADS_ENV = "KVVIZ_THREADS"  # torch threads per process, for a launcher running several side by side
+MAX_THREADS = 4  # beyond this a decode step of these small models gains little and others lose more
+
+
+def thread_count(requested=None) -> tuple[int, str]:
+    """The torch threads a model command uses, and why, by one rule: `--threads N` if given;
+    else $KVVIZ_THREADS (a launcher running several kvviz processes side by side sets 1, as
+    the sweep's workers run 1 each); else $OMP_NUM_THREADS if set; else min(4, the cores
+    this process may run on). ValueError names the option or variable and the rule."""
+    def whole(value, where):
+        try:
+            n = int(str(value).strip())
+        except ValueError:
+            n = 0
+        if isinstance(value, bool) or n < 1 or str(n) != str(value).strip():
+            raise ValueError(f"{where} must be an integer >= 1, got {value!r}")
+        return n
+
+    if requested is not None:
+        return whole(requested, "--threads"), "--threads"
+    for var in (THREADS_ENV, "OMP_NUM_THREADS"):
+        if os.environ.get(var, "").strip():
+            return whole(os.environ[var], f"${var}"), f"${var}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(MAX_THREADS, cores), f"min({MAX_THREADS}, {cores} cores available)"
+
+
+def use_threads(requested=None, command: str = "loop") -> int:
+    """torch.set_num_threads by `thread_count`'s rule, said in one line on stderr."""
+    import torch
+
+    n, why = thread_count(requested)
+    torch.set_num_threads(n)
+    log(f"torch threads: {n} ({why})" if why == "--threads" else f"torch threads: {n} ({why}; --threads N to choose)",
+        command)
+    return n
 
 
 def load_model(spec=None, command: str = "capture", device: str = "cpu", dtype: str = "float32"):
@@ -378,16 +445,17 @@ def _folder(model):
 
 
 def context_limit(model=None) -> int | None:
-    """The model's max_position_embeddings, read from its config without loading it."""
-    import json
-
+    """The model's max_position_embeddings, read from its config without loading the weights
+    (through transformers' config class, whose attribute map reads GPT-2's `n_positions`)."""
     if isinstance(model, tuple):
         return getattr(text_config(model[1]), "max_position_embeddings", None)
     folder = _folder(model)
     if folder is None or not (folder / "config.json").is_file():
         return None
-    cfg = json.loads((folder / "config.json").read_text())
-    return cfg.get("max_position_embeddings", cfg.get("text_config", {}).get("max_position_embeddings"))
+    from transformers import AutoConfig
+
+    return getattr(text_config(AutoConfig.from_pretrained(folder, local_files_only=True)),
+                   "max_position_embeddings", None)
 
 
 def load_tokenizer(model=None):

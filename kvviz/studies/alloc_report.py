@@ -11,7 +11,8 @@ Stages (each resumable: a prompt or stage already in DIR is not run again):
    mode at kv-head granularity (kvviz.model.loop.generate) under every configuration (plain
    scorers, adakv over each, pyramidkv and headroles over tova) at each budget. Per prompt:
    each answer, whether it holds the key, how many of the key's leading digits it gives,
-   each allocator's held count per (layer, KV head) after the prompt, and the full cache's
+   each allocator's held count per (layer, KV head) after the prompt, how many of the key's
+   tokens each (layer, KV head) still holds then, and the full cache's
    attention mass from the question's tokens onto the key's tokens per (layer, KV head)
    (one eager forward with output_attentions, mean over the question's rows and over the
    query heads of each KV head, summed over the key's positions).
@@ -162,11 +163,13 @@ def _pair():
 def eager_key_mass(pair, p) -> np.ndarray:
     import torch
 
+    from kvviz.model.models import attention_shape
+
     tok, mdl = pair
     with torch.no_grad():
         out = mdl(input_ids=torch.tensor([list(p.ids)]), output_attentions=True, use_cache=False)
     atts = [a[0].float().numpy() for a in out.attentions]
-    return key_mass(atts, p.question_start, p.key_positions, mdl.config.num_key_value_heads)
+    return key_mass(atts, p.question_start, p.key_positions, attention_shape(mdl).kv_heads)
 
 
 def needle_stage(out: Path, length: int, depths=DEPTHS, seeds=SEEDS, pair=None, log=print):
@@ -190,10 +193,11 @@ def needle_stage(out: Path, length: int, depths=DEPTHS, seeds=SEEDS, pair=None, 
             f = g.full_index
             rows = []
             for (name, spec, b), c in zip(specs, [i for i in range(len(g.configs)) if i != f]):
-                held = g.held(c, g.prompt_len - 1).sum(-1)
+                kept = g.held(c, g.prompt_len - 1)  # (layers, KV heads, positions)
                 rows.append({"name": name, "spec": spec, "budget": b, "answer": g.texts[c],
                              "correct": p.key in g.texts[c], "digits": leading_digits(g.texts[c], p.key),
-                             "held": held.tolist()})
+                             "held": kept.sum(-1).tolist(),
+                             "key_held": kept[..., list(p.key_positions)].sum(-1).tolist()})
             rec = {"length": length, "depth": d, "seed": s, "key": p.key, "prompt_len": len(p.ids),
                    "key_positions": list(p.key_positions), "question_start": p.question_start,
                    "full_answer": g.texts[f], "full_correct": p.key in g.texts[f],

@@ -162,17 +162,31 @@ def _time_replay(trace, policy) -> float:
     return time.process_time() - start
 
 
+def perf_specs(policies) -> list[tuple[str, dict]]:
+    """`perf`'s policies parsed (as bench's), allocators refused: perf times one stream."""
+    specs = [parse_spec(p) for p in policies]
+    for name, _ in specs:
+        if name in ALLOCATORS:
+            raise ValueError(f"--policies: {name} is an allocator (several streams at once); perf "
+                             "times one stream's policy against its reference")
+    return specs
+
+
 def perf(budget: int = 512, steps: int = 4096, policies=None) -> Table:
-    """Fast replay against the reference per policy, in CPU seconds (a Table, as `table`)."""
+    """Fast replay against the reference per policy, in CPU seconds (a Table, as `table`).
+    A policy is a name or 'name:k=v,...' (as `--policies` of bench: every registered policy,
+    plugins included); a row with parameters is labelled 'name:k=v,...' with the values used."""
     trace = CachedTrace(canonical(steps))
+    specs = perf_specs(policies or runnable(trace))
     rows = []
-    for name in policies or runnable(trace):
-        fast = min(_time_replay(trace, make_policy(name, budget)) for _ in range(3))
+    for name, params in specs:
+        fast = min(_time_replay(trace, make_policy(name, budget, **params)) for _ in range(3))
         try:
-            ref = _time_replay(trace, make_reference(name, budget))
+            ref = _time_replay(trace, make_reference(name, budget, **params))
         except ValueError:  # a plugin that names no reference
             ref = float("nan")
-        rows.append({"policy": name, "fast_cpu_s": fast, "reference_cpu_s": ref, "speedup": ref / fast})
+        label = name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+        rows.append({"policy": label, "fast_cpu_s": fast, "reference_cpu_s": ref, "speedup": ref / fast})
     return Table(rows, ["policy", "fast_cpu_s", "reference_cpu_s", "speedup"])
 
 

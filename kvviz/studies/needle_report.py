@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvviz.core.metrics import wilson
 from kvviz.core.paths import REPO, traces_or_default
 from kvviz.core.policies import FULL_LABEL, config_label
 from kvviz.model.needle import load_results, load_run
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
+ANSWERS = ("<!-- needle:answers -->", "<!-- /needle:answers -->")
 
 
 KEEP = ("pool_kernel", "sinks")  # the parameters the report tells apart, named even at their default
@@ -54,6 +56,27 @@ def pct(x) -> str:
     return "–" if pd.isna(x) else f"{100 * x:.0f} %"
 
 
+def acc_ci(correct) -> str:
+    """Accuracy with its Wilson 95 % interval: "68 % [48–83]" (kvviz.core.metrics.wilson)."""
+    c = pd.Series(correct).astype(bool)
+    if not len(c):
+        return "–"
+    lo, hi = wilson(int(c.sum()), len(c))
+    return f"{pct(c.mean())} [{100 * lo:.0f}–{100 * hi:.0f}]"
+
+
+def outcome(answer: str, key: str) -> str:
+    """How an answer fails or not: "right" (the key appears), "truncated" (its first number is
+    a proper beginning of the key, e.g. "424" for 42400), "other number", "no number"."""
+    answer = str(answer)
+    if key in answer:
+        return "right"
+    m = re.search(r"\d+", answer)
+    if not m:
+        return "no number"
+    return "truncated" if key.startswith(m.group(0)) else "other number"
+
+
 def table(df: pd.DataFrame) -> str:
     """Accuracy per policy (rows) at each prompt mode x budget, layer granularity, all lengths."""
     d = df[df.granularity == "layer"]
@@ -68,14 +91,38 @@ def table(df: pd.DataFrame) -> str:
         cells = []
         for m, b in cols:
             x = d[(d.name == n) & (d.prompt_mode == m) & (d.budget == b)]
-            cells.append(f"{pct(x.correct.mean())} ({x.held_end.mean():.2f})" if len(x) else "–")
+            cells.append(f"{acc_ci(x.correct)} ({x.held_end.mean():.2f})" if len(x) else "–")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     runs = {m: d[(d.prompt_mode == m) & (d.policy == "full")].id.nunique() for m in ("decode", "prefill")}
+    keys = {m: d[(d.prompt_mode == m) & (d.policy == "full")].key.nunique() for m in ("decode", "prefill")}
+    cell_n = d[d.policy != "full"].groupby(["name", "prompt_mode", "budget"]).key.nunique()
     lines.append("")
-    lines.append(f"Share of prompts answered with the key (in brackets: share of the key's positions held at "
-                 f"the end of the prompt, mean over layers); {runs['decode']} decode and {runs['prefill']} "
-                 f"prefill prompts at layer granularity, lengths {sorted(d.length.unique().tolist())}.")
+    lines.append(f"Share of prompts answered with the key, with its Wilson 95 % interval in square brackets "
+                 f"(in round brackets: share of the key's positions held at the end of the prompt, mean over "
+                 f"layers); {runs['decode']} decode prompts ({keys['decode']} distinct keys) and "
+                 f"{runs['prefill']} prefill prompts ({keys['prefill']} distinct keys) at layer granularity, "
+                 f"lengths {sorted(d.length.unique().tolist())}; distinct keys per evicting cell: "
+                 f"{_span(cell_n)}.")
     return "\n".join(lines)
+
+
+def _span(values) -> str:
+    """"3" or "3–5": the least and the most of `values`."""
+    lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def outcomes(df: pd.DataFrame) -> str:
+    """Per policy (layer granularity, every mode and budget): how its answers fail."""
+    d = df[(df.granularity == "layer") & (df.policy != "full")].copy()
+    if d.empty:
+        return "(no runs)"
+    d["outcome"] = [outcome(a, str(k)) for a, k in zip(d.answer, d.key)]
+    kinds = ["right", "truncated", "other number", "no number"]
+    t = (d.groupby(["name", "outcome"]).size().unstack(fill_value=0)
+         .reindex(columns=kinds, fill_value=0).reset_index())
+    t.insert(1, "runs", t[kinds].sum(axis=1))
+    return fmt(t)
 
 
 def paired(df, a: str, b: str, keys=("prompt_mode", "budget")):
@@ -178,7 +225,9 @@ def q3(df) -> str:
     return (f"Over {len(d)} evicting runs (layer granularity): " + ", ".join(f"{k} {v}" for k, v in n.items())
             + f". **Answer:** \"every key token held in every layer\" is {verdict[(necessary, sufficient)]} for a "
             f"correct answer in this grid.\n\nLayers whose held share at the end of the prompt goes most with a "
-            f"right answer (Pearson r over runs):\n\n" + "\n".join(lines))
+            f"right answer (Pearson r over the {len(d)} runs; they come from {d.id.nunique()} prompts, each "
+            f"under every configuration, so the runs are not independent samples and r has no simple "
+            f"confidence interval):\n\n" + "\n".join(lines))
 
 
 def q4(df) -> str:
@@ -319,13 +368,95 @@ def report(out: Path) -> tuple[str, str]:
         q5(df, out),
         "",
     ]
-    kv = df[df.granularity == "kv-head"]
-    if len(kv):
-        doc[-1:-1] = ["## Per KV head (one budget)", "",
-                      fmt(kv[kv.policy != "full"].groupby(["name", "budget", "prompt_mode"]).agg(
-                          n=("correct", "size"), accuracy=("correct", "mean"), held_end=("held_end", "mean"),
-                          whole=("whole", "mean")).reset_index()), ""]
+    doc[-1:-1] = ["## How the answers fail (layer granularity, every mode and budget)", "",
+                  "A *truncated* answer's first number is a proper beginning of the key (\"424\" for 42400): the "
+                  "model recalled the key's start and stopped. *Other number*: a number that does not begin the key.",
+                  "", outcomes(df), ""]
+    if (df.granularity == "kv-head").any():
+        doc[-1:-1] = ["## Per KV head against per layer, on the same prompts", "", per_head_table(df), ""]
     return tab, "\n".join(doc)
+
+
+def per_head(df: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration run at kv-head granularity beside the same configuration at layer
+    granularity on the same prompts (length, depth, seed, mode)."""
+    rows = []
+    d = df[df.policy != "full"]
+    for (n, b, m), kv in d[d.granularity == "kv-head"].groupby(["name", "budget", "prompt_mode"]):
+        lay = d[(d.granularity == "layer") & (d.name == n) & (d.budget == b) & (d.prompt_mode == m)]
+        x, y = kv.set_index("prompt"), lay.set_index("prompt")
+        common = x.index.intersection(y.index)
+        if not len(common):
+            continue
+        x, y = x.loc[common], y.loc[common]
+        rows.append({"policy": n, "budget": b, "mode": m, "n": len(common),
+                     "kv-head": acc_ci(x.correct), "layer": acc_ci(y.correct),
+                     "held kv-head": x.held_end.mean(), "held layer": y.held_end.mean()})
+    return pd.DataFrame(rows)
+
+
+def per_head_table(df: pd.DataFrame) -> str:
+    t = per_head(df)
+    return "(no prompts at both granularities)" if t.empty else fmt(t)
+
+
+def answers(df: pd.DataFrame, out: Path) -> str:
+    """The grid's answers in a few numbered lines, every number computed here."""
+    d = df[df.granularity == "layer"]
+    ev = d[d.policy != "full"]
+    keys = df.key.nunique()
+    lines = [f"What the grid answers (the detail, and the tables behind each answer, in "
+             f"[needle.md](needle.md); not tuned, one model, {df.id.nunique()} prompts, {keys} distinct keys; "
+             f"accuracies with Wilson 95 % intervals):", ""]
+    piv = ev[ev.name.isin(["tova", "h2o", "scissorhands"])].pivot_table(
+        index=["id", "budget"], columns="name", values="correct", aggfunc="first").dropna()
+    if {"tova", "h2o", "scissorhands"} <= set(piv.columns):
+        piv = piv.astype(bool)
+        card = int((~piv.tova & piv.h2o & piv.scissorhands).sum())
+        rev = int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum())
+        h2o = ev[ev.name == "h2o"]
+        lines.append(f"1. **TOVA against H2O and Scissorhands.** Over {len(piv)} paired runs, TOVA is wrong "
+                     f"where both are right in {card} and right where both are wrong in {rev}. H2O answers "
+                     f"{acc_ci(h2o.correct)} over all its runs at layer granularity, TOVA "
+                     f"{acc_ci(ev[ev.name == 'tova'].correct)}. "
+                     "The pass key is read once and never returned to, so this does not test the TOVA "
+                     "card's warning about a token that matters intermittently.")
+    if {PK5, PK1} <= set(ev.name):
+        x5, x1 = ev[ev.name == PK5], ev[ev.name == PK1]
+        p5, p1 = (x[(x.prompt_mode == "prefill") & (x.budget == 128)] for x in (x5, x1))
+        lines.append(f"2. **SnapKV's pooling** keeps the key whole in every layer in {pct(x5.whole.mean())} of "
+                     f"runs with poolKernel 5 and {pct(x1.whole.mean())} with poolKernel 1; it answers "
+                     f"{acc_ci(x5.correct)} against {acc_ci(x1.correct)} over all runs at layer granularity"
+                     + (f", {acc_ci(p5.correct)} against {acc_ci(p1.correct)} at prefill budget 128"
+                        if len(p5) and len(p1) else "") + ".")
+    c, w = ev.correct.astype(bool), ev.whole
+    lines.append(f"3. **Every key token held in every layer**: of {len(ev)} evicting runs, "
+                 f"{int((c & ~w).sum())} were right without it and {int((~c & w).sum())} wrong with it.")
+    pairs = same = 0
+    for _, g in ev.groupby(["name", "budget"]):
+        x = g[g.prompt_mode == "decode"].set_index("prompt")
+        y = g[g.prompt_mode == "prefill"].set_index("prompt")
+        common = x.index.intersection(y.index)
+        pairs += len(common)
+        same += int((x.loc[common].correct.values == y.loc[common].correct.values).sum())
+    if pairs:
+        lines.append(f"4. **Decode-time and prefill eviction** give the same verdict on {same} of {pairs} "
+                     "paired runs.")
+    t = per_head(df)
+    if not t.empty:
+        parts = [f"{r['policy']} @ {r['budget']} ({r['mode']}, {r['n']} prompts) {r['kv-head']} per KV head "
+                 f"against {r['layer']} per layer" for _, r in t.iterrows() if r["policy"] in ("tova", PK5, "h2o")]
+        if parts:
+            lines.append("5. **Per KV head** (each KV head keeps its own budget's positions): "
+                         + "; ".join(parts) + ".")
+    kinds = [outcome(a, str(k)) for a, k in zip(ev.answer, ev.key)]
+    wrong = [k for k in kinds if k != "right"]
+    if wrong:
+        lines.append(f"6. **How answers fail**: of {len(wrong)} wrong evicting answers, "
+                     f"{sum(k == 'truncated' for k in wrong)} are truncations of the key (its first digits, "
+                     f"then nothing), {sum(k == 'other number' for k in wrong)} another number, "
+                     f"{sum(k == 'no number' for k in wrong)} no number.")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -354,6 +485,10 @@ def main(argv=None) -> int:
             return 2
         text = re.sub(re.escape(MARK[0]) + ".*?" + re.escape(MARK[1]),
                       lambda _: f"{MARK[0]}\n{tab}\n{MARK[1]}", text, flags=re.S)
+        said = answers(prepare(df), out)
+        if ANSWERS[0] in text:
+            text = re.sub(re.escape(ANSWERS[0]) + ".*?" + re.escape(ANSWERS[1]),
+                          lambda _: f"{ANSWERS[0]}\n{said}\n{ANSWERS[1]}", text, flags=re.S)
         bench.write_text(text)
     return 0
 

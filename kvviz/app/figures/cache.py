@@ -27,6 +27,7 @@ from kvviz.app.figures.states import (
     bin_edges,
     display_state,
     dominant_state,
+    state_colours,
     state_counts,
 )
 
@@ -45,12 +46,19 @@ def _rgb(hex_colour: str) -> tuple[int, int, int]:
     return tuple(int(h[i:i + 2], 16) for i in (0, 2, 4))
 
 
-PALETTE = np.array([_rgb(STATE_COLOURS[c]) for c in range(5)], np.uint8)  # indexed by code
+def palette(colours: dict | None = None) -> np.ndarray:
+    """(5, 3) uint8 RGB indexed by state code, for `colours` (states.state_colours)."""
+    colours = colours or STATE_COLOURS
+    return np.array([_rgb(colours[c]) for c in range(5)], np.uint8)
 
 
-def codes_to_png(codes: np.ndarray) -> str:
-    """State codes (rows, cols) -> 'data:image/png;base64,...' using the state palette."""
-    img = Image.fromarray(PALETTE[codes.astype(np.intp)], mode="RGB")
+PALETTE = palette()  # the default pair's (TOVA, SnapKV)
+
+
+def codes_to_png(codes: np.ndarray, colours: dict | None = None) -> str:
+    """State codes (rows, cols) -> 'data:image/png;base64,...' in the states' `colours`
+    (default: the default pair's)."""
+    img = Image.fromarray(palette(colours)[codes.astype(np.intp)], mode="RGB")
     buf = io.BytesIO()
     img.save(buf, format="PNG", optimize=False, compress_level=6)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
@@ -90,7 +98,7 @@ def heatmap_grid(ev_a, ev_b, max_bins: int = DEFAULT_MAX_BINS, hover_bins: int =
     h_counts = np.add.reduceat(np.add.reduceat(counts, si, axis=1), pi, axis=2)
     return dict(codes=codes, shares=shares, step_edges=step_edges, pos_edges=pos_edges,
                 hover_step_edges=h_step, hover_pos_edges=h_pos, hover_counts=h_counts,
-                png=codes_to_png(codes), labels=(label_a, label_b),
+                png=codes_to_png(codes, state_colours(label_a, label_b)), labels=(label_a, label_b),
                 hover_text=_hover_text(h_counts, h_step, h_pos, state_labels(label_a, label_b),
                                        tokens))
 
@@ -133,9 +141,12 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
     """
     g = grid or heatmap_grid(ev_a, ev_b, max_bins)
     names = state_labels(label_a, label_b)
+    colours = state_colours(label_a, label_b)
     if g.get("hover_text") is None or g.get("labels") != (label_a, label_b):
         g["hover_text"] = _hover_text(g["hover_counts"], g["hover_step_edges"],
                                       g["hover_pos_edges"], names)
+        if g.get("labels") != (label_a, label_b):  # other policies: their colours
+            g["png"] = codes_to_png(g["codes"], colours)
         g["labels"] = (label_a, label_b)
     se, pe = g["step_edges"], g["pos_edges"]
     dy, dx = int(se[1] - se[0]), int(pe[1] - pe[0])
@@ -152,7 +163,7 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
         hovertemplate="%{text}<extra></extra>", name="hover", hoverongaps=False))
     for c in LEGEND_ORDER:  # legend entries (no data)
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[c],
-                                 marker=dict(symbol="square", size=14, color=STATE_COLOURS[c],
+                                 marker=dict(symbol="square", size=14, color=colours[c],
                                              line=dict(color="#888888", width=1))))
     step = int(np.clip(step, 0, len(ev_a) - 1))
     fig.add_hline(y=step, line=dict(color="#CC0000", width=2), name="step")

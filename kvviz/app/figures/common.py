@@ -4,9 +4,76 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-A_COLOUR = "#E69F00"   # orange: policy A everywhere in the app
-B_COLOUR = "#0072B2"   # blue: policy B
-DEFENDED_COLOUR = "#009E73"
+# Every policy has one colour in every view: its declared `Policy.colour` (the registry),
+# or for a plugin that declares none a colour of PALETTE chosen from its name. A and B are
+# drawn in their policies' colours (`pair_colours`). Categories that are no policy (right
+# and wrong answers, a defended slot, a guess) use colours no policy uses (CATEGORY).
+A_COLOUR = "#E69F00"   # TOVA's, A's default policy (kvviz.core.policies.tova)
+B_COLOUR = "#0072B2"   # SnapKV's, B's default policy
+RIGHT_COLOUR = "#117733"   # a right answer (dark green)
+WRONG_COLOUR = "#882255"   # a wrong answer (wine)
+DEFENDED_COLOUR = "#332288"  # a slot pooling defended (indigo)
+NEUTRAL_COLOUR = "#BBBBBB"   # a category with no meaning of its own (a guess, not a candidate)
+CATEGORY = (RIGHT_COLOUR, WRONG_COLOUR, DEFENDED_COLOUR, NEUTRAL_COLOUR)
+# For policies that declare no colour: colour-blind-safe hues no built-in and no category uses.
+PALETTE = ("#44AA99", "#AA4499", "#6699CC", "#888833", "#DDCC77", "#999933", "#CC6677",
+           "#88CCEE", "#117799", "#AA7744")
+KEY_COLOUR = "#F0E442"  # the pass key's tokens (yellow): a category
+UNKNOWN_COLOUR = "#555555"  # a name the registry does not know
+
+
+def _hash(name: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+
+
+def policy_colour(name) -> str:
+    """A registered policy's declared colour. One that declares none (a plugin, an allocator)
+    takes a PALETTE colour no declared colour takes: the one its name hashes to, or the next
+    free one when a name hashed earlier took it (so two plugins never share a colour while
+    the palette lasts, and the same registry gives the same colours in every process).
+    UNKNOWN_COLOUR for a name not registered."""
+    from kvviz.core.policies import ALLOCATORS, POLICIES
+
+    every = {**POLICIES, **ALLOCATORS}
+    cls = every.get(str(name))
+    if cls is None:
+        return UNKNOWN_COLOUR
+    if getattr(cls, "colour", None):
+        return cls.colour
+    declared = {getattr(k, "colour", None) for k in every.values()}
+    free = [c for c in PALETTE if c not in declared] or list(PALETTE)
+    taken: dict[str, str] = {}
+    for n in sorted((n for n, k in every.items() if not getattr(k, "colour", None)),
+                    key=lambda n: (_hash(n), n)):
+        i = _hash(n) % len(free)
+        left = [c for c in free if c not in taken.values()] or free
+        pick = free[i] if free[i] in left else left[i % len(left)]
+        taken[n] = pick
+    return taken[str(name)]
+
+
+def policy_of(label: str) -> str:
+    """The policy name in a run's label: 'A: snapkv (poolKernel=1)' -> 'snapkv'."""
+    label = str(label).split(": ", 1)[-1] if str(label)[:3] in ("A: ", "B: ") else str(label)
+    return label.strip().split(" ")[0]
+
+
+def lighter(colour: str, share: float = 0.5) -> str:
+    """`colour` mixed with white (share of white)."""
+    rgb = [int(colour.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4)]
+    return "#" + "".join(f"{round(v + (255 - v) * share):02X}" for v in rgb)
+
+
+def pair_colours(label_a: str, label_b: str) -> tuple[str, str]:
+    """A's and B's colours: each its policy's. Both sides the same policy (two settings of
+    SnapKV): B takes a lighter shade of it, so the two stay apart and keep their hue."""
+    ca, cb = policy_colour(policy_of(label_a)), policy_colour(policy_of(label_b))
+    # a figure drawn without its policies' names ("A", "B"): the default pair's colours
+    ca = A_COLOUR if ca == UNKNOWN_COLOUR else ca
+    cb = B_COLOUR if cb == UNKNOWN_COLOUR else cb
+    return (ca, lighter(cb)) if ca == cb else (ca, cb)
 FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=14)
 _AXIS = dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", ticks="",
              automargin=True, title=dict(standoff=12))
@@ -15,8 +82,8 @@ _AXIS = dict(gridcolor="#EBF0F8", linecolor="#EBF0F8", zerolinecolor="#EBF0F8", 
 # into plotly's default template and validates the whole result, ~45 ms a figure, most of a
 # small figure's cost (the class's question figure: 68 ms -> 39 ms).
 LIGHT = dict(layout=dict(paper_bgcolor="white", plot_bgcolor="white", xaxis=_AXIS, yaxis=_AXIS,
-                         colorway=["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9",
-                                   "#D55E00", "#999999"], hovermode="closest"))
+                         colorway=["#333333", "#6A3D9A", "#777777"],  # no policy's colour
+                         hovermode="closest"))
 
 
 def _fill(obj, values: dict) -> None:

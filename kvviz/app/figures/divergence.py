@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
+from kvviz.app.figures.common import base_layout, pair_colours
 from kvviz.app.figures.states import NEVER, first_divergence, held_mask, symmetric_difference
 
 
@@ -32,6 +32,7 @@ def decision_step(ev_a, ev_b, position: int) -> int:
 def divergence_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B",
                       height: int = 460) -> go.Figure:
     diff = symmetric_difference(ev_a, ev_b)
+    ca, cb = pair_colours(label_a, label_b)
     first = first_divergence(ev_a, ev_b)
     only_a, only_b = only_sets(ev_a, ev_b, step)
     fig = make_subplots(rows=2, cols=1, row_heights=[0.62, 0.38], vertical_spacing=0.24,
@@ -51,14 +52,14 @@ def divergence_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B",
                            bgcolor="rgba(255,255,255,0.8)")
     fig.add_trace(go.Scatter(x=only_a, y=np.ones(len(only_a)), mode="markers",
                              name=f"only A: {label_a}",
-                             marker=dict(symbol="line-ns-open", size=18, color=A_COLOUR,
-                                         line=dict(width=2, color=A_COLOUR)),
+                             marker=dict(symbol="line-ns-open", size=18, color=ca,
+                                         line=dict(width=2, color=ca)),
                              hovertemplate="position %{x}: held only by A<extra></extra>"),
                   row=2, col=1)
     fig.add_trace(go.Scatter(x=only_b, y=np.zeros(len(only_b)), mode="markers",
                              name=f"only B: {label_b}",
-                             marker=dict(symbol="line-ns-open", size=18, color=B_COLOUR,
-                                         line=dict(width=2, color=B_COLOUR)),
+                             marker=dict(symbol="line-ns-open", size=18, color=cb,
+                                         line=dict(width=2, color=cb)),
                              hovertemplate="position %{x}: held only by B<extra></extra>"),
                   row=2, col=1)
     base_layout(fig, "Divergence", height + 60, legend_below=True)

@@ -9,7 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+# one per KV head: categories, so none is a policy's colour (kvviz.app.figures.common)
+HEAD_COLOURS = ("#332288", "#882255", "#117733", "#000000", "#6A3D9A", "#8C564B", "#2F4F4F",
+                "#B8860B")
 
 
 def heads_figure(held, plain, layers, budgets, *, label: str, plain_label: str, budget: int,
@@ -61,13 +63,15 @@ def eviction_grid(runs, position: int) -> np.ndarray:
     return np.array([[int(r.evicted_at[int(position)]) for r in row] for row in runs], np.int64)
 
 
-def _grid_heatmap(fig, z, text, col, *, layers, colorscale, zmin, zmax, showscale, colorbar=None):
+def _grid_heatmap(fig, z, text, col, *, layers, colorscale, zmin, zmax, showscale, colorbar=None,
+                  hover=None):
     z = np.asarray(z)
     fig.add_trace(go.Heatmap(z=z, x=[f"kv{g}" for g in range(z.shape[1])],
                              y=[f"layer {lay}" for lay in layers], text=text,
                              texttemplate="%{text}", colorscale=colorscale, zmin=zmin, zmax=zmax,
                              showscale=showscale, colorbar=colorbar, xgap=1, ygap=1,
-                             hovertemplate="%{y}, %{x}: %{text}<extra></extra>"), row=1, col=col)
+                             customdata=hover if hover is not None else text,
+                             hovertemplate="%{y}, %{x}: %{customdata}<extra></extra>"), row=1, col=col)
 
 
 def position_figure(evicted, plain, layers, *, position: int, steps: int, label: str,
@@ -99,30 +103,52 @@ def position_figure(evicted, plain, layers, *, position: int, steps: int, label:
     return fig
 
 
-def needle_heads_figure(held_a, held_b, key_mass, *, label_a: str, label_b: str) -> go.Figure:
-    """A pass-key prompt per (layer, KV head): slots held after the prompt under two
-    configurations, beside the full cache's attention mass from the question onto the key.
+def needle_heads_figure(held_a, held_b, key_mass, *, label_a: str, label_b: str,
+                        key_held_a=None, key_held_b=None, key_tokens: int | None = None) -> go.Figure:
+    """A pass-key prompt per (layer, KV head), after the prompt, under two configurations,
+    beside the full cache's attention mass from the question onto the key.
 
-    `held_a`, `held_b` int (layers, heads) and `key_mass` float (layers, heads), as
-    kvviz.studies.alloc_report writes them; the layers are the model's, from 0.
+    `held_a`, `held_b` int (layers, heads): the slots held; `key_mass` float (layers, heads);
+    as kvviz.studies.alloc_report writes them; the layers are the model's, from 0. With
+    `key_held_a`, `key_held_b` (layers, heads: how many of the key's `key_tokens` tokens each
+    head still holds) the two left panels show those counts ("3/5"), the slots held in their
+    hover text; without them, the slots held.
     """
     held_a, held_b, key_mass = (np.asarray(held_a), np.asarray(held_b), np.asarray(key_mass, float))
     if not (held_a.ndim == 2 and held_a.shape == held_b.shape == key_mass.shape):
         raise ValueError(f"held_a, held_b and key_mass must all be (layers, heads), got "
                          f"{held_a.shape}, {held_b.shape} and {key_mass.shape}")
+    keyed = key_held_a is not None
+    if keyed:
+        key_held_a, key_held_b = np.asarray(key_held_a), np.asarray(key_held_b)
+        if key_held_a.shape != held_a.shape or key_held_b.shape != held_a.shape:
+            raise ValueError(f"key_held_a and key_held_b must be (layers, heads) like held_a "
+                             f"{held_a.shape}, got {key_held_a.shape} and {key_held_b.shape}")
+        if key_tokens is None or key_tokens < 1 or max(key_held_a.max(), key_held_b.max()) > key_tokens:
+            raise ValueError(f"key_tokens must be the key's token count, at least every head's "
+                             f"key_held, got {key_tokens!r}")
     layers = list(range(held_a.shape[0]))
+    what = "key tokens held" if keyed else "held"
     fig = make_subplots(rows=1, cols=3, shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=[f"held: {label_a}", f"held: {label_b}",
+                        subplot_titles=[f"{what}: {label_a}", f"{what}: {label_b}",
                                         "key attention (full cache)"])
     top = int(max(held_a.max(), held_b.max()))
-    for col, held in ((1, held_a), (2, held_b)):
-        _grid_heatmap(fig, held, [[str(int(v)) for v in row] for row in held], col, layers=layers,
-                      colorscale="Blues", zmin=0, zmax=top, showscale=False)
+    for col, held, key in ((1, held_a, key_held_a), (2, held_b, key_held_b)):
+        if keyed:
+            text = [[f"{int(k)}/{key_tokens}" for k in row] for row in key]
+            hover = [[f"{int(k)} of the key's {key_tokens} tokens, {int(n)} slots held"
+                      for k, n in zip(krow, nrow)] for krow, nrow in zip(key, held)]
+            _grid_heatmap(fig, key, text, col, layers=layers, colorscale="Blues", zmin=0,
+                          zmax=key_tokens, showscale=False, hover=hover)
+        else:
+            _grid_heatmap(fig, held, [[str(int(v)) for v in row] for row in held], col,
+                          layers=layers, colorscale="Blues", zmin=0, zmax=top, showscale=False)
     _grid_heatmap(fig, key_mass, [[f"{v:.4f}" for v in row] for row in key_mass], 3,
                   layers=layers, colorscale="Reds", zmin=0, zmax=float(key_mass.max()),
                   showscale=True, colorbar=dict(title="mass"))
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=f"Pass key per KV head: held slots after the prompt ({label_a} vs "
+    shown = "the key's tokens each head holds" if keyed else "held slots"
+    fig.update_layout(title=f"Pass key per KV head after the prompt: {shown} ({label_a} vs "
                             f"{label_b}) and the key's attention mass",
                       height=120 + 22 * len(layers), margin=dict(t=80, l=70, r=10, b=30))
     return fig

@@ -13,14 +13,15 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
-from kvviz.app.figures.common import base_layout
+from kvviz.app.figures.common import RIGHT_COLOUR, WRONG_COLOUR, base_layout, policy_colour
 from kvviz.app.figures.tokens import join_token_spans, strip_css, token_html
 from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
-# colour-blind safe, matching common.LIGHT's colorway order
-LINE_COLOURS = ["#E69F00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999",
-                "#000000", "#F0E442"]
-HURT, HELPED = (213, 94, 0), (0, 114, 178)   # vermilion: eviction cost; blue: it helped
+FULL_COLOUR = "#000000"  # the full cache: no policy's colour
+DASHES = ("solid", "dash", "dot", "dashdot")  # a policy's second, third... setting
+# eviction cost (wrong's wine) and help (right's green): categories, no policy's colours
+HURT, HELPED = (tuple(int(c.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4))
+                for c in (WRONG_COLOUR, RIGHT_COLOUR))
 DELTA_CLIP = 2.0  # nats: colours saturate beyond this
 
 
@@ -62,6 +63,7 @@ def perplexity_figure(results: list[dict], *, metric: str = "perplexity",
     if metric not in label:
         raise ValueError(f"metric must be one of {sorted(label)}, got {metric!r}")
     lines: dict[str, list[tuple[int, float]]] = {}
+    policy_of: dict[str, str] = {}
     full = None
     for r in results:
         v = r.get(metric)
@@ -70,22 +72,26 @@ def perplexity_figure(results: list[dict], *, metric: str = "perplexity",
         if r["policy"] == FULL:
             full = float(v)
             continue
-        lines.setdefault(config_label(r["policy"], r.get("params", {})), []).append(
-            (int(r["budget"]), float(v)))
+        name = config_label(r["policy"], r.get("params", {}))
+        policy_of[name] = r["policy"]
+        lines.setdefault(name, []).append((int(r["budget"]), float(v)))
     budgets = sorted({b for pts in lines.values() for b, _ in pts})
     fig = go.Figure()
-    for i, (name, pts) in enumerate(sorted(lines.items())):
+    seen: dict[str, int] = {}
+    for name, pts in sorted(lines.items()):
         pts.sort()
+        p = policy_of[name]
+        nth = seen[p] = seen.get(p, -1) + 1  # its policy's colour, another dash per setting
         fig.add_trace(go.Scatter(
             x=[b for b, _ in pts], y=[v for _, v in pts], mode="lines+markers", name=name,
-            line=dict(color=LINE_COLOURS[i % len(LINE_COLOURS)], width=2.5),
+            line=dict(color=policy_colour(p), width=2.5, dash=DASHES[nth % len(DASHES)]),
             hovertemplate=f"<b>{html.escape(name)}</b><br>budget %{{x}}<br>perplexity "
                           "%{y:.3f}<extra></extra>"))
     values = [v for pts in lines.values() for _, v in pts] + ([full] if full else [])
     if full is not None and budgets:
         fig.add_trace(go.Scatter(
             x=[budgets[0], budgets[-1]], y=[full, full], mode="lines", name=FULL_LABEL,
-            line=dict(color="#555555", dash="dash", width=2),
+            line=dict(color=FULL_COLOUR, dash="dash", width=2),
             hovertemplate=f"full cache (no eviction)<br>perplexity {full:.3f}<extra></extra>"))
     base_layout(fig, title or "What eviction costs the model: perplexity against budget", height)
     fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, x=1.02, xanchor="left"),
@@ -176,7 +182,7 @@ def delta_figure(tokens, nll_full, nll_evicted, p_full, p_evicted, *, label: str
     base_layout(fig, f"Where eviction hurt: ΔNLL per token, {label} against the full cache",
                 height)
     fig.update_xaxes(title="position of the predicted token")
-    fig.update_yaxes(title="ΔNLL (nats)", zeroline=True, zerolinecolor="#999999")
+    fig.update_yaxes(title="ΔNLL (nats)", zeroline=True, zerolinecolor="#777777")
     return fig
 
 

@@ -5,30 +5,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvviz.app.figures.common import base_layout
+from kvviz.app.figures.common import PALETTE, base_layout, policy_colour  # noqa: F401 (re-exported)
 
 METRIC_LABELS = {"retained_mass": "retained mass", "hh_recall": "heavy-hitter recall",
                  "attention_loss": "attention loss", "memory_bytes": "memory (bytes)"}
-# For policies that declare no colour (Policy.colour), in registration order, skipping
-# colours a policy declares.
-PALETTE = ("#D55E00", "#F0E442", "#882255", "#44AA99", "#332288", "#AA4499", "#117733",
-           "#661100", "#6699CC", "#888833")
-
-
-def policy_colour(name) -> str:
-    """A registered policy's declared colour, else the next palette colour; grey if unknown."""
-    from kvviz.core.policies import POLICIES
-
-    cls = POLICIES.get(str(name))
-    if cls is None:
-        return "#555555"
-    if cls.colour:
-        return cls.colour
-    plain = [n for n, c in POLICIES.items() if not c.colour]
-    free = [c for c in PALETTE if c not in {k.colour for k in POLICIES.values()}] or list(PALETTE)
-    return free[plain.index(cls.name) % len(free)]
-
-
 def metrics_table(rows: list[dict]) -> pd.DataFrame:
     """rows: dicts with 'run' (label), 'policy', 'params', 'budget' and the summary metrics."""
     df = pd.DataFrame(rows)

@@ -16,13 +16,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.figures.cache import cache_heatmap
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
+from kvviz.app.figures.common import KEY_COLOUR, RIGHT_COLOUR, WRONG_COLOUR, base_layout, pair_colours
 from kvviz.app.figures.tokens import _token_html
 from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
-# accuracy 0 -> vermilion, 1 -> blue (colour-blind safe), through a light grey
-ACCURACY_SCALE = [[0, "#D55E00"], [0.5, "#eeeeee"], [1, "#0072B2"]]
-KEY_COLOUR = "#F0E442"
+# accuracy 0 -> wrong's wine, 1 -> right's green, through a light grey: colours no policy has
+ACCURACY_SCALE = [[0, WRONG_COLOUR], [0.5, "#eeeeee"], [1, RIGHT_COLOUR]]
 
 
 def _params(v) -> dict:
@@ -131,11 +130,13 @@ def key_strip_html(tokens, key_positions, question_start: int) -> str:
              "line-height:1.8;max-height:260px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
              "border-radius:6px;background:#fff}.kv-tok{white-space:pre}.kv-ws{opacity:0.45}"
              f".kv-key{{background:{KEY_COLOUR};font-weight:bold;outline:1px solid #999}}"
-             ".kv-q{text-decoration:underline;color:#0072B2}</style>")
+             ".kv-q{text-decoration:underline;color:#332288}</style>")
     return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
 
 
-LOST, WHOLE = "first key eviction (step, any layer)", "layers holding the whole key"
+# short headers: the table fits 1024 px without cutting its last column
+LOST, WHOLE = "first key loss (step)", "layers with whole key"
+KEPT = "key tokens kept (worst layer/head)"  # prefill: the one eviction at the prompt's end
 
 
 def answers_table(meta: dict, budget: int, evicted_at=None) -> pd.DataFrame:
@@ -150,9 +151,14 @@ def answers_table(meta: dict, budget: int, evicted_at=None) -> pd.DataFrame:
         row = {"configuration": line_label(c["policy"], c.get("params")),
                "answer": meta["answers"][i],
                "right?": "✓ right" if meta["correct"][i] else "✗ wrong"}
-        if evicted_at is not None:
+        if evicted_at is not None and meta.get("prompt_mode") == "prefill":
+            # every loss is at the one eviction (step `end`): say how much of the key survived
+            kept = held_share(evicted_at[i], kp, end).min() * len(kp)
+            row[KEPT] = f"{int(round(kept))} of {len(kp)}"
+        elif evicted_at is not None:
             s = lost_step(evicted_at[i], kp)
             row[LOST] = "never" if s < 0 else str(s)
+        if evicted_at is not None:
             whole = (held_share(evicted_at[i], kp, end) == 1).all(-1)
             row[WHOLE] = f"{int(whole.sum())} of {len(whole)}"
         out.append(row)
@@ -202,18 +208,61 @@ def key_cache_figure(ev_a, ev_b, *, key_positions, prompt_len: int, label_a: str
     for lo, hi in _runs(key_positions):
         fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.35,
                       line=dict(color="#8a7f00", width=1), layer="above", name="key")
-    for ev, lab, colour, sym in ((ev_a, "A", A_COLOUR, "x"), (ev_b, "B", B_COLOUR, "cross")):
+    ca, cb = pair_colours(label_a, label_b)
+    for ev, lab, colour, sym in ((ev_a, "A", ca, "x"), (ev_b, "B", cb, "cross")):
         s = lost_step(ev, key_positions)
         if s >= 0:
             first = min(int(p) for p in key_positions if (ev[..., int(p)] == s).any())
             fig.add_trace(go.Scatter(
                 x=[first], y=[s], mode="markers+text", text=[f"{lab} lost the key"],
-                textposition="middle right", name=f"{lab} loses the key (step {s})",
+                # A's label above-left, B's below-right: two losses at one step never overlap
+                textposition="top left" if lab == "A" else "bottom right",
+                name=f"{lab} loses the key (step {s})",
                 marker=dict(symbol=sym + "-thin", size=16, color=colour,
                             line=dict(width=3, color=colour)),
-                textfont=dict(color=colour, size=13),
+                textfont=dict(color=colour, size=14, weight="bold",
+                              shadow="0 0 3px white, 0 0 3px white, 0 0 3px white"),
                 hovertemplate=f"{lab}: first key token evicted at step {s}<extra></extra>"))
     fig.layout.title.text = f"Cache contents over time (key shaded): A = {label_a}, B = {label_b}"
+    return fig
+
+
+def prefill_kept(ev, prompt_len: int) -> np.ndarray:
+    """bool (prompt_len,): the prompt positions a configuration holds right after the
+    one-shot eviction at the end of the prompt (step prompt_len - 1)."""
+    e = np.asarray(ev)[..., :int(prompt_len)]
+    return (e < 0) | (e > int(prompt_len) - 1)
+
+
+def prefill_figure(ev_a, ev_b, *, key_positions, prompt_len: int, label_a: str, label_b: str,
+                   height: int = 300) -> go.Figure:
+    """Prefill mode: the prompt is read whole and evicted once, at its end. One row per
+    configuration (A above B), one column per prompt position: held after that eviction in
+    the policy's colour, evicted in grey; the key's positions shaded."""
+    T0 = int(prompt_len)
+    ka, kb = prefill_kept(ev_a, T0), prefill_kept(ev_b, T0)
+    ca, cb = pair_colours(label_a, label_b)
+    z = np.stack([np.where(ka, 1, 0), np.where(kb, 2, 0)]).astype(np.int8)
+    scale = [[0, "#e4e4e4"], [1 / 3, "#e4e4e4"], [1 / 3, ca], [2 / 3, ca], [2 / 3, cb], [1, cb]]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(T0)), y=[f"A: {label_a}", f"B: {label_b}"], zmin=-0.5, zmax=2.5,
+        colorscale=scale, showscale=False, ygap=6, name="kept after the prompt's eviction",
+        hovertemplate="%{y}<br>position %{x}<extra></extra>"))
+    for lo, hi in _runs(key_positions):
+        fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.45,
+                      line=dict(color="#8a7f00", width=1), layer="above", name="key")
+    for lab, colour in ((f"A: {label_a}", ca), (f"B: {label_b}", cb)):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"held by {lab}",
+                                 marker=dict(symbol="square", size=14, color=colour)))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="evicted",
+                             marker=dict(symbol="square", size=14, color="#e4e4e4",
+                                         line=dict(color="#888888", width=1))))
+    base_layout(fig, f"What each kept of the prompt after its one eviction (step {T0 - 1})",
+                height)
+    fig.update_xaxes(title="prompt position", range=[-0.5, T0 - 0.5], showgrid=False)
+    fig.update_yaxes(autorange="reversed", showgrid=False)
+    fig.update_layout(legend=dict(orientation="h", y=-0.35, yanchor="top", x=0, xanchor="left"),
+                      margin=dict(b=90))
     return fig
 
 
@@ -242,6 +291,45 @@ def _correct(r: pd.DataFrame) -> pd.Series:
 
 
 CELL_KEYS = ["prompt_mode", "granularity", "budget", "id", "length", "depth", "seed"]
+# TOVA's card (docs: the policy cards), "When not to use it": the warning the grid tests
+TOVA_WARNING = "When a token matters intermittently. One quiet step is enough to lose it."
+TRIO = ("tova", "h2o", "scissorhands")
+
+
+def _trio(r: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per prompt and budget with TOVA's, H2O's and Scissorhands' answers (default
+    parameters) as booleans, and claim (TOVA wrong, both others right) and reverse; None
+    without all three."""
+    plain = r[r["line"].isin(list(TRIO))]
+    if not set(TRIO) <= set(plain["line"]):
+        return None
+    wide = plain.pivot_table(index=CELL_KEYS, columns="line", values="ok",
+                             aggfunc="first").dropna().reset_index()
+    wide[list(TRIO)] = wide[list(TRIO)].astype(bool)
+    wide["claim"] = ~wide["tova"] & wide["h2o"] & wide["scissorhands"]
+    wide["reverse"] = wide["tova"] & ~wide["h2o"] & ~wide["scissorhands"]
+    return wide
+
+
+def grid_text(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str) -> str:
+    """TOVA's warning quoted from its card, then what the grid on screen (this budget,
+    prompt mode and granularity) says about it, counted from the results."""
+    r = with_lines(rows)
+    wide = _trio(r.assign(ok=_correct(r)))
+    head = f"**TOVA's warning**, from its card: “{TOVA_WARNING}” "
+    where = f"budget {int(budget)}, {prompt_mode} prompt, {granularity} granularity"
+    if wide is None:
+        return head + f"These results have no {', '.join(TRIO)} runs to test it."
+    g = wide[(wide["prompt_mode"] == prompt_mode) & (wide["granularity"] == granularity)
+             & (pd.to_numeric(wide["budget"]) == int(budget))]
+    if g.empty:
+        return head + (f"**The grid above** ({where}) has no prompt with TOVA, H2O and "
+                       "Scissorhands all run on it.")
+    return head + (f"**The grid above** ({where}): of {len(g)} prompts TOVA answered right "
+                   f"{int(g['tova'].sum())}, H2O {int(g['h2o'].sum())}, Scissorhands "
+                   f"{int(g['scissorhands'].sum())}; TOVA wrong while H2O and Scissorhands "
+                   f"were both right: {int(g['claim'].sum())} (the reverse: "
+                   f"{int(g['reverse'].sum())}).")
 
 
 def guided(rows: pd.DataFrame) -> dict:
@@ -297,26 +385,21 @@ def _snapkv(r: pd.DataFrame) -> dict | None:
             f"of the prompt in {int(best['wp'])} of {int(best['n'])} prompts, {l1} in "
             f"{int(best['w1'])}; the first kept it whole where the second did not in "
             f"{int(best['claim'])}. Answers right: {lp} {int(best['okp'])}, {l1} "
-            f"{int(best['ok1'])}. Shown: {int(ex['length'])} tokens, key at "
-            f"{float(ex['depth']):g} % depth, seed {int(ex['seed'])}.")
+            f"{int(best['ok1'])}.")
     return {"kind": "snapkv-whole", "text": text, "lines": (lp, l1),
             "cell": _cell(ex, budget, mode, gran)}
 
 
 def _tova(r: pd.DataFrame) -> dict:
-    plain = r[r["line"].isin(["tova", "h2o", "scissorhands"])]
+    plain = r[r["line"].isin(list(TRIO))]
     have = set(plain["line"])
-    if not {"tova", "h2o", "scissorhands"} <= have:
-        missing = sorted({"tova", "h2o", "scissorhands"} - have)
+    if not set(TRIO) <= have:
+        missing = sorted(set(TRIO) - have)
         return {"kind": "missing", "cell": None, "lines": None,
                 "text": "These results cannot test the TOVA card's warning (TOVA forgetting "
                         "a token H2O and Scissorhands keep): they have no "
                         f"{' or '.join(missing)} runs (at default parameters)."}
-    wide = plain.pivot_table(index=CELL_KEYS, columns="line", values="ok",
-                             aggfunc="first").dropna().reset_index()
-    wide[["tova", "h2o", "scissorhands"]] = wide[["tova", "h2o", "scissorhands"]].astype(bool)
-    wide["claim"] = ~wide["tova"] & wide["h2o"] & wide["scissorhands"]
-    wide["reverse"] = wide["tova"] & ~wide["h2o"] & ~wide["scissorhands"]
+    wide = _trio(r)
     g = wide.groupby(["prompt_mode", "granularity", "budget"])
     summary = pd.DataFrame({"claim": g["claim"].sum(), "reverse": g["reverse"].sum(),
                             "n": g.size(), "tova": g["tova"].sum(), "h2o": g["h2o"].sum(),
@@ -335,10 +418,9 @@ def _tova(r: pd.DataFrame) -> dict:
                 f"and Scissorhands both answered right in {int(best['claim'])} of "
                 f"{int(best['n'])} prompts (the reverse: {int(best['reverse'])}). Over those "
                 f"prompts TOVA was right {int(best['tova'])} times, H2O {int(best['h2o'])}, "
-                f"Scissorhands {int(best['sc'])}. The example: {int(ex['length'])} tokens, "
-                f"key at {float(ex['depth']):g} % depth, seed {int(ex['seed'])}; TOVA answered "
-                f"{ans.strip()!r}. Look at the cache heatmap for the step where TOVA let the "
-                "key go, and at which layers lost it.")
+                f"Scissorhands {int(best['sc'])}. In its first such prompt TOVA answered "
+                f"{ans.strip()!r}: open it and look at the cache heatmap for the step where "
+                "TOVA let the key go, and at which layers lost it.")
         kind = "tova-forgets"
     else:
         # where the opposite shows most (TOVA right, both wrong), else the most prompts
@@ -353,9 +435,7 @@ def _tova(r: pd.DataFrame) -> dict:
         text = (f"**The data does not show TOVA's warning.** In no prompt did TOVA answer wrong "
                 f"while H2O and Scissorhands both answered right. At budget {budget} ({mode} "
                 f"prompt, {gran} granularity), of {int(s['n'])} prompts TOVA answered right "
-                f"{int(s['tova'])}, H2O {int(s['h2o'])}, Scissorhands {int(s['sc'])}.{opposite} "
-                f"Shown: {int(ex['length'])} tokens, key at {float(ex['depth']):g} % depth, "
-                f"seed {int(ex['seed'])}.")
+                f"{int(s['tova'])}, H2O {int(s['h2o'])}, Scissorhands {int(s['sc'])}.{opposite}")
         kind = "no-support"
     return {"kind": kind, "text": text, "lines": ("tova", "h2o"),
             "cell": _cell(ex, budget, mode, gran)}

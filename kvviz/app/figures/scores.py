@@ -181,7 +181,9 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
             fig.add_trace(go.Bar(x=x, y=fix(sums), name="window sum", marker_color=np.where(
                 cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=hover,
                 hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
-            fig.add_trace(go.Scatter(x=x, y=fix(pooled), name="pooled envelope",
+            envelope = ("pooled envelope (poolKernel 1: the window sum itself)"
+                        if explain.unpooled(p.get("params")) else "pooled envelope")
+            fig.add_trace(go.Scatter(x=x, y=fix(pooled), name=envelope,
                                      mode="lines+markers", customdata=hover,
                                      line=dict(color="#222222", width=2, shape="hvh"),
                                      marker=dict(size=5),
@@ -218,7 +220,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                                                  line=dict(width=2, color="black")),
                                      hovertemplate="position %{x}: evicted at step " + str(step)
                                      + "<extra></extra>"), row=r, col=1)
-        ytitle = ("window sum / pooled" if "pooled" in sc else score_label(main, "held", p["policy"])
+        ytitle = ("window sum" if "pooled" in sc and explain.unpooled(p.get("params")) else
+                  "window sum / pooled" if "pooled" in sc else score_label(main, "held", p["policy"])
                   if main in sc else "held")
         if row_log:
             pos = np.asarray(yall, float)
@@ -351,7 +354,8 @@ def why_figure(position: int, step: int, panels) -> go.Figure:
                                                  line=dict(width=3))), row=1, col=c)
         fig.update_xaxes(title="eviction rank (1 = first to go)", row=1, col=c,
                          **_rank_ticks(len(order)))
-        ytitle = score_label(key, "no score", p["policy"]) if key is not None else "no score"
+        ytitle = (explain.score_name(score_label(key, "no score", p["policy"]), key, p.get("params"))
+                  if key is not None else "no score")
         fin = vals[np.isfinite(vals)]
         if not _is_count(key) and len(vals) and np.all(np.isfinite(vals) & (vals > 0)):
             lo, hi = np.log10(vals.min()), np.log10(vals.max())

@@ -42,6 +42,15 @@ MIN_PX = 96
 RED, INK, PAPER, FAINT = 5, 6, 7, 8
 _EXTRA = [(204, 0, 0), (20, 20, 20), (255, 255, 255), (150, 150, 150)]
 _PALETTE = [int(v) for rgb in [*map(tuple, PALETTE), *_EXTRA] for v in rgb]
+
+
+def _palette_of(label_a: str, label_b: str) -> list[int]:
+    """The GIF palette for A = `label_a`, B = `label_b`: their policies' colours."""
+    from kvviz.app.figures.cache import palette
+    from kvviz.app.figures.states import state_colours
+
+    rgbs = [*map(tuple, palette(state_colours(label_a, label_b))), *_EXTRA]
+    return [int(v) for rgb in rgbs for v in rgb]
 _TEXT_ON = {BOTH: PAPER, ONLY_A: INK, ONLY_B: PAPER, NEITHER: INK, NOT_YET: FAINT}
 HEADER = 40
 AXIS_LEFT = 60    # step title, step tick labels, the red step mark
@@ -203,7 +212,7 @@ def heatmap_frame(ev_a, ev_b, step: int, layout: dict, *, label_a: str = "A",
     y0, x0 = layout["y0"], layout["x0"]
     canvas[y0:y0 + grid.shape[0], x0:x0 + grid.shape[1]] = grid
     img = Image.frombytes("P", (layout["width"], layout["height"]), canvas.tobytes())
-    img.putpalette(_PALETTE)
+    img.putpalette(_palette_of(label_a, label_b))
     draw = ImageDraw.Draw(img)
     draw.fontmode = "1"  # no anti-aliasing: the palette stays exact
     draw.text((4, 2), f"step {int(step)}", fill=RED, font=font(14))
@@ -294,7 +303,7 @@ def token_frame(tokens, ev_a, ev_b, step: int, layout: dict, *, label_a="A",
     canvas[inside] = codes[box_id[inside]]
     canvas[mask] = _TEXT_LUT[codes[box_id[mask]]]
     img = Image.frombytes("P", (layout["width"], layout["height"]), canvas.tobytes())
-    img.putpalette(_PALETTE)
+    img.putpalette(_palette_of(label_a, label_b))
     draw = ImageDraw.Draw(img)
     draw.fontmode = "1"
     draw.text((4, 2), f"step {int(step)}", fill=RED, font=font(14))

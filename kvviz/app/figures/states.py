@@ -15,9 +15,21 @@ from kvviz.core.replay import held_until as ends
 
 # Cell states of the A/B comparison, ordered so that "more held" is a higher code.
 NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH = 0, 1, 2, 3, 4
-# Okabe-Ito based: readable on a projector and for the common colour-vision deficiencies.
-STATE_COLOURS = {NOT_YET: "#ffffff", NEITHER: "#e4e4e4", ONLY_B: "#0072B2",
-                 ONLY_A: "#E69F00", BOTH: "#3a3a3a"}
+
+
+def state_colours(label_a: str = "tova", label_b: str = "snapkv") -> dict:
+    """Each state's colour for the pair A = `label_a`, B = `label_b` (labels or policy names):
+    only A and only B in their policies' colours (kvviz.app.figures.common.pair_colours),
+    held by both dark grey, evicted by both light grey, not yet generated white."""
+    from kvviz.app.figures.common import pair_colours
+
+    ca, cb = pair_colours(label_a, label_b)
+    return {NOT_YET: "#ffffff", NEITHER: "#e4e4e4", ONLY_B: cb, ONLY_A: ca, BOTH: "#3a3a3a"}
+
+
+# The default pair's (TOVA, SnapKV): Okabe-Ito, readable on a projector and for the common
+# colour-vision deficiencies.
+STATE_COLOURS = state_colours()
 
 
 def states_at(ev_a, ev_b, step: int) -> np.ndarray:

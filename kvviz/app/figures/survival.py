@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR, base_layout
+from kvviz.app.figures.common import base_layout, pair_colours
 from kvviz.app.figures.states import recent_held_fraction, sinks_held
 
 
@@ -15,8 +15,9 @@ def survival_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B", sinks: i
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=(f"sinks held (of positions 0–{sinks - 1})",
                                         f"share of the {recent} newest positions held"))
-    for ev, label, colour, dash in ((ev_a, f"A: {label_a}", A_COLOUR, "solid"),
-                                    (ev_b, f"B: {label_b}", B_COLOUR, "dash")):
+    ca, cb = pair_colours(label_a, label_b)
+    for ev, label, colour, dash in ((ev_a, f"A: {label_a}", ca, "solid"),
+                                    (ev_b, f"B: {label_b}", cb, "dash")):
         fig.add_trace(go.Scatter(x=steps, y=sinks_held(ev, sinks), name=label, legendgroup=label,
                                  line=dict(color=colour, width=2.5, dash=dash, shape="hv"),
                                  hovertemplate="step %{x}: %{y} sinks held<extra>" + label + "</extra>"),

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.common import base_layout
-from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, STATE_COLOURS, bin_edges, states_at
+from kvviz.app.figures.states import BOTH, NEITHER, NOT_YET, ONLY_A, ONLY_B, bin_edges, state_colours, states_at
 
 _TEXT_ON = {BOTH: "#ffffff", ONLY_A: "#000000", ONLY_B: "#ffffff", NEITHER: "#555555",
             NOT_YET: "#9a9a9a"}
@@ -79,10 +79,11 @@ def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
     for the start of the text (CSS column-reverse, no script)."""
     hi = len(tokens) if hi is None else min(int(hi), len(tokens))
     codes = states_at(ev_a, ev_b, step)
+    colours = state_colours(label_a, label_b)
     names = {BOTH: "held by both", ONLY_A: f"only A ({label_a})", ONLY_B: f"only B ({label_b})",
              NEITHER: "evicted by both", NOT_YET: "not yet generated"}
     legend = " ".join(
-        f'<span class="kv-tok" style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]};'
+        f'<span class="kv-tok" style="background:{colours[c]};color:{_TEXT_ON[c]};'
         f'border:1px solid #999">{html.escape(names[c])}</span>'
         for c in (BOTH, ONLY_A, ONLY_B, NEITHER, NOT_YET))
     spans = []
@@ -90,7 +91,7 @@ def token_strip_html(tokens, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
         c = int(codes[p])
         spans.append(
             f'<span class="kv-tok kv-s{c}" title="position {p}: {html.escape(names[c])}" '
-            f'style="background:{STATE_COLOURS[c]};color:{_TEXT_ON[c]}">{token_html(tokens[p])}</span>')
+            f'style="background:{colours[c]};color:{_TEXT_ON[c]}">{token_html(tokens[p])}</span>')
     body = join_token_spans([tokens[p] for p in range(int(lo), hi)], spans)
     return (f'{strip_css()}<div class="kv-legend">step {int(step)}: {legend}</div>'
             f'<div class="kv-strip kv-end" style="max-height:640px"><div>{body}</div></div>')
@@ -110,10 +111,11 @@ def token_timeline_figure(tokens, ev_a, ev_b, step: int, *, lo: int, hi: int,
     names = {BOTH: "held by both", ONLY_A: f"only A ({label_a})", ONLY_B: f"only B ({label_b})",
              NEITHER: "evicted by both", NOT_YET: "not yet generated"}
     order = (NOT_YET, NEITHER, ONLY_B, ONLY_A, BOTH)
+    colours = state_colours(label_a, label_b)
     k = len(order)
     scale = []
     for i, code in enumerate(order):
-        scale += [[i / k, STATE_COLOURS[code]], [(i + 1) / k, STATE_COLOURS[code]]]
+        scale += [[i / k, colours[code]], [(i + 1) / k, colours[code]]]
     xlab = [f"{p} {visible_token(tokens[p])}" for p in range(lo, hi)]
     text = [[names[int(c)] for c in r] for r in z]
     fig = go.Figure(go.Heatmap(z=z.astype(np.int8), x=xlab, y=[f"step {s}" for s in rows], text=text,

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from kvviz.app.explain import visible_token
 from kvviz.app.figures.cache import LEGEND_ORDER, state_labels
 from kvviz.app.figures.common import base_layout
-from kvviz.app.figures.states import BOTH, NOT_YET, ONLY_B, STATE_COLOURS, states_at
+from kvviz.app.figures.states import BOTH, NOT_YET, ONLY_B, state_colours, states_at
 
 SMALL = 32  # steps: at most this many, every cell is labelled
 _DARK = {BOTH, ONLY_B}  # states whose colour needs white text
@@ -35,7 +35,7 @@ def labelled_heatmap(trace, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
     codes = np.stack([states_at(ev_a, ev_b, s) for s in range(n)]).astype(int)
     w = cell_weights(trace)
     names = state_labels(label_a, label_b)
-    colours = [STATE_COLOURS[c] for c in range(5)]
+    colours = state_colours(label_a, label_b)
     scale = [[c / 4, colours[c]] for c in range(5)]
     toks = trace.tokens or [""] * n
     xlab = [f"{p} {visible_token(toks[p])}".strip() for p in range(n)]
@@ -56,7 +56,7 @@ def labelled_heatmap(trace, ev_a, ev_b, step: int, *, label_a="A", label_b="B",
     for c in LEGEND_ORDER:
         if c != NOT_YET:
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[c],
-                                     marker=dict(symbol="square", size=14, color=STATE_COLOURS[c],
+                                     marker=dict(symbol="square", size=14, color=colours[c],
                                                  line=dict(color="#888888", width=1))))
     fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=step - 0.5, y1=step + 0.5,
                   line=dict(color="#CC0000", width=3), name="step")

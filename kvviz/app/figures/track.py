@@ -3,7 +3,7 @@ outlined in the strip). Pure: figure dicts and HTML in, new ones out."""
 from __future__ import annotations
 
 from kvviz.app.figures.cache import Prebuilt
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR
+from kvviz.app.figures.common import pair_colours
 from kvviz.core.replay import NEVER
 
 TRACK_COLOUR = "#CC0000"
@@ -20,7 +20,8 @@ def heatmap_with_track(figure, position: int, ev_a, ev_b, steps: int,
         type="rect", x0=p - 0.5, x1=p + 0.5, y0=p - 0.5, y1=steps - 0.5, name="track",
         line=dict(color=TRACK_COLOUR, width=1.5, dash="dot"))]
     data = list(spec["data"])
-    for who, label, ev, colour in (("A", label_a, ev_a, A_COLOUR), ("B", label_b, ev_b, B_COLOUR)):
+    ca, cb = pair_colours(label_a, label_b)
+    for who, label, ev, colour in (("A", label_a, ev_a, ca), ("B", label_b, ev_b, cb)):
         e = int(ev[p])
         text = (f"tracked position {p}: {who} ({label}) "
                 + ("holds it to the end" if e == NEVER else f"evicts it at step {e}"))
@@ -31,6 +32,21 @@ def heatmap_with_track(figure, position: int, ev_a, ev_b, steps: int,
                                      color=colour, line=dict(color="black", width=1.5)),
                          hovertemplate=text + "<extra></extra>"))
     return Prebuilt({"data": data, "layout": lay})
+
+
+def heatmap_with_divergence(figure, position: int, step: int) -> Prebuilt:
+    """The cache heatmap (a Prebuilt or its dict) with the next-divergence jump's position
+    marked where it diverged: a ringed cell at (position, step). Not modified."""
+    spec = figure.to_dict() if hasattr(figure, "to_dict") else figure
+    p, s = int(position), int(step)
+    mark = dict(type="scatter", x=[p], y=[s], mode="markers+text",
+                text=[f"position {p}"], textposition="middle right",
+                textfont=dict(color=TRACK_COLOUR, size=13), cliponaxis=False,
+                name=f"next divergence: position {p} at step {s}",
+                marker=dict(symbol="circle-open", size=22, color=TRACK_COLOUR,
+                            line=dict(color=TRACK_COLOUR, width=3)),
+                hovertemplate=f"diverged here: position {p}, step {s}<extra></extra>")
+    return Prebuilt({"data": list(spec["data"]) + [mark], "layout": dict(spec["layout"])})
 
 
 def strip_track_css(position: int) -> str:

@@ -10,11 +10,20 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR, DEFENDED_COLOUR, base_layout
+from kvviz.app.figures.common import (
+    A_COLOUR,
+    B_COLOUR,
+    NEUTRAL_COLOUR,
+    RIGHT_COLOUR,
+    UNKNOWN_COLOUR,
+    base_layout,
+    policy_colour,
+    policy_of,
+)
 from kvviz.core.policies import rank_of
 
-GUESS_COLOUR = "#999999"
-ANSWER_COLOUR = DEFENDED_COLOUR
+GUESS_COLOUR = NEUTRAL_COLOUR  # categories: no policy's colours
+ANSWER_COLOUR = RIGHT_COLOUR
 
 
 def votes_word(n: int) -> str:
@@ -59,7 +68,9 @@ def held_figure(held, step: int, label: str, who: str = "a", tokens=None,
     """The slots a guess may name: one equal bar per held position (before the eviction at
     `step`), hover gives the position and its token; no score, nothing marked."""
     held = [int(p) for p in held]
-    colour = A_COLOUR if who == "a" else B_COLOUR
+    colour = policy_colour(policy_of(label))  # the side's policy's colour
+    if colour == UNKNOWN_COLOUR:  # a label that names no policy: the side's default
+        colour = A_COLOUR if who == "a" else B_COLOUR
     tok = ([visible_token(tokens[p]) if 0 <= p < len(tokens) else "" for p in held]
            if tokens is not None else None)
     fig = go.Figure(go.Bar(

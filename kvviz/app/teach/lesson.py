@@ -95,7 +95,9 @@ def path_of(name: str) -> Path:
         raise ValueError(f"lesson {name!r}: not a lesson name (a file in lessons/)")
     path = lessons_folder() / f"{name}.toml"
     if not path.is_file():
-        raise ValueError(f"lesson {name!r}: no file {path}")
+        # the folder's own path is the server's business, not the page's reader's
+        raise ValueError(f"lesson {name!r}: no file {name}.toml in the lessons folder "
+                         f"(lessons: {', '.join(names()) or 'none'})")
     return path
 
 

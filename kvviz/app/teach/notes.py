@@ -153,8 +153,21 @@ def policy(f: Facts, w: str) -> str:
 
 @placeholder("trace", sides=True)
 def victims(f: Facts, w: str) -> str:
-    """The positions the policy evicts at the scene's step, from the page's engine."""
-    return positions_text(f.engine(w).victims(f.step))
+    """The positions the policy evicts at the scene's step, from the page's engine; a
+    victim the tie-break chose (kvviz.app.explain.tie_facts) is said to be one."""
+    from kvviz.app.explain import tie_facts
+
+    return positions_text(f.engine(w).victims(f.step)) + tie_words(
+        tie_facts(w.upper(), f.panel(w, f.step)))
+
+
+def tie_words(ties) -> str:
+    """' (chosen by a tie-break: ...)' for tie-decided victims, '' without."""
+    if not ties:
+        return ""
+    parts = [f"{t.position} scores exactly as {len(t.kept)} it keeps" for t in ties]
+    return (" (not chosen by its score but by the tie-break, the lower position going first: "
+            + "; ".join(parts) + ")")
 
 
 @placeholder("trace", sides=True)
@@ -170,11 +183,13 @@ def next_(f: Facts, w: str) -> str:
     """The answer to "which position will A (or B) evict next?" asked at the scene's step
     (kvviz.app.teach.question.asked_at, as the page's ask button): the positions and the step
     they go."""
+    from kvviz.app.explain import tie_facts
     from kvviz.app.teach.question import asked_at
 
     q = asked_at(f.engine(w).evicted_at, f.step)
     return "nothing (it evicts nothing from here on)" if q is None else (
-        f"{positions_text(q.answer)} at step {q.answer_step}")
+        f"{positions_text(q.answer)} at step {q.answer_step}"
+        + tie_words(tie_facts(w.upper(), f.panel(w, q.answer_step))))
 
 
 @placeholder("trace", sides=True)
@@ -235,7 +250,8 @@ def why(f: Facts) -> str:
         raise ValueError(f"note: {{why}}: A and B treat position {pos} the same way")
     panels = [f.panel("a", dstep), f.panel("b", dstep)]
     facts = [explain.decision(w, p, pos) for w, p in zip("AB", panels)]
-    return explain.why_text(pos, ea, eb, facts, dstep)
+    ties = [t for w, p in zip("AB", panels) for t in explain.tie_facts(w, p)]
+    return explain.why_text(pos, ea, eb, facts, dstep, ties=ties)
 
 
 def _pooled_side(f: Facts) -> str:

@@ -6,7 +6,7 @@ from functools import cached_property
 
 import streamlit as st
 
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR
+from kvviz.app.figures.common import pair_colours
 from kvviz.app.figures.states import NEVER, next_after
 from kvviz.app.ui import compute
 from kvviz.core.policies import config_label
@@ -63,6 +63,11 @@ class Ctx:
     head: str = "mean"  # attention head of a per-head trace (kvviz.core.trace contract)
 
     @property
+    def colours(self) -> tuple[str, str]:
+        """A's and B's colours: their policies' (kvviz.app.figures.common.pair_colours)."""
+        return pair_colours(self.label_a, self.label_b)
+
+    @property
     def ev_a(self):
         return self.eng_a.evicted_at
 
@@ -97,4 +102,5 @@ class Ctx:
         eng = self.eng_a if which == "a" else self.eng_b
         return dict(label=f"{which.upper()}: {self.label_a if which == 'a' else self.label_b}",
                     policy=self.a if which == "a" else self.b, kept=kept, scores=scores,
-                    victims=eng.victims(step), colour=A_COLOUR if which == "a" else B_COLOUR)
+                    victims=eng.victims(step), colour=self.colours[0 if which == "a" else 1],
+                    params=dict(self.pa if which == "a" else self.pb))

@@ -97,7 +97,8 @@ def _from_runs(exp: str, vs: ViewState) -> str:
             panels.append(dict(label=labels[w], policy=getattr(vs, w), kept=kept,
                                scores=scores, victims=_engine(vs, w).victims(dstep)))
         facts = [explain.decision(w, p, vs.why) for w, p in zip("AB", panels)]
-        return "**From the runs:** " + explain.why_text(vs.why, ea, eb, facts, dstep)
+        ties = [t for w, p in zip("AB", panels) for t in explain.tie_facts(w, p)]
+        return "**From the runs:** " + explain.why_text(vs.why, ea, eb, facts, dstep, ties=ties)
     return ""
 
 

@@ -115,7 +115,7 @@ def bar(draw_picker: bool = True, row=None) -> None:
         st.error(f"Lesson: {err}", icon=":material/error:")
     name = str(S["kv"].get("lesson", ""))
     if name:
-        _bar(name, row)
+        _bar(name, row, said=bool(err))
     if draw_picker:
         picker()
 
@@ -144,17 +144,21 @@ def _speaker_note(les: L.Lesson, n: int, where, room: bool) -> None:
             st.error(f"Lesson: {exc}")
 
 
-def _bar(name: str, row=None) -> None:
+def _bar(name: str, row=None, said: bool = False) -> None:
+    """The bar (`row`: presentation mode's compact row); `said`: this run already showed the
+    lesson's error, which is not repeated."""
     try:
         les = load(name)
     except ValueError as exc:
-        st.error(f"Lesson: {exc}. The page works on without it.", icon=":material/error:")
+        if not said:
+            st.error(f"Lesson: {exc}. The page works on without it.", icon=":material/error:")
         return
     total = len(les.scenes)
     n = int(S["kv"].get("scene", 0) or 0)
     if not 1 <= n <= total:
-        st.error(f"Lesson: scene {n} is not a scene of {les.path.name} (scenes 1–{total}); "
-                 "press next scene for scene 1.", icon=":material/error:")
+        if not said:
+            st.error(f"Lesson: scene {n} is not a scene of {les.path.name} (scenes 1–{total}); "
+                     "press next scene for scene 1.", icon=":material/error:")
         n = 0
     pupil = student()
     if n:

@@ -7,7 +7,6 @@ import streamlit as st
 
 from kvviz.app import explain, jumps
 from kvviz.app import figures as V
-from kvviz.app.figures.common import A_COLOUR, B_COLOUR
 from kvviz.app.figures.states import NEVER, next_after
 from kvviz.app.ui import compute, follow, present
 from kvviz.app.ui.context import Ctx
@@ -56,6 +55,43 @@ def tracked(ctx: Ctx) -> int:
     """The tracked position (-1: none), checked against this trace."""
     v = int(S["kv"].get("track", -1))
     return v if -1 <= v < ctx.trace.steps else -1
+
+
+def notable_here(ctx: Ctx):
+    """(position, share, share step, threshold) when the page is where the next-divergence
+    jump put it (the step it stops at, and its position as `why`: the jump sets both, and a
+    link keeps them), else None."""
+    if ctx.solo:
+        return None
+    share = float(S["kv"].get("share", jumps.NOTABLE_SHARE) or jumps.NOTABLE_SHARE)
+    steps, positions = _notable(*_args(ctx), share)
+    i = np.searchsorted(steps, ctx.step)
+    if i >= len(steps) or int(steps[i]) != int(ctx.step):
+        return None
+    p = int(positions[i])
+    why = S["kv"].get("why")
+    if why is None or int(why) != p:  # (position 0 is a position)
+        return None
+    got, at = _share_of(*_args(ctx), p)
+    return p, got, at, share
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _share_of(key, layer, version, a, b, budget, head, position):
+    ea = compute.get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
+    eb = compute.get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    return jumps.divergence_share(compute.get_trace(key, layer, version, head), ea, eb, position)
+
+
+def divergence_note(ctx: Ctx) -> None:
+    """At a step the next-divergence jump stops at: which position, why it counts and each
+    policy's score for it (the cache heatmap marks it)."""
+    here = notable_here(ctx)
+    if here is None:
+        return
+    p, got, at, share = here
+    panels = [ctx.panel("a", ctx.step), ctx.panel("b", ctx.step)]
+    st.markdown(explain.divergence_text(p, ctx.step, got, at, share, ctx.ev_a, ctx.ev_b, panels))
 
 
 def _jump_button(where, label, key, target, help_, shortcut, why=None):
@@ -197,16 +233,28 @@ def _ticker(steps: int):
     st.rerun(scope="app")
 
 
+def tie_words(position: int, ties) -> str:
+    """' (tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
+    beside the position, in few words, so the status line stays one line at 1024 px."""
+    t = next((t for t in ties if t.position == int(position)), None)
+    return "" if t is None else f" (tie-break: {len(t.kept)} it keeps score the same)"
+
+
 def status(ctx: Ctx):
     """One wrapping line (metrics in five columns are cut at 1024 px): what each policy
-    holds, |A Δ B| now, the first divergence and the positions evicted at this step."""
+    holds, |A Δ B| now, the first divergence and the positions evicted at this step (a
+    victim the tie-break chose said to be one)."""
     s = ctx.step
     va, vb = ctx.eng_a.victims(s), ctx.eng_b.victims(s)
+    sides = (ctx.solo,) if ctx.solo else ("a", "b")
+    ties = {w: explain.tie_facts(w.upper(), ctx.panel(w, s)) for w in sides}
 
-    def pos(v):
+    def pos(v, w):
         if not len(v):
             return "nothing"
-        shown = ", ".join(map(str, v[:4])) + (f" … ({len(v)} in all)" if len(v) > 4 else "")
+        tied = ties.get(w, ())
+        shown = ", ".join(str(p) + tie_words(p, tied) for p in v[:4]) + (
+            f" … ({len(v)} in all)" if len(v) > 4 else "")
         return ("position " if len(v) == 1 else "positions ") + shown
 
     hold_a = int(V.held_mask(ctx.ev_a, s).sum())
@@ -216,19 +264,21 @@ def status(ctx: Ctx):
     if ctx.solo:
         w = ctx.solo.upper()
         line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
-                    f"**{hold_a}** · evicted at step {s}: {pos(va)} · the other policy refused "
+                    f"**{hold_a}** · evicted at step {s}: {pos(va, ctx.solo)} · the other policy refused "
                     "its settings (see above)")
     else:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
         diff = int(ctx.pair["symdiff"][s])
         first = ctx.first_divergence
         line.markdown(
-            f"<span style='color:{A_COLOUR}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
-            f"<span style='color:{B_COLOUR}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
-            f"**|A Δ B|** {diff} · first\u00a0divergence:\u00a0"  # kept on one line
+            f"<span style='color:{ctx.colours[0]}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
+            f"<span style='color:{ctx.colours[1]}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
+            f"**|A Δ B|** {diff} held by one only · "
+            f"first\u00a0divergence:\u00a0"  # kept on one line
             f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
-            f"evicted at step {s}: **A** {pos(va)} · **B** {pos(vb)}", unsafe_allow_html=True,
+            f"evicted at step {s}: **A** {pos(va, 'a')} · **B** {pos(vb, 'b')}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
+    divergence_note(ctx)
     track = tracked(ctx)
     if track >= 0:
         st.markdown(explain.track_text(track, ctx.trace.tokens, ctx.ev_a, ctx.ev_b, s,

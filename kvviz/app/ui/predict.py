@@ -18,8 +18,7 @@ import numpy as np
 import streamlit as st
 
 from kvviz.app import explain
-from kvviz.app.figures.votes import (attention_rows_figure, evidence_figure, held_figure,
-                                     votes_figure, votes_word)
+from kvviz.app.figures.votes import attention_rows_figure, evidence_figure, held_figure, votes_figure, votes_word
 from kvviz.app.teach.classroom import Refused
 from kvviz.app.teach.question import asked_at
 from kvviz.app.ui import classroom

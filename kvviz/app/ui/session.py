@@ -166,6 +166,19 @@ def widget(draw, field: str, *args, key: str | None = None, fit=None, show=None,
     return out
 
 
+def fits(options: list, field: str, default, what: str):
+    """A `widget` fit for a choice among `options`: a value not among them becomes `default`,
+    said (naming the link key and `what` it should be) when the link asked for it."""
+    def fit(v):
+        if v in options:
+            return v
+        link = PLAIN_KEYS.get(field, field)
+        if v not in ("", 0, None) and from_link(link):
+            note(f"{link}={v}: no such {what} here; showing {default}")
+        return default
+    return fit
+
+
 def set_value(field: str, value) -> None:
     """From a callback: change a field (widget key and kept copy)."""
     S[wkey(field)] = value

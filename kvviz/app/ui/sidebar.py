@@ -193,9 +193,11 @@ def param_control(which: str, spec, side=st.sidebar):
 
 
 def loop_note() -> None:
-    """In place of the budget and policies on the loop view, which has its own."""
+    """In place of the budget and policies on the loop and Forgetting views, which have their
+    own."""
     st.sidebar.header("Cache")
-    st.sidebar.caption("The model-in-the-loop results carry their own policies and budgets: "
+    st.sidebar.caption("The model-in-the-loop and pass-key results carry their own policies "
+                       "and budgets: "
                        "choose them in the view. The page's budget and policies A/B come back "
                        "on the other views, as they were.")
 

@@ -7,10 +7,10 @@ import streamlit as st
 
 from kvviz.app.figures.cache import at_step
 from kvviz.app.figures.toy import SMALL, labelled_heatmap
-from kvviz.app.figures.track import heatmap_with_track
+from kvviz.app.figures.track import heatmap_with_divergence, heatmap_with_track
 from kvviz.app.ui import compute
 from kvviz.app.ui.context import CHART, Ctx
-from kvviz.app.ui.navigation import tracked
+from kvviz.app.ui.navigation import notable_here, tracked
 from kvviz.app.ui.positions import ZOOMS, zoom_centre, zoom_window
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import PREVIEWED, S, widget
@@ -72,6 +72,9 @@ def render(ctx: Ctx):
         if track >= 0:
             fig = heatmap_with_track(fig, track, ctx.ev_a, ctx.ev_b, ctx.trace.steps,
                                      ctx.label_a, ctx.label_b)
+        here = notable_here(ctx)
+        if here is not None:  # the next-divergence jump's position, where it diverged
+            fig = heatmap_with_divergence(fig, here[0], ctx.step)
         chart(fig, key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
     st.caption("Who holds which position after every step: one row per step (down), one "

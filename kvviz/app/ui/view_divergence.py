@@ -47,7 +47,8 @@ def render(ctx: Ctx):
         return
     panels = [ctx.panel("a", dstep), ctx.panel("b", dstep)]
     facts = [explain.decision(w, p, pos) for w, p in zip("AB", panels)]
-    c2.markdown(explain.why_text(pos, ctx.ev_a, ctx.ev_b, facts, dstep)
+    ties = [t for w, p in zip("AB", panels) for t in explain.tie_facts(w, p)]
+    c2.markdown(explain.why_text(pos, ctx.ev_a, ctx.ev_b, facts, dstep, ties=ties)
                 + " Below, both policies' candidates at that step.")
     c2.button(f"go to step {dstep}", key="why.go", on_click=goto, args=(dstep,))
     chart(V.why_figure(pos, dstep, panels), key="chart.why", **CHART)

@@ -14,9 +14,9 @@ import streamlit as st
 from kvviz.app.figures.heads import eviction_grid, heads_figure, needle_heads_figure, position_figure
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.present import chart
+from kvviz.app.ui.session import fits, from_link, note, widget
 
 TRACE = "code-kv.npz"
-SCORERS = ("tova", "snapkv", "h2o")
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -40,8 +40,6 @@ def _needle(path: str) -> dict:
 
 def render(ctx: Ctx):
     from kvviz.core.paths import traces_dir
-    from kvviz.core.policies import ALLOCATORS
-
     st.caption("How an allocator shares a layer's budget across its KV heads: each head's held "
                "slots after every step (solid) beside the same scorer on each head alone at the "
                "same budget (dashed), on a trace captured per KV head.")
@@ -50,11 +48,7 @@ def render(ctx: Ctx):
     if path is None or not path.is_file():
         st.info(f"The Heads view needs {TRACE} (a trace captured per KV head) in the traces folder.")
         return
-    cols = st.columns(3)
-    allocator = cols[0].selectbox("allocator", sorted(ALLOCATORS), key="heads.allocator")
-    scorer = cols[1].selectbox("scorer", SCORERS, key="heads.scorer")
-    budget = int(cols[2].number_input("budget (mean slots per head)", min_value=8, max_value=512,
-                                      value=64, step=8, key="heads.budget"))
+    allocator, scorer, budget = controls(st.sidebar)
     try:
         held, plain, layers, budgets, roles, runs, alone = _runs(str(path), allocator, scorer, budget)
     except ValueError as exc:
@@ -71,6 +65,42 @@ def render(ctx: Ctx):
         for d, lay in enumerate(layers)))
     position_section(runs, alone, layers, allocator, scorer)
     needle_section(folder)
+
+
+def controls(side):
+    """The allocator, its scorer (any registered per-stream policy, plugins included) and the
+    budget, in the sidebar and in the link (heads.allocator, heads.scorer, heads.budget)."""
+    from kvviz.core.policies import ALLOCATORS, POLICIES
+
+    side.header("Heads")
+    allocators, scorers = sorted(ALLOCATORS), list(POLICIES)
+    allocator = widget(side.selectbox, "heads_alloc", "allocator", allocators,
+                       fit=fits(allocators, "heads_alloc", "adakv", "allocator"),
+                       help="shares each layer's budget across its KV heads")
+    scorer = widget(side.selectbox, "heads_scorer", "scorer", scorers,
+                    fit=fits(scorers, "heads_scorer", "tova" if "tova" in scorers else scorers[0],
+                              "policy"),
+                    help="the per-stream policy whose scores choose the victims")
+    budget = widget(side.number_input, "heads_budget", "budget (mean slots per head)",
+                    min_value=8, max_value=BUDGET_MAX, step=8,
+                    fit=lambda v: _budget_fit(v), help="the mean number of slots per KV head")
+    return allocator, scorer, int(budget)
+
+
+BUDGET_MAX = 512
+
+
+def _budget_fit(v) -> int:
+    """The link's budget if it is in 8..BUDGET_MAX, else 64 (said when a link asked for it)."""
+    try:
+        b = int(v)
+    except (TypeError, ValueError):
+        b = 0
+    if 8 <= b <= BUDGET_MAX:
+        return b
+    if b and from_link("heads.budget"):
+        note(f"heads.budget={v} is outside 8–{BUDGET_MAX}; using 64")
+    return 64
 
 
 def position_section(runs, alone, layers, allocator: str, scorer: str):
@@ -116,15 +146,33 @@ def needle_section(folder):
     b = cols[2].selectbox("beside", configs, index=default("tova @ 128"), key="heads.needle.b")
     rows = {f"{r['name']} @ {r['budget']}": r for r in data["rows"]}
     ra, rb = rows[a], rows[b]
-    chart(needle_heads_figure(ra["held"], rb["held"], data["key_mass"], label_a=a, label_b=b),
+    n_key = len(data["key_positions"])
+    keyed = ra.get("key_held") is not None and rb.get("key_held") is not None
+    chart(needle_heads_figure(ra["held"], rb["held"], data["key_mass"], label_a=a, label_b=b,
+                              key_held_a=ra["key_held"] if keyed else None,
+                              key_held_b=rb["key_held"] if keyed else None,
+                              key_tokens=n_key if keyed else None),
           key="chart.heads.needle", **CHART)
+    if keyed:
+        shown = ("Left and middle: how many of the key's tokens each (layer, KV head) still held "
+                 "after the prompt under each configuration (hover: the slots it held). "
+                 + key_holding(a, ra["key_held"], n_key) + " " + key_holding(b, rb["key_held"], n_key))
+    else:
+        shown = ("Left and middle: the slots each (layer, KV head) held after the prompt under "
+                 "each configuration; this file records no count of the key's tokens per head.")
     st.caption(
-        f"Prompt of {data['prompt_len']} tokens, key {data['key']} at positions "
-        f"{data['key_positions'][0]}..{data['key_positions'][-1]}. Left and middle: the slots "
-        "each (layer, KV head) held after the prompt under each configuration. Right: the full "
+        f"Prompt of {data['prompt_len']} tokens, key {data['key']} in {n_key} tokens at positions "
+        f"{data['key_positions'][0]}..{data['key_positions'][-1]}. {shown} Right: the full "
         "cache's attention mass from the question's tokens onto the key's tokens (mean over the "
-        "question's rows and the query heads sharing the KV head). The files record no count of "
-        "the key's tokens each head still holds, so none is shown. Answers: "
+        "question's rows and the query heads sharing the KV head). Answers: "
         f"{a}: {ra['answer']!r} ({ra['digits']} leading digits); "
         f"{b}: {rb['answer']!r} ({rb['digits']} leading digits); "
         f"full cache: {data['full_answer']!r}.")
+
+
+def key_holding(label: str, key_held, n_key: int) -> str:
+    """One sentence: how many (layer, KV head) streams hold all, part and none of the key."""
+    k = np.asarray(key_held)
+    whole, none = int((k == n_key).sum()), int((k == 0).sum())
+    return (f"{label}: {whole} of {k.size} heads hold the whole key, {k.size - whole - none} "
+            f"part of it, {none} none of it.")

@@ -20,7 +20,7 @@ from kvviz.app.figures import loop as LV
 from kvviz.app.ui import jobs
 from kvviz.app.ui.context import CHART
 from kvviz.app.ui.present import chart
-from kvviz.app.ui.session import from_link, note, timer_place, widget
+from kvviz.app.ui.session import fits, timer_place, widget
 from kvviz.core.policies import POLICIES, config_label
 from kvviz.model.loop.cli import memory_line
 from kvviz.model.loop.config import EVICTIONS
@@ -71,7 +71,9 @@ def model_caption(meta: dict) -> str:
     """Which model produced a result, from its own record (results written before provenance
     was recorded were all made by the bundled SmolLM2, which is what they say)."""
     if not meta.get("model"):
-        return "model: SmolLM2-135M-Instruct (recorded before results named their model)"
+        return ("model: SmolLM2-135M-Instruct (this result file does not name its model: "
+                "it was written before kvviz recorded one, when SmolLM2 was the only model "
+                "kvviz ran)")
     extra = ", ".join(f"{k} {meta[k]}" for k in ("dtype", "device") if meta.get(k))
     sha = meta.get("model_sha256")
     return (f"model: {meta['model']} ({meta.get('model_source', '')}"
@@ -198,18 +200,6 @@ def _sources() -> dict[str, tuple]:
     return out
 
 
-def _fits(options: list, field: str, default, what: str):
-    """A `widget` fit: a value not among `options` becomes `default` (said when a link
-    asked for it)."""
-    def fit(v):
-        if v in options:
-            return v
-        if v not in ("", 0, None) and from_link(field.replace("_", ".")):
-            note(f"{field.replace('_', '.')}={v}: no such {what} here; showing {default}")
-        return default
-    return fit
-
-
 def render(ctx):
     st.markdown("**Model in the loop.** A model reads a text token by token on its own "
                 "evicted cache (each layer holds at most *budget* positions, chosen by the "
@@ -227,7 +217,7 @@ def render(ctx):
     by_name = {v[2]: k for k, v in sources.items()}
     label = widget(st.selectbox, "loop", "result (text · granularity)", labels,
                    key="loop.source", show=lambda n: by_name.get(n, n),
-                   fit=_fits(labels, "loop", labels[0], "result"),
+                   fit=fits(labels, "loop", labels[0], "result"),
                    store=lambda lab: sources[lab][2])
     kind, obj, _ = sources[label]
     res = load(obj) if kind == "file" else obj
@@ -251,12 +241,12 @@ def draw(res, rows):
     lines = sorted({config_label(rows[i]["policy"], rows[i]["params"]) for i in choices})
     c = st.columns([3, 2])
     line = widget(c[0].selectbox, "loop_policy", "policy", lines, key="loop.policy",
-                  fit=_fits(lines, "loop_policy", "tova" if "tova" in lines else lines[0],
+                  fit=fits(lines, "loop_policy", "tova" if "tova" in lines else lines[0],
                             "policy line"))
     budgets = sorted(rows[i]["budget"] for i in choices
                      if config_label(rows[i]["policy"], rows[i]["params"]) == line)
     budget = widget(c[1].selectbox, "loop_budget", "budget", budgets, key="loop.budget",
-                    fit=_fits(budgets, "loop_budget", budgets[len(budgets) // 2],
+                    fit=fits(budgets, "loop_budget", budgets[len(budgets) // 2],
                               "budget for this policy"))
     ci = next(i for i in choices if rows[i]["budget"] == budget and
               config_label(rows[i]["policy"], rows[i]["params"]) == line)

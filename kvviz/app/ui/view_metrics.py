@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+from kvviz.app import explain
 from kvviz.app import figures as V
 from kvviz.app.ui import compute
 from kvviz.app.ui.context import CHART, Ctx, table
@@ -54,17 +55,25 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
     return rows
 
 
+def metrics_difference(a: dict, b: dict) -> str:
+    """The table's two rows compared, said with its sign's meaning: B minus A, and which
+    one is higher (or that they are identical)."""
+    parts = []
+    for key, word in (("retained_mass", "retained mass"), ("hh_recall", "heavy-hitter recall")):
+        va, vb = float(a[key]), float(b[key])
+        if va == vb:
+            parts.append(f"{word}: A and B identical to the last digit")
+        else:
+            parts.append(f"{word}: B minus A = {vb - va:+.6f} (B's is {explain.relation(vb, va)} A's)")
+    return " · ".join(parts) + "."
+
+
 def render(ctx: Ctx):
     st.caption("How much of the attention each cache kept, and what it costs; the sweeps rerun "
                "one setting across values on this trace (terms: Glossary).")
     rows = metrics_rows(ctx)
     table(V.metrics_table(rows))
-    same = {k: rows[0][k] == rows[-1][k] for k in ("retained_mass", "hh_recall")}
-    mass = ("identical to the last digit" if same["retained_mass"]
-            else f"differ by {rows[1]['retained_mass'] - rows[0]['retained_mass']:+.6f}")
-    recall = ("identical" if same["hh_recall"]
-              else f"differ by {rows[1]['hh_recall'] - rows[0]['hh_recall']:+.6f}")
-    st.caption("" if len(rows) < 2 else f"retained mass: A and B {mass} · heavy-hitter recall: {recall}.")
+    st.caption("" if len(rows) < 2 else metrics_difference(rows[0], rows[1]))
     st.subheader("Sweeps (cached; all on the current trace)")
     metric = st.radio("metric", ["retained_mass", "hh_recall", "memory_bytes"], horizontal=True,
                       key="w.sweep_metric", format_func=lambda m: V.metrics.METRIC_LABELS[m])

@@ -17,7 +17,7 @@ import streamlit as st
 from kvviz.app.figures import needle as NV
 from kvviz.app.figures.cache import Prebuilt
 from kvviz.app.ui import jobs
-from kvviz.app.ui.context import CHART
+from kvviz.app.ui.context import CHART, table
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import note, timer_place
 from kvviz.app.ui.view_loop import EVICTION_HELP, POLL_S, eviction_caption, torch_available
@@ -80,6 +80,13 @@ def _cache_figure(ev_a, ev_b, key_positions: tuple, prompt_len: int, label_a: st
     return NV.key_cache_figure(ev_a, ev_b, key_positions=list(key_positions),
                                prompt_len=prompt_len, label_a=label_a,
                                label_b=label_b).to_dict()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _prefill_figure(ev_a, ev_b, key_positions: tuple, prompt_len: int, label_a: str,
+                    label_b: str) -> dict:
+    return NV.prefill_figure(ev_a, ev_b, key_positions=list(key_positions),
+                             prompt_len=prompt_len, label_a=label_a, label_b=label_b).to_dict()
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
@@ -173,12 +180,7 @@ def render(ctx=None):
 
 def draw_grid(folder: Path, rows: pd.DataFrame):
     story = _guided(str(folder), (folder / "results.csv").stat().st_mtime, rows)
-    with st.container(border=True):
-        st.markdown("**Guided experiment** (from these results) · " + story["text"])
-        if story["cell"]:
-            st.button("show this prompt", key="needle.guided", icon=":material/search:",
-                      on_click=_show_cell,
-                      args=(story["cell"], story["lines"]))
+    box = st.container(border=True)  # filled once the grid on screen is chosen (below)
     c = st.columns([2, 2, 2])
     budget = choose("nbudget", "budget (positions per layer)", NV.budgets(rows),
                     NV.budgets(rows)[len(NV.budgets(rows)) // 2], widget=c[0].selectbox)
@@ -192,6 +194,16 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
     gran = choose("ngran", "granularity", grans, "layer" if "layer" in grans else grans[0],
                   widget=c[2].selectbox)
     sub = sub[sub["granularity"] == gran]
+    with box:
+        st.markdown("**Guided experiment** (from these results) · "
+                    + NV.grid_text(rows, budget, mode, gran)
+                    + " **Across all the results:** " + story["text"])
+        if story["cell"]:
+            ex = story["cell"]
+            st.button(f"open that example: budget {ex['budget']}, {ex['prompt_mode']}, "
+                      f"{ex['length']} tokens, key at {ex['depth']:g} % depth, seed {ex['seed']}",
+                      key="needle.guided", icon=":material/search:", on_click=_show_cell,
+                      args=(story["cell"], story["lines"]))
     chart(Prebuilt(_needle_figure(str(folder), (folder / "results.csv").stat().st_mtime,
                                             budget, mode, gran, rows)),
                     key="chart.needle", **CHART)
@@ -208,6 +220,8 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
     seeds = sorted(int(x) for x in sub["seed"].unique())
     seed = choose("nseed", "seed", seeds, seeds[0], widget=c[2].selectbox)
     id_ = sub[sub["seed"] == seed]["id"].iloc[0]
+    st.caption(f"Shown below: the prompt of {length} tokens with the key at {depth:g} % depth, "
+               f"seed {seed} ({mode} prompt, {gran} granularity, budget {budget}).")
     try:
         run = load_run(folder, id_)
     except (OSError, ValueError, KeyError) as exc:
@@ -223,7 +237,7 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
                 "underlined)")
     st.html(NV.key_strip_html(run["tokens"], kp, q0))
     st.markdown(f"**The answers** at budget {budget}")
-    st.dataframe(NV.answers_table(meta, budget, ev), hide_index=True, width="stretch")
+    table(NV.answers_table(meta, budget, ev))  # whole, wrapping: no column cut at 1024 px
     lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
              if c["policy"] != NV.FULL and c.get("budget") == budget]
     if not lines:
@@ -243,15 +257,27 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
     heads = list(range(G))
     head = choose(p + "nhead", "KV head", heads, 0, widget=c[3].selectbox,
                   disabled=G == 1, help="at layer granularity a layer keeps one set")
-    chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
-                                           T0, line, vs)),
-                    key=f"chart.needle_cache{prefix}", **CHART)
-    sa, sb = NV.lost_step(ev[ia, layer], kp), NV.lost_step(ev[ib, layer], kp)
-    said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
-                         else f"{n} never evicted a key token")
-    st.caption(f"Layer {layer}: {said(line, sa)}; {said(vs, sb)} (from the runs' eviction "
-               f"logs). The key is shaded yellow; the question starts at position {q0}; the red "
-               f"line is the end of the prompt (step {T0 - 1}), where generation starts.")
+    if meta.get("prompt_mode") == "prefill":  # one eviction, at the prompt's end
+        chart(Prebuilt(_prefill_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
+                                       T0, line, vs)),
+              key=f"chart.needle_cache{prefix}", **CHART)
+        ka = int(NV.prefill_kept(ev[ia, layer, head], T0)[list(kp)].sum())
+        kb = int(NV.prefill_kept(ev[ib, layer, head], T0)[list(kp)].sum())
+        st.caption(f"Prefill: the model read the whole prompt, then each layer evicted once, "
+                   f"at its end (step {T0 - 1}), down to the budget. Layer {layer}: {line} kept "
+                   f"{ka} of the key's {len(kp)} tokens; {vs} kept {kb} (from the runs' "
+                   f"eviction logs). The key is shaded yellow; the question starts at "
+                   f"position {q0}.")
+    else:
+        chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
+                                     T0, line, vs)),
+              key=f"chart.needle_cache{prefix}", **CHART)
+        sa, sb = NV.lost_step(ev[ia, layer], kp), NV.lost_step(ev[ib, layer], kp)
+        said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
+                             else f"{n} never evicted a key token")
+        st.caption(f"Layer {layer}: {said(line, sa)}; {said(vs, sb)} (from the runs' eviction "
+                   f"logs). The key is shaded yellow; the question starts at position {q0}; the "
+                   f"red line is the end of the prompt (step {T0 - 1}), where generation starts.")
     idx = [NV.config_index(meta, ln, budget) for ln in lines]
     chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
                     key=f"chart.needle_layers{prefix}", **CHART)

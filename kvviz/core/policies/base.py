@@ -193,6 +193,10 @@ class Policy:
     uses_attention: ClassVar[bool] = True
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     reads_value_norms: ClassVar[bool] = False  # True: advance() needs the admitted value's L2 norm
+    # True: advance() also gets `query_rows`, (query heads, kept): each query head of the
+    # stream's KV group (every head of the layer at layer granularity) on the kept slots,
+    # each row renormalised; `attn` stays their mean. Only the model supplies them.
+    reads_query_rows: ClassVar[bool] = False
     summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
     specs: ClassVar = _Specs()
     place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
@@ -324,7 +328,7 @@ class Policy:
         return 4 + sum(np.dtype(dtype).itemsize * math.prod(shape)
                        for dtype, shape, _ in self._spec.values()) + 1
 
-    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None) -> None:
+    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None, query_rows=None) -> None:
         """One step of the harness: check and `observe` the weights over the kept slots (`None`
         for a step with no attention), then admit position `pos` as a new slot. The checks live
         here, once, so no subclass can accept a wrong-length, negative or non-finite row."""
@@ -334,14 +338,15 @@ class Policy:
             raise ValueError(f"pos must be above every kept position: got {pos}, "
                              f"highest kept is {int(self._pos[n - 1])}")
         attn = None if attn is None else _check_attn(attn, n)
-        self.advance(pos, attn, **norm_inputs(self, key_norm, value_norm))
+        self.advance(pos, attn, **norm_inputs(self, key_norm, value_norm, query_rows, n))
 
     def advance(self, pos: int, attn: np.ndarray | None, key_norm: float | None = None,
-                value_norm: float | None = None) -> None:
+                value_norm: float | None = None, query_rows: np.ndarray | None = None) -> None:
         """on_decode_step without the checks: observe `attn`, admit `pos`. For the harness
         (kvviz.core.harness.step), whose rows are already validated and renormalised. `key_norm`
         (the admitted key's L2 norm) is passed only to a policy that `reads_key_norms`,
-        `value_norm` (the admitted value's L2 norm) only to one that `reads_value_norms`."""
+        `value_norm` (the admitted value's L2 norm) only to one that `reads_value_norms`,
+        `query_rows` only to one that `reads_query_rows` (which overrides this to read them)."""
         n = self._n
         if attn is not None:
             self.observe(attn)
@@ -506,16 +511,36 @@ def check_value_norm(value, name: str) -> float:
     return v
 
 
-def norm_inputs(policy, key_norm=None, value_norm=None) -> dict:
-    """The checked norms `policy.advance` takes as keywords: key_norm if it reads key norms,
-    value_norm if it reads value norms, nothing otherwise (so a policy reading neither keeps
-    the two-argument `advance`)."""
+def norm_inputs(policy, key_norm=None, value_norm=None, query_rows=None, n=None) -> dict:
+    """The checked inputs beyond attention `policy.advance` takes as keywords: key_norm if it
+    reads key norms, value_norm if it reads value norms, query_rows ((heads, n): one row per
+    query head on its `n` kept slots) if it reads them, nothing otherwise (so a policy reading
+    none keeps the two-argument `advance`)."""
     out = {}
     if policy.reads_key_norms:
         out["key_norm"] = check_key_norm(key_norm, policy.name)
     if getattr(policy, "reads_value_norms", False):
         out["value_norm"] = check_value_norm(value_norm, policy.name)
+    if getattr(policy, "reads_query_rows", False):
+        out["query_rows"] = check_query_rows(query_rows, policy.name,
+                                             len(policy.held()) if n is None else n)
     return out
+
+
+def check_query_rows(rows, name: str, n: int) -> np.ndarray:
+    """Each query head's weights on the `n` kept slots, for a policy that reads them:
+    float32 (heads, n), at least one head, finite and >= 0."""
+    if rows is None:
+        raise ValueError(f"{name} reads per-query-head rows, and none were given: traces store "
+                         "one row per stream, so run it in the model loop (kvviz loop, "
+                         "generate, needle, kvviz.hf)")
+    a = np.asarray(rows, dtype=np.float32)
+    if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] != n:
+        raise ValueError(f"query_rows must be (query heads, kept positions) = (h, {n}) with "
+                         f"h >= 1, got shape {a.shape}")
+    if a.size and not (np.isfinite(a).all() and a.min() >= 0):
+        raise ValueError("query_rows weights must be finite and non-negative")
+    return a
 
 
 def check_key_norm(value, name: str) -> float:

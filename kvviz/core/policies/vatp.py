@@ -32,6 +32,7 @@ class VATP(Policy):
 
     name = "vatp"
     label = "VATP"
+    colour = "#661100"
     rank = Rank("vatp", "accumulated attention x value norm",
                 "lowest accumulated attention x value L2 norm goes first")
     score_labels = {"cumulative": "accumulated attention", "value_norm": "value L2 norm"}

@@ -15,9 +15,9 @@ from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
-from kvviz.model.capture import add_device_arguments, parse_layers, require_stack
+from kvviz.model.capture import add_device_arguments, add_threads_argument, parse_layers, require_stack
 from kvviz.model.loop.config import EVICTIONS, GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_fits, parse_policy
-from kvviz.model.models import PROVENANCE, resolve
+from kvviz.model.models import PROVENANCE, resolve, thread_count, use_threads
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
 
@@ -95,10 +95,11 @@ def speed_line(meta: dict, tokens: int, configs: int) -> str:
 
 
 def add_model_arguments(p) -> None:
-    """--model, --device, --dtype: which model runs, and where."""
+    """--model, --device, --dtype, --threads: which model runs, and where."""
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
     add_device_arguments(p)
+    add_threads_argument(p)
 
 
 def parser(sub=None, perf=None) -> argparse.ArgumentParser:
@@ -177,15 +178,22 @@ def write_json(path, data) -> None:
         fh.write(json.dumps(data, indent=1).encode())
 
 
+TABLE_NOTE = ("ppl: over the whole text; after: over the tokens predicted after the configuration's first "
+              "eviction; full: the full cache's perplexity on those same tokens; diff: after - full")
+
+
 def table(results) -> str:
-    lines = [f"{'config':<58} {'ppl':>8} {'ppl after':>9} {'top1':>6} {'kl':>7}"]
+    """One line per configuration: whole-text perplexity, then the perplexity after its first
+    eviction beside the full cache's on the same tokens and the difference, top-1, KL."""
+    lines = [f"{'config':<58} {'ppl':>8} {'after':>9} {'full':>9} {'diff':>9} {'top1':>6} {'kl':>7}"]
     for r in results:
-        after = r["perplexity_after_eviction"]
+        after, full = r["perplexity_after_eviction"], r.get("full_perplexity_after_eviction")
         name = config_label(r["policy"], r["params"], budget=r["budget"])
-        lines.append(f"{name:<58} {r['perplexity']:8.3f} "
-                     f"{'-' if after is None else format(after, '.3f'):>9} "
+        cells = ["-", "-", "-"] if after is None or full is None else \
+            [format(after, ".3f"), format(full, ".3f"), format(after - full, "+.3f")]
+        lines.append(f"{name:<58} {r['perplexity']:8.3f} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9} "
                      f"{r['top1_agreement']:6.3f} {r['kl']:7.4f}")
-    return "\n".join(lines)
+    return "\n".join(lines + [TABLE_NOTE])
 
 
 def main(argv=None) -> int:
@@ -195,10 +203,21 @@ def main(argv=None) -> int:
 def run(args) -> int:
     if cli_load(args.plugin, "kvviz loop"):
         return 2
+    try:
+        thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.perf:
         if args.perf_main is None:
             print("error: --perf is run by the kvviz command line (kvviz loop --perf)", file=sys.stderr)
             return 2
+        try:
+            require_stack("loop --perf")
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        use_threads(args.threads, "loop")
         return args.perf_main(args.perf_tokens, budget=(args.budget or [256])[0], device=args.device,
                               dtype=args.dtype)
     try:
@@ -222,6 +241,7 @@ def run(args) -> int:
         return 2
     from kvviz.model.loop import run_loop
 
+    use_threads(args.threads, "loop")
     start = time.perf_counter()
     try:
         res = run_loop(text, configs, granularity=args.granularity, max_tokens=args.max_tokens,

@@ -22,11 +22,64 @@ def check_eviction(eviction) -> None:
 class LoopConfig:
     """One configuration of the batch. `policy` is a registry name (a policy, or an allocator
     such as adakv whose parameters include its scorer's) or "full" (no eviction, budget
-    ignored). `params` may omit defaults; `full_params()` lists them all."""
+    ignored). `params` may omit defaults; `full_params()` lists them all.
+
+    A saved result stores `record()` (name, every parameter, budget, and where the policy
+    came from: kvviz.core.plugins.provenance); `from_record` reads it back as it was, whether
+    or not the policy's code is loaded in this process, so a result outlives its plugin.
+    Only `make()` needs the code."""
 
     policy: str
     params: dict = field(default_factory=dict)
     budget: int | None = None
+    source: dict | None = field(default=None, compare=False, repr=False)  # as recorded; None: ask the registry
+    _recorded: bool = field(default=False, init=False, compare=False, repr=False)
+
+    @classmethod
+    def from_record(cls, d: dict) -> "LoopConfig":
+        """A config as a result recorded it (`record()`, or the older {policy, params, budget}):
+        the parameters exactly as saved, not re-checked against the registry (the policy may
+        not be registered here, or its code may have changed since)."""
+        if not isinstance(d, dict) or not isinstance(d.get("policy"), str):
+            raise ValueError(f"a recorded config is a dict with a str 'policy', got {d!r}")
+        cfg = cls.__new__(cls)
+        cfg.policy = d["policy"]
+        full = cfg.policy == FULL
+        cfg.params = {} if full else dict(d.get("params") or {})
+        budget = d.get("budget")
+        cfg.budget = None if full or budget is None else int(budget)
+        cfg.source = d.get("source") if isinstance(d.get("source"), dict) else None
+        cfg._recorded = True
+        cfg._bytes = d.get("bytes_per_slot")
+        return cfg
+
+    def record(self) -> dict:
+        """What a saved result stores: to_dict() plus `source` ({origin, where, sha256}: built-in,
+        entry point, file or module; None for full) and the policy's `bytes_per_slot`."""
+        from kvviz.core.plugins import provenance
+
+        out = self.to_dict()
+        if self.is_full:
+            return {**out, "source": None}
+        if self._recorded and (self.source is not None or not self.available):
+            return {**out, "source": self.source, "bytes_per_slot": getattr(self, "_bytes", None)}
+        held = getattr(self.make(), "bytes_per_slot", None)  # an allocator counts its streams' own
+        return {**out, "source": provenance(self.policy), "bytes_per_slot": None if held is None else int(held)}
+
+    @property
+    def available(self) -> bool:
+        """Whether this process can run the policy (full, or a registered name)."""
+        return self.is_full or self.policy in POLICIES or is_allocator(self.policy)
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """The policy's bytes per held slot (0 for full); a recorded config whose code is not
+        loaded gives the recorded value (0 if the file predates it)."""
+        if self.is_full:
+            return 0
+        if self._recorded and not self.available:
+            return int(getattr(self, "_bytes", None) or 0)
+        return int(getattr(self.make(), "bytes_per_slot", 0))
 
     def __post_init__(self):
         if self.policy == FULL:
@@ -52,11 +105,20 @@ class LoopConfig:
         (kvviz.core.policies.Place) tells it where its stream sits."""
         if self.is_full:
             return None
+        if not self.available:
+            where = self.source or {}
+            raise ValueError(f"policy {self.policy!r} is not registered in this process; this config was "
+                             f"recorded from {where.get('origin', 'an unknown origin')} "
+                             f"{where.get('where', '')}".rstrip() + ": load it (--plugin PATH.py|MODULE) to run it")
         return make_policy(self.policy, budget=self.budget, rng=np.random.default_rng([seed, layer, head]),
                            place=place, **self.params)
 
     def full_params(self) -> dict:
-        return {} if self.is_full else dict(self.make().params)
+        if self.is_full:
+            return {}
+        if self._recorded:
+            return dict(self.params)  # saved as full_params() already
+        return dict(self.make().params)
 
     @property
     def label(self) -> str:
@@ -76,16 +138,16 @@ def check_chunk(chunk, name: str = "prefill_chunk") -> None:
 
 
 def check_fits(positions: int, budgets, eviction: str = "masked", context: int | None = None,
-               what: str = "the run") -> None:
+               what: str = "the run", option: str = "--budget") -> None:
     """A run of `positions` positions refused before the model loads, naming the option:
-    longer than the model's `context`; a `--budget` in freed mode that evicts nothing
-    (it holds every position, so nothing is freed)."""
+    longer than the model's `context`; a budget (the command's `option`) in freed mode that
+    evicts nothing (it holds every position, so nothing is freed)."""
     if context is not None and positions > context:
         raise ValueError(f"{what} needs {positions} positions, more than the model's context of {context}")
     if eviction == "freed":
         for b in budgets:
             if b is not None and b >= positions:
-                raise ValueError(f"--budget {b} with --eviction freed: {what} reads {positions} positions, so "
+                raise ValueError(f"{option} {b} with --eviction freed: {what} reads {positions} positions, so "
                                  f"nothing would be evicted or freed; use a budget below {positions}, "
                                  "or --eviction masked")
 

@@ -70,6 +70,10 @@ class State:
         self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
         self._moved = 0
         self.feed = None  # a PromptFeed while a prompt is read in one pass
+        # each query head's weights, for a policy that reads per-query-head rows (CPU only):
+        # `qcur` (B, L, Hq, T) by position; freed: recorded by slot (`qcur_s`) and scattered
+        self.want_q = None  # set by `mark_query_rows` before the first forward
+        self.qcur = self.qcur_s = None
         if self.freed:
             self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
             self.bias = self.bias_h.numpy()
@@ -104,6 +108,31 @@ class State:
         if not self.freed:
             self.cur_t = self._dev(torch, self.cur_h)
         self.T = T
+
+    def query_buffer(self, torch, Hq: int):
+        """Where this step's per-query-head weights go (B, L, Hq, width): by slot when freed,
+        else by position; made on first use and grown with the positions."""
+        if not self.on_host:
+            raise ValueError("per-query-head rows are supplied on the CPU only: run a policy that "
+                             "reads them with --device cpu")
+        T = max(self.T, 1)
+        if self.qcur is None or self.qcur.shape[-1] < T:
+            grown = np.zeros((self.B, self.L, Hq, T), np.float32)
+            if self.qcur is not None:
+                grown[..., : self.qcur.shape[-1]] = self.qcur
+            self.qcur = grown
+        if self.freed:
+            if self.qcur_s is None:
+                self.qcur_s = np.zeros((self.B, self.L, Hq, self.S), np.float32)
+            return torch.from_numpy(self.qcur_s)
+        return torch.from_numpy(self.qcur)
+
+    def query_rows(self, b: int, layer: int, g: int, held) -> np.ndarray:
+        """Stream g's query heads' weights on the positions `held` this step, (heads, n): the
+        heads of KV head g at kv-head granularity, every head of the layer at layer granularity."""
+        Hq = self.qcur.shape[2]
+        heads = slice(None) if self.G == 1 else slice(g * (Hq // self.Hk), (g + 1) * (Hq // self.Hk))
+        return self.qcur[b, layer, heads][:, held]
 
     # -- freed: the slots ---------------------------------------------------------------
     def heads(self, g: int) -> slice:
@@ -167,6 +196,11 @@ class State:
             self.knorm.reshape(-1)[:] = flat[n:n + k // 2]
             self.vnorm.reshape(-1)[:] = flat[n + k // 2:n + k]
             host = None if stats is None else flat[n + k:].reshape(stats.shape)
+        if src is not None and self.qcur_s is not None:
+            qpos = np.repeat(self.slot_pos, self.qcur.shape[2] // self.Hk, axis=2)  # (B, L, Hq, S)
+            held = qpos >= 0
+            b, layer, h, _ = np.nonzero(held)
+            self.qcur[b, layer, h, qpos[held]] = self.qcur_s[held]
         if src is not None:
             for b, layer, g, victims in self.stale:  # evicted since the last step: no weight now
                 self.cur[b, layer, g, victims] = 0.0
@@ -225,8 +259,12 @@ def slot_layer_class():
                     raise ValueError("a freed cache takes one token per step")
                 B, Hk, _, D = key_states.shape
                 idx = self.state.write_t[:B, self.layer, :, None, None].expand(B, Hk, 1, D)
-                self.keys.scatter_(2, idx, key_states)
-                self.values.scatter_(2, idx, value_states)
+                if key_states.requires_grad:  # in place would break the backward pass through earlier steps
+                    self.keys = self.keys.scatter(2, idx, key_states)
+                    self.values = self.values.scatter(2, idx, value_states)
+                else:
+                    self.keys.scatter_(2, idx, key_states)
+                    self.values.scatter_(2, idx, value_states)
                 self.seen += 1
                 return self.keys, self.values
 
@@ -282,15 +320,21 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     softcap = kwargs.get("softcap")
+    window = kwargs.get("sliding_window")  # this layer's own window, as the model passes it
     if q > 1:
-        return _prompt(st, layer, query, key, value, scaling, softcap), None
+        return _prompt(st, layer, query, key, value, scaling, softcap, window), None
     scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
     if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
         scores = torch.tanh(scores / softcap) * softcap
     if st is not None:
         scores = scores + st.bias_t[:B, layer, :, None, :k]
+    if window:
+        scores = _outside_window(torch, st, layer, scores, k, int(window))
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
+    if st is not None and q == 1 and st.want_q:
+        n = k if st.freed else k - 1  # freed: by slot; masked: by position, self dropped
+        st.query_buffer(torch, Hq)[:B, layer, :, :n] = w.detach().view(B, Hq, k)[..., :n]
     if st is not None and q == 1 and st.freed:
         w = w.view(B, Hk, g, k)  # by slot, the new token's own slot included (never read as a held weight)
         idx = st.write_t[:B, layer, :, None, None].expand(B, Hk, 1, D)
@@ -316,9 +360,26 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     return out, None
 
 
-def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
+def _outside_window(torch, st: State | None, layer: int, scores, k: int, window: int):
+    """A one-token step's scores (B, Hk, g, k) with the keys older than the layer's sliding
+    window at -inf, as transformers' sliding mask has it: the query at position t reads keys
+    t - window + 1..t. Masked: key index = position (t = k - 1); freed: the slots' positions."""
+    if st is None or not st.freed:
+        if k > window:
+            scores = scores.clone()
+            scores[..., : k - window] = float("-inf")
+        return scores
+    pos = st.slot_pos[: scores.shape[0], layer]  # (B, Hk, S); the new token holds the highest
+    old = (pos >= 0) & (pos <= pos.max(axis=-1, keepdims=True) - window)
+    if not old.any():
+        return scores
+    return scores.masked_fill(torch.as_tensor(old, device=scores.device)[:, :, None, :k], float("-inf"))
+
+
+def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None):
     """Several queries at once (a prompt), `CHUNK` (or the feed's chunk) queries at a time,
-    causal: the output as eager attention gives it, with no (q, k) array held. When a
+    causal (and within the layer's sliding `window`, if it has one): the output as eager
+    attention gives it, with no (q, k) array held. When a
     PromptFeed is armed (a prompt from an empty cache), each block's group-mean rows of
     batch row 0 go to it while they exist."""
     import torch
@@ -343,7 +404,11 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
         if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
             s = torch.tanh(s / softcap) * softcap
         s = s.view(B, Hk, g, m, end)
-        later = torch.arange(end, device=s.device)[None, :] > torch.arange(past + a, end, device=s.device)[:, None]
+        keys = torch.arange(end, device=s.device)[None, :]
+        queries = torch.arange(past + a, end, device=s.device)[:, None]
+        later = keys > queries
+        if window:  # the layer's sliding window: query i reads keys i - window + 1..i
+            later = later | (keys <= queries - int(window))
         s = s.masked_fill(later, float("-inf"))  # causal: query i reads keys 0..i
         if st is not None and not st.freed and st.bias_t is not None:
             s = s + st.bias_t[:B, layer, :, None, None, :end]
@@ -352,7 +417,10 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap):
         if feed is not None and feed.wants(a, b):
             w0 = w[0].detach().float()
             rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
-            feed.add(layer, a, rows.cpu().numpy())
+            qrows = None
+            if feed.query:  # (G, query heads of the stream, m, end)
+                qrows = (w0.reshape(1, Hk * g, m, end) if st.G == 1 else w0).cpu().numpy()
+            feed.add(layer, a, rows.cpu().numpy(), qrows)
     return out.view(B, Hq, q, D).transpose(1, 2).contiguous()
 
 
@@ -377,6 +445,7 @@ class PromptFeed:
         self.rows = []
         self.norms = self.vnorms = None
         self.everything = False
+        self.query = reads_query_rows(policies)  # each row's query heads go to the policies too
         tails = [0]
         for layer in range(L):
             per = []
@@ -415,7 +484,7 @@ class PromptFeed:
         if store is not None:
             store[layer] = norms
 
-    def add(self, layer: int, start: int, rows) -> None:
+    def add(self, layer: int, start: int, rows, query_rows=None) -> None:
         t0 = time.perf_counter()
         if self.calib is not None:
             for g in range(len(self.calib[layer])):
@@ -423,7 +492,8 @@ class PromptFeed:
                     self.calib[layer][g].append(rows[g][i, : start + i].copy())
         for g, per in enumerate(self.rows[layer]):
             per.add(start, rows[g], None if self.norms is None else self.norms[layer, g],
-                    None if self.vnorms is None else self.vnorms[layer, g])
+                    None if self.vnorms is None else self.vnorms[layer, g],
+                    None if query_rows is None else query_rows[g])
         self.seconds += time.perf_counter() - t0
 
     def evict(self, configs, policies, evicted_at) -> None:
@@ -480,14 +550,19 @@ def attached(mdl, state: State | None = None):
     global _STATE
     with _LOCK:
         register()
+        check_architecture(mdl)
+        settable = interface_settable(mdl)  # Falcon's is routed instead
         previous = mdl.config._attn_implementation
         _STATE = state
         try:
-            mdl.set_attn_implementation(ATTN_NAME)
-            yield state
+            if settable:
+                mdl.set_attn_implementation(ATTN_NAME)
+            with routed(mdl):
+                yield state
         finally:
             _STATE = None
-            mdl.set_attn_implementation(previous)
+            if settable:
+                mdl.set_attn_implementation(previous)
 
 
 def use(state: State | None) -> None:
@@ -632,6 +707,8 @@ def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, act
 
     C = ids.shape[0]
     t0 = time.perf_counter()
+    for lane in lanes:
+        mark_query_rows(lane.state, policies)
     with torch.no_grad():
         logits = None
         for lane in lanes:
@@ -670,10 +747,10 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
     the last position's logits (1, V), the feed)."""
     from transformers import DynamicCache
 
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape
 
-    cfg = text_config(mdl)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
     T0 = int(ids_t.shape[0])
     st = prompt_state(torch, T0, configs, policies, L, Hk, G, chunk, device)
     cache = DynamicCache()
@@ -698,23 +775,23 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     import torch
 
     from kvviz.model.models import (
+        attention_shape,
         check_layers,
         default_layers,
         load_model,
         model_provenance,
-        text_config,
         token_strings,
     )
     from kvviz.model.models import tokenize as tokens
 
     tok, mdl = load_model(model, "loop", device, dtype)
+    check_architecture(mdl)
     ids, offsets, bos = tokens(tok, text, int(max_tokens))
     T = len(ids)
     if T < 2:
         raise ValueError("text must tokenise to at least 2 tokens")
-    cfg = text_config(mdl)
-    check_architecture(mdl, T)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
     G = 1 if granularity == "layer" else Hk
     rows_layers = default_layers(L) if rows_layers is None else check_layers(rows_layers, L, "rows_layers")
     Tr = T if rows_tokens is None else max(0, min(int(rows_tokens), T))
@@ -730,7 +807,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
-    refuse_uncalibrated(configs, policies)
+    refuse_uncalibrated(configs, policies, "loop")
     with attached(mdl):
         lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
@@ -768,11 +845,10 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
     """The two memories of a run at `step`, side by side: the keys and values the caches hold
     (`cache_bytes`) beside what the full cache would hold for the same rows, and the
     policies' own bookkeeping (each policy's bytes per slot x the slots it holds)."""
-    from kvviz.model.models import text_config
+    from kvviz.model.models import attention_shape
 
-    cfg = text_config(mdl)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = attention_shape(mdl)
+    L, Hk, D = shape.layers, shape.kv_heads, shape.head_dim
     item = next(mdl.parameters()).element_size()
     C, _, G, T = evicted_at.shape
     n = step + 1
@@ -787,21 +863,71 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
     return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
 
 
-def check_architecture(mdl, T: int) -> None:
-    """Refuse, naming the model and the feature, what the masking attention function does not
-    reproduce: sliding-window layers once the text is longer than the window (within the
-    window a sliding layer attends to everything). Softcapping is implemented (`attention`)."""
+ALIBI = ("bloom", "mpt")  # model types whose positions are ALiBi biases
+
+
+def check_architecture(mdl) -> None:
+    """Refuse, in one line naming the model, its type and the reason, what the eviction
+    attention does not reproduce: ALiBi position biases (Bloom, MPT, Falcon with `alibi`),
+    and any other model whose attention does not go through transformers'
+    AttentionInterface (so no key could be masked in it), except Falcon's, which `attached`
+    routes through `attention` itself (`falcon_forward`). Sliding-window layers are applied
+    as the model applies them (`attention`); softcapping is implemented."""
     from kvviz.model.models import model_provenance, text_config
 
     cfg = text_config(mdl)
+    kind = getattr(cfg, "model_type", None)
     name = model_provenance(mdl)["model"]
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None) or []
-    sliding = "sliding_attention" in types or (window and getattr(cfg, "use_sliding_window", True)
-                                               and not types)
-    if sliding and window and T > window:
-        raise ValueError(f"model {name}: sliding-window attention (window {window}) is not supported "
-                         f"by the loop for a text of {T} tokens; use --max-tokens {window} or less")
+    if kind in ALIBI or getattr(cfg, "alibi", False):
+        why = "its positions are ALiBi attention biases, which kvviz's eviction attention does not add"
+    elif kind != "falcon" and not interface_settable(mdl):
+        why = "its attention does not go through transformers' AttentionInterface, so no key can be masked in it"
+    else:
+        return
+    raise ValueError(f"model {name} (model type {kind}) is not supported: {why}")
+
+
+def interface_settable(mdl) -> bool:
+    """Whether the model's attention goes through transformers' AttentionInterface (so
+    `set_attn_implementation` takes kvviz's function); transformers' own test of it."""
+    test = getattr(type(mdl), "_can_set_attn_implementation", None)
+    return True if test is None else bool(test())
+
+
+def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None,
+                   use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
+    """FalconAttention.forward (rotary, no ALiBi) with its scores computed by `attention`:
+    Falcon computes attention inline instead of through AttentionInterface. The queries, keys
+    and values are split, rotated and cached exactly as Falcon does."""
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+    query, key, value = self._split_heads(self.query_key_value(hidden_states))
+    B, q = query.shape[:2]
+    Hk = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    query = query.transpose(1, 2).reshape(B, self.num_heads, q, self.head_dim)
+    key = key.transpose(1, 2).reshape(B, Hk, q, self.head_dim)
+    value = value.transpose(1, 2).reshape(B, Hk, q, self.head_dim)
+    cos, sin = position_embeddings
+    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    out, _ = attention(self, query, key, value, None, self.inv_norm_factor)
+    return self.dense(out.reshape(B, q, self.num_heads * self.head_dim)), None
+
+
+@contextmanager
+def routed(mdl):
+    """Falcon's attention modules run `falcon_forward` inside the block (restored after)."""
+    import types
+
+    mods = [m for m in mdl.modules() if type(m).__name__ == "FalconAttention"]
+    for m in mods:
+        m.forward = types.MethodType(falcon_forward, m)
+    try:
+        yield
+    finally:
+        for m in mods:
+            del m.forward
 
 
 def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True):
@@ -824,14 +950,35 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
              for g in range(G)] for layer in range(L)]
 
 
-def refuse_uncalibrated(configs, policies) -> None:
+READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one pass
+    "loop": "kvviz loop reads its text token by token; run it as a prompt with kvviz generate --prompt-mode "
+            "prefill (or kvviz needle --prompt-modes prefill)",
+    "generate": "use prompt_mode='prefill' (kvviz generate --prompt-mode prefill; kvviz needle --prompt-modes "
+                "prefill)"}
+
+
+def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
     """An allocator that decides from calibration rows read with the full cache (head roles)
-    gets them from a prompt read in one pass; decoding token by token has none to give."""
+    gets them from a prompt read in one pass; decoding token by token has none to give. The
+    refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
     for cfg, pol in zip(configs, policies):
         if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup) and pol[0].allocator.calibration_rows():
             raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
-                             "the full cache, which only a prompt read in one pass gives: use prompt_mode "
-                             "'prefill' (--prompt-mode prefill)")
+                             f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
+
+
+def reads_query_rows(policies) -> bool:
+    """Whether any config's policy reads per-query-head rows (`Policy.reads_query_rows`)."""
+    return any(getattr(p, "reads_query_rows", False) for pol in policies
+               if pol is not None and not isinstance(pol, Streams) for p in streams_of(pol, 0))
+
+
+def mark_query_rows(state: State, policies) -> None:
+    """Before a lane's first forward: record each query head's weights if a policy reads them."""
+    if state.want_q is None:
+        state.want_q = reads_query_rows(policies)
+        if state.want_q and not state.on_host:
+            state.query_buffer(None, 0)  # the one-line refusal off the CPU
 
 
 def streams_of(pol, layer: int) -> list:
@@ -903,7 +1050,9 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     norms = [state.knorm[i, layer, g] if p.reads_key_norms else None for g, p in enumerate(heads)]
                     vnorms = [state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
                               for g, p in enumerate(heads)]
-                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms)):
+                    qrows = [state.query_rows(i, layer, g, p.held()) if getattr(p, "reads_query_rows", False)
+                             else None for g, p in enumerate(heads)]
+                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms, qrows)):
                         if len(victims):
                             _mark(state, evicted_at, c, i, layer, g, victims, t)
                     continue
@@ -911,7 +1060,9 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
                     norm = state.knorm[i, layer, g] if p.reads_key_norms else None
                     vnorm = state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
-                    victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm)
+                    qrows = (state.query_rows(i, layer, g, p.held()) if getattr(p, "reads_query_rows", False)
+                             else None)
+                    victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm, query_rows=qrows)
                     if len(victims):
                         _mark(state, evicted_at, c, i, layer, g, victims, t)
             except BudgetError as exc:

@@ -21,7 +21,7 @@ from kvviz.model.loop.cli import (
 )
 from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk, check_fits
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
-from kvviz.model.models import resolve
+from kvviz.model.models import resolve, thread_count, use_threads
 
 MARK = "|>"
 
@@ -53,7 +53,7 @@ def parser(sub=None, perf=None) -> argparse.ArgumentParser:
     add_model_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
     p.add_argument("--perf", action="store_true",
-                   help="benchmark: 8 configs against 1, bookkeeping share, prefill against decode")
+                   help="benchmark: up to 8 configs (printed) against 1, bookkeeping share, prefill against decode")
     p.add_argument("--perf-tokens", type=int, default=512, help="prompt tokens per --perf run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_plugin_argument(p)
@@ -89,10 +89,21 @@ def read_prompt(args) -> str:
 def run(args) -> int:
     if cli_load(args.plugin, "kvviz generate"):
         return 2
+    try:
+        thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.perf:
         if args.perf_main is None:
             print("error: --perf is run by the kvviz command line (kvviz generate --perf)", file=sys.stderr)
             return 2
+        try:
+            require_stack("generate --perf")
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        use_threads(args.threads, "generate")
         return args.perf_main(args.perf_tokens, budget=(args.budget or [128])[0], device=args.device,
                               dtype=args.dtype)
     try:
@@ -117,6 +128,7 @@ def run(args) -> int:
         return 2
     from kvviz.model.loop import generate
 
+    use_threads(args.threads, "generate")
     try:
         gen = generate(prompt, configs, args.max_new_tokens, granularity=args.granularity,
                        prompt_mode=args.prompt_mode, model=args.model, seed=args.seed, device=args.device,

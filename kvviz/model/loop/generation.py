@@ -115,6 +115,36 @@ class Generation:
             pieces = pieces[:d] + [marker] + pieces[d:]
         return "".join(pieces).replace("\n", "\\n")
 
+    def to_frame(self, per: str = "position", configs=None, layers=None, heads=None):
+        """A long pandas DataFrame (kvviz.core.frame) over prompt and generated positions:
+        per="position", one row per config x layer x head x position; per="step", one row
+        per config x layer x head x step x position before it. Tokens are the prompt's and
+        then each row's own generated pieces; a generation records no attention rows, so
+        full_mass is NaN. `configs`, `layers`, `heads` (indices) narrow it."""
+        from kvviz.core import frame
+
+        frame.check_per(per)
+        C, L, G, T = self.evicted_at.shape
+        cs = range(C) if configs is None else [int(c) for c in configs]
+        ls = range(L) if layers is None else [int(x) for x in layers]
+        hs = range(G) if heads is None else [int(h) for h in heads]
+        for name, chosen, n in (("configs", cs, C), ("layers", ls, L), ("heads", hs, G)):
+            bad = [x for x in chosen if not 0 <= x < n]
+            if bad:
+                raise ValueError(f"{name} must be in 0..{n - 1}, got {bad[0]}")
+        frame.check_size(len(cs) * len(ls) * len(hs), T, per)
+        head_names = ["mean"] if G == 1 else [f"kv{g}" for g in range(G)]
+        blocks = []
+        for c in cs:
+            cfg = self.configs[c]
+            own = list(self.tokens) + (list(self.pieces[c]) if self.pieces else [])
+            for layer in ls:
+                for h in hs:
+                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": cfg.budget,
+                            "layer": layer, "head": head_names[h], "tokens": own}
+                    blocks.append((keys, frame.stream(self.evicted_at[c, layer, h], per=per)))
+        return frame.frame(blocks, per=per)
+
     @property
     def results(self) -> list[dict]:
         out = []
@@ -128,7 +158,7 @@ class Generation:
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "granularity": self.granularity,
-                "prompt_mode": self.prompt_mode, "configs": [c.to_dict() for c in self.configs],
+                "prompt_mode": self.prompt_mode, "configs": [c.record() for c in self.configs],
                 "prompt_ids": self.prompt_ids.tolist(), "prompt_len": self.prompt_len, "tokens": list(self.tokens),
                 "new_ids": self.new_ids.tolist(),
                 "logprobs": [[None if np.isnan(x) else float(x) for x in row] for row in self.logprobs],
@@ -146,7 +176,7 @@ class Generation:
     def from_dict(cls, d: dict) -> "Generation":
         if d.get("format") != FORMAT:
             raise ValueError(f"not a kvviz generation file (format {d.get('format')!r})")
-        configs = [LoopConfig(c["policy"], c["params"], c["budget"]) for c in d["configs"]]
+        configs = [LoopConfig.from_record(c) for c in d["configs"]]  # without the policies' code
         C = len(configs)
         new_ids = np.asarray(d["new_ids"], np.int64).reshape(C, -1)
         logprobs = np.array([[np.nan if x is None else x for x in row] for row in d["logprobs"]],

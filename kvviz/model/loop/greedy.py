@@ -55,9 +55,10 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
     configs = check_configs(configs)
     import torch
 
-    from kvviz.model.models import load_model, model_provenance, text_config, token_strings, tokenize
+    from kvviz.model.models import attention_shape, load_model, model_provenance, token_strings, tokenize
 
     tok, mdl = load_model(model, "generate", device, dtype)
+    check_architecture(mdl)
     start = time.perf_counter()
     if isinstance(prompt, str):
         ids, offsets, bos = tokenize(tok, prompt, 1 << 40)
@@ -69,9 +70,8 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
     if T0 < 1:
         raise ValueError("prompt must tokenise to at least 1 token")
     T = T0 + N
-    check_architecture(mdl, T)
-    cfg = text_config(mdl)
-    L, Hk = cfg.num_hidden_layers, cfg.num_key_value_heads
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
     G = 1 if granularity == "layer" else Hk
     policies = [make_policies(c, L, G, T, seed, vectorised=prompt_mode == "decode") for c in configs]
     evicted_at = np.full((C, L, G, T), NEVER, np.int64)

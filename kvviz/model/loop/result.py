@@ -128,12 +128,44 @@ class LoopResult:
         if self.rows is not None and layer in self.rows_layers and self.rows_tokens > 1:
             n = self.rows_tokens
             retained[:n] = held_shares(self.trace(c, layer, head), ev[:n])
-        policy = cfg.make() if not cfg.is_full else None
         return Run(policy=cfg.policy, params=cfg.full_params(), budget=cfg.budget or steps, steps=steps,
-                   evicted_at=ev, retained=retained,
-                   bytes_per_slot=policy.bytes_per_slot if policy else 0,
+                   evicted_at=ev, retained=retained, bytes_per_slot=cfg.bytes_per_slot,
                    trace_name=self.meta.get("name", ""),
                    meta={"granularity": self.granularity, "layer": layer, "head": self.heads[h]})
+
+    def to_frame(self, per: str = "position", configs=None, layers=None, heads=None):
+        """A long pandas DataFrame (kvviz.core.frame): per="position", one row per config x
+        layer x head x position (admitted, evicted, full_mass, lost_mass); per="step", one
+        row per config x layer x head x step x position before it (held, full_mass).
+        full_mass is the full cache's own attention (the full row's recorded rows, so known
+        at `rows_layers` over the first `rows_tokens` queries; NaN elsewhere). `configs`
+        (indices), `layers` (model layer numbers), `heads` (indices) narrow it."""
+        from kvviz.core import frame
+
+        frame.check_per(per)
+        cs = range(len(self.configs)) if configs is None else [int(c) for c in configs]
+        ls = list(self.layers) if layers is None else [int(x) for x in layers]
+        hs = range(self.evicted_at.shape[2]) if heads is None else [int(h) for h in heads]
+        for c in cs:
+            for layer in ls:
+                for h in hs:
+                    self._index(c, layer, h, self.layers)
+        frame.check_size(len(cs) * len(ls) * len(hs), len(self.tokens), per)
+        f = self.full_index
+        blocks = []
+        for c in cs:
+            cfg = self.configs[c]
+            for layer in ls:
+                li = list(self.layers).index(layer)
+                for h in hs:
+                    row, n = None, 0
+                    if self.rows is not None and layer in self.rows_layers:
+                        packed = self.rows[f, list(self.rows_layers).index(layer), h]
+                        row, n = (lambda t, p=packed: p[packed_offset(t):packed_offset(t) + t]), self.rows_tokens
+                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": cfg.budget,
+                            "layer": layer, "head": self.heads[h]}
+                    blocks.append((keys, frame.stream(self.evicted_at[c, li, h], row=row, n_rows=n, per=per)))
+        return frame.frame(blocks, tokens=self.tokens, per=per)
 
     def save(self, path, layers=None, rows_dtype="float32") -> Path:
         """Write an .npz (no pickles) atomically. `layers` keeps only those model layers'
@@ -145,7 +177,7 @@ class LoopResult:
         sel = [list(self.layers).index(x) for x in keep]
         T = len(self.tokens)
         meta = dict(self.meta, format=FORMAT, version=VERSION, granularity=self.granularity,
-                    configs=[c.to_dict() for c in self.configs], tokens=self.tokens, layers=keep,
+                    configs=[c.record() for c in self.configs], tokens=self.tokens, layers=keep,
                     rows_layers=list(self.rows_layers), rows_tokens=int(self.rows_tokens))
         arrays = {
             "meta": np.array(json.dumps(meta)),
@@ -174,7 +206,7 @@ def load_loop_result(path, max_bytes: int = MAX_BYTES) -> LoopResult:
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise ValueError(f"{path.name} is not a kvviz loop result version {VERSION}")
         data = {k: z[k] for k in z.files if k != "meta"}
-    configs = [LoopConfig(d["policy"], d["params"], d["budget"]) for d in meta.pop("configs")]
+    configs = [LoopConfig.from_record(d) for d in meta.pop("configs")]  # without the policies' code
     tokens = meta.pop("tokens")
     C, T = len(configs), len(tokens)
     for key in ("nll", "p_true", "kl_tokens", "top1"):

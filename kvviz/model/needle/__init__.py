@@ -5,6 +5,6 @@ it, every policy generating its answer over its own evicted cache beside the ful
 
 Results and their schema: kvviz/model/needle/results.py. torch loads only in kvviz.model.needle.run.
 """
-from kvviz.model.needle.results import list_runs, load_results, load_run
+from kvviz.model.needle.results import layer_table, list_runs, load_results, load_run
 
-__all__ = ["list_runs", "load_results", "load_run"]
+__all__ = ["layer_table", "list_runs", "load_results", "load_run"]

@@ -12,7 +12,7 @@ from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
-from kvviz.model.capture import add_device_arguments, require_stack
+from kvviz.model.capture import add_device_arguments, add_threads_argument, require_stack
 from kvviz.model.loop.cli import add_eviction_arguments
 from kvviz.model.loop.config import GRANULARITIES, check_chunk, check_fits
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
@@ -50,6 +50,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
     add_device_arguments(p)
+    add_threads_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_plugin_argument(p)
     p.set_defaults(func=run, parser=p)
@@ -90,6 +91,9 @@ def run(args) -> int:
     if cli_load(args.plugin, "kvviz needle"):
         return 2
     try:
+        from kvviz.model.models import thread_count
+
+        thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
         grid = grid_from(args)
         haystack = read_haystack(args.haystack)
         from kvviz.model.models import resolve
@@ -104,12 +108,14 @@ def run(args) -> int:
         check_device(args.device, args.dtype)
         check_lengths(load_tokenizer(args.model), grid.lengths, grid.max_new_tokens, context_limit(args.model))
         check_fits(max(grid.lengths) + grid.max_new_tokens - 1, _flat(args.budgets), args.eviction,
-                   what=f"the longest prompt (--lengths {max(grid.lengths)}) with its new tokens")
+                   option="--budgets", what=f"the longest prompt (--lengths {max(grid.lengths)}) with its new tokens")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from kvviz.model.models import use_threads
     from kvviz.model.needle.run import run_grid
 
+    use_threads(args.threads, "needle")
     start = time.perf_counter()
     try:
         df = run_grid(grid, args.out, model=args.model, haystack=haystack,

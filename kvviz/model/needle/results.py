@@ -7,7 +7,8 @@ DIR/runs/<id>.npz, one per prompt, id `L<length>-d<depth>-s<seed>-<prompt_mode>-
   - `meta`: 0-d str, JSON: id, length, depth, seed, prompt_mode, granularity, key (digits),
     key_positions (prompt token indices of the key's digits, both mentions), question_start
     (index of the question's first token), prompt_len (T0), max_new_tokens, haystack,
-    model (provenance dict), kvviz_version, configs [{policy, params, budget, label}] with
+    model (provenance dict), kvviz_version, configs [{policy, params, budget, source, bytes_per_slot, label}]
+    (LoopConfig.record: source is where the policy came from, {origin, where, sha256}) with
     index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G.
   - `prompt_ids` int64 (T0,); `tokens` str (T0,) display strings of the prompt's tokens.
   - `new_ids` int64 (C, N): generated ids, -1 after a config stopped.
@@ -31,8 +32,13 @@ configs in run order (full first), with the columns COLUMNS:
   held_end_by_layer (JSON list), first_lost_by_layer (JSON list, -1 never),
   held_by_head (JSON L x G list, at the question).
 
-Loaders: list_runs(dir), load_run(dir, id) -> dict (meta parsed, arrays),
-load_results(dir) -> pandas.DataFrame (results.csv, JSON columns parsed to lists/dicts).
+Loaders: list_runs(dir), load_run(dir, id) -> NeedleRun (a dict: meta parsed, arrays; its
+to_frame() is the long table of every position), load_results(dir) -> pandas.DataFrame
+(results.csv, JSON columns parsed to lists/dicts).
+
+The per-layer and per-head values as a long table instead of JSON cells: layer_table(dir),
+one row per (run, config, layer, head) with held_question, held_end and first_lost (what
+`kvviz export DIR` writes); results.csv keeps its JSON columns for the readers above.
 """
 from __future__ import annotations
 
@@ -79,6 +85,38 @@ def save_run(out, meta: dict, prompt_ids, tokens, new_ids, evicted_at) -> Path:
     return path
 
 
+class NeedleRun(dict):
+    """One prompt's run as load_run reads it: {"meta", "prompt_ids", "tokens", "new_ids",
+    "evicted_at"}, with the long table of its eviction logs."""
+
+    def to_frame(self, per: str = "position", configs=None, layers=None, heads=None):
+        """A long pandas DataFrame (kvviz.core.frame), one row per config x layer x head x
+        position (per="step": x step, every position before it), plus the run's id; tokens
+        are the prompt's (the generated ones are None: a run keeps their ids only, in
+        `new_ids`); no attention rows are recorded, so full_mass is NaN. `configs`,
+        `layers`, `heads` (indices) narrow it."""
+        from kvviz.core import frame
+
+        frame.check_per(per)
+        m, ev = self["meta"], np.asarray(self["evicted_at"], np.int64)
+        C, L, G, T = ev.shape
+        cs = range(C) if configs is None else [int(c) for c in configs]
+        ls = range(L) if layers is None else [int(x) for x in layers]
+        hs = range(G) if heads is None else [int(h) for h in heads]
+        for name, chosen, n in (("configs", cs, C), ("layers", ls, L), ("heads", hs, G)):
+            bad = [x for x in chosen if not 0 <= x < n]
+            if bad:
+                raise ValueError(f"{name} must be in 0..{n - 1}, got {bad[0]}")
+        frame.check_size(len(cs) * len(ls) * len(hs), T, per)
+        head_names = ["mean"] if G == 1 else [f"kv{g}" for g in range(G)]
+        blocks = [({"config": m["configs"][c]["label"], "policy": m["configs"][c]["policy"],
+                    "budget": m["configs"][c]["budget"], "layer": layer, "head": head_names[h]},
+                   frame.stream(ev[c, layer, h], per=per)) for c in cs for layer in ls for h in hs]
+        df = frame.frame(blocks, tokens=[str(t) for t in self["tokens"]], per=per)
+        df.insert(0, "id", m["id"])
+        return df
+
+
 def list_runs(out) -> list[str]:
     folder = Path(out) / "runs"
     return sorted(p.stem for p in folder.glob("*.npz")) if folder.is_dir() else []
@@ -89,8 +127,13 @@ def load_run(out, id_: str) -> dict:
     path = run_path(out, id_)
     if not path.is_file():
         raise ValueError(f"run {id_!r}: no {path}")
+    return read_run(path)
+
+
+def read_run(path) -> NeedleRun:
+    """One run file wherever it lies (load_run finds it in DIR/runs/)."""
     with np.load(path, allow_pickle=False) as npz:
-        run = {k: npz[k] for k in ARRAYS}
+        run = NeedleRun({k: npz[k] for k in ARRAYS})
         run["meta"] = json.loads(str(npz["meta"]))
     return run
 
@@ -129,6 +172,46 @@ def rows(run: dict) -> list[dict]:
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
         })
     return out
+
+
+LAYER_COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label", "budget",
+                 "layer", "head", "held_question", "held_end", "first_lost")
+
+
+def layer_rows(run: dict) -> list[dict]:
+    """One row per (config, layer, head) of one run: the share of the key's positions held
+    at the question and at the end of the prompt, and the earliest step a key position was
+    evicted there (-1 never): the values results.csv keeps as JSON lists, one per cell."""
+    m, ev = run["meta"], np.asarray(run["evicted_at"])
+    pos, q, T0 = m["key_positions"], int(m["question_start"]), int(m["prompt_len"])
+    G = ev.shape[2]
+    out = []
+    for c, cfg in enumerate(m["configs"]):
+        hq = held(ev[c], pos, q - 1).mean(axis=-1)       # (L, G)
+        he = held(ev[c], pos, T0 - 1).mean(axis=-1)      # (L, G)
+        e = ev[c][..., list(pos)]                        # (L, G, K)
+        for layer in range(ev.shape[1]):
+            for g in range(G):
+                hit = e[layer, g][e[layer, g] != NEVER]
+                out.append({"id": m["id"], "length": m["length"], "depth": m["depth"], "seed": m["seed"],
+                            "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
+                            "policy": cfg["policy"], "label": cfg["label"],
+                            "budget": -1 if cfg["budget"] is None else int(cfg["budget"]),
+                            "layer": layer, "head": "mean" if G == 1 else f"kv{g}",
+                            "held_question": float(hq[layer, g]), "held_end": float(he[layer, g]),
+                            "first_lost": int(hit.min()) if hit.size else NEVER})
+    return out
+
+
+def layer_table(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)
+    """Every run in DIR as the long per-layer table (layer_rows), runs in id order; ValueError
+    if DIR holds no runs."""
+    import pandas as pd
+
+    ids = list_runs(out)
+    if not ids:
+        raise ValueError(f"no needle runs in {out} (no runs/*.npz)")
+    return pd.DataFrame([r for id_ in ids for r in layer_rows(load_run(out, id_))], columns=list(LAYER_COLUMNS))
 
 
 def write_tables(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)

@@ -56,7 +56,7 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "prompt_len": len(p.ids), "max_new_tokens": max_new_tokens,
             "haystack": haystack or haystack_info(None),
             "model": model_provenance(mdl), "kvviz_version": version(),
-            "configs": [{**c.to_dict(), "label": c.label} for c in gen.configs],
+            "configs": [{**c.record(), "label": c.label} for c in gen.configs],
             "answers": answers, "correct": [p.key in a for a in answers],
             "agreement": [float(x) for x in gen.agreement],
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),

@@ -35,6 +35,7 @@ def run_sweep(spec, out, *, workers: int | None = None, ray: str | None = None,
                          "pip install -r requirements-scale.txt)")
     out = Path(out)
     store.prepare(out, spec, traces)
+    store.write_policies(out, names)
     finished = store.finished(out, cells, retry_failed)
     todo = [c for c in cells if c.index not in finished]
     failed = sum(1 for c in cells if c.index in finished and _status(out, c) != "ok")

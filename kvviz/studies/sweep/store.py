@@ -4,6 +4,9 @@ DIR/spec.json     the normalised spec, its hash and each trace's SHA-256
 DIR/cells/N.json  one finished cell (its row), written to a temp file and renamed, so a
                   killed sweep leaves only whole cells behind
 DIR/results.parquet, DIR/results.csv   assembled from the cell files, in cell order
+DIR/policies.json one record per policy the spec names: {name: {origin, where, sha256}}
+                  (kvviz.core.plugins.provenance: built-in, entry point, file or module), so the
+                  table says where each policy came from without its code
 
 Only the driver writes here (workers return values), so there is one writer and no locks.
 """
@@ -55,6 +58,17 @@ def prepare(out: Path, spec: dict, traces: dict[str, TraceInfo]) -> None:
         stale.unlink(missing_ok=True)
     if not path.exists():
         write_atomic(path, json.dumps(record, indent=1, sort_keys=True).encode())
+
+
+def write_policies(out: Path, names) -> Path:
+    """DIR/policies.json: where each policy in `names` came from (rewritten on every run, so
+    an edited plugin's new hash is recorded with the cells it re-ran)."""
+    from kvviz.core.plugins import provenance
+
+    record = {name: provenance(name) for name in dict.fromkeys(names) if name != "full"}
+    path = out / "policies.json"
+    write_atomic(path, json.dumps(record, indent=1, sort_keys=True).encode())
+    return path
 
 
 def cell_path(out: Path, cell: Cell) -> Path:
