@@ -458,7 +458,7 @@ def test_guided_text_on_the_shipped_grid_says_what_its_run_files_show():
     """The shipped results' guided experiment, checked against counts made from the run
     files themselves: the kind of story, and the counts in its first sentence."""
     runs = raw_runs(SHIPPED)
-    assert len(runs) == 40
+    assert len(runs) == 120
     story = NV.guided(load_results(SHIPPED))
     claim = {}  # (mode, gran, budget) -> [claim, reverse, n, tova right]
     for m, _, _ in runs.values():

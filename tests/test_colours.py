@@ -162,7 +162,7 @@ def test_the_loop_view_and_the_forgetting_view_follow_the_registry(apptest):
         check_figure(f, {"A": "tova", "B": "tova"})
     # scene 12's pair: A = snapkv, B = tova; each keeps its own colour (prefill: what each
     # kept after the prompt's one eviction)
-    at = app(view="needle", nbudget=128, nmode="prefill", ngran="layer", nlen=1024, ndepth=10,
+    at = app(view="needle", nbudget=128, nmode="prefill", ngran="layer", nlen=512, ndepth=10,
              nseed=0, npol="snapkv", nvs="tova")
     ok(at)
     figs = charts(at)
@@ -172,7 +172,7 @@ def test_the_loop_view_and_the_forgetting_view_follow_the_registry(apptest):
     assert legend["held by A: snapkv"] == {C.policy_colour("snapkv").upper()}
     assert legend["held by B: tova"] == {C.policy_colour("tova").upper()}
     # decode: the cache heatmap over the steps, its sides in their policies' colours
-    dec = app(view="needle", nbudget=64, nmode="decode", ngran="layer", npol="tova", nvs="h2o")
+    dec = app(view="needle", nbudget=128, nmode="decode", ngran="layer", npol="tova", nvs="h2o")
     ok(dec)
     heat = next(f for f in charts(dec) if f["layout"]["title"]["text"].startswith("Cache contents"))
     check_figure(heat, {"A": "tova", "B": "h2o"})

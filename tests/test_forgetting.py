@@ -13,7 +13,7 @@ from kvviz.app.figures import needle as NV
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT.parent / "shared" / "seeds" / "002_9b5c0d27c4126eb1.txt"  # TOVA's card
-SCENE = dict(nbudget=128, nmode="prefill", ngran="layer", nlen=1024, ndepth=10, nseed=0,
+SCENE = dict(nbudget=128, nmode="prefill", ngran="layer", nlen=512, ndepth=10, nseed=0,
              npol="snapkv", nvs="tova")
 
 
@@ -44,7 +44,7 @@ def test_the_warning_is_quoted_from_the_card():
     assert NV.TOVA_WARNING in text
 
 
-@pytest.mark.parametrize("mode,budget", [("prefill", 128), ("decode", 64)])
+@pytest.mark.parametrize("mode,budget", [("prefill", 128), ("decode", 128)])
 def test_the_guided_box_quotes_the_grid_on_screen(mode, budget, apptest):
     at = page(**{**SCENE, "nmode": mode, "nbudget": budget})
     ok(at)
@@ -62,10 +62,10 @@ def test_the_guided_box_quotes_the_grid_on_screen(mode, budget, apptest):
 
 
 def test_shown_names_the_prompt_on_screen(apptest):
-    at = page(**{**SCENE, "nlen": 256, "ndepth": 50, "nseed": 1})
+    at = page(**{**SCENE, "nlen": 256, "ndepth": 50, "nseed": 10})
     ok(at)
     shown = [c.value for c in at.caption if c.value.startswith("Shown below:")]
-    assert shown == ["Shown below: the prompt of 256 tokens with the key at 50 % depth, seed 1 "
+    assert shown == ["Shown below: the prompt of 256 tokens with the key at 50 % depth, seed 10 "
                      "(prefill prompt, layer granularity, budget 128)."]
     prompt = next(m.value for m in at.markdown if m.value.startswith("**The prompt**"))
     assert prompt.startswith("**The prompt** (256 tokens;")
@@ -74,7 +74,7 @@ def test_shown_names_the_prompt_on_screen(apptest):
 def test_prefill_shows_the_one_eviction_at_the_end_of_the_prompt(apptest):
     at = page(**SCENE)
     ok(at)
-    meta, ev, _ = raw_runs(SHIPPED)["L1024-d10-s0-prefill-layer"]
+    meta, ev, _ = raw_runs(SHIPPED)["L512-d10-s0-prefill-layer"]
     T0, kp = meta["prompt_len"], meta["key_positions"]
     ia = next(i for i, c in enumerate(meta["configs"]) if c["label"].startswith("snapkv(")
               and c["params"].get("pool_kernel") == 5 and c["budget"] == 128)

@@ -97,13 +97,22 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     shipped = runpy.run_path(str(root / "setup.py"))["NEEDLE"]
     env, ids = {}, []
+    def expand(text):  # the script's own variables, longest name first ($SIX before $S)
+        for k in sorted(env, key=len, reverse=True):
+            text = text.replace(f"${k}", env[k])
+        return text
+
     for line in (root / "scripts" / "needle_ship.sh").read_text().splitlines():
         if "=" in line.split(" ")[0] and not line.startswith("export"):
             k, v = line.split("=", 1)
-            env[k] = " ".join(shlex.split(v.replace("$SIX", env.get("SIX", ""))))
+            env[k] = " ".join(shlex.split(expand(v)))
         elif line.startswith("$N "):
-            rest = line[3:].replace("$SIX", env["SIX"]).replace("$ALL", env["ALL"])
-            argv = shlex.split(env["N"])[3:] + shlex.split(rest)
+            argv = shlex.split(env["N"])[3:] + shlex.split(expand(line[3:]))
             ids += [s.id for s in grid_from(parser().parse_args(argv[1:])).prompts()]
-    assert len(ids) == len(set(ids)) == 40  # 5 + 10 + 10 + 5 + 10 prompts
+    assert len(ids) == len(set(ids)) == 120  # 4 kinds of prompt x 3 depths x 10 seeds each
+    keys = {}
+    for i in ids:  # L<length>-d<depth>-s<seed>-<mode>-<granularity>
+        length, depth, seed, mode, gran = i.split("-", 4)
+        keys.setdefault((length, mode, gran), set()).add(seed)
+    assert all(len(seeds) == 30 for seeds in keys.values())  # 30 distinct seeds (keys) per cell
     assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == sorted(x for x in shipped if "/runs/" in x)

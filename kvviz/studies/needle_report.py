@@ -186,7 +186,9 @@ def paired3(df) -> str:
     piv = piv.astype(bool)
     card = int((~piv.tova & piv.h2o & piv.scissorhands).sum())
     rev = int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum())
-    verdict = "The card's warning holds in this grid" if card > rev else "The card's warning does not hold in this grid"
+    verdict = ("This grid shows the card's warning" if card > rev else
+               "This grid does not show the card's warning; a pass key is read once and not returned "
+               "to, so it is not the intermittent token the warning is about")
     return (f"Runs where TOVA loses the key while H2O and Scissorhands both keep it (answer right): {card} of "
             f"{len(piv)}; the reverse: {rev}. {verdict}.")
 

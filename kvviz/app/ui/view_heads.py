@@ -40,9 +40,6 @@ def _needle(path: str) -> dict:
 
 def render(ctx: Ctx):
     from kvviz.core.paths import traces_dir
-    st.caption("How an allocator shares a layer's budget across its KV heads: each head's held "
-               "slots after every step (solid) beside the same scorer on each head alone at the "
-               "same budget (dashed), on a trace captured per KV head.")
     folder = traces_dir()
     path = folder / TRACE if folder else None
     if path is None or not path.is_file():
@@ -58,6 +55,9 @@ def render(ctx: Ctx):
                        plain_label=f"{scorer} alone", budget=budget,
                        roles=roles if any(r is not None for r in roles) else None),
           key="chart.heads", **CHART)
+    st.caption("How an allocator shares a layer's budget across its KV heads: each head's held "
+               "slots after every step (solid) beside the same scorer on each head alone at the "
+               "same budget (dashed), on a trace captured per KV head.")
     end = held[:, :, -1]
     st.caption("At the last step: " + "; ".join(
         f"layer {lay}: " + ", ".join(f"kv{g}={int(n)}" for g, n in enumerate(end[d]))
