@@ -44,6 +44,19 @@ def size(streams: int, steps: int, per: str) -> int:
     return streams * (steps * (steps - 1) // 2 if per == "step" else steps)
 
 
+def chosen(shape, configs=None, layers=None, heads=None) -> tuple:
+    """The config, layer and head indices a table covers, each all of `shape` (C, L, G) when
+    None, else checked to be in range (ValueError naming the parameter)."""
+    out = []
+    for name, given, n in zip(("configs", "layers", "heads"), (configs, layers, heads), shape):
+        picked = range(n) if given is None else [int(x) for x in given]
+        bad = [x for x in picked if not 0 <= x < n]
+        if bad:
+            raise ValueError(f"{name} must be in 0..{n - 1}, got {bad[0]}")
+        out.append(picked)
+    return tuple(out)
+
+
 def check_size(streams: int, steps: int, per: str) -> None:
     """Refuse a table of more than MAX_ROWS rows, naming the filters that narrow it."""
     n = size(streams, steps, per)

@@ -125,13 +125,7 @@ class Generation:
 
         frame.check_per(per)
         C, L, G, T = self.evicted_at.shape
-        cs = range(C) if configs is None else [int(c) for c in configs]
-        ls = range(L) if layers is None else [int(x) for x in layers]
-        hs = range(G) if heads is None else [int(h) for h in heads]
-        for name, chosen, n in (("configs", cs, C), ("layers", ls, L), ("heads", hs, G)):
-            bad = [x for x in chosen if not 0 <= x < n]
-            if bad:
-                raise ValueError(f"{name} must be in 0..{n - 1}, got {bad[0]}")
+        cs, ls, hs = frame.chosen((C, L, G), configs, layers, heads)
         frame.check_size(len(cs) * len(ls) * len(hs), T, per)
         head_names = ["mean"] if G == 1 else [f"kv{g}" for g in range(G)]
         blocks = []
