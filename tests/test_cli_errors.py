@@ -111,3 +111,14 @@ def test_ray_without_ray_names_the_extra(tmp_path, monkeypatch, capsys):
     assert err == ("python -m kvviz sweep: error: --ray needs Ray: pip install 'kvviz[scale]' "
                    "(in a checkout: pip install -r requirements-scale.txt)")
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_library_refusal_names_the_commands_option_only_at_its_start():
+    from kvviz.core.cli import as_options
+
+    msg = "rows_layers: layer -3 is outside this model's layers 0..1"
+    assert as_options(msg, ("rows_layers",)) == "--rows-layers: layer -3 is outside this model's layers 0..1"
+    # "layers" inside the sentence stays a word; only a leading name becomes an option
+    assert as_options("layers: layer 7 is outside this model's layers 0..1", ("layers",)) == \
+        "--layers: layer 7 is outside this model's layers 0..1"
+    assert as_options("budget must be positive", ("rows_layers",)) == "budget must be positive"

@@ -408,8 +408,8 @@ def test_cli_refuses_a_layer_outside_the_model_in_one_line(tiny, tmp_path, capsy
     assert capture_main(["--text", str(text), "--out", str(tmp_path / "x.npz"), "--layers", "0,7", *model]) == 2
     assert loop_main(["--text", str(text), "--max-tokens", "8", "--rows-layers", "-3", *model]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
-    assert err == ["error: layers: layer 7 is outside this model's layers 0..1",
-                   "error: rows_layers: layer -3 is outside this model's layers 0..1"]
+    assert err == ["error: --layers: layer 7 is outside this model's layers 0..1",
+                   "error: --rows-layers: layer -3 is outside this model's layers 0..1"]
     assert not (tmp_path / "x.npz").exists()
 
 

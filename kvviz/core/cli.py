@@ -10,3 +10,14 @@ def one_line_error(message):
     `parser.error = one_line_error`."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def as_options(message, names) -> str:
+    """A library refusal said in a command's own terms: a message that starts with one of
+    the parameter `names` ("rows_layers: ...") starts with its option instead
+    ("--rows-layers: ..."). Only the leading name is changed, never a word in the sentence."""
+    text = str(message)
+    for name in names:
+        if text.startswith(f"{name}:"):
+            return "--" + name.replace("_", "-") + text[len(name):]
+    return text

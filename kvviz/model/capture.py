@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvviz.core.cli import as_options
 from kvviz.model.log import log
 from kvviz.model.models import MODEL_PACKAGE, default_layers
 
@@ -254,7 +255,7 @@ def run(args) -> int:
                          name=args.name or out.stem, source=args.source or str(args.text),
                          licence=args.licence)
     except (OSError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {as_options(exc, ('layers', 'max_tokens'))}", file=sys.stderr)
         return 2
     log(f"writing {out} ...")
     save_trace(out, result["attn"], tokens=result["tokens"], layers=result["layers"],

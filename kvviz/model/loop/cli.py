@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from kvviz.core.atomic import replacing
-from kvviz.core.cli import one_line_error
+from kvviz.core.cli import as_options, one_line_error
 from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
@@ -249,7 +249,7 @@ def run(args) -> int:
                        rows_layers=rows_layers, rows_tokens=args.rows_tokens, seed=args.seed,
                        model=args.model, device=args.device, dtype=args.dtype, eviction=args.eviction)
     except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {as_options(exc, ('rows_layers', 'rows_tokens', 'max_tokens'))}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
     res.meta.update(name=Path(args.text).stem, text_file=str(args.text))
