@@ -200,6 +200,23 @@ def main(argv=None) -> int:
     return run(parser().parse_args(argv))
 
 
+def run_perf(args, command: str, budget: int) -> int:
+    """`kvviz COMMAND --perf`: the study the command line passed in (`args.perf_main`) at the
+    first --budget (else `budget`), on the threads the command uses; 2 with one line when it
+    cannot run."""
+    if args.perf_main is None:
+        print(f"error: --perf is run by the kvviz command line (kvviz {command} --perf)", file=sys.stderr)
+        return 2
+    try:
+        require_stack(f"{command} --perf")
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    use_threads(args.threads, command)
+    return args.perf_main(args.perf_tokens, budget=(args.budget or [budget])[0], device=args.device,
+                          dtype=args.dtype)
+
+
 def run(args) -> int:
     if cli_load(args.plugin, "kvviz loop"):
         return 2
@@ -209,17 +226,7 @@ def run(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.perf:
-        if args.perf_main is None:
-            print("error: --perf is run by the kvviz command line (kvviz loop --perf)", file=sys.stderr)
-            return 2
-        try:
-            require_stack("loop --perf")
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        use_threads(args.threads, "loop")
-        return args.perf_main(args.perf_tokens, budget=(args.budget or [256])[0], device=args.device,
-                              dtype=args.dtype)
+        return run_perf(args, "loop", 256)
     try:
         if not args.text:
             raise ValueError("--text is required")

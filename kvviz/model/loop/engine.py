@@ -111,10 +111,8 @@ class State:
 
     def query_buffer(self, torch, Hq: int):
         """Where this step's per-query-head weights go (B, L, Hq, width): by slot when freed,
-        else by position; made on first use and grown with the positions."""
-        if not self.on_host:
-            raise ValueError("per-query-head rows are supplied on the CPU only: run a policy that "
-                             "reads them with --device cpu")
+        else by position; made on first use and grown with the positions (host memory: on a
+        GPU `mark_query_rows` refuses the run first)."""
         T = max(self.T, 1)
         if self.qcur is None or self.qcur.shape[-1] < T:
             grown = np.zeros((self.B, self.L, Hq, T), np.float32)
@@ -978,7 +976,8 @@ def mark_query_rows(state: State, policies) -> None:
     if state.want_q is None:
         state.want_q = reads_query_rows(policies)
         if state.want_q and not state.on_host:
-            state.query_buffer(None, 0)  # the one-line refusal off the CPU
+            raise ValueError("per-query-head rows are supplied on the CPU only: run a policy that "
+                             "reads them with --device cpu")
 
 
 def streams_of(pol, layer: int) -> list:

@@ -18,6 +18,7 @@ from kvviz.model.loop.cli import (
     count_tokens,
     memory_line,
     read_text,
+    run_perf,
 )
 from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk, check_fits
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
@@ -95,17 +96,7 @@ def run(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.perf:
-        if args.perf_main is None:
-            print("error: --perf is run by the kvviz command line (kvviz generate --perf)", file=sys.stderr)
-            return 2
-        try:
-            require_stack("generate --perf")
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        use_threads(args.threads, "generate")
-        return args.perf_main(args.perf_tokens, budget=(args.budget or [128])[0], device=args.device,
-                              dtype=args.dtype)
+        return run_perf(args, "generate", 128)
     try:
         prompt = read_prompt(args)
         if args.max_new_tokens is None:
