@@ -84,6 +84,10 @@ def _loads(raw: dict) -> dict:
             "touched": float(raw["touched"])}
 
 
+def _number(rnd: dict | None) -> int:
+    return -1 if rnd is None else rnd["number"]
+
+
 def vote_rule(rnd: dict | None, number: int, position: int, mine, count: int,
               max_votes: int) -> tuple[str, object]:
     """The vote's rule, in order: (status, detail); "ok" or the refusal's kind."""
@@ -260,9 +264,9 @@ class SQLiteStore(Store):
             raw = _dumps(new)
             db.execute(f"UPDATE classes SET {', '.join(f'{k} = ?' for k in raw)} "
                        "WHERE code = ?", (*raw.values(), code))
-            if "round" in new:
-                number = (new["round"] or {}).get("number", -1)
-                db.execute("DELETE FROM votes WHERE code = ? AND round != ?", (code, number))
+            if "round" in new:  # only the open round's votes are kept
+                db.execute("DELETE FROM votes WHERE code = ? AND round != ?",
+                           (code, _number(new["round"])))
             return {**row, **new}
 
     def vote(self, code, number, voter, position, max_votes, now):
@@ -418,8 +422,8 @@ class RedisStore(Store):
                         return row
                     p.multi()
                     p.hset(k, mapping=_dumps(new))
-                    if "round" in new:
-                        p.delete(v)
+                    if "round" in new and _number(new["round"]) != _number(row["round"]):
+                        p.delete(v)  # a new round (or none): the old one's votes go
                     if "touched" in new:
                         for key in self._keys(code):
                             p.expire(key, self.ttl)
