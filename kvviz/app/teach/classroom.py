@@ -367,13 +367,15 @@ class Registry:
             self._wrote(code)
 
     def _here(self, code: str, voter: str, now: float) -> None:
-        last = self._heard.get((code, voter))
-        if last is not None and 0 <= now - last < HERE_WRITE_S:
-            return
-        if len(self._heard) > 4096:  # forget pages not heard from for a while
-            for k in [k for k, t in self._heard.items() if now - t > HERE_SECONDS]:
-                self._heard.pop(k, None)
-        self._heard[(code, voter)] = now
+        with self._lock:
+            last = self._heard.get((code, voter))
+            if last is not None and 0 <= now - last < HERE_WRITE_S:
+                return
+            if len(self._heard) >= 4096:  # the memo only needs the last HERE_WRITE_S
+                old = [k for k, t in self._heard.items() if not 0 <= now - t < HERE_WRITE_S]
+                for k in old if len(old) > 1024 else list(self._heard):
+                    del self._heard[k]
+            self._heard[(code, voter)] = now
         self.store.here(code, voter, now)
 
     def _turn(self, code: str) -> threading.Lock:
