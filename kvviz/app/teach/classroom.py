@@ -291,13 +291,14 @@ class _Seen:
 class Registry:
     """Every open class in one store, by code: one per process (the page's module global).
 
-    `url`: the store (None: $KVVIZ_CLASSES, else the default SQLite file), opened at first
-    use. `clock`: wall-clock seconds (presence and expiry; tests move it). `ttl`: how long
-    this process serves a class's row from its copy."""
+    `url`: the store (None: $KVVIZ_CLASSES, else the default SQLite file): a bad one is a
+    ValueError here, a store that cannot be reached an `Unreachable` (a Refused) at first use.
+    `clock`: wall-clock seconds (presence and expiry; tests move it). `ttl`: how long this
+    process serves a class's row from its copy."""
 
     def __init__(self, url: str | None = None, *, clock=time.time, ttl: float = TTL_S):
         self.url, self.clock, self.ttl = url, clock, float(ttl)
-        self._store: Store | None = None
+        self.store: Store = open_store(url, IDLE_SECONDS)  # (connects at first use)
         self._lock = threading.Lock()
         self._seen: dict[str, _Seen] = {}
         self._gen: dict[str, int] = {}       # code -> writes by this process (a read that
@@ -305,14 +306,6 @@ class Registry:
         self._heard: dict[tuple, float] = {}  # (code, voter) -> presence last written
         self._touched: dict[str, float] = {}  # code -> last touch written
         self._turns: dict[str, threading.Lock] = {}
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            with self._lock:
-                if self._store is None:
-                    self._store = open_store(self.url, IDLE_SECONDS)
-        return self._store
 
     # --- the process's copies -------------------------------------------------------------
     def _row(self, code: str) -> dict | None:

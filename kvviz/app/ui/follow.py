@@ -188,6 +188,9 @@ def sync(where):
         return slot
     me = classroom.token()  # a member of the class (the one its votes count once)
     c = classroom.follows()
+    if c is None and S.get(classroom.DOWN):  # not closed: the class store does not answer
+        where.error(S.pop(classroom.DOWN), icon=":material/cloud_off:")
+        return slot
     if c is None:
         where.warning(f"Class {code} has been closed (by its lecturer, or after a long idle "
                       "spell): this page is your own explorer now.",
@@ -240,6 +243,8 @@ def panel() -> None:
     """The sidebar's Class panel: open a class, its code and the students' link, close it."""
     side = st.sidebar
     c = classroom.leads()
+    if S.get(classroom.DOWN):
+        side.error(S.pop(classroom.DOWN), icon=":material/cloud_off:")
     if c is None:
         if not S.get(classroom.FOLLOWS):  # a student's page opens no class of its own
             side.button("Open a class", key="class.open", on_click=_open,
