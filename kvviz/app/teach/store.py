@@ -1,6 +1,6 @@
 """Where the classes live: a store that every server process of one app shares.
 
-`KVVIZ_CLASSES` chooses it (`kvviz app --workers N` sets it for each of its processes):
+`KVVIZ_CLASSES` chooses it, the same for every process of one server:
 
 - `sqlite:///ABSOLUTE/PATH.sqlite3`: a SQLite file on this machine (WAL mode: readers never
   wait, writers take turns). Unset: `$XDG_STATE_HOME/kvviz/classes.sqlite3`, else
