@@ -178,6 +178,8 @@ def navigator(ctx: Ctx) -> int:
     room = present.active()
     if room:  # one item each of presentation mode's compact row (no play, jumps by key)
         return _room_navigator(ctx, steps)
+    if follow.following():
+        return _follower_navigator(steps)
     step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
                      help="the decode step shown (state after that step's eviction)")
     # no spacer column: at 1024x768 (a projector) every button keeps its whole label
@@ -197,6 +199,22 @@ def navigator(ctx: Ctx) -> int:
     if S.get("w.play"):
         with timer_place():  # a tick reruns the page every second: (why: session.timer_place)
             _ticker(steps)
+    return int(step)
+
+
+def _follower_navigator(steps: int) -> int:
+    """A following student's: the step slider and the arrows, which take the student off on
+    their own; no play, speed or jumps (the lecturer's page moves this one). After every move
+    of the lecturer each student's page runs again: fewer widgets are less of the server's
+    time per student ("Explore on my own" and any move bring the whole navigator back)."""
+    step = st.slider("step", 0, steps - 1, key=wkey("step"), label_visibility="collapsed",
+                     help="the decode step shown (state after that step's eviction)")
+    row = st.container(horizontal=True, gap="small")
+    row.button("prev", key="nav.prev", on_click=_shift, args=(-1, steps), shortcut="J",
+               help="previous step (key J): you explore on your own from here")
+    row.button("next", key="nav.next", on_click=_shift, args=(1, steps), shortcut="K",
+               help="next step (key K): you explore on your own from here")
+    keep(wkey("step"), int(step))
     return int(step)
 
 
