@@ -1,8 +1,11 @@
 """Test-session hygiene shared by every test file, the one model load they share, and the
 tiers: the fixtures through which a test takes the model, a browser, the whole page or a
 server, and the markers they give it (tests/tiers.py)."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,12 @@ from streamlit.testing.v1 import AppTest
 
 REPO = Path(__file__).resolve().parents[1]
 _MAIN = sys.modules["__main__"]
+
+# The class store (kvviz.app.teach.store): the tests' classes, and those of every server a
+# test starts, go to a file of this run's own, never to the user's state folder.
+_CLASSES = tempfile.mkdtemp(prefix="kvviz-classes-")
+os.environ["KVVIZ_CLASSES"] = f"sqlite://{_CLASSES}/classes.sqlite3"
+atexit.register(shutil.rmtree, _CLASSES, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -1,9 +1,11 @@
 """The page's side of a class: this server's registry, this session's token and membership.
 
 One `Registry` per server process (a module global, like the model-run queue in jobs.py),
-shared by every session. A session's member token and the code it leads or follows live in
-`st.session_state`; the token never goes into a link. `?follow=CODE` puts a session in a
-class as a student (read once, on the session's first run).
+shared by every session; the classes themselves are in the store every process of the server
+shares (kvviz.app.teach.store, chosen by KVVIZ_CLASSES). A session's member token, the code it
+leads or follows and, for the lecturer, the class's lecturer key live in `st.session_state`
+(the store keeps only digests of the token and the key); the token never goes into a link.
+`?follow=CODE` puts a session in a class as a student (read once, on the session's first run).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ FOLLOWS = "class.follows"  # the code this session follows as a student ("" = no
 REFUSED = "class.refused"  # init_follow's refusal of the link's code, until the page shows it
 WAS_STUDENT = "class.was_student"  # this session joined a class as a student (never a note)
 LEFT = "class.left"      # (code, round number): stopped following while that question was up
-KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED, WAS_STUDENT, LEFT)  # for session.PAGE_KEYS
+KEY = "class.key"        # the lecturer key of the class this session leads (secret)
+KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED, WAS_STUDENT, LEFT, KEY)  # for session.PAGE_KEYS
 
 
 def token() -> str:
@@ -52,7 +55,7 @@ def open_class() -> Class:
     if led is not None:
         return led
     c = REGISTRY.open(token())
-    S[LEADS] = c.code
+    S[LEADS], S[KEY] = c.code, c.key
     S[FOLLOWS] = ""
     return c
 
@@ -72,8 +75,8 @@ def leads() -> Class | None:
     """The class this session leads, or None (also when another tab took it back with the
     lecturer's key: this one is a plain page again)."""
     c = _lookup(LEADS)
-    if c is not None and c.owner != token():
-        S[LEADS] = ""
+    if c is not None and not c.led_by(token()):
+        S[LEADS] = S[KEY] = ""
         return None
     return c
 
@@ -82,9 +85,14 @@ def take_back(code: str, key: str) -> Class:
     """This session leads class `code` again, with its lecturer key (Refused otherwise)."""
     c = REGISTRY.get(code)
     c.take_back(key, token())
-    S[LEADS] = c.code
+    S[LEADS], S[KEY] = c.code, normal_code(key).replace("-", "")
     S[FOLLOWS] = ""
     return c
+
+
+def key() -> str:
+    """The lecturer key of the class this session leads ("" if none): the page shows it."""
+    return S.get(KEY, "") if leads() is not None else ""
 
 
 def follows() -> Class | None:

@@ -141,7 +141,13 @@ def _back() -> None:
 
 
 def _open() -> None:
-    classroom.open_class()
+    try:
+        classroom.open_class()
+    except Refused as exc:  # the class store cannot be reached: said under the button
+        S[OPEN_MSG] = str(exc)
+
+
+OPEN_MSG = "class.open.msg"
 
 
 TAKE_CODE, TAKE_KEY, TAKE_MSG = "class.take.code", "class.take.key", "class.take.msg"
@@ -239,7 +245,11 @@ def panel() -> None:
             side.button("Open a class", key="class.open", on_click=_open,
                         icon=":material/groups:",
                         help="Students who open the link this gives follow this page: it "
-                             "moves theirs as you move. Held in this server's memory only.")
+                             "moves theirs as you move. The class is kept in this server's "
+                             "class store (a file on the server, or Redis), shared by its "
+                             "processes; it closes after 12 idle hours.")
+            if S.get(OPEN_MSG):
+                side.error(S.pop(OPEN_MSG))
             msg = S.pop(TAKE_MSG, None)
             with side.expander("Take back a class", expanded=bool(msg)):
                 st.caption("Your tab was reloaded or closed: the class's code and the "
@@ -263,7 +273,8 @@ def panel() -> None:
         st.caption("A reload is a new session, which does not lead the class. Keep this key "
                    "off the projector: with the code, **Take back a class** in a new tab "
                    "leads it again.")
-        st.markdown(f"lecturer key: `{c.key[:4]}-{c.key[4:]}`")
+        k = S.get(classroom.KEY, "")
+        st.markdown(f"lecturer key: `{k[:4]}-{k[4:]}`")
     side.button("Close the class", key="class.close", on_click=_close,
                 icon=":material/close:")
 

@@ -247,7 +247,7 @@ def question(ctx: Ctx) -> bool:
                 f"{'position' if len(answer) == 1 else 'positions'} "
                 f"**{', '.join(map(str, answer))}** at step {r.answer_step}.")
     n = len(r.votes)
-    mine = None if lead else r.votes.get(classroom.token())
+    mine = None if lead else r.mine(classroom.token())
     if lead:
         st.button("Close the question", key="predict.close", on_click=_close,
                   icon=":material/close:", help="Back to the views; the class's pages follow.")
@@ -288,7 +288,7 @@ def _guess(c, r, ctx: Ctx) -> None:
                     placeholder=f"a held position ({span})")
     st.button("Vote", key="predict.vote", on_click=_vote, args=(r.number,), type="primary",
               icon=":material/how_to_vote:")
-    mine = r.votes.get(classroom.token())
+    mine = r.mine(classroom.token())
     if mine is not None:
         st.caption(f"You voted for position {mine}; one vote each. The lecturer reveals.")
     _refusal()
