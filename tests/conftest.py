@@ -181,8 +181,6 @@ def server():
 def caddy():
     """Caddy on PATH, the proxy of `kvviz app --workers N` (a failure when KVVIZ_REQUIRE_E2E=1,
     a skip otherwise; scripts/apt_deps.sh installs it): the `server` tier. Its executable."""
-    import shutil
-
     found = shutil.which("caddy")
     if found is None:
         msg = "caddy is not installed (./scripts/apt_deps.sh installs it)"

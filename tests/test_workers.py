@@ -98,7 +98,8 @@ def test_caddy_accepts_the_configuration(tmp_path, caddy):
     assert [u["dial"] for u in proxy["upstreams"]] == [f"127.0.0.1:{w}" for w in p.workers]
 
 
-def test_dry_run_prints_the_workers_caddy_and_its_configuration(capsys, caddy):
+def test_dry_run_prints_the_workers_caddy_and_its_configuration(capsys, caddy, monkeypatch):
+    monkeypatch.delenv("KVVIZ_CLASSES", raising=False)  # then a store in the run directory
     rc, out, err = dry(capsys, "--workers", "2", "--server.port=8777")
     assert rc == 0, err
     starts = [ln for ln in out if " -m kvviz app " in ln]
