@@ -339,6 +339,8 @@ class LiveSession(Session):
                 ws.double_value = float(value)
         elif kind in ("checkbox", "toggle"):
             ws.bool_value = bool(value)
+        elif kind == "text_input":
+            ws.string_value = str(value)
         else:
             raise NotImplementedError(f"widget type {kind} (key {key!r})")
         return ws

@@ -12,12 +12,15 @@ fail when KVVIZ_REQUIRE_E2E=1 (CI, scripts/test.sh) and skip otherwise.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,10 @@ import pytest
 from kvviz.app import launch, workers
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import loadtest  # noqa: E402
+import stclient  # noqa: E402
 
 
 def dry(capsys, *args) -> tuple[int, list[str], str]:
@@ -159,3 +166,172 @@ def worker_of(cookie: str, run_dir: Path, ports: list[int]) -> int | None:
                     hashlib.sha256).hexdigest() == cookie:
             return port
     return None
+
+
+def launched(log: Path, timeout: float = 60) -> tuple[Path, dict[int, tuple[int, int]]]:
+    """From the launcher's output: its run directory and {worker number: (port, pid)}, once
+    it said the address (every worker and the proxy healthy)."""
+    deadline = time.monotonic() + timeout
+    while "workers behind http://" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    text = log.read_text()
+    run_dir = Path(re.search(r"run directory (\S+)", text)[1])
+    found = {int(n): (int(port), int(pid)) for n, port, pid in
+             re.findall(r"worker (\d+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)", text)}
+    return run_dir, found
+
+
+def test_a_class_on_two_workers_follows_and_counts_votes_across_them(server, caddy, tmp_path):
+    """`kvviz app --workers 2`: a lecturer and 10 students through the proxy land on both
+    workers; every student, those on the other worker than the lecturer's included, follows
+    the lecturer's moves, and every vote reaches the lecturer's histogram."""
+    log = tmp_path / "launcher.log"
+    with open(log, "wb") as out, stclient.Server(REPO, server.port(), launcher="kvviz",
+                                                 workers=2, log=out) as srv:
+        run_dir, found = launched(log)
+        ports = [port for port, _ in found.values()]
+        r = asyncio.run(loadtest.class_session(srv.url, 10, moves=2, vote_spread=1.0,
+                                               join_spread=1.0, gap=0.5, timeout=90, wait=60))
+    assert len(ports) == 2
+    where = {name: worker_of(c.get(workers.COOKIE, ""), run_dir, ports)
+             for name, c in r["cookies"].items()}
+    assert None not in where.values(), r["cookies"]  # each page holds a worker's cookie
+    others = [name for name, port in where.items() if port != where["lecturer"]]
+    assert set(where.values()) == set(ports) and others, where
+    assert not r["errors"], r["errors"][:5]
+    assert not r["problems"], r["problems"][:5]  # every student followed, on either worker
+    assert len(r["follow_s"]) == 10 * 2, r["follow_s"]
+    assert r["votes"] == {"sent": 10, "accepted": 10, "shown": 10}, r["votes"]
+
+
+KEY_RX = re.compile(rb"lecturer key: `(\w{4})-(\w{4})`")
+TAKE = ("class.take.code", "class.take.key", "class.take")
+
+
+def key_of(lec) -> str | None:
+    return next((m[1].decode() + m[2].decode() for x in lec.texts
+                 for m in [KEY_RX.search(x.encode())] if m), None)
+
+
+def test_a_worker_killed_in_the_middle_of_a_question(server, caddy, tmp_path):
+    """The lecturer asks, some students vote, and the lecturer's worker (holding some students
+    too) is killed: its pages reconnect through the proxy to the live worker, as the frontend
+    does; the lecturer's new session takes the class back with its key, the question still
+    open and no vote lost; the rest vote, all are counted; a move after the question reaches
+    every student; the launcher restarts the killed worker."""
+    log = tmp_path / "launcher.log"
+    with open(log, "wb") as out, stclient.Server(REPO, server.port(), launcher="kvviz",
+                                                 workers=2, log=out) as srv:
+        run_dir, found = launched(log)
+        killed = asyncio.run(_kill_in_a_question(srv.url, run_dir, found))
+        number, (port, _) = next((n, w) for n, w in found.items() if w[1] == killed)
+        deadline = time.monotonic() + 300  # restarted, it draws the page again, then listens
+        while not workers.healthy(f"http://127.0.0.1:{port}"):
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(1)
+        text = log.read_text()
+    assert f"worker {number} (port {port}) exited with signal 9; restarting it in" in text, text
+    assert re.search(rf"worker {number} restarted \(pid \d+\)", text), text
+
+
+async def _kill_in_a_question(url: str, run_dir: Path, found: dict) -> int:
+    """The class, the question, the kill (the test's docstring); the killed worker's pid."""
+    ports = [port for port, _ in found.values()]
+    pid_of = {port: pid for port, pid in found.values()}
+    lec = stclient.LiveSession(url, loadtest.QUERY, 90, name="lecturer")
+    lec.watch = (loadtest.CODE_RX, loadtest.VOTES_RX, KEY_RX)
+    students: list = []
+    wait = 90
+
+    def where(s):
+        return worker_of(s.cookies.get(workers.COOKIE, ""), run_dir, ports)
+
+    async def join(n):
+        new = [stclient.LiveSession(url, f"follow={code}", 90, name=f"student{len(students) + i}")
+               for i in range(n)]
+        students.extend(new)
+        await asyncio.gather(*(s.start() for s in new))
+        got = await asyncio.gather(*(loadtest._arrive(s, 0, here, wait) for s in new))
+        assert all(got), [s.diag() for s, x in zip(new, got) if x is None]
+
+    try:
+        await lec.start()
+        await lec.wait_for(lambda: lec.full_runs_done())
+        await lec.act(loadtest.OPEN)
+        code = await lec.wait_for(lambda: loadtest.code_of(lec))
+        key = await lec.wait_for(lambda: key_of(lec))
+        here = loadtest.step_of(lec.query)
+        await join(6)
+        dead = where(lec)
+        while not ({where(s) for s in students} >= set(ports)) and len(students) < 30:
+            await join(1)  # a late student, until both workers hold some (the proxy chooses)
+        doomed = [s for s in students if where(s) == dead]
+        kept = [s for s in students if where(s) != dead]
+        assert doomed and kept, {s.name: where(s) for s in students}
+
+        held = loadtest.held_positions(lec.query)
+        t_ask = await lec.act(loadtest.ASK)
+        seen = await asyncio.gather(*(loadtest._shows(s, t_ask, wait) for s in students))
+        assert all(seen), [s.diag(6) for s, ok in zip(students, seen) if not ok]
+        early = doomed[:(len(doomed) + 1) // 2] + kept[:(len(kept) + 1) // 2]
+        sent = await asyncio.gather(*(loadtest._vote(s, 0, held[i % len(held)], wait)
+                                      for i, s in enumerate(early)))
+        assert all(acc is not None for _, acc in sent)
+        await lec.wait_for(lambda: max(loadtest.votes_shown(lec), default=0) >= len(early), wait)
+
+        # the lecturer's worker dies, with some students on it
+        t_kill = time.perf_counter()
+        os.kill(pid_of[dead], signal.SIGKILL)
+        victims = [lec, *doomed]
+        await asyncio.gather(*(s.wait_for(lambda s=s: any(t >= t_kill and "disconnected" in e
+                                                          for t, e in s.errors), 30)
+                               for s in victims))
+        # each reconnects, as the frontend does: a new websocket through the proxy
+        t_back = time.perf_counter()
+        await asyncio.gather(*(s.reconnect() for s in victims))
+        moved = {s.name: where(s) for s in victims}
+        assert set(moved.values()) == {p for p in ports if p != dead}, moved
+        # the students on it are in the class again, the question (still open) on their pages
+        back = await asyncio.gather(*(loadtest._shows(s, t_back, wait) for s in doomed))
+        assert all(back), [s.diag(6) for s, ok in zip(doomed, back) if not ok]
+        # the lecturer's new session takes the class back with the key
+        await lec.wait_for(lambda: lec.full_runs_done(t_back) and TAKE[0] in lec.keys
+                           and lec.seen[TAKE[0]] > t_back, wait)
+        lec.texts.clear()  # what the histogram says from now on
+        t_take = await lec.act((TAKE[0], code), (TAKE[1], key), TAKE[2])
+        await lec.wait_for(lambda: lec.full_runs_done(t_take), wait)
+        await lec.wait_for(lambda: lec.seen.get(loadtest.REVEAL, 0) > t_take, wait)
+        await lec.wait_for(lambda: max(loadtest.votes_shown(lec), default=0) >= len(early), wait)
+        # the rest vote, on either worker: every vote is counted
+        late = [s for s in students if s not in early]
+        sent = await asyncio.gather(*(loadtest._vote(s, 0, held[i % len(held)], wait)
+                                      for i, s in enumerate(late)))
+        assert all(acc is not None for _, acc in sent)
+        await lec.wait_for(lambda: max(loadtest.votes_shown(lec), default=0) >= len(students),
+                           wait)
+        assert max(loadtest.votes_shown(lec)) == len(students), loadtest.votes_shown(lec)
+        # reveal, close, move: the move reaches every student, those that reconnected too
+        for button in (loadtest.REVEAL, loadtest.CLOSE):
+            t = await lec.act(button)
+            await lec.wait_for(lambda t=t: lec.full_runs_done(t), wait)
+        t = await lec.act(loadtest.NEXT)
+        got = await asyncio.gather(*(loadtest._arrive(s, t, here + 1, wait)
+                                     for s in [lec, *students]))
+        assert all(got), [s.diag() for s, x in zip([lec, *students], got) if x is None]
+    finally:
+        await asyncio.gather(*(s.close() for s in [lec, *students]), return_exceptions=True)
+    # nothing went wrong but the lost connections of the killed worker's pages
+    errors = [(s.name, e) for s in [lec, *students] for t, e in s.errors
+              if not (s in victims and t_kill <= t < t_back)]
+    assert not errors, errors[:5]
+    return pid_of[dead]
+
+
+def test_a_class_of_30_on_two_workers(server, caddy):
+    """scripts/loadtest.py --class 30 --workers 2: no error, every vote counted."""
+    r = loadtest.run_class(30, timeout=120, settle=0, workers=2, wait=120)
+    assert r["workers"] == 2 and r["server_cpu_s"] > 0
+    assert not r["errors"], r["errors"][:5]
+    assert not r["problems"], r["problems"][:5]
+    assert r["votes"] == {"sent": 30, "accepted": 30, "shown": 30}, r["votes"]
