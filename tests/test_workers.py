@@ -158,9 +158,8 @@ def test_the_worker_flag_goes_through_the_kvviz_command():
 
 
 # --- helpers for the live tests --------------------------------------------------------------
-def worker_of(cookie: str, run_dir: Path, ports: list[int]) -> int | None:
+def worker_of(cookie: str, secret: str, ports: list[int]) -> int | None:
     """The worker port Caddy's sticky cookie names (None: none of them)."""
-    secret = re.search(r"lb_policy cookie \S+ (\S+)", (run_dir / "Caddyfile").read_text())[1]
     for port in ports:
         if hmac.new(secret.encode(), f"127.0.0.1:{port}".encode(),
                     hashlib.sha256).hexdigest() == cookie:
@@ -168,18 +167,20 @@ def worker_of(cookie: str, run_dir: Path, ports: list[int]) -> int | None:
     return None
 
 
-def launched(log: Path, timeout: float = 60) -> tuple[Path, dict[int, tuple[int, int]]]:
-    """From the launcher's output: its run directory and {worker number: (port, pid)}, once
-    it said the address (every worker and the proxy healthy)."""
+def launched(log: Path, timeout: float = 60) -> tuple[str, dict[int, tuple[int, int]]]:
+    """From the launcher's output, once it said the address (every worker and the proxy
+    healthy): Caddy's cookie secret (from the run directory's Caddyfile) and {worker number:
+    (port, pid)}."""
     deadline = time.monotonic() + timeout
     while "workers behind http://" not in log.read_text():
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
     text = log.read_text()
     run_dir = Path(re.search(r"run directory (\S+)", text)[1])
+    secret = re.search(r"lb_policy cookie \S+ (\S+)", (run_dir / "Caddyfile").read_text())[1]
     found = {int(n): (int(port), int(pid)) for n, port, pid in
              re.findall(r"worker (\d+) on 127\.0\.0\.1:(\d+) \(pid (\d+)\)", text)}
-    return run_dir, found
+    return secret, found
 
 
 def test_a_class_on_two_workers_follows_and_counts_votes_across_them(server, caddy, tmp_path):
@@ -189,12 +190,12 @@ def test_a_class_on_two_workers_follows_and_counts_votes_across_them(server, cad
     log = tmp_path / "launcher.log"
     with open(log, "wb") as out, stclient.Server(REPO, server.port(), launcher="kvviz",
                                                  workers=2, log=out) as srv:
-        run_dir, found = launched(log)
+        secret, found = launched(log)
         ports = [port for port, _ in found.values()]
         r = asyncio.run(loadtest.class_session(srv.url, 10, moves=2, vote_spread=1.0,
                                                join_spread=1.0, gap=0.5, timeout=90, wait=60))
     assert len(ports) == 2
-    where = {name: worker_of(c.get(workers.COOKIE, ""), run_dir, ports)
+    where = {name: worker_of(c.get(workers.COOKIE, ""), secret, ports)
              for name, c in r["cookies"].items()}
     assert None not in where.values(), r["cookies"]  # each page holds a worker's cookie
     others = [name for name, port in where.items() if port != where["lecturer"]]
@@ -223,8 +224,8 @@ def test_a_worker_killed_in_the_middle_of_a_question(server, caddy, tmp_path):
     log = tmp_path / "launcher.log"
     with open(log, "wb") as out, stclient.Server(REPO, server.port(), launcher="kvviz",
                                                  workers=2, log=out) as srv:
-        run_dir, found = launched(log)
-        killed = asyncio.run(_kill_in_a_question(srv.url, run_dir, found))
+        secret, found = launched(log)
+        killed = asyncio.run(_kill_in_a_question(srv.url, secret, found))
         number, (port, _) = next((n, w) for n, w in found.items() if w[1] == killed)
         deadline = time.monotonic() + 300  # restarted, it draws the page again, then listens
         while not workers.healthy(f"http://127.0.0.1:{port}"):
@@ -235,7 +236,7 @@ def test_a_worker_killed_in_the_middle_of_a_question(server, caddy, tmp_path):
     assert re.search(rf"worker {number} restarted \(pid \d+\)", text), text
 
 
-async def _kill_in_a_question(url: str, run_dir: Path, found: dict) -> int:
+async def _kill_in_a_question(url: str, secret: str, found: dict) -> int:
     """The class, the question, the kill (the test's docstring); the killed worker's pid."""
     ports = [port for port, _ in found.values()]
     pid_of = {port: pid for port, pid in found.values()}
@@ -245,7 +246,7 @@ async def _kill_in_a_question(url: str, run_dir: Path, found: dict) -> int:
     wait = 90
 
     def where(s):
-        return worker_of(s.cookies.get(workers.COOKIE, ""), run_dir, ports)
+        return worker_of(s.cookies.get(workers.COOKIE, ""), secret, ports)
 
     async def join(n):
         new = [stclient.LiveSession(url, f"follow={code}", 90, name=f"student{len(students) + i}")
@@ -315,10 +316,12 @@ async def _kill_in_a_question(url: str, run_dir: Path, found: dict) -> int:
         for button in (loadtest.REVEAL, loadtest.CLOSE):
             t = await lec.act(button)
             await lec.wait_for(lambda t=t: lec.full_runs_done(t), wait)
+        target = loadtest.step_of(lec.query) + 1  # (the question held the page at its step)
         t = await lec.act(loadtest.NEXT)
-        got = await asyncio.gather(*(loadtest._arrive(s, t, here + 1, wait)
+        got = await asyncio.gather(*(loadtest._arrive(s, t, target, wait)
                                      for s in [lec, *students]))
-        assert all(got), [s.diag() for s, x in zip([lec, *students], got) if x is None]
+        late_ones = [s.diag() for s, x in zip([lec, *students], got) if x is None]
+        assert not late_ones, f"not at step {target}: " + "\n".join(late_ones)
     finally:
         await asyncio.gather(*(s.close() for s in [lec, *students]), return_exceptions=True)
     # nothing went wrong but the lost connections of the killed worker's pages
