@@ -144,6 +144,21 @@ def test_several_workers_without_caddy_are_refused_before_anything_starts(capsys
         assert got.err.strip() == "error: --workers 2 needs Caddy: sudo apt-get install caddy"
 
 
+def test_a_port_in_use_is_refused_before_anything_starts(capsys, monkeypatch, caddy):
+    import socket
+
+    monkeypatch.setattr(workers, "new_run_dir", lambda: pytest.fail("a run directory was made"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = launch.main(["--workers", "2", "--server.port", str(port)])
+    got = capsys.readouterr()
+    assert rc == 2 and not got.out
+    assert got.err.strip() == (f"error: --server.port: cannot listen on 127.0.0.1:{port} "
+                               "(Address already in use)")
+
+
 def test_the_help_says_what_workers_does(capsys):
     assert launch.main(["--help"]) == 0
     text = capsys.readouterr().out
@@ -165,6 +180,15 @@ def worker_of(cookie: str, secret: str, ports: list[int]) -> int | None:
                     hashlib.sha256).hexdigest() == cookie:
             return port
     return None
+
+
+def alive(pid: int) -> bool:
+    """The process is there and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def launched(log: Path, timeout: float = 60) -> tuple[str, dict[int, tuple[int, int]]]:
@@ -194,7 +218,9 @@ def test_a_class_on_two_workers_follows_and_counts_votes_across_them(server, cad
         ports = [port for port, _ in found.values()]
         r = asyncio.run(loadtest.class_session(srv.url, 10, moves=2, vote_spread=1.0,
                                                join_spread=1.0, gap=0.5, timeout=90, wait=60))
-    assert len(ports) == 2
+        children = srv.children()  # the workers and Caddy
+    assert len(ports) == 2 and len(children) == 3, children
+    assert not [pid for pid in children if alive(pid)], "the launcher left processes behind"
     where = {name: worker_of(c.get(workers.COOKIE, ""), secret, ports)
              for name, c in r["cookies"].items()}
     assert None not in where.values(), r["cookies"]  # each page holds a worker's cookie

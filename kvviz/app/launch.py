@@ -209,6 +209,11 @@ def _run_workers(n, cold, dry, extra, env, traces, loop, urls_line) -> int:
         print(f"error: --server.port must be a port number, got {_flag(extra, 'server.port')!r}",
               file=sys.stderr)
         return 2
+    address = _flag(extra, "server.address") or "127.0.0.1"
+    taken = None if dry else workers.port_taken(address, int(_flag(extra, "server.port") or 8501))
+    if taken:
+        print(f"error: --server.port: {taken}", file=sys.stderr)
+        return 2
     run_dir = Path("$RUN") if dry else workers.new_run_dir()
     p = workers.plan(n, extra, cold, run_dir, _flag, env)
     if dry:

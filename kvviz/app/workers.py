@@ -124,6 +124,18 @@ def plan(n: int, extra: list[str], cold: bool, run_dir: Path, flag, base: dict) 
     return Plan(ports, address, port, cmds, caddy, config, env, run_dir)
 
 
+def port_taken(address: str, port: int) -> str | None:
+    """Why Caddy could not listen on address:port (in use, or not this machine's), or None."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Caddy binds
+        try:
+            s.bind((address, port))
+        except OSError as exc:
+            return f"cannot listen on {address}:{port} ({exc.strerror or exc})"
+    return None
+
+
 def refusal(n: int) -> str | None:
     """Why `--workers n` cannot start here, in one line; None when it can."""
     if n > 1 and shutil.which("caddy") is None:
@@ -222,8 +234,10 @@ def run(p: Plan, say, ready_timeout: float = 900.0) -> int:
     try:
         for w in workers:
             w.start()
-        print(f"kvviz: starting {len(workers)} workers (each draws the default page before it "
-              f"listens); run directory {p.run_dir}", flush=True)
+        warm = ("cold" if "--cold" in p.worker_cmds[0] else
+                "each draws the default page before it listens")
+        print(f"kvviz: starting {len(workers)} workers ({warm}); run directory {p.run_dir}",
+              flush=True)
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(p.address, p.address)
         proxy_url = f"http://{f'[{host}]' if ':' in host else host}:{p.port}"
         deadline = time.monotonic() + ready_timeout
