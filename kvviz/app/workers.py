@@ -224,9 +224,8 @@ def run(p: Plan, say, ready_timeout: float = 900.0) -> int:
     until Ctrl-C or SIGTERM; stop everything. `say(line)` prints the address lines."""
     p.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (p.run_dir / "Caddyfile").write_text(p.config)
-    env = p.env
     caddy_env = {**os.environ, "XDG_CONFIG_HOME": str(p.run_dir), "XDG_DATA_HOME": str(p.run_dir)}
-    workers = [Child(f"worker {i + 1}", cmd, env, p.run_dir / f"worker-{i + 1}.log", port)
+    workers = [Child(f"worker {i + 1}", cmd, p.env, p.run_dir / f"worker-{i + 1}.log", port)
                for i, (cmd, port) in enumerate(zip(p.worker_cmds, p.workers))]
     proxy = Child("Caddy", p.caddy_cmd, caddy_env, p.run_dir / "caddy.log", p.port)
     children = [*workers, proxy]
