@@ -264,6 +264,7 @@ VOTES_RX = re.compile(rb'"text":\s*"[^"]*?\b(\d+) votes?\b')  # the histogram's 
 NEXT, STEP = "nav.next", "w.step"
 OPEN, ASK, REVEAL, CLOSE = "class.open", "predict.ask.a", "predict.reveal", "predict.close"
 GUESS, VOTE = "predict.guess", "predict.vote"
+QUIET_S = 3.0  # class: the quiet spell before the moves (the server's idle cost of a class)
 ON_OWN_RX = re.compile(rb"exploring on your own")  # a follower the page thinks moved itself
 
 
@@ -325,7 +326,7 @@ def votes_shown(lec) -> dict[int, float]:
 async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5.0,
                         timeout: float = 60.0, wait: float = 30.0, seed: int = 0,
                         query: str = QUERY, guesses=held_positions, gap: float = 1.0,
-                        join_spread: float = 3.0) -> dict:
+                        join_spread: float = 3.0, cpu=None) -> dict:
     """One lecturer opens a class, n students open its link, the lecturer moves the step
     `moves` times (nav.next, and every other move the step slider), then asks "which position
     will A evict next?", the students vote over `vote_spread` seconds, and the lecturer
@@ -333,13 +334,17 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
     not all in step). Every session is a LiveSession (the page's run_every timers included).
     Follow: the lecturer's move sent -> a follower's whole-page run at that step finished.
     Vote: the k-th vote accepted (its run finished) was sent -> the lecturer's histogram
-    title first counted k or more."""
+    title first counted k or more. `cpu`: a function giving the server's CPU seconds so far
+    (all its processes); with it, the CPU of each move (sent -> every follower arrived) and of
+    a quiet spell before the moves (the pages' timers alone) are recorded."""
     rng = random.Random(seed)
     problems: list[str] = []
     lec = C.LiveSession(url, query, timeout, name="lecturer")
     lec.watch = (CODE_RX, VOTES_RX)
     students = [C.LiveSession(url, "", timeout, name=f"student{i}") for i in range(n)]
-    out = {"n": n, "follow_s": [], "vote_s": [], "join_s": [], "problems": problems}
+    out = {"n": n, "follow_s": [], "vote_s": [], "join_s": [], "problems": problems,
+           "move_cpu_s": [], "move_wall_s": []}
+    cpu = cpu or (lambda: float("nan"))
     try:
         await lec.start()
         await lec.wait_for(lambda: lec.full_runs_done())
@@ -359,9 +364,14 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
                      for s, x in zip(students, got) if x is None]
         problems += [f"{s.name} opened the class with {x} (the lecturer: {y})" for s in students
                      for x, y in [(same_page(s.query), same_page(lec.query))] if x != y]
+        await asyncio.sleep(gap)
+        c0, w0 = cpu(), time.perf_counter()
+        await asyncio.sleep(QUIET_S)
+        out["quiet_cpu_per_s"] = (cpu() - c0) / (time.perf_counter() - w0)
         for i in range(moves):
             await asyncio.sleep(gap)
             here = step_of(lec.query)
+            c0 = cpu()
             if i % 2 == 0:
                 target, t0 = here + 1, await lec.act(NEXT)
             else:
@@ -372,6 +382,8 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
             if mine is None:
                 problems.append(f"move {i + 1}: the lecturer's page did not reach step {target}"
                                 f" ({lec.diag()})")
+            out["move_cpu_s"].append(cpu() - c0)
+            out["move_wall_s"].append(time.perf_counter() - t0)
             out["follow_s"] += [x - t0 for x in got if x is not None]
             problems += [f"move {i + 1}: {s.name} did not reach step {target} within "
                          f"{wait:.0f} s ({s.diag()})" for s, x in zip(students, got) if x is None]
@@ -470,7 +482,8 @@ def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
         c0, x0, p0 = cpu_sum(pids), cpu_sum(proxy), time.process_time()
         with PeakRSS(pids) as peak:
             t0 = time.perf_counter()
-            r = asyncio.run(class_session(srv.url, n, timeout=timeout, **kw))
+            r = asyncio.run(class_session(srv.url, n, timeout=timeout,
+                                          cpu=lambda: cpu_sum(pids), **kw))
             r["wall_s"] = time.perf_counter() - t0
         r["server_cpu_s"] = cpu_sum(pids) - c0  # every worker's, summed
         r["proxy_cpu_s"] = cpu_sum(proxy) - x0
@@ -483,6 +496,19 @@ def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
     return r
 
 
+def per_student_ms(r: dict) -> tuple[float, float]:
+    """Server CPU per student per move, in ms: all of it (sent -> every follower arrived), and
+    less what the class costs while nobody moves (its pages' timers: `quiet_cpu_per_s` over
+    the move's wall time). NaN without a CPU reading."""
+    moves = list(zip(r.get("move_cpu_s", []), r.get("move_wall_s", [])))
+    if not moves or r["n"] == 0:
+        return float("nan"), float("nan")
+    quiet = r.get("quiet_cpu_per_s", float("nan"))
+    gross = statistics.fmean(c for c, _ in moves) / r["n"] * 1000
+    net = statistics.fmean(c - quiet * w for c, w in moves) / r["n"] * 1000
+    return gross, net
+
+
 def class_line(r: dict) -> str:
     bad = r["errors"] + r["problems"]
     return (f"follow p50/p95/max {fmt(stats(r['follow_s']))} s, vote "
@@ -492,7 +518,9 @@ def class_line(r: dict) -> str:
             + (f" over {r['workers']} workers, proxy {r['proxy_cpu_s']:.1f} s"
                if r.get("workers", 1) > 1 else "")
             + f" (clients {r['client_cpu_s']:.1f} s) in "
-            f"{r['wall_s']:.1f} s, load "
+            f"{r['wall_s']:.1f} s, per student per move {per_student_ms(r)[0]:.1f} ms "
+            f"({per_student_ms(r)[1]:.1f} ms less the quiet rate "
+            f"{r.get('quiet_cpu_per_s', float('nan')):.2f} CPU-s/s), load "
             f"{r['load_before'][0]:.2f}->{r['load_after'][0]:.2f}"
             + (f"  first: {bad[0][:160]}" if bad else ""))
 
@@ -505,14 +533,16 @@ def stuck(r: dict) -> list[str]:
 def class_table(results: list[dict]) -> str:
     rows = ["| N | workers | follow p50 / p95 / max (s) | vote p50 / p95 / max (s) | "
             "votes counted | errors | students stuck | server CPU (s) | proxy CPU (s) | "
+            "server CPU per student per move (ms) | server CPU while nobody moves (s/s) | "
             "RSS peak / idle (MB) | load average (1 min) |",
-            "|---:|---:|---|---|---|---:|---:|---:|---:|---|---|"]
+            "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in results:
         v = r.get("votes", {})
         rows.append(f"| {r['n']} | {r.get('workers', 1)} | {fmt(stats(r['follow_s']))} | "
                     f"{fmt(stats(r['vote_s']))} | {v.get('shown', 0)} of {r['n']} | "
                     f"{len(r['errors'])} | {len(stuck(r))} | {r['server_cpu_s']:.1f} | "
-                    f"{r.get('proxy_cpu_s', 0):.1f} | "
+                    f"{r.get('proxy_cpu_s', 0):.1f} | {per_student_ms(r)[0]:.1f} | "
+                    f"{r.get('quiet_cpu_per_s', float('nan')):.2f} | "
                     f"{r['rss_peak_mb']:.0f} / {r['rss_idle_mb']:.0f} | "
                     f"{r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
     return "\n".join(rows)

@@ -89,8 +89,8 @@ def test_a_follower_moves_when_the_lecturer_does(chromium, server):
             delays.append(round(lect_s + wait_step(stu, start + i, 30), 3))
         assert shown_step(stu) == start + MOVES
         stu.screenshot(path=str(ART / "e2e-follow-student.png"))
-    poll = re.search(r"^POLL_S = ([\d.]+)", (REPO / "kvviz/app/ui/follow.py").read_text(), re.M)
-    figures = {"poll_s": float(poll.group(1)), "code": code,
+    watch = re.search(r"^WATCH_S = ([\d.]+)", (REPO / "kvviz/app/ui/watch.py").read_text(), re.M)
+    figures = {"watch_s": float(watch.group(1)), "code": code,
                "follower_s": delays, "median_s": statistics.median(delays), "max_s": max(delays),
                "lecturer_s": lect_delays, "load_1min": round(os.getloadavg()[0], 2)}
     (ART / "e2e-follow.json").write_text(json.dumps(figures, indent=1))

@@ -1,6 +1,6 @@
 """Predict then reveal in a real browser: a student's page (`?follow=CODE`) shows the
-question, votes, and moves on its own when the lecturer reveals and closes: the polling
-fragment (`st.fragment(run_every=...)`), which AppTest does not run. The lecturer is the
+question, votes, and moves on its own when the lecturer reveals and closes: the server's class watcher runs
+its page again (kvviz.app.ui.watch), which AppTest does not do. The lecturer is the
 server process itself (tests/predict_server.py), moving on stdin. Prints how long the
 student's page took to show each move; the server is stopped by PID.
 

@@ -291,13 +291,14 @@ class _Seen:
 class Registry:
     """Every open class in one store, by code: one per process (the page's module global).
 
-    `url`: the store (None: $KVVIZ_CLASSES, else the default SQLite file), opened at first
-    use. `clock`: wall-clock seconds (presence and expiry; tests move it). `ttl`: how long
-    this process serves a class's row from its copy."""
+    `url`: the store (None: $KVVIZ_CLASSES, else the default SQLite file): a bad one is a
+    ValueError here, a store that cannot be reached an `Unreachable` (a Refused) at first use.
+    `clock`: wall-clock seconds (presence and expiry; tests move it). `ttl`: how long this
+    process serves a class's row from its copy."""
 
     def __init__(self, url: str | None = None, *, clock=time.time, ttl: float = TTL_S):
         self.url, self.clock, self.ttl = url, clock, float(ttl)
-        self._store: Store | None = None
+        self.store: Store = open_store(url, IDLE_SECONDS)  # (connects at first use)
         self._lock = threading.Lock()
         self._seen: dict[str, _Seen] = {}
         self._gen: dict[str, int] = {}       # code -> writes by this process (a read that
@@ -305,14 +306,6 @@ class Registry:
         self._heard: dict[tuple, float] = {}  # (code, voter) -> presence last written
         self._touched: dict[str, float] = {}  # code -> last touch written
         self._turns: dict[str, threading.Lock] = {}
-
-    @property
-    def store(self) -> Store:
-        if self._store is None:
-            with self._lock:
-                if self._store is None:
-                    self._store = open_store(self.url, IDLE_SECONDS)
-        return self._store
 
     # --- the process's copies -------------------------------------------------------------
     def _row(self, code: str) -> dict | None:
@@ -367,13 +360,15 @@ class Registry:
             self._wrote(code)
 
     def _here(self, code: str, voter: str, now: float) -> None:
-        last = self._heard.get((code, voter))
-        if last is not None and 0 <= now - last < HERE_WRITE_S:
-            return
-        if len(self._heard) > 4096:  # forget pages not heard from for a while
-            for k in [k for k, t in self._heard.items() if now - t > HERE_SECONDS]:
-                self._heard.pop(k, None)
-        self._heard[(code, voter)] = now
+        with self._lock:
+            last = self._heard.get((code, voter))
+            if last is not None and 0 <= now - last < HERE_WRITE_S:
+                return
+            if len(self._heard) >= 4096:  # the memo only needs the last HERE_WRITE_S
+                old = [k for k, t in self._heard.items() if not 0 <= now - t < HERE_WRITE_S]
+                for k in old if len(old) > 1024 else list(self._heard):
+                    del self._heard[k]
+            self._heard[(code, voter)] = now
         self.store.here(code, voter, now)
 
     def _turn(self, code: str) -> threading.Lock:

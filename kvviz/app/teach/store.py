@@ -1,6 +1,6 @@
 """Where the classes live: a store that every server process of one app shares.
 
-`KVVIZ_CLASSES` chooses it (`kvviz app --workers N` sets it for each of its processes):
+`KVVIZ_CLASSES` chooses it, the same for every process of one server:
 
 - `sqlite:///ABSOLUTE/PATH.sqlite3`: a SQLite file on this machine (WAL mode: readers never
   wait, writers take turns). Unset: `$XDG_STATE_HOME/kvviz/classes.sqlite3`, else
@@ -165,29 +165,35 @@ _COLUMNS = ("owner", "key", "state", "version", "round_version", "rounds", "roun
 
 
 class SQLiteStore(Store):
-    """One file; a connection per thread (and per process: a forked child opens its own)."""
+    """One file. Each call takes a connection from the store's idle ones (or opens one) and
+    puts it back: a page run is a new thread each time, a connection per thread would be
+    opened per run. A forked child opens its own."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._local = threading.local()
-        self._ready = False
+        self._idle: list[sqlite3.Connection] = []
+        self._pid = None
         self._lock = threading.Lock()
 
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is not None and self._local.pid == os.getpid():
-            return db
-        if not self._ready:
+    @contextmanager
+    def _db(self):
+        if self._pid != os.getpid():
             with self._lock:
-                if not self._ready:
+                if self._pid != os.getpid():
                     self._create()
-                    self._ready = True
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=10,
-                             check_same_thread=False)
-        db.execute("PRAGMA busy_timeout = 10000")
-        db.execute("PRAGMA synchronous = NORMAL")
-        self._local.db, self._local.pid = db, os.getpid()
-        return db
+                    self._idle, self._pid = [], os.getpid()
+        try:
+            db = self._idle.pop()
+        except IndexError:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=10,
+                                 check_same_thread=False)
+            db.execute("PRAGMA busy_timeout = 10000")
+            db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield db
+        finally:
+            if not db.in_transaction:
+                self._idle.append(db)
 
     def _create(self) -> None:
         """The file (0600, in a 0700 folder when that is made here) and its tables."""
@@ -225,14 +231,14 @@ class SQLiteStore(Store):
     @contextmanager
     def _tx(self):
         """One write transaction, taken before the first read (BEGIN IMMEDIATE)."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     @staticmethod
     def _row(db, code: str) -> dict | None:
@@ -253,7 +259,8 @@ class SQLiteStore(Store):
             return True
 
     def load(self, code):
-        return self._row(self._db(), code)
+        with self._db() as db:
+            return self._row(db, code)
 
     def update(self, code, change):
         with self._tx() as db:
@@ -289,13 +296,15 @@ class SQLiteStore(Store):
             return status, detail, rnd
 
     def votes(self, code, number):
-        return dict(self._db().execute("SELECT voter, position FROM votes WHERE code = ? AND "
-                                       "round = ?", (code, number)).fetchall())
+        with self._db() as db:
+            return dict(db.execute("SELECT voter, position FROM votes WHERE code = ? AND "
+                                   "round = ?", (code, number)).fetchall())
 
     def here(self, code, voter, when):
-        self._db().execute("INSERT INTO presence (code, voter, heard) VALUES (?, ?, ?) ON "
-                           "CONFLICT (code, voter) DO UPDATE SET heard = excluded.heard",
-                           (code, voter, when))
+        with self._db() as db:
+            db.execute("INSERT INTO presence (code, voter, heard) VALUES (?, ?, ?) ON "
+                       "CONFLICT (code, voter) DO UPDATE SET heard = excluded.heard",
+                       (code, voter, when))
 
     def heard(self, code, since, but):
         with self._tx() as db:
@@ -304,8 +313,9 @@ class SQLiteStore(Store):
                               (code, but)).fetchone()[0]
 
     def touch(self, code, now):
-        self._db().execute("UPDATE classes SET touched = max(touched, ?) WHERE code = ?",
-                           (now, code))
+        with self._db() as db:
+            db.execute("UPDATE classes SET touched = max(touched, ?) WHERE code = ?",
+                       (now, code))
 
     def delete(self, code):
         with self._tx() as db:
@@ -321,7 +331,8 @@ class SQLiteStore(Store):
                 db.execute(f"DELETE FROM {table} WHERE code NOT IN (SELECT code FROM classes)")
 
     def count(self):
-        return self._db().execute("SELECT count(*) FROM classes").fetchone()[0]
+        with self._db() as db:
+            return db.execute("SELECT count(*) FROM classes").fetchone()[0]
 
 
 # --- Redis --------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvviz.app.teach.classroom import Class, Refused, Registry, new_token, normal_code
+from kvviz.app.teach.classroom import Class, Refused, Registry, Unreachable, new_token, normal_code
 
 REGISTRY = Registry()
 
@@ -23,7 +23,8 @@ REFUSED = "class.refused"  # init_follow's refusal of the link's code, until the
 WAS_STUDENT = "class.was_student"  # this session joined a class as a student (never a note)
 LEFT = "class.left"      # (code, round number): stopped following while that question was up
 KEY = "class.key"        # the lecturer key of the class this session leads (secret)
-KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED, WAS_STUDENT, LEFT, KEY)  # for session.PAGE_KEYS
+DOWN = "class.down"      # the class store cannot be reached: its sentence, until the page says it
+KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED, WAS_STUDENT, LEFT, KEY, DOWN)  # for session.PAGE_KEYS
 
 
 def token() -> str:
@@ -66,6 +67,9 @@ def _lookup(key: str) -> Class | None:
         return None
     try:
         return REGISTRY.get(code)
+    except Unreachable as exc:  # the store is down: the code is kept, the page says why
+        S[DOWN] = str(exc)
+        return None
     except Refused:  # closed (server-side expiry) since: forget it
         S[key] = ""
         return None

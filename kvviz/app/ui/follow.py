@@ -3,9 +3,9 @@ run, and a student's page that moves when the lecturer's does.
 
 The lecturer's session publishes its page as a query mapping (`to_query(view_state())`)
 at the end of each run, without the keys that are a screen's own preference (`present`).
-A student's page applies the lecturer's state when the class's version moves, found by a
-tiny timer fragment that reruns the whole page only then (never for votes: a round has
-its own version, for the question panels). A student who moves a control explores on
+A student's page applies the lecturer's state when the class's version moves: the server
+runs it again then (kvviz.app.ui.watch; never for votes, only for the lecturer's moves
+and the question opening, revealed or closed), so no student's page polls. A student who moves a control explores on
 their own: their page stops moving until "Back to the lecturer". Only the session that
 opened the class can move it (`Class.publish` refuses any other token), so a student's
 page never publishes.
@@ -18,19 +18,12 @@ import streamlit as st
 
 from kvviz.app.state import from_query, to_query
 from kvviz.app.teach.classroom import CODE_LEN, HERE_SECONDS, Refused
-from kvviz.app.ui import classroom, compute, predict, session
-from kvviz.app.ui.session import S, fragment_run
+from kvviz.app.ui import classroom, compute, predict, session, watch
+from kvviz.app.ui.session import S
 from kvviz.core.policies import config_label
 
-# How often a student's page asks whether the lecturer moved. The follow delay is this wait
-# (uniform over 0..POLL_S) plus the student's rerun, queued behind the other students' (one
-# server process: their reruns share one interpreter), each slowed by the share of the
-# server the polls take. Measured here (scripts/follow_cost.py, 2 cores at load 5-8): a poll
-# tick ~7 ms of server CPU, a student's rerun of the default page ~45 ms. For 30 students
-# that is ~1.4 s of reruns after a move, and polls at 0.5 s would take 40 % of the server
-# during it; the script's queue model puts the p95 follow at 2.3 s (0.5 s), 1.8 (0.75),
-# 1.7 (1 s), 1.6 (1.25). 1 s: under the 2 s target, where a longer wait gains little.
-POLL_S = 1.0
+# A student's page does not poll: the server moves it (kvviz.app.ui.watch), one read of the
+# class store per server process every watch.WATCH_S, however many students follow.
 COUNT_S = 2.0  # how often the lecturer's panel recounts the students
 
 OWN_KEYS = ("present",)  # a screen's own preference: neither published nor applied
@@ -38,7 +31,17 @@ APPLIED = "follow.applied"  # the lecturer's version this page last applied
 BASE = "follow.base"        # the states that are not a move: the lecturer's, and this page's
                             # at the end of the run that applied it
 OWN = "follow.own"          # True: the student explores on their own (not moved)
-KEYS = (APPLIED, BASE, OWN)  # for session.PAGE_KEYS
+MARK = "follow.marker"      # the class's question (predict.marker) when this run started
+KEYS = (APPLIED, BASE, OWN, MARK)  # for session.PAGE_KEYS
+
+
+def _question_marker(c) -> tuple:
+    return predict.marker(c.current_round())
+
+
+# This process's students' pages, moved by one thread (kvviz.app.ui.watch).
+WATCHER = watch.Watcher(classroom.REGISTRY, watch.streamlit_rerun, watch.streamlit_alive,
+                        _question_marker)
 
 
 # The longest a student's page waits for its turn (`turn`) before drawing anyway.
@@ -188,6 +191,9 @@ def sync(where):
         return slot
     me = classroom.token()  # a member of the class (the one its votes count once)
     c = classroom.follows()
+    if c is None and S.get(classroom.DOWN):  # not closed: the class store does not answer
+        where.error(S.pop(classroom.DOWN), icon=":material/cloud_off:")
+        return slot
     if c is None:
         where.warning(f"Class {code} has been closed (by its lecturer, or after a long idle "
                       "spell): this page is your own explorer now.",
@@ -196,6 +202,9 @@ def sync(where):
         return slot
     c.here(me)  # counted on the lecturer's panel
     S[classroom.WAS_STUDENT] = True  # (kvviz.app.ui.lesson.student: never a speaker note)
+    # read before drawing: a question that moves during the run is newer than this, and the
+    # watcher runs the page again for it
+    S[MARK] = _question_marker(c)
     if not S.get(OWN):
         version, state = c.snapshot()
         if version != S.get(APPLIED):
@@ -240,6 +249,8 @@ def panel() -> None:
     """The sidebar's Class panel: open a class, its code and the students' link, close it."""
     side = st.sidebar
     c = classroom.leads()
+    if S.get(classroom.DOWN):
+        side.error(S.pop(classroom.DOWN), icon=":material/cloud_off:")
     if c is None:
         if not S.get(classroom.FOLLOWS):  # a student's page opens no class of its own
             side.button("Open a class", key="class.open", on_click=_open,
@@ -292,38 +303,24 @@ def _count(code: str) -> None:
     except Refused:  # closed: the page run says so
         return
     st.caption(students_line(n), help="Students' pages heard from in the last "
-               f"{HERE_SECONDS:.0f} s (each asks the server every {POLL_S:.0f} s); a closed tab "
-               "stops being counted.")
-
-
-@st.fragment(run_every=POLL_S)
-def _poll() -> None:
-    """A student's one timer. Inline on a page run it does nothing; on each tick it reruns
-    the page when the lecturer moved (while following) or the class's question opened, was
-    revealed or closed (kvviz.app.ui.predict.needs_redraw; a vote alone never reruns a student),
-    or the class closed."""
-    if not fragment_run():
-        return
-    try:
-        c = classroom.REGISTRY.get(S.get(classroom.FOLLOWS, ""))
-    except Refused:  # closed: the page run says so
-        st.rerun(scope="app")
-    c.here(classroom.token())
-    version, _ = c.poll()
-    if (not S.get(OWN) and version != S.get(APPLIED)) or predict.needs_redraw(c):
-        st.rerun(scope="app")
+               f"{HERE_SECONDS:.0f} s (the server hears each open page every "
+               f"{watch.HEARD_S:.0f} s); a closed tab stops being counted.")
 
 
 def publish(slot) -> None:
     """End of a run: the lecturer's page publishes its state; a student's page sees whether
     the student moved (their state is no longer the one the lecturer's gave), draws its
-    banner in `slot` (from `sync`) and, while following, polls."""
+    banner in `slot` (from `sync`) and tells the process's watcher what it drew, so the
+    lecturer's next move or question runs it again (kvviz.app.ui.watch)."""
     c = classroom.leads()
+    sid = watch.session_id()
     if c is not None:
         c.publish(classroom.token(), shared_query())
+        WATCHER.track(sid, None)
         return
     code = S.get(classroom.FOLLOWS, "")
     if not code:
+        WATCHER.track(sid, None)
         return
     if not S.get(OWN) and S.get(BASE):
         mine, base = shared_query(), S[BASE]
@@ -346,5 +343,7 @@ def publish(slot) -> None:
                      "does.", icon=":material/groups:")
         row.button("Stop following", key="class.leave", on_click=_forget,
                    icon=":material/logout:")
-        with session.timer_place():  # exploring on their own too: the question reaches them
-            _poll()
+    if sid is not None and APPLIED in S:  # (a run that reached the class in `sync`)
+        WATCHER.track(sid, watch.Page(code, classroom.token(),
+                                      None if S.get(OWN) else S[APPLIED],
+                                      S.get(MARK, (0, False))))

@@ -18,6 +18,7 @@ import numpy as np
 import streamlit as st
 
 from kvviz.app import explain
+from kvviz.app.figures.cache import Prebuilt
 from kvviz.app.figures.votes import attention_rows_figure, evidence_figure, held_figure, votes_figure, votes_word
 from kvviz.app.teach.classroom import Refused
 from kvviz.app.teach.question import asked_at
@@ -195,18 +196,33 @@ def _panel(ctx: Ctx, r):
 
 def _evidence(ctx: Ctx, r, panel, revealed: bool) -> None:
     """What the policy sees: its own score of every held slot (marked with the answer and
-    the class's guesses once revealed), then the attention rows up to the step."""
-    tokens = ctx.trace.tokens
-    chart(evidence_figure(panel, r.answer_step, tokens=tokens,
-                          answer=r.answer if revealed else (),
-                          votes=dict(r.tally()) if revealed else None),
-          key="predict.evidence", **CHART)
-    held = sorted(r.held)
-    first = max(0, int(r.answer_step) - ROWS + 1)
-    rows = [np.asarray(ctx.trace.row(i), float) for i in range(first, int(r.answer_step) + 1)]
+    the class's guesses once revealed), then the attention rows up to the step. Built once
+    per question, run and reveal server-wide (`_evidence_figures`): every page of the class
+    draws the same two figures."""
+    pol, params = (ctx.a, ctx.pa) if r.who == "a" else (ctx.b, ctx.pb)
+    run = (ctx.key, ctx.layer, ctx.version, pol, params, ctx.budget, ctx.head)
+    tally = tuple(sorted(r.tally().items())) if revealed else None
+    scores, rows = _evidence_figures(run, r.number, r.answer_step, r.held,
+                                     r.answer if revealed else frozenset(), tally,
+                                     _panel=panel, _trace=ctx.trace)
+    chart(scores, key="predict.evidence", **CHART)
+    chart(rows, key="predict.rows", **CHART)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _evidence_figures(run: tuple, number: int, step: int, held: frozenset, answer: frozenset,
+                      tally: tuple | None, _panel, _trace) -> tuple[Prebuilt, Prebuilt]:
+    """The evidence's two figures for one question of one run (`run`: trace, layer, version,
+    policy, parameters, budget, head), as finished dicts shared read-only by every page."""
+    tokens = _trace.tokens
+    scores = evidence_figure(_panel, step, tokens=tokens, answer=answer,
+                             votes=dict(tally) if tally is not None else None)
+    held = sorted(held)
+    first = max(0, int(step) - ROWS + 1)
+    rows = [np.asarray(_trace.row(i), float) for i in range(first, int(step) + 1)]
     rows = [np.pad(row, (0, max(0, held[-1] + 1 - len(row))))[held] for row in rows]
-    chart(attention_rows_figure(rows, held, first, r.answer_step, tokens=tokens),
-          key="predict.rows", **CHART)
+    return (Prebuilt(scores.to_dict()),
+            Prebuilt(attention_rows_figure(rows, held, first, step, tokens=tokens).to_dict()))
 
 
 def question(ctx: Ctx) -> bool:
