@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Install Debian's chromium (the browser tests' browser) unless it is there already, waiting
-# out an apt/dpkg lock that another install holds instead of failing on it.
+# Install the Debian packages the tests need that are not there already: chromium (the browser
+# tests' browser), caddy (the proxy of `kvviz app --workers N`) and redis-server (the class
+# store's Redis tests), waiting out an apt/dpkg lock that another install holds instead of
+# failing on it.
 #
 # apt-get gets -o DPkg::Lock::Timeout (it then waits for the dpkg lock itself). Not every lock
 # honours that option (apt-get update's lists lock, older apt), so a run that still ends in
 # "Could not get lock" is retried, with a line saying so, until KVVIZ_APT_LOCK_TIMEOUT
 # seconds (600) have passed. Any other failure ends the script at once.
-# Overridable for tests: KVVIZ_CHROMIUM (the browser looked for), KVVIZ_APT (the apt command,
-# used as given: no sudo), KVVIZ_APT_LOCKS (the lock files named in the waiting line).
+# Overridable for tests: KVVIZ_CHROMIUM, KVVIZ_CADDY, KVVIZ_REDIS (the programs looked for),
+# KVVIZ_APT (the apt command, used as given: no sudo), KVVIZ_APT_LOCKS (the lock files named
+# in the waiting line).
 set -euo pipefail
 
-CHROMIUM=${KVVIZ_CHROMIUM:-/usr/bin/chromium}
-[ -x "$CHROMIUM" ] && exit 0
+MISSING=()
+[ -x "${KVVIZ_CHROMIUM:-/usr/bin/chromium}" ] || MISSING+=(chromium)
+command -v "${KVVIZ_CADDY:-caddy}" >/dev/null || MISSING+=(caddy)
+command -v "${KVVIZ_REDIS:-redis-server}" >/dev/null || MISSING+=(redis-server)
+[ "${#MISSING[@]}" -eq 0 ] && exit 0
 
 TIMEOUT=${KVVIZ_APT_LOCK_TIMEOUT:-600}
 LOCKS=${KVVIZ_APT_LOCKS:-/var/lib/dpkg/lock-frontend /var/lib/apt/lists/lock}
@@ -58,4 +64,4 @@ apt_run() {  # apt_run ARGS...: run apt, retrying while it fails on a lock, unti
 }
 
 apt_run update -qq
-apt_run install -y -qq chromium
+apt_run install -y -qq "${MISSING[@]}"

@@ -4,9 +4,16 @@
     python scripts/loadtest.py --sizes 30 --browser 0 --json artifacts/load.json
     python scripts/loadtest.py --launcher kvviz               # servers started by `kvviz app`
     python scripts/loadtest.py --class 10,30,60               # a class following and voting
+    python scripts/loadtest.py --class 30 --workers 2         # the class on 2 processes, Caddy
 
 --class: per size N a fresh `kvviz app`, one lecturer and N students
 following it and voting (class_session below: what is measured and how).
+
+--workers N (with --launcher kvviz, the default with --class): the server is `kvviz app
+--workers N`, N Streamlit processes behind Caddy; every session connects through the proxy
+(a GET of the page first, as a browser does, so its websocket carries the proxy's sticky
+cookie). Server CPU and RSS are then the sums over the worker processes; the proxy's CPU is
+counted in its own column.
 
 For each N, a fresh server (`streamlit run app.py`, or `kvviz app` with --launcher kvviz;
 headless, 127.0.0.1, a free port from the operating system), once it answers its health check:
@@ -70,16 +77,35 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class PeakRSS:
-    """Samples the server's RSS every `every` seconds while in the `with` block."""
+def server_procs(srv: C.Server) -> tuple[list[int], list[int]]:
+    """(the server's processes, the proxy's): the server itself; with --workers, the
+    launcher's workers and its Caddy."""
+    if srv.workers == 1:
+        return [srv.pid], []
+    kids = srv.children()
+    proxy = [p for p, cmd in kids.items() if cmd.split()[0].endswith("caddy")]
+    return [p for p in kids if p not in proxy], proxy
 
-    def __init__(self, pid: int, every: float = 0.05):
-        self.pid, self.every, self.peak = pid, every, 0.0
+
+def rss_sum(pids: list[int]) -> float:
+    return sum(rss_mb(p) for p in pids)
+
+
+def cpu_sum(pids: list[int]) -> float:
+    return sum(cpu_s(p) for p in pids)
+
+
+class PeakRSS:
+    """Samples the servers' RSS (summed over `pids`) every `every` seconds while in the `with`
+    block."""
+
+    def __init__(self, pids: list[int], every: float = 0.05):
+        self.pids, self.every, self.peak = pids, every, 0.0
         self._stop = threading.Event()
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, rss_mb(self.pid))
+            self.peak = max(self.peak, rss_sum(self.pids))
             self._stop.wait(self.every)
 
     def __enter__(self):
@@ -90,7 +116,7 @@ class PeakRSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, rss_mb(self.pid))
+        self.peak = max(self.peak, rss_sum(self.pids))
 
 
 # --- one class round ---------------------------------------------------------------------------
@@ -159,15 +185,15 @@ async def class_round(url: str, n: int, pool_to: int, timeout: float) -> dict:
             "errors": errors, "load_bytes": load_bytes, "chart_bytes": chart_bytes}
 
 
-def per_load_cost(url: str, pid: int, loads: int = 8) -> dict:
+def per_load_cost(url: str, pids: list[int], loads: int = 8) -> dict:
     """Server CPU and bytes of one page load on a warm server, one session at a time."""
     async def go():
         out = []
         for _ in range(loads):
-            c0 = cpu_s(pid)
+            c0 = cpu_sum(pids)
             async with C.Session(url, QUERY) as s:
                 r = await s.run()
-            out.append((cpu_s(pid) - c0, r.bytes, r.chart_bytes, r.seconds))
+            out.append((cpu_sum(pids) - c0, r.bytes, r.chart_bytes, r.seconds))
         return out
     rows = asyncio.run(go())
     med = statistics.median
@@ -184,23 +210,25 @@ def stats(xs) -> dict:
 
 
 def run_size(n: int, timeout: float, settle: float, repo: Path = REPO,
-             launcher: str = "streamlit") -> dict:
+             launcher: str = "streamlit", workers: int = 1) -> dict:
     port = free_port()
-    out = {"n": n, "launcher": launcher}
-    with C.Server(repo, port, launcher=launcher) as srv:
+    out = {"n": n, "launcher": launcher, "workers": workers}
+    with C.Server(repo, port, launcher=launcher, workers=workers) as srv:
+        pids, _ = server_procs(srv)
         out["ready_s"] = srv.ready_s
-        out["rss_start_mb"] = rss_mb(srv.pid)
-        print(f"N={n:3d} server ({launcher}) ready in {srv.ready_s:.1f} s", flush=True)
+        out["rss_start_mb"] = rss_sum(pids)
+        print(f"N={n:3d} server ({launcher}, {workers} worker{'s' * (workers > 1)}) ready in "
+              f"{srv.ready_s:.1f} s", flush=True)
         for phase, pool_to in (("cold", 7), ("warm", 9)):
-            with PeakRSS(srv.pid) as peak:
+            with PeakRSS(pids) as peak:
                 t0 = time.perf_counter()
                 r = asyncio.run(class_round(srv.url, n, pool_to, timeout))
                 r["wall_s"] = time.perf_counter() - t0
             time.sleep(settle)
-            r["rss_peak_mb"], r["rss_idle_mb"] = peak.peak, rss_mb(srv.pid)
+            r["rss_peak_mb"], r["rss_idle_mb"] = peak.peak, rss_sum(pids)
             out[phase] = r
             print(f"N={n:3d} {phase}: {line(r)}", flush=True)
-        out["per_load"] = per_load_cost(srv.url, srv.pid)
+        out["per_load"] = per_load_cost(srv.url, pids)
         print(f"N={n:3d} per warm page load: server CPU {out['per_load']['cpu_s']:.3f} s, "
               f"{out['per_load']['bytes'] / 1024:.0f} KB sent, of which charts "
               f"{out['per_load']['chart_bytes'] / 1024:.0f} KB", flush=True)
@@ -397,6 +425,8 @@ async def class_session(url: str, n: int, moves: int = 6, vote_spread: float = 5
                 problems.append(f"the reveal did not redraw the lecturer's page "
                                 f"({lec.diag(6)})")
         out["ticks"] = sum(s.ticks for s in students) + lec.ticks
+        # the cookies each page holds (behind --workers: the proxy's, naming its worker)
+        out["cookies"] = {s.name: dict(s.cookies) for s in [lec, *students]}
         out["runs"] = sum(len(s.runs) for s in students) + len(lec.runs)
     finally:
         await asyncio.gather(*(s.close() for s in [lec, *students]), return_exceptions=True)
@@ -442,22 +472,26 @@ async def _vote(s, delay: float, pos: int, wait: float):
 
 
 def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
-              launcher: str = "kvviz", **kw) -> dict:
-    """A fresh server (`kvviz app` by default), one class of n students on it."""
+              launcher: str = "kvviz", workers: int = 1, **kw) -> dict:
+    """A fresh server (`kvviz app` by default; `kvviz app --workers N` with workers), one
+    class of n students on it."""
     port = free_port()
-    with C.Server(repo, port, launcher=launcher) as srv:
+    with C.Server(repo, port, launcher=launcher, workers=workers) as srv:
+        pids, proxy = server_procs(srv)
         load0 = os.getloadavg()
-        c0, p0 = cpu_s(srv.pid), time.process_time()
-        with PeakRSS(srv.pid) as peak:
+        c0, x0, p0 = cpu_sum(pids), cpu_sum(proxy), time.process_time()
+        with PeakRSS(pids) as peak:
             t0 = time.perf_counter()
             r = asyncio.run(class_session(srv.url, n, timeout=timeout,
-                                          cpu=lambda: cpu_s(srv.pid), **kw))
+                                          cpu=lambda: cpu_sum(pids), **kw))
             r["wall_s"] = time.perf_counter() - t0
-        r["server_cpu_s"] = cpu_s(srv.pid) - c0
+        r["server_cpu_s"] = cpu_sum(pids) - c0  # every worker's, summed
+        r["proxy_cpu_s"] = cpu_sum(proxy) - x0
         r["client_cpu_s"] = time.process_time() - p0  # this process: every session's parsing
         time.sleep(settle)
-        r.update(rss_peak_mb=peak.peak, rss_idle_mb=rss_mb(srv.pid), ready_s=srv.ready_s,
-                 load_before=load0, load_after=os.getloadavg(), launcher=launcher)
+        r.update(rss_peak_mb=peak.peak, rss_idle_mb=rss_sum(pids), ready_s=srv.ready_s,
+                 load_before=load0, load_after=os.getloadavg(), launcher=launcher,
+                 workers=workers)
     print(f"class N={n:3d}: {class_line(r)}", flush=True)
     return r
 
@@ -480,7 +514,10 @@ def class_line(r: dict) -> str:
     return (f"follow p50/p95/max {fmt(stats(r['follow_s']))} s, vote "
             f"{fmt(stats(r['vote_s']))} s, errors {len(r['errors'])}, problems "
             f"{len(r['problems'])}, RSS peak {r['rss_peak_mb']:.0f} MB, server CPU "
-            f"{r['server_cpu_s']:.1f} s (clients {r['client_cpu_s']:.1f} s) in "
+            f"{r['server_cpu_s']:.1f} s"
+            + (f" over {r['workers']} workers, proxy {r['proxy_cpu_s']:.1f} s"
+               if r.get("workers", 1) > 1 else "")
+            + f" (clients {r['client_cpu_s']:.1f} s) in "
             f"{r['wall_s']:.1f} s, per student per move {per_student_ms(r)[0]:.1f} ms "
             f"({per_student_ms(r)[1]:.1f} ms less the quiet rate "
             f"{r.get('quiet_cpu_per_s', float('nan')):.2f} CPU-s/s), load "
@@ -494,15 +531,17 @@ def stuck(r: dict) -> list[str]:
 
 
 def class_table(results: list[dict]) -> str:
-    rows = ["| N | follow p50 / p95 / max (s) | vote p50 / p95 / max (s) | votes counted | "
-            "errors | students stuck | server CPU per student per move (ms) | "
-            "server CPU while nobody moves (s/s) | RSS peak / idle (MB) | load average (1 min) |",
-            "|---:|---|---|---|---:|---:|---:|---:|---|---|"]
+    rows = ["| N | workers | follow p50 / p95 / max (s) | vote p50 / p95 / max (s) | "
+            "votes counted | errors | students stuck | server CPU (s) | proxy CPU (s) | "
+            "server CPU per student per move (ms) | server CPU while nobody moves (s/s) | "
+            "RSS peak / idle (MB) | load average (1 min) |",
+            "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in results:
         v = r.get("votes", {})
-        rows.append(f"| {r['n']} | {fmt(stats(r['follow_s']))} | {fmt(stats(r['vote_s']))} | "
-                    f"{v.get('shown', 0)} of {r['n']} | {len(r['errors'])} | "
-                    f"{len(stuck(r))} | {per_student_ms(r)[0]:.1f} | "
+        rows.append(f"| {r['n']} | {r.get('workers', 1)} | {fmt(stats(r['follow_s']))} | "
+                    f"{fmt(stats(r['vote_s']))} | {v.get('shown', 0)} of {r['n']} | "
+                    f"{len(r['errors'])} | {len(stuck(r))} | {r['server_cpu_s']:.1f} | "
+                    f"{r.get('proxy_cpu_s', 0):.1f} | {per_student_ms(r)[0]:.1f} | "
                     f"{r.get('quiet_cpu_per_s', float('nan')):.2f} | "
                     f"{r['rss_peak_mb']:.0f} / {r['rss_idle_mb']:.0f} | "
                     f"{r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
@@ -577,13 +616,19 @@ def main(argv=None):
                     "the students open the link")
     ap.add_argument("--wait", type=float, default=30.0, help="class: seconds a follower may "
                     "take to arrive before it counts as a problem")
+    ap.add_argument("--workers", type=int, default=1, help="`kvviz app --workers N`: N "
+                    "server processes behind Caddy, the sessions through it (needs caddy)")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error(f"--workers must be a positive integer, got {args.workers}")
+    if args.workers > 1 and (args.launcher or ("kvviz" if args.klass else "streamlit")) != "kvviz":
+        ap.error("--workers N starts `kvviz app --workers N`: it takes --launcher kvviz")
     if args.klass:
         return main_class(args, ap)
     print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
           f"on {os.cpu_count()} cores", flush=True)
     results = [run_size(int(n), args.timeout, args.settle, args.repo,
-                        args.launcher or "streamlit")
+                        args.launcher or "streamlit", args.workers)
                for n in args.sizes.split(",")]
     doc = {"load_before": os.getloadavg(), "sizes": results}
     if args.browser:
@@ -609,7 +654,7 @@ def main_class(args, ap) -> None:
     print("load average before:", " ".join(f"{x:.2f}" for x in os.getloadavg()),
           f"on {os.cpu_count()} cores", flush=True)
     results = [run_class(int(n), args.timeout, args.settle, args.repo, launcher,
-                         moves=args.moves, vote_spread=args.vote_spread, wait=args.wait,
+                         workers=args.workers, moves=args.moves, vote_spread=args.vote_spread, wait=args.wait,
                          join_spread=args.join_spread)
                for n in args.klass.split(",")]
     print()

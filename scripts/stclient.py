@@ -16,6 +16,10 @@ value; this client sends only the moved one, which the server treats the same wa
 absent from the message keeps its previous value: `SessionState.on_script_will_rerun`).
 `LiveSession` is a tab left open: it reads every message as it comes and keeps the page's
 `st.fragment(run_every=...)` timers as the frontend does (a class's followers poll that way).
+Like a browser, a session first GETs the page and keeps the cookies it is given; its
+websocket connects (the first and any reconnect) carry them. Behind `kvviz app --workers N`
+that includes the proxy's sticky-session cookie, so a reconnect lands on the same worker (or,
+if that worker died, the proxy sets a new cookie for a live one, which is kept too).
 Nothing here imports kvviz; it needs `streamlit` (for the protobufs) and `websockets`.
 """
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
 
 import websockets
@@ -86,7 +92,10 @@ class Session:
 
     def __init__(self, base_url: str, query: str = "", timeout: float = 120.0):
         u = urlsplit(base_url)
+        self.page_url = f"http://{u.netloc}/"
         self.ws_url = f"ws://{u.netloc}/_stcore/stream"
+        self.cookies: dict[str, str] = {}  # what the server set, sent back as a browser does
+        self._got_page = False
         self.query = query.lstrip("?")
         self.timeout = timeout
         self.ws = None
@@ -102,9 +111,27 @@ class Session:
         await self.close()
 
     async def connect(self) -> None:
+        """Open the websocket; the first time, GET the page before it, as a browser does."""
+        if not self._got_page:
+            await asyncio.to_thread(self._get_page)
+            self._got_page = True
+        headers = ({"Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())}
+                   if self.cookies else None)
         self.ws = await websockets.connect(self.ws_url, subprotocols=["streamlit"],
                                            max_size=None, open_timeout=self.timeout,
-                                           ping_interval=None)
+                                           ping_interval=None, additional_headers=headers)
+        self._keep_cookies(self.ws.response.headers.get_all("Set-Cookie"))
+
+    def _get_page(self) -> None:
+        url = self.page_url + (f"?{self.query}" if self.query else "")
+        with urllib.request.urlopen(url, timeout=self.timeout) as r:
+            r.read()
+            self._keep_cookies(r.headers.get_all("Set-Cookie") or [])
+
+    def _keep_cookies(self, headers) -> None:
+        for h in headers:
+            for name, morsel in SimpleCookie(h).items():
+                self.cookies[name] = morsel.value
 
     async def close(self) -> None:
         if self.ws is not None:
@@ -252,6 +279,25 @@ class LiveSession(Session):
         return self
 
     async def close(self) -> None:
+        await self._stop_reading()
+        await super().close()
+
+    async def reconnect(self) -> float:
+        """What the frontend does when its websocket is lost: a new connection (with the
+        cookies it holds) and a whole-page run of the page's current query; the send time."""
+        await self._stop_reading()
+        if self.ws is not None:
+            try:
+                await self.ws.close()
+            except Exception:  # the old connection is already gone
+                pass
+            self.ws = None
+        self._closing = False
+        await self.connect()
+        self._reader = asyncio.create_task(self._read_loop())
+        return await self.send()
+
+    async def _stop_reading(self) -> None:
         self._closing = True
         for _, task in self.timers.values():
             task.cancel()
@@ -263,7 +309,6 @@ class LiveSession(Session):
             except BaseException:  # cancelled or already failed
                 pass
             self._reader = None
-        await super().close()
 
     # --- requests --------------------------------------------------------------------------
     async def send(self, widget_states=(), fragment_id: str = "", auto: bool = False) -> float:
@@ -294,6 +339,8 @@ class LiveSession(Session):
                 ws.double_value = float(value)
         elif kind in ("checkbox", "toggle"):
             ws.bool_value = bool(value)
+        elif kind == "text_input":
+            ws.string_value = str(value)
         else:
             raise NotImplementedError(f"widget type {kind} (key {key!r})")
         return ws
@@ -452,12 +499,14 @@ class LiveSession(Session):
 # --- a server to talk to ---------------------------------------------------------------------
 class Server:
     """`streamlit run app.py` (launcher "streamlit") or `kvviz app` (launcher "kvviz": the
-    page drawn once before the server listens) on 127.0.0.1:port, headless, telemetry off,
-    in its own process group (stopped by that group's id). `pid` is the server's process id
-    (for RSS; `kvviz app` runs the server in its own process)."""
+    page drawn once before the server listens; `workers` > 1: `kvviz app --workers N`, the
+    workers behind Caddy on `port`) on 127.0.0.1:port, headless, telemetry off, in its own
+    process group (stopped by that group's id). `pid` is the server's process id (for RSS;
+    `kvviz app` runs the server in its own process); with workers, the launcher's, and
+    `children()` are its workers and proxy."""
 
     def __init__(self, repo, port: int, env: dict | None = None, log=None,
-                 launcher: str = "streamlit"):
+                 launcher: str = "streamlit", workers: int = 1):
         import os
         import subprocess
         import sys
@@ -469,14 +518,36 @@ class Server:
         if launcher == "kvviz":
             cmd = [sys.executable, "-m", "kvviz", "app", *[f"{k}={v}" for k, v in
                                                           zip(flags[::2], flags[1::2])]]
-        elif launcher == "streamlit":
+            if workers > 1:
+                cmd += ["--workers", str(workers)]
+        elif launcher == "streamlit" and workers == 1:
             cmd = [sys.executable, "-m", "streamlit", "run", "app.py", *flags]
         else:
-            raise ValueError(f"launcher must be streamlit or kvviz, got {launcher!r}")
+            raise ValueError(f"launcher must be streamlit or kvviz (workers: kvviz only), "
+                             f"got {launcher!r} with {workers} workers")
+        self.workers = workers
         self.proc = subprocess.Popen(cmd, cwd=repo, env={**os.environ, **(env or {})},
                                      stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.pid = self.proc.pid
+
+    def children(self) -> dict[int, str]:
+        """{pid: command line} of the launcher's child processes (its workers and Caddy)."""
+        import glob
+        out = {}
+        for f in glob.glob(f"/proc/{self.pid}/task/*/children"):
+            try:
+                with open(f) as fh:
+                    pids = fh.read().split()
+            except OSError:
+                continue
+            for pid in map(int, pids):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        out[pid] = cmdline.read().replace(b"\0", b" ").decode().strip()
+                except OSError:
+                    pass
+        return out
 
     def wait_healthy(self, timeout: float = 120.0) -> float:
         import urllib.request
@@ -500,7 +571,7 @@ class Server:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.pid, signal.SIGTERM)  # the group we started
-                self.proc.wait(10)
+                self.proc.wait(10 if self.workers == 1 else 30)  # the launcher stops its own
             except ProcessLookupError:
                 pass
             except subprocess.TimeoutExpired:

@@ -18,7 +18,7 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 FAST_TIER="not model and not browser and not server and not page and not slow"
 
-[ "$FAST" = 1 ] || ./scripts/apt_deps.sh  # chromium, if missing (waits out another install's apt lock)
+[ "$FAST" = 1 ] || ./scripts/apt_deps.sh  # chromium, caddy, redis-server if missing (waits out another install's apt lock)
 
 PY=${PYTHON:-python3}
 VENV=${KVVIZ_VENV:-.venv}

@@ -178,6 +178,19 @@ def server():
 
 
 @pytest.fixture(scope="session")
+def caddy():
+    """Caddy on PATH, the proxy of `kvviz app --workers N` (a failure when KVVIZ_REQUIRE_E2E=1,
+    a skip otherwise; scripts/apt_deps.sh installs it): the `server` tier. Its executable."""
+    found = shutil.which("caddy")
+    if found is None:
+        msg = "caddy is not installed (./scripts/apt_deps.sh installs it)"
+        if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return found
+
+
+@pytest.fixture(scope="session")
 def ray_local():
     """A sweep's `ray=` for a local Ray cluster (the `slow` tier: starting one takes tens of
     seconds on a small machine)."""

@@ -1,4 +1,5 @@
-"""scripts/apt_deps.sh (test.sh's apt step) waits out a held apt lock instead of failing.
+"""scripts/apt_deps.sh (test.sh's apt step) installs what is missing of chromium, caddy and
+redis-server, and waits out a held apt lock instead of failing.
 
 A fake apt-get behaves as apt does when it cannot wait: it fails at once with apt's own
 message while another process holds its lock. The test holds that lock with `flock` for a
@@ -37,7 +38,9 @@ def fake(tmp_path):
     apt.chmod(0o755)
     lock, log = tmp_path / "lock-frontend", tmp_path / "apt.log"
     lock.touch()
-    env = {**os.environ, "KVVIZ_CHROMIUM": str(tmp_path / "no-chromium"), "KVVIZ_APT": str(apt),
+    env = {**os.environ, "KVVIZ_CHROMIUM": str(tmp_path / "no-chromium"),
+           "KVVIZ_CADDY": str(tmp_path / "no-caddy"), "KVVIZ_REDIS": str(tmp_path / "no-redis"),
+           "KVVIZ_APT": str(apt),
            "KVVIZ_APT_LOCKS": str(lock), "FAKE_LOCK": str(lock), "FAKE_LOG": str(log)}
     return env, lock, log
 
@@ -79,7 +82,7 @@ def test_waits_for_a_held_lock_then_installs(fake):
     assert "locked" in kinds  # it really met the lock ...
     ok = [(t, a) for t, k, a in got if k == "ok"]
     assert [a.split()[2] for _, a in ok] == ["update", "install"]  # ... and went on after it
-    assert "chromium" in ok[1][1]
+    assert ok[1][1].split()[-3:] == ["chromium", "caddy", "redis-server"]
     assert all(t >= released - 0.5 for t, _ in ok)
     assert all("DPkg::Lock::Timeout=600" in a for _, _, a in got)
 
@@ -105,10 +108,30 @@ def test_other_failures_are_not_retried(fake):
     assert len(calls(log)) == 1
 
 
-def test_nothing_to_do_when_chromium_is_there(fake, tmp_path):
+def _program(path: Path) -> str:
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_nothing_to_do_when_all_are_there(fake, tmp_path):
     env, _, log = fake
-    browser = tmp_path / "chromium"
-    browser.write_text("#!/bin/sh\n")
-    browser.chmod(0o755)
-    r = run({**env, "KVVIZ_CHROMIUM": str(browser)})
+    r = run({**env, "KVVIZ_CHROMIUM": _program(tmp_path / "chromium"),
+             "KVVIZ_CADDY": _program(tmp_path / "caddy"),
+             "KVVIZ_REDIS": _program(tmp_path / "redis-server")})
     assert r.returncode == 0 and calls(log) == []
+
+
+@pytest.mark.parametrize("present,installed", [
+    (("chromium",), ["caddy", "redis-server"]),
+    (("chromium", "redis-server"), ["caddy"]),
+    (("caddy", "redis-server"), ["chromium"]),
+])
+def test_only_what_is_missing_is_installed(fake, tmp_path, present, installed):
+    env, _, log = fake
+    names = {"chromium": "KVVIZ_CHROMIUM", "caddy": "KVVIZ_CADDY", "redis-server": "KVVIZ_REDIS"}
+    r = run({**env, **{names[p]: _program(tmp_path / p) for p in present}})
+    assert r.returncode == 0, r.stdout + r.stderr
+    ok = [a.split() for _, k, a in calls(log) if k == "ok"]
+    assert [a[2] for a in ok] == ["update", "install"]
+    assert ok[1][ok[1].index("-qq") + 1:] == installed

@@ -26,6 +26,7 @@ FIXTURE_MARKS = {
     "chromium": "browser",
     "apptest": "page",
     "server": "server",
+    "caddy": "server",  # the proxy of `kvviz app --workers N`, there with the servers
     "ray_local": "slow",
 }
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import socket
 import sys
+from pathlib import Path
 
 from kvviz.core.paths import app_file, lessons_dir, loop_dir, traces_dir
 from kvviz.core.plugins import add_argument as plugin_arg
@@ -35,12 +37,21 @@ SETTINGS = {
 }
 
 
-HELP = """usage: kvviz app [--dry-run] [--cold] [streamlit flags, e.g. --server.port 8502 --server.address 0.0.0.0]
+HELP = """usage: kvviz app [--dry-run] [--cold] [--workers N]
+                 [streamlit flags, e.g. --server.port 8502 --server.address 0.0.0.0]
 
 Starts the explorer on http://localhost:8501 (offline: no telemetry, bound to 127.0.0.1).
 Before it listens it draws the default page once, so a class arriving together finds the
 replays done. --cold starts without that. --dry-run prints the command, the traces folder
 and (bound to 0.0.0.0) the addresses to give a class, instead of starting.
+
+--workers N (N > 1) starts N server processes on free loopback ports, each drawing the
+default page before it listens (with --cold: none does), and Caddy (`sudo apt-get install
+caddy`) on the address and port asked for, keeping each browser on its worker by a cookie
+and sending it to a live one if its worker dies; a worker that exits is restarted. The
+workers share one class store: $KVVIZ_CLASSES (sqlite:///ABS/PATH.sqlite3 or
+redis://HOST:PORT/DB) if set, else a SQLite file in a private run directory. --dry-run
+prints the workers' and Caddy's commands and Caddy's configuration.
 
 Traces: $KVVIZ_TRACES_DIR if set; else ./traces when the current directory is a kvviz
 checkout (a trace captured there shows up even with an installed kvviz); else the ones this
@@ -108,6 +119,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("-h", "--help", action="store_true")  # prints HELP, which names Streamlit's flags
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--cold", action="store_true")
+    p.add_argument("--workers", default="1")  # checked in run(): a one-line refusal
     plugin_arg(p)
     p.set_defaults(func=run, parser=p, extra=[], passes_unknown=True)
     return p
@@ -130,6 +142,11 @@ def run(args) -> int:
         given = [plugins.absolute(s) for s in args.plugin]
         os.environ[plugins.ENV] = os.pathsep.join(plugins.env_specs() + given)
     dry, cold, extra = args.dry_run, args.cold, list(args.extra)
+    workers = int(args.workers) if args.workers.isdigit() else 0
+    if workers < 1:
+        print(f"error: --workers must be a positive integer, got {args.workers!r}",
+              file=sys.stderr)
+        return 2
     try:
         cmd = command(extra)
     except RuntimeError as exc:
@@ -148,6 +165,9 @@ def run(args) -> int:
     if urls is not None:
         urls_line = ("class URLs: " + " ".join(urls) if urls else
                      "class URLs: none found (no network address other than loopback)")
+    if workers > 1:
+        return _run_workers(workers, cold, dry, extra, env, traces, loop,
+                            urls_line if urls is not None else None)
     if dry:
         print(" ".join(cmd))
         print(f"traces: {traces}")
@@ -175,3 +195,46 @@ def run(args) -> int:
         lambda rec: "config option section was detected" not in rec.getMessage())
 
     return cli.main(args=cmd[3:], prog_name="streamlit", standalone_mode=False) or 0
+
+
+def _run_workers(n, cold, dry, extra, env, traces, loop, urls_line) -> int:
+    """`--workers n`: the plan printed (--dry-run) or started and supervised (workers.py)."""
+    from kvviz.app import workers
+
+    why = workers.refusal(n)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    if not (_flag(extra, "server.port") or "8501").isdigit():
+        print(f"error: --server.port must be a port number, got {_flag(extra, 'server.port')!r}",
+              file=sys.stderr)
+        return 2
+    address = _flag(extra, "server.address") or "127.0.0.1"
+    taken = None if dry else workers.port_taken(address, int(_flag(extra, "server.port") or 8501))
+    if taken:
+        print(f"error: --server.port: {taken}", file=sys.stderr)
+        return 2
+    run_dir = Path("$RUN") if dry else workers.new_run_dir()
+    p = workers.plan(n, extra, cold, run_dir, _flag, env)
+    if dry:
+        print(f"run directory: a new private temporary directory ({run_dir})")
+        for cmd in p.worker_cmds:
+            print(f"KVVIZ_CLASSES={p.env['KVVIZ_CLASSES']}", " ".join(cmd))
+        print(" ".join(p.caddy_cmd))
+        print(f"traces: {traces}")
+        print(f"loop results: {loop}")
+        if urls_line is not None:
+            print(urls_line)
+        print(f"--- {run_dir}/Caddyfile")
+        print(p.config, end="")
+        return 0
+
+    def say(line):
+        print(line, flush=True)
+        if urls_line is not None:
+            print(f"kvviz: bound to all interfaces; {urls_line}", flush=True)
+
+    rc = workers.run(p, say)
+    if rc == 0:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return rc
