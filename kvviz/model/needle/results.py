@@ -55,8 +55,16 @@ ARRAYS = ("prompt_ids", "tokens", "new_ids", "evicted_at")
 COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label",
            "params", "budget", "key", "answer", "correct", "agreement", "held_question",
            "held_end", "layers_whole", "first_lost", "held_by_layer", "held_end_by_layer",
-           "first_lost_by_layer", "held_by_head")
-JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head")
+           "first_lost_by_layer", "held_by_head",
+           # the task's columns (kvviz.model.needle.tasks); a pass-key run has -1 / "" / [] there
+           "task", "reminder_every", "distractors", "phrase_words", "outcome", "detail", "target",
+           "key_positions", "reminders", "reminder_positions", "distractor_keys", "distractor_positions",
+           "distractors_held_end")
+JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head",
+                "key_positions", "reminder_positions", "distractor_keys", "distractor_positions")
+TASK_DEFAULTS = {"task": "passkey", "reminder_every": -1, "distractors": -1, "phrase_words": -1,
+                 "target": "", "reminders": [], "distractor_names": [], "distractor_keys": [],
+                 "distractor_positions": []}
 
 
 def depth_label(depth) -> str:
@@ -138,6 +146,30 @@ def held(evicted_at: np.ndarray, positions, step: int) -> np.ndarray:
     return (e == NEVER) | (e > step)
 
 
+def task_meta(meta: dict) -> dict:
+    """A run's task fields, a run from before the tasks read as the pass key."""
+    return {k: meta.get(k, v) if meta.get(k) is not None else v for k, v in TASK_DEFAULTS.items()}
+
+
+def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
+    """One row's task columns: the task and its option, the answer check's outcome and
+    detail, the recorded positions, the share of the distractors' key tokens held at the end
+    of the prompt (-1 without distractors)."""
+    from kvviz.model.needle.tasks import score
+
+    t = task_meta(meta)
+    s = score({**meta, **t}, answer)
+    dpos = [p for ps in t["distractor_positions"] for p in ps]
+    return {"task": t["task"], "reminder_every": int(t["reminder_every"]), "distractors": int(t["distractors"]),
+            "phrase_words": int(t["phrase_words"]), "outcome": s.outcome, "detail": s.detail,
+            "target": t["target"], "key_positions": json.dumps(list(meta["key_positions"])),
+            "reminders": len(t["reminders"]),
+            "reminder_positions": json.dumps([int(a) for a, _ in t["reminders"]]),
+            "distractor_keys": json.dumps(list(t["distractor_keys"])),
+            "distractor_positions": json.dumps([list(ps) for ps in t["distractor_positions"]]),
+            "distractors_held_end": float(held(ev_c, dpos, T0 - 1).mean()) if dpos else -1.0}
+
+
 def rows(run: dict) -> list[dict]:
     """The results rows of one run (one per config), from its meta and evicted_at."""
     m, ev = run["meta"], run["evicted_at"]
@@ -164,11 +196,12 @@ def rows(run: dict) -> list[dict]:
             "held_end_by_layer": json.dumps([round(float(x), 6) for x in he.mean(axis=(1, 2))]),
             "first_lost_by_layer": json.dumps(lost),
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
+            **task_columns(m, m["answers"][c], ev[c], T0),
         })
     return out
 
 
-LAYER_COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label", "budget",
+LAYER_COLUMNS = ("id", "task", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label", "budget",
                  "layer", "head", "held_question", "held_end", "first_lost")
 
 
@@ -187,7 +220,8 @@ def layer_rows(run: dict) -> list[dict]:
         for layer in range(ev.shape[1]):
             for g in range(G):
                 hit = e[layer, g][e[layer, g] != NEVER]
-                out.append({"id": m["id"], "length": m["length"], "depth": m["depth"], "seed": m["seed"],
+                out.append({"id": m["id"], "task": task_meta(m)["task"], "length": m["length"],
+                            "depth": m["depth"], "seed": m["seed"],
                             "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
                             "policy": cfg["policy"], "label": cfg["label"],
                             "budget": -1 if cfg["budget"] is None else int(cfg["budget"]),
@@ -230,8 +264,31 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
         raise ValueError(f"no needle results in {out} (no results.csv)")
     df = pd.read_csv(path, keep_default_na=False, na_values=[""],
                      dtype={"id": str, "policy": str, "label": str, "key": str, "answer": str,
-                            "prompt_mode": str, "granularity": str})
-    df["answer"] = df["answer"].fillna("")
+                            "prompt_mode": str, "granularity": str, "task": str, "outcome": str,
+                            "detail": str, "target": str})
+    for col in ("answer", "detail", "target"):
+        if col in df:
+            df[col] = df[col].fillna("")
+    if "task" not in df:  # a folder written before the tasks: every run is the pass key
+        df["task"] = "passkey"
     for col in JSON_COLUMNS:
-        df[col] = df[col].map(json.loads)
+        if col in df:
+            df[col] = df[col].map(json.loads)
     return df
+
+
+GATE = 0.8  # the least full-cache accuracy at which a task's length stays in a study
+
+
+def gate(df, least: float = GATE):
+    """(the rows at the (task, length) cells where the full cache answers at least `least` of
+    the prompts, the full cache's accuracy per (task, length) with `kept`): a task is studied
+    only where the model can do it with nothing evicted."""
+    task = df["task"] if "task" in df else "passkey"
+    d = df.assign(task=task)
+    full = d[d["policy"] == "full"]
+    acc = (full.groupby(["task", "length"])["correct"].agg(prompts="size", full_accuracy="mean")
+           .reset_index())
+    acc["kept"] = acc["full_accuracy"] >= least
+    keep = set(zip(acc.loc[acc["kept"], "task"], acc.loc[acc["kept"], "length"]))
+    return d[[(t, n) in keep for t, n in zip(d["task"], d["length"])]], acc
