@@ -25,6 +25,7 @@ from kvviz.core.metrics import wilson
 from kvviz.core.paths import REPO, traces_or_default
 from kvviz.core.policies import FULL_LABEL, config_label
 from kvviz.model.needle import load_results, load_run
+from kvviz.model.needle.results import GATE, gate
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
 ANSWERS = ("<!-- needle:answers -->", "<!-- /needle:answers -->")
@@ -316,8 +317,32 @@ def predictors(out: Path, df: pd.DataFrame) -> None:
     (out / "predictors.json").write_text(json.dumps({"id": id_, "layers": res.rows_layers, "configs": rows}, indent=1))
 
 
-def report(out: Path) -> tuple[str, str]:
-    df = prepare(load_results(out))
+def gated(out: Path, task: str = "passkey") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the task's rows at the lengths the full cache answers (kvviz.model.needle.results.gate),
+    the full cache's accuracy per length with `kept`)."""
+    raw = load_results(out)
+    raw = raw[raw.task == task]
+    if raw.empty:
+        raise ValueError(f"no {task} runs in {out}")
+    return gate(raw)
+
+
+def gate_section(acc: pd.DataFrame) -> str:
+    left = acc[~acc.kept]
+    lines = [f"A length stays in this report when the full cache answers at least {GATE:.0%} of its prompts:", ""]
+    lines += [f"- {int(r.length)} tokens: full cache {pct(r.full_accuracy)} of {int(r.prompts)} prompts, "
+              + ("kept" if r.kept else "left out") for r in acc.itertuples()]
+    if len(left):
+        lines += ["", f"Left out of every table and answer below: {', '.join(str(int(n)) for n in left.length)} "
+                  "tokens (the model cannot do the task there with nothing evicted)."]
+    return "\n".join(lines)
+
+
+def report(out: Path, task: str = "passkey") -> tuple[str, str]:
+    kept, acc = gated(out, task)
+    if kept.empty:
+        raise ValueError(f"the full cache answers under {GATE:.0%} of the {task} prompts at every length in {out}")
+    df = prepare(kept)
     tab = table(df)
     lengths = sorted(df.length.unique().tolist())
     n_runs = df.id.nunique()
@@ -339,6 +364,10 @@ def report(out: Path) -> tuple[str, str]:
         "A run is right when the key's five digits appear in its greedy answer. *Held at the end* is the share of "
         "the key's token positions (both mentions) still in the cache after the prompt's last step, mean over "
         "layers (and KV heads); *whole* means every key position held in every layer.",
+        "",
+        "## The full cache's accuracy, per length",
+        "",
+        gate_section(acc),
         "",
         "## Accuracy by policy, prompt mode and budget",
         "",
@@ -467,16 +496,17 @@ def main(argv=None) -> int:
     p.add_argument("--predictors", action="store_true", help="run the loop for question 5 first")
     p.add_argument("--write", action="store_true",
                    help="rewrite docs/needle.md and the marked table in docs/benchmarks.md")
+    p.add_argument("--task", default="passkey", help="the task whose runs to report (kvviz needle --task)")
     args = p.parse_args(argv)
     out = Path(args.dir)
     try:
-        df = load_results(out)
+        df, _ = gated(out, args.task)
+        if args.predictors:
+            predictors(out, df)
+        tab, doc = report(out, args.task)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.predictors:
-        predictors(out, df)
-    tab, doc = report(out)
     print(doc)
     if args.write:
         (REPO / "docs" / "needle.md").write_text(doc)

@@ -152,18 +152,19 @@ def task_meta(meta: dict) -> dict:
 
 
 def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
-    """One row's task columns: the task and its option, the answer check's outcome and
-    detail, the recorded positions, the share of the distractors' key tokens held at the end
-    of the prompt (-1 without distractors)."""
+    """One row's task columns: whether the answer is right by the task's check (`correct`,
+    as the run scored it), the task and its option, the check's outcome and detail, the
+    recorded positions, the share of the distractors' key tokens held at the end of the
+    prompt (-1 without distractors)."""
     from kvviz.model.needle.tasks import score
 
     t = task_meta(meta)
     s = score({**meta, **t}, answer)
     dpos = [p for ps in t["distractor_positions"] for p in ps]
-    return {"task": t["task"], "reminder_every": int(t["reminder_every"]), "distractors": int(t["distractors"]),
-            "phrase_words": int(t["phrase_words"]), "outcome": s.outcome, "detail": s.detail,
-            "target": t["target"], "key_positions": json.dumps(list(meta["key_positions"])),
-            "reminders": len(t["reminders"]),
+    return {"correct": s.correct, "task": t["task"], "reminder_every": int(t["reminder_every"]),
+            "distractors": int(t["distractors"]), "phrase_words": int(t["phrase_words"]),
+            "outcome": s.outcome, "detail": s.detail, "target": t["target"],
+            "key_positions": json.dumps(list(meta["key_positions"])), "reminders": len(t["reminders"]),
             "reminder_positions": json.dumps([int(a) for a, _ in t["reminders"]]),
             "distractor_keys": json.dumps(list(t["distractor_keys"])),
             "distractor_positions": json.dumps([list(ps) for ps in t["distractor_positions"]]),

@@ -155,16 +155,11 @@ def recall(tok, length: int, depth, seed: int, every: int, haystack: str | None 
 
 def distractor_depths(depth: float, n: int) -> list[float]:
     """Evenly through the haystack, 100 (i + 1) / (n + 1) for i < n, each one closer to
-    the asked key's depth than half that spacing moved half the spacing away from it (up,
-    or down past 100), so no distractor shares the asked key's place."""
+    the asked key's depth than half that spacing moved to half the spacing after it, so no
+    distractor shares the asked key's place (it stays <= 100: the last even depth is
+    100 - spacing)."""
     gap = 100 / (n + 1)
-    out = []
-    for i in range(n):
-        d = gap * (i + 1)
-        if abs(d - depth) < gap / 2:
-            d = depth + gap / 2 if depth + gap / 2 <= 100 else depth - gap / 2
-        out.append(d)
-    return out
+    return [depth + gap / 2 if abs(gap * (i + 1) - depth) < gap / 2 else gap * (i + 1) for i in range(n)]
 
 
 def distractors(tok, length: int, depth, seed: int, n: int, haystack: str | None = None) -> NeedlePrompt:
