@@ -3,13 +3,20 @@
 Schema (DIR is the --out folder, e.g. traces/needle/):
 
 DIR/runs/<id>.npz, one per prompt, id `L<length>-d<depth>-s<seed>-<prompt_mode>-<granularity>`
-(e.g. `L512-d50-s0-decode-layer`), written by np.savez_compressed to a temp file and renamed:
+(e.g. `L512-d50-s0-decode-layer`; a task other than the pass key prefixes its name and option,
+`recall20-L512-...`, `distractors2-...`, `phrase4-...`), written by np.savez_compressed to a
+temp file and renamed:
   - `meta`: 0-d str, JSON: id, length, depth, seed, prompt_mode, granularity, key (digits),
     key_positions (prompt token indices of the key's digits, both mentions), question_start
     (index of the question's first token), prompt_len (T0), max_new_tokens, haystack,
     model (provenance dict), kvviz_version, configs [{policy, params, budget, source, bytes_per_slot, label}]
     (LoopConfig.record: source is where the policy came from, {origin, where, sha256}) with
-    index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G.
+    index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G;
+    the task (kvviz.model.needle.tasks; absent: the pass key): task, reminder_every,
+    distractors, phrase_words (its option, None for the others), reminders ([start, end)
+    token spans), target, distractor_names, distractor_keys, distractor_positions (token
+    indices of each distractor's key). `key` is the task's answer (the phrase for `phrase`)
+    and key_positions its tokens.
   - `prompt_ids` int64 (T0,); `tokens` str (T0,) display strings of the prompt's tokens.
   - `new_ids` int64 (C, N): generated ids, -1 after a config stopped.
   - `evicted_at` int32 (C, L, G, T0+N): the step at which each position was evicted, -1 never.
@@ -30,7 +37,17 @@ configs in run order (full first), with the columns COLUMNS:
   key position in every head at the end of the prompt), first_lost (earliest step any key
   position was evicted in any layer, -1 never), held_by_layer (JSON list, at the question),
   held_end_by_layer (JSON list), first_lost_by_layer (JSON list, -1 never),
-  held_by_head (JSON L x G list, at the question).
+  held_by_head (JSON L x G list, at the question); the task's: task, reminder_every,
+  distractors, phrase_words (-1 where the task has no such option), outcome (the task's
+  answer check: right / wrong; right / distractor / no key; whole / partial / lost), detail
+  (the distractor's name; the phrase's words found, in order), target, key_positions (JSON),
+  reminders (count), reminder_positions (JSON, each reminder's first token), distractor_keys,
+  distractor_positions (JSON), distractors_held_end (share of the distractors' key tokens
+  held at the end of the prompt, -1 without distractors). A results.csv from before the
+  tasks loads with task "passkey".
+
+gate(df): the rows at the (task, length) cells where the full cache answers >= 80 % of the
+prompts, and the full cache's accuracy per cell; a study keeps only those.
 
 Loaders: list_runs(dir), load_run(dir, id) -> NeedleRun (a dict: meta parsed, arrays; its
 to_frame() is the long table of every position), load_results(dir) -> pandas.DataFrame
