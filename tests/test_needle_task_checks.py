@@ -138,6 +138,15 @@ def test_results_columns_for_each_task(tmp_path):
     assert (p.outcome, p.detail, p.held_end) == ("partial", "maple", 0.75)
     assert df.loc[("phrase", "tova@8")].held_end_by_layer == [0.5, 1.0]
     assert set(layer_table(tmp_path).task) == {"distractors", "recall", "phrase"}
+    from kvviz.studies import needle_report
+
+    kept, _ = needle_report.gated(tmp_path, "distractors")
+    t = needle_report.task_outcome_table(needle_report.prepare(kept)).set_index("name")
+    assert t.loc["tova", "distractor"] == 1 and t.loc["tova", "right"] == 0
+    assert t.loc["tova", "distractors held"] == pytest.approx(0.75) and t.loc["tova", "whole span"] == 0
+    assert t.loc["full cache", "right"] == 1
+    _, doc = needle_report.report(tmp_path, "phrase")
+    assert "## The phrase task's answer check" in doc and "A run is right when the whole phrase appears" in doc
 
 
 def test_an_old_results_file_loads_as_the_pass_key(tmp_path):

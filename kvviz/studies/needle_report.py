@@ -361,7 +361,9 @@ def report(out: Path, task: str = "passkey") -> tuple[str, str]:
         f"{int(cfg_n.min())}–{int(cfg_n.max())} configurations each, {len(df)} rows. Model: "
         f"{load_run(out, df.id.iloc[0])['meta']['model'].get('model', '?')}.",
         "",
-        "A run is right when the key's five digits appear in its greedy answer. *Held at the end* is the share of "
+        ("A run is right when the key's five digits appear in its greedy answer" if task != "phrase" else
+         "A run is right when the whole phrase appears in its greedy answer")
+        + f" (task: {task}). *Held at the end* is the share of "
         "the key's token positions (both mentions) still in the cache after the prompt's last step, mean over "
         "layers (and KV heads); *whole* means every key position held in every layer.",
         "",
@@ -405,7 +407,43 @@ def report(out: Path, task: str = "passkey") -> tuple[str, str]:
                   "", outcomes(df), ""]
     if (df.granularity == "kv-head").any():
         doc[-1:-1] = ["## Per KV head against per layer, on the same prompts", "", per_head_table(df), ""]
+    if task != "passkey":
+        doc[-1:-1] = [f"## The {task} task's answer check", "", TASK_NOTE[task], "", task_outcomes(df), ""]
     return tab, "\n".join(doc)
+
+
+TASK_NOTE = {
+    "recall": "The key is said once; reminders (\"Keep the pass key in mind.\") follow every K sentences. "
+              "*right* / *wrong*: the key's digits in the answer or not.",
+    "distractors": "Other people's keys stand in the haystack too. *right*: the asked key is the first key in the "
+                   "answer; *distractor*: another person's key is; *no key*: none of them. *distractors held*: "
+                   "share of the distractors' key tokens held at the end of the prompt.",
+    "phrase": "*whole*: the phrase's words in the answer, consecutive and in order; *partial*: some of them in "
+              "order; *lost*: none. *Held at the end* is the share of the phrase's token positions held; "
+              "*whole span* the share of runs holding every one in every layer.",
+}
+
+
+def task_outcomes(df: pd.DataFrame) -> str:
+    t = task_outcome_table(df)
+    return "(no runs at layer granularity)" if t.empty else fmt(t)
+
+
+def task_outcome_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per policy, budget and prompt mode (layer granularity): the task's outcomes counted,
+    the share of the answer's positions held at the end and of runs holding them whole."""
+    d = df[df.granularity == "layer"]
+    if d.empty:
+        return pd.DataFrame()
+    kinds = [k for k in ("right", "wrong", "distractor", "no key", "whole", "partial", "lost") if k in set(d.outcome)]
+    t = (d.groupby(["name", "budget", "prompt_mode"]).outcome.value_counts().unstack(fill_value=0)
+         .reindex(columns=kinds, fill_value=0))
+    g = d.groupby(["name", "budget", "prompt_mode"])
+    t["held at the end"] = g.held_end.mean()
+    t["whole span"] = g.whole.mean()
+    if (d.distractors_held_end >= 0).any():
+        t["distractors held"] = g.distractors_held_end.mean()
+    return t.reset_index()
 
 
 def per_head(df: pd.DataFrame) -> pd.DataFrame:
