@@ -206,3 +206,13 @@ def test_reminder_rows_and_key_attention_by_hand():
     assert key_attention(attn, [1, 2], [4]).tolist() == [0.75, 0.0]
     assert key_attention(attn, [1, 2], [4, 5]).tolist() == pytest.approx([(0.75 + 0.75 + 0.2 + 0) / 4, 0.25])
     assert json.dumps(key_attention(attn, [1, 2], [5]).tolist()) == "[0.1, 0.5]"
+
+
+def test_reminder_study_refuses_a_bad_option_before_loading(capsys, monkeypatch):
+    import kvviz.model.models as models
+    from kvviz.studies.reminder_attention import main as study
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    assert study(["--reminder-every", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --reminder-every must be an integer >= 1, got 0"]

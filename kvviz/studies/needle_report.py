@@ -4,6 +4,10 @@
     .venv/bin/python -m kvviz.studies.needle_report traces/needle --predictors    # first run the loop (question 5)
     .venv/bin/python -m kvviz.studies.needle_report traces/needle --write         # also rewrite docs/needle.md
                                                                             # and benchmarks.md's marked table
+    .venv/bin/python -m kvviz.studies.needle_report out/recall --task recall      # another task's runs
+
+Only the lengths where the full cache answers at least 80 % of the task's prompts are
+reported (kvviz.model.needle.results.gate); the others are listed with that accuracy.
 
 Every number is computed here from DIR/results.csv (kvviz.model.needle.load_results); nothing is
 typed. `--predictors` runs kvviz.model.loop.run_loop once on the grid's first decode-mode prompt

@@ -11,6 +11,7 @@ A ratio above 1 in a layer: the reminders look back at the key more than the fil
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 
@@ -103,8 +104,9 @@ def main(argv=None) -> int:
         prompts = [recall(tok, args.length, args.depth, s, args.reminder_every) for s in args.seeds]
         for pr in prompts:
             query_rows(pr.reminders, len(pr.ids))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # the needle's messages name its --lengths; this study's option is --length
+        message = re.sub(r"--lengths\b", "--length", str(exc))
+        print(f"error: {message}", file=sys.stderr)
         return 2
     use_threads(args.threads, "reminder_attention")
     pair = load_model(args.model, "reminder_attention")

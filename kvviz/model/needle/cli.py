@@ -1,5 +1,6 @@
-"""`python -m kvviz needle ...`: the pass-key grid. Every input is checked before the model
-loads (the key's fit needs only the tokenizer); re-running the same command resumes."""
+"""`python -m kvviz needle ...`: the pass-key grid, or one of its tasks (--task, with its
+option: kvviz.model.needle.tasks). Every input is checked before the model loads (the key's
+fit needs only the tokenizer); re-running the same command resumes."""
 from __future__ import annotations
 
 import argparse
