@@ -4,6 +4,10 @@
     .venv/bin/python -m kvviz.studies.needle_report traces/needle --predictors    # first run the loop (question 5)
     .venv/bin/python -m kvviz.studies.needle_report traces/needle --write         # also rewrite docs/needle.md
                                                                             # and benchmarks.md's marked table
+    .venv/bin/python -m kvviz.studies.needle_report out/recall --task recall      # another task's runs
+
+Only the lengths where the full cache answers at least 80 % of the task's prompts are
+reported (kvviz.model.needle.results.gate); the others are listed with that accuracy.
 
 Every number is computed here from DIR/results.csv (kvviz.model.needle.load_results); nothing is
 typed. `--predictors` runs kvviz.model.loop.run_loop once on the grid's first decode-mode prompt
@@ -25,6 +29,7 @@ from kvviz.core.metrics import wilson
 from kvviz.core.paths import REPO, traces_or_default
 from kvviz.core.policies import FULL_LABEL, config_label
 from kvviz.model.needle import load_results, load_run
+from kvviz.model.needle.results import GATE, gate
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
 ANSWERS = ("<!-- needle:answers -->", "<!-- /needle:answers -->")
@@ -316,8 +321,32 @@ def predictors(out: Path, df: pd.DataFrame) -> None:
     (out / "predictors.json").write_text(json.dumps({"id": id_, "layers": res.rows_layers, "configs": rows}, indent=1))
 
 
-def report(out: Path) -> tuple[str, str]:
-    df = prepare(load_results(out))
+def gated(out: Path, task: str = "passkey") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the task's rows at the lengths the full cache answers (kvviz.model.needle.results.gate),
+    the full cache's accuracy per length with `kept`)."""
+    raw = load_results(out)
+    raw = raw[raw.task == task]
+    if raw.empty:
+        raise ValueError(f"no {task} runs in {out}")
+    return gate(raw)
+
+
+def gate_section(acc: pd.DataFrame) -> str:
+    left = acc[~acc.kept]
+    lines = [f"A length stays in this report when the full cache answers at least {GATE:.0%} of its prompts:", ""]
+    lines += [f"- {int(r.length)} tokens: full cache {pct(r.full_accuracy)} of {int(r.prompts)} prompts, "
+              + ("kept" if r.kept else "left out") for r in acc.itertuples()]
+    if len(left):
+        lines += ["", f"Left out of every table and answer below: {', '.join(str(int(n)) for n in left.length)} "
+                  "tokens (the model cannot do the task there with nothing evicted)."]
+    return "\n".join(lines)
+
+
+def report(out: Path, task: str = "passkey") -> tuple[str, str]:
+    kept, acc = gated(out, task)
+    if kept.empty:
+        raise ValueError(f"the full cache answers under {GATE:.0%} of the {task} prompts at every length in {out}")
+    df = prepare(kept)
     tab = table(df)
     lengths = sorted(df.length.unique().tolist())
     n_runs = df.id.nunique()
@@ -336,9 +365,15 @@ def report(out: Path) -> tuple[str, str]:
         f"{int(cfg_n.min())}–{int(cfg_n.max())} configurations each, {len(df)} rows. Model: "
         f"{load_run(out, df.id.iloc[0])['meta']['model'].get('model', '?')}.",
         "",
-        "A run is right when the key's five digits appear in its greedy answer. *Held at the end* is the share of "
+        ("A run is right when the key's five digits appear in its greedy answer" if task != "phrase" else
+         "A run is right when the whole phrase appears in its greedy answer")
+        + f" (task: {task}). *Held at the end* is the share of "
         "the key's token positions (both mentions) still in the cache after the prompt's last step, mean over "
         "layers (and KV heads); *whole* means every key position held in every layer.",
+        "",
+        "## The full cache's accuracy, per length",
+        "",
+        gate_section(acc),
         "",
         "## Accuracy by policy, prompt mode and budget",
         "",
@@ -376,7 +411,43 @@ def report(out: Path) -> tuple[str, str]:
                   "", outcomes(df), ""]
     if (df.granularity == "kv-head").any():
         doc[-1:-1] = ["## Per KV head against per layer, on the same prompts", "", per_head_table(df), ""]
+    if task != "passkey":
+        doc[-1:-1] = [f"## The {task} task's answer check", "", TASK_NOTE[task], "", task_outcomes(df), ""]
     return tab, "\n".join(doc)
+
+
+TASK_NOTE = {
+    "recall": "The key is said once; reminders (\"Keep the pass key in mind.\") follow every K sentences. "
+              "*right* / *wrong*: the key's digits in the answer or not.",
+    "distractors": "Other people's keys stand in the haystack too. *right*: the asked key is the first key in the "
+                   "answer; *distractor*: another person's key is; *no key*: none of them. *distractors held*: "
+                   "share of the distractors' key tokens held at the end of the prompt.",
+    "phrase": "*whole*: the phrase's words in the answer, consecutive and in order; *partial*: some of them in "
+              "order; *lost*: none. *Held at the end* is the share of the phrase's token positions held; "
+              "*whole span* the share of runs holding every one in every layer.",
+}
+
+
+def task_outcomes(df: pd.DataFrame) -> str:
+    t = task_outcome_table(df)
+    return "(no runs at layer granularity)" if t.empty else fmt(t)
+
+
+def task_outcome_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per policy, budget and prompt mode (layer granularity): the task's outcomes counted,
+    the share of the answer's positions held at the end and of runs holding them whole."""
+    d = df[df.granularity == "layer"]
+    if d.empty:
+        return pd.DataFrame()
+    kinds = [k for k in ("right", "wrong", "distractor", "no key", "whole", "partial", "lost") if k in set(d.outcome)]
+    t = (d.groupby(["name", "budget", "prompt_mode"]).outcome.value_counts().unstack(fill_value=0)
+         .reindex(columns=kinds, fill_value=0))
+    g = d.groupby(["name", "budget", "prompt_mode"])
+    t["held at the end"] = g.held_end.mean()
+    t["whole span"] = g.whole.mean()
+    if (d.distractors_held_end >= 0).any():
+        t["distractors held"] = g.distractors_held_end.mean()
+    return t.reset_index()
 
 
 def per_head(df: pd.DataFrame) -> pd.DataFrame:
@@ -467,16 +538,17 @@ def main(argv=None) -> int:
     p.add_argument("--predictors", action="store_true", help="run the loop for question 5 first")
     p.add_argument("--write", action="store_true",
                    help="rewrite docs/needle.md and the marked table in docs/benchmarks.md")
+    p.add_argument("--task", default="passkey", help="the task whose runs to report (kvviz needle --task)")
     args = p.parse_args(argv)
     out = Path(args.dir)
     try:
-        df = load_results(out)
+        df, _ = gated(out, args.task)
+        if args.predictors:
+            predictors(out, df)
+        tab, doc = report(out, args.task)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.predictors:
-        predictors(out, df)
-    tab, doc = report(out)
     print(doc)
     if args.write:
         (REPO / "docs" / "needle.md").write_text(doc)

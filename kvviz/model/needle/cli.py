@@ -1,5 +1,6 @@
-"""`python -m kvviz needle ...`: the pass-key grid. Every input is checked before the model
-loads (the key's fit needs only the tokenizer); re-running the same command resumes."""
+"""`python -m kvviz needle ...`: the pass-key grid, or one of its tasks (--task, with its
+option: kvviz.model.needle.tasks). Every input is checked before the model loads (the key's
+fit needs only the tokenizer); re-running the same command resumes."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ from kvviz.model.capture import add_device_arguments, add_threads_argument, requ
 from kvviz.model.loop.cli import add_eviction_arguments
 from kvviz.model.loop.config import GRANULARITIES, check_chunk, check_fits
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
+from kvviz.model.needle.tasks import Task
 
 
 def _numbers(kind):
@@ -29,8 +31,9 @@ def _numbers(kind):
 def parser(sub=None) -> argparse.ArgumentParser:
     """`kvviz needle`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
     kw = dict(prog="python -m kvviz needle",
-              description="The pass-key test: a key hidden in a haystack at a depth, then the question; every "
-                          "policy answers over its own evicted cache beside the full cache. Re-running resumes.")
+              description="The pass-key test and its tasks: a key (or keys, or a phrase) hidden in a haystack at a "
+                          "depth, then the question; every policy answers over its own evicted cache beside the "
+                          "full cache. Re-running resumes.")
     p = (sub.add_parser("needle", help="the pass-key test under eviction (needs pip install 'kvviz[capture]')", **kw)
          if sub is not None else argparse.ArgumentParser(**kw))
     p.error = one_line_error
@@ -45,6 +48,13 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--prompt-modes", nargs="+", choices=PROMPT_MODES, default=["decode"])
     p.add_argument("--granularity", nargs="+", choices=GRANULARITIES, default=["layer"])
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per answer")
+    p.add_argument("--task", default="passkey",
+                   help="passkey (default), recall, distractors or phrase (kvviz/model/needle/tasks.py)")
+    p.add_argument("--reminder-every", type=int, help="recall: a reminder of the key after every K-th "
+                   "haystack sentence after it (default 20)")
+    p.add_argument("--distractors", type=int, help="distractors: other people's keys besides the asked "
+                   "one (default 2)")
+    p.add_argument("--phrase-words", type=int, help="phrase: words in the pass phrase (default 4)")
     add_eviction_arguments(p, prefill=True)
     p.add_argument("--haystack", help="UTF-8 text file for the haystack (default: the pass-key filler)")
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
@@ -66,9 +76,11 @@ def grid_from(args) -> Grid:
         raise ValueError("--out DIR is required")
     if not args.policies:
         raise ValueError("--policies: give at least one, e.g. --policies tova h2o")
+    task = Task(args.task, reminder_every=args.reminder_every, distractors=args.distractors,
+                phrase_words=args.phrase_words)
     return Grid(lengths=_flat(args.lengths), depths=_flat(args.depths), seeds=_flat(args.seeds),
                 policies=args.policies, budgets=_flat(args.budgets), prompt_modes=args.prompt_modes,
-                granularities=args.granularity, max_new_tokens=args.max_new_tokens)
+                granularities=args.granularity, max_new_tokens=args.max_new_tokens, task=task)
 
 
 def read_haystack(path) -> str | None:
@@ -106,7 +118,8 @@ def run(args) -> int:
         from kvviz.model.models import check_device
 
         check_device(args.device, args.dtype)
-        check_lengths(load_tokenizer(args.model), grid.lengths, grid.max_new_tokens, context_limit(args.model))
+        check_lengths(load_tokenizer(args.model), grid.lengths, grid.max_new_tokens, context_limit(args.model),
+                      grid.task, grid.seeds)
         check_fits(max(grid.lengths) + grid.max_new_tokens - 1, _flat(args.budgets), args.eviction,
                    option="--budgets", what=f"the longest prompt (--lengths {max(grid.lengths)}) with its new tokens")
     except (ValueError, RuntimeError) as exc:
@@ -131,6 +144,7 @@ def run(args) -> int:
     mine = df[df["id"].isin([s.id for s in grid.prompts()])]
     print(f"eviction: {args.eviction}")
     print(summary(mine))
+    print(gate_note(mine))
     print(f"{len(grid.prompts())} prompts x {len(grid.configs)} configs in {time.perf_counter() - start:.0f} s "
           f"-> {Path(args.out) / 'results.csv'} and results.json")
     return 0
@@ -138,9 +152,26 @@ def run(args) -> int:
 
 def summary(df) -> str:
     """Accuracy and key share held at the end of the prompt, per configuration
-    (kvviz.core.policies.config_label) and prompt mode."""
+    (kvviz.core.policies.config_label) and prompt mode; the answer checks' outcomes, counted
+    (right / wrong for the pass key and recall, right / distractor / no key, whole / partial / lost)."""
     df = df.assign(config=[config_label(p, json.loads(q) if isinstance(q, str) else q, budget=b)
                            for p, q, b in zip(df["policy"], df["params"], df["budget"])])
     g = df.groupby(["prompt_mode", "config"], sort=False).agg(
         runs=("correct", "size"), accuracy=("correct", "mean"), held_end=("held_end", "mean"))
+    if "outcome" in df:
+        g = g.join(df.groupby(["prompt_mode", "config"], sort=False)["outcome"].value_counts()
+                   .unstack(fill_value=0))
     return g.to_string(float_format=lambda v: f"{v:.2f}")
+
+
+def gate_note(df) -> str:
+    """The full cache's accuracy per task and length, and which lengths a study keeps
+    (kvviz.model.needle.results.gate)."""
+    from kvviz.model.needle.results import GATE, gate
+
+    _, acc = gate(df)
+    lines = [f"full-cache gate (a task's length stays in a study at >= {GATE:.0%} of its prompts answered):"]
+    for _, r in acc.iterrows():
+        lines.append(f"  {r['task']} at {r['length']} tokens: {r['full_accuracy']:.0%} of {r['prompts']} prompts, "
+                     + ("kept" if r["kept"] else "left out"))
+    return "\n".join(lines)

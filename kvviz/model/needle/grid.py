@@ -1,5 +1,5 @@
-"""The needle grid: lengths x depths x seeds x prompt modes x granularities (the prompts),
-each run with every policy x budget (the configs) in one generate batch beside full.
+"""The needle grid: lengths x depths x seeds x prompt modes x granularities (the prompts) of
+one task, each run with every policy x budget (the configs) in one generate batch beside full.
 
 Everything here is checked without torch or a tokenizer, so a bad grid costs nothing.
 """
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from kvviz.model.loop.config import GRANULARITIES, LoopConfig
 from kvviz.model.needle.prompt import check_depth
 from kvviz.model.needle.results import depth_label, run_id
+from kvviz.model.needle.tasks import Task
 
 PROMPT_MODES = ("decode", "prefill")
 
@@ -23,10 +24,11 @@ class PromptSpec:
     seed: int
     prompt_mode: str
     granularity: str
+    prefix: str = ""  # the task's (Task.prefix): none for the pass key
 
     @property
     def id(self) -> str:
-        return run_id(self.length, self.depth, self.seed, self.prompt_mode, self.granularity)
+        return self.prefix + run_id(self.length, self.depth, self.seed, self.prompt_mode, self.granularity)
 
 
 @dataclass
@@ -39,14 +41,15 @@ class Grid:
     prompt_modes: list[str] = field(default_factory=lambda: ["decode"])
     granularities: list[str] = field(default_factory=lambda: ["layer"])
     max_new_tokens: int = 8
+    task: Task = field(default_factory=Task)
 
     def __post_init__(self):
         check(self)
         self.configs: list[LoopConfig] = build_configs(self.policies, self.budgets)
 
     def prompts(self) -> list[PromptSpec]:
-        return [PromptSpec(*x) for x in itertools.product(self.lengths, self.depths, self.seeds,
-                                                          self.prompt_modes, self.granularities)]
+        return [PromptSpec(*x, self.task.prefix) for x in itertools.product(
+            self.lengths, self.depths, self.seeds, self.prompt_modes, self.granularities)]
 
 
 def _nonempty(name: str, values) -> list:

@@ -6,7 +6,7 @@ tokenises (kvviz.model.models.tokenize), so the recorded positions are the model
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,10 +24,16 @@ class NeedlePrompt:
     key: str
     ids: list[int]
     offsets: list[tuple[int, int]]
-    key_positions: list[int]   # token indices of the key's digits (both mentions)
+    key_positions: list[int]   # token indices of the key's digits (both mentions); phrase: the phrase's tokens
     question_start: int        # token index of the question's first token
     length: int
     depth: float
+    task: str = "passkey"      # kvviz.model.needle.tasks.TASKS; `key` is the task's answer
+    reminders: list[tuple[int, int]] = field(default_factory=list)  # recall: token span [start, end) of each
+    target: str = ""           # distractors: the asked name
+    distractor_names: list[str] = field(default_factory=list)
+    distractor_keys: list[str] = field(default_factory=list)
+    distractor_positions: list[list[int]] = field(default_factory=list)  # each distractor key's tokens
 
 
 def make_key(seed: int, digits: int = DIGITS) -> str:

@@ -3,13 +3,20 @@
 Schema (DIR is the --out folder, e.g. traces/needle/):
 
 DIR/runs/<id>.npz, one per prompt, id `L<length>-d<depth>-s<seed>-<prompt_mode>-<granularity>`
-(e.g. `L512-d50-s0-decode-layer`), written by np.savez_compressed to a temp file and renamed:
+(e.g. `L512-d50-s0-decode-layer`; a task other than the pass key prefixes its name and option,
+`recall20-L512-...`, `distractors2-...`, `phrase4-...`), written by np.savez_compressed to a
+temp file and renamed:
   - `meta`: 0-d str, JSON: id, length, depth, seed, prompt_mode, granularity, key (digits),
     key_positions (prompt token indices of the key's digits, both mentions), question_start
     (index of the question's first token), prompt_len (T0), max_new_tokens, haystack,
     model (provenance dict), kvviz_version, configs [{policy, params, budget, source, bytes_per_slot, label}]
     (LoopConfig.record: source is where the policy came from, {origin, where, sha256}) with
-    index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G.
+    index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G;
+    the task (kvviz.model.needle.tasks; absent: the pass key): task, reminder_every,
+    distractors, phrase_words (its option, None for the others), reminders ([start, end)
+    token spans), target, distractor_names, distractor_keys, distractor_positions (token
+    indices of each distractor's key). `key` is the task's answer (the phrase for `phrase`)
+    and key_positions its tokens.
   - `prompt_ids` int64 (T0,); `tokens` str (T0,) display strings of the prompt's tokens.
   - `new_ids` int64 (C, N): generated ids, -1 after a config stopped.
   - `evicted_at` int32 (C, L, G, T0+N): the step at which each position was evicted, -1 never.
@@ -30,7 +37,17 @@ configs in run order (full first), with the columns COLUMNS:
   key position in every head at the end of the prompt), first_lost (earliest step any key
   position was evicted in any layer, -1 never), held_by_layer (JSON list, at the question),
   held_end_by_layer (JSON list), first_lost_by_layer (JSON list, -1 never),
-  held_by_head (JSON L x G list, at the question).
+  held_by_head (JSON L x G list, at the question); the task's: task, reminder_every,
+  distractors, phrase_words (-1 where the task has no such option), outcome (the task's
+  answer check: right / wrong; right / distractor / no key; whole / partial / lost), detail
+  (the distractor's name; the phrase's words found, in order), target, key_positions (JSON),
+  reminders (count), reminder_positions (JSON, each reminder's first token), distractor_keys,
+  distractor_positions (JSON), distractors_held_end (share of the distractors' key tokens
+  held at the end of the prompt, -1 without distractors). A results.csv from before the
+  tasks loads with task "passkey".
+
+gate(df): the rows at the (task, length) cells where the full cache answers >= 80 % of the
+prompts, and the full cache's accuracy per cell; a study keeps only those.
 
 Loaders: list_runs(dir), load_run(dir, id) -> NeedleRun (a dict: meta parsed, arrays; its
 to_frame() is the long table of every position), load_results(dir) -> pandas.DataFrame
@@ -55,8 +72,16 @@ ARRAYS = ("prompt_ids", "tokens", "new_ids", "evicted_at")
 COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label",
            "params", "budget", "key", "answer", "correct", "agreement", "held_question",
            "held_end", "layers_whole", "first_lost", "held_by_layer", "held_end_by_layer",
-           "first_lost_by_layer", "held_by_head")
-JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head")
+           "first_lost_by_layer", "held_by_head",
+           # the task's columns (kvviz.model.needle.tasks); a pass-key run has -1 / "" / [] there
+           "task", "reminder_every", "distractors", "phrase_words", "outcome", "detail", "target",
+           "key_positions", "reminders", "reminder_positions", "distractor_keys", "distractor_positions",
+           "distractors_held_end")
+JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head",
+                "key_positions", "reminder_positions", "distractor_keys", "distractor_positions")
+TASK_DEFAULTS = {"task": "passkey", "reminder_every": -1, "distractors": -1, "phrase_words": -1,
+                 "target": "", "reminders": [], "distractor_names": [], "distractor_keys": [],
+                 "distractor_positions": []}
 
 
 def depth_label(depth) -> str:
@@ -138,6 +163,31 @@ def held(evicted_at: np.ndarray, positions, step: int) -> np.ndarray:
     return (e == NEVER) | (e > step)
 
 
+def task_meta(meta: dict) -> dict:
+    """A run's task fields, a run from before the tasks read as the pass key."""
+    return {k: meta.get(k, v) if meta.get(k) is not None else v for k, v in TASK_DEFAULTS.items()}
+
+
+def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
+    """One row's task columns: whether the answer is right by the task's check (`correct`,
+    as the run scored it), the task and its option, the check's outcome and detail, the
+    recorded positions, the share of the distractors' key tokens held at the end of the
+    prompt (-1 without distractors)."""
+    from kvviz.model.needle.tasks import score
+
+    t = task_meta(meta)
+    s = score({**meta, **t}, answer)
+    dpos = [p for ps in t["distractor_positions"] for p in ps]
+    return {"correct": s.correct, "task": t["task"], "reminder_every": int(t["reminder_every"]),
+            "distractors": int(t["distractors"]), "phrase_words": int(t["phrase_words"]),
+            "outcome": s.outcome, "detail": s.detail, "target": t["target"],
+            "key_positions": json.dumps(list(meta["key_positions"])), "reminders": len(t["reminders"]),
+            "reminder_positions": json.dumps([int(a) for a, _ in t["reminders"]]),
+            "distractor_keys": json.dumps(list(t["distractor_keys"])),
+            "distractor_positions": json.dumps([list(ps) for ps in t["distractor_positions"]]),
+            "distractors_held_end": float(held(ev_c, dpos, T0 - 1).mean()) if dpos else -1.0}
+
+
 def rows(run: dict) -> list[dict]:
     """The results rows of one run (one per config), from its meta and evicted_at."""
     m, ev = run["meta"], run["evicted_at"]
@@ -164,11 +214,12 @@ def rows(run: dict) -> list[dict]:
             "held_end_by_layer": json.dumps([round(float(x), 6) for x in he.mean(axis=(1, 2))]),
             "first_lost_by_layer": json.dumps(lost),
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
+            **task_columns(m, m["answers"][c], ev[c], T0),
         })
     return out
 
 
-LAYER_COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label", "budget",
+LAYER_COLUMNS = ("id", "task", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label", "budget",
                  "layer", "head", "held_question", "held_end", "first_lost")
 
 
@@ -187,7 +238,8 @@ def layer_rows(run: dict) -> list[dict]:
         for layer in range(ev.shape[1]):
             for g in range(G):
                 hit = e[layer, g][e[layer, g] != NEVER]
-                out.append({"id": m["id"], "length": m["length"], "depth": m["depth"], "seed": m["seed"],
+                out.append({"id": m["id"], "task": task_meta(m)["task"], "length": m["length"],
+                            "depth": m["depth"], "seed": m["seed"],
                             "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
                             "policy": cfg["policy"], "label": cfg["label"],
                             "budget": -1 if cfg["budget"] is None else int(cfg["budget"]),
@@ -230,8 +282,31 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
         raise ValueError(f"no needle results in {out} (no results.csv)")
     df = pd.read_csv(path, keep_default_na=False, na_values=[""],
                      dtype={"id": str, "policy": str, "label": str, "key": str, "answer": str,
-                            "prompt_mode": str, "granularity": str})
-    df["answer"] = df["answer"].fillna("")
+                            "prompt_mode": str, "granularity": str, "task": str, "outcome": str,
+                            "detail": str, "target": str})
+    for col in ("answer", "detail", "target"):
+        if col in df:
+            df[col] = df[col].fillna("")
+    if "task" not in df:  # a folder written before the tasks: every run is the pass key
+        df["task"] = "passkey"
     for col in JSON_COLUMNS:
-        df[col] = df[col].map(json.loads)
+        if col in df:
+            df[col] = df[col].map(json.loads)
     return df
+
+
+GATE = 0.8  # the least full-cache accuracy at which a task's length stays in a study
+
+
+def gate(df, least: float = GATE):
+    """(the rows at the (task, length) cells where the full cache answers at least `least` of
+    the prompts, the full cache's accuracy per (task, length) with `kept`): a task is studied
+    only where the model can do it with nothing evicted."""
+    task = df["task"] if "task" in df else "passkey"
+    d = df.assign(task=task)
+    full = d[d["policy"] == "full"]
+    acc = (full.groupby(["task", "length"])["correct"].agg(prompts="size", full_accuracy="mean")
+           .reset_index())
+    acc["kept"] = acc["full_accuracy"] >= least
+    keep = set(zip(acc.loc[acc["kept"], "task"], acc.loc[acc["kept"], "length"]))
+    return d[[(t, n) in keep for t, n in zip(d["task"], d["length"])]], acc

@@ -10,20 +10,36 @@ from kvviz.core.paths import version
 from kvviz.model.loop.config import PREFILL_CHUNK
 from kvviz.model.models import context_limit, load_tokenizer  # noqa: F401 (the needle's checks use them)
 from kvviz.model.needle.grid import Grid, PromptSpec
-from kvviz.model.needle.prompt import FILLER, NeedlePrompt, build, minimum_length
+from kvviz.model.needle.prompt import FILLER, NeedlePrompt, minimum_length
 from kvviz.model.needle.results import list_runs, load_run, save_run, write_tables
+from kvviz.model.needle.tasks import Task, draw_phrase, score
+from kvviz.model.needle.tasks import build as build_task
 
 
-def check_lengths(tok, lengths, max_new_tokens: int = 1, limit: int | None = None) -> None:
-    """Every length fits the key (tokenizer) and, with its new tokens, the model's context."""
+def check_lengths(tok, lengths, max_new_tokens: int = 1, limit: int | None = None, task: Task | None = None,
+                  seeds=(0,)) -> None:
+    """Every length fits the task's sentences (tokenizer) and, with its new tokens, the
+    model's context; a phrase's tokens fit in --max-new-tokens."""
+    task = task or Task()
     need = minimum_length(tok)
     for n in lengths:
         if limit is not None and n + max_new_tokens > limit:
             raise ValueError(f"--lengths {n}: with --max-new-tokens {max_new_tokens} it exceeds the model's "
                              f"context of {limit} positions")
-        if n < need + 1:
+        if task.name == "passkey" and n < need + 1:
             raise ValueError(f"--lengths {n}: the pass key does not fit; the instruction, the key's sentence "
                              f"and the question take {need} tokens, so a length must be at least {need + 1}")
+    if task.name == "passkey":
+        return
+    for seed in seeds:  # the tasks' own sentences: the shortest length is the one to try
+        build_task(tok, task, min(lengths), 50, seed)
+    if task.name == "phrase":
+        for seed in seeds:
+            k = len(tok(" " + " ".join(draw_phrase(seed, task.phrase_words)), add_special_tokens=False)["input_ids"])
+            if k > max_new_tokens:
+                raise ValueError(f"--max-new-tokens {max_new_tokens}: the pass phrase of --phrase-words "
+                                 f"{task.phrase_words} (seed {seed}) takes {k} tokens, so the answer cannot hold "
+                                 f"it whole; give at least {k}")
 
 
 def haystack_info(text: str | None, name: str | None = None) -> dict:
@@ -34,12 +50,15 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
 
 def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: str,
                prompt_mode: str, granularity: str, seed: int = 0, haystack: dict | None = None,
-               progress=None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
+               progress=None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK,
+               task: Task | None = None) -> dict:
     """One prompt, every config in one kvviz.model.loop.generate batch: the run as
     results.load_run returns it (not written). The grid and the app's own-passage form both
     run through here, so a run from either is read the same way. `haystack`: the
     haystack_info to record (the filler's when None). `eviction`, `prefill_chunk`: as for
-    kvviz.model.loop.generate; the run records the mode and the memory each held."""
+    kvviz.model.loop.generate; the run records the mode and the memory each held. `task`:
+    the Task the prompt was built for (its option is recorded; the pass key when None),
+    each answer scored by its check (kvviz.model.needle.tasks.score)."""
     from kvviz.model.loop import generate
     from kvviz.model.models import model_provenance, token_strings
 
@@ -50,6 +69,10 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
     if list(gen.prompt_ids) != list(p.ids):
         raise RuntimeError(f"{run_id}: generate read other tokens than the prompt built")
     answers = [str(t) for t in gen.texts]
+    task = task or Task()
+    fields = {**task.record(), "task": p.task, "reminders": [list(r) for r in p.reminders], "target": p.target,
+              "distractor_names": p.distractor_names, "distractor_keys": p.distractor_keys,
+              "distractor_positions": p.distractor_positions}
     meta = {"id": run_id, "length": p.length, "depth": p.depth, "seed": seed,
             "prompt_mode": prompt_mode, "granularity": granularity, "key": p.key,
             "key_positions": p.key_positions, "question_start": p.question_start,
@@ -57,10 +80,11 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "haystack": haystack or haystack_info(None),
             "model": model_provenance(mdl), "kvviz_version": version(),
             "configs": [{**c.record(), "label": c.label} for c in gen.configs],
-            "answers": answers, "correct": [p.key in a for a in answers],
+            "answers": answers, "correct": [score({"key": p.key, **fields}, a).correct for a in answers],
             "agreement": [float(x) for x in gen.agreement],
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
-            **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")}}
+            **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
+            **fields}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
 
@@ -68,11 +92,11 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
             haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
     """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
-    p = build(pair[0], spec.length, spec.depth, spec.seed, haystack)
+    p = build_task(pair[0], grid.task, spec.length, spec.depth, spec.seed, haystack)
     return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
                       prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
                       haystack=haystack_info(haystack, haystack_name), eviction=eviction,
-                      prefill_chunk=prefill_chunk)
+                      prefill_chunk=prefill_chunk, task=grid.task)
 
 
 def model_name(model) -> str:

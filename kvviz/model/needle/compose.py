@@ -1,0 +1,158 @@
+"""A task's prompt built to an exact token length: the instruction, the haystack cut at a
+token count with sentences inserted at depths (and, for the recall task, a reminder after
+every k-th haystack sentence that follows the last insert), the question.
+
+The pass key's own builder (kvviz.model.needle.prompt.build) is the one-insert case: the
+same cut, the same split rule and the same length correction, so a task prompt with one
+insert and no reminders is the pass-key prompt token for token.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvviz.model.needle.prompt import INTRO, _tokens
+
+
+@dataclass(frozen=True)
+class Insert:
+    depth: float  # percent of the haystack's tokens
+    text: str
+
+
+@dataclass
+class Composed:
+    text: str
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    inserts: list[tuple[int, int]]    # character span of each insert, in the inserts' order
+    reminders: list[tuple[int, int]]  # character span of each reminder, in text order
+
+    def tokens_of(self, span: tuple[int, int]) -> list[int]:
+        """Token indices whose characters overlap the character span."""
+        s, e = span
+        return [i for i, (a, b) in enumerate(self.offsets) if b > a and a < e and b > s]
+
+
+def _split_at(part: str, hay_offsets, n: int, depth: float) -> int:
+    """Character index of `depth` percent of the first n haystack tokens, moved back to the
+    end of a sentence when one is within 200 characters (prompt._cut's rule)."""
+    k = int(round(depth / 100 * n))
+    split = hay_offsets[k - 1][1] if k > 0 else 0
+    if 0 < split < len(part):
+        dot = part.rfind(". ", max(0, split - 200), split + 1)
+        if dot >= 0:
+            split = dot + 1
+    return split
+
+
+def with_reminders(tail: str, reminder: str, every: int | None, cap: int | None = None) -> list[tuple[str, bool]]:
+    """The haystack after the last insert as (piece, is_reminder) pieces: a reminder after
+    sentence every, 2*every, ... while at least `every` whole sentences follow it, so the
+    question comes after a quiet stretch of `every` sentences or more; at most `cap` of them."""
+    if not tail or not every:
+        return [(tail, False)] if tail else []
+    sentences = re.split(r"(?<=\.) ", tail)
+    whole = sum(1 for s in sentences if s.endswith("."))
+    out: list[tuple[str, bool]] = []
+    run: list[str] = []
+    for i, s in enumerate(sentences, 1):
+        run.append(s)
+        if i % every == 0 and i + every <= whole and (cap is None or len(out) < 2 * cap):
+            out += [(" ".join(run), False), (reminder, True)]
+            run = []
+    if run:
+        out.append((" ".join(run), False))
+    return out
+
+
+def join(hay: str, hay_offsets, n: int, inserts: list[Insert], question: str,
+         reminder: str = "", every: int | None = None, cap: int | None = None, intro: str = INTRO):
+    """The prompt text for n haystack tokens: (text, insert spans, reminder spans)."""
+    end = hay_offsets[n - 1][1] if n > 0 else 0
+    part = hay[:end]
+    splits = [_split_at(part, hay_offsets, n, d.depth) for d in inserts]
+    pieces: list[tuple[str, str | int | None]] = [(intro, None)]
+    prev = 0
+    for i in sorted(range(len(inserts)), key=lambda j: (splits[j], j)):
+        pieces += [(part[prev:splits[i]].strip(), None), (inserts[i].text, i)]
+        prev = splits[i]
+    pieces += [(p, "reminder" if r else None) for p, r in with_reminders(part[prev:].strip(), reminder, every, cap)]
+    pieces.append((question, None))
+    text, at = [], 0
+    ins: dict[int, tuple[int, int]] = {}
+    rem: list[tuple[int, int]] = []
+    for piece, tag in pieces:
+        if not piece:
+            continue
+        at += 1 if text else 0
+        if tag == "reminder":
+            rem.append((at, at + len(piece)))
+        elif tag is not None:
+            ins[tag] = (at, at + len(piece))
+        text.append(piece)
+        at += len(piece)
+    return " ".join(text), [ins[i] for i in range(len(inserts))], rem
+
+
+def compose(tok, length: int, hay: str, inserts: list[Insert], question: str, reminder: str = "",
+            every: int | None = None, what: str = "the task", intro: str = INTRO) -> Composed:
+    """The prompt of exactly `length` tokens (the nearest below when the tokenizer cannot hit
+    it), or ValueError naming --lengths when the inserts and question do not fit."""
+    need = len(_tokens(tok, join("", [], 0, inserts, question, intro=intro)[0])[0])
+    if length < need + 1:
+        raise ValueError(f"--lengths {length}: {what} does not fit; the instruction, its sentences and the "
+                         f"question take {need} tokens, so a length must be at least {need + 1}")
+    unit = hay
+    while len(_tokens(tok, hay)[0]) < length:
+        hay = hay + " " + unit
+    hay_ids, hay_off = _tokens(tok, hay)
+    top = len(hay_ids)
+    exact, tried = _search(tok, length, lambda n: join(hay, hay_off, n, inserts, question, reminder, every,
+                                                       intro=intro), top, length - need)
+    if exact is None and every:
+        # a reminder that comes in with one more sentence adds its tokens at once, so some
+        # lengths have no n: fix the count of reminders at what the nearest shorter prompt
+        # holds (its last stretch quiet), and fill the haystack around them
+        below = max((m for m, t in tried.items() if len(t[1]) <= length), default=None)
+        if below is not None:
+            cap = len(tried[below][4])
+            exact, more = _search(tok, length, lambda n: join(hay, hay_off, n, inserts, question, reminder, every,
+                                                              cap, intro), top, below)
+            tried = {**tried, **{("cap", m): t for m, t in more.items()}}
+            exact = None if exact is None else ("cap", exact)
+    if exact is None:
+        fits = [m for m, t in tried.items() if len(t[1]) <= length]
+        if not fits:
+            raise ValueError(f"--lengths {length}: cannot build a prompt this short around {what}")
+        exact = max(fits, key=lambda m: len(tried[m][1]))
+    text, ids, offsets, ins, rem = tried[exact]
+    return Composed(text, ids, offsets, ins, rem)
+
+
+def _search(tok, length: int, make, top: int, start: int):
+    """(n whose prompt has exactly `length` tokens or None, every prompt tried by n): the
+    pass key's correction of n first, then a bisection (the length grows with n) and the
+    values around it."""
+    tried: dict[int, tuple] = {}
+
+    def attempt(n):
+        if n not in tried:
+            text, ins, rem = make(n)
+            ids, offsets = _tokens(tok, text)
+            tried[n] = (text, ids, offsets, ins, rem)
+        return tried[n]
+
+    n = max(0, min(top, start))
+    for _ in range(12):  # the joins merge or split a few tokens: correct n until it fits
+        if len(attempt(n)[1]) == length:
+            return n, tried
+        n = max(0, min(top, n + length - len(attempt(n)[1])))
+    lo, hi = 0, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(attempt(mid)[1]) <= length else (lo, mid - 1)
+    for m in sorted(range(max(0, lo - 48), min(top, lo + 48) + 1), key=lambda m: (abs(m - lo), m)):
+        if len(attempt(m)[1]) == length:
+            return m, tried
+    return None, tried
