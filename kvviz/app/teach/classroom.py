@@ -198,18 +198,19 @@ class Class:
         self._update(change)
 
     def here(self, token: str, now: float | None = None) -> None:
-        """A student's page was heard from (each of its runs and poll ticks). The lecturer's
+        """A student's page was heard from (each of its runs, and every few seconds while it is
+        connected: kvviz.app.ui.watch). The lecturer's
         page is never counted (`students` leaves out the class's owner)."""
         self.reg._here(self.code, digest(token), self.reg.clock() if now is None else now)
 
     def students(self, within: float = HERE_SECONDS, now: float | None = None) -> int:
-        """How many students' pages were heard from in the last `within` seconds (a page
-        polls every second; a closed tab stops being counted)."""
+        """How many students' pages were heard from in the last `within` seconds (a connected
+        page is heard every few seconds; a closed tab stops being counted)."""
         now = self.reg.clock() if now is None else now
         return self.reg.store.heard(self.code, now - within, self._row()["owner"])
 
     def poll(self) -> tuple[int, int]:
-        """(version, round_version): what a polling page compares with what it last drew."""
+        """(version, round_version): what the class watcher compares with what a page drew."""
         row = self._row()
         self.reg._touch(self.code)
         return row["version"], row["round_version"]

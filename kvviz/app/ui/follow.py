@@ -5,8 +5,9 @@ The lecturer's session publishes its page as a query mapping (`to_query(view_sta
 at the end of each run, without the keys that are a screen's own preference (`present`).
 A student's page applies the lecturer's state when the class's version moves: the server
 runs it again then (kvviz.app.ui.watch; never for votes, only for the lecturer's moves
-and the question opening, revealed or closed), so no student's page polls. A student who moves a control explores on
-their own: their page stops moving until "Back to the lecturer". Only the session that
+and the question opening, revealed or closed), so no student's page polls. A student who
+moves a control explores on their own: their page stops moving until "Back to the
+lecturer". Only the session that
 opened the class can move it (`Class.publish` refuses any other token), so a student's
 page never publishes.
 """
@@ -210,7 +211,7 @@ def sync(where):
         if version != S.get(APPLIED):
             if state:
                 _apply(version, state)
-            else:  # nothing published yet: seen, so the poll does not redraw every tick
+            else:  # nothing published yet: seen, so the watcher does not rerun it
                 S[APPLIED] = version
     return slot
 

@@ -9,8 +9,9 @@ of every held slot, the attention rows up to the step), with no victim or marker
 reveal the answer and the class's guesses are marked on it and each guessed position gets
 one sentence from the facts (kvviz.app.explain.guess_text). The lecturer's page is checked each run:
 if its settings are no longer the ones the question was asked of, the question is closed
-and the page says so. Pages poll their class (a timer fragment): a student's page reruns
-when a question opens, is revealed or closes; the lecturer's histogram redraws as votes come.
+and the page says so. The server runs a student's page again when a question opens, is
+revealed or closes (kvviz.app.ui.watch); the lecturer's histogram polls (a timer fragment)
+and redraws as votes come.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def marker(r) -> tuple:
 
 def needs_redraw(c) -> bool:
     """A timer tick's question for class `c`: has its question opened, been revealed or
-    closed since this page last drew (a vote does not count)? For any polling fragment."""
+    closed since this page last drew (a vote does not count)? For the lecturer's timer."""
     return marker(c.current_round()) != S.get(DRAWN, (0, False))
 
 
@@ -194,7 +195,7 @@ def _panel(ctx: Ctx, r):
         return None
 
 
-def _evidence(ctx: Ctx, r, panel, revealed: bool) -> None:
+def _evidence(ctx: Ctx, code: str, r, panel, revealed: bool) -> None:
     """What the policy sees: its own score of every held slot (marked with the answer and
     the class's guesses once revealed), then the attention rows up to the step. Built once
     per question, run and reveal server-wide (`_evidence_figures`): every page of the class
@@ -202,22 +203,26 @@ def _evidence(ctx: Ctx, r, panel, revealed: bool) -> None:
     pol, params = (ctx.a, ctx.pa) if r.who == "a" else (ctx.b, ctx.pb)
     run = (ctx.key, ctx.layer, ctx.version, pol, params, ctx.budget, ctx.head)
     tally = tuple(sorted(r.tally().items())) if revealed else None
-    scores, rows = _evidence_figures(run, r.number, r.answer_step, r.held,
-                                     r.answer if revealed else frozenset(), tally,
-                                     _panel=panel, _trace=ctx.trace)
+    scores, rows = _evidence_figures(run, code, r.number, r.answer_step, revealed, tally,
+                                     _held=r.held, _answer=r.answer, _panel=panel,
+                                     _trace=ctx.trace)
     chart(scores, key="predict.evidence", **CHART)
     chart(rows, key="predict.rows", **CHART)
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
-def _evidence_figures(run: tuple, number: int, step: int, held: frozenset, answer: frozenset,
-                      tally: tuple | None, _panel, _trace) -> tuple[Prebuilt, Prebuilt]:
-    """The evidence's two figures for one question of one run (`run`: trace, layer, version,
-    policy, parameters, budget, head), as finished dicts shared read-only by every page."""
+def _evidence_figures(run: tuple, code: str, number: int, step: int, revealed: bool,
+                      tally: tuple | None, _held, _answer, _panel, _trace
+                      ) -> tuple[Prebuilt, Prebuilt]:
+    """The evidence's two figures for question `number` of class `code` on one run (`run`:
+    trace, layer, version, policy, parameters, budget, head), as finished dicts shared
+    read-only by every page. The question's held positions and answer come with its number
+    (not hashed: hashing 512 positions was a sixth of a student's page run)."""
     tokens = _trace.tokens
-    scores = evidence_figure(_panel, step, tokens=tokens, answer=answer,
+    scores = evidence_figure(_panel, step, tokens=tokens,
+                             answer=_answer if revealed else frozenset(),
                              votes=dict(tally) if tally is not None else None)
-    held = sorted(held)
+    held = sorted(_held)
     first = max(0, int(step) - ROWS + 1)
     rows = [np.asarray(_trace.row(i), float) for i in range(first, int(step) + 1)]
     rows = [np.pad(row, (0, max(0, held[-1] + 1 - len(row))))[held] for row in rows]
@@ -229,7 +234,7 @@ def question(ctx: Ctx) -> bool:
     """The question panel in place of the view; False (nothing drawn) with no question up.
     Its controls come first (the lecturer's Reveal and the votes so far, a student's guess),
     then the evidence: the policy's own scores of the held slots and the attention rows."""
-    c, r, lead = _round()  # a student's page polls the round with follow's timer (ui/follow.py)
+    c, r, lead = _round()  # a student's page is run again on a new round (ui/watch.py)
     if marker(r)[0] != S.get(DRAWN, (0, False))[0]:  # a new question: an empty guess box
         S.pop(GUESS, None)
         S.pop(PICK, None)
@@ -252,7 +257,7 @@ def question(ctx: Ctx) -> bool:
         else:
             _guess(c, r, ctx)
         if panel is not None:
-            _evidence(ctx, r, panel, revealed=False)
+            _evidence(ctx, c.code, r, panel, revealed=False)
         else:
             chart(_held(c.code, r.number, r.held, r.answer_step, r.label, r.who,
                         (ctx.key, ctx.layer, ctx.version), ctx.trace.tokens),
@@ -280,7 +285,7 @@ def question(ctx: Ctx) -> bool:
     st.markdown(f"**{r.right} of {n}** guessed right ({r.share_right:.0%})." if n else
                 "Nobody voted on this question.")
     if panel is not None:
-        _evidence(ctx, r, panel, revealed=True)
+        _evidence(ctx, c.code, r, panel, revealed=True)
     if r.why:
         st.info(r.why, icon=":material/lightbulb:")
     chart(votes_figure(r), key="predict.votes", **CHART)

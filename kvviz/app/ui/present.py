@@ -16,7 +16,7 @@ import streamlit as st
 
 from kvviz.app.figures.cache import Prebuilt
 from kvviz.app.figures.room import for_room
-from kvviz.app.ui import layout
+from kvviz.app.ui import layout, wire
 from kvviz.app.ui.session import S, note
 
 # Every key the page answers in presentation mode, said in its "keys" line. Another part of
@@ -143,7 +143,7 @@ def chart(figure, **kw):
     the window's less the page's top rows (kvviz.app.ui.layout.FIT_CSS), and the chart
     stretches to it, so its title, plot and legend are on the first screen at any size."""
     if not active():
-        return st.plotly_chart(figure, **kw)
+        return st.plotly_chart(wire.shared(figure), **kw)  # (shared data: serialised once)
     spec = for_room(figure)
     height = (spec.get("layout") or {}).get("height")
     fit = S.pop(FIT, "")

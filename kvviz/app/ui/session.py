@@ -69,8 +69,8 @@ def from_link(field: str) -> bool:
 
 
 def fragment_run() -> bool:
-    """True when only fragments are re-running (a timer tick: the play ticker, a class's
-    poll), not the whole page."""
+    """True when only fragments are re-running (a timer tick: the play ticker, the
+    lecturer's live histogram), not the whole page."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
