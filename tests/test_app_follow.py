@@ -343,3 +343,30 @@ def test_a_class_store_that_does_not_answer_is_said_in_one_sentence(traces, monk
     assert not stu.exception
     assert "cannot be reached" in text(stu, "error") and "plain explorer" in text(stu, "error")
     assert stu.get("plotly_chart")
+
+
+def _cache_traces(at) -> list[str]:
+    import json
+    chart = next(c for c in at.get("plotly_chart") if c.proto.id and "chart.cache" in c.proto.id)
+    return [t.get("name") for t in json.loads(chart.proto.spec)["data"]]
+
+
+def test_a_following_students_heatmap_leaves_out_the_hover_layer_and_says_so(apptest):
+    """Every follower's page is sent again after each move: the whole-run heatmap's hover
+    layer (the exact shares, most of its bytes) is left out while following, said in the
+    caption, and back when the student explores on their own."""
+    lect = app(trace="canonical", budget=512, a="tova", b="snapkv", step=1300, view="cache")
+    ok(lect)
+    code = open_class(lect)
+    assert "hover" in _cache_traces(lect)
+    stu = app(follow=code)
+    ok(stu)
+    names = _cache_traces(stu)
+    assert "hover" not in names and "cache states" in names
+    said = text(stu, "caption")
+    assert "exact shares of larger blocks are on hover when you explore on your own" in said
+    assert "Hover for exact shares" not in said
+    stu.button(key="class.explore").click().run()
+    ok(stu)
+    assert "hover" in _cache_traces(stu)
+    assert "Hover for exact shares of larger blocks" in text(stu, "caption")

@@ -5,10 +5,10 @@ import html
 
 import streamlit as st
 
-from kvviz.app.figures.cache import at_step
+from kvviz.app.figures.cache import at_step, without_hover
 from kvviz.app.figures.toy import SMALL, labelled_heatmap
 from kvviz.app.figures.track import heatmap_with_divergence, heatmap_with_track
-from kvviz.app.ui import compute
+from kvviz.app.ui import compute, follow
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.navigation import notable_here, tracked
 from kvviz.app.ui.positions import ZOOMS, zoom_centre, zoom_window
@@ -75,14 +75,21 @@ def render(ctx: Ctx):
         here = notable_here(ctx)
         if here is not None:  # the next-divergence jump's position, where it diverged
             fig = heatmap_with_divergence(fig, here[0], ctx.step)
+        hover = not follow.following()
+        if not hover:  # every student's page runs again after each move: two thirds of the
+            fig = without_hover(fig)  # figure's bytes, theirs when they explore on their own
         chart(fig, key="chart.cache", **CHART)
     w = int(base["data"][0]["dy"])  # the image's pixel height in steps
     st.caption("Who holds which position after every step: one row per step (down), one "
                "column per position (across); a position is generated at its own step. "
                f"Each pixel is a block of {w}×{w} cells, coloured by its most frequent state, or "
                "by the disagreement (only A / only B) when the policies differ on a whole line "
-               "of it, so one-position differences stay visible. Hover for exact shares of "
-               "larger blocks. The red line is the current step."
+               "of it, so one-position differences stay visible. "
+               + ("Hover for exact shares of larger blocks. " if hover else
+                  "The exact shares of larger blocks are on hover when you explore on your "
+                  "own (while following, the page leaves them out: every student's page is "
+                  "sent again after each move). ")
+               + "The red line is the current step."
                if w > 1 else "Who holds which position after every step: one row per step "
                "(down), one column per position (across). Each pixel is one (step, position) "
                "cell. The red line is the current step.")
