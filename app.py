@@ -157,6 +157,7 @@ with follow.turn():
         notices.warning(note, icon=":material/warning:")
     st.session_state[session.DRAWN] = True
     session.write_url()
-    follow.publish(banner)  # the lecturer's page moves the class; a student's polls
-    st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only draws "
-               "them. The address bar always links to exactly this view.")
+    follow.publish(banner)  # the lecturer's page moves the class; a student's is moved
+    if not follow.following():  # (a following student's page: every element, every move)
+        st.caption("kvviz · policies, replay and metrics come from the kvviz core; this page only "
+                   "draws them. The address bar always links to exactly this view.")

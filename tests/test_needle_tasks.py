@@ -166,7 +166,9 @@ def test_each_task_end_to_end(smollm, tmp_path, capsys, task):
 def test_reminders_draw_attention_to_the_key(smollm):
     from kvviz.studies.reminder_attention import reminder_attention
 
-    p = recall(smollm[0], 300, 10, 0, 10)
+    # 600 tokens, a reminder every 20 sentences (the study's defaults): quiet stretches long
+    # enough to contrast with (at 300 tokens every 5-10 sentences the contrast is weak)
+    p = recall(smollm[0], 600, 10, 0, 20)
     r = reminder_attention(smollm, p)
     assert r.at_reminders.shape == r.between.shape == (30,)
-    assert (r.ratio > 1).sum() > 15, np.round(r.ratio, 2).tolist()  # most layers
+    assert (r.ratio > 1).sum() >= 25, np.round(r.ratio, 2).tolist()  # nearly every layer

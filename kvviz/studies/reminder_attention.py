@@ -86,9 +86,9 @@ def table(results: list[ReminderAttention]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvviz.studies.reminder_attention", description=__doc__.split("\n\n")[0])
-    p.add_argument("--length", type=int, default=300, help="prompt length in tokens")
+    p.add_argument("--length", type=int, default=600, help="prompt length in tokens")
     p.add_argument("--depth", type=float, default=10, help="the key's depth, percent of the haystack")
-    p.add_argument("--reminder-every", type=int, default=5, help="a reminder after every K-th sentence")
+    p.add_argument("--reminder-every", type=int, default=20, help="a reminder after every K-th sentence")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--model", help="a local model folder, .gguf or installed name (default: SmolLM2-135M)")
     p.add_argument("--threads", type=int, help="torch threads")

@@ -258,6 +258,13 @@ def tie_words(position: int, ties) -> str:
     return "" if t is None else f" (tie-break: {len(t.kept)} it keeps score the same)"
 
 
+@st.cache_resource(max_entries=512, show_spinner=False)
+def _ties(run: compute.RunKey, which: str, step: int, _ctx: Ctx) -> tuple:
+    """The tie-decided victims of `run` at `step` (explain.tie_facts), once per server: every
+    page of a class at this step says the same (and peeks the same state)."""
+    return tuple(explain.tie_facts(which.upper(), _ctx.panel(which, step)))
+
+
 def status(ctx: Ctx):
     """One wrapping line (metrics in five columns are cut at 1024 px): what each policy
     holds, |A Δ B| now, the first divergence and the positions evicted at this step (a
@@ -265,7 +272,7 @@ def status(ctx: Ctx):
     s = ctx.step
     va, vb = ctx.eng_a.victims(s), ctx.eng_b.victims(s)
     sides = (ctx.solo,) if ctx.solo else ("a", "b")
-    ties = {w: explain.tie_facts(w.upper(), ctx.panel(w, s)) for w in sides}
+    ties = {w: _ties(ctx.run(w), w, s, _ctx=ctx) for w in sides}
 
     def pos(v, w):
         if not len(v):
@@ -276,9 +283,12 @@ def status(ctx: Ctx):
         return ("position " if len(v) == 1 else "positions ") + shown
 
     hold_a = int(V.held_mask(ctx.ev_a, s).sum())
-    line, gloss = st.columns([4, 1.1], vertical_alignment="center")
-    with gloss:
-        glossary_popover()  # one click away whatever the view
+    if follow.following():  # the glossary (6 KB) with Explore on my own: every student's
+        line = st.container()  # page runs again after each move
+    else:
+        line, gloss = st.columns([4, 1.1], vertical_alignment="center")
+        with gloss:
+            glossary_popover()  # one click away whatever the view
     if ctx.solo:
         w = ctx.solo.upper()
         line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
@@ -295,7 +305,9 @@ def status(ctx: Ctx):
             f"first\u00a0divergence:\u00a0"  # kept on one line
             f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
             f"evicted at step {s}: **A** {pos(va, 'a')} · **B** {pos(vb, 'b')}", unsafe_allow_html=True,
-            help="|A Δ B|: positions held by exactly one of the two policies (see Glossary)")
+            help="|A Δ B|: positions held by exactly one of the two policies"
+                 + (" (the Glossary, with Explore on my own)" if follow.following()
+                    else " (see Glossary)"))
     divergence_note(ctx)
     track = tracked(ctx)
     if track >= 0:
