@@ -28,7 +28,7 @@ from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import S, fragment_run, set_value, timer_place
 
-POLL_S = 1.0              # how often a page in a class looks at its round
+POLL_S = 1.0              # how often the lecturer's histogram looks at the votes
 MAX_PILLS = 64            # more held slots than this: the number box only
 MSG = "predict.msg"       # (kind, text) from a callback, shown once (top of the page)
 REFUSED = "predict.refused"  # the student's last vote refusal, shown once under the box
