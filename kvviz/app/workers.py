@@ -106,15 +106,13 @@ def plan(n: int, extra: list[str], cold: bool, run_dir: Path, flag, base: dict) 
             skip = "=" not in a
         else:
             rest.append(a)
-    import kvviz
-
     env = {**base, "KVVIZ_CLASSES": base.get("KVVIZ_CLASSES")
            or f"sqlite://{run_dir / 'classes.sqlite3'}",
            # one secret signs the cookies of every worker (Streamlit takes it only this way)
            "STREAMLIT_SERVER_COOKIE_SECRET": base.get("STREAMLIT_SERVER_COOKIE_SECRET")
            or secrets.token_hex(32),
            # the workers run this kvviz, wherever they are started from
-           "PYTHONPATH": os.pathsep.join([str(Path(kvviz.__file__).resolve().parents[1]),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                           *filter(None, [base.get("PYTHONPATH")])])}
     cmds = [[sys.executable, "-m", "kvviz", "app", *(["--cold"] if cold else []),
              f"--server.port={p}", "--server.address=127.0.0.1", *rest] for p in ports]
