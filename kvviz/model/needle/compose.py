@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvviz.model.needle.prompt import INTRO, _tokens
+from kvviz.model.needle.prompt import INTRO, _tokens, repeat_haystack, split_at
 
 
 @dataclass(frozen=True)
@@ -32,18 +32,6 @@ class Composed:
         """Token indices whose characters overlap the character span."""
         s, e = span
         return [i for i, (a, b) in enumerate(self.offsets) if b > a and a < e and b > s]
-
-
-def _split_at(part: str, hay_offsets, n: int, depth: float) -> int:
-    """Character index of `depth` percent of the first n haystack tokens, moved back to the
-    end of a sentence when one is within 200 characters (prompt._cut's rule)."""
-    k = int(round(depth / 100 * n))
-    split = hay_offsets[k - 1][1] if k > 0 else 0
-    if 0 < split < len(part):
-        dot = part.rfind(". ", max(0, split - 200), split + 1)
-        if dot >= 0:
-            split = dot + 1
-    return split
 
 
 def with_reminders(tail: str, reminder: str, every: int | None, cap: int | None = None) -> list[tuple[str, bool]]:
@@ -71,7 +59,7 @@ def join(hay: str, hay_offsets, n: int, inserts: list[Insert], question: str,
     """The prompt text for n haystack tokens: (text, insert spans, reminder spans)."""
     end = hay_offsets[n - 1][1] if n > 0 else 0
     part = hay[:end]
-    splits = [_split_at(part, hay_offsets, n, d.depth) for d in inserts]
+    splits = [split_at(part, hay_offsets, n, d.depth) for d in inserts]
     pieces: list[tuple[str, str | int | None]] = [(intro, None)]
     prev = 0
     for i in sorted(range(len(inserts)), key=lambda j: (splits[j], j)):
@@ -103,10 +91,7 @@ def compose(tok, length: int, hay: str, inserts: list[Insert], question: str, re
     if length < need + 1:
         raise ValueError(f"--lengths {length}: {what} does not fit; the instruction, its sentences and the "
                          f"question take {need} tokens, so a length must be at least {need + 1}")
-    unit = hay
-    while len(_tokens(tok, hay)[0]) < length:
-        hay = hay + " " + unit
-    hay_ids, hay_off = _tokens(tok, hay)
+    hay, hay_ids, hay_off = repeat_haystack(tok, hay, length)
     top = len(hay_ids)
     exact, tried = _search(tok, length, lambda n: join(hay, hay_off, n, inserts, question, reminder, every,
                                                        intro=intro), top, length - need)

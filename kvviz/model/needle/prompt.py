@@ -77,13 +77,28 @@ def _cut(hay: str, hay_offsets, n: int, depth: float) -> tuple[str, str]:
     end of a sentence when one is within 200 characters (the key gets its own sentence)."""
     end = hay_offsets[n - 1][1] if n > 0 else 0
     part = hay[:end]
+    split = split_at(part, hay_offsets, n, depth)
+    return part[:split].strip(), part[split:].strip()
+
+
+def split_at(part: str, hay_offsets, n: int, depth: float) -> int:
+    """Character index of `depth` percent of the first n haystack tokens (`part`, their
+    text), moved back to the end of a sentence when one is within 200 characters."""
     k = int(round(depth / 100 * n))
     split = hay_offsets[k - 1][1] if k > 0 else 0
     if 0 < split < len(part):
         dot = part.rfind(". ", max(0, split - 200), split + 1)
         if dot >= 0:
             split = dot + 1
-    return part[:split].strip(), part[split:].strip()
+    return split
+
+
+def repeat_haystack(tok, hay: str, length: int):
+    """(text, token ids, offsets) of `hay` repeated until it holds at least `length` tokens."""
+    unit = hay
+    while len(_tokens(tok, hay)[0]) < length:
+        hay = hay + " " + unit
+    return (hay, *_tokens(tok, hay))
 
 
 def build(tok, length: int, depth, seed: int, haystack: str | None = None) -> NeedlePrompt:
@@ -98,10 +113,7 @@ def build(tok, length: int, depth, seed: int, haystack: str | None = None) -> Ne
     if length < need + 1:
         raise ValueError(f"--lengths {length}: the pass key does not fit; the instruction, the key's "
                          f"sentence and the question take {need} tokens, so a length must be at least {need + 1}")
-    unit = hay
-    while len(_tokens(tok, hay)[0]) < length:
-        hay = hay + " " + unit
-    hay_ids, hay_off = _tokens(tok, hay)
+    hay, hay_ids, hay_off = repeat_haystack(tok, hay, length)
     n = min(len(hay_ids), length - need)
     best = None
     for _ in range(12):  # the joins merge or split a few tokens: correct n until it fits
