@@ -200,10 +200,8 @@ def _evidence(ctx: Ctx, code: str, r, panel, revealed: bool) -> None:
     the class's guesses once revealed), then the attention rows up to the step. Built once
     per question, run and reveal server-wide (`_evidence_figures`): every page of the class
     draws the same two figures."""
-    pol, params = (ctx.a, ctx.pa) if r.who == "a" else (ctx.b, ctx.pb)
-    run = (ctx.key, ctx.layer, ctx.version, pol, params, ctx.budget, ctx.head)
     tally = tuple(sorted(r.tally().items())) if revealed else None
-    scores, rows = _evidence_figures(run, code, r.number, r.answer_step, revealed, tally,
+    scores, rows = _evidence_figures(ctx.run(r.who), code, r.number, r.answer_step, revealed, tally,
                                      _held=r.held, _answer=r.answer, _panel=panel,
                                      _trace=ctx.trace)
     chart(scores, key="predict.evidence", **CHART)
@@ -211,11 +209,11 @@ def _evidence(ctx: Ctx, code: str, r, panel, revealed: bool) -> None:
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
-def _evidence_figures(run: tuple, code: str, number: int, step: int, revealed: bool,
+def _evidence_figures(run, code: str, number: int, step: int, revealed: bool,
                       tally: tuple | None, _held, _answer, _panel, _trace
                       ) -> tuple[Prebuilt, Prebuilt]:
-    """The evidence's two figures for question `number` of class `code` on one run (`run`:
-    trace, layer, version, policy, parameters, budget, head), as finished dicts shared
+    """The evidence's two figures for question `number` of class `code` on one run (`run`,
+    the asked policy's compute.RunKey), as finished dicts shared
     read-only by every page. The question's held positions and answer come with its number
     (not hashed: hashing 512 positions was a sixth of a student's page run)."""
     tokens = _trace.tokens
