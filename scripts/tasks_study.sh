@@ -1,0 +1,48 @@
+#!/bin/sh
+# The study of the tasks built for the cards' claims (docs/tasks.md): recall, phrase and
+# distractors prompts on SmolLM2, every policy answering over its own evicted cache, into
+# traces/tasks/, then the report (docs/tasks.md, traces/tasks/answers.json).
+#
+#   ./scripts/tasks_study.sh            everything, one prompt after another (resumable:
+#                                       re-run it after a kill; finished prompts are kept)
+#   ./scripts/tasks_study.sh decode     only the decode-mode prompts
+#   ./scripts/tasks_study.sh prefill    only the prefill-mode prompts
+#   ./scripts/tasks_study.sh report     only the report
+#
+# decode and prefill may run at the same time (two cores): each prompt is its own file.
+set -e
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
+PART=${1:-all}
+N=".venv/bin/python -m kvviz needle --out traces/tasks --threads 1"
+S30="--seeds $(seq -s " " 0 29)"
+DECODE="tova h2o scissorhands snapkv:pool_kernel=1,obs_window=16 snapkv:pool_kernel=5,obs_window=16"
+ALL="$DECODE streaming-llm:sinks=4 knorm random adakv:scorer=tova pyramidkv:scorer=tova"
+
+if [ "$PART" = all ] || [ "$PART" = decode ]; then
+  # a key the text returns to every K sentences (K = 20 leaves no room for a reminder at 256
+  # tokens: the pass-key prompt, token for token), read token by token, evicting as it goes
+  for K in 20 3 10 5; do
+    $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes decode \
+       --budgets 128 --policies $DECODE
+  done
+  $N --task recall --reminder-every 5 --lengths 512 --depths 10 $S30 --prompt-modes decode \
+     --budgets 128 --policies $DECODE
+fi
+if [ "$PART" = all ] || [ "$PART" = prefill ]; then
+  for K in 20 3 10 5; do
+    $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes prefill \
+       --budgets 64 128 --policies $ALL
+  done
+  for K in 20 5; do
+    $N --task recall --reminder-every $K --lengths 512 --depths 10 $S30 --prompt-modes prefill \
+       --budgets 64 128 --policies $ALL
+  done
+  $N --task phrase --phrase-words 4 --max-new-tokens 12 --lengths 512 --depths 10 50 90 $S30 \
+     --prompt-modes prefill --budgets 64 128 --policies $ALL
+  $N --task distractors --distractors 2 --lengths 512 --depths 10 50 90 $S30 \
+     --prompt-modes prefill --budgets 64 128 --policies $ALL
+fi
+if [ "$PART" = all ] || [ "$PART" = report ]; then
+  .venv/bin/python -m kvviz.studies.tasks_report traces/tasks --write
+fi
