@@ -6,10 +6,12 @@
 #   ./scripts/tasks_study.sh            everything, one prompt after another (resumable:
 #                                       re-run it after a kill; finished prompts are kept)
 #   ./scripts/tasks_study.sh decode     only the decode-mode prompts
-#   ./scripts/tasks_study.sh prefill    only the prefill-mode prompts
+#   ./scripts/tasks_study.sh prefill    only the prefill-mode prompts at 256 and 512 tokens
+#   ./scripts/tasks_study.sh long       only the long prompts (2,048 and 4,096 tokens, prefill
+#                                       mode, every evicting cache freed to its budget)
 #   ./scripts/tasks_study.sh report     only the report
 #
-# decode and prefill may run at the same time (two cores): each prompt is its own file.
+# decode, prefill and long may run at the same time (a core each): each prompt is its own file.
 set -e
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
@@ -24,15 +26,13 @@ if [ "$PART" = all ] || [ "$PART" = decode ]; then
   # tokens: the pass-key prompt, token for token), read token by token, evicting as it goes
   for K in 20 3 10 5; do
     $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes decode \
-       --budgets 128 --policies $DECODE
+       --budgets 128 192 --policies $DECODE
   done
-  $N --task recall --reminder-every 5 --lengths 512 --depths 10 $S30 --prompt-modes decode \
-     --budgets 128 --policies $DECODE
 fi
 if [ "$PART" = all ] || [ "$PART" = prefill ]; then
   for K in 20 3 10 5; do
     $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes prefill \
-       --budgets 64 128 --policies $ALL
+       --budgets 64 128 192 --policies $ALL
   done
   for K in 20 5; do
     $N --task recall --reminder-every $K --lengths 512 --depths 10 $S30 --prompt-modes prefill \
@@ -42,6 +42,14 @@ if [ "$PART" = all ] || [ "$PART" = prefill ]; then
      --prompt-modes prefill --budgets 64 128 --policies $ALL
   $N --task distractors --distractors 2 --lengths 512 --depths 10 50 90 $S30 \
      --prompt-modes prefill --budgets 64 128 --policies $ALL
+fi
+if [ "$PART" = all ] || [ "$PART" = long ]; then
+  for LEN in 2048 4096; do
+    $N --task phrase --phrase-words 4 --max-new-tokens 12 --lengths $LEN --depths 50 $S30 \
+       --prompt-modes prefill --budgets 256 512 --policies $DECODE --eviction freed
+    $N --task recall --reminder-every 5 --lengths $LEN --depths 10 $S30 \
+       --prompt-modes prefill --budgets 256 512 --policies $DECODE --eviction freed
+  done
 fi
 if [ "$PART" = all ] || [ "$PART" = report ]; then
   .venv/bin/python -m kvviz.studies.tasks_report traces/tasks --write

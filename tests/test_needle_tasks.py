@@ -145,7 +145,8 @@ def test_each_task_end_to_end(smollm, tmp_path, capsys, task):
     df = load_results(tmp_path)
     full, tova = df.iloc[0], df.iloc[1]
     assert full.label == "full" and full.correct  # the full cache does the task at this length
-    assert f"{task.name} at 256 tokens: 100% of 1 prompts, kept" in out
+    said = {"recall": "reminder every", "distractors": "distractors", "phrase": "phrase words"}[task.name]
+    assert f"{task.name} ({said} {task.option}) at 256 tokens: 100% of 1 prompts, kept" in out
     # the held share per layer, from the eviction log by the rule (held after the prompt's last step)
     T0 = m["prompt_len"]
     assert tova.held_end_by_layer == pytest.approx(_held(ev[1], p.key_positions, T0 - 1).mean(axis=(1, 2)).tolist())
@@ -172,3 +173,31 @@ def test_reminders_draw_attention_to_the_key(smollm):
     r = reminder_attention(smollm, p)
     assert r.at_reminders.shape == r.between.shape == (30,)
     assert (r.ratio > 1).sum() >= 25, np.round(r.ratio, 2).tolist()  # nearly every layer
+
+
+def test_a_small_real_study_reports_each_question(smollm, tmp_path):
+    """The study's pipeline on a real grid two prompts wide per task: the tasks report reads it
+    and answers from it; what it says agrees with the runs' own answers."""
+    from kvviz.model.needle.grid import Grid
+    from kvviz.model.needle.run import run_grid
+    from kvviz.studies import tasks_report
+
+    trio = ["tova", "h2o", "scissorhands"]
+    pk = ["snapkv:pool_kernel=5,obs_window=16", "snapkv:pool_kernel=1,obs_window=16"]
+    for task, policies, new in ((Task("recall", reminder_every=5), trio, 8), (Task("phrase", phrase_words=4), pk, 12),
+                                (Task("distractors", distractors=2), trio, 8)):
+        run_grid(Grid(lengths=[256], depths=[10], seeds=[0, 1], policies=policies, budgets=[64],
+                      prompt_modes=["prefill"], max_new_tokens=new, task=task), tmp_path, model=smollm,
+                 progress=False)
+    doc, answers, summary = tasks_report.report(tmp_path)
+    df = load_results(tmp_path)
+    ev = df[df.policy != "full"]
+    for (task, _), g in ev.groupby(["task", "label"]):
+        row = summary[(summary.task == task) & (summary.label == tasks_report.prepare(g).name.iloc[0])]
+        assert row.right.sum() == g.correct.sum() and row.prompts.sum() == len(g)
+    assert answers["recall"]["budget"] is None and answers["recall"]["answer"] == "No recall prompt ran in decode mode."
+    pre = answers["recall"]["prefill"]["budgets"]["64"][0]
+    tova = df[(df.task == "recall") & (df.policy == "tova")]
+    assert pre["accuracy"]["tova"] == [int(tova.correct.sum()), 2]
+    assert "phrase prompts at budget 64" in answers["phrase"]["answer"]
+    assert "## 3. Among look-alikes" in doc and "### distractors2" in doc

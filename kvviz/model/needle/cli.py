@@ -167,11 +167,12 @@ def summary(df) -> str:
 def gate_note(df) -> str:
     """The full cache's accuracy per task and length, and which lengths a study keeps
     (kvviz.model.needle.results.gate)."""
-    from kvviz.model.needle.results import GATE, gate
+    from kvviz.model.needle.results import GATE, OPTIONS, gate
 
     _, acc = gate(df)
     lines = [f"full-cache gate (a task's length stays in a study at >= {GATE:.0%} of its prompts answered):"]
     for _, r in acc.iterrows():
-        lines.append(f"  {r['task']} at {r['length']} tokens: {r['full_accuracy']:.0%} of {r['prompts']} prompts, "
+        opt = next((f" ({o.replace('_', ' ')} {int(r[o])})" for o in OPTIONS if o in r and r[o] >= 0), "")
+        lines.append(f"  {r['task']}{opt} at {r['length']} tokens: {r['full_accuracy']:.0%} of {r['prompts']} prompts, "
                      + ("kept" if r["kept"] else "left out"))
     return "\n".join(lines)

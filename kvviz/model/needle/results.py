@@ -46,7 +46,7 @@ configs in run order (full first), with the columns COLUMNS:
   held at the end of the prompt, -1 without distractors). A results.csv from before the
   tasks loads with task "passkey".
 
-gate(df): the rows at the (task, length) cells where the full cache answers >= 80 % of the
+gate(df): the rows at the (task, option, length) cells where the full cache answers >= 80 % of the
 prompts, and the full cache's accuracy per cell; a study keeps only those.
 
 Loaders: list_runs(dir), load_run(dir, id) -> NeedleRun (a dict: meta parsed, arrays; its
@@ -295,18 +295,19 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
     return df
 
 
+OPTIONS = ("reminder_every", "distractors", "phrase_words")  # the tasks' options (-1: none)
 GATE = 0.8  # the least full-cache accuracy at which a task's length stays in a study
 
 
 def gate(df, least: float = GATE):
-    """(the rows at the (task, length) cells where the full cache answers at least `least` of
-    the prompts, the full cache's accuracy per (task, length) with `kept`): a task is studied
+    """(the rows at the (task, option, length) cells where the full cache answers at least
+    `least` of the prompts, the full cache's accuracy per cell with `kept`): a task is studied
     only where the model can do it with nothing evicted."""
     task = df["task"] if "task" in df else "passkey"
     d = df.assign(task=task)
     full = d[d["policy"] == "full"]
-    acc = (full.groupby(["task", "length"])["correct"].agg(prompts="size", full_accuracy="mean")
-           .reset_index())
+    keys = ["task", *[c for c in OPTIONS if c in d], "length"]  # a task's variants (its option) gated apart
+    acc = full.groupby(keys)["correct"].agg(prompts="size", full_accuracy="mean").reset_index()
     acc["kept"] = acc["full_accuracy"] >= least
-    keep = set(zip(acc.loc[acc["kept"], "task"], acc.loc[acc["kept"], "length"]))
-    return d[[(t, n) in keep for t, n in zip(d["task"], d["length"])]], acc
+    keep = set(acc.loc[acc["kept"], keys].itertuples(index=False, name=None))
+    return d[[k in keep for k in d[keys].itertuples(index=False, name=None)]], acc

@@ -1,0 +1,608 @@
+"""The tasks study's numbers: docs/tasks.md, traces/tasks/answers.json and summary.csv, and
+the README's summary, from the results CSV of `scripts/tasks_study.sh`.
+
+    .venv/bin/python -m kvviz.studies.tasks_report traces/tasks           # print the report
+    .venv/bin/python -m kvviz.studies.tasks_report traces/tasks --write   # also write the files
+
+Four questions, each answered from DIR/results.csv (and, for the steps at which the key was
+lost, the runs' reminder spans in DIR/runs/), every number computed here:
+
+1. Does TOVA lose a key that the text returns to every K sentences, where H2O and
+   Scissorhands keep it? (recall)
+2. Does SnapKV's pooling keep a phrase whole more often than poolKernel 1, and does
+   whole-kept turn into right answers? (phrase)
+3. Among look-alikes, which policies forget the asked key but keep a distractor's? (distractors)
+4. Do decode mode and prefill mode agree? (recall, the same prompts in both modes)
+
+A task variant (the task and its option) stays in the study only at the lengths where the
+full cache answers at least 80 % of its prompts (kvviz.model.needle.results.gate).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvviz.core.atomic import replacing
+from kvviz.core.metrics import wilson
+from kvviz.core.paths import REPO, traces_or_default
+from kvviz.model.needle.results import GATE, gate, list_runs, load_results, load_run
+from kvviz.studies.needle_report import PK1, PK5, acc_ci, fmt, pct, prepare
+
+SUMMARY = ("<!-- tasks:summary -->", "<!-- /tasks:summary -->")
+TRIO = ("tova", "h2o", "scissorhands")
+CARD_TOVA = ("When a token matters intermittently. One quiet step is enough to lose it. A position that the "
+             "model returns to every fifty steps looks worthless on the forty-nine in between, and this policy "
+             "has no memory to say otherwise. h2o and scissorhands exist for exactly that.")
+CARD_SNAPKV = ("When important tokens come in runs: a phrase, a code block, a table row, a quoted passage. This "
+               "is the only policy here that will keep the whole span rather than its peak.")
+SUMMARY_COLUMNS = ("task", "option", "prompt_mode", "length", "policy", "label", "budget", "prompts", "right",
+                   "accuracy", "low", "high", "held_end", "whole_span")
+
+
+def variant(row) -> str:
+    """A task and its option as one name: recall5, phrase4, distractors2."""
+    opt = {"recall": "reminder_every", "phrase": "phrase_words", "distractors": "distractors"}.get(row["task"])
+    return row["task"] + (str(int(row[opt])) if opt else "")
+
+
+def option(row) -> int:
+    opt = {"recall": "reminder_every", "phrase": "phrase_words", "distractors": "distractors"}.get(row["task"])
+    return int(row[opt]) if opt else -1
+
+
+def load(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the layer-granularity rows at the lengths the full cache answers, per task variant,
+    with `name`, `whole`, `variant` and `option`; the full cache's accuracy per variant and length)."""
+    raw = load_results(out)
+    raw = raw[raw.granularity == "layer"]
+    if raw.empty:
+        raise ValueError(f"no runs at layer granularity in {out}")
+    kept, acc = gate(raw)
+    if kept.empty:
+        raise ValueError(f"the full cache answers under {GATE:.0%} of the prompts at every length in {out}")
+    df = prepare(kept)
+    df["variant"] = [variant(r) for _, r in df.iterrows()]
+    df["option"] = [option(r) for _, r in df.iterrows()]
+    df["correct"] = df["correct"].astype(bool)
+    return df, acc
+
+
+def counts(correct) -> dict:
+    c = pd.Series(correct).astype(bool)
+    lo, hi = wilson(int(c.sum()), len(c))
+    return {"right": int(c.sum()), "n": len(c), "low": lo, "high": hi}
+
+
+def frac(c: dict) -> str:
+    return f"{c['right']}/{c['n']}"
+
+
+# --- 1. recall ---------------------------------------------------------------------------
+
+def spans_of(out: Path) -> dict[str, list[tuple[int, int]]]:
+    """Each recall run's reminder sentences as [start, end) token spans, from its run file."""
+    spans = {}
+    for id_ in list_runs(out):
+        if id_.startswith("recall"):
+            spans[id_] = [tuple(s) for s in load_run(out, id_)["meta"].get("reminders") or []]
+    return spans
+
+
+def trio_pairs(d: pd.DataFrame) -> pd.DataFrame:
+    """Per prompt: TOVA's, H2O's and Scissorhands' verdicts side by side (rows with all three)."""
+    piv = d[d.name.isin(TRIO)].pivot_table(index="id", columns="name", values="correct", aggfunc="first")
+    return piv.dropna().astype(bool) if set(TRIO) <= set(piv.columns) else pd.DataFrame(columns=list(TRIO))
+
+
+def recall_by_k(df: pd.DataFrame, mode: str, length: int, budget: int) -> list[dict]:
+    """Per reminder spacing K at (mode, length, budget): reminders per prompt, each of the
+    trio's accuracy, and the paired counts the card's warning is about."""
+    out = []
+    d = df[(df.task == "recall") & (df.prompt_mode == mode) & (df.length == length) & (df.budget == budget)]
+    for k, g in sorted(d.groupby("option"), key=lambda kv: -kv[0]):
+        piv = trio_pairs(g)
+        if piv.empty:
+            continue
+        out.append({"reminder_every": int(k), "reminders": int(g.reminders.median()), "prompts": len(piv),
+                    "accuracy": {n: [int(piv[n].sum()), len(piv)] for n in TRIO},
+                    "held_end": {n: round(float(g[g.name == n].held_end.mean()), 4) for n in TRIO},
+                    "tova_lost_both_kept": int((~piv.tova & piv.h2o & piv.scissorhands).sum()),
+                    "tova_kept_both_lost": int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum()),
+                    "all_same": int(((piv.tova == piv.h2o) & (piv.h2o == piv.scissorhands)).sum())})
+    return out
+
+
+def shown_budget(by_budget: dict) -> int | None:
+    """The decode budget the answer reads: the one with the most prompts where the trio's
+    verdicts differ (the smallest such budget on a tie); None without decode recall runs."""
+    def split(rows):
+        return sum(r["prompts"] - r["all_same"] for r in rows)
+    return max(sorted(by_budget), key=lambda b: split(by_budget[b]), default=None)
+
+
+def by_k_table(rows: list[dict]) -> pd.DataFrame:
+    t = []
+    for r in rows:
+        row = {"K": r["reminder_every"], "reminders": r["reminders"], "prompts": r["prompts"]}
+        for n in TRIO:
+            k, n_ = r["accuracy"][n]
+            lo, hi = wilson(k, n_)
+            row[n] = f"{100 * k / n_:.0f} % [{100 * lo:.0f}–{100 * hi:.0f}] ({r['held_end'][n]:.2f})"
+        row["TOVA lost, both kept"] = r["tova_lost_both_kept"]
+        row["TOVA kept, both lost"] = r["tova_kept_both_lost"]
+        t.append(row)
+    return pd.DataFrame(t)
+
+
+def lost_steps(df: pd.DataFrame, spans: dict) -> pd.DataFrame:
+    """Decode-mode recall runs with reminders: per (run, policy, layer) where the key was lost
+    during the prompt, the step, whether that step read a reminder sentence's token or a quiet
+    one, and the share of quiet steps among the steps from the policy's first eviction (the
+    budget-th step) to the prompt's end: what a loss at a random step would show."""
+    rows = []
+    d = df[(df.task == "recall") & (df.prompt_mode == "decode") & (df.policy != "full") & (df.reminders > 0)]
+    for r in d.itertuples():
+        sp = spans.get(r.id)
+        if not sp:
+            continue
+        lo, hi = int(r.budget), int(r.length) - 1
+        window = np.arange(lo, hi + 1)
+        in_rem = np.zeros(hi + 1, bool)
+        for a, b in sp:
+            in_rem[a:b] = True
+        quiet_base = float((~in_rem[window]).mean()) if len(window) else float("nan")
+        for layer, step in enumerate(r.first_lost_by_layer):
+            if step < 0 or step > hi:
+                continue
+            rows.append({"id": r.id, "K": r.option, "name": r.name, "budget": r.budget, "layer": layer,
+                         "step": int(step), "quiet": not bool(in_rem[step]), "quiet_base": quiet_base,
+                         "correct": r.correct})
+    return pd.DataFrame(rows, columns=["id", "K", "name", "budget", "layer", "step", "quiet", "quiet_base",
+                                       "correct"])
+
+
+def quiet_table(lost: pd.DataFrame) -> pd.DataFrame:
+    if lost.empty:
+        return pd.DataFrame()
+    g = lost.groupby("name")
+    return pd.DataFrame({"losses (run x layer)": g.size(), "on a quiet step": g.quiet.sum(),
+                         "share quiet": g.quiet.mean(), "quiet share of the steps": g.quiet_base.mean()}
+                        ).reset_index().rename(columns={"name": "policy"})
+
+
+def quiet_layers(lost: pd.DataFrame, df: pd.DataFrame, top: int = 6) -> pd.DataFrame:
+    """Layers where TOVA lost the key on a quiet step in the most runs, with how often H2O and
+    Scissorhands still held the whole key at the end of the prompt in that layer on those runs."""
+    t = lost[(lost.name == "tova") & lost.quiet]
+    if t.empty:
+        return pd.DataFrame()
+    held = {}
+    for n in ("h2o", "scissorhands"):
+        x = df[(df.name == n) & (df.prompt_mode == "decode") & (df.task == "recall")].set_index("id")
+        held[n] = x.held_end_by_layer.to_dict()
+    rows = []
+    for layer, g in t.groupby("layer"):
+        row = {"layer": int(layer), "runs TOVA lost it on a quiet step": len(g)}
+        for n in ("h2o", "scissorhands"):
+            hs = [held[n][i][layer] for i in g.id if i in held[n]]
+            row[f"{n} holds it whole there"] = int(sum(h == 1.0 for h in hs))
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["runs TOVA lost it on a quiet step", "layer"],
+                                          ascending=[False, True]).head(top)
+
+
+def recall_answer(rows: list[dict], where: str) -> str:
+    """Question 1's answer from recall_by_k's rows: where the card's pattern shows and where not."""
+    if not rows:
+        return f"{where}: no recall prompt ran with TOVA, H2O and Scissorhands."
+    card = sum(r["tova_lost_both_kept"] for r in rows)
+    rev = sum(r["tova_kept_both_lost"] for r in rows)
+    n = sum(r["prompts"] for r in rows)
+    per = "; ".join(f"K = {r['reminder_every']} ({r['reminders']} reminders): TOVA "
+                    f"{frac(dict(right=r['accuracy']['tova'][0], n=r['accuracy']['tova'][1]))}, H2O "
+                    f"{r['accuracy']['h2o'][0]}/{r['accuracy']['h2o'][1]}, Scissorhands "
+                    f"{r['accuracy']['scissorhands'][0]}/{r['accuracy']['scissorhands'][1]}" for r in rows)
+    opened = [r["reminder_every"] for r in rows if r["tova_lost_both_kept"] > r["tova_kept_both_lost"]]
+    verdict = (f"TOVA lost the key where H2O and Scissorhands both kept it (and answered) more often than the "
+               f"reverse at K = {', '.join(map(str, opened))}" if opened else
+               "at no K did TOVA lose the key where H2O and Scissorhands both kept it more often than the reverse")
+    return (f"{where}: over {n} prompts, TOVA was wrong where H2O and Scissorhands were both right in {card} "
+            f"and right where both were wrong in {rev}; {verdict}. Right answers per K: {per}.")
+
+
+# --- 2. phrase ---------------------------------------------------------------------------
+
+def phrase_table(df: pd.DataFrame) -> pd.DataFrame:
+    d = df[(df.task == "phrase") & df.name.isin([PK5, PK1])]
+    rows = []
+    for (m, n, b), g in d.groupby(["prompt_mode", "length", "budget"]):
+        x, y = (g[g.name == k].set_index("id") for k in (PK5, PK1))
+        common = x.index.intersection(y.index)
+        if not len(common):
+            continue
+        x, y = x.loc[common], y.loc[common]
+        rows.append({"mode": m, "length": n, "budget": b, "prompts": len(common),
+                     "whole span, pk 5": x.whole.mean(), "whole span, pk 1": y.whole.mean(),
+                     "held, pk 5": x.held_end.mean(), "held, pk 1": y.held_end.mean(),
+                     "answer whole, pk 5": acc_ci(x.correct), "answer whole, pk 1": acc_ci(y.correct),
+                     "pk 5 right, pk 1 wrong": int((x.correct & ~y.correct).sum()),
+                     "pk 5 wrong, pk 1 right": int((~x.correct & y.correct).sum())})
+    return pd.DataFrame(rows)
+
+
+def span_to_answer(df: pd.DataFrame) -> pd.DataFrame:
+    """Evicting phrase runs: accuracy when the phrase is held whole in every layer and when not."""
+    d = df[(df.task == "phrase") & (df.policy != "full")]
+    rows = []
+    for label, g in (("every policy", d), ("snapkv, both kernels", d[d.name.isin([PK5, PK1])])):
+        for whole, h in ((True, g[g.whole]), (False, g[~g.whole])):
+            rows.append({"runs": label, "phrase held whole": "yes" if whole else "no", "n": len(h),
+                         "answer whole": acc_ci(h.correct) if len(h) else "–"})
+    return pd.DataFrame(rows)
+
+
+def phrase_answer(df: pd.DataFrame) -> str:
+    d = df[(df.task == "phrase") & df.name.isin([PK5, PK1])]
+    if d.empty:
+        return "No phrase prompts with SnapKV at poolKernel 5 and 1 ran."
+    x5, x1 = d[d.name == PK5], d[d.name == PK1]
+    w5, w1 = x5.whole.mean(), x1.whole.mean()
+    a5, a1 = counts(x5.correct), counts(x1.correct)
+    ev = df[(df.task == "phrase") & (df.policy != "full")]
+    aw, an = counts(ev[ev.whole].correct), counts(ev[~ev.whole].correct)
+    more = "more" if w5 > w1 else ("as" if w5 == w1 else "less")
+    better = ("more" if a5["right"] / a5["n"] > a1["right"] / a1["n"] else
+              "as" if a5["right"] * a1["n"] == a1["right"] * a5["n"] else "less")
+    budgets = ", ".join(str(int(b)) for b in sorted(d.budget.unique()))
+    plural = "s" if "," in budgets else ""
+    return (f"over {x5.id.nunique()} phrase prompts at budget{plural} {budgets}, poolKernel 5 held the whole phrase in "
+            f"every layer in {pct(w5)} of runs against {pct(w1)} for poolKernel 1 ({more} often), and "
+            f"answered it whole {better} often: {frac(a5)} ({pct(a5['low'])}–{pct(a5['high'])}) against "
+            f"{frac(a1)} ({pct(a1['low'])}–{pct(a1['high'])}). Over every evicting policy, a run holding the "
+            f"whole phrase answered it whole in {frac(aw)}"
+            + (f" ({pct(aw['right'] / aw['n'])})" if aw["n"] else "")
+            + f", a run without it in {frac(an)}" + (f" ({pct(an['right'] / an['n'])})" if an["n"] else "") + ".")
+
+
+# --- 3. distractors ----------------------------------------------------------------------
+
+def distractor_table(df: pd.DataFrame) -> pd.DataFrame:
+    d = df[(df.task == "distractors") & (df.policy != "full")]
+    rows = []
+    for (n, b), g in d.groupby(["name", "budget"]):
+        forgot = g[(g.outcome == "distractor") & (g.held_end < g.distractors_held_end)]
+        rows.append({"policy": n, "budget": b, "prompts": len(g), "right": acc_ci(g.correct),
+                     "a distractor's key": int((g.outcome == "distractor").sum()),
+                     "no key": int((g.outcome == "no key").sum()),
+                     "held, asked key": g.held_end.mean(), "held, distractors' keys": g.distractors_held_end.mean(),
+                     "distractor answered, asked key held less": len(forgot)})
+    return pd.DataFrame(rows)
+
+
+def distractor_answer(df: pd.DataFrame) -> str:
+    t = distractor_table(df)
+    if t.empty:
+        return "No distractors prompts ran."
+    full = df[(df.task == "distractors") & (df.policy == "full")]
+    fc = counts(full.correct)
+    agg = t.groupby("policy")[["a distractor's key", "distractor answered, asked key held less", "prompts"]].sum()
+    agg.columns = ["wrong", "held_less", "prompts"]
+    agg = agg.sort_values("wrong", ascending=False)
+    parts = [f"{p} {int(r.wrong)} of {int(r.prompts)} ({int(r.held_less)} holding less of the asked key than of "
+             "the distractors')" for p, r in agg.iterrows() if r.wrong > 0]
+    none = [p for p, r in agg.iterrows() if r.wrong == 0]
+    budgets = sorted(int(b) for b in t.budget.unique())
+    over = f"budget{'s' if len(budgets) > 1 else ''} {', '.join(map(str, budgets))}"
+    return (f"the full cache answered the asked key in {frac(fc)} prompts. Answers giving a distractor's key, per "
+            f"policy, summed over {over}: " + ("; ".join(parts) if parts else "none") + "."
+            + (f" Never a distractor's key: {', '.join(none)}." if none else ""))
+
+
+# --- 4. decode against prefill -----------------------------------------------------------
+
+def modes_table(df: pd.DataFrame) -> pd.DataFrame:
+    d = df[(df.task == "recall") & (df.policy != "full")]
+    rows = []
+    for (n, b), g in d.groupby(["name", "budget"]):
+        x = g[g.prompt_mode == "decode"].set_index(["variant", "prompt"])
+        y = g[g.prompt_mode == "prefill"].set_index(["variant", "prompt"])
+        common = x.index.intersection(y.index)
+        if not len(common):
+            continue
+        x, y = x.loc[common], y.loc[common]
+        rows.append({"policy": n, "budget": b, "prompts": len(common), "decode": acc_ci(x.correct),
+                     "prefill": acc_ci(y.correct), "held decode": x.held_end.mean(),
+                     "held prefill": y.held_end.mean(),
+                     "same verdict": float((x.correct.values == y.correct.values).mean())})
+    return pd.DataFrame(rows)
+
+
+def modes_answer(df: pd.DataFrame, dec: list[dict], pre: list[dict]) -> str:
+    t = modes_table(df)
+    if t.empty:
+        return "No recall prompt ran in both modes."
+    pre_by = {r["reminder_every"]: r for r in pre}
+    flips = []
+    for r in dec:
+        p = pre_by.get(r["reminder_every"])
+        if p is None:
+            continue
+        sd = np.sign(r["tova_lost_both_kept"] - r["tova_kept_both_lost"])
+        sp = np.sign(p["tova_lost_both_kept"] - p["tova_kept_both_lost"])
+        flips.append((r["reminder_every"], sd == sp))
+    agree = [k for k, same in flips if same]
+    lines = [f"{r.policy} {r.decode} decode against {r.prefill} prefill (same verdict on {pct(r['same verdict'])})"
+             for _, r in t.iterrows()]
+    return ("on the same recall prompts at the same budget, " + "; ".join(lines) + ". "
+            + (f"The paired TOVA-against-both count points the same way in both modes at K = "
+               f"{', '.join(map(str, agree))} of {', '.join(str(k) for k, _ in flips)}." if flips else ""))
+
+
+# --- the report --------------------------------------------------------------------------
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per task variant x prompt mode x length x configuration x budget (tidy)."""
+    rows = []
+    for (t, o, m, n, p, lab, b), g in df.groupby(["task", "option", "prompt_mode", "length", "policy", "name",
+                                                  "budget"]):
+        c = counts(g.correct)
+        rows.append({"task": t, "option": int(o), "prompt_mode": m, "length": int(n), "policy": p, "label": lab,
+                     "budget": int(b), "prompts": c["n"], "right": c["right"], "accuracy": c["right"] / c["n"],
+                     "low": c["low"], "high": c["high"], "held_end": float(g.held_end.mean()),
+                     "whole_span": float(g.whole.mean())})
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def accuracy_grid(df: pd.DataFrame, variant_: str) -> str:
+    d = df[df.variant == variant_]
+    cols = sorted({(m, n, b) for m, n, b in zip(d.prompt_mode, d.length, d.budget) if b > 0})
+    names = sorted(set(d.name) - {"full cache"})
+    lines = ["| policy | " + " | ".join(f"{m} {n}, budget {b}" for m, n, b in cols) + " |",
+             "|" + "---|" * (len(cols) + 1)]
+    full = d[d.policy == "full"]
+    lines.append("| full cache | " + " | ".join(
+        acc_ci(full[(full.prompt_mode == m) & (full.length == n)].correct) for m, n, _ in cols) + " |")
+    for nm in names:
+        cells = []
+        for m, n, b in cols:
+            x = d[(d.name == nm) & (d.prompt_mode == m) & (d.length == n) & (d.budget == b)]
+            cells.append(f"{acc_ci(x.correct)} ({x.held_end.mean():.2f})" if len(x) else "–")
+        lines.append(f"| {nm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seconds(out: Path) -> dict:
+    """The model's time per prompt mode, summed over the run files (each run records its own)."""
+    tot: dict = {}
+    for id_ in list_runs(out):
+        m = load_run(out, id_)["meta"]
+        tot[m["prompt_mode"]] = tot.get(m["prompt_mode"], 0.0) + float(m.get("seconds") or 0.0)
+    return tot
+
+
+def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
+    """(docs/tasks.md's text, answers.json's dict, summary.csv's table)."""
+    df, acc = load(out)
+    spans = spans_of(out)
+    rec = df[(df.task == "recall") & (df.prompt_mode == "decode")]
+    length = int(rec.length.min()) if len(rec) else 256
+    dec_all = {int(b): recall_by_k(df, "decode", length, int(b)) for b in sorted(set(rec.budget) - {-1})}
+    budget = shown_budget(dec_all)
+    dec = dec_all.get(budget, [])
+    pre_all = {int(b): recall_by_k(df, "prefill", length, int(b))
+               for b in sorted(set(df[(df.task == "recall") & (df.prompt_mode == "prefill")
+                                      & (df.length == length)].budget) - {-1})}
+    pre = pre_all.get(budget, [])
+    lost = lost_steps(df, spans)
+    qt = quiet_table(lost)
+    ql = quiet_layers(lost, df)
+    model = load_run(out, df.id.iloc[0])["meta"]["model"].get("model", "?")
+    secs = seconds(out)
+    if budget is None:
+        a1, a1p = "No recall prompt ran in decode mode.", ""
+    else:
+        a1 = recall_answer(dec, f"In decode mode ({length} tokens, budget {budget})")
+        a1p = recall_answer(pre, f"In prefill mode on the same prompts (budget {budget})")
+    quiet_sentence = ""
+    if not qt.empty:
+        tv = qt[qt.policy == "tova"]
+        if len(tv):
+            tv = tv.iloc[0]
+            quiet_sentence = (f" TOVA lost the key in a layer on a quiet step (not reading a reminder) in "
+                              f"{int(tv['on a quiet step'])} of {int(tv['losses (run x layer)'])} losses "
+                              f"({pct(tv['share quiet'])}; quiet steps are {pct(tv['quiet share of the steps'])} "
+                              "of the steps it could have lost it on).")
+    answers = {
+        "recall": {"mode": "decode", "length": length, "budget": budget, "by_k": dec,
+                   "answer": a1 + quiet_sentence,
+                   "budgets": {str(b): rows for b, rows in dec_all.items()},
+                   "prefill": {"budgets": {str(b): rows for b, rows in pre_all.items()}, "answer": a1p}},
+        "phrase": {"answer": phrase_answer(df)},
+        "distractors": {"answer": distractor_answer(df)},
+        "modes": {"answer": modes_answer(df, dec, pre)},
+        "source": "traces/tasks/results.csv",
+        "prompts": int(df.id.nunique()),
+    }
+    gate_lines = [f"- {r.task}"
+                  + (f" ({_opt_text(r)})" if _opt_text(r) else "")
+                  + f" at {int(r.length)} tokens: full cache {pct(r.full_accuracy)} of {int(r.prompts)} prompts, "
+                  + ("kept" if r.kept else "left out") for r in acc.itertuples()]
+    variants = sorted(df.variant.unique(), key=lambda v: (re.sub(r"\d+", "", v), -int(re.sub(r"\D", "", v) or 0)))
+    doc = [
+        "# Tasks built for the cards' claims",
+        "",
+        "Generated by `python -m kvviz.studies.tasks_report traces/tasks --write` from `traces/tasks/results.csv` "
+        "(the runs: `traces/tasks/runs/`); every number below is computed from those files. The grid: "
+        "`./scripts/tasks_study.sh` ([model.md](model.md#tasks-beyond-the-pass-key) describes the tasks); how long "
+        "it took: [benchmarks.md](benchmarks.md#the-tasks-study). Not tuned: one model, one wording per task, "
+        "greedy answers.",
+        "",
+        f"What ran: {df.id.nunique()} prompts, {len(df)} runs at layer granularity. Model: {model}. "
+        f"Model time summed over the run files: "
+        + ", ".join(f"{m} {v / 60:.0f} min" for m, v in sorted(secs.items())) + " (one torch thread).",
+        "",
+        "## The full cache first",
+        "",
+        f"A task variant stays in the study at a length only if the full cache answers at least {GATE:.0%} of its "
+        "prompts there:",
+        "",
+        *gate_lines,
+        "",
+        "## 1. Does TOVA lose a key that the text returns to, where H2O and Scissorhands keep it?",
+        "",
+        f"The TOVA card: \"{CARD_TOVA}\"",
+        "",
+        "The `recall` task states the pass key once (at 10 % depth), then says \"Keep the pass key in mind.\" "
+        "after every K-th haystack sentence; at 256 tokens K = 20 leaves no room for a reminder, so that row is "
+        "the pass-key prompt. Decode mode reads the prompt token by token, evicting as it goes: the setting the "
+        "card's sentence is about. Each cell: share of prompts answered with the key, Wilson 95 % interval, "
+        "(share of the key's positions held at the end of the prompt).",
+        "",
+        *[x for b, rows in dec_all.items() for x in (
+            f"Decode mode, {length} tokens, budget {b}:", "", fmt(by_k_table(rows)) if rows else "(no runs)", "")],
+        *[x for b, rows in pre_all.items() for x in (
+            f"Prefill mode (one full-cache pass, then one eviction), the same prompts, budget {b}:", "",
+            fmt(by_k_table(rows)) if rows else "(no runs)", "")],
+        f"The answer below reads decode mode at budget {budget}: of the decode budgets, the one with the most "
+        "prompts on which TOVA, H2O and Scissorhands do not all give the same verdict (where they can differ).",
+        "",
+        "When the key was lost (decode mode, prompts with reminders): per policy, the (run, layer) pairs where a "
+        "key position was evicted during the prompt, how many of those steps read a quiet token (not a "
+        "reminder's), and the share of quiet steps among all the steps from the first eviction to the "
+        "question (what losses at random steps would show):",
+        "",
+        fmt(qt) if not qt.empty else "(no losses)",
+        "",
+        "Layers where TOVA lost the key on a quiet step in the most runs, and how often H2O and Scissorhands "
+        "still held the whole key there at the end of the prompt on those runs:",
+        "",
+        fmt(ql) if not ql.empty else "(none)",
+        "",
+        f"**Answer:** {answers['recall']['answer']} {a1p}",
+        "",
+        "## 2. Does SnapKV's pooling keep a phrase whole, and does that make it right?",
+        "",
+        f"The SnapKV card: \"{CARD_SNAPKV}\"",
+        "",
+        "The `phrase` task's answer is a pass phrase of four words; *whole span* is the share of runs holding "
+        "every one of the phrase's token positions in every layer at the end of the prompt, *held* the share of "
+        "those positions held (mean over layers); *answer whole* the share of answers with the four words in "
+        "order (Wilson 95 %).",
+        "",
+        fmt(phrase_table(df)),
+        "",
+        "Held whole against answered whole:",
+        "",
+        fmt(span_to_answer(df)),
+        "",
+        f"**Answer:** {answers['phrase']['answer']}",
+        "",
+        "## 3. Among look-alikes, which policies forget the asked key but keep a distractor's?",
+        "",
+        "The `distractors` task names three people's pass keys; the question asks for one. *A distractor's key*: "
+        "the answer's first key is another person's. *Held*: share of the asked key's (distractors' keys') "
+        "positions held at the end of the prompt. The last column counts distractor answers where the policy "
+        "held less of the asked key than of the distractors'.",
+        "",
+        fmt(distractor_table(df)),
+        "",
+        f"**Answer:** {answers['distractors']['answer']}",
+        "",
+        "## 4. Do decode mode and prefill mode agree?",
+        "",
+        "The recall prompts ran in both modes (every K, at each decode budget): per policy, accuracy in each "
+        "mode on the same prompts and the share of prompts with the same verdict.",
+        "",
+        fmt(modes_table(df[df.budget.isin(list(dec_all))])),
+        "",
+        f"**Answer:** {answers['modes']['answer']}",
+        "",
+        "## Every variant, every configuration",
+        "",
+        "Accuracy with its Wilson 95 % interval (held share at the end of the prompt); adakv and pyramidkv use "
+        "TOVA as their scorer. The same numbers, one row per cell: `traces/tasks/summary.csv`.",
+        "",
+    ]
+    for v in variants:
+        doc += [f"### {v}", "", accuracy_grid(df, v), ""]
+    return "\n".join(doc), answers, summary_table(df)
+
+
+def _opt_text(r) -> str:
+    t = {"recall": ("reminder_every", "a reminder every {} sentences"), "phrase": ("phrase_words", "{} words"),
+         "distractors": ("distractors", "{} distractors")}.get(r.task)
+    return t[1].format(int(getattr(r, t[0]))) if t and hasattr(r, t[0]) else ""
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def summary_lines(answers: dict) -> str:
+    """The README's few lines: each answer, computed."""
+    return "\n".join([
+        "What the tasks study answers ([docs/tasks.md](docs/tasks.md), one model, not tuned, "
+        f"{answers['prompts']} prompts):",
+        "",
+        f"1. **A key the text returns to (TOVA's warning).** {_cap(answers['recall']['answer'])}",
+        f"2. **A phrase (SnapKV's pooling).** {_cap(answers['phrase']['answer'])}",
+        f"3. **Look-alikes.** {_cap(answers['distractors']['answer'])}",
+        f"4. **Decode against prefill.** {_cap(answers['modes']['answer'])}",
+    ])
+
+
+def write(out: Path, doc: str, answers: dict, summary: pd.DataFrame, readme: Path | None = None) -> None:
+    with replacing(REPO / "docs" / "tasks.md") as fh:
+        fh.write(doc.encode())
+    with replacing(out / "answers.json") as fh:
+        fh.write(json.dumps(answers, indent=1).encode())
+    with replacing(out / "summary.csv") as fh:
+        fh.write(summary.to_csv(index=False).encode())
+    readme = readme or REPO / "README.md"
+    text = readme.read_text()
+    if SUMMARY[0] not in text:
+        raise ValueError(f"{readme} has no {SUMMARY[0]} ... {SUMMARY[1]} block to rewrite")
+    text = re.sub(re.escape(SUMMARY[0]) + ".*?" + re.escape(SUMMARY[1]),
+                  lambda _: f"{SUMMARY[0]}\n{summary_lines(answers)}\n{SUMMARY[1]}", text, flags=re.S)
+    with replacing(readme) as fh:
+        fh.write(text.encode())
+
+
+def load_answers(out: Path | None = None) -> dict:
+    """traces/tasks/answers.json (the shipped study's answers); ValueError naming the file if absent."""
+    path = Path(out or traces_or_default() / "tasks") / "answers.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no tasks study answers (run ./scripts/tasks_study.sh report)")
+    return json.loads(path.read_text())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvviz.studies.tasks_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", nargs="?", default=str(traces_or_default() / "tasks"))
+    p.add_argument("--write", action="store_true",
+                   help="write docs/tasks.md, DIR/answers.json, DIR/summary.csv and the README's summary")
+    args = p.parse_args(argv)
+    out = Path(args.dir)
+    try:
+        from kvviz.model.needle.results import write_tables
+
+        if list_runs(out):
+            write_tables(out)  # the two lanes of the grid may have written the table before each other's last run
+        doc, answers, summary = report(out)
+        if args.write:
+            write(out, doc, answers, summary)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

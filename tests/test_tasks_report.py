@@ -1,0 +1,168 @@
+"""The tasks study's report on hand-built runs: every count below is worked out by hand from
+the runs written here, not read from the report's output."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvviz.model.needle.results import load_results, run_id, save_run, write_tables
+from kvviz.studies import tasks_report as R
+
+T0, L = 20, 2
+PK = {5: {"pool_kernel": 5, "obs_window": 16}, 1: {"pool_kernel": 1, "obs_window": 16}}
+
+
+def _save(out, task: dict, mode: str, configs, answers, ev, key="42400", seed=0, key_positions=(3, 4)):
+    opt = task.get("reminder_every") or task.get("phrase_words") or task.get("distractors")
+    prefix = f"{task['task']}{opt}-"
+    configs = [{"policy": "full", "params": {}, "budget": None, "label": "full"}] + [
+        {"policy": p, "params": q, "budget": b, "label": f"{p}{q}@{b}"} for p, q, b in configs]
+    meta = {"id": prefix + run_id(T0, 10, seed, mode, "layer"), "length": T0, "depth": 10, "seed": seed,
+            "prompt_mode": mode, "granularity": "layer", "key": key, "key_positions": list(key_positions),
+            "question_start": 17, "prompt_len": T0, "max_new_tokens": 2, "configs": configs,
+            "answers": answers, "correct": [False] * len(configs), "layers": L, "kv_heads": 1,
+            "model": {"model": "hand-built"}, "seconds": 2.0, **task}
+    save_run(out, meta, np.arange(T0), [str(i) for i in range(T0)], np.zeros((len(configs), 2)), ev)
+
+
+TRIO = [("tova", {}, 8), ("h2o", {}, 8), ("scissorhands", {}, 8)]
+RIGHT, WRONG = " 42400.", " 4240"
+
+
+def _recall(out):
+    """K = 5, reminders at steps 8-9 and 14-15, three decode prompts:
+    seed 0: TOVA wrong, H2O and Scissorhands right; seed 1: TOVA right, both wrong; seed 2: all right.
+    TOVA loses a key token in layer 0 at step 12 (quiet) and in layer 1 at step 15 (a reminder's)."""
+    rec = {"task": "recall", "reminder_every": 5, "reminders": [[8, 10], [14, 16]]}
+    ev = np.full((4, L, 1, T0 + 2), -1, np.int32)
+    ev[1, 0, 0, 3] = 12
+    ev[1, 1, 0, 4] = 15
+    for seed, (t, h, s) in enumerate([(WRONG, RIGHT, RIGHT), (RIGHT, WRONG, WRONG), (RIGHT, RIGHT, RIGHT)]):
+        _save(out, rec, "decode", TRIO, [RIGHT, t, h, s], ev, seed=seed)
+        # the same prompt in prefill mode: all three right on seed 0 only
+        _save(out, rec, "prefill", TRIO, [RIGHT] + [RIGHT if seed == 0 else WRONG] * 3,
+              np.full((4, L, 1, T0 + 2), -1, np.int32), seed=seed)
+    # K = 20: no reminders; everyone wrong; a variant the full cache cannot do at all
+    none = {"task": "recall", "reminder_every": 20, "reminders": []}
+    _save(out, none, "decode", TRIO, [RIGHT, WRONG, WRONG, WRONG], ev, seed=0)
+    bad = {"task": "recall", "reminder_every": 2, "reminders": [[8, 10]]}
+    _save(out, bad, "decode", TRIO, [WRONG, WRONG, WRONG, WRONG], ev, seed=0)
+
+
+def _phrase(out):
+    """Two prompts; pk 5 holds the phrase whole and answers it; pk 1 loses one position in
+    layer 1 and answers part of it on seed 0, all of it on seed 1."""
+    phr = {"task": "phrase", "phrase_words": 2}
+    ev = np.full((3, L, 1, T0 + 2), -1, np.int32)
+    ev[2, 1, 0, 4] = T0 - 1
+    cfg = [("snapkv", PK[5], 8), ("snapkv", PK[1], 8)]
+    _save(out, phr, "prefill", cfg, [" amber maple", " amber maple", " maple"], ev, key="amber maple", seed=0)
+    _save(out, phr, "prefill", cfg, [" amber maple", " amber maple", " amber maple"], ev, key="amber maple", seed=1)
+
+
+def _distractors(out):
+    """TOVA answers Hugo's key and held less of the asked key than of Hugo's; H2O answers none."""
+    dis = {"task": "distractors", "distractors": 1, "target": "Greta", "distractor_names": ["Hugo"],
+           "distractor_keys": ["53407"], "distractor_positions": [[10, 11]]}
+    ev = np.full((3, L, 1, T0 + 2), -1, np.int32)
+    ev[1, :, 0, 3] = T0 - 1
+    _save(out, dis, "prefill", [("tova", {}, 8), ("h2o", {}, 8)], [RIGHT, " 53407.", " none"], ev)
+
+
+@pytest.fixture()
+def study(tmp_path):
+    _recall(tmp_path)
+    _phrase(tmp_path)
+    _distractors(tmp_path)
+    write_tables(tmp_path)
+    return tmp_path
+
+
+def test_gate_leaves_out_the_variant_the_full_cache_fails(study):
+    df, acc = R.load(study)
+    assert "recall2" not in set(df.variant)
+    row = acc[(acc.task == "recall") & (acc.reminder_every == 2)].iloc[0]
+    assert row.full_accuracy == 0 and not row.kept
+    assert {"recall5", "recall20", "phrase2", "distractors1"} <= set(df.variant)
+
+
+def test_recall_pairs_by_k(study):
+    df, _ = R.load(study)
+    rows = {r["reminder_every"]: r for r in R.recall_by_k(df, "decode", T0, 8)}
+    k5 = rows[5]
+    assert k5["prompts"] == 3 and k5["reminders"] == 2
+    assert k5["accuracy"] == {"tova": [2, 3], "h2o": [2, 3], "scissorhands": [2, 3]}
+    assert (k5["tova_lost_both_kept"], k5["tova_kept_both_lost"], k5["all_same"]) == (1, 1, 1)
+    assert rows[20]["accuracy"]["tova"] == [0, 1] and rows[20]["all_same"] == 1
+    assert list(rows) == [20, 5]  # no reminders first
+    assert R.shown_budget({8: list(rows.values())}) == 8
+
+
+def test_losses_on_quiet_steps(study):
+    df, _ = R.load(study)
+    lost = R.lost_steps(df, R.spans_of(study))
+    tova = lost[lost.name == "tova"]
+    # three K = 5 prompts x (layer 0 at step 12, layer 1 at step 15); K = 20 has no reminders
+    assert len(tova) == 6 and set(lost.name) == {"tova"}
+    assert sorted(set(zip(tova.layer, tova.step, tova.quiet))) == [(0, 12, True), (1, 15, False)]
+    # steps 8..19 could lose it; 8, 9, 14, 15 read a reminder
+    assert tova.quiet_base.iloc[0] == pytest.approx(8 / 12)
+    q = R.quiet_table(lost).set_index("policy").loc["tova"]
+    assert q["on a quiet step"] == 3 and q["share quiet"] == pytest.approx(0.5)
+    lay = R.quiet_layers(lost, df)
+    assert lay.layer.tolist() == [0] and lay["h2o holds it whole there"].tolist() == [3]
+
+
+def test_phrase_whole_span_and_answers(study):
+    df, _ = R.load(study)
+    t = R.phrase_table(df).iloc[0]
+    assert t["whole span, pk 5"] == 1.0 and t["whole span, pk 1"] == 0.0
+    assert t["held, pk 1"] == pytest.approx(1 - 1 / 4)   # 1 of 2 positions in 1 of 2 layers
+    assert (t["pk 5 right, pk 1 wrong"], t["pk 5 wrong, pk 1 right"]) == (1, 0)
+    said = R.phrase_answer(df)
+    assert "100 % of runs against 0 %" in said and "2/2" in said and "1/2" in said
+    s = R.span_to_answer(df).set_index(["runs", "phrase held whole"])
+    assert s.loc[("every policy", "yes"), "n"] == 2 and s.loc[("every policy", "no"), "n"] == 2
+
+
+def test_distractor_forgets_the_asked_key(study):
+    df, _ = R.load(study)
+    t = R.distractor_table(df).set_index("policy")
+    assert t.loc["tova", "a distractor's key"] == 1 and t.loc["tova", "distractor answered, asked key held less"] == 1
+    assert t.loc["h2o", "no key"] == 1 and t.loc["h2o", "a distractor's key"] == 0
+    said = R.distractor_answer(df)
+    assert "tova 1 of 1 (1 holding less" in said and "Never a distractor's key: h2o" in said
+
+
+def test_modes_compare_the_same_prompts(study):
+    df, _ = R.load(study)
+    t = R.modes_table(df).set_index("policy")
+    # K = 5: decode TOVA wrong, right, right; prefill right, wrong, wrong: no verdict the same.
+    # H2O: decode right, wrong, right; prefill right, wrong, wrong: two of three. K = 20: no prefill run.
+    assert t.loc["tova", "prompts"] == 3 and t.loc["tova", "same verdict"] == 0
+    assert t.loc["h2o", "same verdict"] == pytest.approx(2 / 3)
+
+
+def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):
+    doc, answers, summary = R.report(study)
+    readme = tmp_path_factory.mktemp("r") / "README.md"
+    readme.write_text(f"# x\n\n{R.SUMMARY[0]}\nSTALE-SUMMARY\n{R.SUMMARY[1]}\n\nafter\n")
+    monkeypatch.setattr(R, "REPO", tmp_path_factory.mktemp("repo"))
+    (R.REPO / "docs").mkdir()
+    R.write(study, doc, answers, summary, readme=readme)
+    text = readme.read_text()
+    assert "STALE-SUMMARY" not in text and text.endswith("after\n") and "1. **A key the text returns to" in text
+    got = json.loads((study / "answers.json").read_text())
+    assert got["recall"]["budget"] == 8 and got["recall"]["by_k"][1]["reminder_every"] == 5
+    assert R.load_answers(study)["prompts"] == got["prompts"]
+    s = pd.read_csv(study / "summary.csv")
+    row = s[(s.task == "recall") & (s.option == 5) & (s.prompt_mode == "decode") & (s.policy == "tova")].iloc[0]
+    assert (row.prompts, row.right) == (3, 2) and row.low < 2 / 3 < row.high
+    assert (R.REPO / "docs" / "tasks.md").read_text() == doc
+    assert len(load_results(study)) == len(pd.read_csv(study / "results.csv"))
+
+
+def test_missing_answers_file_names_it(tmp_path):
+    with pytest.raises(ValueError, match="answers.json"):
+        R.load_answers(tmp_path)
