@@ -121,7 +121,11 @@ def test_phrase_whole_span_and_answers(study):
     assert t["held, pk 1"] == pytest.approx(1 - 1 / 4)   # 1 of 2 positions in 1 of 2 layers
     assert (t["pk 5 right, pk 1 wrong"], t["pk 5 wrong, pk 1 right"]) == (1, 0)
     said = R.phrase_answer(df)
-    assert "100 % of runs against 0 %" in said and "2/2" in said and "1/2" in said
+    # pk 5 holds it in both layers of both prompts; pk 1 in layer 0 only
+    assert t["layers whole, pk 5"] == 1.0 and t["layers whole, pk 1"] == 0.5
+    assert "in 100 % of the layers against 50 % for poolKernel 1 (more)" in said
+    assert "every layer at once in 100 % of runs against 0 % (more often)" in said
+    assert "2/2, 100 % [34–100] against 1/2, 50 % [9–91]" in said
     s = R.span_to_answer(df).set_index(["runs", "phrase held whole"])
     assert s.loc[("every policy", "yes"), "n"] == 2 and s.loc[("every policy", "no"), "n"] == 2
 

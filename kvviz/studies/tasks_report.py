@@ -83,6 +83,13 @@ def frac(c: dict) -> str:
     return f"{c['right']}/{c['n']}"
 
 
+def frac_ci(c: dict) -> str:
+    """"163/180, 91 % [85–94]": the count, the share and its Wilson 95 % interval."""
+    if not c["n"]:
+        return "0/0"
+    return f"{frac(c)}, {100 * c['right'] / c['n']:.0f} % [{100 * c['low']:.0f}–{100 * c['high']:.0f}]"
+
+
 # --- 1. recall ---------------------------------------------------------------------------
 
 def spans_of(out: Path) -> dict[str, list[tuple[int, int]]]:
@@ -229,6 +236,8 @@ def phrase_table(df: pd.DataFrame) -> pd.DataFrame:
         x, y = x.loc[common], y.loc[common]
         rows.append({"mode": m, "length": n, "budget": b, "prompts": len(common),
                      "whole span, pk 5": x.whole.mean(), "whole span, pk 1": y.whole.mean(),
+                     "layers whole, pk 5": (x.layers_whole / x.L).mean(),
+                     "layers whole, pk 1": (y.layers_whole / y.L).mean(),
                      "held, pk 5": x.held_end.mean(), "held, pk 1": y.held_end.mean(),
                      "answer whole, pk 5": acc_ci(x.correct), "answer whole, pk 1": acc_ci(y.correct),
                      "pk 5 right, pk 1 wrong": int((x.correct & ~y.correct).sum()),
@@ -253,6 +262,7 @@ def phrase_answer(df: pd.DataFrame) -> str:
         return "No phrase prompts with SnapKV at poolKernel 5 and 1 ran."
     x5, x1 = d[d.name == PK5], d[d.name == PK1]
     w5, w1 = x5.whole.mean(), x1.whole.mean()
+    l5, l1 = (x5.layers_whole / x5.L).mean(), (x1.layers_whole / x1.L).mean()
     a5, a1 = counts(x5.correct), counts(x1.correct)
     ev = df[(df.task == "phrase") & (df.policy != "full")]
     aw, an = counts(ev[ev.whole].correct), counts(ev[~ev.whole].correct)
@@ -261,13 +271,12 @@ def phrase_answer(df: pd.DataFrame) -> str:
               "as" if a5["right"] * a1["n"] == a1["right"] * a5["n"] else "less")
     budgets = ", ".join(str(int(b)) for b in sorted(d.budget.unique()))
     plural = "s" if "," in budgets else ""
-    return (f"over {x5.id.nunique()} phrase prompts at budget{plural} {budgets}, poolKernel 5 held the whole phrase in "
-            f"every layer in {pct(w5)} of runs against {pct(w1)} for poolKernel 1 ({more} often), and "
-            f"answered it whole {better} often: {frac(a5)} ({pct(a5['low'])}–{pct(a5['high'])}) against "
-            f"{frac(a1)} ({pct(a1['low'])}–{pct(a1['high'])}). Over every evicting policy, a run holding the "
-            f"whole phrase answered it whole in {frac(aw)}"
-            + (f" ({pct(aw['right'] / aw['n'])})" if aw["n"] else "")
-            + f", a run without it in {frac(an)}" + (f" ({pct(an['right'] / an['n'])})" if an["n"] else "") + ".")
+    layers = "more" if l5 > l1 else ("as" if l5 == l1 else "fewer")
+    return (f"over {x5.id.nunique()} phrase prompts at budget{plural} {budgets}, poolKernel 5 held the whole phrase "
+            f"in {pct(l5)} of the layers against {pct(l1)} for poolKernel 1 ({layers}), and in every layer at once in "
+            f"{pct(w5)} of runs against {pct(w1)} ({more} often); it answered the phrase whole {better} often: "
+            f"{frac_ci(a5)} against {frac_ci(a1)}. Over every evicting policy, a run holding the whole phrase in "
+            f"every layer answered it whole in {frac_ci(aw)}, a run without it in {frac_ci(an)}.")
 
 
 # --- 3. distractors ----------------------------------------------------------------------
@@ -337,8 +346,8 @@ def modes_answer(df: pd.DataFrame, dec: list[dict], pre: list[dict]) -> str:
         sp = np.sign(p["tova_lost_both_kept"] - p["tova_kept_both_lost"])
         flips.append((r["reminder_every"], sd == sp))
     agree = [k for k, same in flips if same]
-    lines = [f"{r.policy} {r.decode} decode against {r.prefill} prefill (same verdict on {pct(r['same verdict'])})"
-             for _, r in t.iterrows()]
+    lines = [f"{r.policy} at {r.budget}: {r.decode} decode against {r.prefill} prefill (same verdict on "
+             f"{pct(r['same verdict'])})" for _, r in t.iterrows()]
     return ("on the same recall prompts at the same budget, " + "; ".join(lines) + ". "
             + (f"The paired TOVA-against-both count points the same way in both modes at K = "
                f"{', '.join(map(str, agree))} of {', '.join(str(k) for k, _ in flips)}." if flips else ""))
