@@ -146,6 +146,13 @@ def test_modes_compare_the_same_prompts(study):
     # H2O: decode right, wrong, right; prefill right, wrong, wrong: two of three. K = 20: no prefill run.
     assert t.loc["tova", "prompts"] == 3 and t.loc["tova", "same verdict"] == 0
     assert t.loc["h2o", "same verdict"] == pytest.approx(2 / 3)
+    said = R.modes_answer(df, R.recall_by_k(df, "decode", T0, 8), R.recall_by_k(df, "prefill", T0, 8))
+    # 9 pairs: TOVA 0, H2O 2, Scissorhands 2 of 3 the same; each is right on 2 of 3 in decode mode
+    # and 1 of 3 in prefill mode
+    assert "over 9 paired runs" in said and "the same in 4 (44 %)" in said
+    assert "more often in 0 of 3 policy x budget pairs, decode-time eviction in 3" in said
+    # K = 5: one card-pattern prompt and one reverse in decode mode, none of either in prefill: both even
+    assert "the same way in both modes at 1 of 1 reminder spacings (K = 5)" in said
 
 
 def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):

@@ -315,42 +315,50 @@ def distractor_answer(df: pd.DataFrame) -> str:
 
 # --- 4. decode against prefill -----------------------------------------------------------
 
-def modes_table(df: pd.DataFrame) -> pd.DataFrame:
+def modes_pairs(df: pd.DataFrame) -> list[dict]:
+    """Per (policy, budget): the recall prompts run in both modes, their verdicts side by side."""
     d = df[(df.task == "recall") & (df.policy != "full")]
-    rows = []
+    out = []
     for (n, b), g in d.groupby(["name", "budget"]):
         x = g[g.prompt_mode == "decode"].set_index(["variant", "prompt"])
         y = g[g.prompt_mode == "prefill"].set_index(["variant", "prompt"])
         common = x.index.intersection(y.index)
-        if not len(common):
-            continue
-        x, y = x.loc[common], y.loc[common]
-        rows.append({"policy": n, "budget": b, "prompts": len(common), "decode": acc_ci(x.correct),
-                     "prefill": acc_ci(y.correct), "held decode": x.held_end.mean(),
-                     "held prefill": y.held_end.mean(),
-                     "same verdict": float((x.correct.values == y.correct.values).mean())})
-    return pd.DataFrame(rows)
+        if len(common):
+            out.append({"policy": n, "budget": int(b), "decode": x.loc[common], "prefill": y.loc[common]})
+    return out
+
+
+def modes_table(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{"policy": p["policy"], "budget": p["budget"], "prompts": len(p["decode"]),
+                          "decode": acc_ci(p["decode"].correct), "prefill": acc_ci(p["prefill"].correct),
+                          "held decode": p["decode"].held_end.mean(), "held prefill": p["prefill"].held_end.mean(),
+                          "same verdict": float((p["decode"].correct.values == p["prefill"].correct.values).mean())}
+                         for p in modes_pairs(df)])
 
 
 def modes_answer(df: pd.DataFrame, dec: list[dict], pre: list[dict]) -> str:
-    t = modes_table(df)
-    if t.empty:
+    pairs = modes_pairs(df)
+    if not pairs:
         return "No recall prompt ran in both modes."
+    n = sum(len(p["decode"]) for p in pairs)
+    same = sum(int((p["decode"].correct.values == p["prefill"].correct.values).sum()) for p in pairs)
+    gap = [p["prefill"].correct.mean() - p["decode"].correct.mean() for p in pairs]
+    up, down = sum(g > 0 for g in gap), sum(g < 0 for g in gap)
     pre_by = {r["reminder_every"]: r for r in pre}
     flips = []
     for r in dec:
         p = pre_by.get(r["reminder_every"])
-        if p is None:
-            continue
-        sd = np.sign(r["tova_lost_both_kept"] - r["tova_kept_both_lost"])
-        sp = np.sign(p["tova_lost_both_kept"] - p["tova_kept_both_lost"])
-        flips.append((r["reminder_every"], sd == sp))
-    agree = [k for k, same in flips if same]
-    lines = [f"{r.policy} at {r.budget}: {r.decode} decode against {r.prefill} prefill (same verdict on "
-             f"{pct(r['same verdict'])})" for _, r in t.iterrows()]
-    return ("on the same recall prompts at the same budget, " + "; ".join(lines) + ". "
-            + (f"The paired TOVA-against-both count points the same way in both modes at K = "
-               f"{', '.join(map(str, agree))} of {', '.join(str(k) for k, _ in flips)}." if flips else ""))
+        if p is not None:
+            sd = np.sign(r["tova_lost_both_kept"] - r["tova_kept_both_lost"])
+            sp = np.sign(p["tova_lost_both_kept"] - p["tova_kept_both_lost"])
+            flips.append((r["reminder_every"], sd == sp))
+    agree = [k for k, ok in flips if ok]
+    which = f" (K = {', '.join(map(str, agree))})" if agree else ""
+    trio = (f" TOVA's paired count against H2O and Scissorhands points the same way in both modes at "
+            f"{len(agree)} of {len(flips)} reminder spacings{which}." if flips else "")
+    return (f"over {n} paired runs (the same recall prompt, policy and budget in both modes) the verdict was the "
+            f"same in {same} ({pct(same / n)}); prefill eviction was right more often in {up} of {len(pairs)} "
+            f"policy x budget pairs, decode-time eviction in {down}.{trio}")
 
 
 # --- the report --------------------------------------------------------------------------
