@@ -94,6 +94,10 @@ def test_recall_pairs_by_k(study):
     assert k5["prompts"] == 3 and k5["reminders"] == 2
     assert k5["accuracy"] == {"tova": [2, 3], "h2o": [2, 3], "scissorhands": [2, 3]}
     assert (k5["tova_lost_both_kept"], k5["tova_kept_both_lost"], k5["all_same"]) == (1, 1, 1)
+    assert k5["against"] == {"h2o": [1, 1], "scissorhands": [1, 1]}
+    said = R.recall_answer(list(rows.values()), "here")
+    assert "H2O's accuracy minus TOVA's by reminder spacing: K = 20: +0 points, K = 5: +0 points" in said
+    assert "TOVA was wrong where H2O was right more often than the reverse at no K" in said
     assert rows[20]["accuracy"]["tova"] == [0, 1] and rows[20]["all_same"] == 1
     assert list(rows) == [20, 5]  # no reminders first
     assert R.shown_budget({8: list(rows.values())}) == 8
@@ -177,3 +181,8 @@ def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):
 def test_missing_answers_file_names_it(tmp_path):
     with pytest.raises(ValueError, match="answers.json"):
         R.load_answers(tmp_path)
+
+
+def test_gap_in_points_rounds_the_difference():
+    assert R._points({"accuracy": {"h2o": [7, 30], "tova": [2, 30]}}, "h2o") == "+17 points"
+    assert R._points({"accuracy": {"h2o": [0, 30], "tova": [16, 30]}}, "h2o") == "-53 points"

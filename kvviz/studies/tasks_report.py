@@ -121,7 +121,10 @@ def recall_by_k(df: pd.DataFrame, mode: str, length: int, budget: int) -> list[d
                     "held_end": {n: round(float(g[g.name == n].held_end.mean()), 4) for n in TRIO},
                     "tova_lost_both_kept": int((~piv.tova & piv.h2o & piv.scissorhands).sum()),
                     "tova_kept_both_lost": int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum()),
-                    "all_same": int(((piv.tova == piv.h2o) & (piv.h2o == piv.scissorhands)).sum())})
+                    "all_same": int(((piv.tova == piv.h2o) & (piv.h2o == piv.scissorhands)).sum()),
+                    # per other policy: [TOVA wrong where it is right, TOVA right where it is wrong]
+                    "against": {n: [int((~piv.tova & piv[n]).sum()), int((piv.tova & ~piv[n]).sum())]
+                                for n in TRIO[1:]}})
     return out
 
 
@@ -141,8 +144,10 @@ def by_k_table(rows: list[dict]) -> pd.DataFrame:
             k, n_ = r["accuracy"][n]
             lo, hi = wilson(k, n_)
             row[n] = f"{100 * k / n_:.0f} % [{100 * lo:.0f}–{100 * hi:.0f}] ({r['held_end'][n]:.2f})"
-        row["TOVA lost, both kept"] = r["tova_lost_both_kept"]
-        row["TOVA kept, both lost"] = r["tova_kept_both_lost"]
+        for n in TRIO[1:]:
+            row[f"TOVA wrong, {n} right / the reverse"] = "{} / {}".format(*r["against"][n])
+        row["TOVA wrong, both right"] = r["tova_lost_both_kept"]
+        row["TOVA right, both wrong"] = r["tova_kept_both_lost"]
         t.append(row)
     return pd.DataFrame(t)
 
@@ -219,8 +224,23 @@ def recall_answer(rows: list[dict], where: str) -> str:
     verdict = (f"TOVA lost the key where H2O and Scissorhands both kept it (and answered) more often than the "
                f"reverse at K = {', '.join(map(str, opened))}" if opened else
                "at no K did TOVA lose the key where H2O and Scissorhands both kept it more often than the reverse")
+    pair = []
+    for other in TRIO[1:]:
+        worse = [r["reminder_every"] for r in rows if r["against"][other][0] > r["against"][other][1]]
+        pair.append(f"TOVA was wrong where {NAMES[other]} was right more often than the reverse at "
+                    + (f"K = {', '.join(map(str, worse))}" if worse else "no K"))
+    gap = ", ".join(f"K = {r['reminder_every']}: {_points(r, 'h2o')}" for r in rows)
     return (f"{where}: over {n} prompts, TOVA was wrong where H2O and Scissorhands were both right in {card} "
-            f"and right where both were wrong in {rev}; {verdict}. Right answers per K: {per}.")
+            f"and right where both were wrong in {rev}; {verdict}. One against one, {'; '.join(pair)}. H2O's "
+            f"accuracy minus TOVA's by reminder spacing: {gap}. Right answers per K: {per}.")
+
+
+NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
+
+
+def _points(r: dict, other: str) -> str:
+    (a, n), (b, _) = r["accuracy"][other], r["accuracy"]["tova"]
+    return f"{round(100 * (a - b) / n) + 0:+d} points"
 
 
 # --- 2. phrase ---------------------------------------------------------------------------
