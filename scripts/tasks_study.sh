@@ -24,7 +24,7 @@ ALL="$DECODE streaming-llm:sinks=4 knorm random adakv:scorer=tova pyramidkv:scor
 if [ "$PART" = all ] || [ "$PART" = decode ]; then
   # a key the text returns to every K sentences (K = 20 leaves no room for a reminder at 256
   # tokens: the pass-key prompt, token for token), read token by token, evicting as it goes
-  for K in 20 3 10 5; do
+  for K in 20 3 5 10; do
     $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes decode \
        --budgets 128 192 --policies $DECODE
   done
