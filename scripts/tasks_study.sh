@@ -7,7 +7,7 @@
 #                                       re-run it after a kill; finished prompts are kept)
 #   ./scripts/tasks_study.sh decode     only the decode-mode prompts
 #   ./scripts/tasks_study.sh prefill    only the prefill-mode prompts at 256 and 512 tokens
-#   ./scripts/tasks_study.sh long       only the long prompts (2,048 and 4,096 tokens, prefill
+#   ./scripts/tasks_study.sh long       only the long prompts (2,048 tokens, prefill
 #                                       mode, every evicting cache freed to its budget)
 #   ./scripts/tasks_study.sh report     only the report
 #
@@ -44,7 +44,7 @@ if [ "$PART" = all ] || [ "$PART" = prefill ]; then
      --prompt-modes prefill --budgets 64 128 --policies $ALL
 fi
 if [ "$PART" = all ] || [ "$PART" = long ]; then
-  for LEN in 2048 4096; do
+  for LEN in 2048; do
     $N --task phrase --phrase-words 4 --max-new-tokens 12 --lengths $LEN --depths 50 $S30 \
        --prompt-modes prefill --budgets 256 512 --policies $DECODE --eviction freed
     $N --task recall --reminder-every 5 --lengths $LEN --depths 10 $S30 \
