@@ -277,9 +277,9 @@ def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = No
     meta, ev = run["meta"], run["evicted_at"]
     kp, q0, T0 = meta["key_positions"], int(meta["question_start"]), int(meta["prompt_len"])
     key_label, marks = NV.task_marks(meta)
-    also = "".join(f", {m[1]}s shaded" for m in marks)
-    st.markdown(f"**The prompt** ({T0} tokens; {key_label}, {meta['key']}, highlighted{also}, "
-                "the question underlined)")
+    also = "; the legend names every mark" if marks else ""
+    st.markdown(f"**The prompt** ({T0} tokens; {key_label}, {meta['key']}, highlighted, the "
+                f"question underlined{also})")
     st.html(NV.key_strip_html(run["tokens"], kp, q0, marks, key_label))
     st.markdown(f"**The answers** at budget {budget}"
                 + (", each scored by the task's own check" if marks or meta.get("task") == "phrase"
