@@ -155,28 +155,33 @@ def task_label(task: str, option=None) -> str:
 OPTION_COLUMN = {"recall": "reminder_every", "distractors": "distractors", "phrase": "phrase_words"}
 
 
+def task_values(rows: pd.DataFrame) -> pd.Series:
+    """Each row's task and option as task_value writes it ("passkey", "recall5")."""
+    task = rows["task"] if "task" in rows else pd.Series("passkey", index=rows.index)
+    out = pd.Series("passkey", index=rows.index, dtype=object)
+    for t, col in OPTION_COLUMN.items():
+        m = task == t
+        if m.any():
+            out[m] = t + pd.to_numeric(rows.loc[m, col]).astype(int).astype(str)
+    return out
+
+
 def task_options(rows: pd.DataFrame) -> list[tuple[str, str]]:
     """(value, label) of each task and option in a results table, pass key first, then
     recall, distractors and phrase, each by its option."""
     if rows is None or rows.empty:
         return []
-    task = rows["task"] if "task" in rows else pd.Series(["passkey"] * len(rows), index=rows.index)
-    out = set()
-    for t, sub in rows.assign(task=task).groupby("task"):
-        if t not in OPTION_COLUMN:
-            out.add((0, "passkey", 0))
-            continue
-        for opt in sorted({int(x) for x in sub[OPTION_COLUMN[t]]}):
-            out.add((list(TASK_NAMES).index(t) if t in TASK_NAMES else 9, t, opt))
-    return [(task_value(t, o), task_label(t, o)) for _, t, o in sorted(out)]
+    task = rows["task"] if "task" in rows else pd.Series("passkey", index=rows.index)
+    found = set()
+    for t, v in set(zip(task, task_values(rows))):
+        t = t if t in OPTION_COLUMN else "passkey"
+        found.add((list(TASK_NAMES).index(t), t, int(v[len(t):]) if t != "passkey" else 0))
+    return [(task_value(t, o), task_label(t, o)) for _, t, o in sorted(found)]
 
 
 def task_rows(rows: pd.DataFrame, value: str) -> pd.DataFrame:
     """The rows of one task and option (value as task_value writes it)."""
-    task = rows["task"] if "task" in rows else ["passkey"] * len(rows)
-    vals = [task_value(t, rows.at[i, OPTION_COLUMN[t]]) if t in OPTION_COLUMN else "passkey"
-            for i, t in zip(rows.index, task)]
-    return rows[[v == value for v in vals]]
+    return rows[task_values(rows) == value]
 
 
 def task_marks(meta: dict) -> tuple[str, list[tuple[str, str, dict]]]:

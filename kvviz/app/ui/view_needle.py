@@ -168,17 +168,25 @@ def _read(folder: Path):
         return None
 
 
+@st.cache_data(max_entries=4, show_spinner=False)
+def _by_task(folder: str, mtime: float, _rows: pd.DataFrame) -> dict:
+    """{task value: (label, its rows)} of one results table: split once per file version."""
+    values = NV.task_values(_rows)
+    return {v: (label, _rows[values == v]) for v, label in NV.task_options(_rows)}
+
+
 def sources() -> dict:
     """{task value: (label, folder, that task's rows)}: the pass key from the needle folder,
     every other task and option found in the tasks folder."""
     out = {}
-    for folder, tasks in ((needle_dir(), ("passkey",)), (tasks_dir(), None)):
+    for folder, passkey in ((needle_dir(), True), (tasks_dir(), False)):
         rows = _read(folder)
         if rows is None or rows.empty:
             continue
-        for value, label in NV.task_options(rows):
-            if (tasks is None and value != "passkey") or (tasks and value in tasks):
-                out[value] = (label, folder, NV.task_rows(rows, value))
+        split = _by_task(str(folder), (folder / "results.csv").stat().st_mtime, rows)
+        for value, (label, sub) in split.items():
+            if (value == "passkey") == passkey:
+                out[value] = (label, folder, sub)
     return out
 
 
@@ -356,11 +364,15 @@ def draw_attention(folder: Path, run: dict, budget: int, lines: list):
                                   lost=lost, layer=li)
     chart(fig, key="chart.needle_attention", **CHART)
     where = "in any layer" if li is None else f"in layer {li}"
+    n = len(meta.get("reminders") or [])
+    shade = (f"Shaded blue: the {n} reminder sentence{'s' if n != 1 else ''}; the steps between "
+             "them are the quiet ones." if n else
+             "This prompt has no reminder (the spacing leaves no room for one at this length): "
+             "every step after the key is quiet.")
     st.caption(f"Full cache, one forward pass over the prompt: the attention each step's query "
-               f"puts on the key's tokens (summed over them, mean over query heads). Shaded blue: "
-               f"the {len(meta.get('reminders') or [])} reminder sentences; the stretches between "
-               f"them are the quiet steps. A cross: the step a policy (budget {budget}) first "
-               f"evicted a key token {where}; a policy that never did has none.")
+               f"puts on the key's tokens (summed over them, mean over query heads). {shade} A "
+               f"cross: the step a policy (budget {budget}) first evicted a key token {where}; a "
+               f"policy that never did has none.")
 
 
 # --- your own passage (torch) ---------------------------------------------------------
