@@ -38,7 +38,8 @@ def todo(folder) -> list[str]:
 
     out = []
     for id_ in list_runs(folder):
-        if id_.startswith("recall") and not attention_path(folder, id_).is_file():
+        # the id names the task and mode (results.run_id); the meta decides
+        if id_.startswith("recall") and "-decode-" in id_ and not attention_path(folder, id_).is_file():
             if wanted(load_run(folder, id_)["meta"]):
                 out.append(id_)
     return out
