@@ -235,3 +235,32 @@ def test_the_lesson_scene_opens_the_recall_cell(page_env, tasks, monkeypatch, ap
     assert at.session_state["needle.ntask"] == "recall3" and at.session_state["needle.nmode"] == "decode"
     assert at.session_state["needle.npol"] == "tova"
     assert any("kv-rem" in h.proto.body for h in at.get("html"))
+
+
+def test_lesson_check_names_what_the_recall_scene_lacks(tasks, tmp_path, monkeypatch, capsys):
+    from kvviz.__main__ import main
+
+    monkeypatch.chdir(ROOT)
+    shipped = str(ROOT / "lessons" / "tova-vs-snapkv.toml")
+    monkeypatch.setenv("KVVIZ_TASKS_DIR", str(tmp_path / "none"))
+    assert main(["lesson", "check", shipped]) == 2
+    assert "state.ntask: 'recall3': no results of that task" in capsys.readouterr().err
+    (tasks / "answers.json").unlink(missing_ok=True)
+    monkeypatch.setenv("KVVIZ_TASKS_DIR", str(tasks))
+    assert main(["lesson", "check", shipped]) == 2
+    assert f"{{tasks.recall}}: {tasks / 'answers.json'}: no such file" in capsys.readouterr().err
+    TF.write_answers(tasks)
+    assert main(["lesson", "check", shipped]) == 0
+
+
+def test_the_tasks_folder_follows_the_paths_rule(tmp_path, monkeypatch):
+    from kvviz.core import paths
+
+    monkeypatch.delenv("KVVIZ_TASKS_DIR", raising=False)
+    monkeypatch.delenv("KVVIZ_TRACES_DIR", raising=False)
+    monkeypatch.chdir(ROOT)
+    assert paths.tasks_dir() == ROOT / "traces" / "tasks"
+    monkeypatch.setenv("KVVIZ_TRACES_DIR", str(tmp_path))
+    assert paths.tasks_dir() == tmp_path / "tasks" and paths.needle_dir() == tmp_path / "needle"
+    monkeypatch.setenv("KVVIZ_TASKS_DIR", str(tmp_path / "mine"))
+    assert paths.tasks_dir() == tmp_path / "mine"
