@@ -52,7 +52,7 @@ def test_task_box_opens_the_recall_task_in_chromium(tmp_path, chromium, server):
                            "reminders": TF.REMINDERS}, att)
     errors = []
     url = server.streamlit({"KVVIZ_NEEDLE_DIR": str(needle), "KVVIZ_TASKS_DIR": str(tasks)})
-    with M.browser(viewport=(1500, 3400)) as page:
+    with M.browser(viewport=(1500, 4200)) as page:
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(f"{url}/?view=needle", timeout=120_000)
         M.wait_chart_text(page, "Pass-key accuracy", timeout=120_000)

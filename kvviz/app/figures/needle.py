@@ -603,5 +603,6 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     base_layout(fig, f"The key's attention at each prompt step (full cache, {where})", height,
                 legend_below=True)
     fig.update_xaxes(title="prompt step (the query's position)", range=[-0.5, T - 0.5])
-    fig.update_yaxes(title="attention on the key", rangemode="tozero")
+    top = float(np.nanmax(y)) if T else 0.0
+    fig.update_yaxes(title="attention on the key", range=[0, 1.25 * top if top > 0 else 1])  # room for labels
     return fig
