@@ -92,10 +92,15 @@ def test_attention_figure_shades_the_reminders_and_marks_each_loss():
     assert not covered & set(range(TF.REMINDERS[0][1], TF.REMINDERS[1][0]))
     curve = fig["data"][0]
     assert np.allclose(np.asarray(curve["y"], float), att[1])
-    marks = {d["text"][0]: d for d in fig["data"] if d.get("mode") == "markers+text"}
+    marks = {d["name"].split(" loses the key")[0]: d for d in fig["data"] if d.get("mode") == "markers+text"}
     assert set(marks) == {"tova", "scissorhands"}  # h2o never lost it: no marker
     for name, d in marks.items():
         assert d["x"] == [lost[name]] and d["y"][0] == pytest.approx(float(att[1, lost[name]]))
+        assert d["text"] == [name]
+    # two policies losing it at one step: one label naming both, on the first marker
+    both = NV.key_attention_figure(att, reminders=TF.REMINDERS, key_positions=TF.KEY_POS,
+                                   lost={"tova": 70, "h2o": 70}, layer=1).to_plotly_json()
+    assert [d["text"] for d in both["data"] if d.get("mode") == "markers+text"] == [["tova<br>h2o"], [""]]
     mean = NV.key_attention_figure(att, reminders=[], key_positions=TF.KEY_POS, lost={},
                                    layer=None).to_plotly_json()
     assert np.allclose(np.asarray(mean["data"][0]["y"], float), att.mean(0), atol=1e-6)
@@ -197,7 +202,8 @@ def test_the_recall_cell_draws_its_attention_file(page_env, tasks, apptest):
         ok(at)
         spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                     if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("The key's attention"))
-        marks = {d["text"][0]: d["x"][0] for d in spec["data"] if d.get("mode") == "markers+text"}
+        marks = {d["name"].split(" loses the key")[0]: d["x"][0] for d in spec["data"]
+                 if d.get("mode") == "markers+text"}
         i = {c["label"]: k for k, c in enumerate(meta["configs"])}
         # layer 1: tova loses the key there; scissorhands (layer 2), h2o and snapkv never do
         expect = {}
@@ -264,3 +270,19 @@ def test_the_tasks_folder_follows_the_paths_rule(tmp_path, monkeypatch):
     assert paths.tasks_dir() == tmp_path / "tasks" and paths.needle_dir() == tmp_path / "needle"
     monkeypatch.setenv("KVVIZ_TASKS_DIR", str(tmp_path / "mine"))
     assert paths.tasks_dir() == tmp_path / "mine"
+
+
+def test_attention_axis_fits_the_reminders_and_names_the_keys_peak():
+    att = np.full((TF.LAYERS, 256), 0.01, np.float32)
+    att[:, TF.KEY_POS[0]:TF.KEY_POS[-1] + 4] = 0.3  # the key's own rows, far above the rest
+    for a, b in TF.REMINDERS:
+        att[:, a:b] = 0.03
+    fig = NV.key_attention_figure(att, reminders=TF.REMINDERS, key_positions=TF.KEY_POS, lost={},
+                                  layer=0).to_plotly_json()
+    lo, hi = fig["layout"]["yaxis"]["range"]
+    assert lo == 0 and 0.03 < hi < 0.3  # a reminder's bump fills the chart, the key runs above
+    notes = [a["text"] for a in fig["layout"]["annotations"]]
+    assert notes == [f"↑ up to 0.30 at the key (step {TF.KEY_POS[0]})"]
+    flat = NV.key_attention_figure(np.full((1, 50), 0.2, np.float32), reminders=[], key_positions=[3],
+                                   lost={}, layer=0).to_plotly_json()
+    assert flat["layout"]["yaxis"]["range"][1] > 0.2 and not flat["layout"].get("annotations")

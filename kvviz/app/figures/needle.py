@@ -572,7 +572,9 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     key's positions (y: summed over them, mean over query heads), from a (layers, steps)
     array: layer `layer`'s row, or with None the mean over layers. The reminder sentences'
     steps shaded, the key's own positions in the key's colour, and each policy's step of
-    losing the key (`lost`: {label: step}, -1 never) marked on the curve."""
+    losing the key (`lost`: {label: step}, -1 never) marked on the curve. The y axis fits the
+    steps from the first reminder on; the key's own, higher steps run above it, their peak said
+    in a note."""
     a = np.asarray(attention, float)
     y = a.mean(0) if layer is None else a[int(layer)]
     T = len(y)
@@ -585,16 +587,19 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     for lo, hi in _runs(key_positions):
         fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.6, layer="below",
                       line_width=0, name="key")
+    said = set()  # policies losing the key at one step share one label, the first marker's
     for label, step in lost.items():
         step = int(step)
         if step < 0 or step >= T:
             continue
         colour = policy_colour(policy_of(label))
+        text = "" if step in said else "<br>".join(k for k, v in lost.items() if int(v) == step)
+        said.add(step)
         fig.add_trace(go.Scatter(
-            x=[step], y=[float(y[step])], mode="markers+text", text=[label], textposition="top center",
+            x=[step], y=[float(y[step])], mode="markers+text", text=[text], textposition="top center",
             name=f"{label} loses the key (step {step})",
             marker=dict(symbol="x-thin", size=14, color=colour, line=dict(width=3, color=colour)),
-            textfont=dict(color=colour, size=13),
+            textfont=dict(color=colour if "<br>" not in text else "#333333", size=13),
             hovertemplate=f"{html.escape(label)}: first key token evicted at step {step}<extra></extra>"))
     for name, colour in (("a reminder sentence", REMINDER_COLOUR), ("the key", KEY_COLOUR)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
@@ -603,6 +608,17 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     base_layout(fig, f"The key's attention at each prompt step (full cache, {where})", height,
                 legend_below=True)
     fig.update_xaxes(title="prompt step (the query's position)", range=[-0.5, T - 0.5])
-    top = float(np.nanmax(y)) if T else 0.0
-    fig.update_yaxes(title="attention on the key", range=[0, 1.25 * top if top > 0 else 1])  # room for labels
+    # the key's own steps (and the few after them) take far more than any later step: the axis
+    # is scaled to the steps from the first reminder on (without one: from just after the
+    # key), and a note gives the highest value above it
+    kp = [int(p) for p in key_positions]
+    start = min((int(r[0]) for r in reminders), default=(max(kp) + 1) if kp else 0)
+    later = y[start:] if start < T else y
+    top = 1.4 * float(np.nanmax(later)) if len(later) and np.nanmax(later) > 0 else 1.0
+    if T and float(np.nanmax(y)) > top:
+        peak = int(np.nanargmax(y))
+        fig.add_annotation(x=peak, y=top, yanchor="top", showarrow=False, yshift=-2,
+                           text=f"↑ up to {float(y[peak]):.2f} at the key (step {peak})",
+                           font=dict(size=12, color="#555555"), xanchor="left")
+    fig.update_yaxes(title="attention on the key", range=[0, top])
     return fig
