@@ -413,9 +413,10 @@ def tasks__recall(f: Facts) -> str:
 
 @placeholder("tasks")
 def tasks__recall_by_k(f: Facts) -> str:
-    """Per reminder spacing K in answers.json's recall.by_k: TOVA's, H2O's and Scissorhands'
-    right answers over prompts and how often TOVA alone lost it, e.g. 'K=3: TOVA 4/30, H2O
-    10/30, Scissorhands 9/30 (TOVA alone wrong: 6)'; K in increasing order."""
+    """The cell answers.json's recall.by_k was counted at (mode, length, budget), then per
+    reminder spacing K: TOVA's, H2O's and Scissorhands' right answers over prompts and how
+    often TOVA alone was wrong, e.g. 'decode, 256 tokens, budget 192: K=3: TOVA 4/30, H2O 10/30,
+    Scissorhands 9/30 (TOVA alone wrong: 6); ...'; K in increasing order."""
     path = answers_path()
     try:
         rec = task_answers()["recall"]
@@ -431,7 +432,11 @@ def tasks__recall_by_k(f: Facts) -> str:
         raise ValueError(f"{path}: recall.by_k is not the study's table ({type(exc).__name__}: {exc})") from None
     if not parts:
         raise ValueError(f"{path}: recall.by_k is empty")
-    return "; ".join(parts)
+    try:
+        cell = f"{rec['mode']}, {int(rec['length'])} tokens, budget {int(rec['budget'])}: "
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: recall has no mode, length and budget for its by_k table") from None
+    return cell + "; ".join(parts)
 
 
 @placeholder("tasks")
