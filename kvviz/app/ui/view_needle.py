@@ -47,20 +47,6 @@ def tasks_dir() -> Path:
     return where()
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def _results(folder: str, mtime: float) -> pd.DataFrame:
-    from kvviz.model.needle.results import load_results
-
-    return load_results(folder)
-
-
-def results(folder: Path) -> pd.DataFrame | None:
-    path = folder / "results.csv"
-    if not path.is_file():
-        return None
-    return _results(str(folder), path.stat().st_mtime)
-
-
 @st.cache_data(max_entries=8, show_spinner=False)
 def _guided(folder: str, mtime: float, task: str, _rows: pd.DataFrame) -> dict:
     return NV.guided(_rows)
@@ -160,19 +146,16 @@ def _show_cell(cell: dict, lines):
 
 
 # --- the view ------------------------------------------------------------------------
-def _read(folder: Path):
-    try:
-        return results(folder)
-    except (OSError, ValueError, KeyError) as exc:
-        st.error(f"{folder / 'results.csv'}: not a readable needle results table ({exc})")
-        return None
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _by_task(folder: str, mtime: float) -> dict:
+    """{task value: (label, its rows)} of one results table, read and split once per file
+    version and shared, not copied, on every rerun (the tasks table has thousands of rows:
+    a copy per rerun costs a visible part of a second). Callers filter, never modify."""
+    from kvviz.model.needle.results import load_results
 
-
-@st.cache_data(max_entries=4, show_spinner=False)
-def _by_task(folder: str, mtime: float, _rows: pd.DataFrame) -> dict:
-    """{task value: (label, its rows)} of one results table: split once per file version."""
-    values = NV.task_values(_rows)
-    return {v: (label, _rows[values == v]) for v, label in NV.task_options(_rows)}
+    rows = load_results(folder)
+    values = NV.task_values(rows)
+    return {v: (label, rows[values == v]) for v, label in NV.task_options(rows)}
 
 
 def sources() -> dict:
@@ -180,10 +163,14 @@ def sources() -> dict:
     every other task and option found in the tasks folder."""
     out = {}
     for folder, passkey in ((needle_dir(), True), (tasks_dir(), False)):
-        rows = _read(folder)
-        if rows is None or rows.empty:
+        path = folder / "results.csv"
+        if not path.is_file():
             continue
-        split = _by_task(str(folder), (folder / "results.csv").stat().st_mtime, rows)
+        try:
+            split = _by_task(str(folder), path.stat().st_mtime)
+        except (OSError, ValueError, KeyError) as exc:
+            st.error(f"{path}: not a readable needle results table ({exc})")
+            continue
         for value, (label, sub) in split.items():
             if (value == "passkey") == passkey:
                 out[value] = (label, folder, sub)
