@@ -96,8 +96,8 @@ PLAIN = {
 KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
               "zoom", "exp", "cmp", "embed", "embed_options", "track", "follow", *PLAIN}
 # the Forgetting view's choices (kvviz.app.ui.view_needle checks them against its results)
-NEEDLE_KEYS = ("nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs", "nlayer",
-               "nhead")
+NEEDLE_KEYS = ("ntask", "nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs",
+               "nlayer", "nhead", "nalayer")
 KNOWN_KEYS |= set(NEEDLE_KEYS)
 
 

@@ -91,6 +91,23 @@ def loop_or_default() -> Path:
     return loop_dir() or traces_or_default() / "loop"
 
 
+def needle_dir() -> Path:
+    """$KVVIZ_NEEDLE_DIR, else needle/ in traces_or_default(): the pass-key results
+    (`kvviz needle --out traces/needle`; the folder may not exist)."""
+    if os.environ.get("KVVIZ_NEEDLE_DIR"):
+        return Path(os.environ["KVVIZ_NEEDLE_DIR"])
+    return traces_or_default() / "needle"
+
+
+def tasks_dir() -> Path:
+    """$KVVIZ_TASKS_DIR, else tasks/ in traces_or_default(): the recall, distractors and
+    phrase tasks' results (`kvviz needle --task ... --out traces/tasks`), their key-attention
+    files (attention/) and answers.json (the folder may not exist)."""
+    if os.environ.get("KVVIZ_TASKS_DIR"):
+        return Path(os.environ["KVVIZ_TASKS_DIR"])
+    return traces_or_default() / "tasks"
+
+
 def source_file(name: str) -> Path:
     """A shipped source text (traces/sources/NAME): beside the chosen traces, else the
     bundle's, else the checkout's. FileNotFoundError names where it looked."""

@@ -44,11 +44,17 @@ def query_rows(reminders, prompt_len: int) -> tuple[list[int], list[int]]:
     return inside, between
 
 
+def key_attention_rows(attn: np.ndarray, key_positions) -> np.ndarray:
+    """attn (L, H, T, T) rows summing to 1 -> (L, T): the attention each row (query step)
+    pays to the key's positions, summed over the positions, averaged over heads."""
+    a = np.asarray(attn, np.float64)[..., list(key_positions)]
+    return a.sum(-1).mean(axis=1)
+
+
 def key_attention(attn: np.ndarray, key_positions, rows) -> np.ndarray:
     """attn (L, H, T, T) rows summing to 1 -> (L,): the attention `rows` pay to the key's
     positions, summed over the positions, averaged over heads and rows."""
-    a = np.asarray(attn, np.float64)[:, :, list(rows)][..., list(key_positions)]
-    return a.sum(-1).mean(axis=(1, 2))
+    return key_attention_rows(attn, key_positions)[:, list(rows)].mean(axis=1)
 
 
 def eager_attention(mdl, ids) -> np.ndarray:

@@ -16,7 +16,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvviz.app.figures.cache import cache_heatmap
-from kvviz.app.figures.common import KEY_COLOUR, RIGHT_COLOUR, WRONG_COLOUR, base_layout, pair_colours
+from kvviz.app.figures.common import (
+    KEY_COLOUR,
+    RIGHT_COLOUR,
+    WRONG_COLOUR,
+    base_layout,
+    pair_colours,
+    policy_colour,
+    policy_of,
+)
 from kvviz.app.figures.tokens import _token_html
 from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
@@ -76,10 +84,10 @@ PANELS_PER_ROW = 4  # beyond this the panels wrap: their titles stay readable at
 
 
 def needle_figure(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str,
-                  row_height: int = 250) -> go.Figure:
+                  row_height: int = 250, what: str = "Pass-key") -> go.Figure:
     """The classic needle chart: depth (y) x context length (x), coloured by the share of
     correct answers over seeds; one panel per configuration at `budget` (full cache first),
-    PANELS_PER_ROW to a row."""
+    PANELS_PER_ROW to a row. `what` names the task in the title."""
     r = at_budget(rows, budget, prompt_mode, granularity)
     acc = accuracy(r)
     lines = lines_order(r)
@@ -112,35 +120,148 @@ def needle_figure(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity
     for row in range(1, nrows + 1):
         fig.update_yaxes(title="key depth", type="category", row=row, col=1)
     fig.update_annotations(font_size=13)  # the panel titles
-    base_layout(fig, f"Pass-key accuracy by depth and context length: budget {budget}, "
+    base_layout(fig, f"{what} accuracy by depth and context length: budget {budget}, "
                      f"{prompt_mode} prompt, {granularity} granularity", 110 + row_height * nrows)
     return fig
 
 
-def key_strip_html(tokens, key_positions, question_start: int) -> str:
-    """The prompt's tokens with the key highlighted and the question underlined."""
+# the task's other marked tokens in the prompt strip: pale backgrounds no policy or category uses
+REMINDER_COLOUR = "#CFE8FF"    # the recall task's reminder sentences (pale blue)
+DISTRACTOR_COLOUR = "#FFD6CC"  # another person's key (pale red)
+
+TASK_NAMES = {"passkey": "pass key", "recall": "recall", "distractors": "distractors",
+              "phrase": "phrase"}
+
+
+def task_value(task: str, option=None) -> str:
+    """A task and its option as the URL keeps it: "passkey", "recall5", "phrase4"."""
+    return "passkey" if task == "passkey" else f"{task}{int(option)}"
+
+
+def task_label(task: str, option=None) -> str:
+    """A task and its option said readably: "recall: a reminder every 5 sentences"."""
+    if task == "passkey":
+        return "pass key"
+    n = int(option)
+    if task == "recall":
+        return f"recall: a reminder every {n} sentence{'s' if n != 1 else ''}"
+    if task == "phrase":
+        return f"phrase: {n} word{'s' if n != 1 else ''}"
+    if task == "distractors":
+        return f"distractors: {n} look-alike{'s' if n != 1 else ''}"
+    return f"{task} {n}"
+
+
+OPTION_COLUMN = {"recall": "reminder_every", "distractors": "distractors", "phrase": "phrase_words"}
+
+
+def task_values(rows: pd.DataFrame) -> pd.Series:
+    """Each row's task and option as task_value writes it ("passkey", "recall5")."""
+    task = rows["task"] if "task" in rows else pd.Series("passkey", index=rows.index)
+    out = pd.Series("passkey", index=rows.index, dtype=object)
+    for t, col in OPTION_COLUMN.items():
+        m = task == t
+        if m.any():
+            out[m] = t + pd.to_numeric(rows.loc[m, col]).astype(int).astype(str)
+    return out
+
+
+def task_options(rows: pd.DataFrame) -> list[tuple[str, str]]:
+    """(value, label) of each task and option in a results table, pass key first, then
+    recall, distractors and phrase, each by its option."""
+    if rows is None or rows.empty:
+        return []
+    task = rows["task"] if "task" in rows else pd.Series("passkey", index=rows.index)
+    found = set()
+    for t, v in set(zip(task, task_values(rows))):
+        t = t if t in OPTION_COLUMN else "passkey"
+        found.add((list(TASK_NAMES).index(t), t, int(v[len(t):]) if t != "passkey" else 0))
+    return [(task_value(t, o), task_label(t, o)) for _, t, o in sorted(found)]
+
+
+def task_rows(rows: pd.DataFrame, value: str) -> pd.DataFrame:
+    """The rows of one task and option (value as task_value writes it)."""
+    return rows[task_values(rows) == value]
+
+
+def task_marks(meta: dict) -> tuple[str, list[tuple[str, str, dict]]]:
+    """What the prompt strip marks beside the question, from a run's meta: (the key's name in
+    the legend, [(css class, legend label, {position: tooltip})]): the recall task's reminder
+    sentences, the distractors task's other keys (each named), the phrase as the key."""
+    task = meta.get("task") or "passkey"
+    if task == "phrase":
+        return "the pass phrase", []
+    if task == "recall":
+        tips = {p: "a reminder" for a, b in meta.get("reminders") or [] for p in range(int(a), int(b))}
+        return "the key", [("kv-rem", "a reminder", tips)] if tips else []
+    if task == "distractors":
+        tips = {int(p): f"{name}'s key (a distractor)"
+                for name, ps in zip(meta.get("distractor_names") or [], meta.get("distractor_positions") or [])
+                for p in ps}
+        target = meta.get("target") or "the asked person"
+        return f"{target}'s key (asked)", [("kv-dis", "another person's key (a distractor)", tips)] if tips else []
+    return "the key", []
+
+
+def key_strip_html(tokens, key_positions, question_start: int, marks=(), key_label: str = "the key") -> str:
+    """The prompt's tokens with the key highlighted and the question underlined; `marks`
+    ([(css class kv-rem or kv-dis, legend label, {position: tooltip})], task_marks) shaded in
+    their own colours, and a legend of what is marked."""
     keys = set(int(p) for p in key_positions)
+    other = {}
+    for cls, _, tips in marks:
+        for p, tip in tips.items():
+            other[int(p)] = (cls, tip)
     spans = []
     for p, tok in enumerate(tokens):
-        cls = "kv-key" if p in keys else "kv-q" if p >= question_start else ""
-        tip = f"position {p}" + (": the key" if p in keys else
-                                 ": the question" if p >= question_start else "")
-        spans.append(f'<span class="kv-tok {cls}" title="{tip}">{_token_html(tok)}</span>')
+        if p in keys:
+            cls, tip = "kv-key", f"position {p}: {key_label}"
+        elif p in other:
+            cls, tip = other[p][0], f"position {p}: {other[p][1]}"
+        elif p >= question_start:
+            cls, tip = "kv-q", f"position {p}: the question"
+        else:
+            cls, tip = "", f"position {p}"
+        spans.append(f'<span class="kv-tok {cls}" title="{html.escape(tip)}">{_token_html(tok)}</span>')
     style = ("<style>.kv-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:14px;"
              "line-height:1.8;max-height:260px;overflow-y:auto;padding:8px;border:1px solid #ddd;"
              "border-radius:6px;background:#fff}.kv-tok{white-space:pre}.kv-ws{opacity:0.45}"
              f".kv-key{{background:{KEY_COLOUR};font-weight:bold;outline:1px solid #999}}"
-             ".kv-q{text-decoration:underline;color:#332288}</style>")
-    return (f'{style}<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
+             f".kv-rem{{background:{REMINDER_COLOUR}}}"
+             f".kv-dis{{background:{DISTRACTOR_COLOUR};outline:1px dashed #999}}"
+             ".kv-q{text-decoration:underline;color:#332288}"
+             ".kv-legend{font-size:13px;margin:2px 0 6px 0}.kv-legend span{padding:0 6px;"
+             "margin-right:10px}</style>")
+    legend = [f'<span class="kv-key">{html.escape(key_label)}</span>']
+    legend += [f'<span class="{cls}">{html.escape(label)}</span>' for cls, label, _ in marks]
+    legend.append('<span class="kv-q">the question</span>')
+    return (f'{style}<div class="kv-legend" data-testid="kv-needle-legend">{"".join(legend)}</div>'
+            f'<div class="kv-strip" data-testid="kv-needle-strip">{"<wbr>".join(spans)}</div>')
+
+
+def scored_text(meta: dict, answer: str) -> str:
+    """One answer under its task's check (kvviz.model.needle.tasks.score, as the run was
+    scored): "✓ right", "✗ distractor (Greta's key)", "✗ partial: thunder amber", "✗ no key"."""
+    from kvviz.model.needle.tasks import score
+
+    s = score({**meta, "task": meta.get("task") or "passkey"}, answer)
+    mark = "✓" if s.correct else "✗"
+    if s.outcome == "distractor":
+        return f"{mark} distractor ({s.detail}'s key)"
+    if s.outcome == "partial":
+        return f"{mark} partial: {s.detail}"
+    return f"{mark} {s.outcome}"
 
 
 # short headers: the table fits 1024 px without cutting its last column
 LOST, WHOLE = "first key loss (step)", "layers with whole key"
 KEPT = "key tokens kept (worst layer/head)"  # prefill: the one eviction at the prompt's end
+CHECK = "the task's check"  # the answer scored by the task (a task other than the pass key)
 
 
 def answers_table(meta: dict, budget: int, evicted_at=None) -> pd.DataFrame:
-    """Each configuration's answer at `budget`, the full cache's first, marked right or wrong;
+    """Each configuration's answer at `budget`, the full cache's first, marked right or wrong
+    (a task other than the pass key: scored by its own check, scored_text);
     with the run's log, also the step it first evicted a key token and how many layers still
     hold every key token (every KV head) at the end of the prompt."""
     out = []
@@ -149,8 +270,11 @@ def answers_table(meta: dict, budget: int, evicted_at=None) -> pd.DataFrame:
         if c["policy"] != FULL and c.get("budget") != budget:
             continue
         row = {"configuration": line_label(c["policy"], c.get("params")),
-               "answer": meta["answers"][i],
-               "right?": "✓ right" if meta["correct"][i] else "✗ wrong"}
+               "answer": meta["answers"][i]}
+        if (meta.get("task") or "passkey") == "passkey":
+            row["right?"] = "✓ right" if meta["correct"][i] else "✗ wrong"
+        else:  # the task's own check: which key, how much of the phrase
+            row[CHECK] = scored_text(meta, meta["answers"][i])
         if evicted_at is not None and meta.get("prompt_mode") == "prefill":
             # every loss is at the one eviction (step `end`): say how much of the key survived
             kept = held_share(evicted_at[i], kp, end).min() * len(kp)
@@ -439,3 +563,62 @@ def _tova(r: pd.DataFrame) -> dict:
         kind = "no-support"
     return {"kind": kind, "text": text, "lines": ("tova", "h2o"),
             "cell": _cell(ex, budget, mode, gran)}
+
+
+# --- the recall task: the key's attention over the prompt ----------------------------------
+def key_attention_figure(attention, *, reminders, key_positions, lost: dict, layer=None,
+                         height: int = 380) -> go.Figure:
+    """Per prompt step (x), the attention the full cache's query at that step pays to the
+    key's positions (y: summed over them, mean over query heads), from a (layers, steps)
+    array: layer `layer`'s row, or with None the mean over layers. The reminder sentences'
+    steps shaded, the key's own positions in the key's colour, and each policy's step of
+    losing the key (`lost`: {label: step}, -1 never) marked on the curve. The y axis fits the
+    steps from the first reminder on; the key's own, higher steps run above it, their peak said
+    in a note."""
+    a = np.asarray(attention, float)
+    y = a.mean(0) if layer is None else a[int(layer)]
+    T = len(y)
+    fig = go.Figure(go.Scatter(x=list(range(T)), y=y.tolist(), mode="lines", name="attention on the key",
+                               line=dict(color="#3a3a3a", width=1.5),
+                               hovertemplate="step %{x}<br>%{y:.3f} of the row on the key<extra></extra>"))
+    for lo, hi in sorted((int(r[0]), int(r[1])) for r in reminders):  # [start, end) spans
+        fig.add_vrect(x0=lo - 0.5, x1=hi - 0.5, fillcolor=REMINDER_COLOUR, opacity=0.8, layer="below",
+                      line_width=0, name="reminder")
+    for lo, hi in _runs(key_positions):
+        fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.6, layer="below",
+                      line_width=0, name="key")
+    said = set()  # policies losing the key at one step share one label, the first marker's
+    for label, step in lost.items():
+        step = int(step)
+        if step < 0 or step >= T:
+            continue
+        colour = policy_colour(policy_of(label))
+        text = "" if step in said else "<br>".join(k for k, v in lost.items() if int(v) == step)
+        said.add(step)
+        fig.add_trace(go.Scatter(
+            x=[step], y=[float(y[step])], mode="markers+text", text=[text], textposition="top center",
+            name=f"{label} loses the key (step {step})",
+            marker=dict(symbol="x-thin", size=14, color=colour, line=dict(width=3, color=colour)),
+            textfont=dict(color=colour if "<br>" not in text else "#333333", size=13),
+            hovertemplate=f"{html.escape(label)}: first key token evicted at step {step}<extra></extra>"))
+    for name, colour in (("a reminder sentence", REMINDER_COLOUR), ("the key", KEY_COLOUR)):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(symbol="square", size=14, color=colour)))
+    where = "mean over layers" if layer is None else f"layer {int(layer)}"
+    base_layout(fig, f"The key's attention at each prompt step (full cache, {where})", height,
+                legend_below=True)
+    fig.update_xaxes(title="prompt step (the query's position)", range=[-0.5, T - 0.5])
+    # the key's own steps (and the few after them) take far more than any later step: the axis
+    # is scaled to the steps from the first reminder on (without one: from just after the
+    # key), and a note gives the highest value above it
+    kp = [int(p) for p in key_positions]
+    start = min((int(r[0]) for r in reminders), default=(max(kp) + 1) if kp else 0)
+    later = y[start:] if start < T else y
+    top = 1.4 * float(np.nanmax(later)) if len(later) and np.nanmax(later) > 0 else 1.0
+    if T and float(np.nanmax(y)) > top:
+        peak = int(np.nanargmax(y))
+        fig.add_annotation(x=peak, y=top, yanchor="top", showarrow=False, yshift=-2,
+                           text=f"↑ up to {float(y[peak]):.2f} at the key (step {peak})",
+                           font=dict(size=12, color="#555555"), xanchor="left")
+    fig.update_yaxes(title="attention on the key", range=[0, top])
+    return fig

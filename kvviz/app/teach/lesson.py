@@ -253,9 +253,12 @@ def _check_state(path, where, query, vs: ViewState) -> None:
                                    f"{vs.loop_policy or 'tova'} in {vs.loop} "
                                    f"({', '.join(map(str, buds))})")
     if vs.needle:
-        table = _needle_table()
+        task = vs.needle.get("ntask", "passkey")
+        table = _needle_table(task)
         if table is None:
-            _fail(path, where, "state: needle keys given, and no needle results are shipped")
+            _fail(path, where, "state: needle keys given, and no needle results are shipped"
+                  if task == "passkey" else f"state.ntask: {task!r}: no results of that task "
+                  "and option in the tasks folder")
         cols = {"nbudget": "budget", "nmode": "prompt_mode", "ngran": "granularity",
                 "nlen": "length", "ndepth": "depth", "nseed": "seed"}
         for k, col in cols.items():

@@ -21,13 +21,13 @@ from kvviz.app.state import ViewState
 NEEDLE_CELL = ("nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed")
 # what each kind of placeholder needs in the scene's state
 NEEDS = {"trace": ("trace", "budget", "step"), "loop": ("view", "loop", "loop.policy", "loop.budget"),
-         "needle": ("view",) + NEEDLE_CELL}
+         "needle": ("view",) + NEEDLE_CELL, "tasks": ()}
 
 # --- placeholders -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Placeholder:
     name: str
-    kind: str     # "trace", "loop" or "needle": what it reads (NEEDS)
+    kind: str     # "trace", "loop", "needle" or "tasks": what it reads (NEEDS)
     fn: object    # (Facts) -> str
     doc: str
 
@@ -117,7 +117,11 @@ class Facts:
     def needle_rows(self):
         from kvviz.app.figures import needle as NV
 
-        t, n = _needle_table(), self.vs.needle
+        n = self.vs.needle
+        t = _needle_table(n.get("ntask", "passkey"))
+        if t is None:
+            raise ValueError(f"state.ntask: no results of task {n.get('ntask', 'passkey')!r} "
+                             "(no results.csv, or none of its rows)")
         r = NV.at_budget(t, int(n["nbudget"]), n["nmode"], n["ngran"])
         r = r[(r["length"] == int(n["nlen"])) & (r["depth"] == float(n["ndepth"]))
               & (r["seed"] == int(n["nseed"]))]
@@ -385,6 +389,104 @@ def needle__full(f: Facts) -> str:
     return "right" if str(full["correct"].iloc[0]).lower() in ("true", "1") else "wrong"
 
 
+# --- the tasks study's measured answers (traces/tasks/answers.json) -----------------------
+TASK_NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
+
+
+def _answer(part: str) -> str:
+    a = task_answers()
+    try:
+        text = a[part]["answer"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{answers_path()}: no {part}.answer") from None
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{answers_path()}: {part}.answer is not a sentence")
+    return text.strip()
+
+
+@placeholder("tasks")
+def tasks__recall(f: Facts) -> str:
+    """The tasks study's measured answer for the recall task (TOVA's warning about a token
+    that matters intermittently): recall.answer in traces/tasks/answers.json."""
+    return _answer("recall")
+
+
+@placeholder("tasks")
+def tasks__recall_by_k(f: Facts) -> str:
+    """The cell answers.json's recall.by_k was counted at (mode, length, budget), then per
+    reminder spacing K: TOVA's, H2O's and Scissorhands' right answers over prompts and how
+    often TOVA alone was wrong, e.g. 'decode, 256 tokens, budget 192: K=3: TOVA 4/30, H2O 10/30,
+    Scissorhands 9/30 (TOVA alone wrong: 6); ...'; K in increasing order."""
+    path = answers_path()
+    try:
+        rec = task_answers()["recall"]
+        by_k = sorted(rec["by_k"], key=lambda k: int(k["reminder_every"]))
+        parts = []
+        for k in by_k:
+            acc = ", ".join(f"{TASK_NAMES[p]} {int(k['accuracy'][p][0])}/{int(k['accuracy'][p][1])}"
+                            for p in TASK_NAMES)
+            none = " (no reminder)" if int(k.get("reminders", 1)) == 0 else ""
+            parts.append(f"K={int(k['reminder_every'])}{none}: {acc} (TOVA alone wrong: "
+                         f"{int(k['tova_lost_both_kept'])})")
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"{path}: recall.by_k is not the study's table ({type(exc).__name__}: {exc})") from None
+    if not parts:
+        raise ValueError(f"{path}: recall.by_k is empty")
+    try:
+        cell = f"{rec['mode']}, {int(rec['length'])} tokens, budget {int(rec['budget'])}: "
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: recall has no mode, length and budget for its by_k table") from None
+    return cell + "; ".join(parts)
+
+
+@placeholder("tasks")
+def tasks__phrase(f: Facts) -> str:
+    """The tasks study's measured answer for the phrase task: phrase.answer in answers.json."""
+    return _answer("phrase")
+
+
+@placeholder("tasks")
+def tasks__distractors(f: Facts) -> str:
+    """The tasks study's measured answer for the distractors task: distractors.answer."""
+    return _answer("distractors")
+
+
+@placeholder("tasks")
+def tasks__modes(f: Facts) -> str:
+    """The tasks study's measured answer on decode against prefill mode: modes.answer."""
+    return _answer("modes")
+
+
+def answers_path() -> Path:
+    """answers.json in the tasks folder (kvviz.core.paths.tasks_dir)."""
+    from kvviz.core.paths import tasks_dir
+
+    return tasks_dir() / "answers.json"
+
+
+def task_answers() -> dict:
+    """The tasks study's answers.json; ValueError naming the file when it is missing or not
+    JSON."""
+    path = answers_path()
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (the tasks study's report writes it: "
+                         "./scripts/tasks_study.sh report)")
+    return _answers_cached(str(path), path.stat().st_mtime)
+
+
+@lru_cache(maxsize=2)
+def _answers_cached(path: str, mtime: float) -> dict:
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
 def note_text(lesson, n: int) -> str:
     """Scene n's speaker note with every placeholder computed. ValueError names the file,
     the scene and the placeholder when one cannot be (e.g. no slot defended at the step)."""
@@ -441,16 +543,17 @@ def _loop(path: str):
     return load_loop_result(path)
 
 
-def _needle_table():
-    import os
+def _needle_table(task: str = "passkey"):
+    """The rows of one task and option (kvviz.app.figures.needle.task_value): the pass key's
+    from the needle folder, another task's from the tasks folder; None without any."""
+    from kvviz.app.figures.needle import task_rows
+    from kvviz.core.paths import needle_dir, tasks_dir
 
-    from kvviz.core.paths import traces_or_default
-
-    folder = (Path(os.environ["KVVIZ_NEEDLE_DIR"]) if os.environ.get("KVVIZ_NEEDLE_DIR")
-              else traces_or_default() / "needle")
+    folder = needle_dir() if task == "passkey" else tasks_dir()
     if not (folder / "results.csv").is_file():
         return None
-    return _needle_cached(str(folder), (folder / "results.csv").stat().st_mtime)
+    rows = task_rows(_needle_cached(str(folder), (folder / "results.csv").stat().st_mtime), task)
+    return None if rows.empty else rows
 
 
 @lru_cache(maxsize=2)

@@ -8,7 +8,6 @@ kept in the URL (keys kvviz.app.state.NEEDLE_KEYS), so a link opens the same cel
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -33,38 +32,38 @@ INSTALL_NOTE = ("Running your own pass-key test needs torch: `pip install -r "
 
 
 def needle_dir() -> Path:
-    """$KVVIZ_NEEDLE_DIR, else needle/ beside the shipped traces (as the loop's results)."""
-    if os.environ.get("KVVIZ_NEEDLE_DIR"):
-        return Path(os.environ["KVVIZ_NEEDLE_DIR"])
-    from kvviz.core.paths import traces_or_default
+    """The pass-key results' folder (kvviz.core.paths.needle_dir: $KVVIZ_NEEDLE_DIR, else
+    traces/needle)."""
+    from kvviz.core.paths import needle_dir as where
 
-    return traces_or_default() / "needle"
-
-
-@st.cache_data(max_entries=4, show_spinner=False)
-def _results(folder: str, mtime: float) -> pd.DataFrame:
-    from kvviz.model.needle.results import load_results
-
-    return load_results(folder)
+    return where()
 
 
-def results(folder: Path) -> pd.DataFrame | None:
-    path = folder / "results.csv"
-    if not path.is_file():
-        return None
-    return _results(str(folder), path.stat().st_mtime)
+def tasks_dir() -> Path:
+    """The other tasks' results folder (kvviz.core.paths.tasks_dir: $KVVIZ_TASKS_DIR, else
+    traces/tasks)."""
+    from kvviz.core.paths import tasks_dir as where
+
+    return where()
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def _guided(folder: str, mtime: float, _rows: pd.DataFrame) -> dict:
+@st.cache_data(max_entries=8, show_spinner=False)
+def _guided(folder: str, mtime: float, task: str, _rows: pd.DataFrame) -> dict:
     return NV.guided(_rows)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def _needle_figure(folder: str, mtime: float, budget: int, mode: str, gran: str,
-                   _rows: pd.DataFrame) -> dict:
+def _needle_figure(folder: str, mtime: float, task: str, budget: int, mode: str, gran: str,
+                   _rows: pd.DataFrame, what: str = "Pass-key") -> dict:
     """Plotly's subplots cost ~0.5-1 s to build on a busy machine: once per choice."""
-    return NV.needle_figure(_rows, budget, mode, gran).to_dict()
+    return NV.needle_figure(_rows, budget, mode, gran, what=what).to_dict()
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _attention(folder: str, id_: str, mtime: float):
+    from kvviz.studies.key_attention import load_attention
+
+    return load_attention(folder, id_)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -147,23 +146,50 @@ def _show_cell(cell: dict, lines):
 
 
 # --- the view ------------------------------------------------------------------------
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _by_task(folder: str, mtime: float) -> dict:
+    """{task value: (label, its rows)} of one results table, read and split once per file
+    version and shared, not copied, on every rerun (the tasks table has thousands of rows:
+    a copy per rerun costs a visible part of a second). Callers filter, never modify."""
+    from kvviz.model.needle.results import load_results
+
+    rows = load_results(folder)
+    values = NV.task_values(rows)
+    return {v: (label, rows[values == v]) for v, label in NV.task_options(rows)}
+
+
+def sources() -> dict:
+    """{task value: (label, folder, that task's rows)}: the pass key from the needle folder,
+    every other task and option found in the tasks folder."""
+    out = {}
+    for folder, passkey in ((needle_dir(), True), (tasks_dir(), False)):
+        path = folder / "results.csv"
+        if not path.is_file():
+            continue
+        try:
+            split = _by_task(str(folder), path.stat().st_mtime)
+        except (OSError, ValueError, KeyError) as exc:
+            st.error(f"{path}: not a readable needle results table ({exc})")
+            continue
+        for value, (label, sub) in split.items():
+            if (value == "passkey") == passkey:
+                out[value] = (label, folder, sub)
+    return out
+
+
 def render(ctx=None):
     st.markdown("**Forgetting.** A pass key (a few digits) is hidden in filler text and the "
                 "model is asked for it at the end. Each policy keeps at most *budget* positions "
                 "per layer: does the model still answer, and when did its cache lose the key?")
     folder = needle_dir()
-    try:
-        rows = results(folder)
-    except (OSError, ValueError, KeyError) as exc:
-        st.error(f"{folder / 'results.csv'}: not a readable needle results table ({exc})")
-        rows = None
+    found = sources()
     mine = S.get(JOB, {}).get("result") if S.get(JOB) else None
-    if rows is None or rows.empty:
+    if "passkey" not in found:
         st.info(f"No pass-key results in {folder}: run `kvviz needle` (see docs/needle.md) "
                 "or set KVVIZ_NEEDLE_DIR to a folder it wrote.")
     source = "shipped"
     if mine is not None:
-        opts = (["shipped", "mine"] if rows is not None and not rows.empty else ["mine"])
+        opts = (["shipped", "mine"] if found else ["mine"])
         source = st.radio("show", opts, horizontal=True, key="needle.source",
                           index=len(opts) - 1,
                           format_func={"shipped": "the shipped grid", "mine": "your run"}.get)
@@ -173,13 +199,20 @@ def render(ctx=None):
         budget = st.selectbox("budget", budgets, key="needle.mine.budget")
         st.caption(eviction_caption(run["meta"]))
         draw_cell(run, budget, prefix="mine")
-    elif rows is not None and not rows.empty:
-        draw_grid(folder, rows)
+    elif found:
+        values = list(found)
+        task = choose("ntask", "task", values, values[0], format_func=lambda v: found[v][0],
+                      help="the pass key, or a task of `kvviz needle --task`: a key the text "
+                           "reminds the model of (recall), other people's keys beside the "
+                           "asked one (distractors), a phrase of several words (phrase)")
+        label, folder, rows = found[task]
+        draw_grid(folder, rows, task, label)
     run_box()
 
 
-def draw_grid(folder: Path, rows: pd.DataFrame):
-    story = _guided(str(folder), (folder / "results.csv").stat().st_mtime, rows)
+def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: str = "pass key"):
+    mtime = (folder / "results.csv").stat().st_mtime
+    story = _guided(str(folder), mtime, task, rows)
     box = st.container(border=True)  # filled once the grid on screen is chosen (below)
     c = st.columns([2, 2, 2])
     budget = choose("nbudget", "budget (positions per layer)", NV.budgets(rows),
@@ -195,20 +228,25 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
                   widget=c[2].selectbox)
     sub = sub[sub["granularity"] == gran]
     with box:
+        told = task in ("passkey",) or task.startswith("recall")  # the story is the pass key's
         st.markdown("**Guided experiment** (from these results) · "
                     + NV.grid_text(rows, budget, mode, gran)
-                    + " **Across all the results:** " + story["text"])
-        if story["cell"]:
+                    + (" **Across all the results:** " + story["text"] if told else ""))
+        if told and story["cell"]:
             ex = story["cell"]
             st.button(f"open that example: budget {ex['budget']}, {ex['prompt_mode']}, "
                       f"{ex['length']} tokens, key at {ex['depth']:g} % depth, seed {ex['seed']}",
                       key="needle.guided", icon=":material/search:", on_click=_show_cell,
                       args=(story["cell"], story["lines"]))
-    chart(Prebuilt(_needle_figure(str(folder), (folder / "results.csv").stat().st_mtime,
-                                            budget, mode, gran, rows)),
-                    key="chart.needle", **CHART)
-    st.caption("Each square: the share of seeds whose answer contains the key, from the run's "
-               "own record. Pick a square below to see that prompt.")
+    what = "Pass-key" if task == "passkey" else label[:1].upper() + label[1:] + " ·"
+    chart(Prebuilt(_needle_figure(str(folder), mtime, task, budget, mode, gran, rows, what)),
+          key="chart.needle", **CHART)
+    st.caption("Each square: the share of seeds whose answer "
+               + ("contains the key" if task == "passkey" else "passes the task's check")
+               + ", from the run's own record. Pick a square below to see that prompt.")
+    if sub.empty:
+        st.info(f"No {label} runs at {mode} prompt, {gran} granularity.")
+        return
     c = st.columns(3)
     lengths = sorted(int(x) for x in sub["length"].unique())
     length = choose("nlen", "context length", lengths, lengths[-1], widget=c[0].selectbox)
@@ -227,16 +265,20 @@ def draw_grid(folder: Path, rows: pd.DataFrame):
     except (OSError, ValueError, KeyError) as exc:
         st.error(f"run {id_}: not readable ({exc})")
         return
-    draw_cell(run, budget)
+    draw_cell(run, budget, folder=folder)
 
 
-def draw_cell(run: dict, budget: int, prefix: str = ""):
+def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = None):
     meta, ev = run["meta"], run["evicted_at"]
     kp, q0, T0 = meta["key_positions"], int(meta["question_start"]), int(meta["prompt_len"])
-    st.markdown(f"**The prompt** ({T0} tokens; the key {meta['key']} highlighted, the question "
-                "underlined)")
-    st.html(NV.key_strip_html(run["tokens"], kp, q0))
-    st.markdown(f"**The answers** at budget {budget}")
+    key_label, marks = NV.task_marks(meta)
+    also = "; the legend names every mark" if marks else ""
+    st.markdown(f"**The prompt** ({T0} tokens; {key_label}, {meta['key']}, highlighted, the "
+                f"question underlined{also})")
+    st.html(NV.key_strip_html(run["tokens"], kp, q0, marks, key_label))
+    st.markdown(f"**The answers** at budget {budget}"
+                + (", each scored by the task's own check" if marks or meta.get("task") == "phrase"
+                   else ""))
     table(NV.answers_table(meta, budget, ev))  # whole, wrapping: no column cut at 1024 px
     lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
              if c["policy"] != NV.FULL and c.get("budget") == budget]
@@ -281,6 +323,43 @@ def draw_cell(run: dict, budget: int, prefix: str = ""):
     idx = [NV.config_index(meta, ln, budget) for ln in lines]
     chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
                     key=f"chart.needle_layers{prefix}", **CHART)
+    if folder is not None and meta.get("task") == "recall" and meta.get("prompt_mode") == "decode":
+        draw_attention(folder, run, budget, lines)
+
+
+def draw_attention(folder: Path, run: dict, budget: int, lines: list):
+    """The recall task: the key's attention at each prompt step (kvviz.studies.key_attention's
+    file for the run) and each policy's step of losing the key, at one layer or any layer."""
+    from kvviz.studies.key_attention import attention_path
+
+    meta, ev, kp = run["meta"], run["evicted_at"], run["meta"]["key_positions"]
+    path = attention_path(folder, meta["id"])
+    att = _attention(str(folder), meta["id"], path.stat().st_mtime) if path.is_file() else None
+    if att is None or att.shape[1] != int(meta["prompt_len"]):
+        st.caption(f"The key's attention over time: no file {path} for this run "
+                   f"(`HF_HUB_OFFLINE=1 .venv/bin/python -m kvviz.studies.key_attention "
+                   f"{folder} --threads 1` writes it).")
+        return
+    L = att.shape[0]
+    layer = choose("nalayer", "attention: model layer", ["mean", *map(str, range(L))], "mean",
+                   format_func=lambda v: "mean over layers" if v == "mean" else f"layer {v}",
+                   help="the key's attention at one layer, or averaged over the layers")
+    li = None if layer == "mean" else int(layer)
+    lost = {ln: NV.lost_step(ev[NV.config_index(meta, ln, budget)] if li is None
+                             else ev[NV.config_index(meta, ln, budget), li], kp) for ln in lines}
+    fig = NV.key_attention_figure(att, reminders=meta.get("reminders") or [], key_positions=kp,
+                                  lost=lost, layer=li)
+    chart(fig, key="chart.needle_attention", **CHART)
+    where = "in any layer" if li is None else f"in layer {li}"
+    n = len(meta.get("reminders") or [])
+    shade = (f"Shaded blue: the {n} reminder sentence{'s' if n != 1 else ''}; the steps between "
+             "them are the quiet ones." if n else
+             "This prompt has no reminder (the spacing leaves no room for one at this length): "
+             "every step after the key is quiet.")
+    st.caption(f"Full cache, one forward pass over the prompt: the attention each step's query "
+               f"puts on the key's tokens (summed over them, mean over query heads). {shade} A "
+               f"cross: the step a policy (budget {budget}) first evicted a key token {where}; a "
+               f"policy that never did has none.")
 
 
 # --- your own passage (torch) ---------------------------------------------------------
