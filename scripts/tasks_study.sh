@@ -23,11 +23,13 @@ ALL="$DECODE streaming-llm:sinks=4 knorm random adakv:scorer=tova pyramidkv:scor
 
 if [ "$PART" = all ] || [ "$PART" = decode ]; then
   # a key the text returns to every K sentences (K = 20 leaves no room for a reminder at 256
-  # tokens: the pass-key prompt, token for token), read token by token, evicting as it goes
-  for K in 20 3 5 10; do
+  # tokens: the pass-key prompt, token for token), read token by token, evicting as it goes;
+  # then the attention the key receives at each step, for the Forgetting view's chart
+  for K in 20 3 5; do
     $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes decode \
        --budgets 128 192 --policies $DECODE
   done
+  .venv/bin/python -m kvviz.studies.key_attention traces/tasks --threads 1
 fi
 if [ "$PART" = all ] || [ "$PART" = prefill ]; then
   for K in 20 3 10 5; do
