@@ -89,12 +89,14 @@ def write_run(out: Path, task: str, option: int, length: int, depth, seed: int, 
 
 
 def write_tasks(out) -> Path:
-    """recall (K=3, decode and prefill, seeds 0-1, 256 tokens at depth 10, the lesson's cell),
-    distractors (2) and phrase (4) in prefill; then results.csv/json."""
+    """recall (K=3, decode and prefill, seeds 0, 1 and 3, 256 tokens at depth 10, budgets 64, 128
+    and 192: the lesson's cell among them), distractors (2) and phrase (4) in prefill, seeds 0-1;
+    then results.csv/json."""
     out = Path(out)
-    for seed in (0, 1):
+    for seed in (0, 1, 3):
         for mode in ("decode", "prefill"):
-            write_run(out, "recall", K, 256, 10, seed, mode)
+            write_run(out, "recall", K, 256, 10, seed, mode, budgets=(64, 128, 192))
+    for seed in (0, 1):
         write_run(out, "distractors", 2, 256, 10, seed, "prefill")
         write_run(out, "phrase", 4, 256, 10, seed, "prefill")
     write_tables(out)
@@ -105,10 +107,12 @@ ANSWERS = {
     "recall": {"mode": "decode", "length": 256, "budget": 128,
                "by_k": [{"reminder_every": 20, "reminders": 0, "prompts": 30,
                          "accuracy": {"tova": [2, 30], "h2o": [3, 30], "scissorhands": [1, 30]},
-                         "tova_lost_both_kept": 0, "tova_kept_both_lost": 1},
+                         "tova_lost_both_kept": 0, "tova_kept_both_lost": 1,
+                         "against": {"h2o": [1, 2], "scissorhands": [0, 1]}},
                         {"reminder_every": 3, "reminders": 9, "prompts": 30,
                          "accuracy": {"tova": [4, 30], "h2o": [10, 30], "scissorhands": [9, 30]},
-                         "tova_lost_both_kept": 6, "tova_kept_both_lost": 0}],
+                         "tova_lost_both_kept": 6, "tova_kept_both_lost": 0,
+                         "against": {"h2o": [7, 1], "scissorhands": [6, 0]}}],
                "answer": "Recall: TOVA lost the key where both others kept it in 6 prompts."},
     "phrase": {"answer": "Phrase: a test sentence."},
     "distractors": {"answer": "Distractors: a test sentence."},

@@ -118,8 +118,9 @@ def test_recall_placeholders_read_answers_json(tmp_path, monkeypatch):
     assert PLACEHOLDERS["tasks.recall"].fn(None) == TF.ANSWERS["recall"]["answer"]
     assert PLACEHOLDERS["tasks.modes"].fn(None) == "Modes: a test sentence."
     assert PLACEHOLDERS["tasks.recall_by_k"].fn(None) == (
-        "decode, 256 tokens, budget 128: K=3: TOVA 4/30, H2O 10/30, Scissorhands 9/30 (TOVA alone wrong: 6); "
-        "K=20 (no reminder): TOVA 2/30, H2O 3/30, Scissorhands 1/30 (TOVA alone wrong: 0)")
+        "decode, 256 tokens, budget 128: K=3: TOVA 4/30, H2O 10/30, Scissorhands 9/30 (TOVA wrong where H2O "
+        "right: 7, the reverse: 1); K=20 (no reminder): TOVA 2/30, H2O 3/30, Scissorhands 1/30 (TOVA wrong where "
+        "H2O right: 1, the reverse: 2)")
     (tmp_path / "answers.json").write_text(json.dumps({"recall": {"by_k": [{"reminder_every": 3}]}}))
     with pytest.raises(ValueError, match="recall.by_k is not the study's table"):
         PLACEHOLDERS["tasks.recall_by_k"].fn(None)

@@ -155,8 +155,45 @@ def test_modes_compare_the_same_prompts(study):
     # and 1 of 3 in prefill mode
     assert "over 9 paired runs" in said and "the same in 4 (44 %)" in said
     assert "more often in 0 of 3 policy x budget pairs, decode-time eviction in 3" in said
-    # K = 5: one card-pattern prompt and one reverse in decode mode, none of either in prefill: both even
-    assert "the same way in both modes at 1 of 1 reminder spacings (K = 5)" in said
+    # K = 5: TOVA against H2O one wrong-right and one right-wrong in decode mode, none of either in
+    # prefill mode: even in both, so the same way
+    assert "TOVA against H2O one by one" in said and "in both modes at 1 of 1 reminder spacings." in said
+    assert "it turns" not in said
+    # hand-made counts: H2O ahead in decode mode at K = 3, TOVA ahead in prefill mode there
+    dec = [{"reminder_every": 20, "against": {"h2o": [3, 8], "scissorhands": [0, 16]}},
+           {"reminder_every": 3, "against": {"h2o": [8, 1], "scissorhands": [0, 4]}}]
+    pre = [{"reminder_every": 20, "against": {"h2o": [0, 21], "scissorhands": [0, 30]}},
+           {"reminder_every": 3, "against": {"h2o": [0, 19], "scissorhands": [0, 30]}}]
+    said = R.modes_answer(df, dec, pre)
+    assert ("TOVA against H2O one by one (prompts where TOVA was wrong and H2O right, against the reverse) "
+            "leans the same way in both modes at 1 of 2 reminder spacings; it turns at K = 3 (8 against 1 in "
+            "decode mode, 0 against 19 in prefill mode).") in said
+    assert "TOVA against Scissorhands one by one" in said and "at 2 of 2 reminder spacings." in said
+
+
+def test_sign_test_on_hand_counts():
+    # 8 against 1: P(X <= 1) for X ~ Bin(9, 1/2) is (1 + 9) / 512; two-sided doubles it
+    assert R.sign_test(8, 1) == pytest.approx(20 / 512)
+    assert R.sign_test(1, 8) == R.sign_test(8, 1)
+    assert R.sign_test(0, 5) == pytest.approx(2 / 32)
+    assert R.sign_test(3, 3) == 1.0 and R.sign_test(0, 0) == 1.0
+
+
+def test_recall_answer_gives_the_sign_test_where_tova_is_behind():
+    rows = [{"reminder_every": 3, "reminders": 7, "prompts": 30, "tova_lost_both_kept": 0,
+             "tova_kept_both_lost": 1, "accuracy": {"tova": [4, 30], "h2o": [11, 30], "scissorhands": [0, 30]},
+             "against": {"h2o": [8, 1], "scissorhands": [0, 4]}}]
+    said = R.recall_answer(rows, "here")
+    assert "more often than the reverse at K = 3 (8 against 1, exact sign test p = 0.039)" in said
+    assert "K = 3: +23 points" in said
+
+
+def test_scorer_note_counts_adakv_answering_as_tova():
+    df = pd.DataFrame({"id": ["a", "a", "b", "b", "c"], "budget": [8] * 5,
+                       "name": ["tova", "adakv (scorer=tova)"] * 2 + ["tova"],
+                       "answer": [" 1", " 1", " 2", " 3", " 4"]})
+    assert "on 1 of 2 runs with the same prompt and budget" in R.scorer_note(df)
+    assert R.scorer_note(df[df.name == "tova"]) == ""
 
 
 def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):

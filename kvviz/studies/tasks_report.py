@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -226,9 +227,11 @@ def recall_answer(rows: list[dict], where: str) -> str:
                "at no K did TOVA lose the key where H2O and Scissorhands both kept it more often than the reverse")
     pair = []
     for other in TRIO[1:]:
-        worse = [r["reminder_every"] for r in rows if r["against"][other][0] > r["against"][other][1]]
+        worse = [f"K = {r['reminder_every']} ({r['against'][other][0]} against {r['against'][other][1]}, exact "
+                 f"sign test p = {sign_test(*r['against'][other]):.2g})"
+                 for r in rows if r["against"][other][0] > r["against"][other][1]]
         pair.append(f"TOVA was wrong where {NAMES[other]} was right more often than the reverse at "
-                    + (f"K = {', '.join(map(str, worse))}" if worse else "no K"))
+                    + (", ".join(worse) if worse else "no K"))
     gap = ", ".join(f"K = {r['reminder_every']}: {_points(r, 'h2o')}" for r in rows)
     return (f"{where}: over {n} prompts, TOVA was wrong where H2O and Scissorhands were both right in {card} "
             f"and right where both were wrong in {rev}; {verdict}. One against one, {'; '.join(pair)}. H2O's "
@@ -236,6 +239,16 @@ def recall_answer(rows: list[dict], where: str) -> str:
 
 
 NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
+
+
+def sign_test(a: int, b: int) -> float:
+    """Two-sided exact sign test (McNemar's exact test) on a paired count: a prompts went one
+    way, b the other; the chance of a split at least this uneven if either way were equally likely."""
+    n = a + b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(a, b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def _points(r: dict, other: str) -> str:
@@ -365,17 +378,22 @@ def modes_answer(df: pd.DataFrame, dec: list[dict], pre: list[dict]) -> str:
     gap = [p["prefill"].correct.mean() - p["decode"].correct.mean() for p in pairs]
     up, down = sum(g > 0 for g in gap), sum(g < 0 for g in gap)
     pre_by = {r["reminder_every"]: r for r in pre}
-    flips = []
-    for r in dec:
-        p = pre_by.get(r["reminder_every"])
-        if p is not None:
-            sd = np.sign(r["tova_lost_both_kept"] - r["tova_kept_both_lost"])
-            sp = np.sign(p["tova_lost_both_kept"] - p["tova_kept_both_lost"])
-            flips.append((r["reminder_every"], sd == sp))
-    agree = [k for k, ok in flips if ok]
-    which = f" (K = {', '.join(map(str, agree))})" if agree else ""
-    trio = (f" TOVA's paired count against H2O and Scissorhands points the same way in both modes at "
-            f"{len(agree)} of {len(flips)} reminder spacings{which}." if flips else "")
+    trio = ""
+    for other in TRIO[1:]:
+        kept, turned = [], []
+        for r in dec:
+            p = pre_by.get(r["reminder_every"])
+            if p is None:
+                continue
+            d, q = r["against"][other], p["against"][other]
+            (kept if np.sign(d[0] - d[1]) == np.sign(q[0] - q[1]) else turned).append(
+                f"K = {r['reminder_every']} ({d[0]} against {d[1]} in decode mode, {q[0]} against {q[1]} in "
+                "prefill mode)")
+        if kept or turned:
+            trio += (f" TOVA against {NAMES[other]} one by one (prompts where TOVA was wrong and "
+                     f"{NAMES[other]} right, against the reverse) leans the same way in both modes at "
+                     f"{len(kept)} of {len(kept) + len(turned)} reminder spacings"
+                     + (f"; it turns at {'; '.join(turned)}" if turned else "") + ".")
     return (f"over {n} paired runs (the same recall prompt, policy and budget in both modes) the verdict was the "
             f"same in {same} ({pct(same / n)}); prefill eviction was right more often in {up} of {len(pairs)} "
             f"policy x budget pairs, decode-time eviction in {down}.{trio}")
@@ -565,10 +583,25 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
         "Accuracy with its Wilson 95 % interval (held share at the end of the prompt); adakv and pyramidkv use "
         "TOVA as their scorer. The same numbers, one row per cell: `traces/tasks/summary.csv`.",
         "",
+        *([scorer_note(df), ""] if scorer_note(df) else []),
     ]
     for v in variants:
         doc += [f"### {v}", "", accuracy_grid(df, v), ""]
     return "\n".join(doc), answers, summary_table(df)
+
+
+def scorer_note(df: pd.DataFrame) -> str:
+    """How often AdaKV over TOVA answered as TOVA did on the same prompt and budget. At layer
+    granularity a layer is one row of scores, so AdaKV has no heads to share a budget between."""
+    a = df[df.name == "adakv (scorer=tova)"].set_index(["id", "budget"])
+    t = df[df.name == "tova"].set_index(["id", "budget"])
+    common = a.index.intersection(t.index)
+    if not len(common):
+        return ""
+    same_answer = int((a.loc[common].answer.values == t.loc[common].answer.values).sum())
+    return (f"AdaKV over TOVA gave TOVA's answer, word for word, on {same_answer} of {len(common)} runs with "
+            "the same prompt and budget: at layer granularity a layer is one row of scores, so AdaKV has no heads "
+            "to share the budget between and evicts as its scorer does.")
 
 
 def _opt_text(r) -> str:

@@ -414,9 +414,10 @@ def tasks__recall(f: Facts) -> str:
 @placeholder("tasks")
 def tasks__recall_by_k(f: Facts) -> str:
     """The cell answers.json's recall.by_k was counted at (mode, length, budget), then per
-    reminder spacing K: TOVA's, H2O's and Scissorhands' right answers over prompts and how
-    often TOVA alone was wrong, e.g. 'decode, 256 tokens, budget 192: K=3: TOVA 4/30, H2O 10/30,
-    Scissorhands 9/30 (TOVA alone wrong: 6); ...'; K in increasing order."""
+    reminder spacing K: TOVA's, H2O's and Scissorhands' right answers over prompts and, paired
+    prompt by prompt, how often TOVA was wrong where H2O was right and the reverse, e.g.
+    'decode, 256 tokens, budget 192: K=3: TOVA 4/30, H2O 11/30, Scissorhands 0/30 (TOVA wrong
+    where H2O right: 8, the reverse: 1); ...'; K in increasing order."""
     path = answers_path()
     try:
         rec = task_answers()["recall"]
@@ -426,8 +427,9 @@ def tasks__recall_by_k(f: Facts) -> str:
             acc = ", ".join(f"{TASK_NAMES[p]} {int(k['accuracy'][p][0])}/{int(k['accuracy'][p][1])}"
                             for p in TASK_NAMES)
             none = " (no reminder)" if int(k.get("reminders", 1)) == 0 else ""
-            parts.append(f"K={int(k['reminder_every'])}{none}: {acc} (TOVA alone wrong: "
-                         f"{int(k['tova_lost_both_kept'])})")
+            worse, better = (int(x) for x in k["against"]["h2o"])
+            parts.append(f"K={int(k['reminder_every'])}{none}: {acc} (TOVA wrong where H2O right: "
+                         f"{worse}, the reverse: {better})")
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ValueError(f"{path}: recall.by_k is not the study's table ({type(exc).__name__}: {exc})") from None
     if not parts:
