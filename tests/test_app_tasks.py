@@ -287,3 +287,16 @@ def test_attention_axis_fits_the_reminders_and_names_the_keys_peak():
     flat = NV.key_attention_figure(np.full((1, 50), 0.2, np.float32), reminders=[], key_positions=[3],
                                    lost={}, layer=0).to_plotly_json()
     assert flat["layout"]["yaxis"]["range"][1] > 0.2 and not flat["layout"].get("annotations")
+
+
+def test_the_long_table_names_each_runs_task_and_option(tasks):
+    from kvviz.model.needle.results import layer_table
+
+    long = layer_table(tasks)
+    opts = long.groupby("task")[["reminder_every", "distractors", "phrase_words"]].agg(lambda c: sorted(set(c)))
+    assert opts.loc["recall"].tolist() == [[TF.K], [-1], [-1]]
+    assert opts.loc["distractors"].tolist() == [[-1], [2], [-1]]
+    assert opts.loc["phrase"].tolist() == [[-1], [-1], [4]]
+    # one row per run x configuration x layer (one head row at layer granularity)
+    recall = long[long.task == "recall"]
+    assert len(recall) == 6 * (1 + 3 * len(TF.POLICIES)) * TF.LAYERS

@@ -166,6 +166,9 @@ def test_needle_run_to_frame_and_the_long_per_layer_table(needle_dir):
     # generation starts after step 5: layer 1's "2" went at step 5, so half is held there too
     assert tova["held_end"].tolist() == [0.5, 0.5]
     assert tova["first_lost"].tolist() == [3, 5] and (long[long["label"] == "full"]["first_lost"] == -1).all()
+    # the pass key has no task option: -1 in each option's column
+    assert (long["task"] == "passkey").all()
+    assert (long[["reminder_every", "distractors", "phrase_words"]] == -1).all().all()
     wide = write_tables(needle_dir)  # the same values as results.csv's JSON lists
     row = wide[wide["label"] == "tova@4"].iloc[0]
     import json

@@ -54,7 +54,9 @@ to_frame() is the long table of every position), load_results(dir) -> pandas.Dat
 (results.csv, JSON columns parsed to lists/dicts).
 
 The per-layer and per-head values as a long table instead of JSON cells: layer_table(dir),
-one row per (run, config, layer, head) with held_question, held_end and first_lost (what
+one row per (run, config, layer, head), the run's task and its option (reminder_every,
+distractors, phrase_words; -1 where the task has none) beside held_question, held_end and
+first_lost (what
 `kvviz export DIR` writes); results.csv keeps its JSON columns for the readers above.
 """
 from __future__ import annotations
@@ -219,8 +221,9 @@ def rows(run: dict) -> list[dict]:
     return out
 
 
-LAYER_COLUMNS = ("id", "task", "length", "depth", "seed", "prompt_mode", "granularity", "policy", "label", "budget",
-                 "layer", "head", "held_question", "held_end", "first_lost")
+LAYER_COLUMNS = ("id", "task", "reminder_every", "distractors", "phrase_words", "length", "depth", "seed",
+                 "prompt_mode", "granularity", "policy", "label", "budget", "layer", "head", "held_question",
+                 "held_end", "first_lost")
 
 
 def layer_rows(run: dict) -> list[dict]:
@@ -230,6 +233,8 @@ def layer_rows(run: dict) -> list[dict]:
     m, ev = run["meta"], np.asarray(run["evicted_at"])
     pos, q, T0 = m["key_positions"], int(m["question_start"]), int(m["prompt_len"])
     G = ev.shape[2]
+    t = task_meta(m)
+    task = {"task": t["task"], **{k: int(t[k]) for k in OPTIONS}}  # the task and its option (-1: none)
     out = []
     for c, cfg in enumerate(m["configs"]):
         hq = held(ev[c], pos, q - 1).mean(axis=-1)       # (L, G)
@@ -238,7 +243,7 @@ def layer_rows(run: dict) -> list[dict]:
         for layer in range(ev.shape[1]):
             for g in range(G):
                 hit = e[layer, g][e[layer, g] != NEVER]
-                out.append({"id": m["id"], "task": task_meta(m)["task"], "length": m["length"],
+                out.append({"id": m["id"], **task, "length": m["length"],
                             "depth": m["depth"], "seed": m["seed"],
                             "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
                             "policy": cfg["policy"], "label": cfg["label"],
