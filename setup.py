@@ -28,6 +28,7 @@ TASK_RUNS = (
     *(f"recall{k}-L256-d10-s{s}-{mode}-layer" for k, modes in ((20, "DP"), (3, "DP"), (5, "DP"), (10, "P"))
       for s in range(30) for mode in ("decode" if m == "D" else "prefill" for m in modes)),
     *(f"recall{k}-L512-d10-s{s}-prefill-layer" for k in (20, 5) for s in range(30)),
+    *(f"recall{k}-L512-d10-s{s}-decode-layer" for k in (20, 1000) for s in range(30)),
     *(f"{task}-L512-d{d}-s{s}-prefill-layer" for task in ("phrase4", "distractors2") for d in (10, 50, 90)
       for s in range(30)),
     *(f"{task}-L2048-d{d}-s{s}-prefill-layer" for task, d in (("phrase4", 50), ("recall5", 10)) for s in range(30)),

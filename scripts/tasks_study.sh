@@ -29,6 +29,12 @@ if [ "$PART" = all ] || [ "$PART" = decode ]; then
     $N --task recall --reminder-every $K --lengths 256 --depths 10 $S30 --prompt-modes decode \
        --budgets 128 192 --policies $DECODE
   done
+  # at 512 tokens a reminder every 20 sentences (three reminders about a hundred tokens apart),
+  # against the same prompt with none (K = 1000)
+  for K in 20 1000; do
+    $N --task recall --reminder-every $K --lengths 512 --depths 10 $S30 --prompt-modes decode \
+       --budgets 384 --policies $DECODE
+  done
   .venv/bin/python -m kvviz.studies.key_attention traces/tasks --threads 1
 fi
 if [ "$PART" = all ] || [ "$PART" = prefill ]; then

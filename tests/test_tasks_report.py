@@ -13,17 +13,17 @@ T0, L = 20, 2
 PK = {5: {"pool_kernel": 5, "obs_window": 16}, 1: {"pool_kernel": 1, "obs_window": 16}}
 
 
-def _save(out, task: dict, mode: str, configs, answers, ev, key="42400", seed=0, key_positions=(3, 4)):
+def _save(out, task: dict, mode: str, configs, answers, ev, key="42400", seed=0, key_positions=(3, 4), length=T0):
     opt = task.get("reminder_every") or task.get("phrase_words") or task.get("distractors")
     prefix = f"{task['task']}{opt}-"
     configs = [{"policy": "full", "params": {}, "budget": None, "label": "full"}] + [
         {"policy": p, "params": q, "budget": b, "label": f"{p}{q}@{b}"} for p, q, b in configs]
-    meta = {"id": prefix + run_id(T0, 10, seed, mode, "layer"), "length": T0, "depth": 10, "seed": seed,
+    meta = {"id": prefix + run_id(length, 10, seed, mode, "layer"), "length": length, "depth": 10, "seed": seed,
             "prompt_mode": mode, "granularity": "layer", "key": key, "key_positions": list(key_positions),
-            "question_start": 17, "prompt_len": T0, "max_new_tokens": 2, "configs": configs,
+            "question_start": length - 3, "prompt_len": length, "max_new_tokens": 2, "configs": configs,
             "answers": answers, "correct": [False] * len(configs), "layers": L, "kv_heads": 1,
             "model": {"model": "hand-built"}, "seconds": 2.0, **task}
-    save_run(out, meta, np.arange(T0), [str(i) for i in range(T0)], np.zeros((len(configs), 2)), ev)
+    save_run(out, meta, np.arange(length), [str(i) for i in range(length)], np.zeros((len(configs), 2)), ev)
 
 
 TRIO = [("tova", {}, 8), ("h2o", {}, 8), ("scissorhands", {}, 8)]
@@ -223,3 +223,56 @@ def test_missing_answers_file_names_it(tmp_path):
 def test_gap_in_points_rounds_the_difference():
     assert R._points({"accuracy": {"h2o": [7, 30], "tova": [2, 30]}}, "h2o") == "+17 points"
     assert R._points({"accuracy": {"h2o": [0, 30], "tova": [16, 30]}}, "h2o") == "-53 points"
+
+
+def test_reminder_draw_compares_the_reminders_rows_with_the_rows_between(study):
+    from kvviz.studies.key_attention import attention_path
+
+    df, _ = R.load(study)
+    spans = R.spans_of(study)
+    assert R.reminder_draw(study, df, spans).empty  # no attention files yet
+    # K = 5's reminders are rows 8-9 and 14-15, the rows between them 10-13. Layer 0: the
+    # reminders pay the key 0.4, the rows between 0.2 (ratio 2); layer 1: 0.1 against 0.2 (0.5)
+    att = np.full((L, T0), 0.9, np.float32)  # rows outside both sets must not count
+    att[0, [8, 9, 14, 15]], att[0, 10:14] = 0.4, 0.2
+    att[1, [8, 9, 14, 15]], att[1, 10:14] = 0.1, 0.2
+    for seed in range(3):
+        path = attention_path(study, "recall5-" + run_id(T0, 10, seed, "decode", "layer"))
+        path.parent.mkdir(exist_ok=True)
+        np.savez(path, attention=att)
+    draw = R.reminder_draw(study, df, spans)
+    try:
+        r = draw.set_index("K").loc[5]
+        assert (r["runs"], r["layers"], r["layers where reminders pay more"]) == (3, 2, 1)
+        assert r["ratio, lowest layer"] == pytest.approx(0.5) and r["ratio, highest layer"] == pytest.approx(2.0)
+        assert r["ratio, median layer"] == pytest.approx(1.25)
+        assert list(draw.K) == [5] and list(draw.length) == [T0]  # K = 20: no reminder to compare
+        said = R.draw_sentence(draw)
+        assert f"at {T0} tokens, K = 5 in 1 of 2 layers (median ratio over the layers 1.25, 3 prompts)" in said
+        assert "not in most layers" in said
+        att[1, [8, 9, 14, 15]] = 0.3
+        for seed in range(3):
+            np.savez(attention_path(study, "recall5-" + run_id(T0, 10, seed, "decode", "layer")), attention=att)
+        assert "in most layers everywhere" in R.draw_sentence(R.reminder_draw(study, df, spans))
+    finally:
+        for f in (study / "attention").glob("*.npz"):
+            f.unlink()
+
+
+def test_a_longer_decode_cell_is_answered_on_its_own(study):
+    # K = 5 at twice the length, decode mode, budget 8: TOVA wrong and H2O right on both prompts,
+    # Scissorhands wrong on both
+    rec = {"task": "recall", "reminder_every": 5, "reminders": [[8, 10], [14, 16]]}
+    ev = np.full((4, L, 1, 2 * T0 + 2), -1, np.int32)
+    for seed in (0, 1):
+        _save(study, rec, "decode", TRIO, [RIGHT, WRONG, RIGHT, WRONG], ev, seed=seed, length=2 * T0)
+    write_tables(study)
+    doc, answers, _ = R.report(study)
+    rows = answers["recall"]["longer"][f"{2 * T0}@8"]
+    assert [r["reminder_every"] for r in rows] == [5] and rows[0]["against"]["h2o"] == [2, 0]
+    assert f"Decode mode, {2 * T0} tokens, budget 8:" in doc
+    said = answers["recall"]["answer"]
+    assert f"In decode mode at {2 * T0} tokens (budget 8): over 2 prompts" in said
+    assert "more often than the reverse at K = 5 (2 against 0, exact sign test p = 0.5)" in said
+    # the shorter cell is still the one the by-K table and the lesson's line read
+    assert answers["recall"]["length"] == T0 and answers["recall"]["budget"] == 8

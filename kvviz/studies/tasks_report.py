@@ -210,6 +210,54 @@ def quiet_layers(lost: pd.DataFrame, df: pd.DataFrame, top: int = 6) -> pd.DataF
                                           ascending=[False, True]).head(top)
 
 
+def reminder_draw(out: Path, df: pd.DataFrame, spans: dict) -> pd.DataFrame:
+    """Is the recall task what it claims to be? Per reminder spacing K of the decode recall runs
+    with an attention file (kvviz.studies.key_attention, full cache): per layer, the attention
+    the key's positions receive from the reminders' rows against the rows between reminders
+    (kvviz.studies.reminder_attention's rows), each averaged over the runs; then the layers
+    where the reminders' rows pay more, and the ratio's spread over the layers."""
+    from kvviz.studies.key_attention import load_attention
+    from kvviz.studies.reminder_attention import query_rows
+
+    d = df[(df.task == "recall") & (df.prompt_mode == "decode") & (df.policy == "full")]
+    rows = []
+    for (n, k), g in sorted(d.groupby(["length", "option"]), key=lambda kv: (kv[0][0], -kv[0][1])):
+        ins, bet = [], []
+        for id_ in sorted(g.id.unique()):
+            att = load_attention(out, id_)
+            rem = spans.get(id_) or []
+            if att is None or len(rem) < 2:
+                continue
+            inside, between = query_rows(rem, att.shape[1])
+            ins.append(att[:, inside].astype(np.float64).mean(axis=1))
+            bet.append(att[:, between].astype(np.float64).mean(axis=1))
+        if not ins:
+            continue
+        ratio = np.mean(ins, axis=0) / np.mean(bet, axis=0)
+        rows.append({"length": int(n), "K": int(k), "runs": len(ins), "layers": len(ratio),
+                     "layers where reminders pay more": int((ratio > 1).sum()),
+                     "ratio, lowest layer": float(ratio.min()), "ratio, median layer": float(np.median(ratio)),
+                     "ratio, highest layer": float(ratio.max())})
+    return pd.DataFrame(rows)
+
+
+def draw_sentence(draw: pd.DataFrame) -> str:
+    if draw.empty:
+        return ""
+    parts = "; ".join(f"at {r['length']} tokens, K = {r['K']} in {r['layers where reminders pay more']} of "
+                      f"{r['layers']} layers "
+                      f"(median ratio over the layers {r['ratio, median layer']:.2f}, {r['runs']} prompts)"
+                      for r in draw.to_dict("records"))
+    most = all(r["layers where reminders pay more"] * 2 > r["layers"] for r in draw.to_dict("records"))
+    weak = [f"{r['length']} tokens, K = {r['K']}" for r in draw.to_dict("records")
+            if r["layers where reminders pay more"] * 2 <= r["layers"]]
+    return (" With the full cache, the reminders' rows pay the key more attention than the rows between "
+            f"reminders {parts}: "
+            + ("in most layers everywhere, so the reminders do make the model look back at the key." if most else
+               f"not in most layers at {'; '.join(weak)}, where the reminders do not clearly single the key out "
+               "and the task tests the card's warning only weakly."))
+
+
 def recall_answer(rows: list[dict], where: str) -> str:
     """Question 1's answer from recall_by_k's rows: where the card's pattern shows and where not."""
     if not rows:
@@ -454,6 +502,9 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
                for b in sorted(set(df[(df.task == "recall") & (df.prompt_mode == "prefill")
                                       & (df.length == length)].budget) - {-1})}
     pre = pre_all.get(budget, [])
+    longer = {(int(n), int(b)): recall_by_k(df, "decode", int(n), int(b))
+              for n, b in sorted(set(zip(rec.length, rec.budget))) if n > length and b != -1}
+    longer = {c: rows for c, rows in longer.items() if rows}
     lost = lost_steps(df, spans)
     qt = quiet_table(lost)
     ql = quiet_layers(lost, df)
@@ -464,6 +515,7 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
     else:
         a1 = recall_answer(dec, f"In decode mode ({length} tokens, budget {budget})")
         a1p = recall_answer(pre, f"In prefill mode on the same prompts (budget {budget})")
+    draw = reminder_draw(out, df, spans)
     quiet_sentence = ""
     if not qt.empty:
         tv = qt[qt.policy == "tova"]
@@ -473,9 +525,12 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
                               f"{int(tv['on a quiet step'])} of {int(tv['losses (run x layer)'])} losses "
                               f"({pct(tv['share quiet'])}; quiet steps are {pct(tv['quiet share of the steps'])} "
                               "of the steps it could have lost it on).")
+    a1_long = " ".join(recall_answer(rows, f"In decode mode at {n} tokens (budget {b})")
+                       for (n, b), rows in longer.items())
     answers = {
         "recall": {"mode": "decode", "length": length, "budget": budget, "by_k": dec,
-                   "answer": a1 + quiet_sentence,
+                   "answer": a1 + (" " + a1_long if a1_long else "") + quiet_sentence + draw_sentence(draw),
+                   "longer": {f"{n}@{b}": rows for (n, b), rows in longer.items()},
                    "budgets": {str(b): rows for b, rows in dec_all.items()},
                    "prefill": {"budgets": {str(b): rows for b, rows in pre_all.items()}, "answer": a1p}},
         "phrase": {"answer": phrase_answer(df)},
@@ -514,18 +569,28 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
         f"The TOVA card: \"{CARD_TOVA}\"",
         "",
         "The `recall` task states the pass key once (at 10 % depth), then says \"Keep the pass key in mind.\" "
-        "after every K-th haystack sentence; at 256 tokens K = 20 leaves no room for a reminder, so that row is "
+        "after every K-th haystack sentence; a row with 0 reminders (a K larger than the prompt has room for) is "
         "the pass-key prompt. Decode mode reads the prompt token by token, evicting as it goes: the setting the "
         "card's sentence is about. Each cell: share of prompts answered with the key, Wilson 95 % interval, "
         "(share of the key's positions held at the end of the prompt).",
         "",
         *[x for b, rows in dec_all.items() for x in (
             f"Decode mode, {length} tokens, budget {b}:", "", fmt(by_k_table(rows)) if rows else "(no runs)", "")],
+        *[x for (n, b), rows in longer.items() for x in (
+            f"Decode mode, {n} tokens, budget {b}:", "", fmt(by_k_table(rows)), "")],
         *[x for b, rows in pre_all.items() for x in (
             f"Prefill mode (one full-cache pass, then one eviction), the same prompts, budget {b}:", "",
             fmt(by_k_table(rows)) if rows else "(no runs)", "")],
-        f"The answer below reads decode mode at budget {budget}: of the decode budgets, the one with the most "
-        "prompts on which TOVA, H2O and Scissorhands do not all give the same verdict (where they can differ).",
+        f"The answer below reads decode mode at {length} tokens and budget {budget} (of the budgets there, the "
+        "one with the most prompts on which TOVA, H2O and Scissorhands do not all give the same verdict), then "
+        "each longer decode cell, then prefill mode at that budget.",
+        "",
+        "Do the reminders make the model look back at the key? With the full cache (one eager pass per "
+        "decode prompt, `python -m kvviz.studies.key_attention`), per layer the attention the key's positions "
+        "receive from the reminders' rows against the rows between reminders (each averaged over the prompts), "
+        "and the ratio's spread over the layers:",
+        "",
+        fmt(draw) if not draw.empty else "(no attention files)",
         "",
         "When the key was lost (decode mode, prompts with reminders): per policy, the (run, layer) pairs where a "
         "key position was evicted during the prompt, how many of those steps read a quiet token (not a "
