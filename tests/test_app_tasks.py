@@ -120,7 +120,8 @@ def test_recall_placeholders_read_answers_json(tmp_path, monkeypatch):
     assert PLACEHOLDERS["tasks.recall_by_k"].fn(None) == (
         "decode, 256 tokens, budget 128: K=3: TOVA 4/30, H2O 10/30, Scissorhands 9/30 (TOVA wrong where H2O "
         "right: 7, the reverse: 1); K=20 (no reminder): TOVA 2/30, H2O 3/30, Scissorhands 1/30 (TOVA wrong where "
-        "H2O right: 1, the reverse: 2)")
+        "H2O right: 1, the reverse: 2); decode, 512 tokens, budget 384: K=20: TOVA 28/30, H2O 19/30, Scissorhands "
+        "0/30 (TOVA wrong where H2O right: 0, the reverse: 9)")
     (tmp_path / "answers.json").write_text(json.dumps({"recall": {"by_k": [{"reminder_every": 3}]}}))
     with pytest.raises(ValueError, match="recall.by_k is not the study's table"):
         PLACEHOLDERS["tasks.recall_by_k"].fn(None)
@@ -139,14 +140,14 @@ def test_the_recall_scene_quotes_the_card_and_the_measured_answer(tasks, tmp_pat
     assert scene.state.view == "needle" and scene.state.needle["ntask"] == "recall3"
     assert scene.state.needle["nmode"] == "decode"
     (tasks / "answers.json").unlink(missing_ok=True)
-    with pytest.raises(ValueError, match=r"scene \d+: \{tasks.recall\}: .*answers.json: no such file"):
+    with pytest.raises(ValueError, match=r"scene \d+: \{tasks.recall_by_k\}: .*answers.json: no such file"):
         L.note_text(les, n)
     TF.write_answers(tasks)
     note = L.note_text(les, n)
     assert ("When a token matters intermittently. One quiet step is enough to lose it. A position that the "
             "model returns to every fifty steps looks worthless on the forty-nine in between, and this policy "
             "has no memory to say otherwise. h2o and scissorhands exist for exactly that.") in note
-    assert TF.ANSWERS["recall"]["answer"] in note and "K=3: TOVA 4/30" in note
+    assert "K=3: TOVA 4/30, H2O 10/30" in note and "decode, 512 tokens, budget 384: K=20: TOVA 28/30" in note
     # the cell's own answers (the fixture: tova and h2o wrong, scissorhands and snapkv right)
     assert "right: scissorhands, snapkv; wrong: h2o, tova" in note
 
@@ -255,7 +256,7 @@ def test_lesson_check_names_what_the_recall_scene_lacks(tasks, tmp_path, monkeyp
     (tasks / "answers.json").unlink(missing_ok=True)
     monkeypatch.setenv("KVVIZ_TASKS_DIR", str(tasks))
     assert main(["lesson", "check", shipped]) == 2
-    assert f"{{tasks.recall}}: {tasks / 'answers.json'}: no such file" in capsys.readouterr().err
+    assert f"{{tasks.recall_by_k}}: {tasks / 'answers.json'}: no such file" in capsys.readouterr().err
     TF.write_answers(tasks)
     assert main(["lesson", "check", shipped]) == 0
 

@@ -411,26 +411,34 @@ def tasks__recall(f: Facts) -> str:
     return _answer("recall")
 
 
+def _by_k_parts(by_k) -> list[str]:
+    parts = []
+    for k in sorted(by_k, key=lambda k: int(k["reminder_every"])):
+        acc = ", ".join(f"{TASK_NAMES[p]} {int(k['accuracy'][p][0])}/{int(k['accuracy'][p][1])}"
+                        for p in TASK_NAMES)
+        none = " (no reminder)" if int(k.get("reminders", 1)) == 0 else ""
+        worse, better = (int(x) for x in k["against"]["h2o"])
+        parts.append(f"K={int(k['reminder_every'])}{none}: {acc} (TOVA wrong where H2O right: "
+                     f"{worse}, the reverse: {better})")
+    return parts
+
+
 @placeholder("tasks")
 def tasks__recall_by_k(f: Facts) -> str:
     """The cell answers.json's recall.by_k was counted at (mode, length, budget), then per
     reminder spacing K: TOVA's, H2O's and Scissorhands' right answers over prompts and, paired
     prompt by prompt, how often TOVA was wrong where H2O was right and the reverse, e.g.
     'decode, 256 tokens, budget 192: K=3: TOVA 4/30, H2O 11/30, Scissorhands 0/30 (TOVA wrong
-    where H2O right: 8, the reverse: 1); ...'; K in increasing order."""
+    where H2O right: 8, the reverse: 1); ...'; K in increasing order. Then the same for each
+    longer decode cell in recall.longer ('<length>@<budget>')."""
     path = answers_path()
+    answers = task_answers()  # its own error names a missing or unreadable file
     try:
-        rec = task_answers()["recall"]
-        by_k = sorted(rec["by_k"], key=lambda k: int(k["reminder_every"]))
-        parts = []
-        for k in by_k:
-            acc = ", ".join(f"{TASK_NAMES[p]} {int(k['accuracy'][p][0])}/{int(k['accuracy'][p][1])}"
-                            for p in TASK_NAMES)
-            none = " (no reminder)" if int(k.get("reminders", 1)) == 0 else ""
-            worse, better = (int(x) for x in k["against"]["h2o"])
-            parts.append(f"K={int(k['reminder_every'])}{none}: {acc} (TOVA wrong where H2O right: "
-                         f"{worse}, the reverse: {better})")
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        rec = answers["recall"]
+        parts = _by_k_parts(rec["by_k"])
+        longer = [(int(c.split("@")[0]), int(c.split("@")[1]), _by_k_parts(rows))
+                  for c, rows in (rec.get("longer") or {}).items()]
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"{path}: recall.by_k is not the study's table ({type(exc).__name__}: {exc})") from None
     if not parts:
         raise ValueError(f"{path}: recall.by_k is empty")
@@ -438,7 +446,8 @@ def tasks__recall_by_k(f: Facts) -> str:
         cell = f"{rec['mode']}, {int(rec['length'])} tokens, budget {int(rec['budget'])}: "
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{path}: recall has no mode, length and budget for its by_k table") from None
-    return cell + "; ".join(parts)
+    return "; ".join([cell + "; ".join(parts)]
+                     + [f"decode, {n} tokens, budget {b}: " + "; ".join(ps) for n, b, ps in sorted(longer) if ps])
 
 
 @placeholder("tasks")
