@@ -23,6 +23,7 @@ POLICIES = ("tova", "h2o", "scissorhands", "streaming-llm")
 LAYERS, NEW = 3, 4
 TOVA_FORGETS = {(96, 50, 0), (96, 90, 1), (48, 10, 0)}  # (length, depth, seed) at budget 16
 H2O_SC_FORGET: set = set()  # cells where h2o and scissorhands lose the key at budget 16
+SC_FORGET: set = set()  # cells where scissorhands alone loses the key at budget 16
 K1_FORGETS: set = set()  # cells where "snapkv1" (snapkv, poolKernel 1) loses it at budget 16
 SPECS = {"snapkv1": ("snapkv", {"pool_kernel": 1})}  # fixture names for parameterised policies
 FILLER = ["The", " grass", " is", " green", ".", " The", " sky", " is", " blue", "."]
@@ -64,7 +65,7 @@ def write_run(out: Path, length: int, depth: int, seed: int, mode: str, gran: st
                     ev[c, li, g, p] = T0 - 1 if mode == "prefill" else rng.integers(p, T0)
         small, cell = cfg["budget"] == min(budgets), (length, depth, seed)
         forgets = {"tova": cell in TOVA_FORGETS and small, "h2o": cell in H2O_SC_FORGET and small,
-                   "scissorhands": cell in H2O_SC_FORGET and small,
+                   "scissorhands": (cell in H2O_SC_FORGET or cell in SC_FORGET) and small,
                    "snapkv1": cell in K1_FORGETS and small,
                    "streaming-llm": depth < 90}.get(cfg.pop("name"), False)
         if forgets:  # lose the key in layer 1 (every head), a few steps after it was read

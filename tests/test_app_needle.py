@@ -259,6 +259,11 @@ def test_shared_link_restores_the_cell(no_torch, fix, apptest):
     meta, ev, _ = raw_runs(fix)["L96-d50-s0-decode-layer"]
     table = answers(at)
     assert table.set_index("configuration").loc["tova", "right?"].startswith("✗")
+    # the answers are shown as written: the full cache's " 7391." is escaped for st.table's
+    # Markdown (unescaped, "7391." would be drawn as an empty list item numbered 7391)
+    drawn = next(d for d in at.table if "configuration" in d.value.columns)
+    assert table.set_index("configuration").loc["full cache", "answer"] == f" {NF.KEY}."
+    assert f"{NF.KEY}\\.".encode().hex() in drawn.proto.arrow_data.styler.display_values.hex()
     heat = next(v for k, v in charts(at).items() if k.startswith("Cache contents"))
     assert "A = tova, B = h2o" in heat["layout"]["title"]["text"]
     # the page's own link, opened in a new session, shows the same choices
@@ -493,3 +498,33 @@ def test_the_page_opens_on_the_shipped_grid(monkeypatch, apptest):
     assert not at.exception, at.exception
     chart = needle_chart(at)
     assert {d["name"] for d in chart["data"]} >= {"full cache", "tova", "h2o"}
+
+
+def test_guided_says_when_tova_falls_behind_h2o_one_on_one(tmp_path, monkeypatch):
+    # TOVA and Scissorhands lose the key at two cells, H2O keeps it: the trio's joint count
+    # (TOVA wrong, both others right) is 0, and one on one TOVA trails H2O 2 to 0
+    both = {(48, 50, 0), (48, 90, 0)}
+    monkeypatch.setattr(NF, "TOVA_FORGETS", both)
+    monkeypatch.setattr(NF, "SC_FORGET", both)
+    d = NF.write_results(tmp_path / "behind", modes=("decode",), lengths=(48,), seeds=(0,))
+    runs = raw_runs(d)
+    per = {(m["length"], m["depth"], m["seed"]): [correct_of(m, p, 16) for p in ("tova", "h2o", "scissorhands")]
+           for m, _, _ in runs.values()}
+    assert {c for c, (t, h, s) in per.items() if not t and h and not s} == both
+    assert not any(not t and h and s for t, h, s in per.values())
+    story = NV.guided(load_results(d))
+    assert story["kind"] == "tova-behind" and story["lines"] == ("tova", "h2o")
+    assert f"TOVA was wrong where H2O was right in 2 of {len(per)} prompts, the reverse in 0" in story["text"]
+    c = story["cell"]
+    assert c["budget"] == 16 and (c["length"], c["depth"], c["seed"]) == min(both)
+    text = NV.grid_text(load_results(d), 16, "decode", "layer")
+    assert "were both right: 0 (the reverse: 0); one on one, TOVA wrong where H2O right: 2 (the reverse: 0), " \
+           "where Scissorhands right: 0 (the reverse: 0)." in text
+
+
+def test_literal_escapes_what_markdown_would_read():
+    from kvviz.app.ui.context import literal
+
+    assert literal(" 72805. The") == "72805\\. The"
+    assert literal("a*b_c [x](y) # | ~") == "a\\*b\\_c \\[x\\]\\(y\\) \\# \\| \\~"
+    assert literal("the sun is yellow") == "the sun is yellow" and literal(42) == "42"

@@ -418,6 +418,7 @@ CELL_KEYS = ["prompt_mode", "granularity", "budget", "id", "length", "depth", "s
 # TOVA's card (docs: the policy cards), "When not to use it": the warning the grid tests
 TOVA_WARNING = "When a token matters intermittently. One quiet step is enough to lose it."
 TRIO = ("tova", "h2o", "scissorhands")
+TRIO_NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
 
 
 def _trio(r: pd.DataFrame) -> pd.DataFrame | None:
@@ -432,7 +433,17 @@ def _trio(r: pd.DataFrame) -> pd.DataFrame | None:
     wide[list(TRIO)] = wide[list(TRIO)].astype(bool)
     wide["claim"] = ~wide["tova"] & wide["h2o"] & wide["scissorhands"]
     wide["reverse"] = wide["tova"] & ~wide["h2o"] & ~wide["scissorhands"]
+    for other in TRIO[1:]:  # one on one: TOVA wrong where the other is right, and the reverse
+        wide[f"behind_{other}"] = ~wide["tova"] & wide[other]
+        wide[f"ahead_{other}"] = wide["tova"] & ~wide[other]
     return wide
+
+
+def _one_on_one(g) -> str:
+    """'TOVA wrong where H2O right: a (the reverse: b), where Scissorhands right: c (the
+    reverse: d)' over the rows g of _trio."""
+    return ", ".join(f"where {TRIO_NAMES[o]} right: {int(g[f'behind_{o}'].sum())} (the reverse: "
+                     f"{int(g[f'ahead_{o}'].sum())})" for o in TRIO[1:])
 
 
 def grid_text(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str) -> str:
@@ -453,7 +464,7 @@ def grid_text(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: st
                    f"{int(g['tova'].sum())}, H2O {int(g['h2o'].sum())}, Scissorhands "
                    f"{int(g['scissorhands'].sum())}; TOVA wrong while H2O and Scissorhands "
                    f"were both right: {int(g['claim'].sum())} (the reverse: "
-                   f"{int(g['reverse'].sum())}).")
+                   f"{int(g['reverse'].sum())}); one on one, TOVA wrong {_one_on_one(g)}.")
 
 
 def guided(rows: pd.DataFrame) -> dict:
@@ -466,7 +477,7 @@ def guided(rows: pd.DataFrame) -> dict:
     r = with_lines(rows)
     r = r.assign(ok=_correct(r))
     story = _tova(r)
-    if story["kind"] != "tova-forgets":
+    if story["kind"] not in ("tova-forgets", "tova-behind"):
         story = _snapkv(r) or story
     return story
 
@@ -546,6 +557,8 @@ def _tova(r: pd.DataFrame) -> dict:
                 f"{ans.strip()!r}: open it and look at the cache heatmap for the step where "
                 "TOVA let the key go, and at which layers lost it.")
         kind = "tova-forgets"
+    elif (behind := _behind(wide)) is not None:
+        return behind
     else:
         # where the opposite shows most (TOVA right, both wrong), else the most prompts
         s = summary.sort_values(["reverse", "n"], ascending=False, kind="stable").iloc[0]
@@ -563,6 +576,31 @@ def _tova(r: pd.DataFrame) -> dict:
         kind = "no-support"
     return {"kind": kind, "text": text, "lines": ("tova", "h2o"),
             "cell": _cell(ex, budget, mode, gran)}
+
+
+def _behind(wide: pd.DataFrame) -> dict | None:
+    """No prompt has TOVA wrong with both others right, but one of them alone is right where
+    TOVA is wrong more often than the reverse in some cell (typically Scissorhands never
+    answers, so the trio's joint count stays 0): the cell where that gap is widest. None if
+    TOVA is never behind either of them one on one."""
+    rows = []
+    for (mode, gran, budget), g in wide.groupby(["prompt_mode", "granularity", "budget"]):
+        for o in TRIO[1:]:
+            b, a = int(g[f"behind_{o}"].sum()), int(g[f"ahead_{o}"].sum())
+            if b > a:
+                rows.append((b - a, -len(g), mode, gran, budget, o, b, a, g))
+    if not rows:
+        return None
+    _, _, mode, gran, budget, o, b, a, g = max(rows, key=lambda t: t[:2])
+    ex = g[g[f"behind_{o}"]].sort_values(["length", "depth", "seed"]).iloc[0]
+    text = (f"**TOVA falls behind {TRIO_NAMES[o]} one on one.** No prompt had TOVA wrong while H2O and "
+            f"Scissorhands were both right, but at budget {int(budget)} ({mode} prompt, {gran} "
+            f"granularity) TOVA was wrong where {TRIO_NAMES[o]} was right in {b} of {len(g)} prompts, the "
+            f"reverse in {a}. Over those prompts TOVA was right {int(g['tova'].sum())} times, H2O "
+            f"{int(g['h2o'].sum())}, Scissorhands {int(g['scissorhands'].sum())}. Open the first such "
+            f"prompt and find the step where TOVA let the key go.")
+    return {"kind": "tova-behind", "text": text, "lines": ("tova", o),
+            "cell": _cell(ex, int(budget), mode, gran)}
 
 
 # --- the recall task: the key's attention over the prompt ----------------------------------

@@ -21,13 +21,25 @@ SHARES = ("retained mass", "heavy-hitter recall", "attention loss")  # fractions
 COUNTS = ("memory (bytes)", "budget", "held now")
 
 
-def table(df) -> None:
+def literal(text) -> str:
+    """`text` shown as written in a cell st.table renders as Markdown: every ASCII punctuation
+    mark backslash-escaped, so a model's answer " 72805. The" stays that text instead of
+    becoming a list numbered from 72805, and "*", "_", "#" or "|" draw nothing of their own."""
+    return "".join("\\" + ch if ch in PUNCTUATION else ch for ch in str(text).strip())
+
+
+PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+def table(df, literal_columns=()) -> None:
     """Draw a small table whole: st.table wraps its cells to the page's width, where
     st.dataframe's grid hides the columns past the right edge (1024 px, 125 % zoom). The
     values stay the numbers (a Styler only formats them: shares to 6 decimals, counts with
-    a thousands separator)."""
+    a thousands separator); `literal_columns` (free text such as a model's answers) are
+    shown as written, not read as Markdown."""
     fmt = {c: "{:.6f}" for c in SHARES if c in df.columns}
     fmt.update({c: "{:,}" for c in COUNTS if c in df.columns})
+    fmt.update({c: literal for c in literal_columns if c in df.columns})
     st.table(df.style.format(fmt, na_rep="–"), hide_index=True)
 
 

@@ -279,7 +279,7 @@ def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = No
     st.markdown(f"**The answers** at budget {budget}"
                 + (", each scored by the task's own check" if marks or meta.get("task") == "phrase"
                    else ""))
-    table(NV.answers_table(meta, budget, ev))  # whole, wrapping: no column cut at 1024 px
+    table(NV.answers_table(meta, budget, ev), literal_columns=("answer",))  # whole, wrapping
     lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
              if c["policy"] != NV.FULL and c.get("budget") == budget]
     if not lines:
