@@ -23,8 +23,12 @@ def plain(m, policy, budget):
                for c in m["configs"])
 
 
-def grid_counts(mode, gran, budget):
+def grid_counts(mode, gran, budget, one_on_one=None):
+    """(prompts, TOVA right, H2O right, Scissorhands right, TOVA wrong with both right, the
+    reverse) over the shipped runs of one grid; `one_on_one` (a dict) gets, per other policy,
+    [TOVA wrong where it is right, TOVA right where it is wrong]."""
     n = t = h = s = claim = rev = 0
+    pair = {"h2o": [0, 0], "scissorhands": [0, 0]}
     for m, _, _ in raw_runs(SHIPPED).values():
         if (m["prompt_mode"], m["granularity"]) != (mode, gran):
             continue
@@ -34,6 +38,11 @@ def grid_counts(mode, gran, budget):
         n, t, h, s = n + 1, t + a, h + b, s + c
         claim += (not a) and b and c
         rev += a and not b and not c
+        for other, o in (("h2o", b), ("scissorhands", c)):
+            pair[other][0] += (not a) and o
+            pair[other][1] += a and not o
+    if one_on_one is not None:
+        one_on_one.update(pair)
     return n, t, h, s, claim, rev
 
 
@@ -49,12 +58,15 @@ def test_the_guided_box_quotes_the_grid_on_screen(mode, budget, apptest):
     at = page(**{**SCENE, "nmode": mode, "nbudget": budget})
     ok(at)
     box = next(m.value for m in at.markdown if m.value.startswith("**Guided experiment**"))
-    n, t, h, s, claim, rev = grid_counts(mode, "layer", budget)
+    pair = {}
+    n, t, h, s, claim, rev = grid_counts(mode, "layer", budget, pair)
     assert n > 0
     assert f"“{NV.TOVA_WARNING}”" in box
     assert (f"**The grid above** (budget {budget}, {mode} prompt, layer granularity): of {n} "
             f"prompts TOVA answered right {t}, H2O {h}, Scissorhands {s}; TOVA wrong while "
-            f"H2O and Scissorhands were both right: {claim} (the reverse: {rev}).") in box
+            f"H2O and Scissorhands were both right: {claim} (the reverse: {rev}); one on one, TOVA "
+            f"wrong where H2O right: {pair['h2o'][0]} (the reverse: {pair['h2o'][1]}), where "
+            f"Scissorhands right: {pair['scissorhands'][0]} (the reverse: {pair['scissorhands'][1]}).") in box
     assert "Shown:" not in box  # the box describes the grid; the prompt is named below it
     needle = next(v for k, v in charts(at).items() if k.startswith("Pass-key accuracy"))
     assert f"budget {budget}" in needle["layout"]["title"]["text"]
