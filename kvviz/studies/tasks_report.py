@@ -32,6 +32,7 @@ import pandas as pd
 from kvviz.core.atomic import replacing
 from kvviz.core.metrics import wilson
 from kvviz.core.paths import REPO, traces_or_default
+from kvviz.core.policies import POLICIES
 from kvviz.model.needle.results import GATE, gate, list_runs, load_results, load_run
 from kvviz.studies.needle_report import PK1, PK5, acc_ci, fmt, pct, prepare
 
@@ -248,14 +249,13 @@ def draw_sentence(draw: pd.DataFrame) -> str:
                       f"{r['layers']} layers "
                       f"(median ratio over the layers {r['ratio, median layer']:.2f}, {r['runs']} prompts)"
                       for r in draw.to_dict("records"))
-    most = all(r["layers where reminders pay more"] * 2 > r["layers"] for r in draw.to_dict("records"))
     weak = [f"{r['length']} tokens, K = {r['K']}" for r in draw.to_dict("records")
             if r["layers where reminders pay more"] * 2 <= r["layers"]]
     return (" With the full cache, the reminders' rows pay the key more attention than the rows between "
             f"reminders {parts}: "
-            + ("in most layers everywhere, so the reminders do make the model look back at the key." if most else
-               f"not in most layers at {'; '.join(weak)}, where the reminders do not clearly single the key out "
-               "and the task tests the card's warning only weakly."))
+            + (f"not in most layers at {'; '.join(weak)}, where the reminders do not clearly single the key out "
+               "and the task tests the card's warning only weakly." if weak else
+               "in most layers everywhere, so the reminders do make the model look back at the key."))
 
 
 def recall_answer(rows: list[dict], where: str) -> str:
@@ -286,7 +286,7 @@ def recall_answer(rows: list[dict], where: str) -> str:
             f"accuracy minus TOVA's by reminder spacing: {gap}. Right answers per K: {per}.")
 
 
-NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
+NAMES = {n: POLICIES[n].label for n in TRIO}  # "TOVA", "H2O", "Scissorhands"
 
 
 def sign_test(a: int, b: int) -> float:
@@ -648,7 +648,7 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
         "Accuracy with its Wilson 95 % interval (held share at the end of the prompt); adakv and pyramidkv use "
         "TOVA as their scorer. The same numbers, one row per cell: `traces/tasks/summary.csv`.",
         "",
-        *([scorer_note(df), ""] if scorer_note(df) else []),
+        *([note, ""] if (note := scorer_note(df)) else []),
     ]
     for v in variants:
         doc += [f"### {v}", "", accuracy_grid(df, v), ""]

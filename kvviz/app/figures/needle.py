@@ -26,7 +26,7 @@ from kvviz.app.figures.common import (
     policy_of,
 )
 from kvviz.app.figures.tokens import _token_html
-from kvviz.core.policies import FULL, FULL_LABEL, config_label
+from kvviz.core.policies import FULL, FULL_LABEL, POLICIES, config_label
 
 # accuracy 0 -> wrong's wine, 1 -> right's green, through a light grey: colours no policy has
 ACCURACY_SCALE = [[0, WRONG_COLOUR], [0.5, "#eeeeee"], [1, RIGHT_COLOUR]]
@@ -418,7 +418,7 @@ CELL_KEYS = ["prompt_mode", "granularity", "budget", "id", "length", "depth", "s
 # TOVA's card (docs: the policy cards), "When not to use it": the warning the grid tests
 TOVA_WARNING = "When a token matters intermittently. One quiet step is enough to lose it."
 TRIO = ("tova", "h2o", "scissorhands")
-TRIO_NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
+TRIO_NAMES = {n: POLICIES[n].label for n in TRIO}  # "TOVA", "H2O", "Scissorhands"
 
 
 def _trio(r: pd.DataFrame) -> pd.DataFrame | None:

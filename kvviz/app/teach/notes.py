@@ -390,7 +390,6 @@ def needle__full(f: Facts) -> str:
 
 
 # --- the tasks study's measured answers (traces/tasks/answers.json) -----------------------
-TASK_NAMES = {"tova": "TOVA", "h2o": "H2O", "scissorhands": "Scissorhands"}
 
 
 def _answer(part: str) -> str:
@@ -412,10 +411,12 @@ def tasks__recall(f: Facts) -> str:
 
 
 def _by_k_parts(by_k) -> list[str]:
+    from kvviz.app.figures.needle import TRIO_NAMES
+
     parts = []
     for k in sorted(by_k, key=lambda k: int(k["reminder_every"])):
-        acc = ", ".join(f"{TASK_NAMES[p]} {int(k['accuracy'][p][0])}/{int(k['accuracy'][p][1])}"
-                        for p in TASK_NAMES)
+        acc = ", ".join(f"{TRIO_NAMES[p]} {int(k['accuracy'][p][0])}/{int(k['accuracy'][p][1])}"
+                        for p in TRIO_NAMES)
         none = " (no reminder)" if int(k.get("reminders", 1)) == 0 else ""
         worse, better = (int(x) for x in k["against"]["h2o"])
         parts.append(f"K={int(k['reminder_every'])}{none}: {acc} (TOVA wrong where H2O right: "
@@ -436,8 +437,7 @@ def tasks__recall_by_k(f: Facts) -> str:
     try:
         rec = answers["recall"]
         parts = _by_k_parts(rec["by_k"])
-        longer = [(int(c.split("@")[0]), int(c.split("@")[1]), _by_k_parts(rows))
-                  for c, rows in (rec.get("longer") or {}).items()]
+        longer = [(*map(int, c.split("@")), _by_k_parts(rows)) for c, rows in (rec.get("longer") or {}).items()]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"{path}: recall.by_k is not the study's table ({type(exc).__name__}: {exc})") from None
     if not parts:

@@ -1,6 +1,7 @@
 """What every view's glue gets: the trace, both runs and the current step (`Ctx`)."""
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,14 +22,14 @@ SHARES = ("retained mass", "heavy-hitter recall", "attention loss")  # fractions
 COUNTS = ("memory (bytes)", "budget", "held now")
 
 
+PUNCTUATION = frozenset(string.punctuation)  # the ASCII marks Markdown lets a backslash escape
+
+
 def literal(text) -> str:
     """`text` shown as written in a cell st.table renders as Markdown: every ASCII punctuation
     mark backslash-escaped, so a model's answer " 72805. The" stays that text instead of
     becoming a list numbered from 72805, and "*", "_", "#" or "|" draw nothing of their own."""
     return "".join("\\" + ch if ch in PUNCTUATION else ch for ch in str(text).strip())
-
-
-PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 
 
 def table(df, literal_columns=()) -> None:
