@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kvviz.studies.alloc_report import (
+from lab.alloc_report import (
     accuracy_table,
     config_specs,
     kept_diff,

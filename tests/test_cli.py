@@ -115,20 +115,20 @@ def test_bench_warns_when_a_budget_never_evicts(tmp_path):
 def test_pooling_study_head_option(tmp_path):
     path = heads_file(tmp_path)
     csv = tmp_path / "study.csv"
-    out = subprocess.run([sys.executable, "-m", "kvviz.studies.pooling_study", "--traces", str(path),
+    out = subprocess.run([sys.executable, "-m", "lab.pooling_study", "--traces", str(path),
                           "--head", "kv0", "--budgets", "40", "--kernels", "1,5", "--csv", str(csv)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "head: kv0" in out.stderr
     table = pd.read_csv(csv)
     assert set(table["head"]) == {"kv0"} and sorted(set(table["layer"])) == [14, 29]
-    mean = subprocess.run([sys.executable, "-m", "kvviz.studies.pooling_study", "--traces", str(path),
+    mean = subprocess.run([sys.executable, "-m", "lab.pooling_study", "--traces", str(path),
                            "--budgets", "40", "--kernels", "1,5", "--csv", str(csv)],
                           capture_output=True, text=True, timeout=300)
     assert mean.returncode == 0, mean.stderr
     assert set(pd.read_csv(csv)["head"]) == {"mean"}
     assert not pd.read_csv(csv).retained_mass.equals(table.retained_mass)  # another head's attention
-    bad = subprocess.run([sys.executable, "-m", "kvviz.studies.pooling_study", "--traces", "canonical",
+    bad = subprocess.run([sys.executable, "-m", "lab.pooling_study", "--traces", "canonical",
                           "--head", "kv0"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "stored heads: mean" in bad.stderr
 

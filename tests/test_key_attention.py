@@ -1,4 +1,4 @@
-"""kvviz.studies.key_attention on a real recall prompt with SmolLM2: one file per recall
+"""lab.key_attention on a real recall prompt with SmolLM2: one file per recall
 decode run, (layers, prompt_len), attention shares in [0, 1], nothing on the key before it is
 read, more on it at the reminders than between them in nearly every layer; resumable, and
 other runs left alone."""
@@ -6,8 +6,9 @@ import numpy as np
 
 from kvviz.model.needle.results import save_run
 from kvviz.model.needle.tasks import recall
-from kvviz.studies import key_attention as KA
-from kvviz.studies.reminder_attention import query_rows
+from kvviz.studies.key_attention import load_attention
+from lab import key_attention as KA
+from lab.reminder_attention import query_rows
 
 
 def _save(folder, p, id_, mode="decode", task="recall"):
@@ -30,7 +31,7 @@ def test_key_attention_over_a_recall_prompt(smollm, tmp_path, capsys):
     assert KA.main([str(tmp_path), "--threads", "1"]) == 0
     written = sorted(x.name for x in (tmp_path / "attention").iterdir())
     assert written == [f"{id_}.npz"]  # the prefill run is not this pass's
-    att = KA.load_attention(tmp_path, id_)
+    att = load_attention(tmp_path, id_)
     T = len(p.ids)
     assert att.dtype == np.float32 and att.shape == (30, T)
     assert (att >= 0).all() and (att <= 1 + 1e-5).all()

@@ -1,4 +1,4 @@
-"""kvviz.studies.needle_report computes its answers from the CSV: hand-built runs whose
+"""lab.needle_report computes its answers from the CSV: hand-built runs whose
 counts are known give those counts and verdicts."""
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvviz.model.needle.results import run_id, save_run, write_tables
-from kvviz.studies import needle_report
+from lab import needle_report
 
 CONFIGS = [("full", {}, None), ("tova", {}, 4), ("h2o", {"recent_window": 1}, 4),
            ("scissorhands", {"history_window": 1, "recent_window": 1}, 4)]
@@ -78,7 +78,7 @@ def test_answers_are_sorted_by_how_they_fail(answer, kind):
 
 
 def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
-    """setup.py's NEEDLE and scripts/needle_ship.sh describe the same grid."""
+    """setup.py's NEEDLE and lab/needle_ship.sh describe the same grid."""
     import runpy
     import shlex
     import types
@@ -102,7 +102,7 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
             text = text.replace(f"${k}", env[k])
         return text
 
-    for line in (root / "scripts" / "needle_ship.sh").read_text().splitlines():
+    for line in (root / "lab" / "needle_ship.sh").read_text().splitlines():
         if "=" in line.split(" ")[0] and not line.startswith("export"):
             k, v = line.split("=", 1)
             env[k] = " ".join(shlex.split(expand(v)))

@@ -18,7 +18,7 @@ from kvviz.model.needle.tasks import (
     score_key,
     score_phrase,
 )
-from kvviz.studies.reminder_attention import key_attention, query_rows
+from lab.reminder_attention import key_attention, query_rows
 
 NAMES, KEYS = ["Hugo", "Nora"], ["53407", "33040"]
 
@@ -138,7 +138,7 @@ def test_results_columns_for_each_task(tmp_path):
     assert (p.outcome, p.detail, p.held_end) == ("partial", "maple", 0.75)
     assert df.loc[("phrase", "tova@8")].held_end_by_layer == [0.5, 1.0]
     assert set(layer_table(tmp_path).task) == {"distractors", "recall", "phrase"}
-    from kvviz.studies import needle_report
+    from lab import needle_report
 
     kept, _ = needle_report.gated(tmp_path, "distractors")
     t = needle_report.task_outcome_table(needle_report.prepare(kept)).set_index("name")
@@ -179,7 +179,7 @@ def test_gate_keeps_the_lengths_the_full_cache_answers():
 
 
 def test_report_leaves_out_a_length_the_full_cache_fails(tmp_path):
-    from kvviz.studies import needle_report
+    from lab import needle_report
 
     ev = np.full((2, 2, 1, 22), -1, np.int32)
     for seed in range(5):  # 20 tokens: full right in all 5; 30 tokens: in 1 of 5
@@ -210,7 +210,7 @@ def test_reminder_rows_and_key_attention_by_hand():
 
 def test_reminder_study_refuses_a_bad_option_before_loading(capsys, monkeypatch):
     import kvviz.model.models as models
-    from kvviz.studies.reminder_attention import main as study
+    from lab.reminder_attention import main as study
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     assert study(["--reminder-every", "0"]) == 2

@@ -165,7 +165,7 @@ def test_each_task_end_to_end(smollm, tmp_path, capsys, task):
 
 
 def test_reminders_draw_attention_to_the_key(smollm):
-    from kvviz.studies.reminder_attention import reminder_attention
+    from lab.reminder_attention import reminder_attention
 
     # 600 tokens, a reminder every 20 sentences (the study's defaults): quiet stretches long
     # enough to contrast with (at 300 tokens every 5-10 sentences the contrast is weak)
@@ -180,7 +180,7 @@ def test_a_small_real_study_reports_each_question(smollm, tmp_path):
     and answers from it; what it says agrees with the runs' own answers."""
     from kvviz.model.needle.grid import Grid
     from kvviz.model.needle.run import run_grid
-    from kvviz.studies import tasks_report
+    from lab import tasks_report
 
     trio = ["tova", "h2o", "scissorhands"]
     pk = ["snapkv:pool_kernel=5,obs_window=16", "snapkv:pool_kernel=1,obs_window=16"]

@@ -4,7 +4,7 @@ import pytest
 from kvviz.core.replay import run_policy
 from kvviz.core.spans import attention_spans, received, span_integrity
 from kvviz.core.trace import canonical
-from kvviz.studies.pooling_study import integrity, markdown, study
+from lab.pooling_study import integrity, markdown, study
 
 
 def test_integrity_at_one_checkpoint_matches_span_integrity():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kvviz.model.needle.results import load_results, run_id, save_run, write_tables
-from kvviz.studies import tasks_report as R
+from lab import tasks_report as R
 
 T0, L = 20, 2
 PK = {5: {"pool_kernel": 5, "obs_window": 16}, 1: {"pool_kernel": 1, "obs_window": 16}}

@@ -109,7 +109,7 @@ def needle_heads_figure(held_a, held_b, key_mass, *, label_a: str, label_b: str,
     beside the full cache's attention mass from the question onto the key.
 
     `held_a`, `held_b` int (layers, heads): the slots held; `key_mass` float (layers, heads);
-    as kvviz.studies.alloc_report writes them; the layers are the model's, from 0. With
+    as lab.alloc_report writes them; the layers are the model's, from 0. With
     `key_held_a`, `key_held_b` (layers, heads: how many of the key's `key_tokens` tokens each
     head still holds) the two left panels show those counts ("3/5"), the slots held in their
     hover text; without them, the slots held.

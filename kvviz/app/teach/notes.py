@@ -481,7 +481,7 @@ def task_answers() -> dict:
     path = answers_path()
     if not path.is_file():
         raise ValueError(f"{path}: no such file (the tasks study's report writes it: "
-                         "./scripts/tasks_study.sh report)")
+                         "./lab/tasks_study.sh report)")
     return _answers_cached(str(path), path.stat().st_mtime)
 
 

@@ -2,7 +2,7 @@
 on a trace captured per KV head (traces/code-kv.npz), and where one position was evicted on
 each head. The numbers come from kvviz.core.layers.replay_layers and
 kvviz.core.replay.run_policy: nothing is re-implemented. Below, the shipped pass-key results
-(traces/alloc/needle/*.json, written by kvviz.studies.alloc_report) per (layer, KV head)."""
+(traces/alloc/needle/*.json, written by lab.alloc_report) per (layer, KV head)."""
 from __future__ import annotations
 
 import json
@@ -127,7 +127,7 @@ def needle_section(folder):
     st.markdown("**On a pass-key prompt: each head's slots and the key's attention**")
     found = sorted((Path(folder) / "alloc" / "needle").glob("*.json")) if folder else []
     if not found:
-        st.info("No pass-key results (alloc/needle/*.json, written by kvviz.studies.alloc_report) "
+        st.info("No pass-key results (alloc/needle/*.json, written by lab.alloc_report) "
                 "in the traces folder.")
         return
     cols = st.columns(3)

@@ -337,7 +337,7 @@ def draw_attention(folder: Path, run: dict, budget: int, lines: list):
     att = _attention(str(folder), meta["id"], path.stat().st_mtime) if path.is_file() else None
     if att is None or att.shape[1] != int(meta["prompt_len"]):
         st.caption(f"The key's attention over time: no file {path} for this run "
-                   f"(`HF_HUB_OFFLINE=1 .venv/bin/python -m kvviz.studies.key_attention "
+                   f"(`HF_HUB_OFFLINE=1 .venv/bin/python -m lab.key_attention "
                    f"{folder} --threads 1` writes it).")
         return
     L = att.shape[0]

@@ -103,9 +103,9 @@ def add_model_arguments(p) -> None:
 
 
 def parser(sub=None, perf=None) -> argparse.ArgumentParser:
-    """The command's node; `perf` is the benchmark `--perf` runs (a study, so the CLI tree
-    above passes it in: this layer does not import studies)."""
-    """`kvviz loop`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    """`kvviz loop`'s options: its own parser, or (given `sub`) its node in kvviz's tree.
+    `perf` is the benchmark `--perf` runs (a study, so the CLI tree above passes it in: this
+    layer does not import studies)."""
     kw = dict(prog="python -m kvviz loop",
               description="Decode a text with a model (default: SmolLM2) over its own evicted KV cache, every "
                           "policy at every budget in one batch, and compare with the full cache.")

@@ -28,9 +28,9 @@ MARK = "|>"
 
 
 def parser(sub=None, perf=None) -> argparse.ArgumentParser:
-    """The command's node; `perf` is the benchmark `--perf` runs (a study, so the CLI tree
-    above passes it in: this layer does not import studies)."""
-    """`kvviz generate`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    """`kvviz generate`'s options: its own parser, or (given `sub`) its node in kvviz's tree.
+    `perf` is the benchmark `--perf` runs (a study, so the CLI tree above passes it in: this
+    layer does not import studies)."""
     kw = dict(prog="python -m kvviz generate",
               description="Continue a prompt greedily with a model (default: SmolLM2) over its own evicted KV "
                           "cache, every policy at every budget in one batch beside the full cache.")

@@ -1,9 +1,9 @@
 """Allocators on SmolLM2-135M: do AdaKV, PyramidKV and head roles beat their plain scorer at the
-same total budget, and do the heads they favour attend to the pass key? docs/alloc.md quotes it.
+same total budget, and do the heads they favour attend to the pass key? docs/studies/alloc.md quotes it.
 
-    OMP_NUM_THREADS=1 python -m kvviz.studies.alloc_report --out traces/alloc        # run + print
-    python -m kvviz.studies.alloc_report --out traces/alloc --report-only               # print only
-    python -m kvviz.studies.alloc_report --out traces/alloc --kvpress traces/alloc/kvpress.json
+    OMP_NUM_THREADS=1 python -m lab.alloc_report --out traces/alloc        # run + print
+    python -m lab.alloc_report --out traces/alloc --report-only               # print only
+    python -m lab.alloc_report --out traces/alloc --kvpress traces/alloc/kvpress.json
 
 Stages (each resumable: a prompt or stage already in DIR is not run again):
 
@@ -20,7 +20,7 @@ Stages (each resumable: a prompt or stage already in DIR is not run again):
    config) per token, mean after the first eviction.
 3. Report: the tables below, computed from DIR's files; `--json` writes them.
 
-`--kvpress FILE` (written by scripts/kvpress_alloc.py in kvpress's own venv) adds the
+`--kvpress FILE` (written by lab/kvpress_alloc.py in kvpress's own venv) adds the
 comparison of kvpress's AdaKVPress(KnormPress()) kept positions and PyramidKVPress's
 per-layer budgets with kvviz's adakv:scorer=knorm and pyramidkv on the same prompt.
 """
@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--no-loop", action="store_true")
     ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--kvpress", help="the JSON scripts/kvpress_alloc.py wrote")
+    ap.add_argument("--kvpress", help="the JSON lab/kvpress_alloc.py wrote")
     ap.add_argument("--json", help="write the summary here")
     a = ap.parse_args(argv)
     out = Path(a.out)

@@ -4,7 +4,7 @@ the attention the key's positions receive (summed over them, averaged over query
 rows) from the query rows of the reminder sentences, against the rows between reminders
 (after the first reminder, before the last, outside every reminder).
 
-    .venv/bin/python -m kvviz.studies.reminder_attention --length 300 --depth 10 --reminder-every 5 --seeds 0 1
+    .venv/bin/python -m lab.reminder_attention --length 300 --depth 10 --reminder-every 5 --seeds 0 1
 
 A ratio above 1 in a layer: the reminders look back at the key more than the filler around them.
 """
@@ -91,7 +91,7 @@ def table(results: list[ReminderAttention]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvviz.studies.reminder_attention", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.reminder_attention", description=__doc__.split("\n\n")[0])
     p.add_argument("--length", type=int, default=600, help="prompt length in tokens")
     p.add_argument("--depth", type=float, default=10, help="the key's depth, percent of the haystack")
     p.add_argument("--reminder-every", type=int, default=20, help="a reminder after every K-th sentence")

@@ -1,15 +1,15 @@
 #!/bin/sh
-# The study of the tasks built for the cards' claims (docs/tasks.md): recall, phrase and
+# The study of the tasks built for the cards' claims (docs/studies/tasks.md): recall, phrase and
 # distractors prompts on SmolLM2, every policy answering over its own evicted cache, into
-# traces/tasks/, then the report (docs/tasks.md, traces/tasks/answers.json).
+# traces/tasks/, then the report (docs/studies/tasks.md and README.md, traces/tasks/answers.json).
 #
-#   ./scripts/tasks_study.sh            everything, one prompt after another (resumable:
+#   ./lab/tasks_study.sh            everything, one prompt after another (resumable:
 #                                       re-run it after a kill; finished prompts are kept)
-#   ./scripts/tasks_study.sh decode     only the decode-mode prompts
-#   ./scripts/tasks_study.sh prefill    only the prefill-mode prompts at 256 and 512 tokens
-#   ./scripts/tasks_study.sh long       only the long prompts (2,048 tokens, prefill
+#   ./lab/tasks_study.sh decode     only the decode-mode prompts
+#   ./lab/tasks_study.sh prefill    only the prefill-mode prompts at 256 and 512 tokens
+#   ./lab/tasks_study.sh long       only the long prompts (2,048 tokens, prefill
 #                                       mode, every evicting cache freed to its budget)
-#   ./scripts/tasks_study.sh report     only the report
+#   ./lab/tasks_study.sh report     only the report
 #
 # decode, prefill and long may run at the same time (a core each): each prompt is its own file.
 set -e
@@ -35,7 +35,7 @@ if [ "$PART" = all ] || [ "$PART" = decode ]; then
     $N --task recall --reminder-every $K --lengths 512 --depths 10 $S30 --prompt-modes decode \
        --budgets 384 --policies $DECODE
   done
-  .venv/bin/python -m kvviz.studies.key_attention traces/tasks --threads 1
+  .venv/bin/python -m lab.key_attention traces/tasks --threads 1
 fi
 if [ "$PART" = all ] || [ "$PART" = prefill ]; then
   for K in 20 3 10 5; do
@@ -60,5 +60,5 @@ if [ "$PART" = all ] || [ "$PART" = long ]; then
   done
 fi
 if [ "$PART" = all ] || [ "$PART" = report ]; then
-  .venv/bin/python -m kvviz.studies.tasks_report traces/tasks --write
+  .venv/bin/python -m lab.tasks_report traces/tasks --write
 fi

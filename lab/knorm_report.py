@@ -1,8 +1,8 @@
-"""Print the knorm / average-pooling companion study's figures (docs/loop.md quotes them).
+"""Print the knorm / average-pooling companion study's figures (docs/studies/loop.md quotes them).
 
-    .venv/bin/python -m kvviz.studies.knorm_report --dir out/knorm-study [--csv out/knorm.csv]
+    .venv/bin/python -m lab.knorm_report --dir out/knorm-study [--csv out/knorm.csv]
 
-Reads the `<text>-kv-head.json` files that `scripts/loop_ship.py --policies ...` wrote and
+Reads the `<text>-kv-head.json` files that `lab/loop_ship.py --policies ...` wrote and
 prints, per text and budget, each configuration's perplexity after the first eviction as a
 ratio to the full cache's over the same tokens, and its KL to the full cache.
 """

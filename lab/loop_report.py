@@ -1,6 +1,7 @@
-"""Build docs/loop.csv and the tables of docs/loop.md from the shipped loop results.
+"""The tables of docs/studies/loop.md, and its CSV, from the shipped loop results.
 
-    python -m kvviz.studies.loop_report [--dir traces/loop] [--csv docs/loop.csv]
+    python -m lab.loop_report [--dir traces/loop] [--csv OUT.csv]   # print (and write OUT.csv)
+    python -m lab.loop_report --write                                # also rewrite docs/studies/loop.csv
 
 No torch. Adds to every closed-loop row the replay's retained mass for the same policy,
 parameters and budget: the shipped head-mean trace of the same text (traces/NAME.npz),
@@ -17,11 +18,12 @@ import numpy as np
 import pandas as pd
 
 from kvviz.core.metrics import retained_mass
-from kvviz.core.paths import REPO, traces_or_default
+from kvviz.core.paths import traces_or_default
 from kvviz.core.policies import config_label
 from kvviz.core.replay import Replay
 from kvviz.core.trace import ArrayTrace, load_trace
 from kvviz.model.loop import LoopConfig
+from lab import REPO, STUDIES
 
 KEEP = ("pool_kernel", "sinks")  # the parameters the report compares, named even at their default
 
@@ -148,14 +150,16 @@ def answers(df: pd.DataFrame) -> None:
         print("  best policy: " + ", ".join(f"{t} {b} {v}" for (t, b), v in best.items()))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.loop_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=str(traces_or_default() / "loop"))
-    p.add_argument("--csv", default=str(REPO / "docs" / "loop.csv"))
-    args = p.parse_args()
+    p.add_argument("--csv", help="write every row here")
+    p.add_argument("--write", action="store_true", help="write every row to docs/studies/loop.csv")
+    args = p.parse_args(argv)
     df = frame(Path(args.dir))
-    df.to_csv(args.csv, index=False, float_format="%.6g")
-    print(f"wrote {args.csv}: {len(df)} rows")
+    for path in [args.csv] * bool(args.csv) + [REPO / STUDIES / "loop.csv"] * args.write:
+        df.to_csv(path, index=False, float_format="%.6g")
+        print(f"wrote {path}: {len(df)} rows")
     report(df)
     answers(df)
     return 0

@@ -1,6 +1,6 @@
 """Run the shipped closed-loop study: texts x one granularity, every config in one batch.
 
-    HF_HUB_OFFLINE=1 python scripts/loop_ship.py --granularity layer [--max-tokens 1024] [--out-dir DIR]
+    HF_HUB_OFFLINE=1 python lab/loop_ship.py --granularity layer [--max-tokens 1024] [--out-dir DIR]
         [--policies tova,knorm,...]   (default: the shipped study's eight)
 
 Resumable: a (text, granularity) whose result file exists is skipped; each file is

@@ -1,4 +1,4 @@
-"""What does SnapKV's max-pooling buy on real text? `python -m kvviz.studies.pooling_study`.
+"""What does SnapKV's max-pooling buy on real text? `python -m lab.pooling_study`.
 
 Replays each trace (the three shipped SmolLM2 traces, every stored layer, and the canonical
 trace) through tova, snapkv at pool_kernel 1/3/5/7 (other parameters at their defaults),
@@ -9,7 +9,7 @@ Span integrity here is averaged over checkpoints rather than read at the last st
 at every `every`-th step from the budget (the first step that can evict) to the end, the
 important spans that exist are judged whole / fragmented / dropped, and the counts are
 pooled over checkpoints. One final-step snapshot of ~20 spans is too noisy to rank by.
-Results go to docs/pooling.md; no torch needed.
+Results go to docs/studies/pooling.md; no torch needed.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ GROUPS = (("retained_mass", "hh_recall"), ("attn_whole", "attn_dropped", "attn_i
 
 
 def markdown(df: pd.DataFrame) -> str:
-    """The tables of docs/pooling.md: real-text means, canonical, per-trace retained mass."""
+    """The tables of docs/studies/pooling.md: real-text means, canonical, per-trace retained mass."""
     def table(part, values):
         cols = [part.pivot_table(index="policy", columns="budget", values=v)
                 .rename(columns=lambda b, v=v: f"{v} @{b}") for v in values]
@@ -160,7 +160,7 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvviz.studies.pooling_study", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.pooling_study", description=__doc__.split("\n")[0])
     parser.add_argument("--traces", default=",".join(TRACES),
                         help="comma-separated .npz paths and/or 'canonical'")
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))

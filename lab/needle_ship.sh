@@ -1,7 +1,7 @@
 #!/bin/sh
 # The shipped pass-key grid (README, "The pass-key test"): SmolLM2, three depths, each depth
 # with its own ten seeds, so every cell of the report has 30 distinct keys; into
-# traces/needle/, then the report (docs/benchmarks.md's table and answers, docs/needle.md).
+# traces/needle/, then the report (docs/benchmarks.md's table and answers, docs/studies/needle.md).
 # Resumable: re-run it after a kill. setup.py's NEEDLE lists the files this writes; change
 # both together.
 set -e
@@ -25,4 +25,4 @@ $N --lengths 512 $D90 --prompt-modes prefill --budgets 64 128 256 --policies $AL
 $N --lengths 512 $D10 --prompt-modes prefill --granularity kv-head --budgets 128 --policies $ALL
 $N --lengths 512 $D50 --prompt-modes prefill --granularity kv-head --budgets 128 --policies $ALL
 $N --lengths 512 $D90 --prompt-modes prefill --granularity kv-head --budgets 128 --policies $ALL
-.venv/bin/python -m kvviz.studies.needle_report traces/needle --predictors --write
+.venv/bin/python -m lab.needle_report traces/needle --predictors --write

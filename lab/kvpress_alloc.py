@@ -1,10 +1,10 @@
 """Record what kvpress's allocators keep after a prefill: AdaKVPress(KnormPress()) per
 (layer, KV head), KnormPress alone per (layer, KV head), and PyramidKVPress's per-layer budgets.
 
-Run with the kvpress venv (scripts/kvpress_venv.sh), not kvviz's: kvpress 0.5.5 pins
+Run with the kvpress venv (lab/kvpress_venv.sh), not kvviz's: kvpress 0.5.5 pins
 transformers<5.3. Nothing here imports kvviz.
 
-    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 /work/venv-kvpress/bin/python scripts/kvpress_alloc.py \
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 /work/venv-kvpress/bin/python lab/kvpress_alloc.py \
         --text traces/sources/execmodel.txt --tokens 512 --budget 64 --out traces/alloc/kvpress.json
 
 The text's first `--tokens` tokens (BOS first when the tokenizer adds one) are read in one

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build a separate venv for the kvpress cross-check (scripts/kvpress_check.py).
+# Build a separate venv for the kvpress cross-check (lab/kvpress_check.py).
 # kvpress 0.5.5 pins transformers<5.3 and pandas<3, so it cannot share kvviz's environment.
-# Not run by CI. Usage: scripts/kvpress_venv.sh [VENV_DIR]   (default /work/venv-kvpress)
+# Not run by CI. Usage: lab/kvpress_venv.sh [VENV_DIR]   (default /work/venv-kvpress)
 set -euo pipefail
 VENV="${1:-/work/venv-kvpress}"
 PY="${PYTHON:-python3.11}"

@@ -1,8 +1,8 @@
 """Compare kvviz's closed loop with kvpress's DecodingPress(TOVAPress) run (kvpress_check.py).
 
-Run with kvviz's venv, after scripts/kvpress_check.py has written its .npz:
+Run with kvviz's venv, after lab/kvpress_check.py has written its .npz:
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/kvpress_compare.py \
+    HF_HUB_OFFLINE=1 .venv/bin/python lab/kvpress_compare.py \
         --kvpress /tmp/kvpress_tova.npz --text traces/sources/execmodel.txt --json OUT.json
 
 It runs kvviz's loop (`tova`, layer granularity) over the same tokens and budgets and checks:

@@ -1,9 +1,9 @@
 """Run kvpress's decoding-time TOVA over a text, teacher forced, and record what it holds.
 
-Run with the kvpress venv (scripts/kvpress_venv.sh), not kvviz's: kvpress 0.5.5 pins
+Run with the kvpress venv (lab/kvpress_venv.sh), not kvviz's: kvpress 0.5.5 pins
 transformers<5.3. Nothing here imports kvviz.
 
-    HF_HUB_OFFLINE=1 /work/venv-kvpress/bin/python scripts/kvpress_check.py \
+    HF_HUB_OFFLINE=1 /work/venv-kvpress/bin/python lab/kvpress_check.py \
         --text traces/sources/execmodel.txt --max-tokens 1024 --budget 64 --budget 128 \
         --out /tmp/kvpress_tova.npz
 
