@@ -30,6 +30,7 @@ from kvviz.core.paths import traces_or_default
 from kvviz.core.policies import FULL_LABEL, config_label
 from kvviz.model.needle import load_results, load_run
 from kvviz.model.needle.results import GATE, gate
+from kvviz.studies.forgetting import trio_table
 from lab import REPO, STUDIES
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
@@ -480,14 +481,11 @@ def answers(df: pd.DataFrame, out: Path) -> str:
     ev = d[d.policy != "full"]
     keys = df.key.nunique()
     lines = [f"What the grid answers (the detail, and the tables behind each answer, in "
-             f"[studies/needle.md](studies/needle.md); not tuned, one model, {df.id.nunique()} prompts, {keys} distinct keys; "
-             f"accuracies with Wilson 95 % intervals):", ""]
-    piv = ev[ev.name.isin(["tova", "h2o", "scissorhands"])].pivot_table(
-        index=["id", "budget"], columns="name", values="correct", aggfunc="first").dropna()
-    if {"tova", "h2o", "scissorhands"} <= set(piv.columns):
-        piv = piv.astype(bool)
-        card = int((~piv.tova & piv.h2o & piv.scissorhands).sum())
-        rev = int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum())
+             f"[studies/needle.md](studies/needle.md); not tuned, one model, {df.id.nunique()} prompts, "
+             f"{keys} distinct keys; accuracies with Wilson 95 % intervals):", ""]
+    piv = trio_table(ev, ["id", "budget"], column="name", value="correct")
+    if piv is not None:
+        card, rev = int(piv.claim.sum()), int(piv.reverse.sum())
         h2o = ev[ev.name == "h2o"]
         lines.append(f"1. **TOVA against H2O and Scissorhands.** Over {len(piv)} paired runs, TOVA is wrong "
                      f"where both are right in {card} and right where both are wrong in {rev}. H2O answers "

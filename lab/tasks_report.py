@@ -32,13 +32,12 @@ import pandas as pd
 from kvviz.core.atomic import replacing
 from kvviz.core.metrics import wilson
 from kvviz.core.paths import traces_or_default
-from kvviz.core.policies import POLICIES
 from kvviz.model.needle.results import GATE, gate, list_runs, load_results, load_run
+from kvviz.studies.forgetting import TRIO, TRIO_NAMES, trio_table
 from lab import REPO, STUDIES
 from lab.needle_report import PK1, PK5, acc_ci, fmt, pct, prepare
 
 SUMMARY = ("<!-- tasks:summary -->", "<!-- /tasks:summary -->")
-TRIO = ("tova", "h2o", "scissorhands")
 CARD_TOVA = ("When a token matters intermittently. One quiet step is enough to lose it. A position that the "
              "model returns to every fifty steps looks worthless on the forty-nine in between, and this policy "
              "has no memory to say otherwise. h2o and scissorhands exist for exactly that.")
@@ -104,29 +103,22 @@ def spans_of(out: Path) -> dict[str, list[tuple[int, int]]]:
     return spans
 
 
-def trio_pairs(d: pd.DataFrame) -> pd.DataFrame:
-    """Per prompt: TOVA's, H2O's and Scissorhands' verdicts side by side (rows with all three)."""
-    piv = d[d.name.isin(TRIO)].pivot_table(index="id", columns="name", values="correct", aggfunc="first")
-    return piv.dropna().astype(bool) if set(TRIO) <= set(piv.columns) else pd.DataFrame(columns=list(TRIO))
-
-
 def recall_by_k(df: pd.DataFrame, mode: str, length: int, budget: int) -> list[dict]:
     """Per reminder spacing K at (mode, length, budget): reminders per prompt, each of the
     trio's accuracy, and the paired counts the card's warning is about."""
     out = []
     d = df[(df.task == "recall") & (df.prompt_mode == mode) & (df.length == length) & (df.budget == budget)]
     for k, g in sorted(d.groupby("option"), key=lambda kv: -kv[0]):
-        piv = trio_pairs(g)
-        if piv.empty:
+        piv = trio_table(g, "id", column="name", value="correct")  # per prompt, the trio side by side
+        if piv is None or piv.empty:
             continue
         out.append({"reminder_every": int(k), "reminders": int(g.reminders.median()), "prompts": len(piv),
                     "accuracy": {n: [int(piv[n].sum()), len(piv)] for n in TRIO},
                     "held_end": {n: round(float(g[g.name == n].held_end.mean()), 4) for n in TRIO},
-                    "tova_lost_both_kept": int((~piv.tova & piv.h2o & piv.scissorhands).sum()),
-                    "tova_kept_both_lost": int((piv.tova & ~piv.h2o & ~piv.scissorhands).sum()),
-                    "all_same": int(((piv.tova == piv.h2o) & (piv.h2o == piv.scissorhands)).sum()),
+                    "tova_lost_both_kept": int(piv.claim.sum()), "tova_kept_both_lost": int(piv.reverse.sum()),
+                    "all_same": int(piv.all_same.sum()),
                     # per other policy: [TOVA wrong where it is right, TOVA right where it is wrong]
-                    "against": {n: [int((~piv.tova & piv[n]).sum()), int((piv.tova & ~piv[n]).sum())]
+                    "against": {n: [int(piv[f"behind_{n}"].sum()), int(piv[f"ahead_{n}"].sum())]
                                 for n in TRIO[1:]}})
     return out
 
@@ -287,7 +279,7 @@ def recall_answer(rows: list[dict], where: str) -> str:
             f"accuracy minus TOVA's by reminder spacing: {gap}. Right answers per K: {per}.")
 
 
-NAMES = {n: POLICIES[n].label for n in TRIO}  # "TOVA", "H2O", "Scissorhands"
+NAMES = TRIO_NAMES  # "TOVA", "H2O", "Scissorhands"
 
 
 def sign_test(a: int, b: int) -> float:

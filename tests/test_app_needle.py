@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest
 from kvviz.app.figures import needle as NV
 from kvviz.model.needle.prompt import QUESTION as NV_QUESTION
 from kvviz.model.needle.results import load_results
+from kvviz.studies import forgetting as FS
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_cell_figures_follow_the_log(fix):
     kp, T0 = meta["key_positions"], meta["prompt_len"]
     it = next(i for i, c in enumerate(meta["configs"]) if c["policy"] == "tova" and c["budget"] == 16)
     ih = next(i for i, c in enumerate(meta["configs"]) if c["policy"] == "h2o" and c["budget"] == 16)
-    assert NV.config_index(meta, "tova", 16) == it
+    assert FS.config_index(meta, "tova", 16) == it
     fig = NV.key_cache_figure(ev[it, 1, 0], ev[ih, 1, 0], key_positions=kp, prompt_len=T0,
                               label_a="tova", label_b="h2o").to_plotly_json()
     lost = [d for d in fig["data"] if "loses the key" in (d.get("name") or "")]
@@ -102,18 +103,18 @@ def test_cell_figures_follow_the_log(fix):
     expect = [[((ev[c, li, :, kp] < 0) | (ev[c, li, :, kp] > T0 - 1)).mean() for c in (0, it, ih)]
               for li in range(ev.shape[1])]
     assert np.allclose(z, expect) and z[1, 1] == 0 and z[:, 2].min() == 1
-    table = NV.answers_table(meta, 16)
+    table = FS.answers_table(meta, 16)
     assert table["configuration"].iloc[0] == "full cache"
     assert list(table["answer"]) == [meta["answers"][i] for i, c in enumerate(meta["configs"])
                                      if c["budget"] in (None, 16)]
     assert table.set_index("configuration").loc["tova", "right?"].startswith("✗")
-    full = NV.answers_table(meta, 16, ev).set_index("configuration")
+    full = FS.answers_table(meta, 16, ev).set_index("configuration")
     e = ev[it][..., kp]
-    assert full.loc["tova", NV.LOST] == str(int(e[e >= 0].min()))
-    assert full.loc["h2o", NV.LOST] == full.loc["full cache", NV.LOST] == "never"
+    assert full.loc["tova", FS.LOST] == str(int(e[e >= 0].min()))
+    assert full.loc["h2o", FS.LOST] == full.loc["full cache", FS.LOST] == "never"
     kept = [bool(((ev[it, li][..., kp] < 0) | (ev[it, li][..., kp] > T0 - 1)).all())
             for li in range(ev.shape[1])]
-    assert full.loc["tova", NV.WHOLE] == f"{sum(kept)} of {ev.shape[1]}" and not all(kept)
+    assert full.loc["tova", FS.WHOLE] == f"{sum(kept)} of {ev.shape[1]}" and not all(kept)
     strip = NV.key_strip_html(tokens, kp, meta["question_start"])
     assert strip.count('class="kv-tok kv-key"') == len(kp)
 
@@ -133,7 +134,7 @@ def _story_counts(runs):
 
 
 def test_guided_text_matches_the_data(fix):
-    story = NV.guided(load_results(fix))
+    story = FS.guided(load_results(fix))
     counts = _story_counts(raw_runs(fix))
     best = max(v[0] for v in counts.values())
     assert best > 0 and story["kind"] == "tova-forgets"
@@ -155,7 +156,7 @@ def test_guided_falls_back_to_snapkvs_claim(tmp_path, monkeypatch):
     monkeypatch.setattr(NF, "K1_FORGETS", {(48, 50, 0)})
     d = NF.write_results(tmp_path / "snap", modes=("decode",), lengths=(48,), seeds=(0,),
                          policies=("tova", "h2o", "scissorhands", "snapkv", "snapkv1"))
-    story = NV.guided(load_results(d))
+    story = FS.guided(load_results(d))
     assert story["kind"] == "snapkv-whole"
     assert story["lines"] == ("snapkv", "snapkv (poolKernel=1)")
     runs = raw_runs(d)
@@ -176,7 +177,7 @@ def test_guided_falls_back_to_snapkvs_claim(tmp_path, monkeypatch):
 def test_guided_says_when_the_data_does_not_support_it(tmp_path, monkeypatch):
     monkeypatch.setattr(NF, "TOVA_FORGETS", set())
     d = NF.write_results(tmp_path / "none", modes=("decode",), lengths=(48,), seeds=(0,))
-    story = NV.guided(load_results(d))
+    story = FS.guided(load_results(d))
     assert story["kind"] == "no-support" and "does not show" in story["text"]
     runs = raw_runs(d)
     assert all(v[0] == 0 for v in _story_counts(runs).values())
@@ -186,7 +187,7 @@ def test_guided_says_when_the_data_does_not_support_it(tmp_path, monkeypatch):
     # the opposite (H2O and Scissorhands lose it, TOVA keeps it) is said, with its count
     monkeypatch.setattr(NF, "H2O_SC_FORGET", {(48, 50, 0), (48, 90, 0)})
     d3 = NF.write_results(tmp_path / "opposite", modes=("decode",), lengths=(48,), seeds=(0,))
-    story = NV.guided(load_results(d3))
+    story = FS.guided(load_results(d3))
     runs = raw_runs(d3)
     rev = sum(correct_of(m, "tova", 16) and not correct_of(m, "h2o", 16)
               and not correct_of(m, "scissorhands", 16) for m, _, _ in runs.values())
@@ -196,7 +197,7 @@ def test_guided_says_when_the_data_does_not_support_it(tmp_path, monkeypatch):
     assert c["budget"] == 16 and (c["length"], c["depth"], c["seed"]) in NF.H2O_SC_FORGET
     d2 = NF.write_results(tmp_path / "two", modes=("decode",), lengths=(48,), seeds=(0,),
                           policies=("tova", "h2o"))
-    story = NV.guided(load_results(d2))
+    story = FS.guided(load_results(d2))
     assert story["kind"] == "missing" and "scissorhands" in story["text"] and not story["cell"]
 
 
@@ -316,7 +317,7 @@ def test_bad_link_values_fall_back_with_a_note(no_torch, apptest):
 
 def test_guided_button_opens_its_cell(no_torch, fix, apptest):
     at = page()
-    story = NV.guided(load_results(fix))
+    story = FS.guided(load_results(fix))
     box = next(m.value for m in at.markdown if "Guided experiment" in m.value)
     assert story["text"] in box
     at.button(key="needle.guided").click().run()
@@ -464,7 +465,7 @@ def test_guided_text_on_the_shipped_grid_says_what_its_run_files_show():
     files themselves: the kind of story, and the counts in its first sentence."""
     runs = raw_runs(SHIPPED)
     assert len(runs) == 120
-    story = NV.guided(load_results(SHIPPED))
+    story = FS.guided(load_results(SHIPPED))
     claim = {}  # (mode, gran, budget) -> [claim, reverse, n, tova right]
     for m, _, _ in runs.values():
         budgets = {c["budget"] for c in m["configs"] if c["policy"] == "tova"}
@@ -512,12 +513,12 @@ def test_guided_says_when_tova_falls_behind_h2o_one_on_one(tmp_path, monkeypatch
            for m, _, _ in runs.values()}
     assert {c for c, (t, h, s) in per.items() if not t and h and not s} == both
     assert not any(not t and h and s for t, h, s in per.values())
-    story = NV.guided(load_results(d))
+    story = FS.guided(load_results(d))
     assert story["kind"] == "tova-behind" and story["lines"] == ("tova", "h2o")
     assert f"TOVA was wrong where H2O was right in 2 of {len(per)} prompts, the reverse in 0" in story["text"]
     c = story["cell"]
     assert c["budget"] == 16 and (c["length"], c["depth"], c["seed"]) == min(both)
-    text = NV.grid_text(load_results(d), 16, "decode", "layer")
+    text = FS.grid_text(load_results(d), 16, "decode", "layer")
     assert "were both right: 0 (the reverse: 0); one on one, TOVA wrong where H2O right: 2 (the reverse: 0), " \
            "where Scissorhands right: 0 (the reverse: 0)." in text
 

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvviz.app.figures import needle as NV
 from kvviz.model.needle.results import load_results
+from kvviz.studies import forgetting as FS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,12 +37,12 @@ RECALL = "recall3-L256-d10-s0-decode-layer"
 # --- pure functions ------------------------------------------------------------------------
 def test_task_choices_are_each_task_and_option_labelled(tasks):
     rows = load_results(tasks)
-    assert NV.task_options(rows) == [("recall3", "recall: a reminder every 3 sentences"),
+    assert FS.task_options(rows) == [("recall3", "recall: a reminder every 3 sentences"),
                                      ("distractors2", "distractors: 2 look-alikes"),
                                      ("phrase4", "phrase: 4 words")]
-    ids = set(NV.task_rows(rows, "recall3")["id"])
+    ids = set(FS.task_rows(rows, "recall3")["id"])
     assert ids == {p.stem for p in (tasks / "runs").glob("recall3-*.npz")}
-    assert NV.task_rows(rows, "phrase5").empty
+    assert FS.task_rows(rows, "phrase5").empty
 
 
 def spans(html_text):
@@ -74,7 +75,7 @@ def test_answers_are_scored_by_the_tasks_check(tasks):
             ("phrase4-L256-d10-s0-prefill-layer", "✗ partial: thunder amber", "✗ lost"),
             (RECALL, "✗ wrong", "✗ wrong")):
         meta, ev, _ = raw(tasks, id_)
-        t = NV.answers_table(meta, 128, ev).set_index("configuration")[NV.CHECK]
+        t = FS.answers_table(meta, 128, ev).set_index("configuration")[FS.CHECK]
         right = "✓ whole" if id_.startswith("phrase") else "✓ right"
         assert (t["tova"], t["h2o"], t["snapkv"], t["full cache"]) == (tova, h2o, right, right)
 
@@ -187,7 +188,7 @@ def test_choosing_recall_shows_its_marked_prompt_and_scored_answers(page_env, ta
     strip = next(h.proto.body for h in at.get("html") if "kv-needle-strip" in h.proto.body)
     assert ">a reminder<" in strip and 'kv-tok kv-rem' in strip
     table = next(d.value for d in [*at.table, *at.dataframe] if "configuration" in d.value.columns)
-    assert set(table[NV.CHECK]) == {"✓ right", "✗ wrong"}
+    assert set(table[FS.CHECK]) == {"✓ right", "✗ wrong"}
     # no attention file for the run: one caption line says so, no chart, no error
     assert any("no file" in c.value and "key_attention" in c.value for c in at.caption)
     assert not any(t.startswith("The key's attention") for t in titles(at))

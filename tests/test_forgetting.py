@@ -10,6 +10,7 @@ from apphelp import arr, ok
 from test_app_needle import SHIPPED, answers, charts, correct_of, page, raw_runs
 
 from kvviz.app.figures import needle as NV
+from kvviz.studies import forgetting as FS
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT.parent / "shared" / "seeds" / "002_9b5c0d27c4126eb1.txt"  # TOVA's card
@@ -50,7 +51,7 @@ def test_the_warning_is_quoted_from_the_card():
     if not CARD.is_file():
         pytest.skip(f"{CARD} is not beside this checkout")
     text = " ".join(CARD.read_text(encoding="utf-8").split())
-    assert NV.TOVA_WARNING in text
+    assert FS.TOVA_WARNING in text
 
 
 @pytest.mark.parametrize("mode,budget", [("prefill", 128), ("decode", 128)])
@@ -61,7 +62,7 @@ def test_the_guided_box_quotes_the_grid_on_screen(mode, budget, apptest):
     pair = {}
     n, t, h, s, claim, rev = grid_counts(mode, "layer", budget, pair)
     assert n > 0
-    assert f"“{NV.TOVA_WARNING}”" in box
+    assert f"“{FS.TOVA_WARNING}”" in box
     assert (f"**The grid above** (budget {budget}, {mode} prompt, layer granularity): of {n} "
             f"prompts TOVA answered right {t}, H2O {h}, Scissorhands {s}; TOVA wrong while "
             f"H2O and Scissorhands were both right: {claim} (the reverse: {rev}); one on one, TOVA "
@@ -103,10 +104,10 @@ def test_prefill_shows_the_one_eviction_at_the_end_of_the_prompt(apptest):
     assert f"Layer {layer}: snapkv kept {ka} of the key's {len(kp)} tokens; tova kept {kb}" \
         in caption
     table = answers(at)
-    assert NV.LOST not in table.columns and NV.KEPT in table.columns
+    assert FS.LOST not in table.columns and FS.KEPT in table.columns
     e = ev[ib][..., kp]
     fewest = int(((e < 0) | (e > T0 - 1)).sum(-1).min())
-    assert table[table["configuration"] == "tova"].iloc[0][NV.KEPT] == f"{fewest} of {len(kp)}"
+    assert table[table["configuration"] == "tova"].iloc[0][FS.KEPT] == f"{fewest} of {len(kp)}"
 
 
 def test_the_needle_page_has_no_status_line_about_another_trace(apptest):

@@ -326,7 +326,7 @@ def test_needle_placeholders_are_the_results_csv(shipped):
     at = [r for r in rows if int(r["budget"]) == int(c["nbudget"])]
 
     def line(r):  # the page's name for a row (the facts, right or wrong, are the CSV's)
-        from kvviz.app.figures.needle import line_label
+        from kvviz.studies.forgetting import line_label
 
         return line_label(r["policy"], r["params"])
 

@@ -198,20 +198,21 @@ def test_scorer_note_counts_adakv_answering_as_tova():
 
 def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):
     doc, answers, summary = R.report(study)
-    readme = tmp_path_factory.mktemp("r") / "README.md"
-    readme.write_text(f"# x\n\n{R.SUMMARY[0]}\nSTALE-SUMMARY\n{R.SUMMARY[1]}\n\nafter\n")
     monkeypatch.setattr(R, "REPO", tmp_path_factory.mktemp("repo"))
-    (R.REPO / "docs").mkdir()
-    R.write(study, doc, answers, summary, readme=readme)
-    text = readme.read_text()
+    index = R.REPO / "docs" / "studies" / "README.md"  # the studies' index holds the summary
+    index.parent.mkdir(parents=True)
+    index.write_text(f"# x\n\n{R.SUMMARY[0]}\nSTALE-SUMMARY\n{R.SUMMARY[1]}\n\nafter\n")
+    R.write(study, doc, answers, summary)
+    text = index.read_text()
     assert "STALE-SUMMARY" not in text and text.endswith("after\n") and "1. **A key the text returns to" in text
+    assert "([tasks.md](tasks.md)," in text  # the index links its neighbour
     got = json.loads((study / "answers.json").read_text())
     assert got["recall"]["budget"] == 8 and got["recall"]["by_k"][1]["reminder_every"] == 5
     assert R.load_answers(study)["prompts"] == got["prompts"]
     s = pd.read_csv(study / "summary.csv")
     row = s[(s.task == "recall") & (s.option == 5) & (s.prompt_mode == "decode") & (s.policy == "tova")].iloc[0]
     assert (row.prompts, row.right) == (3, 2) and row.low < 2 / 3 < row.high
-    assert (R.REPO / "docs" / "tasks.md").read_text() == doc
+    assert (R.REPO / "docs" / "studies" / "tasks.md").read_text() == doc
     assert len(load_results(study)) == len(pd.read_csv(study / "results.csv"))
 
 

@@ -115,14 +115,14 @@ class Facts:
         return rows[res.full_index], hit[0]
 
     def needle_rows(self):
-        from kvviz.app.figures import needle as NV
+        from kvviz.studies.forgetting import at_budget
 
         n = self.vs.needle
         t = _needle_table(n.get("ntask", "passkey"))
         if t is None:
             raise ValueError(f"state.ntask: no results of task {n.get('ntask', 'passkey')!r} "
                              "(no results.csv, or none of its rows)")
-        r = NV.at_budget(t, int(n["nbudget"]), n["nmode"], n["ngran"])
+        r = at_budget(t, int(n["nbudget"]), n["nmode"], n["ngran"])
         r = r[(r["length"] == int(n["nlen"])) & (r["depth"] == float(n["ndepth"]))
               & (r["seed"] == int(n["nseed"]))]
         if r.empty:
@@ -358,10 +358,11 @@ def needle__key(f: Facts) -> str:
 
 
 def _needle_lines(f: Facts, right: bool) -> str:
-    from kvviz.app.figures.needle import FULL_LABEL
+    from kvviz.studies.forgetting import FULL_LABEL
+    from kvviz.studies.forgetting import right as verdicts
 
     r = f.needle_rows()
-    ok = r["correct"].astype(str).str.lower().isin(["true", "1"])
+    ok = verdicts(r)
     lines = sorted(set(r.loc[(ok == right) & (r["line"] != FULL_LABEL), "line"]))
     return ", ".join(lines) or "none"
 
@@ -382,11 +383,10 @@ def needle__wrong(f: Facts) -> str:
 @placeholder("needle")
 def needle__full(f: Facts) -> str:
     """'right' or 'wrong': the full cache's answer at the needle cell."""
-    from kvviz.app.figures.needle import FULL_LABEL
+    from kvviz.studies.forgetting import FULL_LABEL, right
 
     r = f.needle_rows()
-    full = r[r["line"] == FULL_LABEL]
-    return "right" if str(full["correct"].iloc[0]).lower() in ("true", "1") else "wrong"
+    return "right" if right(r[r["line"] == FULL_LABEL]).iloc[0] else "wrong"
 
 
 # --- the tasks study's measured answers (traces/tasks/answers.json) -----------------------
@@ -411,7 +411,7 @@ def tasks__recall(f: Facts) -> str:
 
 
 def _by_k_parts(by_k) -> list[str]:
-    from kvviz.app.figures.needle import TRIO_NAMES
+    from kvviz.studies.forgetting import TRIO_NAMES
 
     parts = []
     for k in sorted(by_k, key=lambda k: int(k["reminder_every"])):
@@ -555,10 +555,10 @@ def _loop(path: str):
 
 
 def _needle_table(task: str = "passkey"):
-    """The rows of one task and option (kvviz.app.figures.needle.task_value): the pass key's
+    """The rows of one task and option (kvviz.studies.forgetting.task_value): the pass key's
     from the needle folder, another task's from the tasks folder; None without any."""
-    from kvviz.app.figures.needle import task_rows
     from kvviz.core.paths import needle_dir, tasks_dir
+    from kvviz.studies.forgetting import task_rows
 
     folder = needle_dir() if task == "passkey" else tasks_dir()
     if not (folder / "results.csv").is_file():
@@ -569,7 +569,7 @@ def _needle_table(task: str = "passkey"):
 
 @lru_cache(maxsize=2)
 def _needle_cached(folder: str, mtime: float):
-    from kvviz.app.figures.needle import with_lines
     from kvviz.model.needle.results import load_results
+    from kvviz.studies.forgetting import with_lines
 
     return with_lines(load_results(folder))

@@ -23,6 +23,7 @@ from kvviz.app.ui.view_loop import EVICTION_HELP, POLL_S, eviction_caption, torc
 from kvviz.core.policies import POLICIES
 from kvviz.model.loop.config import EVICTIONS
 from kvviz.model.needle.prompt import QUESTION
+from kvviz.studies import forgetting as FS
 
 S = st.session_state
 JOB = "needle.job"
@@ -49,7 +50,7 @@ def tasks_dir() -> Path:
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _guided(folder: str, mtime: float, task: str, _rows: pd.DataFrame) -> dict:
-    return NV.guided(_rows)
+    return FS.guided(_rows)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -154,8 +155,8 @@ def _by_task(folder: str, mtime: float) -> dict:
     from kvviz.model.needle.results import load_results
 
     rows = load_results(folder)
-    values = NV.task_values(rows)
-    return {v: (label, rows[values == v]) for v, label in NV.task_options(rows)}
+    values = FS.task_values(rows)
+    return {v: (label, rows[values == v]) for v, label in FS.task_options(rows)}
 
 
 def sources() -> dict:
@@ -215,8 +216,8 @@ def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: st
     story = _guided(str(folder), mtime, task, rows)
     box = st.container(border=True)  # filled once the grid on screen is chosen (below)
     c = st.columns([2, 2, 2])
-    budget = choose("nbudget", "budget (positions per layer)", NV.budgets(rows),
-                    NV.budgets(rows)[len(NV.budgets(rows)) // 2], widget=c[0].selectbox)
+    budget = choose("nbudget", "budget (positions per layer)", FS.budgets(rows),
+                    FS.budgets(rows)[len(FS.budgets(rows)) // 2], widget=c[0].selectbox)
     modes = sorted(rows["prompt_mode"].unique())
     mode = choose("nmode", "prompt mode", modes, "decode" if "decode" in modes else modes[0],
                   widget=c[1].selectbox,
@@ -230,7 +231,7 @@ def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: st
     with box:
         told = task in ("passkey",) or task.startswith("recall")  # the story is the pass key's
         st.markdown("**Guided experiment** (from these results) · "
-                    + NV.grid_text(rows, budget, mode, gran)
+                    + FS.grid_text(rows, budget, mode, gran)
                     + (" **Across all the results:** " + story["text"] if told else ""))
         if told and story["cell"]:
             ex = story["cell"]
@@ -279,21 +280,21 @@ def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = No
     st.markdown(f"**The answers** at budget {budget}"
                 + (", each scored by the task's own check" if marks or meta.get("task") == "phrase"
                    else ""))
-    table(NV.answers_table(meta, budget, ev), literal_columns=("answer",))  # whole, wrapping
-    lines = [NV.line_label(c["policy"], c.get("params")) for c in meta["configs"]
-             if c["policy"] != NV.FULL and c.get("budget") == budget]
+    table(FS.answers_table(meta, budget, ev), literal_columns=("answer",))  # whole, wrapping
+    lines = [FS.line_label(c["policy"], c.get("params")) for c in meta["configs"]
+             if c["policy"] != FS.FULL and c.get("budget") == budget]
     if not lines:
         st.info(f"This run has no policy at budget {budget}.")
         return
     p = "mine." if prefix else ""
-    wrong = [ln for ln in lines if not meta["correct"][NV.config_index(meta, ln, budget)]]
+    wrong = [ln for ln in lines if not meta["correct"][FS.config_index(meta, ln, budget)]]
     c = st.columns([3, 3, 2, 2])
     line = choose(p + "npol", "A: policy", lines, (wrong or lines)[0], widget=c[0].selectbox)
     others = [ln for ln in lines if ln != line] or lines
     vs = choose(p + "nvs", "B: compare with", others, others[0], widget=c[1].selectbox)
     L, G = ev.shape[1], ev.shape[2]
-    ia, ib = NV.config_index(meta, line, budget), NV.config_index(meta, vs, budget)
-    lost = [li for li in range(L) if NV.lost_step(ev[ia, li], kp) >= 0]
+    ia, ib = FS.config_index(meta, line, budget), FS.config_index(meta, vs, budget)
+    lost = [li for li in range(L) if FS.lost_step(ev[ia, li], kp) >= 0]
     layer = choose(p + "nlayer", "model layer", list(range(L)), (lost or [L - 1])[0],
                    widget=c[2].selectbox)
     heads = list(range(G))
@@ -314,13 +315,13 @@ def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = No
         chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
                                      T0, line, vs)),
               key=f"chart.needle_cache{prefix}", **CHART)
-        sa, sb = NV.lost_step(ev[ia, layer], kp), NV.lost_step(ev[ib, layer], kp)
+        sa, sb = FS.lost_step(ev[ia, layer], kp), FS.lost_step(ev[ib, layer], kp)
         said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
                              else f"{n} never evicted a key token")
         st.caption(f"Layer {layer}: {said(line, sa)}; {said(vs, sb)} (from the runs' eviction "
                    f"logs). The key is shaded yellow; the question starts at position {q0}; the "
                    f"red line is the end of the prompt (step {T0 - 1}), where generation starts.")
-    idx = [NV.config_index(meta, ln, budget) for ln in lines]
+    idx = [FS.config_index(meta, ln, budget) for ln in lines]
     chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
                     key=f"chart.needle_layers{prefix}", **CHART)
     if folder is not None and meta.get("task") == "recall" and meta.get("prompt_mode") == "decode":
@@ -345,8 +346,8 @@ def draw_attention(folder: Path, run: dict, budget: int, lines: list):
                    format_func=lambda v: "mean over layers" if v == "mean" else f"layer {v}",
                    help="the key's attention at one layer, or averaged over the layers")
     li = None if layer == "mean" else int(layer)
-    lost = {ln: NV.lost_step(ev[NV.config_index(meta, ln, budget)] if li is None
-                             else ev[NV.config_index(meta, ln, budget), li], kp) for ln in lines}
+    lost = {ln: FS.lost_step(ev[FS.config_index(meta, ln, budget)] if li is None
+                             else ev[FS.config_index(meta, ln, budget), li], kp) for ln in lines}
     fig = NV.key_attention_figure(att, reminders=meta.get("reminders") or [], key_positions=kp,
                                   lost=lost, layer=li)
     chart(fig, key="chart.needle_attention", **CHART)
