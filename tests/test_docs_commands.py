@@ -1,10 +1,11 @@
-"""Every shell command in README.md and docs/*.md names something that exists.
+"""Every shell command in README.md and docs/ (docs/*.md, docs/studies/*.md) names something
+that exists, and every relative link there leads to a file.
 
 The docs promise that their commands run as written from the checkout in a new shell (no
 venv activated) once ./scripts/test.sh has run. Running them all is too slow for CI, so this
 checks what a new shell would trip on first: each command's executable (`.venv/bin/X`,
-`./scripts/X`, or a command on PATH), the module of `python -m MOD`, the file of
-`python FILE.py`. A bare name the .venv provides (`pytest`, `streamlit`, `python`) is
+`./scripts/X`, or a command on PATH), the module of `python -m MOD` (the lab's, `lab.X`, from
+the checkout), the file of `python FILE.py`. A bare name the .venv provides (`pytest`, `streamlit`, `python`) is
 refused even if some other install has it on PATH, and so is the `pytest` script itself
 (only `python -m pytest` puts the checkout on sys.path). Fenced blocks with no language,
 `bash`, `sh`, `shell` or `console` are shell; anything else (```python, ```toml, ```text) is not.
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
 BUILTINS = {"cd", "export", "set", "source", ".", "unset", "echo", "true", "false"}
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
@@ -91,6 +92,8 @@ def resolve(word: str) -> Path:
 
 
 def module_exists(mod: str) -> bool:
+    if mod.split(".")[0] == "lab":  # the checkout's lab/, not installed: run from the repository root
+        return (REPO / Path(*mod.split("."))).with_suffix(".py").is_file()
     try:
         return importlib.util.find_spec(mod) is not None
     except ImportError:  # a missing parent package
@@ -223,3 +226,29 @@ def test_a_bare_venv_command_is_refused_even_when_on_path(monkeypatch):
     assert problems([[".venv/bin/pytest", "tests/test_app.py"]]) == [
         ".venv/bin/pytest: cannot import kvviz from the checkout (write it as "
         ".venv/bin/python -m pytest, as scripts/test.sh does)"]
+
+
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+
+
+def test_relative_links_lead_to_files():
+    broken = [f"{doc.relative_to(REPO)}: {target}" for doc in DOCS for target in LINK.findall(doc.read_text())
+              if ":" not in target and not (doc.parent / target).exists()]
+    assert broken == []
+
+
+def test_the_readme_carries_no_generated_study_text():
+    """The README is a quickstart: a report's generated block lives in the studies' index."""
+    readme = (REPO / "README.md").read_text()
+    index = (REPO / "docs" / "studies" / "README.md").read_text()
+    assert "<!--" not in readme
+    assert "<!-- tasks:summary -->" in index and "<!-- /tasks:summary -->" in index
+    assert "](docs/studies/README.md)" in readme
+    for page in sorted((REPO / "docs" / "studies").glob("*.md")):  # the index links every study page
+        assert page.name == "README.md" or f"]({page.name})" in index, page.name
+
+
+def test_a_lab_module_is_found_in_the_checkout():
+    assert problems([[".venv/bin/python", "-m", "lab.tasks_report", "traces/tasks"]]) == []
+    assert problems([[".venv/bin/python", "-m", "lab.no_such_report"]]) == [
+        ".venv/bin/python -m lab.no_such_report: no such module"]

@@ -1,4 +1,4 @@
-"""Every ```python snippet in README.md and docs/*.md runs as shown.
+"""Every ```python snippet in README.md and docs/ (with docs/studies/) runs as shown.
 
 Each is compiled and checked for names it uses but never defines (the loop snippet once
 used an undefined `text`), then run in a fresh folder that sees the checkout's traces/, so
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def runs_the_model(code: str) -> bool:
