@@ -23,7 +23,7 @@ NEEDLE = (
         (512, "prefill", "kv-head")) for d, seeds in DEPTH_SEEDS for s in seeds),
 )
 
-# the tasks study (lab/tasks_study.sh): the files of its grid that exist, nothing else
+# the tasks study (scripts/tasks_study.sh): the files of its grid that exist, nothing else
 TASK_RUNS = (
     *(f"recall{k}-L256-d10-s{s}-{mode}-layer" for k, modes in ((20, "DP"), (3, "DP"), (5, "DP"), (10, "P"))
       for s in range(30) for mode in ("decode" if m == "D" else "prefill" for m in modes)),

@@ -186,7 +186,7 @@ def render(ctx=None):
     found = sources()
     mine = S.get(JOB, {}).get("result") if S.get(JOB) else None
     if "passkey" not in found:
-        st.info(f"No pass-key results in {folder}: run `kvviz needle` (see docs/needle.md) "
+        st.info(f"No pass-key results in {folder}: run `kvviz needle` (see docs/studies/needle.md) "
                 "or set KVVIZ_NEEDLE_DIR to a folder it wrote.")
     source = "shipped"
     if mine is not None:
