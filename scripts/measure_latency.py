@@ -1,7 +1,7 @@
 """Measure the explorer in a real headless Chromium (also the e2e test's machinery).
 
     .venv/bin/python scripts/measure_latency.py [--repeat 5] [--launcher streamlit|kvviz]
-                                                [--screenshot docs/screenshot.png]
+                                                [--screenshot docs/images/screenshot.png]
 
 A development tool, not part of the kvviz package (the app never imports it).
 

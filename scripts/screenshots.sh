@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Regenerate the screenshots in docs/ from the browser tests that take them (Debian's
+# Regenerate the screenshots in docs/images/ from the browser tests that take them (Debian's
 # chromium and the playwright package, as for the tests themselves):
 #
-#   ./scripts/screenshots.sh            every docs/screenshot*.png
+#   ./scripts/screenshots.sh            every docs/images/screenshot*.png
 #   ./scripts/screenshots.sh lecture    only the lecture's projector pages
 #
-# each test writes its pages to artifacts/ and, with KVVIZ_SCREENSHOT=1, copies them to docs/:
-#   tests/test_e2e.py            docs/screenshot.png, -zoom.png, -scores.png, -tokens.png
-#   tests/test_e2e_projector.py  docs/screenshot-1024.png, -zoom125.png (the explorer)
-#   tests/test_e2e_present.py    docs/screenshot-present-1024.png, -present-150.png
-#   tests/test_e2e_lecture.py    docs/screenshot-lecture-1024.png, -lecture-zoom125.png,
+# each test writes its pages to artifacts/ and, with KVVIZ_SCREENSHOT=1, copies them to docs/images/:
+#   tests/test_e2e.py            docs/images/screenshot.png, -zoom.png, -scores.png, -tokens.png
+#   tests/test_e2e_projector.py  docs/images/screenshot-1024.png, -zoom125.png (the explorer)
+#   tests/test_e2e_present.py    docs/images/screenshot-present-1024.png, -present-150.png
+#   tests/test_e2e_lecture.py    docs/images/screenshot-lecture-1024.png, -lecture-zoom125.png,
 #                                -lecture-question.png, -lecture-reveal-student.png
 set -euo pipefail
 cd "$(dirname "$0")/.."

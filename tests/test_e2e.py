@@ -2,7 +2,7 @@
 `playwright install`). Starts `streamlit run app.py` on a free port, waits for
 /_stcore/health, moves the poolKernel and obsWindow sliders with the keyboard, steps,
 plays, switches views, checks that the charts redraw, saves screenshots to artifacts/
-(and docs/screenshot.png when KVVIZ_SCREENSHOT=1), records latencies to
+(and docs/images/screenshot.png when KVVIZ_SCREENSHOT=1), records latencies to
 artifacts/latency.json, and stops the server by PID.
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
@@ -63,7 +63,7 @@ def projector(browser, url):
         M.wait_idle(page)
         time.sleep(1.0)
         page.screenshot(path=str(ART / "e2e-05-1024x768.png"))
-        # docs/screenshot-1024.png: tests/test_e2e_projector.py (the default page)
+        # docs/images/screenshot-1024.png: tests/test_e2e_projector.py (the default page)
         for name in ("prev", "next", "next divergence", "Glossary"):
             assert page.get_by_role("button", name=re.compile("^" + name)).first.is_visible()
         cut = page.evaluate(CUT_TEXT)
@@ -168,7 +168,7 @@ def test_explorer_in_chromium(chromium, server):
                                        timeout=60_000)
                 M.wait_idle(page)
                 time.sleep(1.5)
-                page.screenshot(path=str(REPO / "docs" / name))
+                page.screenshot(path=str(REPO / "docs" / "images" / name))
         projector(page.context.browser, url)
     (ART / "latency.json").write_text(json.dumps(lat, indent=1))
     print("latencies:", lat)

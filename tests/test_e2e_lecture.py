@@ -11,7 +11,7 @@ its legend (or, in a view without a chart, its first table's top) inside the fir
 no student's page ever shows a speaker note or a scene button. The class's count on the
 projector reaches 3 with nobody moving; PageDown on a student's page scrolls and keeps them
 following, and on the lecturer's page it changes no scene. Screenshots of the projector's
-pages go to artifacts/, and to docs/ when KVVIZ_SCREENSHOT=1 (scripts/screenshots.sh).
+pages go to artifacts/, and to docs/images/ when KVVIZ_SCREENSHOT=1 (scripts/screenshots.sh).
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
 """
@@ -36,7 +36,7 @@ from kvviz.core.trace import load_trace  # noqa: E402
 ART = REPO / "artifacts"
 LESSON = "tova-vs-snapkv"
 MAIN = '[data-testid="stMain"]'
-SHOTS = {  # artifacts/ name -> docs/ name
+SHOTS = {  # artifacts/ name -> docs/images/ name
     "lecture-present-1024.png": "screenshot-lecture-1024.png",
     "lecture-present-zoom125.png": "screenshot-lecture-zoom125.png",
     "lecture-question-lecturer.png": "screenshot-lecture-question.png",
@@ -224,7 +224,7 @@ def test_the_lesson_taught_to_three_students(chromium, server):
          "count_s": round(count_s, 2)}, indent=1, default=str))
     if os.environ.get("KVVIZ_SCREENSHOT") == "1":
         for art, doc in SHOTS.items():
-            shutil.copy(ART / art, REPO / "docs" / doc)
+            shutil.copy(ART / art, REPO / "docs" / "images" / doc)
     assert not errors, errors
     f = explorer["1024"]  # (at 125 % beside the open sidebar, presentation mode is the way)
     assert f is not None and f["top"] + 80 <= f["h"], explorer

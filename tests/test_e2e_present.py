@@ -9,7 +9,7 @@ it, at least the room's floor (kvviz.app.figures.room.FLOOR) in CSS pixels. On t
 screen the keys: K and → move the step on by one (the status line says so), J and ←
 back, the focused step slider's own → moves it by exactly one (not two), and P leaves the
 presentation (the sidebar is back, the link drops present). Screenshots go to artifacts/,
-and to docs/screenshot-present-1024.png and docs/screenshot-present-150.png when
+and to docs/images/screenshot-present-1024.png and docs/images/screenshot-present-150.png when
 KVVIZ_SCREENSHOT=1.
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
@@ -119,8 +119,8 @@ def test_presentation_screens(chromium, server):
                             keys = _keys(page)
     (ART / "e2e-present.json").write_text(json.dumps({"screens": seen, "keys": keys}, indent=1))
     if os.environ.get("KVVIZ_SCREENSHOT") == "1":
-        shutil.copy(ART / "e2e-present-1024.png", REPO / "docs" / "screenshot-present-1024.png")
-        shutil.copy(ART / "e2e-present-zoom150.png", REPO / "docs" / "screenshot-present-150.png")
+        shutil.copy(ART / "e2e-present-1024.png", REPO / "docs" / "images" / "screenshot-present-1024.png")
+        shutil.copy(ART / "e2e-present-zoom150.png", REPO / "docs" / "images" / "screenshot-present-150.png")
     print(json.dumps({"screens": seen, "keys": keys}, indent=1))
     assert not errors, errors
     assert seen["zoom150/cache"]["window"] == [683, 512, 1.5]  # what 150 % zoom lays out

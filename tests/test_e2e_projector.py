@@ -14,7 +14,7 @@ with room to show it, no button, label, chosen value, table or status line is cu
 element whose content is wider than its box, or past the window's right edge), the status
 line keeps "first divergence: step N" on one line, and with the sidebar collapsed its "»"
 does not cover the title. Screenshots of the default page on both screens go to artifacts/,
-and to docs/screenshot-1024.png and docs/screenshot-zoom125.png when KVVIZ_SCREENSHOT=1.
+and to docs/images/screenshot-1024.png and docs/images/screenshot-zoom125.png when KVVIZ_SCREENSHOT=1.
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
 """
@@ -145,8 +145,8 @@ def test_projector_screens(chromium, server):
                         page.screenshot(path=str(ART / f"e2e-projector-{screen}-collapsed.png"))
     (ART / "e2e-projector.json").write_text(json.dumps(seen, indent=1))
     if os.environ.get("KVVIZ_SCREENSHOT") == "1":
-        shutil.copy(ART / "e2e-projector-1024.png", REPO / "docs" / "screenshot-1024.png")
-        shutil.copy(ART / "e2e-projector-zoom125.png", REPO / "docs" / "screenshot-zoom125.png")
+        shutil.copy(ART / "e2e-projector-1024.png", REPO / "docs" / "images" / "screenshot-1024.png")
+        shutil.copy(ART / "e2e-projector-zoom125.png", REPO / "docs" / "images" / "screenshot-zoom125.png")
     print(json.dumps(seen, indent=1))
     assert not errors, errors
     assert seen["zoom125/default"]["window"] == [819, 614, 1.25]  # what 125 % zoom lays out

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from kvviz.core.policies import FULL, FULL_LABEL, POLICIES, config_label
+from kvviz.core.policies import FULL, FULL_LABEL, POLICIES, config_label, param_specs
 
 __all__ = ["FULL", "FULL_LABEL"]  # re-exported: the rows' full-cache policy and its label
 
@@ -292,7 +292,8 @@ def _snapkv(r: pd.DataFrame) -> dict | None:
     snap = r[r["policy"] == "snapkv"]
     if snap.empty:
         return None
-    snap = snap.assign(k=[int(_params(p).get("pool_kernel", 5)) for p in snap["params"]],
+    k0 = next(s.default for s in param_specs("snapkv") if s.name == "pool_kernel")  # the declared default
+    snap = snap.assign(k=[int(_params(p).get("pool_kernel", k0)) for p in snap["params"]],
                        whole=pd.to_numeric(snap["held_end"]) >= 1.0)
     one, pooled = snap[snap["k"] == 1], snap[snap["k"] > 1]
     if one.empty or pooled.empty:
