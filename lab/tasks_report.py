@@ -704,14 +704,6 @@ def write(out: Path, doc: str, answers: dict, summary: pd.DataFrame, index: Path
         fh.write(text.encode())
 
 
-def load_answers(out: Path | None = None) -> dict:
-    """traces/tasks/answers.json (the shipped study's answers); ValueError naming the file if absent."""
-    path = Path(out or traces_or_default() / "tasks") / "answers.json"
-    if not path.is_file():
-        raise ValueError(f"{path}: no tasks study answers (run ./lab/tasks_study.sh report)")
-    return json.loads(path.read_text())
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.tasks_report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", nargs="?", default=str(traces_or_default() / "tasks"))

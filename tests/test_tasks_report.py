@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from kvviz.model.needle.results import load_results, run_id, save_run, write_tables
+from kvviz.studies.forgetting import load_answers
 from lab import tasks_report as R
 
 T0, L = 20, 2
@@ -208,7 +209,7 @@ def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):
     assert "([tasks.md](tasks.md)," in text  # the index links its neighbour
     got = json.loads((study / "answers.json").read_text())
     assert got["recall"]["budget"] == 8 and got["recall"]["by_k"][1]["reminder_every"] == 5
-    assert R.load_answers(study)["prompts"] == got["prompts"]
+    assert load_answers(study)["prompts"] == got["prompts"]
     s = pd.read_csv(study / "summary.csv")
     row = s[(s.task == "recall") & (s.option == 5) & (s.prompt_mode == "decode") & (s.policy == "tova")].iloc[0]
     assert (row.prompts, row.right) == (3, 2) and row.low < 2 / 3 < row.high
@@ -218,7 +219,7 @@ def test_write_fills_the_files(study, tmp_path_factory, monkeypatch):
 
 def test_missing_answers_file_names_it(tmp_path):
     with pytest.raises(ValueError, match="answers.json"):
-        R.load_answers(tmp_path)
+        load_answers(tmp_path)
 
 
 def test_gap_in_points_rounds_the_difference():

@@ -11,6 +11,7 @@ draw what these functions count; lab/'s reports print and write it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,30 @@ def accuracy(r: pd.DataFrame) -> pd.DataFrame:
     g = c.groupby(["line", "depth", "length"])["correct"]
     return pd.DataFrame({"right": g.sum(), "n": g.size()}).reset_index().assign(
         accuracy=lambda d: d["right"] / d["n"])
+
+
+# --- the tasks study's answers (answers.json, written by lab/tasks_report.py) --------------
+def answers_path(folder=None) -> Path:
+    """answers.json in `folder`, by default the tasks folder (kvviz.core.paths.tasks_dir)."""
+    from kvviz.core.paths import tasks_dir
+
+    return Path(folder if folder is not None else tasks_dir()) / "answers.json"
+
+
+def load_answers(folder=None) -> dict:
+    """The tasks study's measured answers (answers_path); ValueError naming the file when it
+    is missing, not JSON, or not a JSON object."""
+    path = answers_path(folder)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (the tasks study's report writes it: "
+                         "./lab/tasks_study.sh report)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
 
 
 # --- tasks and their options ------------------------------------------------------

@@ -470,32 +470,23 @@ def tasks__modes(f: Facts) -> str:
 
 def answers_path() -> Path:
     """answers.json in the tasks folder (kvviz.core.paths.tasks_dir)."""
-    from kvviz.core.paths import tasks_dir
+    from kvviz.studies.forgetting import answers_path as path
 
-    return tasks_dir() / "answers.json"
+    return path()
 
 
 def task_answers() -> dict:
-    """The tasks study's answers.json; ValueError naming the file when it is missing or not
-    JSON."""
+    """The tasks study's answers.json (kvviz.studies.forgetting.load_answers, read again only
+    when the file changes); ValueError naming the file when it is missing or not JSON."""
     path = answers_path()
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file (the tasks study's report writes it: "
-                         "./lab/tasks_study.sh report)")
-    return _answers_cached(str(path), path.stat().st_mtime)
+    return _answers_cached(str(path.parent), path.stat().st_mtime if path.is_file() else -1.0)
 
 
 @lru_cache(maxsize=2)
-def _answers_cached(path: str, mtime: float) -> dict:
-    import json
+def _answers_cached(folder: str, mtime: float) -> dict:
+    from kvviz.studies.forgetting import load_answers
 
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return data
+    return load_answers(folder)
 
 
 def note_text(lesson, n: int) -> str:
