@@ -124,3 +124,33 @@ def test_a_and_b_lost_the_key_labels_sit_apart():
     pos = {t["name"][0]: t["textposition"] for t in fig["data"]
            if str(t.get("name", "")).endswith("loses the key (step 20)")}
     assert pos == {"A": "top left", "B": "bottom right"}
+
+
+def test_trio_table_counts_by_hand():
+    """The trio pivot the view and the reports share: prompts where all three ran, paired."""
+    import pandas as pd
+
+    verdicts = {"a": (False, True, True), "b": (True, False, False), "c": (True, True, True),
+                "d": (False, True, None)}  # d: Scissorhands did not run, so d is left out
+    rows = pd.DataFrame([{"id": i, "name": n, "correct": v} for i, vs in verdicts.items()
+                         for n, v in zip(FS.TRIO, vs) if v is not None]
+                        + [{"id": "a", "name": "snapkv", "correct": True}])
+    wide = FS.trio_table(rows, "id", column="name", value="correct").set_index("id")
+    assert list(wide.index) == ["a", "b", "c"]
+    assert wide.claim.tolist() == [True, False, False] and wide.reverse.tolist() == [False, True, False]
+    assert wide.all_same.tolist() == [False, False, True]
+    assert wide.behind_h2o.tolist() == [True, False, False] and wide.ahead_scissorhands.tolist() == [False, True, False]
+    assert FS.trio_table(rows[rows.name != "scissorhands"], "id", column="name", value="correct") is None
+
+
+def test_the_tasks_answers_reader_names_the_file(tmp_path):
+    with pytest.raises(ValueError, match=r"answers.json: no such file .*lab/tasks_study.sh report"):
+        FS.load_answers(tmp_path)
+    (tmp_path / "answers.json").write_text("[1]")
+    with pytest.raises(ValueError, match="answers.json: not a JSON object"):
+        FS.load_answers(tmp_path)
+    (tmp_path / "answers.json").write_text("{")
+    with pytest.raises(ValueError, match="answers.json: not readable JSON"):
+        FS.load_answers(tmp_path)
+    (tmp_path / "answers.json").write_text('{"prompts": 3}')
+    assert FS.load_answers(tmp_path) == {"prompts": 3}
