@@ -18,7 +18,10 @@ import pandas as pd
 
 from kvviz.core.policies import FULL, FULL_LABEL, POLICIES, config_label, param_specs
 
-__all__ = ["FULL", "FULL_LABEL"]  # re-exported: the rows' full-cache policy and its label
+
+def right(rows: pd.DataFrame) -> pd.Series:
+    """Each row's verdict as a boolean (the table's `correct`, read as CSV text or bool)."""
+    return rows["correct"].astype(str).str.lower().isin(["true", "1"])
 
 
 def _params(v) -> dict:
@@ -63,7 +66,7 @@ def lines_order(r: pd.DataFrame) -> list[str]:
 def accuracy(r: pd.DataFrame) -> pd.DataFrame:
     """Share of correct answers (over seeds) per line, depth and length: columns line,
     depth, length, accuracy, right, n."""
-    c = r.assign(correct=r["correct"].astype(str).str.lower().isin(["true", "1"]))
+    c = r.assign(correct=right(r))
     g = c.groupby(["line", "depth", "length"])["correct"]
     return pd.DataFrame({"right": g.sum(), "n": g.size()}).reset_index().assign(
         accuracy=lambda d: d["right"] / d["n"])
@@ -223,11 +226,6 @@ def lost_step(ev, key_positions) -> int:
 
 
 # --- the trio and the guided experiment: whichever claim the numbers support -----------
-def right(rows: pd.DataFrame) -> pd.Series:
-    """Each row's verdict as a boolean (the table's `correct`, read as CSV text or bool)."""
-    return rows["correct"].astype(str).str.lower().isin(["true", "1"])
-
-
 CELL_KEYS = ["prompt_mode", "granularity", "budget", "id", "length", "depth", "seed"]
 # TOVA's card (docs: the policy cards), "When not to use it": the warning the grid tests
 TOVA_WARNING = "When a token matters intermittently. One quiet step is enough to lose it."
