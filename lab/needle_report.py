@@ -3,7 +3,7 @@
     .venv/bin/python -m lab.needle_report traces/needle                 # print the report
     .venv/bin/python -m lab.needle_report traces/needle --predictors    # first run the loop (question 5)
     .venv/bin/python -m lab.needle_report traces/needle --write         # also rewrite docs/studies/needle.md
-                                                                            # and benchmarks.md's marked table
+                                                                        # and benchmarks.md's marked table
     .venv/bin/python -m lab.needle_report out/recall --task recall      # another task's runs
 
 Only the lengths where the full cache answers at least 80 % of the task's prompts are

@@ -1,15 +1,15 @@
 #!/bin/sh
 # The study of the tasks built for the cards' claims (docs/studies/tasks.md): recall, phrase and
 # distractors prompts on SmolLM2, every policy answering over its own evicted cache, into
-# traces/tasks/, then the report (docs/studies/tasks.md and README.md, traces/tasks/answers.json).
+# traces/tasks/, then the report (docs/studies/tasks.md and README.md there, traces/tasks/answers.json).
 #
-#   ./lab/tasks_study.sh            everything, one prompt after another (resumable:
+#   ./lab/tasks_study.sh                everything, one prompt after another (resumable:
 #                                       re-run it after a kill; finished prompts are kept)
-#   ./lab/tasks_study.sh decode     only the decode-mode prompts
-#   ./lab/tasks_study.sh prefill    only the prefill-mode prompts at 256 and 512 tokens
-#   ./lab/tasks_study.sh long       only the long prompts (2,048 tokens, prefill
+#   ./lab/tasks_study.sh decode         only the decode-mode prompts
+#   ./lab/tasks_study.sh prefill        only the prefill-mode prompts at 256 and 512 tokens
+#   ./lab/tasks_study.sh long           only the long prompts (2,048 tokens, prefill
 #                                       mode, every evicting cache freed to its budget)
-#   ./lab/tasks_study.sh report     only the report
+#   ./lab/tasks_study.sh report         only the report
 #
 # decode, prefill and long may run at the same time (a core each): each prompt is its own file.
 set -e
