@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-LOCAL = {"kvviz", *(p.stem for p in (ROOT / "tests").glob("*.py")),
+LOCAL = {"kvviz", "lab", *(p.stem for p in (ROOT / "tests").glob("*.py")),  # lab/: the studies, not installed
          *(p.stem for p in (ROOT / "scripts").glob("*.py"))}
 
 
