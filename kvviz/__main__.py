@@ -53,28 +53,56 @@ def _study(module: str):
     return call
 
 
+# the commands whose modules add their own node, in the order --help lists them
+COMMANDS = (
+    ("capture", "kvviz.model.capture"),
+    ("loop", "kvviz.model.loop.cli"),
+    ("generate", "kvviz.model.loop.generate_cli"),
+    ("needle", "kvviz.model.needle.cli"),
+    ("app", "kvviz.app.launch"),
+    ("sweep", "kvviz.studies.sweep.cli"),
+    ("check", "kvviz.core.check"),
+    ("lesson", "kvviz.app.teach.cli"),
+    ("export", "kvviz.studies.export"),
+)
+PERF = {"loop": "kvviz.studies.loop_perf", "generate": "kvviz.studies.generate_perf"}
+
+
+def _refused(sub, command: str, line: str) -> None:
+    """A command whose part is not installed: listed, and any use of it prints `line`."""
+    node = sub.add_parser(command, help=line, add_help=False)
+
+    def refuse(args) -> int:
+        print(line, file=sys.stderr)
+        return 2
+    node.set_defaults(func=refuse, parser=node, passes_unknown=True)
+
+
 def parser() -> argparse.ArgumentParser:
     """The one tree: each command's module adds its node (importing none of torch, ray,
-    streamlit or hypothesis: those load inside its `run`)."""
-    from kvviz.app import launch
-    from kvviz.app.teach import cli as lesson_cli
-    from kvviz.core import check
-    from kvviz.model import capture
-    from kvviz.model.loop import cli as loop_cli
-    from kvviz.model.loop import generate_cli
-    from kvviz.model.needle import cli as needle_cli
-    from kvviz.studies import export
-    from kvviz.studies.sweep import cli as sweep_cli
+    streamlit or hypothesis: those load inside its `run`). A command whose part needs an extra
+    that is not installed (`kvviz app` without Streamlit) stays listed and refuses in one line."""
+    import importlib
+
+    from kvviz.core.extras import refusal
 
     tree = argparse.ArgumentParser(prog="kvviz")
     sub = tree.add_subparsers(dest="command", required=True)
     _bench_parser(sub)
     _perf_parser(sub)
-    capture.parser(sub)
-    loop_cli.parser(sub, perf=_study("kvviz.studies.loop_perf"))
-    generate_cli.parser(sub, perf=_study("kvviz.studies.generate_perf"))
-    for module in (needle_cli, launch, sweep_cli, check, lesson_cli, export):
-        module.parser(sub)
+    for command, name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            line = refusal(exc, f"kvviz {command}")
+            if line is None:
+                raise
+            _refused(sub, command, line)
+            continue
+        if command in PERF:
+            module.parser(sub, perf=_study(PERF[command]))
+        else:
+            module.parser(sub)
     return tree
 
 
@@ -84,7 +112,16 @@ def main(argv=None) -> int:
         if not getattr(args, "passes_unknown", False):
             args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.extra = extra
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ImportError as exc:  # a package of an extra that is not installed: one line, no traceback
+        from kvviz.core.extras import refusal
+
+        line = refusal(exc, f"kvviz {args.command}")
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
 
 
 def _bench_perf(args) -> int:

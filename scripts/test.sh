@@ -8,6 +8,9 @@
 #                                     pyproject.toml, tests/tiers.py); it needs neither chromium
 #                                     nor the capture stack, so it installs neither
 #   ./scripts/test.sh [--fast] ARGS   ARGS go to pytest (files, -k, -x ...)
+#
+# $PYTHON is the interpreter that makes the .venv (default: the first python3 on PATH, which
+# on Debian is its own /usr/bin/python3; .ci/run chooses that one), $KVVIZ_VENV the venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

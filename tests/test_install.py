@@ -5,7 +5,10 @@ setuptools, --no-build-isolation) and installed into a fresh venv that sees this
 environment's packages through a .pth file (so --no-deps and no index). Everything then runs
 from a temporary directory with no PYTHONPATH, so only the installed copy can be imported.
 The copy also holds a user's own trace and a stale file in a reused build/: neither may ship.
+A second venv holds the bare wheel with numpy and tqdm alone (what `pip install kvviz` gives):
+the core runs there, and each other part refuses in one line naming its extra.
 """
+import importlib.metadata as md
 import os
 import shutil
 import subprocess
@@ -17,6 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from kvviz.core.extras import EXTRAS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +78,42 @@ def test_wheel_ships_the_tracked_page_traces_and_lessons_only(installed):
     assert bundled == tracked("app.py", "lessons", "traces")  # so no mine.npz, no stale old.npz
     assert "lessons/tova-vs-snapkv.toml" in bundled
     assert "traces/mine.npz" not in bundled and "traces/old.npz" not in bundled
+
+
+def setup_module_of(root: Path, monkeypatch) -> dict:
+    """setup.py's names, read without building: a stand-in setuptools whose setup() does nothing."""
+    import runpy
+    import types
+
+    stub = types.ModuleType("setuptools")
+    stub.setup = lambda **kw: None
+    build_py = types.ModuleType("setuptools.command.build_py")
+    build_py.build_py = type("build_py", (), {})
+    for name, mod in (("setuptools", stub), ("setuptools.command", types.ModuleType("setuptools.command")),
+                      ("setuptools.command.build_py", build_py)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return runpy.run_path(str(root / "setup.py"))
+
+
+def test_in_a_git_checkout_only_tracked_files_ship(tmp_path, monkeypatch):
+    """The bundle's globs (pyproject.toml) select; in a git checkout, of what they select only
+    the tracked files ship: a user's extra pass-key run in traces/needle/runs/ stays out."""
+    for name in ("pyproject.toml", "setup.py"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    files = ("app.py", "lessons/a.toml", "traces/code.npz", "traces/mine.npz", "traces/needle/runs/L1.npz",
+             "traces/needle/runs/mine.npz", "traces/notes.txt")
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    bundle_files = setup_module_of(tmp_path, monkeypatch)["bundle_files"]
+    assert bundle_files(tmp_path) == ["app.py", "lessons/a.toml", "traces/code.npz", "traces/needle/runs/L1.npz",
+                                      "traces/needle/runs/mine.npz"]  # no git: the globs alone
+    git = ["git", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-f", "app.py", "lessons/a.toml", "traces/code.npz", "traces/needle/runs/L1.npz",
+                    "traces/notes.txt"], check=True)
+    assert bundle_files(tmp_path) == ["app.py", "lessons/a.toml", "traces/code.npz", "traces/needle/runs/L1.npz"]
+    assert setup_module_of(ROOT, monkeypatch)["bundle_files"]() == tracked("app.py", "lessons", "traces")
 
 
 def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
@@ -181,15 +222,12 @@ def test_installed_loop_view_lists_shipped_results_and_perf_runs(installed, torc
     assert list(work.iterdir()) == []
 
 
-def test_installed_check_reference_runs_and_hypothesis_is_a_plain_requirement(installed, tmp_path):
-    """The README's `kvviz check ... --reference ...` from the installed copy: Hypothesis is
-    required by the wheel itself (no extra), and the differential check runs and passes."""
+def test_installed_check_reference_runs_with_the_check_extra(installed, tmp_path):
+    """The README's `kvviz check ... --reference ...` from the installed copy, where the
+    `check` extra (Hypothesis) is installed: the differential check runs and passes."""
     venv, work, env, wheel = installed
-    with zipfile.ZipFile(wheel) as zf:
-        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
-    requires = [ln.removeprefix("Requires-Dist: ") for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
-    hyp = [r for r in requires if r.lower().startswith("hypothesis")]
-    assert hyp and all("extra ==" not in r for r in hyp), requires
+    requires = wheel_requires(wheel)
+    assert [r for r in requires if r.lower().startswith("hypothesis")] == ['hypothesis<7,>=6.170; extra == "check"']
     plugin = tmp_path / "decay_sinks.py"
     shutil.copy2(ROOT / "examples" / "plugins" / "decay_sinks.py", plugin)
     res = run([venv / "bin" / "kvviz", "check", str(plugin), "--reference", f"{plugin}:RefDecaySinks",
@@ -197,4 +235,78 @@ def test_installed_check_reference_runs_and_hypothesis_is_a_plain_requirement(in
     first = res.stdout.splitlines()[0]
     assert first.startswith(f"{plugin}:DecaySinks (") and first.endswith(": PASS"), res.stdout
     assert any("reference" in ln for ln in res.stdout.splitlines()[1:]) and "FAIL" not in res.stdout
+    assert list(work.iterdir()) == []
+
+
+def wheel_requires(wheel) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    return [ln.removeprefix("Requires-Dist: ") for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+
+
+def test_the_wheel_requires_numpy_and_tqdm_and_the_rest_by_extra(installed):
+    core = [r for r in wheel_requires(installed[3]) if "extra ==" not in r]
+    assert sorted(r.split("<")[0].split(">")[0] for r in core) == ["numpy", "tqdm"], core
+
+
+@pytest.fixture(scope="module")
+def bare(installed):
+    """A fresh venv (with pip) holding the built wheel and, of everything else, numpy and
+    tqdm: this environment's own copies, linked in with their metadata so `pip check` can
+    judge the wheel's requirements (offline: no index, nothing downloaded)."""
+    wheel, env = installed[3], installed[2]
+    venv = installed[0].parent / "bare"
+    run([sys.executable, "-m", "venv", str(venv)], cwd=venv.parent, env=env)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    for name in ("numpy", "tqdm"):
+        dist = md.distribution(name)
+        for top in sorted({Path(f).parts[0] for f in dist.files if not str(f).startswith("..")}):
+            (site / top).symlink_to(dist.locate_file(top))
+    run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)],
+        venv.parent, env)
+    work = venv.parent / "bare-work"
+    work.mkdir()
+    return venv, work, env
+
+
+def fails(cmd, cwd, env) -> list[str]:
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0, f"{cmd} ran: {res.stdout}"
+    return res.stderr.strip().splitlines()
+
+
+@pytest.mark.slow
+def test_the_bare_wheel_runs_the_core_and_names_the_extras(bare):
+    venv, work, env = bare
+    py, kvviz = venv / "bin" / "python", venv / "bin" / "kvviz"
+    # numpy and tqdm alone satisfy the wheel's requirements; nothing of an extra is there
+    assert "No broken requirements found" in run([py, "-m", "pip", "check"], work, env).stdout
+    absent = run([py, "-c", "import importlib.util as u, sys; "
+                  "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m)))", *EXTRAS], work, env)
+    assert absent.stdout.split() == []
+    loaded = run([py, "-c", "import sys; before = set(sys.modules); import kvviz; print(kvviz.__file__); "
+                  "print(*sorted({m.partition('.')[0] for m in set(sys.modules) - before} "
+                  "- set(sys.stdlib_module_names)))"], work, env).stdout.splitlines()
+    assert loaded[0].startswith(str(venv)) and loaded[1].split() == ["kvviz", "numpy"]
+
+    bench = run([kvviz, "bench", "--budgets", "64", "--policies", "tova"], work, env)
+    assert "trace: canonical (4096 steps), head mean" in bench.stdout
+    row = next(ln.split() for ln in bench.stdout.splitlines() if ln.split()[:2] == ["tova", "64"])
+    assert 0 < float(row[2]) < 1
+    shipped = run([kvviz, "bench", "--trace", "code-kv.npz", "--budgets", "64", "--policies", "tova"], work, env)
+    assert shipped.stdout.startswith("trace: code-kv (512 steps)")  # a trace from the package's data
+    checked = run([kvviz, "check", "tova"], work, env).stdout.splitlines()
+    assert checked[0] == "tova (kvviz.core.policies.tova.Tova): PASS" and "FAIL" not in "".join(checked)
+
+    for module, extra in (("kvviz.app", "app"), ("kvviz.hf", "model")):
+        err = fails([py, "-c", f"import {module}"], work, env)
+        named = [ln for ln in err if f"kvviz[{extra}]" in ln]
+        assert named == [err[-1]] and err[-1].startswith(f"kvviz.core.extras.MissingExtra: {module} needs "), err
+    assert fails([kvviz, "app"], work, env) == [
+        "kvviz app needs streamlit, plotly, pandas, pillow, which are not installed: pip install 'kvviz[app]'"]
+    assert fails([kvviz, "check", "tova", "--reference", "kvviz.core.reference:RefTova"], work, env) == [
+        "error: --reference needs hypothesis, which is not installed: pip install 'kvviz[check]' "
+        "(it draws its scenarios with Hypothesis)"]
+    assert fails([kvviz, "sweep", "--bench"], work, env) == [
+        "kvviz sweep needs pandas, which is not installed: pip install 'kvviz[scale]'"]
     assert list(work.iterdir()) == []

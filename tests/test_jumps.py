@@ -1,6 +1,7 @@
 """The navigator's jumps (kvviz.app.jumps) against brute-force definitions, the toy trace, the
 tracked-position drawing helpers and the policies' glossary entries."""
 import re
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +119,7 @@ def test_shipped_toy_trace_is_the_generator():
         assert abs(float(rows[s, :s].sum(dtype=np.float64)) - 1) < 1e-6
     assert default_budget(t.steps) == BUDGET == 4  # the picker opens it at budget 4
     run_policy(t, "snapkv", BUDGET, **TOY_PARAMS)  # the experiment's SnapKV fits budget 4
-    assert "traces/toy.npz" in (REPO / "setup.py").read_text()
+    assert "traces/toy.npz" in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["kvviz"]["bundle"]
 
 
 def test_labelled_heatmap_shows_every_weight():

@@ -78,7 +78,7 @@ def test_answers_are_sorted_by_how_they_fail(answer, kind):
 
 
 def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
-    """setup.py's NEEDLE and lab/needle_ship.sh describe the same grid."""
+    """The runs a wheel ships (setup.py's bundle_files) are the grid lab/needle_ship.sh writes."""
     import runpy
     import shlex
     import types
@@ -95,7 +95,7 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
     for name, mod in (("setuptools", stub), ("setuptools.command", command),
                       ("setuptools.command.build_py", build_py)):
         monkeypatch.setitem(sys.modules, name, mod)
-    shipped = runpy.run_path(str(root / "setup.py"))["NEEDLE"]
+    shipped = runpy.run_path(str(root / "setup.py"))["bundle_files"](root)
     env, ids = {}, []
     def expand(text):  # the script's own variables, longest name first ($SIX before $S)
         for k in sorted(env, key=len, reverse=True):
@@ -115,4 +115,5 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
         length, depth, seed, mode, gran = i.split("-", 4)
         keys.setdefault((length, mode, gran), set()).add(seed)
     assert all(len(seeds) == 30 for seeds in keys.values())  # 30 distinct seeds (keys) per cell
-    assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == sorted(x for x in shipped if "/runs/" in x)
+    runs = [x for x in shipped if x.startswith("traces/needle/runs/")]
+    assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == runs

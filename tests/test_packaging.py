@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-LOCAL = {"kvviz", *(p.stem for p in (ROOT / "tests").glob("*.py")),
+LOCAL = {"kvviz", "lab", *(p.stem for p in (ROOT / "tests").glob("*.py")),  # lab/: the studies, not installed
          *(p.stem for p in (ROOT / "scripts").glob("*.py"))}
 
 
@@ -21,12 +21,26 @@ def _name(req: str) -> str:
     return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def declared(*groups: str) -> set[str]:
-    out = set()
-    for g in groups:
-        reqs = PROJECT["dependencies"] if g == "main" else PROJECT["optional-dependencies"][g]
-        out |= {_name(r) for r in reqs}
+def requirements(group: str) -> list[str]:
+    """A group's requirements ("main": the dependencies), an extra naming kvviz's own
+    extras (capture = kvviz[model]) read as theirs."""
+    if group == "main":
+        return list(PROJECT["dependencies"])
+    out = []
+    for req in PROJECT["optional-dependencies"][group]:
+        if _name(req) == "kvviz":
+            for extra in req[req.index("[") + 1:req.index("]")].split(","):
+                out += requirements(extra.strip())
+        else:
+            out.append(req)
     return out
+
+
+EXTRAS = tuple(PROJECT["optional-dependencies"])
+
+
+def declared(*groups: str) -> set[str]:
+    return {_name(r) for g in groups for r in requirements(g)}
 
 
 def imports(files) -> set[str]:
@@ -59,7 +73,7 @@ def third_party(files) -> set[str]:
 def test_the_test_extra_covers_what_the_tests_import(torch_stack):
     # maps import names to installed distributions: the capture stack must be installed
     needed = third_party((ROOT / "tests").rglob("*.py"))
-    missing = needed - declared("main", "test", "capture", "scale")
+    missing = needed - declared("main", *EXTRAS)
     assert not missing, f"add to [project.optional-dependencies] test: {sorted(missing)}"
     assert "websockets" in declared("test")
 
@@ -67,7 +81,7 @@ def test_the_test_extra_covers_what_the_tests_import(torch_stack):
 def test_the_package_declares_what_it_imports(torch_stack):
     # maps import names to installed distributions: the capture stack must be installed
     needed = third_party((ROOT / "kvviz").rglob("*.py"))
-    missing = needed - declared("main", "capture", "scale")
+    missing = needed - declared("main", *(e for e in EXTRAS if e != "test"))
     assert not missing, f"kvviz imports {sorted(missing)}, which no dependency or extra names"
 
 
@@ -94,25 +108,54 @@ def _split(req: str) -> tuple[str, str]:
     return name, req.strip()[len(name):].split(";")[0].strip()
 
 
+# each requirements file pins these groups of pyproject.toml, no more and no fewer names
+FILES = {"requirements.txt": ("main", "app"), "requirements-dev.txt": ("test", "check", "class"),
+         "requirements-capture.txt": ("model",), "requirements-scale.txt": ("scale",)}
+
+
+def pins(name: str) -> dict[str, str]:
+    lines = (ROOT / name).read_text().splitlines()
+    return dict(_split(ln.split("#")[0]) for ln in lines
+                if ln.split("#")[0].strip() and not ln.startswith("-"))
+
+
 def test_requirements_files_pin_inside_the_ranges():
     """pyproject.toml names ranges, the requirements files the measured pins: the same
     names (a pin in one and not the other is how websockets went missing), an exact pin
     for each, inside its range, and no package in two lists of one install."""
-    def pins(name):
-        lines = (ROOT / name).read_text().splitlines()
-        return dict(_split(ln.split("#")[0]) for ln in lines
-                    if ln.split("#")[0].strip() and not ln.startswith("-"))
-
-    for extra, req in (("main", "requirements.txt"), ("test", "requirements-dev.txt"),
-                       ("capture", "requirements-capture.txt"), ("scale", "requirements-scale.txt")):
-        ranges = dict(_split(r) for r in (PROJECT["dependencies"] if extra == "main"
-                                          else PROJECT["optional-dependencies"][extra]))
+    covered = set()
+    for req, groups in FILES.items():
+        ranges = dict(_split(r) for g in groups for r in requirements(g))
         pinned = pins(req)
         assert set(pinned) == set(ranges), req
         for name, spec in ranges.items():
-            assert not spec.startswith("=="), f"{extra}: {name} is pinned; pyproject.toml gives ranges"
+            assert not spec.startswith("=="), f"{groups}: {name} is pinned; pyproject.toml gives ranges"
             assert pinned[name].startswith("=="), f"{req}: {name} must be an exact pin"
             assert _inside(pinned[name][2:], spec), f"{req}: {name}{pinned[name]} is outside {spec}"
-    main = {_name(r) for r in PROJECT["dependencies"]}
-    for extra, reqs in PROJECT["optional-dependencies"].items():
-        assert not main & {_name(r) for r in reqs}, f"{extra} repeats a main dependency"
+        covered |= set(groups)
+    assert covered == {"main", *EXTRAS} - {"capture"}, "an extra no requirements file pins"
+    main = declared("main")
+    for extra in EXTRAS:
+        assert not main & declared(extra), f"{extra} repeats a main dependency"
+
+
+def test_the_core_needs_numpy_and_tqdm_only():
+    """`pip install kvviz` is the library: what the app, the model and the rest need comes
+    with an extra; `capture` stays the other name of `model`; a package in two extras has
+    the same range in each."""
+    assert declared("main") == {"numpy", "tqdm"}
+    assert requirements("capture") == requirements("model")
+    assert {"torch", "transformers"} <= declared("model") and "streamlit" in declared("app")
+    assert declared("check") == {"hypothesis"} and declared("class") == {"redis"}
+    ranges: dict[str, str] = {}
+    for extra in EXTRAS:
+        for name, spec in (_split(r) for r in requirements(extra)):
+            assert ranges.setdefault(name, spec) == spec, f"{name}: {spec} in {extra}, {ranges[name]} elsewhere"
+
+
+def test_the_same_pin_wherever_a_package_is_pinned():
+    seen: dict[str, tuple[str, str]] = {}
+    for req in FILES:
+        for name, pin in pins(req).items():
+            first = seen.setdefault(name, (pin, req))
+            assert first[0] == pin, f"{name}{pin} in {req}, {first[0]} in {first[1]}"

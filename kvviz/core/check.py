@@ -728,15 +728,14 @@ def main(argv=None) -> int:
 
 
 def _need_hypothesis() -> None:
-    """Hypothesis is one of kvviz's dependencies, but only the differential check imports it:
-    missing (a `--no-deps` install), say what to install before any rule runs, not a
-    traceback after them."""
+    """Only the differential check imports Hypothesis (the `check` extra): missing, say what
+    to install before any rule runs, not a traceback after them."""
+    from kvviz.core.extras import MissingExtra, require
+
     try:
-        import hypothesis  # noqa: F401
-    except ImportError:
-        raise ValueError("--reference draws its scenarios with Hypothesis, a dependency of kvviz "
-                         "that is not installed here: pip install -r requirements.txt "
-                         "(or pip install 'hypothesis>=6.170,<7')") from None
+        require("--reference", "check", "hypothesis")
+    except MissingExtra as exc:
+        raise ValueError(f"{exc} (it draws its scenarios with Hypothesis)") from None
 
 
 def run(args) -> int:

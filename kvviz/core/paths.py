@@ -1,11 +1,12 @@
 """Where the shipped things are: the explorer page, the traces, the closed-loop results, the lessons.
 
-One rule for all of them, from a checkout or an install: $KVVIZ_TRACES_DIR if set; else
-the current directory's traces/ when the current directory is a kvviz checkout (so a
-trace captured there shows up even when an installed `kvviz` runs); else this package's
-own (the installed bundle, kvviz/_bundle/ found through importlib.resources, or the checkout
-beside the package). The page is always this package's own, so page and library never come
-from two versions. Every module that needs a shipped file asks here.
+One rule for all of them, from a checkout or an install: $KVVIZ_TRACES_DIR if set; else the
+current directory's traces/ when the current directory is a kvviz checkout (so a trace captured
+there shows up even when an installed `kvviz` runs); else this package's own (the installed
+bundle, kvviz/_bundle/ found through importlib.resources, or the checkout beside the package).
+What the bundle holds is declared in pyproject.toml ([tool.kvviz] bundle). The page is always
+this package's own, so page and library never come from two versions. Every module that needs a
+shipped file asks here.
 """
 from __future__ import annotations
 
