@@ -68,6 +68,27 @@ def test_default_page_canonical(traces, apptest):
     assert "traces/tiny.npz" in at.selectbox(key="w.trace").options
 
 
+def test_a_page_run_builds_each_policy_once(traces, apptest, monkeypatch):
+    """The sidebar builds A's and B's policies to check their settings, and the replays use
+    those objects: one construction per configuration per run, cold or cached."""
+    from kvviz.core.policies.base import Policy
+
+    built, original = [], Policy.__post_init__
+
+    def counted(self):
+        original(self)
+        built.append((self.name, self.budget))
+
+    monkeypatch.setattr(Policy, "__post_init__", counted)
+    at = app(trace="file:tiny.npz", budget=47, step=60)  # a budget no other test replays
+    ok(at)
+    assert sorted(built) == [("snapkv", 47), ("tova", 47)]
+    built.clear()
+    at.slider(key="w.step").set_value(61).run()  # the replays are cached now
+    ok(at)
+    assert sorted(built) == [("snapkv", 47), ("tova", 47)]
+
+
 # --- every view ------------------------------------------------------------------------
 def test_cache_view_heatmap_matches_states(traces, apptest):
     at = tiny(step=100)
