@@ -331,6 +331,26 @@ def test_bad_link_values_are_reported_not_fatal(traces, apptest):
     assert qp(at)["trace"] == "canonical"
 
 
+def test_both_policies_refused_still_finish_the_run(traces, apptest):
+    """Nothing to draw: both refusals said, no view, and the run still ends as every run
+    does (the link written, so the next setting brings the page back)."""
+    at = tiny(a="h2o", a__recentWindow=60, b__recentWindow=50)  # budget 48
+    ok(at)
+    errors = [e.value for e in at.error]
+    assert sum("refuses these settings" in e for e in errors) == 2
+    assert any("Neither policy can run" in e for e in errors)
+    assert not at.get("plotly_chart")
+    q = qp(at)
+    assert (q["a"], q["a.recentWindow"], q["b.recentWindow"]) == ("h2o", "60", "50")
+    at.slider(key="w.pa.recent_window").set_value(8).run()
+    ok(at)
+    errors = " ".join(e.value for e in at.error)
+    assert "Policy B (snapkv) refuses" in errors
+    assert "Policy A (h2o (recentWindow=8)) is drawn alone" in errors
+    assert "A = h2o (recentWindow=8), B = h2o (recentWindow=8)" in title(heatmap(at))
+    assert qp(at)["a.recentWindow"] == "8"
+
+
 def test_refused_parameters_keep_page_up(traces, apptest):
     at = tiny(b__recentWindow=60)  # budget 48
     ok(at)
