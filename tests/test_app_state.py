@@ -232,9 +232,9 @@ def test_each_view_owns_its_slice_of_the_link():
     round-trips through the link on its own, in its slice, and a crafted value is a note
     naming the key and the rule, never an exception."""
     from kvviz.app import slices
-    from kvviz.app.state import KNOWN_KEYS, PAGE_KEYS, VIEWS, ViewState, from_query, to_query
+    from kvviz.app.state import KNOWN_KEYS, PAGE_QUERY_KEYS, VIEWS, ViewState, from_query, to_query
 
-    seen = set(PAGE_KEYS)
+    seen = set(PAGE_QUERY_KEYS)
     for cls in slices.SLICES:
         keys = set(cls.url_keys())
         assert keys and not keys & seen, cls.NAME  # no key read by two owners

@@ -58,11 +58,12 @@ VIEW_LABELS = {v.name: v.label for v in REGISTRY}
 # Each view's plain keys (URL key -> field), from its slice (kvviz.app.slices): the session
 # keeps a view's widget under its key
 PLAIN = {k: f for cls in SLICES for k, f in cls.KEYS.items()}
-PAGE_KEYS = ("trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-             "exp", "track", "follow", "embed", "embed_options")
+# the page-wide query keys (a view's own are its slice's)
+PAGE_QUERY_KEYS = ("trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
+                   "exp", "track", "follow", "embed", "embed_options")
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
 # parameters); anything else is reported.
-KNOWN_KEYS = {*PAGE_KEYS, *(k for cls in SLICES for k in cls.url_keys())}
+KNOWN_KEYS = {*PAGE_QUERY_KEYS, *(k for cls in SLICES for k in cls.url_keys())}
 # the view's own field -> its slice
 OWNER = {name: cls for cls in SLICES for name in cls.names()}
 

@@ -9,7 +9,7 @@ class's lecturer always hear of the run the same way.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import streamlit as st
 
@@ -37,7 +37,7 @@ class Page:
     room: bool = False        # presentation mode (kvviz.app.ui.present)
     quiet: bool = False       # no sidebar controls: presentation mode or following a class
     row: object = None        # presentation mode's one compact row
-    experiments: object = field(default=None)  # the sidebar's guided-experiments slot
+    experiments: object = None  # the sidebar's guided-experiments slot
 
 
 def run(notices, top, main) -> None:
