@@ -68,6 +68,27 @@ def test_default_page_canonical(traces, apptest):
     assert "traces/tiny.npz" in at.selectbox(key="w.trace").options
 
 
+def test_a_page_run_builds_each_policy_once(traces, apptest, monkeypatch):
+    """The sidebar builds A's and B's policies to check their settings, and the replays use
+    those objects: one construction per configuration per run, cold or cached."""
+    from kvviz.core.policies.base import Policy
+
+    built, original = [], Policy.__post_init__
+
+    def counted(self):
+        original(self)
+        built.append((self.name, self.budget))
+
+    monkeypatch.setattr(Policy, "__post_init__", counted)
+    at = app(trace="file:tiny.npz", budget=47, step=60)  # a budget no other test replays
+    ok(at)
+    assert sorted(built) == [("snapkv", 47), ("tova", 47)]
+    built.clear()
+    at.slider(key="w.step").set_value(61).run()  # the replays are cached now
+    ok(at)
+    assert sorted(built) == [("snapkv", 47), ("tova", 47)]
+
+
 # --- every view ------------------------------------------------------------------------
 def test_cache_view_heatmap_matches_states(traces, apptest):
     at = tiny(step=100)
@@ -308,6 +329,26 @@ def test_bad_link_values_are_reported_not_fatal(traces, apptest):
     assert "unknown policy" in warnings and "not an integer" in warnings
     assert any("not available" in e.value for e in at.sidebar.error)
     assert qp(at)["trace"] == "canonical"
+
+
+def test_both_policies_refused_still_finish_the_run(traces, apptest):
+    """Nothing to draw: both refusals said, no view, and the run still ends as every run
+    does (the link written, so the next setting brings the page back)."""
+    at = tiny(a="h2o", a__recentWindow=60, b__recentWindow=50)  # budget 48
+    ok(at)
+    errors = [e.value for e in at.error]
+    assert sum("refuses these settings" in e for e in errors) == 2
+    assert any("Neither policy can run" in e for e in errors)
+    assert not at.get("plotly_chart")
+    q = qp(at)
+    assert (q["a"], q["a.recentWindow"], q["b.recentWindow"]) == ("h2o", "60", "50")
+    at.slider(key="w.pa.recent_window").set_value(8).run()
+    ok(at)
+    errors = " ".join(e.value for e in at.error)
+    assert "Policy B (snapkv) refuses" in errors
+    assert "Policy A (h2o (recentWindow=8)) is drawn alone" in errors
+    assert "A = h2o (recentWindow=8), B = h2o (recentWindow=8)" in title(heatmap(at))
+    assert qp(at)["a.recentWindow"] == "8"
 
 
 def test_refused_parameters_keep_page_up(traces, apptest):

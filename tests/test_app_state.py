@@ -225,3 +225,38 @@ def test_one_registry_of_views_feeds_the_url_the_lessons_and_the_page():
     assert len(set(names)) == len(names) and list(VIEWS) == names
     assert list(VIEW_LABELS) == names and all(VIEW_LABELS[v.name] == v.label for v in REGISTRY)
     assert list(panels.RENDER) == names and all(callable(f) for f in panels.RENDER.values())
+
+
+def test_each_view_owns_its_slice_of_the_link():
+    """Every URL key has one owner, the page or one view's slice; a view's plain key
+    round-trips through the link on its own, in its slice, and a crafted value is a note
+    naming the key and the rule, never an exception."""
+    from kvviz.app import slices
+    from kvviz.app.state import KNOWN_KEYS, PAGE_QUERY_KEYS, VIEWS, ViewState, from_query, to_query
+
+    seen = set(PAGE_QUERY_KEYS)
+    for cls in slices.SLICES:
+        keys = set(cls.url_keys())
+        assert keys and not keys & seen, cls.NAME  # no key read by two owners
+        seen |= keys
+    assert seen == KNOWN_KEYS
+    assert {c.NAME for c in slices.SLICES} - set(VIEWS) == {"nav", "present", "lesson"}
+    samples = {tuple: ((3, 9), "two integers S0,S1"), float: (0.25, "a number"),
+               int: (7, "an integer"), str: ("x", None)}
+    for cls in slices.SLICES:
+        for key, name in cls.KEYS.items():
+            value, rule = samples[type(getattr(cls(), name))]
+            vs = ViewState(**{name: value})
+            assert vs.slice(cls) != cls() and getattr(vs, name) == value
+            others = {c.NAME: c() for c in slices.SLICES if c is not cls}
+            assert all(vs.views[n] == blank for n, blank in others.items())
+            q = to_query(vs)
+            assert q[key] == slices.plain_text(value)
+            back, notes = from_query(q)
+            assert not notes and back.views == vs.views and to_query(back) == q
+            if rule:
+                back, notes = from_query({key: "oops"})
+                assert notes == [f"{key}='oops' is not {rule}; ignored"]
+                assert back.slice(cls) == cls()
+    with pytest.raises(TypeError, match="no field 'colour'|no field colour"):
+        ViewState(colour="red")

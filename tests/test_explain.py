@@ -403,3 +403,25 @@ def test_avg_pooling_text_names_no_source(seed):
             return
         harness.feed(ref, t + 1, trace.row(t + 1)[ref.kept]) if t + 1 < trace.steps else None
     pytest.fail("no defended slot under avg pooling")
+
+
+def test_the_pooling_neighbourhood_is_the_policys_declaration():
+    """The explanation's kernel, radius and kind come from SnapKV itself: a policy object's
+    `pool_radius` (the reach its `pool()` uses, checked against a plain max over each slot's
+    neighbours), and for a parameter dict the declared defaults of what it does not give."""
+    rng = np.random.default_rng(3)
+    declared = defaults("snapkv")
+    for kernel in (1, 3, 5, 7, 15):
+        p = make_policy("snapkv", budget=64, pool_kernel=kernel)
+        r = p.pool_radius
+        assert 2 * r + 1 == kernel  # an odd width: r held slots each side of the centre
+        sums = rng.random(20)
+        plain = [max(sums[max(0, i - r): i + r + 1]) for i in range(20)]
+        assert p.pool(sums).tolist() == plain
+        assert X.snapkv_pooling(p) == (kernel, r, "max")
+        assert X.snapkv_pooling({"pool_kernel": kernel}) == (kernel, r, declared["pooling"])
+        assert X.unpooled(p) == X.unpooled({"pool_kernel": kernel}) == (kernel == 1)
+    avg = make_policy("snapkv", budget=64, pooling="avg")
+    assert X.snapkv_pooling(avg) == X.snapkv_pooling({"pooling": "avg"})
+    assert X.snapkv_pooling({})[:1] == (declared["pool_kernel"],)
+    assert not X.unpooled({}) and not X.unpooled(make_policy("tova", budget=64))

@@ -15,15 +15,23 @@ from kvviz.core.trace import Trace
 
 class Engine:
     def __init__(self, trace: Trace, name: str, budget: int, params: dict | None = None,
-                 every: int = 256):
+                 every: int = 256, policy=None):
+        """`policy`: the configuration already built (the page's sidebar builds it to check
+        the settings), so a page run builds it once; None builds it here (ValueError if
+        refused). The replay drives this one object: `self.policy` is for what the policy
+        declares (its parameters, bytes per slot, SnapKV's pooling radius), not its state."""
         self.trace = trace
         self.name = name
         self.budget = int(budget)
         self.params = dict(params or {})
-        self.policy = make_policy(name, budget=self.budget, **self.params)  # ValueError if refused
+        if policy is None:
+            policy = make_policy(name, budget=self.budget, **self.params)
+        elif policy.name != name or policy.budget != self.budget:
+            raise ValueError(f"policy {policy.name} at budget {policy.budget} is not the "
+                             f"configuration asked for, {name} at budget {self.budget}")
+        self.policy = policy
         self.every = max(1, int(every))
-        self._replay = Replay(trace, make_policy(name, budget=self.budget, **self.params),
-                              checkpoint_every=self.every)
+        self._replay = Replay(trace, policy, checkpoint_every=self.every)
         self._replay.seek(trace.steps - 1)
         self.evicted_at = self._replay.evicted_at.copy()
         self.evicted_at.flags.writeable = False

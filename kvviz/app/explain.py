@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.core.policies import POLICIES, rank_of
+from kvviz.core.policies import POLICIES, defaults, param_specs, rank_of
 from kvviz.core.replay import NEVER, held_mask
 
 TIE_RULE = "equal scores evict the lower position"
@@ -147,15 +147,29 @@ class Pooling:
     victim_ties: tuple = ()  # kept candidates with exactly the victim's pooled score
 
 
-def pooling_facts(kept, scores, victims, position: int, params: dict, step: int):
+def snapkv_pooling(config) -> tuple[int, int, str]:
+    """SnapKV's pooling as the policy declares it: (kernel, radius, kind). `config` is a
+    SnapKV policy object (its own `pool_radius`) or a dict of its parameters, those not
+    given at their declared defaults."""
+    cls = POLICIES["snapkv"]
+    if isinstance(config, cls):
+        return int(config.pool_kernel), int(config.pool_radius), str(config.pooling)
+    full = {**defaults("snapkv"), **dict(config or {})}
+    return int(full["pool_kernel"]), cls.radius_of(full["pool_kernel"]), str(full["pooling"])
+
+
+def kernel_label() -> str:
+    """SnapKV's pool width as its control and the link name it (its declared label)."""
+    return next(s.label for s in param_specs("snapkv") if s.name == "pool_kernel")
+
+
+def pooling_facts(kept, scores, victims, position: int, config, step: int):
     """Why pooling kept `position` at `step`, in the policy's own numbers; None unless it
-    is a defended slot. `params` are SnapKV's (pool_kernel, pooling)."""
+    is a defended slot. `config`: the SnapKV policy or its parameters (`snapkv_pooling`)."""
     kept = np.asarray(kept)
     if int(position) not in set(defended(kept, scores, victims).tolist()):
         return None
-    kernel = int(params.get("pool_kernel", 5))
-    radius = (kernel - 1) // 2
-    kind = str(params.get("pooling", "max"))
+    kernel, radius, kind = snapkv_pooling(config)
     held = [int(v) for v in np.sort(np.asarray(victims)) if v in set(kept.tolist())]
     ties = ()
     if held:
@@ -210,12 +224,12 @@ def pooling_text(f: Pooling) -> str:
             f"({_rank_words(d.by_sum, 'own window sum', n(d.own))}): without pooling {go}. ")
     if f.kind == "max" and d.source is not None:
         text += (f"Position {d.source}, {_away(d)}, has the window sum {n(d.source_sum)}, "
-                 f"the largest within the poolKernel of {f.kernel} "
+                 f"the largest within the {kernel_label()} of {f.kernel} "
                  f"({_plural(f.radius, 'held slot')} each side), so the max-pool gives {d.position} "
                  f"the pooled score {n(d.pooled)} "
                  "and it stays.")
     else:
-        text += (f"Averaging over its poolKernel of {f.kernel} "
+        text += (f"Averaging over its {kernel_label()} of {f.kernel} "
                  f"({_plural(f.radius, 'held slot')} each side) gives it the pooled score {n(d.pooled)}, and it stays.")
     if v is None:
         return text
@@ -258,16 +272,20 @@ class Decision:
     order_matches: bool      # the first `victims` of the documented order are the victims
 
 
-def unpooled(params) -> bool:
-    """SnapKV's settings with poolKernel 1: its "pooled" score is the window sum itself."""
-    return int((params or {}).get("pool_kernel", 0) or 0) == 1
+def unpooled(config) -> bool:
+    """SnapKV's settings whose pooling reaches no neighbour (poolKernel 1): its "pooled"
+    score is the window sum itself. `config`: a SnapKV policy or a configuration's
+    parameters (False for another policy's)."""
+    if isinstance(config, POLICIES["snapkv"]) or (isinstance(config, dict) and "pool_kernel" in config):
+        return snapkv_pooling(config)[1] == 0
+    return False
 
 
 def score_name(label: str | None, key: str | None, params=None) -> str | None:
     """The rank score's label as the page says it for these settings: a pooled score with
     poolKernel 1 is said to be the window sum, which it is."""
     if key == "pooled" and unpooled(params):
-        return "window sum (poolKernel 1: nothing pooled)"
+        return f"window sum ({kernel_label()} 1: nothing pooled)"
     return label
 
 

@@ -7,22 +7,21 @@ dropped with a note):
             (labels are the cards' names: a.poolKernel=3, b.obsWindow=4, b.recentWindow=32)
     step    int        focus  zoom position (-1 follows the current victim)
     why     divergent position to explain (-1 = automatic)   view  which view is shown
-    zoom    cache heatmap range: 0 = whole run, N = +-N steps around the current step
     exp     the guided experiment in effect (explanation shown)
     track   the tracked position, shown in every view (-1 = none)
     follow  a class code: this page follows that class's lecturer (kvviz.app.ui.classroom)
     head    which attention head of a per-head trace: mean (default), kv0.., q0..
-    cmp     compare view: the policies shown, comma-separated (default: every registered
-            policy, or A, B and the first others when more than MAX_COMPARE are registered)
-    and the plain keys of `PLAIN` (one view's own choices: loop, loop.policy, slides.steps ...)
+    and each view's own keys (kvviz.app.slices: zoom, cmp, loop.policy, slides.steps ...)
 
-A key given twice is said, and its first value used.
+The page-wide fields are `ViewState`'s own; each view's choices are its slice's
+(kvviz.app.slices), which parses and writes its own keys. A key given twice is said, and its
+first value used.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, replace
 
-from kvviz.app.jumps import NOTABLE_SHARE
+from kvviz.app.slices import MAX_COMPARE, NEEDLE_KEYS, SLICES, ZOOMS, default_cmp  # noqa: F401
 from kvviz.core.policies import POLICIES, defaults, param_specs, parse_params
 
 
@@ -56,53 +55,25 @@ VIEWS = tuple(v.name for v in REGISTRY)
 VIEW_LABELS = {v.name: v.label for v in REGISTRY}
 
 
-ZOOMS = (0, 32, 128, 512)
-MAX_COMPARE = 6  # the compare view's limit (kvviz.app.figures.compare.MAX_POLICIES)
-
-
-def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
-    """The compare view's default: every policy while they fit, else A, B and the first
-    registered others up to the limit, in registry order."""
-    names = list(POLICIES)
-    pick = [n for n in (a, b) if n in POLICIES]
-    # fill with policies every trace can run first (knorm needs key norms, vatp value norms;
-    # most traces have none)
-    for n in sorted(names, key=lambda n: POLICIES[n].reads_key_norms or POLICIES[n].reads_value_norms):
-        if len(set(pick)) >= MAX_COMPARE:
-            break
-        pick.append(n)
-    return [n for n in names if n in pick]
-
+# Each view's plain keys (URL key -> field), from its slice (kvviz.app.slices): the session
+# keeps a view's widget under its key
+PLAIN = {k: f for cls in SLICES for k, f in cls.KEYS.items()}
+# the page-wide query keys (a view's own are its slice's)
+PAGE_QUERY_KEYS = ("trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
+                   "exp", "track", "follow", "embed", "embed_options")
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
-# parameters); anything else is reported. A new key = one entry here.
-# Plain keys: a view's own choice, one ViewState field each, parsed with the type of the
-# field's default and written to the link only when it is not the default. Adding one = a
-# line here + the field below; the view reads and draws it with `session.widget`.
-PLAIN = {
-    "loop": "loop",                # loop view: the result's name ("" = the first)
-    "loop.policy": "loop_policy",  # ... its policy line ("" = tova, else the first)
-    "loop.budget": "loop_budget",  # ... and budget (0 = the middle one)
-    "slides.kind": "slides_kind",  # slides view: what is animated ("" = the heatmap)
-    "slides.steps": "slides_steps",  # ... over which steps, "S0,S1" (() = the whole run)
-    "slides.frames": "slides_frames",  # ... in how many frames (0 = 48, or fewer steps)
-    "nav.share": "share",  # the next-divergence jump: the attention share it looks for
-    "present": "present",  # presentation mode: 1 = no sidebar, one view, large type
-    "lesson": "lesson",    # the lesson being taught (a file name in lessons/, "" = none)
-    "scene": "scene",      # ... and its scene (1-based; 0 = none)
-    "heads.allocator": "heads_alloc",  # Heads view: the allocator ("" = adakv)
-    "heads.scorer": "heads_scorer",    # ... its scorer, any per-stream policy ("" = tova)
-    "heads.budget": "heads_budget",    # ... the mean slots per head (0 = 64)
-}
-KNOWN_KEYS = {"trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-              "zoom", "exp", "cmp", "embed", "embed_options", "track", "follow", *PLAIN}
-# the Forgetting view's choices (kvviz.app.ui.view_needle checks them against its results)
-NEEDLE_KEYS = ("ntask", "nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs",
-               "nlayer", "nhead", "nalayer")
-KNOWN_KEYS |= set(NEEDLE_KEYS)
+# parameters); anything else is reported.
+KNOWN_KEYS = {*PAGE_QUERY_KEYS, *(k for cls in SLICES for k in cls.url_keys())}
+# the view's own field -> its slice
+OWNER = {name: cls for cls in SLICES for name in cls.names()}
 
 
-@dataclass
+@dataclass(init=False)
 class ViewState:
+    """The page's state: the page-wide fields here, each view's own in its slice (`views`,
+    by slice name). A view's field reads and writes through its slice (`vs.zoom`,
+    `vs.loop_policy`), and `ViewState(zoom=32, ...)` takes any field by name."""
+
     trace: str = "canonical"
     layer: int = 0
     budget: int | None = None  # None: the trace's default (kvviz.app.ui.sidebar.default_budget)
@@ -115,24 +86,53 @@ class ViewState:
     why: int = -1
     view: str = "cache"
     exp: str = ""
-    zoom: int = 0  # cache heatmap: 0 = whole run, else +-zoom steps around the current step
     head: str = "mean"  # attention head of a per-head trace
-    cmp: list = field(default_factory=default_cmp)  # compare view's policies
     track: int = -1  # the tracked position (-1 = none)
-    loop: str = ""
-    loop_policy: str = ""
-    loop_budget: int = 0
-    slides_kind: str = ""
-    slides_steps: tuple = ()
-    slides_frames: int = 0
-    share: float = NOTABLE_SHARE
-    present: int = 0
-    lesson: str = ""
-    scene: int = 0
-    needle: dict = field(default_factory=dict)  # NEEDLE_KEYS -> str (the Forgetting view's)
-    heads_alloc: str = ""
-    heads_scorer: str = ""
-    heads_budget: int = 0
+    views: dict = field(default_factory=dict)  # slice name -> that view's slice
+
+    def __init__(self, **given):
+        unknown = set(given) - {f.name for f in fields(self)} - set(OWNER)
+        if unknown:
+            raise TypeError(f"ViewState has no field {', '.join(sorted(unknown))}")
+        for f in fields(self):
+            if f.name == "views":
+                continue
+            if f.name in given:
+                value = given[f.name]
+            else:
+                value = f.default_factory() if f.default_factory is not MISSING else f.default
+            object.__setattr__(self, f.name, value)
+        views = {cls.NAME: cls(**{k: given[k] for k in cls.names() if k in given})
+                 for cls in SLICES}
+        # a whole ViewState's slices (dataclasses.replace passes them): copies, not shared
+        views.update({k: replace(v) for k, v in (given.get("views") or {}).items()})
+        object.__setattr__(self, "views", views)
+
+    def __getattr__(self, name):  # only for names that are not the page's own
+        views, cls = self.__dict__.get("views"), OWNER.get(name)
+        if views is None or cls is None:
+            raise AttributeError(f"ViewState has no field {name!r}")
+        return getattr(views[cls.NAME], name)
+
+    def __setattr__(self, name, value):
+        cls = OWNER.get(name)
+        if cls is None:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.views[cls.NAME], name, value)
+
+    def slice(self, cls):
+        """This page's slice of one view (`vs.slice(LoopState)`)."""
+        return self.views[cls.NAME]
+
+    def settle(self) -> None:
+        """Types back after a round through the session (numbers, tuples, the defaults of
+        fields left empty)."""
+        for f in ("layer", "budget", "focus", "why", "track"):
+            if getattr(self, f) is not None:
+                setattr(self, f, int(getattr(self, f)))
+        for part in self.views.values():
+            part.settle(self)
 
     def params(self, which: str) -> dict:
         """Full parameter dict (defaults filled in) for policy 'a' or 'b'."""
@@ -140,6 +140,11 @@ class ViewState:
         given = self.pa if which == "a" else self.pb
         full = defaults(name)
         return {**full, **{k: v for k, v in given.items() if k in full}}
+
+
+# every field by name, page-wide and the views' own, but the parameter dicts (kept per
+# parameter) and the slices themselves
+FIELDS = (*(f.name for f in fields(ViewState) if f.name not in ("pa", "pb", "views")), *OWNER)
 
 
 def _first(v):
@@ -150,20 +155,6 @@ def _int(v):
     return int(str(_first(v)).strip())
 
 
-def _plain(text: str, like):
-    """A plain key's value in the type of its field's default `like`; ValueError if not."""
-    if isinstance(like, tuple):
-        parts = [p for p in str(text).split(",") if p.strip()]
-        if len(parts) != 2:
-            raise ValueError(text)
-        return tuple(int(p) for p in parts)
-    return type(like)(str(text).strip())
-
-
-def plain_text(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
-
-
 def from_query(query) -> tuple[ViewState, list[str]]:
     """Parse a query mapping (values str or list of str). Returns (state, notes on dropped keys)."""
     st, notes = ViewState(), []
@@ -172,21 +163,13 @@ def from_query(query) -> tuple[ViewState, list[str]]:
             notes.append(f"{k} is given {len(v)} times ({', '.join(map(repr, v))}); "
                          f"using the first, {v[0]!r}")
     q = {k: _first(v) for k, v in dict(query).items()}
-    for k, f in PLAIN.items():
-        if k in q:
-            try:
-                setattr(st, f, _plain(q[k], getattr(st, f)))
-            except ValueError:
-                rule = ("two integers S0,S1" if f == "slides_steps" else "a number"
-                        if isinstance(getattr(st, f), float) else "an integer")
-                notes.append(f"{k}={q[k]!r} is not {rule}; ignored")
     for key in ("a", "b"):
         if key in q:
             if q[key] in POLICIES:
                 setattr(st, key, q[key])
             else:
                 notes.append(f"unknown policy {q[key]!r} for {key}; using {getattr(st, key)}")
-    for key in ("layer", "budget", "step", "focus", "why", "zoom", "track"):
+    for key in ("layer", "budget", "step", "focus", "why", "track"):
         if key in q:
             try:
                 setattr(st, key, _int(q[key]))
@@ -196,27 +179,15 @@ def from_query(query) -> tuple[ViewState, list[str]]:
         st.trace = str(q["trace"])
     if q.get("view"):
         st.view = str(q["view"])  # checked against the registered views by the page
-    if "zoom" in q and st.zoom not in ZOOMS:
-        notes.append(f"zoom={q['zoom']} is not one of {', '.join(map(str, ZOOMS))}; "
-                     "showing the whole run")
-        st.zoom = 0
+    if "exp" in q:
+        st.exp = str(q["exp"])
+    if q.get("head"):
+        st.head = str(q["head"])
+    for part in st.views.values():  # each view reads its own keys
+        part.parse(q, notes, st)
     for k in q:
         if k not in KNOWN_KEYS and not k.startswith(("a.", "b.")):
             notes.append(f"unknown key {k!r} ignored")
-    if "exp" in q:
-        st.exp = str(q["exp"])
-    st.needle = {k: str(q[k]) for k in NEEDLE_KEYS if k in q}
-    if q.get("head"):
-        st.head = str(q["head"])
-    if "cmp" in q:
-        names = [n for n in str(q["cmp"]).split(",") if n]
-        bad = [n for n in names if n not in POLICIES]
-        if bad:
-            notes.append(f"cmp: unknown policies {', '.join(map(repr, bad))}; ignored")
-        st.cmp = ([n for n in dict.fromkeys(names) if n in POLICIES][:MAX_COMPARE]
-                  or default_cmp(st.a, st.b))
-    else:
-        st.cmp = default_cmp(st.a, st.b)
     for which in ("a", "b"):
         name = getattr(st, which)
         by_key = {**{s.label: s for s in param_specs(name)}, **{s.name: s for s in param_specs(name)}}
@@ -244,7 +215,8 @@ def from_query(query) -> tuple[ViewState, list[str]]:
 
 
 def to_query(st: ViewState) -> dict[str, str]:
-    """Every field explicitly (a link keeps meaning the same view even if defaults change)."""
+    """Every page-wide field explicitly (a link keeps meaning the same view even if defaults
+    change), then each view's own keys (its slice's `query`)."""
     q = {"trace": st.trace, "layer": str(st.layer), "a": st.a, "b": st.b}
     if st.budget is not None:
         q["budget"] = str(st.budget)
@@ -258,19 +230,12 @@ def to_query(st: ViewState) -> dict[str, str]:
     q["focus"] = str(st.focus)
     q["why"] = str(st.why)
     q["view"] = st.view
-    q["zoom"] = str(st.zoom)
     if st.exp:
         q["exp"] = st.exp
     if st.track >= 0:
         q["track"] = str(st.track)
     if st.head != "mean":
         q["head"] = st.head
-    if list(st.cmp) != default_cmp(st.a, st.b):
-        q["cmp"] = ",".join(st.cmp)
-    blank = ViewState()
-    for k, f in PLAIN.items():
-        if getattr(st, f) != getattr(blank, f):
-            q[k] = plain_text(getattr(st, f))
-    q.update({k: str(v) for k, v in st.needle.items() if k in NEEDLE_KEYS})
+    for part in st.views.values():
+        q.update(part.query(st))
     return q
-

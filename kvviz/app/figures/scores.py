@@ -77,9 +77,10 @@ def pooled_from(kept, scores, radius: int | None = None) -> np.ndarray:
     return out
 
 
-def pooling_explanation(kept, scores, victims, position: int, params: dict | None = None):
+def pooling_explanation(kept, scores, victims, position: int, params=None):
     """Why pooling kept `position` at this step (`kvviz.app.explain.Pooling` facts, step
-    unset), or None unless it is a defended slot. `params`: SnapKV's (pool_kernel)."""
+    unset), or None unless it is a defended slot. `params`: the SnapKV policy or its
+    parameters (those not given at their declared defaults)."""
     return explain.pooling_facts(kept, scores, victims, position, params or {}, -1)
 
 
@@ -90,13 +91,13 @@ def explain_text(e, step: int) -> str:
     return explain.pooling_text(replace(e, step=int(step)))
 
 
-def slot_hover(kept, scores, victims, step: int, params: dict | None = None) -> np.ndarray:
+def slot_hover(kept, scores, victims, step: int, params=None) -> np.ndarray:
     """Hover text per slot of a pooled policy: its window sum and pooled score, the
     position the pooled score comes from, and for a defended slot the full explanation."""
     kept = np.asarray(kept)
     sums = np.asarray(scores["sums"], float)
     pooled = np.asarray(scores["pooled"], float)
-    radius = (int((params or {}).get("pool_kernel", 5)) - 1) // 2
+    radius = explain.snapkv_pooling(params)[1]  # the neighbourhood SnapKV declares
     src = pooled_from(kept, scores, radius)
     defended = set(defended_positions(kept, scores, victims).tolist())
     out = []
@@ -181,7 +182,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
             fig.add_trace(go.Bar(x=x, y=fix(sums), name="window sum", marker_color=np.where(
                 cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=hover,
                 hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
-            envelope = ("pooled envelope (poolKernel 1: the window sum itself)"
+            envelope = (f"pooled envelope ({explain.kernel_label()} 1: the window sum itself)"
                         if explain.unpooled(p.get("params")) else "pooled envelope")
             fig.add_trace(go.Scatter(x=x, y=fix(pooled), name=envelope,
                                      mode="lines+markers", customdata=hover,

@@ -162,9 +162,11 @@ class RunKey:
 # call would cost every page run a timer thread and a message, replayed or not.
 @st.cache_resource(max_entries=16, show_spinner="Replaying the policy over the trace (once per "
                    "setting, for the whole server)…")
-def engine(rk: RunKey) -> Engine:
+def engine(rk: RunKey, _policy=None) -> Engine:
+    """`_policy`: the configuration's policy when the caller has built it already (the
+    sidebar, checking the settings), used on a miss; not part of the key."""
     return Engine(get_trace(rk.trace, rk.layer, rk.version, rk.head), rk.policy, rk.budget,
-                  dict(rk.params))
+                  dict(rk.params), policy=_policy)
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
@@ -201,8 +203,9 @@ def evaluate(rk: RunKey) -> dict:
 
 # The positional forms, for callers not yet moved to RunKey (same caches underneath).
 def get_engine(key: str, layer: int, version: str, policy: str, params: tuple, budget: int,
-               head: str = "mean") -> Engine:
-    return engine(RunKey(key, layer, version, policy, params, budget, head))
+               head: str = "mean", built=None) -> Engine:
+    """`built`: the policy object already made for this configuration (see `engine`)."""
+    return engine(RunKey(key, layer, version, policy, params, budget, head), built)
 
 
 def pair(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,

@@ -91,10 +91,9 @@ def pooling_example(trace, budget: int, params: dict, start: int | None = None):
     higher than the defended slot's, found by replaying the policy and reading its own
     `scores()` before each eviction. Returns (step, `kvviz.app.explain.Pooling` facts) or None."""
     from kvviz.app.explain import defended, pooling_facts
-    from kvviz.core.policies import defaults, make_policy
+    from kvviz.core.policies import make_policy
     from kvviz.core.replay import Replay
 
-    full = {**defaults("snapkv"), **params}
     rp = Replay(trace, make_policy("snapkv", budget=budget, **params))
     start = trace.steps // 2 if start is None else start
     rp.seek(start - 1)
@@ -102,7 +101,7 @@ def pooling_example(trace, budget: int, params: dict, start: int | None = None):
         kept, scores = rp.peek(t)
         victims = rp.step()
         for d in defended(kept, scores, victims):
-            f = pooling_facts(kept, scores, victims, int(d), full, t)
+            f = pooling_facts(kept, scores, victims, int(d), rp.policy, t)
             if (f.defended.distance == 1 and f.victim is not None
                     and f.victim.own > f.defended.own):
                 return t, f

@@ -9,17 +9,15 @@ address bar is always a link to exactly this view.
 """
 from __future__ import annotations
 
-from dataclasses import fields
-
 import streamlit as st
 
-from kvviz.app.state import PLAIN, ViewState, default_cmp, from_query, to_query
+from kvviz.app.state import FIELDS, PLAIN, ViewState, from_query, to_query
 from kvviz.app.ui import classroom
 from kvviz.core.policies import param_specs
 
 S = st.session_state
-# every ViewState field but the parameter dicts (kept per parameter, see pkey)
-FIELDS = tuple(f.name for f in fields(ViewState) if f.name not in ("pa", "pb"))
+# FIELDS: every ViewState field, the page's and each view's own, but the parameter dicts
+# (kept per parameter, see pkey)
 BLANK = ViewState()
 # widget keys of the plain fields (state.PLAIN), so a view keeps its existing keys
 PLAIN_KEYS = {f: k for k, f in PLAIN.items()}
@@ -202,13 +200,7 @@ def view_state() -> ViewState:
     kv = S["kv"]
     vs = ViewState(**{f: kv[f] for f in FIELDS if kv.get(f) is not None},
                    pa=current("a"), pb=current("b"))
-    for f in ("layer", "budget", "focus", "why", "zoom", "track"):
-        if getattr(vs, f) is not None:
-            setattr(vs, f, int(getattr(vs, f)))
-    vs.needle = dict(vs.needle or {})
-    vs.cmp = list(kv.get("cmp") or default_cmp(vs.a, vs.b))
-    if isinstance(vs.slides_steps, list):
-        vs.slides_steps = tuple(vs.slides_steps)
+    vs.settle()  # each view's slice puts its own fields back in their types
     return vs
 
 

@@ -203,7 +203,9 @@ def loop_note() -> None:
 
 
 def policy_controls(steps: int, trace=None, draw: bool = True):
-    """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...}).
+    """Budget, policy A/B and their parameters. Returns (budget, {'a': (name, params, error)...},
+    {'a': the policy object built to check the settings, None if refused ...}): the page
+    replays with those objects, so a page run builds each configuration once.
     With `trace`, a policy the trace cannot drive (knorm without key norms) is refused too,
     in the replay's own words. `draw=False`: the same, nothing drawn (presentation mode)."""
     side = sidebar(draw)
@@ -221,7 +223,7 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
                                help="How many key/value positions each policy may hold.")
     keep(wkey("budget"), int(budget))
     S.setdefault(session.BUDGET_BY_TRACE, {})[S["kv"].get("trace", "canonical")] = int(budget)
-    out = {}
+    out, built = {}, {}
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):
         side.header(f"Policy {which.upper()}")
@@ -231,13 +233,14 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
         params = {spec.name: param_control(which, spec, side) for spec in param_specs(name)}
         if not param_specs(name):
             side.caption(f"{name} has no parameters.")
-        error = None
+        error, policy = None, None
         try:
             policy = make_policy(name, budget=int(budget), **params)
             if trace is not None and (policy.reads_key_norms or policy.reads_value_norms):
                 Replay(trace, policy)  # refuses a trace without the norms it reads; runs nothing
         except ValueError as exc:
-            error = labelled(name, str(exc))
+            error, policy = labelled(name, str(exc)), None
             side.error(f"Refused: {error}")
         out[which] = (name, params, error)
-    return int(budget), out
+        built[which] = policy
+    return int(budget), out, built

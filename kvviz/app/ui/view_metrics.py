@@ -14,8 +14,30 @@ from kvviz.app.ui.session import SWEEP_ON, S
 from kvviz.core.policies import POLICIES, param_specs
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
-POOL_KERNELS = (1, 3, 5, 7, 9, 11, 13, 15)
-OBS_WINDOWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _spec(param: str):
+    return next(s for s in param_specs("snapkv") if s.name == param)
+
+
+def _pool_kernels() -> tuple:
+    """Every poolKernel SnapKV's control offers: its declared range and step (odd values)."""
+    k = _spec("pool_kernel")
+    return tuple(range(int(k.low), int(k.high) + 1, int(k.step or 1)))
+
+
+def _obs_windows() -> tuple:
+    """obsWindow at powers of two across its declared range (the sweep's log axis)."""
+    w = _spec("obs_window")
+    out, v = [], max(1, int(w.low))
+    while v <= w.high:
+        out.append(v)
+        v *= 2
+    return tuple(out)
+
+
+# SnapKV's two sweeps: (tag, parameter, values), every label and value from its declaration
+SNAP_SWEEPS = (("pool", "pool_kernel", _pool_kernels()), ("obs", "obs_window", _obs_windows()))
 
 
 def _sweep(ctx: Ctx, points):
@@ -81,10 +103,10 @@ def render(ctx: Ctx):
     budgets = tuple(b for b in SWEEP_BUDGETS if b < ctx.trace.steps)
     if row.button("sweep budgets (all policies)", key="sweep.budget", width="content"):
         S[SWEEP_ON + "budget"] = (ctx.key, ctx.layer)
-    if row.button("sweep poolKernel (snapkv)", key="sweep.pool", width="content"):
-        S[SWEEP_ON + "pool"] = (ctx.key, ctx.layer, ctx.budget)
-    if row.button("sweep obsWindow (snapkv)", key="sweep.obs", width="content"):
-        S[SWEEP_ON + "obs"] = (ctx.key, ctx.layer, ctx.budget)
+    for tag, param, _ in SNAP_SWEEPS:
+        if row.button(f"sweep {_spec(param).label} (snapkv)", key=f"sweep.{tag}",
+                      width="content"):
+            S[SWEEP_ON + tag] = (ctx.key, ctx.layer, ctx.budget)
     defaults = {n: {s.name: s.default for s in param_specs(n)} for n in POLICIES}
     if S.get(SWEEP_ON + "budget") == (ctx.key, ctx.layer):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
@@ -94,10 +116,10 @@ def render(ctx: Ctx):
                                        log_x=True),
                         key="chart.sweep_budget", **CHART)
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]
-    for tag, param, label, values in (("pool", "pool_kernel", "poolKernel", POOL_KERNELS),
-                                      ("obs", "obs_window", "obsWindow", OBS_WINDOWS)):
+    for tag, param, values in SNAP_SWEEPS:
         if S.get(SWEEP_ON + tag) != (ctx.key, ctx.layer, ctx.budget):
             continue
+        label = _spec(param).label
         rows = _sweep(ctx, [("snapkv", {**snap, param: v}, ctx.budget) for v in values])
         chart(V.sweep_figure(rows, param, metric, x_label=label, mark_x=snap.get(param),
                                        title=f"SnapKV across {label}, budget {ctx.budget}"),

@@ -26,6 +26,13 @@ def panels(ctx: Ctx, s: int) -> list[dict]:
     return [pb, pa] if "pooled" in pb["scores"] and "pooled" not in pa["scores"] else [pa, pb]
 
 
+def _policy(ctx: Ctx, panel: dict):
+    """The panel's policy object, as its replay built it (what it declares: SnapKV's
+    pooling radius); its parameters when the panel has no engine."""
+    eng = ctx.eng_a if panel["label"][0] == "A" else ctx.eng_b
+    return eng.policy if eng is not None else panel["params"]
+
+
 def render(ctx: Ctx):
     s = ctx.step
     st.caption("Each held slot's score at this step as the policy computed it (its own "
@@ -59,7 +66,7 @@ def render(ctx: Ctx):
                           args=("focus", int(d[0])))
                 pos = center if center in set(d.tolist()) else int(d[0])
                 f = explain.pooling_facts(p["kept"], p["scores"], p["victims"], pos,
-                                          p["params"], s)
+                                          _policy(ctx, p), s)
                 st.info(explain.pooling_text(f), icon=":material/shield:")
             else:
                 st.caption(f"{p['label']} at step {s}: no slot defended by pooling at this step.")

@@ -98,6 +98,17 @@ class SnapKV(Policy):
         """`sums` pooled over each slot's kept neighbours with this policy's kernel and kind."""
         return pool(sums, (self.pool_kernel - 1) // 2, self.pooling)
 
+    @property
+    def pool_radius(self) -> int:
+        """How many kept slots on each side of a slot its pooled score reaches (read-only;
+        what the app draws as a slot's neighbourhood)."""
+        return self.radius_of(self.pool_kernel)
+
+    @staticmethod
+    def radius_of(pool_kernel: int) -> int:
+        """The pooling radius a `pool_kernel` gives: (pool_kernel - 1) // 2."""
+        return (int(pool_kernel) - 1) // 2
+
     def priority(self):
         return self.pool(self.sums())
 
