@@ -12,7 +12,7 @@ heads it scores low.
 """
 from dataclasses import dataclass
 
-from kvviz.core.policies.alloc import Allocator, alpha_floor, scorer_class, shared_victims
+from kvviz.core.policies.alloc import Allocator, alpha_floor, shared_victims
 from kvviz.core.policies.base import Policy, param
 
 
@@ -27,7 +27,7 @@ class AdaKV(Allocator):
     label = "AdaKV"
 
     def check_params(self):
-        cls = scorer_class(self.scorer)
+        cls = self.scorer_class()
         if cls is not None and cls.priority is Policy.priority:
             raise ValueError(f"scorer must rank its slots (define priority) to share a layer's "
                              f"budget across heads; {self.scorer} chooses victims without one")

@@ -7,7 +7,8 @@ built-in or plugin, with its own parameters): the scorer's `candidates()` say wh
 may go and its `priority()` ranks them, exactly as for that policy alone.
 
 An allocator is declared like a policy (a dataclass with `param(...)` fields, `name`,
-`label`) and registered beside them (kvviz.core.policies.ALLOCATORS), so `make_policy`,
+`label`) and registered beside them (`register_allocator`, `--plugin`, entry points; the
+built-ins are found from their files), so `make_policy`,
 `parse_params`, `name:k=v` and sweep specs read it the same way: `adakv:scorer=tova`,
 `pyramidkv:scorer=snapkv,poolKernel=3` (a key the allocator does not declare is the
 scorer's). A subclass says only how a layer's slots are shared:
@@ -30,32 +31,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 
-from kvviz.core.policies.base import Place, _Specs, enforce, need_candidates, param, parse_declared
-
-# Set by kvviz.core.policies once its registry exists (this module must not import it).
-_REGISTRY: dict = {"policies": {}, "make": None}
+from kvviz.core.policies.base import DeclaredSpecs, Place, enforce, need_candidates, param, parse_declared
 
 
-def bind_registry(policies: dict, make) -> None:
-    """Give the allocators the per-stream registry and its constructor (`make_policy`)."""
-    _REGISTRY["policies"], _REGISTRY["make"] = policies, make
+def _registry():
+    """The registry module (kvviz.core.policies), looked up when an allocator first needs it:
+    that module imports this one to find the built-in allocators, so this one cannot import
+    it at load. Nothing is stored here; `make_policy` hands each allocator it builds its
+    scorer factory (`factory`), and this lookup serves only an allocator built directly."""
+    import kvviz.core.policies as registry
+
+    return registry
 
 
-def scorer_names() -> tuple:
-    """The registered per-stream policies an allocator may use as its scorer."""
-    return tuple(_REGISTRY["policies"])
+def _scorer_names() -> tuple:
+    """The registered per-stream policies (empty while the registry itself is loading)."""
+    names = getattr(_registry(), "scorer_names", None)
+    return names() if names is not None else ()
 
 
-def scorer_class(name: str):
-    """The registered policy class `name`, or None."""
-    return _REGISTRY["policies"].get(name)
-
-
-class _AllocSpecs(_Specs):
+class _AllocSpecs(DeclaredSpecs):
     """`cls.specs` for an allocator: the declared parameters, with `scorer`'s choices read
     from the registry at each call, so a plugin registered later is a valid scorer."""
 
@@ -63,7 +62,7 @@ class _AllocSpecs(_Specs):
         specs = super().__get__(obj, cls)
         from dataclasses import replace
 
-        return tuple(replace(s, choices=scorer_names() or s.choices) if s.name == "scorer" else s
+        return tuple(replace(s, choices=_scorer_names() or s.choices) if s.name == "scorer" else s
                      for s in specs)
 
 
@@ -75,6 +74,10 @@ class Allocator:
                         help="the per-stream policy whose candidates and priority choose victims",
                         source="any registered policy (kvpress composes a press with a scorer "
                                "press the same way)")
+    # The scorer factory, `make_policy`'s signature: make_policy passes itself (None: the
+    # registry's make_policy, for an allocator built directly); and the scorer's parameters.
+    factory: Callable | None = field(default=None, repr=False, compare=False, kw_only=True)
+    scorer_params: dict = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     name: ClassVar[str] = "allocator"
     label: ClassVar[str] = ""
@@ -83,7 +86,7 @@ class Allocator:
 
     def __post_init__(self):
         parse_declared(self)
-        self.scorer_params: dict = {}
+        self.scorer_params = dict(self.scorer_params)
         self.check_params()
 
     # -- what a subclass provides -------------------------------------------------
@@ -144,8 +147,17 @@ class Allocator:
 
     def make_scorer(self, budget: int, place: Place):
         """One stream's scorer at per-head budget `budget`, told its `place`."""
-        make = _REGISTRY["make"]
-        return make(self.scorer, budget=budget, rng=self.rng, place=place, **self.scorer_params)
+        return self.build_policy(self.scorer, budget, place, **self.scorer_params)
+
+    def build_policy(self, name: str, budget: int, place: Place, **params):
+        """A per-stream policy `name` from the scorer factory (headroles builds its streaming
+        heads' StreamingLLM this way), sharing the allocator's rng."""
+        make = self.factory if self.factory is not None else _registry().make_policy
+        return make(name, budget=budget, rng=self.rng, place=place, **params)
+
+    def scorer_class(self):
+        """The registered class of the scorer, or None when it is not registered."""
+        return _registry().scorer_class(self.scorer)
 
     def group(self, layer: int | None, layers: int | None, heads: int, *, depth: int | None = None,
               depths: int | None = None) -> "LayerGroup":
