@@ -344,6 +344,7 @@ def test_loop_and_needle_run_the_plugin_allocator_and_record_its_file(smollm, tm
     assert main(["needle", "--out", str(out), "--lengths", "96", "--depths", "50", "--policies", "fixed-share",
                  "--budgets", "32", "--granularity", "kv-head", "--max-new-tokens", "2", "--plugin", FIXED,
                  "--quiet"]) == 0
-    meta = json.loads((out / "results.json").read_text())
+    (run,) = (out / "runs").glob("*.npz")
+    meta = json.loads(str(np.load(run)["meta"]))
     source = next(c["source"] for c in meta["configs"] if c["policy"] == "fixed-share")
     assert source == {"origin": "file", "where": FIXED, "sha256": FIXED_SHA}
