@@ -170,7 +170,8 @@ def test_a_policy_cannot_take_an_allocators_name():
 
 # --- the scorer factory, handed in at construction --------------------------------------------
 def test_make_policy_hands_the_allocator_its_scorer_factory_and_a_given_factory_is_used():
-    assert make_policy("adakv", 16).factory is make_policy
+    alloc = make_policy("adakv", 16)
+    assert alloc.factory is make_policy and alloc.scorers == tuple(POLICIES)
     built = []
 
     def factory(name, budget, rng, place, **params):
@@ -183,12 +184,26 @@ def test_make_policy_hands_the_allocator_its_scorer_factory_and_a_given_factory_
     group = alloc.group(0, 2, 3)
     assert built == [("h2o", 24, 0), ("h2o", 24, 1), ("h2o", 24, 2)]  # 2B - B/beta for the first layer
     assert [p.recent_window for p in group.policies] == [4, 4, 4]
+    with pytest.raises(ValueError, match=r"pyramidkv was built without a scorer factory: build it with "
+                                         r"make_policy\('pyramidkv', ...\)"):
+        PyramidKV(budget=16).group(0, 1, 2)
+
+
+def test_a_scorer_outside_the_names_handed_in_is_refused_naming_scorer():
+    from kvviz.core.policies.adakv import AdaKV
+
+    with pytest.raises(ValueError, match=r"scorer must be one of 'tova', 'h2o', got 'snapkv'"):
+        AdaKV(budget=16, scorer="snapkv", factory=make_policy, scorers=("tova", "h2o"))
+    with pytest.raises(ValueError, match=r"scorer must rank its slots"):  # the factory's policy is read
+        make_policy("adakv", 16, scorer="random")
 
 
 def test_no_module_global_wires_the_allocators_and_no_private_name_crosses_a_module():
     import kvviz.core.policies.alloc as alloc
 
     assert not hasattr(alloc, "_REGISTRY") and not hasattr(alloc, "bind_registry")
+    assert "kvviz.core.policies" not in {n.module for n in ast.walk(ast.parse(Path(alloc.__file__).read_text()))
+                                         if isinstance(n, ast.ImportFrom)}
     files = sorted((REPO / "kvviz" / "core" / "policies").glob("*.py")) + [
         REPO / "kvviz" / "core" / "plugins.py", REPO / "kvviz" / "policies" / "__init__.py"]
     crossing = []

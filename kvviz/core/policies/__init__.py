@@ -7,7 +7,8 @@ Allocators (kvviz.core.policies.alloc: budgets shared across heads and layers, e
 pyramidkv) are found the same way, registered the same way (`register_allocator(cls)`, the
 same plugins) and kept apart in ALLOCATORS, since they drive several streams at once;
 `make_policy`, `param_specs`, `parse_params` and `config_label` read both. `make_policy`
-hands an allocator it builds its scorer factory (itself): nothing is wired through a global.
+hands an allocator it builds its scorer factory (itself) and the names a scorer may be:
+nothing is wired through a global.
 
 Plugin authors import from the documented path, `kvviz.policies`.
 """
@@ -74,7 +75,7 @@ def scorer_class(name: str):
 
 RESERVED = {"policy", "allocator", "full"}  # the base classes' names; the loop's no-eviction row
 _BASE_FIELDS = {Policy: {"budget", "rng"},  # the dataclass fields a base declares without param
-                Allocator: {"budget", "rng", "factory", "scorer_params"}}
+                Allocator: {"budget", "rng", "factory", "scorers", "scorer_params"}}
 _COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -236,8 +237,8 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
             probe = make_policy(scorer, budget=budget, **parse_params(scorer, rest, check=False))
         except ValueError as exc:
             raise ValueError(f"{name}: scorer {scorer}: {exc}") from None
-        return cls(budget=budget, rng=rng, factory=make_policy, scorer_params=dict(probe.params),
-                   **_parse_own(name, own, "", False))
+        return cls(budget=budget, rng=rng, factory=make_policy, scorers=scorer_names(),
+                   scorer_params=dict(probe.params), **_parse_own(name, own, "", False))
     allowed = {s.name for s in cls.specs}
     unknown = set(params) - allowed
     if unknown:
@@ -254,7 +255,11 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
 def param_specs(name: str) -> list[ParamSpec]:
     """The policy's declared parameters (default, range or choices, label, help, source), in
     declaration order: what the sidebar, the CLI and sweep specs build their controls from."""
-    return list(policy_class(name).specs)
+    specs = list(policy_class(name).specs)
+    if name in ALLOCATORS:  # its scorer: any registered policy, plugins included
+        specs = [dataclasses.replace(s, choices=scorer_names()) if s.name == "scorer" else s
+                 for s in specs]
+    return specs
 
 
 def defaults(name: str) -> dict:

@@ -29,41 +29,29 @@ evict, and enforces each head's cap and the layer's total after every step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from kvviz.core.policies.base import DeclaredSpecs, Place, enforce, need_candidates, param, parse_declared
 
 
-def _registry():
-    """The registry module (kvviz.core.policies), looked up when an allocator first needs it:
-    that module imports this one to find the built-in allocators, so this one cannot import
-    it at load. Nothing is stored here; `make_policy` hands each allocator it builds its
-    scorer factory (`factory`), and this lookup serves only an allocator built directly."""
-    import kvviz.core.policies as registry
-
-    return registry
-
-
-def _scorer_names() -> tuple:
-    """The registered per-stream policies (empty while the registry itself is loading)."""
-    names = getattr(_registry(), "scorer_names", None)
-    return names() if names is not None else ()
-
-
 class _AllocSpecs(DeclaredSpecs):
-    """`cls.specs` for an allocator: the declared parameters, with `scorer`'s choices read
-    from the registry at each call, so a plugin registered later is a valid scorer."""
+    """`specs` for an allocator: the declared parameters. Read through an allocator built with
+    `scorers` (make_policy passes every registered policy, plugins included), `scorer`'s
+    choices are those names; built by hand without them, any name is taken and its scorer
+    factory refuses an unknown one when it builds the streams. (The registry's `param_specs`
+    lists the registered policies as the choices.)"""
 
     def __get__(self, obj, cls):
         specs = super().__get__(obj, cls)
-        from dataclasses import replace
-
-        return tuple(replace(s, choices=_scorer_names() or s.choices) if s.name == "scorer" else s
-                     for s in specs)
+        if obj is None:
+            return specs
+        names = obj.scorers if obj.scorers is not None else (
+            (obj.scorer.strip(),) if isinstance(obj.scorer, str) else ())
+        return tuple(replace(s, choices=tuple(names)) if s.name == "scorer" else s for s in specs)
 
 
 @dataclass
@@ -74,9 +62,11 @@ class Allocator:
                         help="the per-stream policy whose candidates and priority choose victims",
                         source="any registered policy (kvpress composes a press with a scorer "
                                "press the same way)")
-    # The scorer factory, `make_policy`'s signature: make_policy passes itself (None: the
-    # registry's make_policy, for an allocator built directly); and the scorer's parameters.
-    factory: Callable | None = field(default=None, repr=False, compare=False, kw_only=True)
+    # Handed in at construction by make_policy: the scorer factory (make_policy itself:
+    # `factory(name, budget=, rng=, place=, **params)` -> a per-stream policy), the names a
+    # scorer may be (the registered policies), and the scorer's own parameters.
+    factory: object = field(default=None, repr=False, compare=False, kw_only=True)  # a callable or None
+    scorers: tuple | None = field(default=None, repr=False, compare=False, kw_only=True)
     scorer_params: dict = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     name: ClassVar[str] = "allocator"
@@ -152,12 +142,10 @@ class Allocator:
     def build_policy(self, name: str, budget: int, place: Place, **params):
         """A per-stream policy `name` from the scorer factory (headroles builds its streaming
         heads' StreamingLLM this way), sharing the allocator's rng."""
-        make = self.factory if self.factory is not None else _registry().make_policy
-        return make(name, budget=budget, rng=self.rng, place=place, **params)
-
-    def scorer_class(self):
-        """The registered class of the scorer, or None when it is not registered."""
-        return _registry().scorer_class(self.scorer)
+        if self.factory is None:
+            raise ValueError(f"{self.name} was built without a scorer factory: build it with "
+                             f"make_policy({self.name!r}, ...) (or pass factory=make_policy)")
+        return self.factory(name, budget=budget, rng=self.rng, place=place, **params)
 
     def group(self, layer: int | None, layers: int | None, heads: int, *, depth: int | None = None,
               depths: int | None = None) -> "LayerGroup":
