@@ -289,6 +289,7 @@ def test_bench_runs_the_plugin_allocator_by_flag_and_by_environment(tmp_path):
     assert [x["policy"] for x in rows] == ["fixed-share", "adakv"]
     shares = ", ".join(f"kv{g}={n}" for g, n in enumerate(fixed_share_shares(3, 64, 0.5)))
     assert f"fixed-share @ 64: layer 14 (per-head budget 64, total 192) held at the end: {shares}" in r.stdout
+    assert r.stdout.splitlines()[-1] == f"fixed-share: file {FIXED}, sha256 {FIXED_SHA}"
     env = {**ENV, "KVVIZ_PLUGINS": FIXED}
     r2 = kvviz_cli("bench", "--trace", CODE_KV, "--policies", "fixed-share", "--budgets", "64", env=env)
     assert r2.returncode == 0 and "fixed-share" in r2.stdout, r2.stderr
