@@ -364,3 +364,22 @@ def test_loop_and_needle_run_the_plugin_allocator_and_record_its_file(smollm, tm
     meta = json.loads(str(np.load(run)["meta"]))
     source = next(c["source"] for c in meta["configs"] if c["policy"] == "fixed-share")
     assert source == {"origin": "file", "where": FIXED, "sha256": FIXED_SHA}
+
+
+def test_an_entry_point_in_the_policies_group_registers_an_allocator(tmp_path):
+    site = tmp_path / "site"
+    info = site / "kvviz_fixed-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvviz-fixed\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvviz.policies]\nfixed-share = fixed_pkg:FixedShare\n"
+                                           "share = fixed_pkg:FixedShare\n")
+    (site / "fixed_pkg.py").write_text(Path(FIXED).read_text())
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    r = kvviz_cli("bench", "--trace", CODE_KV, "--layer", "14", "--policies", "fixed-share", "--budgets", "64", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == (
+        "kvviz bench: warning: plugin fixed_pkg:FixedShare (entry point share in kvviz.policies of kvviz-fixed): "
+        "the entry point's name must be the allocator's name; FixedShare.name is 'fixed-share', the entry "
+        "point is 'share' (ignored)")
+    where = "fixed_pkg:FixedShare (entry point fixed-share in kvviz.policies of kvviz-fixed)"
+    assert r.stdout.splitlines()[-1] == f"fixed-share: entry point {where}, sha256 {FIXED_SHA}"
