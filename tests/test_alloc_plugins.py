@@ -383,3 +383,8 @@ def test_an_entry_point_in_the_policies_group_registers_an_allocator(tmp_path):
         "point is 'share' (ignored)")
     where = "fixed_pkg:FixedShare (entry point fixed-share in kvviz.policies of kvviz-fixed)"
     assert r.stdout.splitlines()[-1] == f"fixed-share: entry point {where}, sha256 {FIXED_SHA}"
+
+
+def test_the_guide_shows_the_example_allocator_as_it_is():
+    code = Path(FIXED).read_text()
+    assert code[code.index("from dataclasses import dataclass"):] in (REPO / "docs" / "policies.md").read_text()
