@@ -68,11 +68,6 @@ def scorer_names() -> tuple:
     return tuple(POLICIES)
 
 
-def scorer_class(name: str):
-    """The registered per-stream policy class `name`, or None."""
-    return POLICIES.get(name)
-
-
 RESERVED = {"policy", "allocator", "full"}  # the base classes' names; the loop's no-eviction row
 _BASE_FIELDS = {Policy: {"budget", "rng"},  # the dataclass fields a base declares without param
                 Allocator: {"budget", "rng", "factory", "scorers", "scorer_params"}}
@@ -406,5 +401,5 @@ __all__ = ["ALLOCATORS", "Allocator", "BUILTINS", "BUILTIN_ALLOCATORS", "FULL", 
            "POLICIES", "ParamSpec", "Place", "Policy", "Rank", "check_declaration", "is_allocator",
            "config_label", "defaults", "make_policy", "param", "param_specs", "parse_params", "policy_class",
            "rank_of", "reference_class", "register_allocator", "register_policy", "registered",
-           "score_labels", "scorer_class", "scorer_names", "source_hash", "unregister_allocator",
+           "score_labels", "scorer_names", "source_hash", "unregister_allocator",
            "unregister_policy"]
