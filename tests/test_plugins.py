@@ -106,7 +106,7 @@ def test_declarations_reach_every_list(loaded):
 BROKEN = {
     "boom.py": ("raise RuntimeError('boom at import')", "import failed: RuntimeError: boom at import"),
     "syntax.py": ("def f(:\n    pass", "import failed: SyntaxError"),
-    "nothing.py": ("X = 1", "defines no Policy subclass with a name"),
+    "nothing.py": ("X = 1", "defines no Policy or Allocator subclass with a name"),
     "dupe.py": ("""
         from dataclasses import dataclass
         from kvviz.core.policies.base import Policy

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.reference import RefPolicy
-from kvviz.policies.base import Policy, Rank, param
+from kvviz.policies import Policy, Rank, param
 
 
 class RefDecaySinks(RefPolicy):

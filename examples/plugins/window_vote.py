@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.reference import RefPolicy
-from kvviz.policies.base import Policy, Rank, check_recent, param
+from kvviz.policies import Policy, Rank, check_recent, param
 
 
 class RefWindowVote(RefPolicy):

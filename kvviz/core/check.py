@@ -717,7 +717,7 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="replay every row of every trace")
     from kvviz.core.plugins import add_argument as add_plugin_argument
 
-    add_plugin_argument(p)  # --plugin: its policies are then checked by name
+    add_plugin_argument(p)  # --plugin: its policies and allocators are then checked by name
     p.set_defaults(func=run, parser=p)
     return p
 
@@ -742,7 +742,7 @@ def run(args) -> int:
     """Run the parsed command: load plugins, check each target, print every rule's line, and
     return 0 only if all passed (1 if one failed, 2 for a bad argument)."""
     from kvviz.core.plugins import cli_load
-    from kvviz.core.policies import BUILTINS
+    from kvviz.core.policies import BUILTIN_ALLOCATORS, BUILTINS
 
     if cli_load(getattr(args, "plugin", []), "kvviz check"):
         return 2
@@ -750,7 +750,7 @@ def run(args) -> int:
         targets = [load_target(t) for t in args.target]
         if args.all_builtins:
             targets += [(cls.name, cls) for cls in BUILTINS]
-            targets += [(name, cls) for name, cls in ALLOCATORS.items()]
+            targets += [(cls.name, cls) for cls in BUILTIN_ALLOCATORS]
         if not targets:
             raise ValueError("name a policy to check, or pass --all-builtins")
         if args.steps < 2 or args.examples < 1:

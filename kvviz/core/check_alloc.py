@@ -12,6 +12,10 @@ kind first) and returns one RuleResult per rule:
 - determinism: two runs give identical victims at every step;
 - refusals: every parameter outside its rule, and a budget of 0 or -1, raise ValueError
   naming it.
+
+An allocator `make` builds by hand, without a scorer factory, gets the registry's
+(`make_policy`, and the registered policies as its scorer's choices), as make_policy gives
+one it builds.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import numpy as np
 
 from kvviz.core import harness
 from kvviz.core.check_rules import BIG_BUDGET, RuleResult, bad_values
+from kvviz.core.policies import make_policy, scorer_names
 
 HEADS, BUDGET, STEPS = 3, 16, 120
 CALIBRATION = 48  # at most this many calibration rows for an allocator that asks for them
@@ -37,6 +42,8 @@ def _rows(rng, kind: str, g: int, n: int) -> np.ndarray:
 def _run(make, seed: int, kind: str, layers: int = 2):
     """Step one allocator over `layers` layers; (log, failures by rule)."""
     alloc = make(BUDGET)
+    if alloc.factory is None:  # built by hand: the registry builds its scorers
+        alloc.factory, alloc.scorers = make_policy, scorer_names()
     groups = [alloc.group(d, layers, HEADS) for d in range(layers)]
     rng = np.random.default_rng(seed)
     calibration = min(int(alloc.calibration_rows()), CALIBRATION)
@@ -78,10 +85,11 @@ def _run(make, seed: int, kind: str, layers: int = 2):
 
 
 def _refusals(make_cls) -> list[str]:
+    registry = {"factory": make_policy, "scorers": scorer_names()}
     problems = []
     for budget in (0, -1):
         try:
-            make_cls(budget=budget)
+            make_cls(budget=budget, **registry)
             problems.append(f"budget={budget} was accepted")
         except ValueError as exc:
             if "budget" not in str(exc):
@@ -89,7 +97,7 @@ def _refusals(make_cls) -> list[str]:
     for spec in make_cls.specs:
         for value in bad_values(spec):
             try:
-                make_cls(budget=BIG_BUDGET, **{spec.name: value})
+                make_cls(budget=BIG_BUDGET, **registry, **{spec.name: value})
                 problems.append(f"{spec.name}={value!r} was accepted")
             except ValueError as exc:
                 if spec.name not in str(exc):

@@ -1,15 +1,17 @@
-"""Policies from outside the package: a .py file, an importable module, or an installed
-package's entry point (group `kvviz.policies`); `--plugin` on the commands, `KVVIZ_PLUGINS`
-(os.pathsep-separated) for the app and what it starts.
+"""Policies and allocators from outside the package: a .py file, an importable module, or an
+installed package's entry point (group `kvviz.policies`, for both); `--plugin` on the
+commands, `KVVIZ_PLUGINS` (os.pathsep-separated) for the app and what it starts.
 
-Loading imports the plugin and registers every Policy subclass it defines with a `name`
-(kvviz.core.policies.register_policy, which checks the declaration). A plugin that fails is
-refused with one line naming it and the rule, and the built-ins keep working. Loading is
-idempotent, so a page that reruns can load on every run.
+Loading imports the plugin and registers every Policy subclass and every Allocator subclass
+it defines with a `name` (kvviz.core.policies.register_policy / register_allocator, which
+check the declaration). A plugin that fails is refused with one line naming it and the rule,
+and the built-ins keep working. Loading is idempotent, so a page that reruns can load on
+every run. A plugin allocator records where it came from as a plugin policy does
+(`provenance`), and a sweep's workers load its file (`worker_specs`).
 
-An entry point's name is the name of the policy it registers (`ema-sinks = "pkg.mod:Ema"`
-needs `Ema.name == "ema-sinks"`; an entry point naming a module registers its policy of that
-name); any other is refused. A plugin named explicitly (a file or module: `--plugin`,
+An entry point's name is the name of the policy or allocator it registers
+(`ema-sinks = "pkg.mod:Ema"` needs `Ema.name == "ema-sinks"`; an entry point naming a module
+registers its class of that name); any other is refused. A plugin named explicitly (a file or module: `--plugin`,
 $KVVIZ_PLUGINS, `load_plugins`) replaces an installed entry point's policy of the same name,
 and says so in one line (`notices()`).
 """
@@ -22,11 +24,24 @@ import os
 import sys
 from pathlib import Path
 
-from kvviz.core.policies import ALLOCATORS, BUILTINS, POLICIES, Policy, check_declaration, register_policy
+from kvviz.core.policies import (
+    ALLOCATORS,
+    BUILTIN_ALLOCATORS,
+    BUILTINS,
+    POLICIES,
+    Allocator,
+    Policy,
+    check_declaration,
+    register_allocator,
+    register_policy,
+    registered,
+    unregister_allocator,
+    unregister_policy,
+)
 
 ENV = "KVVIZ_PLUGINS"
-GROUP = "kvviz.policies"  # the entry-point group an installed package declares its policies in
-_LOADED: dict[str, list[str]] = {}  # spec as given -> policy names it registered
+GROUP = "kvviz.policies"  # the entry-point group of an installed package's policies and allocators
+_LOADED: dict[str, list[str]] = {}  # spec as given -> policy and allocator names it registered
 _REFUSED: dict[str, str] = {}  # spec as given -> its refusal
 _ORIGIN: dict[type, str] = {}  # class -> the spec a worker process can load it from
 _KIND: dict[type, tuple[str, str]] = {}  # class -> ("file" | "module" | "entry point", where)
@@ -76,12 +91,24 @@ def load_file(path) -> object:
     return module
 
 
+def _is_class(v) -> bool:
+    """A Policy or an Allocator subclass (not the bases)."""
+    return isinstance(v, type) and issubclass(v, (Policy, Allocator)) and v not in (Policy, Allocator)
+
+
 def _classes(module, only: str | None = None) -> list[type]:
     found = [v for k, v in vars(module).items()
-             if isinstance(v, type) and issubclass(v, Policy) and v is not Policy
-             and v.__module__ == module.__name__ and "name" in v.__dict__
+             if _is_class(v) and v.__module__ == module.__name__ and "name" in v.__dict__
              and (only is None or k == only)]
     return found
+
+
+def _unregister(name: str) -> None:
+    (unregister_allocator if name in ALLOCATORS else unregister_policy)(name)
+
+
+def _what(cls) -> str:
+    return "allocator" if issubclass(cls, Allocator) else "policy"
 
 
 def _same_source(a: type, b: type) -> bool:
@@ -111,28 +138,29 @@ def _register_all(spec: str, classes: list[type], origin, kind: tuple[str, str] 
             check_declaration(cls)
         except ValueError as exc:
             raise PluginError(f"plugin {spec}: {exc}") from None
-        have = POLICIES.get(cls.name)
+        have = registered(cls.name)
         if have is not None and have is not cls and not _same_source(have, cls):
             if not entry and _is_entry_point(have):
                 replace.append((cls, have))
             elif entry and have in _KIND and not _is_entry_point(have):
                 skip.append(cls)
             else:
-                raise PluginError(f"plugin {spec}: policy name {cls.name!r} is already registered "
-                                  f"(by {have.__module__}.{have.__qualname__})")
-    from kvviz.core.policies import unregister_policy
-
+                raise PluginError(f"plugin {spec}: {_what(cls)} name {cls.name!r} is already "
+                                  f"registered (by {have.__module__}.{have.__qualname__})")
     for cls, have in replace:
-        unregister_policy(cls.name)
-        _NOTICES.append(f"plugin {spec} replaces the installed policy {cls.name!r} "
+        _unregister(cls.name)
+        _NOTICES.append(f"plugin {spec} replaces the installed {_what(have)} {cls.name!r} "
                         f"({_KIND[have][1]})")
     for cls in skip:
-        _NOTICES.append(f"plugin {_KIND[POLICIES[cls.name]][1]} replaces the installed policy "
-                        f"{cls.name!r} ({kind[1]})")
+        _NOTICES.append(f"plugin {_KIND[registered(cls.name)][1]} replaces the installed "
+                        f"{_what(cls)} {cls.name!r} ({kind[1]})")
     names = []
     for cls in classes:
-        if cls.name not in POLICIES:
-            register_policy(cls)
+        if registered(cls.name) is None:
+            try:
+                (register_allocator if issubclass(cls, Allocator) else register_policy)(cls)
+            except ValueError as exc:  # a policy's name taken by an allocator, or the reverse
+                raise PluginError(f"plugin {spec}: {exc}") from None
             _ORIGIN[cls] = origin(cls)
             if kind is not None:
                 _KIND.setdefault(cls, kind)
@@ -174,7 +202,8 @@ def load_plugin(spec: str) -> list[str]:
         raise PluginError(f"plugin {spec}: import failed: {_one_line(exc)}") from None
     classes = _classes(module, only)
     if not classes:
-        what = f"no Policy subclass named {only}" if only else "no Policy subclass with a name"
+        what = (f"no Policy or Allocator subclass named {only}" if only
+                else "no Policy or Allocator subclass with a name")
         raise PluginError(f"plugin {spec}: defines {what}")
     kind = ("file", where) if where else ("module", target)
     _LOADED[spec] = _register_all(spec, classes,
@@ -198,7 +227,8 @@ def load_plugins(specs) -> list[str]:
 
 
 def load_entry_points() -> list[str]:
-    """Every installed `kvviz.policies` entry point (a Policy class or a module), once."""
+    """Every installed `kvviz.policies` entry point (a Policy or an Allocator class, or a
+    module), once."""
     global _ENTRY_POINTS
     if _ENTRY_POINTS is None:
         from importlib.metadata import entry_points
@@ -223,20 +253,21 @@ def load_entry_points() -> list[str]:
 
 
 def _entry_classes(name: str, obj, where: str) -> list[type]:
-    """The one policy entry point `name` registers: the class it names, or its module's
-    policy called `name`; the rule (the entry point's name is the policy's) refused in one
-    line otherwise."""
+    """The one policy or allocator entry point `name` registers: the class it names, or its
+    module's class called `name`; the rule (the entry point's name is the class's `name`)
+    refused in one line otherwise."""
     if isinstance(obj, type):
-        if not issubclass(obj, Policy):
-            raise PluginError(f"plugin {where}: {obj.__qualname__} is not a Policy subclass")
+        if not _is_class(obj):
+            raise PluginError(f"plugin {where}: {obj.__qualname__} is not a Policy or Allocator "
+                              "subclass")
         own = obj.__dict__.get("name")
         if own != name:
-            raise PluginError(f"plugin {where}: the entry point's name must be the policy's name; "
-                              f"{obj.__qualname__}.name is {own!r}, the entry point is {name!r}")
+            raise PluginError(f"plugin {where}: the entry point's name must be the {_what(obj)}'s "
+                              f"name; {obj.__qualname__}.name is {own!r}, the entry point is {name!r}")
         return [obj]
     found = _classes(obj)
     if not found:
-        raise PluginError(f"plugin {where}: defines no Policy subclass with a name")
+        raise PluginError(f"plugin {where}: defines no Policy or Allocator subclass with a name")
     match = [c for c in found if c.name == name]
     if not match:
         raise PluginError(f"plugin {where}: the entry point's name must be the policy's name; the "
@@ -255,13 +286,17 @@ def load_all(specs=()) -> list[str]:
     return load_entry_points() + load_plugins(env_specs()) + load_plugins(specs)
 
 
+def _builtin(cls) -> bool:
+    return cls in BUILTINS or cls in BUILTIN_ALLOCATORS
+
+
 def origin(name: str) -> str | None:
-    """What a worker process loads to get policy `name` (None for a built-in or an
-    allocator: its scorer is named on its own)."""
-    if name in ALLOCATORS:
-        return None
-    cls = POLICIES[name]
-    if cls in BUILTINS:
+    """What a worker process loads to get policy or allocator `name` (None for a built-in;
+    an allocator's scorer is named on its own)."""
+    cls = registered(name)
+    if cls is None:
+        raise PluginError(f"{name} is not a registered policy or allocator")
+    if _builtin(cls):
         return None
     if cls in _ORIGIN:
         return _ORIGIN[cls]
@@ -269,7 +304,7 @@ def origin(name: str) -> str | None:
     if cls.__module__ in ("__main__", "__mp_main__"):
         path = getattr(module, "__file__", None)
         if not path:
-            raise PluginError(f"policy {name} was registered from code with no file (python -c "
+            raise PluginError(f"{_what(cls)} {name} was registered from code with no file (python -c "
                               "or a notebook): worker processes cannot load it; put it in a .py "
                               "file and pass --plugin FILE (run_sweep(..., plugins=[FILE]))")
         return f"{Path(path).resolve()}:{cls.__name__}"
@@ -281,10 +316,10 @@ def provenance(name: str) -> dict:
     parameters: {"origin": "built-in" | "entry point" | "file" | "module", "where": the
     entry point, the file's absolute path or the module (empty for a built-in), "sha256":
     the SHA-256 of its module's source (kvviz.core.policies.source_hash)}."""
-    from kvviz.core.policies import _policy_class, source_hash
+    from kvviz.core.policies import policy_class, source_hash
 
-    cls = _policy_class(name)  # ValueError naming the registered ones
-    if cls in BUILTINS or name in ALLOCATORS:
+    cls = policy_class(name)  # ValueError naming the registered ones
+    if _builtin(cls):
         kind = ("built-in", "")
     elif cls in _KIND:
         kind = _KIND[cls]
@@ -296,7 +331,8 @@ def provenance(name: str) -> dict:
 
 
 def worker_specs(names) -> list[str]:
-    """The plugins a worker must load to run policies `names`, in a fixed order."""
+    """The plugins a worker must load to run policies and allocators `names`, in a fixed
+    order."""
     out = []
     for name in names:
         spec = origin(name)
@@ -320,10 +356,10 @@ def cli_load(specs, prog: str = "kvviz") -> int:
 
 def forget() -> None:
     """Unregister every plugin and forget what was loaded (tests share one registry)."""
-    from kvviz.core.policies import unregister_policy
-
     for name in [n for n, c in POLICIES.items() if c not in BUILTINS]:
         unregister_policy(name)
+    for name in [n for n, c in ALLOCATORS.items() if c not in BUILTIN_ALLOCATORS]:
+        unregister_allocator(name)
     _LOADED.clear()
     _REFUSED.clear()
     _ORIGIN.clear()
@@ -336,5 +372,5 @@ def forget() -> None:
 def add_argument(parser) -> None:
     """Add `--plugin PATH.py|MODULE` (repeatable) to a command: one spelling on every command."""
     parser.add_argument("--plugin", action="append", default=[], metavar="PATH.py|MODULE",
-                        help="load policies from a file or module (repeatable; also "
+                        help="load policies and allocators from a file or module (repeatable; also "
                              f"${ENV}, {os.pathsep}-separated)")

@@ -86,7 +86,8 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     head of the trace file (all stored layers, or the one chosen) through
     kvviz.core.layers; its row averages the streams' metrics, its memory is the recorded
     held counts summed over the streams, and `Table.notes` gets each head's held count at
-    the end. A trace with no KV heads refuses it in one line."""
+    the end. A trace with no KV heads refuses it in one line. For each plugin, `Table.notes`
+    names its file (or module, or entry point) and the SHA-256 of its source."""
     configs = []
     for spec in policies or runnable(trace):
         name, given = parse_spec(spec)
@@ -113,7 +114,21 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
     columns += ["evicts"]
     out = Table(rows, columns + ["params"])
-    out.notes = notes
+    out.notes = notes + sources([name for name, _ in configs])
+    return out
+
+
+def sources(names) -> list[str]:
+    """One line per policy or allocator in `names` that is not built in: where it came from
+    and the SHA-256 of its source (kvviz.core.plugins.provenance), so a table of a plugin's
+    numbers names the code that made them."""
+    from kvviz.core.plugins import provenance
+
+    out = []
+    for name in dict.fromkeys(names):
+        found = provenance(name)
+        if found["origin"] != "built-in":
+            out.append(f"{name}: {found['origin']} {found['where']}, sha256 {found['sha256']}")
     return out
 
 

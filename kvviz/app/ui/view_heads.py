@@ -67,13 +67,20 @@ def render(ctx: Ctx):
     needle_section(folder)
 
 
+def choices() -> tuple[list[str], list[str]]:
+    """(the allocators, the scorers) the sidebar offers: every registered allocator, plugins
+    included (--plugin, $KVVIZ_PLUGINS, entry points), by name, and every registered
+    per-stream policy in the registry's order."""
+    from kvviz.core.policies import ALLOCATORS, POLICIES
+
+    return sorted(ALLOCATORS), list(POLICIES)
+
+
 def controls(side):
     """The allocator, its scorer (any registered per-stream policy, plugins included) and the
     budget, in the sidebar and in the link (heads.allocator, heads.scorer, heads.budget)."""
-    from kvviz.core.policies import ALLOCATORS, POLICIES
-
     side.header("Heads")
-    allocators, scorers = sorted(ALLOCATORS), list(POLICIES)
+    allocators, scorers = choices()
     allocator = widget(side.selectbox, "heads_alloc", "allocator", allocators,
                        fit=fits(allocators, "heads_alloc", "adakv", "allocator"),
                        help="shares each layer's budget across its KV heads")

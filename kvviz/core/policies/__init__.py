@@ -4,8 +4,13 @@ views, references, CLI lists) is read from the registered classes, so a policy i
 `register_policy(cls)` adds one (kvviz.core.plugins loads files, modules and entry points).
 
 Allocators (kvviz.core.policies.alloc: budgets shared across heads and layers, e.g. adakv,
-pyramidkv) are found the same way and kept apart in ALLOCATORS, since they drive several
-streams at once; `make_policy`, `param_specs`, `parse_params` and `config_label` read both.
+pyramidkv) are found the same way, registered the same way (`register_allocator(cls)`, the
+same plugins) and kept apart in ALLOCATORS, since they drive several streams at once;
+`make_policy`, `param_specs`, `parse_params` and `config_label` read both. `make_policy`
+hands an allocator it builds its scorer factory (itself) and the names a scorer may be:
+nothing is wired through a global.
+
+Plugin authors import from the documented path, `kvviz.policies`.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import pkgutil
 import re
 import uuid
 
-from kvviz.core.policies.alloc import Allocator, bind_registry
+from kvviz.core.policies.alloc import Allocator
 from kvviz.core.policies.base import KINDS, ParamSpec, Place, Policy, Rank, param
 
 # The order lists, tables and default colours show the built-ins in. A built-in not named
@@ -43,22 +48,40 @@ def _builtins(base=Policy) -> tuple[type, ...]:
 
 
 BUILTINS = _builtins()
+BUILTIN_ALLOCATORS = _builtins(Allocator)
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in BUILTINS}
-ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in _builtins(Allocator)}
+ALLOCATORS: dict[str, type[Allocator]] = {cls.name: cls for cls in BUILTIN_ALLOCATORS}
 
 
 def is_allocator(name: str) -> bool:
     """Whether `name` is a registered allocator (several streams at once), not a policy."""
     return name in ALLOCATORS
-RESERVED = {"policy", "full"}  # the base class's name; the loop's no-eviction row
+
+
+def registered(name: str):
+    """The registered class called `name` (a policy or an allocator), or None."""
+    return ALLOCATORS.get(name) or POLICIES.get(name)
+
+
+def scorer_names() -> tuple:
+    """The registered per-stream policies an allocator may use as its scorer (plugins too)."""
+    return tuple(POLICIES)
+
+
+RESERVED = {"policy", "allocator", "full"}  # the base classes' names; the loop's no-eviction row
+_BASE_FIELDS = {Policy: {"budget", "rng"},  # the dataclass fields a base declares without param
+                Allocator: {"budget", "rng", "factory", "scorers", "scorer_params"}}
 _COLOUR = re.compile(r"^#[0-9A-Fa-f]{6}$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 def check_declaration(cls) -> None:
-    """Raise ValueError naming the rule a policy class breaks (see Policy and param)."""
-    if not (isinstance(cls, type) and issubclass(cls, Policy)) or cls is Policy:
-        raise ValueError(f"{cls!r} is not a subclass of kvviz.core.policies.base.Policy")
+    """Raise ValueError naming the rule a policy or an allocator class breaks (see Policy,
+    Allocator and param): the same rules for both, and a policy's rank and colour."""
+    base = next((b for b in (Policy, Allocator) if isinstance(cls, type) and issubclass(cls, b)), None)
+    if base is None or cls is base:
+        raise ValueError(f"{cls!r} is not a subclass of kvviz.policies.Policy or "
+                         "kvviz.policies.Allocator")
     if not dataclasses.is_dataclass(cls) or "__dataclass_fields__" not in cls.__dict__:
         raise ValueError(f"{cls.__name__} must be decorated with @dataclass")
     name = cls.__dict__.get("name")
@@ -69,7 +92,7 @@ def check_declaration(cls) -> None:
         raise ValueError(f"{name}: label must be a non-empty string")
     declared = {s.name for s in cls.specs}
     for f in dataclasses.fields(cls):
-        if f.name not in ("budget", "rng") and f.name not in declared:
+        if f.name not in _BASE_FIELDS[base] and f.name not in declared:
             raise ValueError(f"{name}: field {f.name!r} must be declared with param(...) "
                              "(label, range or choices, help, source)")
     for s in cls.specs:
@@ -95,10 +118,11 @@ def check_declaration(cls) -> None:
             s.parse(s.default)
         except ValueError as exc:
             raise ValueError(f"{where}: the default breaks its own rule: {exc}") from None
-    if cls.rank is not None and not isinstance(cls.rank, Rank):
+    if base is Policy and cls.rank is not None and not isinstance(cls.rank, Rank):
         raise ValueError(f"{name}: rank must be a kvviz.core.policies.base.Rank or None")
-    if cls.colour is not None and not (isinstance(cls.colour, str) and _COLOUR.match(cls.colour)):
-        raise ValueError(f"{name}: colour must be '#RRGGBB' or None, got {cls.colour!r}")
+    colour = getattr(cls, "colour", None)
+    if colour is not None and not (isinstance(colour, str) and _COLOUR.match(colour)):
+        raise ValueError(f"{name}: colour must be '#RRGGBB' or None, got {colour!r}")
     try:
         cls(budget=512)
     except Exception as exc:  # the author's code, reported not raised through
@@ -111,6 +135,8 @@ def register_policy(cls):
 
     Registering the same class again is a no-op; another class under a registered name,
     or a class that breaks a declaration rule, is refused with ValueError."""
+    if isinstance(cls, type) and issubclass(cls, Allocator):
+        raise ValueError(f"{cls.__qualname__} is an Allocator: register it with register_allocator")
     check_declaration(cls)
     if cls.name in ALLOCATORS:
         raise ValueError(f"policy name {cls.name!r} is already registered (an allocator)")
@@ -132,7 +158,37 @@ def unregister_policy(name: str) -> None:
     POLICIES.pop(name, None)
 
 
-def _policy_class(name: str):
+def register_allocator(cls):
+    """Add an allocator class (an Allocator subclass) to the registry; returns it (usable as
+    a decorator). The rules are register_policy's: the declaration is checked
+    (check_declaration), the same class again is a no-op, and a name already taken by a
+    policy or by another allocator is refused with ValueError."""
+    if not (isinstance(cls, type) and issubclass(cls, Allocator)):
+        raise ValueError(f"{cls!r} is not a subclass of kvviz.policies.Allocator "
+                         "(a per-stream policy is registered with register_policy)")
+    check_declaration(cls)
+    if cls.name in POLICIES:
+        raise ValueError(f"allocator name {cls.name!r} is already registered (a policy)")
+    have = ALLOCATORS.get(cls.name)
+    if have is cls:
+        return cls
+    if have is not None:
+        raise ValueError(f"allocator name {cls.name!r} is already registered "
+                         f"(by {have.__module__}.{have.__qualname__})")
+    ALLOCATORS[cls.name] = cls
+    source_hash(cls.name)
+    return cls
+
+
+def unregister_allocator(name: str) -> None:
+    """Remove a plugin allocator (tests); the built-ins stay."""
+    if name in {c.name for c in BUILTIN_ALLOCATORS}:
+        raise ValueError(f"{name} is built in and cannot be unregistered")
+    ALLOCATORS.pop(name, None)
+
+
+def policy_class(name: str):
+    """The registered class `name` (a policy or an allocator); ValueError naming them all."""
     if name in ALLOCATORS:
         return ALLOCATORS[name]
     if name not in POLICIES:
@@ -169,16 +225,15 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
     An allocator's name gives an Allocator; a parameter it does not declare is its scorer's
     (`make_policy("adakv", 64, scorer="snapkv", pool_kernel=3)`), checked by building the
     scorer once at the budget."""
-    cls = _policy_class(name)
+    cls = policy_class(name)
     if name in ALLOCATORS:
         own, scorer, rest = _split(name, params)
         try:
             probe = make_policy(scorer, budget=budget, **parse_params(scorer, rest, check=False))
         except ValueError as exc:
             raise ValueError(f"{name}: scorer {scorer}: {exc}") from None
-        alloc = cls(budget=budget, rng=rng, **_parse_own(name, own, "", False))
-        alloc.scorer_params = dict(probe.params)
-        return alloc
+        return cls(budget=budget, rng=rng, factory=make_policy, scorers=scorer_names(),
+                   scorer_params=dict(probe.params), **_parse_own(name, own, "", False))
     allowed = {s.name for s in cls.specs}
     unknown = set(params) - allowed
     if unknown:
@@ -195,12 +250,16 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
 def param_specs(name: str) -> list[ParamSpec]:
     """The policy's declared parameters (default, range or choices, label, help, source), in
     declaration order: what the sidebar, the CLI and sweep specs build their controls from."""
-    return list(_policy_class(name).specs)
+    specs = list(policy_class(name).specs)
+    if name in ALLOCATORS:  # its scorer: any registered policy, plugins included
+        specs = [dataclasses.replace(s, choices=scorer_names()) if s.name == "scorer" else s
+                 for s in specs]
+    return specs
 
 
 def defaults(name: str) -> dict:
     """The declared default of each parameter: the configuration a bare name means."""
-    return {s.name: s.default for s in _policy_class(name).specs}
+    return {s.name: s.default for s in policy_class(name).specs}
 
 
 def parse_params(name: str, given, where: str = "", check: bool = True) -> dict:
@@ -240,8 +299,6 @@ def _parse_own(name: str, given: dict, where: str, check: bool) -> dict:
             raise ValueError(f"{where}{exc}") from None
     return out
 
-
-bind_registry(POLICIES, make_policy)
 
 FULL = "full"              # the no-eviction configuration, as `--policy full` names it
 FULL_LABEL = "full cache"  # and as every table and figure shows it
@@ -321,7 +378,7 @@ def source_hash(name: str) -> str:
     """SHA-256 of the source of the module that defines the policy (what a sweep cell's
     identity includes, so an edited policy re-runs its cells). A class whose source cannot
     be read (defined in `python -c`) gets a fresh value per process: never resumed."""
-    cls = _policy_class(name)
+    cls = policy_class(name)
     if cls not in _SOURCES:  # read once per class: the code that runs, not a later edit
         try:
             text = inspect.getsource(inspect.getmodule(cls))
@@ -333,15 +390,16 @@ def source_hash(name: str) -> str:
 
 def reference_class(name: str):
     """The policy's slow reference class (a "module:Class" string is imported here)."""
-    ref = _policy_class(name).reference
+    ref = policy_class(name).reference
     if isinstance(ref, str):
         module, _, attr = ref.partition(":")
         ref = getattr(importlib.import_module(module), attr)
     return ref
 
 
-__all__ = ["ALLOCATORS", "FULL", "FULL_LABEL", "POLICIES", "ParamSpec", "Place", "Policy", "Rank",
-           "check_declaration", "is_allocator",
-           "config_label", "defaults", "make_policy", "param", "param_specs", "parse_params",
-           "rank_of", "reference_class", "register_policy", "score_labels", "source_hash",
+__all__ = ["ALLOCATORS", "Allocator", "BUILTINS", "BUILTIN_ALLOCATORS", "FULL", "FULL_LABEL",
+           "POLICIES", "ParamSpec", "Place", "Policy", "Rank", "check_declaration", "is_allocator",
+           "config_label", "defaults", "make_policy", "param", "param_specs", "parse_params", "policy_class",
+           "rank_of", "reference_class", "register_allocator", "register_policy", "registered",
+           "score_labels", "scorer_names", "source_hash", "unregister_allocator",
            "unregister_policy"]

@@ -12,7 +12,7 @@ heads it scores low.
 """
 from dataclasses import dataclass
 
-from kvviz.core.policies.alloc import Allocator, alpha_floor, scorer_class, shared_victims
+from kvviz.core.policies.alloc import Allocator, alpha_floor, shared_victims
 from kvviz.core.policies.base import Policy, param
 
 
@@ -27,8 +27,10 @@ class AdaKV(Allocator):
     label = "AdaKV"
 
     def check_params(self):
-        cls = scorer_class(self.scorer)
-        if cls is not None and cls.priority is Policy.priority:
+        if self.factory is None:  # built by hand: its scorer is not known yet
+            return
+        cls = type(self.factory(self.scorer, budget=self.budget, **self.scorer_params))
+        if cls.priority is Policy.priority:
             raise ValueError(f"scorer must rank its slots (define priority) to share a layer's "
                              f"budget across heads; {self.scorer} chooses victims without one")
 

@@ -7,7 +7,8 @@ built-in or plugin, with its own parameters): the scorer's `candidates()` say wh
 may go and its `priority()` ranks them, exactly as for that policy alone.
 
 An allocator is declared like a policy (a dataclass with `param(...)` fields, `name`,
-`label`) and registered beside them (kvviz.core.policies.ALLOCATORS), so `make_policy`,
+`label`) and registered beside them (`register_allocator`, `--plugin`, entry points; the
+built-ins are found from their files), so `make_policy`,
 `parse_params`, `name:k=v` and sweep specs read it the same way: `adakv:scorer=tova`,
 `pyramidkv:scorer=snapkv,poolKernel=3` (a key the allocator does not declare is the
 scorer's). A subclass says only how a layer's slots are shared:
@@ -28,43 +29,29 @@ evict, and enforces each head's cap and the layer's total after every step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
 
-from kvviz.core.policies.base import Place, _Specs, enforce, need_candidates, param, parse_declared
-
-# Set by kvviz.core.policies once its registry exists (this module must not import it).
-_REGISTRY: dict = {"policies": {}, "make": None}
+from kvviz.core.policies.base import DeclaredSpecs, Place, enforce, need_candidates, param, parse_declared
 
 
-def bind_registry(policies: dict, make) -> None:
-    """Give the allocators the per-stream registry and its constructor (`make_policy`)."""
-    _REGISTRY["policies"], _REGISTRY["make"] = policies, make
-
-
-def scorer_names() -> tuple:
-    """The registered per-stream policies an allocator may use as its scorer."""
-    return tuple(_REGISTRY["policies"])
-
-
-def scorer_class(name: str):
-    """The registered policy class `name`, or None."""
-    return _REGISTRY["policies"].get(name)
-
-
-class _AllocSpecs(_Specs):
-    """`cls.specs` for an allocator: the declared parameters, with `scorer`'s choices read
-    from the registry at each call, so a plugin registered later is a valid scorer."""
+class _AllocSpecs(DeclaredSpecs):
+    """`specs` for an allocator: the declared parameters. Read through an allocator built with
+    `scorers` (make_policy passes every registered policy, plugins included), `scorer`'s
+    choices are those names; built by hand without them, any name is taken and its scorer
+    factory refuses an unknown one when it builds the streams. (The registry's `param_specs`
+    lists the registered policies as the choices.)"""
 
     def __get__(self, obj, cls):
         specs = super().__get__(obj, cls)
-        from dataclasses import replace
-
-        return tuple(replace(s, choices=scorer_names() or s.choices) if s.name == "scorer" else s
-                     for s in specs)
+        if obj is None:
+            return specs
+        names = obj.scorers if obj.scorers is not None else (
+            (obj.scorer.strip(),) if isinstance(obj.scorer, str) else ())
+        return tuple(replace(s, choices=tuple(names)) if s.name == "scorer" else s for s in specs)
 
 
 @dataclass
@@ -75,6 +62,12 @@ class Allocator:
                         help="the per-stream policy whose candidates and priority choose victims",
                         source="any registered policy (kvpress composes a press with a scorer "
                                "press the same way)")
+    # Handed in at construction by make_policy: the scorer factory (make_policy itself:
+    # `factory(name, budget=, rng=, place=, **params)` -> a per-stream policy), the names a
+    # scorer may be (the registered policies), and the scorer's own parameters.
+    factory: object = field(default=None, repr=False, compare=False, kw_only=True)  # a callable or None
+    scorers: tuple | None = field(default=None, repr=False, compare=False, kw_only=True)
+    scorer_params: dict = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     name: ClassVar[str] = "allocator"
     label: ClassVar[str] = ""
@@ -83,7 +76,7 @@ class Allocator:
 
     def __post_init__(self):
         parse_declared(self)
-        self.scorer_params: dict = {}
+        self.scorer_params = dict(self.scorer_params)
         self.check_params()
 
     # -- what a subclass provides -------------------------------------------------
@@ -144,8 +137,15 @@ class Allocator:
 
     def make_scorer(self, budget: int, place: Place):
         """One stream's scorer at per-head budget `budget`, told its `place`."""
-        make = _REGISTRY["make"]
-        return make(self.scorer, budget=budget, rng=self.rng, place=place, **self.scorer_params)
+        return self.build_policy(self.scorer, budget, place, **self.scorer_params)
+
+    def build_policy(self, name: str, budget: int, place: Place, **params):
+        """A per-stream policy `name` from the scorer factory (headroles builds its streaming
+        heads' StreamingLLM this way), sharing the allocator's rng."""
+        if self.factory is None:
+            raise ValueError(f"{self.name} was built without a scorer factory: build it with "
+                             f"make_policy({self.name!r}, ...) (or pass factory=make_policy)")
+        return self.factory(name, budget=budget, rng=self.rng, place=place, **params)
 
     def group(self, layer: int | None, layers: int | None, heads: int, *, depth: int | None = None,
               depths: int | None = None) -> "LayerGroup":

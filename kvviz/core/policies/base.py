@@ -166,7 +166,7 @@ class Rank:
     count: bool = False       # an integer count: drawn on a linear axis
 
 
-class _Specs:
+class DeclaredSpecs:
     """`cls.specs`: the ParamSpecs of the dataclass fields declared with `param`."""
 
     def __get__(self, obj, cls):
@@ -198,7 +198,7 @@ class Policy:
     # each row renormalised; `attn` stays their mean. Only the model supplies them.
     reads_query_rows: ClassVar[bool] = False
     summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
-    specs: ClassVar = _Specs()
+    specs: ClassVar = DeclaredSpecs()
     place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
 
     def __init_subclass__(cls, **kwargs):

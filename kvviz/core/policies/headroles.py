@@ -33,7 +33,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from kvviz.core.policies.alloc import _REGISTRY, Allocator
+from kvviz.core.policies.alloc import Allocator
 from kvviz.core.policies.base import param
 
 
@@ -130,11 +130,10 @@ class HeadRoles(Allocator):
     def calibrate(self, rows, group):
         sinks, recent = self.stream_sinks, self.stream_recent
         roles = self.roles([outside_share(r[: self.calibration], sinks, recent) for r in rows], group.b)
-        make = _REGISTRY["make"]
         for g, retrieves in enumerate(roles.retrieval):
             if not retrieves:  # before the first step: nothing observed is lost
-                group.policies[g] = make("streaming-llm", budget=self.streaming_slots(), rng=self.rng,
-                                         place=group.policies[g].place, sinks=sinks)
+                group.policies[g] = self.build_policy("streaming-llm", self.streaming_slots(),
+                                                      group.policies[g].place, sinks=sinks)
         return roles
 
     # -- the layer's slots ------------------------------------------------------------
