@@ -12,7 +12,7 @@ Importing kvviz loads numpy only.
 """
 from kvviz.core.metrics import evaluate, hh_recall, retained_mass, summary
 from kvviz.core.paths import version as _version
-from kvviz.core.policies import POLICIES, make_policy, register_policy
+from kvviz.core.policies import POLICIES, make_policy, register_allocator, register_policy
 from kvviz.core.policies.base import Policy, Rank, param
 from kvviz.core.reference import RefPolicy
 from kvviz.core.replay import Replay, Run, run_policy
@@ -22,6 +22,6 @@ __version__ = _version()  # pyproject.toml's, from the checkout or the package m
 
 __all__ = [
     "POLICIES", "Policy", "Rank", "RefPolicy", "Replay", "Run", "Trace", "__version__", "canonical",
-    "evaluate", "hh_recall", "load_trace", "make_policy", "param", "register_policy",
+    "evaluate", "hh_recall", "load_trace", "make_policy", "param", "register_allocator", "register_policy",
     "retained_mass", "run_policy", "save_trace", "summary",
 ]
