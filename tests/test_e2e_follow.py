@@ -79,8 +79,7 @@ def test_a_follower_moves_when_the_lecturer_does(chromium, server):
         wait_step(stu, start, 30)
         for i in range(1, MOVES + 1):
             for page in (lect, stu):  # a lecturer talks between moves: both pages settled
-                M.wait_idle(page)
-            time.sleep(1.0)
+                M.wait_settled(page)
             lect.locator("body").press("k")  # the step navigator's shortcut (nav.next)
             t0 = time.monotonic()
             wait_step(lect, start + i, 30)

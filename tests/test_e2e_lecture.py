@@ -75,8 +75,7 @@ STUDENT = """() => ({
 
 
 def settle(page, timeout=120_000):
-    M.wait_idle(page, timeout=timeout)
-    time.sleep(0.8)
+    M.wait_settled(page, timeout=timeout)
 
 
 def wait_text(page, text, timeout=60_000):
