@@ -170,8 +170,8 @@ class Servers:
 @pytest.fixture
 def server():
     """Start real servers (the `server` tier): server.streamlit() -> URL (scripts/stclient.py's
-    Server for other ways, on port 0 too); server.port() only for Caddy; what
-    server.streamlit() started is stopped after the test."""
+    Server for other ways, on port 0 too); server.port() where a server cannot bind port 0
+    (Caddy); what server.streamlit() started is stopped after the test."""
     if str(REPO / "scripts") not in sys.path:
         sys.path.insert(0, str(REPO / "scripts"))
     servers = Servers()
