@@ -56,13 +56,25 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import stclient as C  # noqa: E402
-from measure_latency import free_port  # noqa: E402  (a port the operating system gives)
 
 QUERY = "?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache"
 PAGE_TITLE = "Cache contents over time: A = tova, B = snapkv"
 
 
 # --- the server process ------------------------------------------------------------------------
+def server_port(workers: int) -> int:
+    """0 for one server: it binds port 0 and says which port it got (stclient.Server). The
+    proxy of `kvviz app --workers N` (Caddy) reports no port it picked, so it gets one found
+    free by binding port 0 and closing: another process could take it before Caddy binds it,
+    which then fails to start (a failed run, never a wrong measurement)."""
+    if workers == 1:
+        return 0
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -211,9 +223,8 @@ def stats(xs) -> dict:
 
 def run_size(n: int, timeout: float, settle: float, repo: Path = REPO,
              launcher: str = "streamlit", workers: int = 1) -> dict:
-    port = free_port()
     out = {"n": n, "launcher": launcher, "workers": workers}
-    with C.Server(repo, port, launcher=launcher, workers=workers) as srv:
+    with C.Server(repo, server_port(workers), launcher=launcher, workers=workers) as srv:
         pids, _ = server_procs(srv)
         out["ready_s"] = srv.ready_s
         out["rss_start_mb"] = rss_sum(pids)
@@ -475,8 +486,7 @@ def run_class(n: int, timeout: float, settle: float, repo: Path = REPO,
               launcher: str = "kvviz", workers: int = 1, **kw) -> dict:
     """A fresh server (`kvviz app` by default; `kvviz app --workers N` with workers), one
     class of n students on it."""
-    port = free_port()
-    with C.Server(repo, port, launcher=launcher, workers=workers) as srv:
+    with C.Server(repo, server_port(workers), launcher=launcher, workers=workers) as srv:
         pids, proxy = server_procs(srv)
         load0 = os.getloadavg()
         c0, x0, p0 = cpu_sum(pids), cpu_sum(proxy), time.process_time()
@@ -556,9 +566,8 @@ def browser_round(pages: int) -> dict:
     if not Path(M.CHROMIUM).exists():
         return {"skipped": f"{M.CHROMIUM} not found"}
     from playwright.sync_api import sync_playwright
-    port = free_port()
     out = {"pages": pages, "first_chart_s": [], "update_s": [], "errors": []}
-    with C.Server(REPO, port) as srv:
+    with C.Server(REPO) as srv:
         asyncio.run(C.crowd(srv.url, QUERY, 1))  # warm: imports and the default replays
         with sync_playwright() as p:
             _pages(p, M, srv.url, pages, out)

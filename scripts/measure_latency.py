@@ -6,7 +6,8 @@
 A development tool, not part of the kvviz package (the app never imports it).
 
 Starts `streamlit run app.py` (or, with `--launcher kvviz`, `python -m kvviz app`, which
-draws the default page before it listens) on a free port, waits for /_stcore/health, opens
+draws the default page before it listens) on port 0 (the port the operating system gives as
+the server binds, read from the URL line it prints), waits for /_stcore/health, opens
 the page with the canonical trace at budget 512 and times, from navigation start:
   * first pixels: the cache heatmap's pixels on screen (the server-built PNG preview decoded
     and laid out, or Plotly's own image, whichever comes first);
@@ -26,11 +27,12 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -41,33 +43,72 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def free_port() -> int:
-    """A port the operating system chose (bind port 0): the scripts' and the tests' servers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# the line a Streamlit server prints once it has bound its port ("URL: http://HOST:PORT")
+URL_LINE = re.compile(rb"\bURL: http://[^\s/]+:(\d+)")
 
 
-def start_server(port: int, env: dict | None = None,
-                 launcher: str = "streamlit") -> subprocess.Popen:
+class Output:
+    """A server's stdout, read on a thread (the pipe never fills): its lines (each also written
+    to `log`, a binary file, if given) and the port it printed once it had bound one. Servers
+    here listen on port 0, so the operating system picks a free port as the socket binds (no
+    port found free first and taken by another process before the server binds it), and the
+    server's own URL line says which."""
+
+    def __init__(self, proc: subprocess.Popen, log=None):
+        self.lines: list[bytes] = []
+        self.port: int | None = None
+        self._said = threading.Event()
+        threading.Thread(target=self._read, args=(proc.stdout, log), daemon=True).start()
+
+    def _read(self, stream, log) -> None:
+        for line in stream:
+            self.lines.append(line)
+            if log is not None:  # a binary file the caller reads as it grows
+                log.write(line)
+                log.flush()
+            m = URL_LINE.search(line)
+            if m and self.port is None:
+                self.port = int(m.group(1))
+                self._said.set()
+        self._said.set()  # the end of the output: the server has ended
+
+    def text(self) -> str:
+        return b"".join(self.lines).decode(errors="replace")
+
+    def wait_port(self, timeout: float) -> int:
+        """The port, once the server has printed it (a TimeoutError after `timeout` s, a
+        RuntimeError with its output if it ended without)."""
+        if not self._said.wait(timeout):
+            raise TimeoutError(f"the server printed no URL in {timeout:.0f} s:\n{self.text()}")
+        if self.port is None:
+            raise RuntimeError(f"the server ended without listening:\n{self.text()}")
+        return self.port
+
+
+def start_server(env: dict | None = None, launcher: str = "streamlit",
+                 port: int = 0) -> tuple[subprocess.Popen, Output]:
     """`streamlit run app.py` (cold: nothing imported or replayed before the first visit) or
     `python -m kvviz app` (the README's first command: the default page drawn before it
-    listens)."""
+    listens), on `port` (0: one the operating system picks; `Output.wait_port` says which)."""
     flags = ["--server.port", str(port), "--server.address", "127.0.0.1",
              "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     cmd = ([sys.executable, "-m", "kvviz", "app", *flags] if launcher == "kvviz" else
            [sys.executable, "-m", "streamlit", "run", "app.py", *flags])
-    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})},
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    return proc, Output(proc)
 
 
-def wait_health(port: int, proc: subprocess.Popen, timeout: float = 60) -> float:
+def wait_health(port: int, proc: subprocess.Popen, timeout: float = 60,
+                out: Output | None = None) -> float:
+    """Until the server on `port` answers its health check ("ok"); the seconds it took. `out`:
+    its Output, which owns its stdout, for the message if it ends first."""
     start = time.perf_counter()
     while time.perf_counter() - start < timeout:
         if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{out}")
+            said = out.text() if out else ""
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{said}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
                 if r.read().strip() == b"ok":
@@ -75,7 +116,15 @@ def wait_health(port: int, proc: subprocess.Popen, timeout: float = 60) -> float
         except OSError:
             pass
         time.sleep(0.2)
-    raise TimeoutError("streamlit did not report healthy")
+    raise TimeoutError("the server did not report healthy")
+
+
+def started(proc: subprocess.Popen, out: Output, timeout: float) -> str:
+    """The URL of a server from start_server once it is healthy (within `timeout` s)."""
+    t0 = time.perf_counter()
+    port = out.wait_port(timeout)
+    wait_health(port, proc, timeout - (time.perf_counter() - t0), out)
+    return f"http://127.0.0.1:{port}"
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -92,11 +141,11 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def server(env: dict | None = None, launcher: str = "streamlit"):
-    port = int(os.environ.get("KVVIZ_PORT", 0)) or free_port()  # a fixed port if given
-    proc = start_server(port, env, launcher)
+    """A server from start_server, healthy: its URL. On port 0 (the operating system picks
+    one) unless $KVVIZ_PORT names one."""
+    proc, out = start_server(env, launcher, int(os.environ.get("KVVIZ_PORT", 0)))
     try:
-        wait_health(port, proc, timeout=300 if launcher == "kvviz" else 60)
-        yield f"http://127.0.0.1:{port}"
+        yield started(proc, out, timeout=300 if launcher == "kvviz" else 60)
     finally:
         stop_server(proc)
 
@@ -122,6 +171,37 @@ def wait_idle(page, timeout=30_000) -> None:
     """Until Streamlit is not running a script (the status widget goes away)."""
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+
+
+# the page at rest: no script running, no element marked stale by a rerun, no finite animation
+# or CSS transition running (the sidebar's slide; a looping spinner never ends), the fonts loaded, and the layout (every
+# element's box) the same over three animation frames in a row
+SETTLED_JS = """async (ms) => {
+  const end = performance.now() + ms;
+  const busy = () => document.querySelector('[data-testid="stStatusWidget"], [data-stale="true"]')
+    || document.getAnimations().some(a => a.playState === 'running'
+                                     && a.effect?.getTiming().iterations !== Infinity);
+  const boxes = () => [...document.querySelectorAll('[data-testid]')].map(e => {
+    const r = e.getBoundingClientRect(); return `${r.x},${r.y},${r.width},${r.height}`; }).join(';');
+  await document.fonts.ready;
+  let last = null;
+  for (let same = 0; same < 3;) {
+    if (performance.now() > end) return false;
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+    const now = busy() ? null : boxes();
+    same = now !== null && now === last ? same + 1 : 0;
+    last = now;
+  }
+  return true;
+}"""
+
+
+def wait_settled(page, timeout=30_000) -> None:
+    """Until the page is at rest (SETTLED_JS): what a screenshot or a reading of the layout
+    waits for, instead of a pause."""
+    wait_idle(page, timeout)
+    if not page.evaluate(SETTLED_JS, timeout):
+        raise TimeoutError(f"the page did not come to rest in {timeout / 1000:.0f} s")
 
 
 def wait_chart_text(page, text: str, timeout=30_000) -> None:
@@ -258,8 +338,7 @@ def measure(repeat: int = 3, screenshot: str | None = None, launcher: str = "str
             if screenshot:
                 page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
                 page.wait_for_selector(CHART_SEL + " image", state="attached", timeout=60_000)
-                wait_idle(page)
-                time.sleep(1.0)
+                wait_settled(page)
                 page.screenshot(path=screenshot)
     med = statistics.median
 

@@ -500,18 +500,26 @@ class LiveSession(Session):
 class Server:
     """`streamlit run app.py` (launcher "streamlit") or `kvviz app` (launcher "kvviz": the
     page drawn once before the server listens; `workers` > 1: `kvviz app --workers N`, the
-    workers behind Caddy on `port`) on 127.0.0.1:port, headless, telemetry off, in its own
-    process group (stopped by that group's id). `pid` is the server's process id (for RSS;
-    `kvviz app` runs the server in its own process); with workers, the launcher's, and
-    `children()` are its workers and proxy."""
+    workers behind Caddy on `port`) on 127.0.0.1, headless, telemetry off, in its own
+    process group (stopped by that group's id). `port` 0 (the default): the server binds port
+    0, so the operating system picks a free one as it binds, and `port` and `url` are set
+    from the URL line the server prints then (on entering, or by `wait_port`); nothing can
+    take the port between its choice and its use. `--workers N` needs a port named for its
+    proxy (Caddy reports none it picked). Its output goes to `log` (a binary file) if given.
+    `pid` is the server's process id (for RSS; `kvviz app` runs the server in its own
+    process); with workers, the launcher's, and `children()` are its workers and proxy."""
 
-    def __init__(self, repo, port: int, env: dict | None = None, log=None,
+    def __init__(self, repo, port: int = 0, env: dict | None = None, log=None,
                  launcher: str = "streamlit", workers: int = 1):
         import os
         import subprocess
         import sys
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+
+        from measure_latency import Output  # scripts/, beside this file
+        if workers > 1 and not port:
+            raise ValueError("kvviz app --workers N needs the proxy's port (not 0)")
+        self.port = port or None
+        self.url = f"http://127.0.0.1:{port}" if port else None
         flags = ["--server.port", str(port), "--server.address", "127.0.0.1",
                  "--server.headless", "true", "--browser.gatherUsageStats", "false",
                  "--server.fileWatcherType", "none"]
@@ -527,9 +535,17 @@ class Server:
                              f"got {launcher!r} with {workers} workers")
         self.workers = workers
         self.proc = subprocess.Popen(cmd, cwd=repo, env={**os.environ, **(env or {})},
-                                     stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        self.output = Output(self.proc, log)
         self.pid = self.proc.pid
+
+    def wait_port(self, timeout: float = 120.0) -> int:
+        """The port it listens on, once it has said so (at once if it was given)."""
+        if self.port is None:
+            self.port = self.output.wait_port(timeout)
+            self.url = f"http://127.0.0.1:{self.port}"
+        return self.port
 
     def children(self) -> dict[int, str]:
         """{pid: command line} of the launcher's child processes (its workers and Caddy)."""
@@ -550,11 +566,14 @@ class Server:
         return out
 
     def wait_healthy(self, timeout: float = 120.0) -> float:
+        """Until it answers its health check: the seconds since this call."""
         import urllib.request
         t0 = time.perf_counter()
+        self.wait_port(timeout)
         while time.perf_counter() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited with {self.proc.returncode}")
+                raise RuntimeError(f"streamlit exited with {self.proc.returncode}:\n"
+                                   f"{self.output.text()[-3000:]}")
             try:
                 with urllib.request.urlopen(self.url + "/_stcore/health", timeout=2) as r:
                     if r.read().strip() == b"ok":

@@ -3,10 +3,10 @@
 # the browser tests (Debian chromium) and the real-model tests (CPU torch) included.
 #
 #   ./scripts/test.sh                 everything (what CI runs)
-#   ./scripts/test.sh --fast          the fast tier (a few minutes): no model, browser,
-#                                     server, page (AppTest) or slow test (the markers:
-#                                     pyproject.toml, tests/tiers.py); it needs neither chromium
-#                                     nor the capture stack, so it installs neither
+#   ./scripts/test.sh --fast          the fast tier (about a minute, a process per core): no
+#                                     model, browser, server, page (AppTest) or slow test (the
+#                                     markers: pyproject.toml, tests/tiers.py); it needs neither
+#                                     chromium nor the capture stack, so it installs neither
 #   ./scripts/test.sh [--fast] ARGS   ARGS go to pytest (files, -k, -x ...)
 #
 # $PYTHON is the interpreter that makes the .venv (default: the first python3 on PATH, which
@@ -41,7 +41,9 @@ fi
 export KVVIZ_REQUIRE_E2E=1 KVVIZ_REQUIRE_CAPTURE=1 HF_HUB_OFFLINE=1 STREAMLIT_BROWSER_GATHER_USAGE_STATS=false
 # pytest exits 5 when it collects nothing; set -e turns that (and any failure) into a red run
 if [ "$FAST" = 1 ]; then
-  "$VENV/bin/python" -m pytest -q -m "$FAST_TIER" "$@"
+  # one worker process per core (pytest-xdist), each test file on one worker (its module
+  # fixtures built once); `-n 0` among ARGS runs it in this process (for --pdb)
+  "$VENV/bin/python" -m pytest -q -n auto --dist loadfile -m "$FAST_TIER" "$@"
 else
   "$VENV/bin/python" -m pytest -q "$@"
 fi

@@ -92,3 +92,15 @@ def require_capture_stack():
         if os.environ.get("KVVIZ_REQUIRE_CAPTURE") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+@contextlib.contextmanager
+def refused_port():
+    """A loopback port where nothing listens while the block runs: a socket bound to port 0
+    (the operating system picks the port) and never listening, held to the end, so a
+    connection there is refused and no other process can start listening there meanwhile."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

@@ -133,29 +133,32 @@ def chromium():
 
 
 class Servers:
-    """Real server processes for one test, each on a port the operating system chose (bound
-    to port 0: scripts/measure_latency.py's free_port, which the scripts use too), the ones
-    started here stopped when the test ends."""
+    """Real server processes for one test, the ones started here stopped when the test ends.
+    A server binds port 0 (the operating system picks a free port as it binds) and the test
+    reads the port from the URL line the server prints (scripts/measure_latency.py's Output)."""
 
     def __init__(self):
         self._procs = []
 
     @staticmethod
     def port() -> int:
-        import measure_latency as M
+        """A port found free by binding port 0 and closing, for a server that cannot bind port
+        0 and say which it got (Caddy, the proxy of `kvviz app --workers N`): another process
+        could take it first, and the server then fails to start (never a wrong result)."""
+        import socket
 
-        return M.free_port()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
 
     def streamlit(self, env: dict | None = None, launcher: str = "streamlit",
                   timeout: float = 120) -> str:
-        """`streamlit run app.py` (or `kvviz app`) on a free port, healthy: its URL."""
+        """`streamlit run app.py` (or `kvviz app`) on port 0, healthy: its URL."""
         import measure_latency as M
 
-        port = self.port()
-        proc = M.start_server(port, env, launcher)
+        proc, out = M.start_server(env, launcher)
         self._procs.append(proc)
-        M.wait_health(port, proc, timeout=timeout)
-        return f"http://127.0.0.1:{port}"
+        return M.started(proc, out, timeout)
 
     def stop(self):
         import measure_latency as M
@@ -166,8 +169,9 @@ class Servers:
 
 @pytest.fixture
 def server():
-    """Start real servers (the `server` tier): server.streamlit() -> URL, server.port() for a
-    server started another way; what server.streamlit() started is stopped after the test."""
+    """Start real servers (the `server` tier): server.streamlit() -> URL (scripts/stclient.py's
+    Server for other ways, on port 0 too); server.port() where a server cannot bind port 0
+    (Caddy); what server.streamlit() started is stopped after the test."""
     if str(REPO / "scripts") not in sys.path:
         sys.path.insert(0, str(REPO / "scripts"))
     servers = Servers()
@@ -195,3 +199,10 @@ def ray_local():
     """A sweep's `ray=` for a local Ray cluster (the `slow` tier: starting one takes tens of
     seconds on a small machine)."""
     return "local"
+
+
+@pytest.fixture(scope="session")
+def long_run():
+    """Nothing to set up: a test that takes it is long for its own sake (thousands of
+    Hypothesis scenarios, a CLI run per case ...) and goes to the `slow` tier, in the full
+    suite and out of `./scripts/test.sh --fast`."""

@@ -47,7 +47,8 @@ def test_every_public_name_of_the_core_has_a_docstring():
     assert missing == []
 
 
-def test_the_reference_builds_without_a_warning(tmp_path):
+def test_the_reference_builds_without_a_warning(tmp_path, long_run):
+    """(pdoc over every module: long for its own sake, so the full suite's.)"""
     pages = api_docs.build(tmp_path)  # warnings are errors inside build()
     names = {p.relative_to(tmp_path).as_posix() for p in pages}
     for page in ("kvviz.html", "kvviz/core/replay.html", "kvviz/core/policies/base.html",

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from apphelp import REPO, app, ok, softmax_rows, traces_dir
+from apphelp import REPO, app, ok, refused_port, softmax_rows, traces_dir
 
 from kvviz.app.teach.classroom import Refused
 from kvviz.app.ui.classroom import REGISTRY
@@ -324,25 +324,21 @@ def test_a_reloaded_lecturer_takes_the_class_back_with_its_key(traces, apptest):
 def test_a_class_store_that_does_not_answer_is_said_in_one_sentence(traces, monkeypatch, apptest):
     """KVVIZ_CLASSES names a Redis server that is down: opening a class and following one say
     so on the page (no traceback), and the page works on as a plain explorer."""
-    import socket
-
     from kvviz.app.teach.classroom import Registry
     from kvviz.app.ui import classroom
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there once the socket is closed
-    monkeypatch.setattr(classroom, "REGISTRY", Registry(f"redis://127.0.0.1:{port}/0"))
-    lect = app(trace="file:small.npz")
-    lect.button(key="class.open").click().run()
-    assert not lect.exception
-    said = text(lect.sidebar, "error")
-    assert f"redis://127.0.0.1:{port}/0 (KVVIZ_CLASSES) cannot be reached" in said
-    assert lect.button(key="class.open") and not CODE.findall(text(lect.sidebar))
-    stu = app(follow="ABCDEF")
-    assert not stu.exception
-    assert "cannot be reached" in text(stu, "error") and "plain explorer" in text(stu, "error")
-    assert stu.get("plotly_chart")
+    with refused_port() as port:  # nothing listens there
+        monkeypatch.setattr(classroom, "REGISTRY", Registry(f"redis://127.0.0.1:{port}/0"))
+        lect = app(trace="file:small.npz")
+        lect.button(key="class.open").click().run()
+        assert not lect.exception
+        said = text(lect.sidebar, "error")
+        assert f"redis://127.0.0.1:{port}/0 (KVVIZ_CLASSES) cannot be reached" in said
+        assert lect.button(key="class.open") and not CODE.findall(text(lect.sidebar))
+        stu = app(follow="ABCDEF")
+        assert not stu.exception
+        assert "cannot be reached" in text(stu, "error") and "plain explorer" in text(stu, "error")
+        assert stu.get("plotly_chart")
 
 
 def _cache_traces(at) -> list[str]:

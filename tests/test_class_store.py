@@ -4,6 +4,7 @@ way the processes of one server do."""
 import multiprocessing
 import os
 import shutil
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -11,17 +12,40 @@ import threading
 import time
 
 import pytest
+from apphelp import refused_port
 
 from kvviz.app.teach import classroom as cr
 from kvviz.app.teach import store as st
 
 
-def _free_port() -> int:
-    import socket
+def _start_redis(exe: str, tries: int = 5) -> tuple[subprocess.Popen, str]:
+    """redis-server on a loopback port: (its process, its URL). Redis cannot bind port 0 and
+    say which it got (`--port 0` turns TCP off) and kvviz's store takes only redis://HOST:PORT,
+    so the port is found free first (bound to port 0, then closed). Another process may take
+    it before redis binds it; then redis exits ("Address already in use") and the next port
+    is tried. The server that answers is checked to be this one (INFO's process_id), so a
+    test never talks to another process's server."""
+    import redis
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url, socket_connect_timeout=2)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if client.info("server")["process_id"] == proc.pid:
+                    return proc, url
+            except redis.ConnectionError:
+                pass
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    raise RuntimeError(f"redis-server did not start on a free port in {tries} tries")
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +58,7 @@ def _redis():
         if os.environ.get("KVVIZ_REQUIRE_E2E") == "1":
             pytest.fail(msg + " (KVVIZ_REQUIRE_E2E=1)")
         pytest.skip(msg)
-    import redis
-
-    port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    proc, url = _start_redis(exe)
     try:
         yield url
     finally:
@@ -409,9 +421,10 @@ def test_a_file_of_another_schema_is_refused(tmp_path):
 
 
 def test_an_unreachable_redis_is_one_sentence_at_first_use():
-    r = cr.Registry(f"redis://127.0.0.1:{_free_port()}/0")  # nothing listens there
-    with pytest.raises(st.Unreachable) as e:
-        r.open("l")
+    with refused_port() as port:  # nothing listens there
+        r = cr.Registry(f"redis://127.0.0.1:{port}/0")
+        with pytest.raises(st.Unreachable) as e:
+            r.open("l")
     msg = str(e.value)
     assert "cannot be reached" in msg and "KVVIZ_CLASSES" in msg and "\n" not in msg
     assert isinstance(e.value, cr.Refused)  # the page says it like any refusal

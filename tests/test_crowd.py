@@ -27,8 +27,7 @@ QUERY = "?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache"
 
 
 def test_a_crowd_on_a_cold_server_gets_charts_and_no_exceptions(server):
-    port = server.port()
-    with stclient.Server(REPO, port, env={"STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}) as srv:
+    with stclient.Server(REPO, env={"STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}) as srv:
         results = asyncio.run(stclient.crowd(srv.url, QUERY, SESSIONS, timeout=80))
     failures = [r for r in results if isinstance(r, BaseException)]
     assert not failures, f"{len(failures)} sessions failed at the protocol level: {failures[:3]}"
@@ -47,7 +46,6 @@ def test_the_live_client_keeps_the_run_every_timers_as_the_browser_does(server):
     """st.fragment(run_every=...) is a timer in the browser: without it a follower never
     polls. The client must rerun the fragment on its timer, keep one timer per fragment
     across full reruns (which restart it), and see each fragment run's new text."""
-    port = server.port()
     app = REPO / "tests" / "fixtures" / "ticker"
 
     async def go(url):
@@ -73,7 +71,7 @@ def test_the_live_client_keeps_the_run_every_timers_as_the_browser_does(server):
         assert len(set(ticks)) >= 5, ticks  # each fragment run's own text arrived
         assert any(t.endswith("of full run 2") for t in s.texts), sorted(s.texts)
 
-    with stclient.Server(app, port) as srv:
+    with stclient.Server(app) as srv:
         asyncio.run(go(srv.url))
 
 
@@ -83,8 +81,7 @@ def test_a_class_of_four_follows_the_lecturer_and_every_vote_is_counted(server):
     follower's page redraws at the lecturer's step with the lecturer's settings; the
     lecturer asks which position A evicts next, each student votes a held position, the
     lecturer's histogram counts all 4; no exception, st.error or lost connection anywhere."""
-    port = server.port()
-    with stclient.Server(REPO, port, launcher="kvviz") as srv:
+    with stclient.Server(REPO, launcher="kvviz") as srv:
         r = asyncio.run(loadtest.class_session(srv.url, 4, moves=2, vote_spread=0.5,
                                                join_spread=0.5, gap=0.5, timeout=60, wait=30))
     assert not r["errors"], r["errors"][:5]

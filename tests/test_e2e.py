@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +59,7 @@ def projector(browser, url):
         page.goto(url + "/?trace=canonical&budget=512&a=tova&b=snapkv&step=1300&view=cache")
         page.wait_for_selector(M.CHART_SEL + " image", state="attached", timeout=180_000)
         page.get_by_text("holds").first.wait_for()
-        M.wait_idle(page)
-        time.sleep(1.0)
+        M.wait_settled(page)
         page.screenshot(path=str(ART / "e2e-05-1024x768.png"))
         # docs/images/screenshot-1024.png: tests/test_e2e_projector.py (the default page)
         for name in ("prev", "next", "next divergence", "Glossary"):
@@ -125,10 +123,9 @@ def test_explorer_in_chromium(chromium, server):
         page.wait_for_function("() => new URL(location.href).searchParams.get('step') > 1303",
                                timeout=20_000)
         page.get_by_text("play", exact=True).click()
-        M.wait_idle(page)
-        time.sleep(1.5)
+        M.wait_settled(page)  # a tick already under way has landed
         stopped = url_param(page, "step")
-        time.sleep(2.0)
+        page.wait_for_timeout(2000)  # not a wait for something: two seconds in which nothing may move
         assert url_param(page, "step") == stopped
 
         # the scores view: SnapKV's pooled envelope beside TOVA's weights
@@ -166,12 +163,11 @@ def test_explorer_in_chromium(chromium, server):
                 page.goto(url + "/?" + query)
                 page.wait_for_selector(M.CHART_SEL + " .main-svg", state="attached",
                                        timeout=60_000)
-                M.wait_idle(page)
-                time.sleep(1.5)
+                M.wait_settled(page)
                 page.screenshot(path=str(REPO / "docs" / "images" / name))
         projector(page.context.browser, url)
     (ART / "latency.json").write_text(json.dumps(lat, indent=1))
     print("latencies:", lat)
     assert not errors, errors
-    # generous bounds (a loaded CI box); the README reports measured medians
-    assert lat["first_chart_s"] < 30 and lat["poolKernel_s"] < 15 and lat["step_s"] < 10
+    # the latencies are a record (artifacts/latency.json; scripts/measure_latency.py measures them
+    # on a quiet machine), not a pass mark: each wait above fails at its own timeout

@@ -75,8 +75,7 @@ STUDENT = """() => ({
 
 
 def settle(page, timeout=120_000):
-    M.wait_idle(page, timeout=timeout)
-    time.sleep(0.8)
+    M.wait_settled(page, timeout=timeout)
 
 
 def wait_text(page, text, timeout=60_000):
@@ -194,14 +193,13 @@ def test_the_lesson_taught_to_three_students(chromium, server):
         stu = students[0]
         settle(stu)
         key(stu, "PageDown")
-        time.sleep(2.0)
+        scrolled = ("() => document.querySelector('[data-testid=\"stMain\"]').scrollTop"
+                    " + window.scrollY")
+        stu.wait_for_function(f"() => ({scrolled})() > 0", timeout=10_000)  # it scrolled
         settle(stu)
-        pagedown = {"student": stu.evaluate(STUDENT),
-                    "scrolled": stu.evaluate("() => document.querySelector("
-                                             "'[data-testid=\"stMain\"]').scrollTop"
-                                             " + window.scrollY")}
+        pagedown = {"student": stu.evaluate(STUDENT), "scrolled": stu.evaluate(scrolled)}
         key(lect, "PageDown")
-        time.sleep(2.0)
+        lect.wait_for_timeout(2000)  # not a wait for something: two seconds for a wrong move
         settle(lect)
         pagedown["lecturer_scene_1"] = f"Scene 1/{total}" in lect.locator(MAIN).inner_text()
         lect.evaluate("() => document.querySelector('[data-testid=\"stMain\"]')"

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,8 +65,7 @@ def _press(page, key, before):
     """Press `key` on the page (nothing focused) and wait for the status line's step to move."""
     page.keyboard.press(key)
     page.wait_for_function(f"() => ({STEP})() !== {before}", timeout=60_000)
-    M.wait_idle(page, timeout=60_000)
-    time.sleep(0.3)
+    M.wait_settled(page, timeout=60_000)
     return page.evaluate(STEP)
 
 
@@ -84,8 +82,7 @@ def _keys(page) -> dict:
     page.mouse.click(5, page.viewport_size["height"] - 5)
     page.keyboard.press("p")
     page.wait_for_selector('[data-testid="stSidebar"]', timeout=60_000)
-    M.wait_idle(page, timeout=60_000)
-    time.sleep(0.5)
+    M.wait_settled(page, timeout=60_000)  # the sidebar slid in
     out["P: sidebar"] = page.evaluate(SIDEBAR)
     out["P: link"] = page.url
     return out

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,8 +101,7 @@ def open_screen(browser, url, screen, screens=SCREENS):
     page.goto(url)
     page.wait_for_selector('[data-testid="stMain"] [data-testid="stPlotlyChart"] .main-svg',
                            state="attached", timeout=240_000)
-    M.wait_idle(page, timeout=240_000)
-    time.sleep(1.0)  # the last layout pass after the charts draw
+    M.wait_settled(page, timeout=240_000)  # the last layout pass after the charts draw
     return ctx, page
 
 
@@ -140,7 +138,7 @@ def test_projector_screens(chromium, server):
                         page.locator('[data-testid="stSidebarCollapseButton"] button').click(
                             force=True)
                         page.wait_for_selector('[data-testid="stExpandSidebarButton"]')
-                        time.sleep(0.6)  # the sidebar's slide-out transition
+                        M.wait_settled(page)  # the sidebar's slide-out transition ended
                         seen[f"{screen}/collapsed"] = page.evaluate(TITLE_CLEAR)
                         page.screenshot(path=str(ART / f"e2e-projector-{screen}-collapsed.png"))
     (ART / "e2e-projector.json").write_text(json.dumps(seen, indent=1))

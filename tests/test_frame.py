@@ -180,8 +180,19 @@ def kvviz_export(*args, env=None):
                           capture_output=True, text=True, timeout=300, env=env)
 
 
+def export_here(capsys, *args) -> tuple[int, str, str]:
+    """`kvviz export ARGS` in this process, through the command's own entry: (exit status,
+    stdout, stderr). The round trip runs it ten times: a process each would mostly import."""
+    from kvviz.__main__ import main
+
+    capsys.readouterr()
+    rc = main(["export", *map(str, args)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
-def test_export_round_trip(tmp_path, fmt, needle_dir):
+def test_export_round_trip(tmp_path, fmt, needle_dir, capsys):
     from kvviz.studies.export import read
 
     pytest.importorskip("pyarrow") if fmt == "parquet" else None
@@ -197,13 +208,13 @@ def test_export_round_trip(tmp_path, fmt, needle_dir):
                              (run_file, "step", read_run(run_file).to_frame(per="step")),
                              (needle_dir, "position", None)):
         out = tmp_path / f"t-{per}.{fmt}"
-        r = kvviz_export(src, "--format", fmt, "--out", out, "--per", per)
-        assert r.returncode == 0, r.stderr
+        rc, stdout, stderr = export_here(capsys, src, "--format", fmt, "--out", out, "--per", per)
+        assert rc == 0, stderr
         back = read(out)
         if expect is None:
             from kvviz.model.needle.results import layer_table
             expect = layer_table(needle_dir)
-        assert r.stdout.strip() == f"{len(expect):,} rows x {len(expect.columns)} columns -> {out}"
+        assert stdout.strip() == f"{len(expect):,} rows x {len(expect.columns)} columns -> {out}"
         pd.testing.assert_frame_equal(back, expect, check_dtype=fmt == "parquet")
         if fmt == "csv" and "evicted" in back:  # the types a reader needs survive the text
             assert back["evicted"].dtype == "Int64" and back["full_mass"].dtype == "float64"

@@ -225,8 +225,15 @@ def held_after(victims, step):
     return [p for p in range(step + 1) if p not in gone]
 
 
+_FACTS: dict = {}
+
+
 def value(les, n, name):
-    return L.PLACEHOLDERS[name].fn(L.Facts(les.scene(n)))
+    """A placeholder's value on scene n; one Facts per scene (each builds the scene's replays)."""
+    key = (id(les), n)
+    if key not in _FACTS:
+        _FACTS[key] = (les, L.Facts(les.scene(n)))  # the lesson kept, so its id stays its own
+    return L.PLACEHOLDERS[name].fn(_FACTS[key][1])
 
 
 @pytest.fixture(scope="module")

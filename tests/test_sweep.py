@@ -3,7 +3,6 @@ a bad spec is refused before any cell runs, a failing cell is recorded and the r
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from sweephelp import kill_after_cells
 
 from kvviz.core.metrics import evaluate
 from kvviz.core.trace import canonical, load_trace, pack_rows, save_trace
@@ -137,36 +137,31 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigkill_then_resume_gives_the_uninterrupted_table(workdir, serial_table):
-    """SIGKILL a sweep on a 2-worker pool halfway; its workers go too; resuming (serially:
-    the engine may change) gives the uninterrupted table and does not redo finished cells."""
+    """SIGKILL a sweep on a 2-worker pool right after its 5th cell (mid-task: a task is a
+    trace's two layers); its workers go too; resuming (serially: the engine may change) runs
+    exactly the missing cells and gives the uninterrupted table, bit for bit."""
     out = workdir / "killed"
-    cmd = [sys.executable, "-m", "kvviz", "sweep", "spec.toml", "--out", str(out), "--quiet"]
+    args = ["sweep", "spec.toml", "--out", str(out), "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd + ["--workers", "2"], cwd=workdir, env=env)
+    workers = kill_after_cells(5, [*args, "--workers", "2"], workdir, env)
     cells = out / "cells"
-    deadline = time.monotonic() + 120
-    while len(list(cells.glob("*.json"))) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True,
-                             text=True).stdout.split()
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
     before = {p.name: p.stat().st_mtime_ns for p in cells.glob("*.json")}
-    assert 3 <= len(before) < 32, f"killed after {len(before)} of 32 cells"
+    assert len(before) == 5
     assert not (out / "results.csv").exists()
     assert workers
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 15  # they notice the driver's death within a second
     while any(_alive(int(p)) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(int(p)) for p in workers), "pool workers outlived the killed driver"
-    resumed = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+    resumed = subprocess.run([sys.executable, "-m", "kvviz", *args], cwd=workdir, env=env,
+                             capture_output=True, text=True)
     # the broken trace's 16 cells fail (by design of SPEC): the sweep says so and exits 1
     assert resumed.returncode == 1, resumed.stderr
     assert "16 of 32 cells failed; first (" in resumed.stderr
     assert "broken.npz): ValueError: attn weights must be non-negative" in resumed.stderr
     after = {p.name: p.stat().st_mtime_ns for p in cells.glob("*.json")}
     assert len(after) == 32
-    assert all(after[n] == t for n, t in before.items())  # finished cells were not re-run
+    assert {n: after[n] for n in before} == before  # finished cells were not re-run
     _same(pd.read_parquet(out / "results.parquet"), serial_table)
     assert (out / "results.csv").read_bytes() == (workdir / "serial" / "results.csv").read_bytes()
 

@@ -6,14 +6,12 @@ tokenizer) keeps them cheap; what is tested (batching, shipping, resume) does no
 the weights. The needle on SmolLM2 itself is tests/test_needle.py.
 """
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from sweephelp import kill_after_cells
 
 from kvviz.studies.sweep.run import run_sweep
 from kvviz.studies.sweep.spec import SpecError
@@ -112,17 +110,11 @@ def test_pool_and_ray_give_the_serial_table(workdir, serial, mode, ray_local):
 def test_sigkill_then_resume_loses_nothing(workdir, serial, mode):
     want = _serial(workdir, serial, mode)
     out = workdir / f"killed-{mode}"
-    proc = subprocess.Popen([sys.executable, "-m", "kvviz", "sweep", f"{mode}.toml", "--out", str(out), "--quiet"],
-                            cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stderr=subprocess.DEVNULL)
+    kill_after_cells(1, ["sweep", f"{mode}.toml", "--out", str(out), "--quiet"], workdir,
+                     {**os.environ, "PYTHONPATH": str(ROOT)})
     cells = out / "cells"
-    deadline = time.monotonic() + 300
-    while not list(cells.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
     before = {p.name: p.read_bytes() for p in cells.glob("*.json")}
-    assert 0 < len(before) < len(want), "the kill should land mid-sweep"
+    assert len(before) == 1 < len(want)
     got = run_sweep(workdir / f"{mode}.toml", out, base=workdir, progress=False)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
     assert all((cells / n).read_bytes() == b for n, b in before.items())  # kept, not redone

@@ -1,11 +1,12 @@
 """Test tiers: what a test needs, read from the fixtures it takes, and a check that none is
 forgotten.
 
-The markers (registered in pyproject.toml's [tool.pytest.ini_options]): `model` (torch, transformers or the SmolLM2
-model), `browser` (chromium driven by playwright), `page` (the whole Streamlit page under
-AppTest), `server` (a real streamlit / `kvviz app` server process), `slow` (long for
-another reason, e.g. a sweep on a local Ray cluster). tests/conftest.py gives a test the
-markers of the fixtures it takes (FIXTURE_MARKS), so a test marks itself by asking for what
+The markers (registered in pyproject.toml's [tool.pytest.ini_options]): `model` (torch,
+transformers or the SmolLM2 model), `browser` (chromium driven by playwright), `page` (the
+whole Streamlit page under AppTest), `server` (a real streamlit / `kvviz app` server
+process), `slow` (long for another reason: a sweep on a local Ray cluster, or a test long for
+its own sake, which takes `long_run`). tests/conftest.py gives a test the markers of the
+fixtures it takes (FIXTURE_MARKS), so a test marks itself by asking for what
 it uses; `./scripts/test.sh --fast` leaves out what the fast tier cannot afford.
 
 `static_needs` reads a test module's source and says, per test function, which markers what
@@ -28,6 +29,7 @@ FIXTURE_MARKS = {
     "server": "server",
     "caddy": "server",  # the proxy of `kvviz app --workers N`, there with the servers
     "ray_local": "slow",
+    "long_run": "slow",  # long for its own sake: thousands of Hypothesis scenarios, ...
 }
 
 # names whose use means a marker: a Name or the last part of an Attribute (M.server -> server)
