@@ -6,8 +6,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvviz.core.policies import register_policy, unregister_policy
+from kvviz.core.policies.base import Policy
+from kvviz.core.policies.vectorised import StreamState, close_gap
 from kvviz.core.replay import run_policy
-from kvviz.core.streams import VECTORISED, replay_streams, run_streams
+from kvviz.core.streams import replay_streams, run_streams, vectorised_names
 from kvviz.core.trace import ArrayTrace, Trace, canonical, load_trace, pack_rows
 from kvviz.studies.streams_bench import check_lean
 
@@ -130,7 +133,7 @@ def test_loaded_traces_and_computed_rows():
     loaded = [load_trace(path), load_trace(path.read_bytes(), name="again")]
     assert_same_runs(run_streams(loaded, "snapkv", 256), loaded, "snapkv", 256)
     computed = [canonical(400, seed=s) for s in range(3)]
-    for name in VECTORISED:
+    for name in vectorised_names():
         assert_same_runs(run_streams(computed, name, 64), computed, name, 64)
 
 
@@ -207,3 +210,92 @@ def test_perf_streams_cli_prints_every_way(capsys):
     for way in ("lean loop", "Replay", "run_streams S=2"):
         assert way in out
     assert out.count("victims same") == 12 and "DIFFERENT" not in out  # 3 policies x 4 ways
+
+
+class PeakStreams(StreamState):
+    """`Peak` over S streams, counting its victim calls (so a test sees it was used)."""
+
+    victims = 0
+
+    def __init__(self, policy, S, cap):
+        super().__init__(policy, S, cap)
+        self.peak, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
+
+    def observe(self, t, attn, n):
+        np.maximum(self.peak[:, :n], attn, out=self.peak[:, :n])
+
+    def admit(self, n):
+        self.peak[:, n] = 0.0
+
+    def victim(self, attn, n):
+        type(self).victims += 1
+        return self.peak[:, : n - 1].argmin(axis=1)  # the unobserved newcomer is protected
+
+    def remove(self, i, stay):
+        close_gap(self.spare, self.peak, stay)
+        self.peak, self.spare = self.spare, self.peak
+
+
+class Peak(Policy):
+    """A plugin policy: the slot whose highest weight so far is lowest goes; the newcomer
+    is protected until observed. Declares its vectorised form in its own class."""
+
+    name = "peak-test"
+    label = "Peak"
+    vectorised = PeakStreams
+
+    def columns(self):
+        return {"peak": (np.float64, (), 0.0)}
+
+    def observe(self, attn):
+        peak = self.col("peak")
+        np.maximum(peak, attn, out=peak)
+
+    def protected_tail(self):
+        return 1
+
+    def priority(self):
+        return self.col("peak")
+
+
+class PeakSub(Peak):
+    """A subclass that changes the rule: it must not inherit Peak's vectorised form."""
+
+    name = "peak-sub-test"
+
+    def priority(self):
+        return -self.col("peak")
+
+
+def test_a_plugin_policy_declaring_a_vectorised_form_is_stepped_by_it():
+    register_policy(Peak)
+    register_policy(PeakSub)
+    try:
+        assert "peak-test" in vectorised_names() and "peak-sub-test" not in vectorised_names()
+        mats = matrices(3, 60, 11, np.float32)
+        for layout in ("shared", "rows"):
+            traces = make_traces(mats, layout)
+            PeakStreams.victims = 0
+            runs = run_streams(traces, "peak-test", 7)
+            assert PeakStreams.victims == 60 - 7  # one batched victim call per evicting step
+            assert_same_runs(runs, traces, "peak-test", 7)
+            assert replay_streams(traces, "peak-test", 7).tolist() == [r.evicted_at.tolist() for r in runs]
+            PeakStreams.victims = 0
+            sub = run_streams(traces, "peak-sub-test", 7)  # per-stream replay, its own rule
+            assert PeakStreams.victims == 0
+            assert_same_runs(sub, traces, "peak-sub-test", 7)
+            assert [r.evicted_at.tolist() for r in sub] != [r.evicted_at.tolist() for r in runs]
+        with pytest.raises(ValueError, match="declares no vectorised form"):
+            replay_streams(traces, "peak-sub-test", 7)
+    finally:
+        unregister_policy("peak-test")
+        unregister_policy("peak-sub-test")
+
+
+def test_builtins_declare_their_vectorised_form_in_their_own_file():
+    from kvviz.core.policies import POLICIES
+
+    for name in vectorised_names():
+        cls = POLICIES[name]
+        assert cls.vectorised.__module__ == cls.__module__
+    assert {"tova", "h2o", "snapkv"} <= set(vectorised_names())

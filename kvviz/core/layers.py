@@ -103,9 +103,9 @@ def replay_layers(grid, allocator) -> LayerRun:
             group.calibrate([[tr.row(t) for t in range(calibration)] for tr in row])
     if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
         raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
-    if getattr(scorer, "reads_query_rows", False):
+    if scorer.reads_query_rows:
         raise refuse_query_rows(allocator.scorer, getattr(grid[0][0], "name", "trace"))
-    reads_values = getattr(scorer, "reads_value_norms", False)
+    reads_values = scorer.reads_value_norms
     if reads_values and any(getattr(tr, "value_norms", None) is None for row in grid for tr in row):
         raise refuse_value_norms(allocator.scorer, getattr(grid[0][0], "name", "trace"))
     L = len(grid)

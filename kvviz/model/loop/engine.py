@@ -30,7 +30,7 @@ from kvviz.core.policies import Place
 from kvviz.core.policies.alloc import LayerGroup
 from kvviz.core.policies.base import BudgetError
 from kvviz.core.replay import NEVER
-from kvviz.core.streams import STATES, Streams
+from kvviz.core.streams import Streams
 from kvviz.core.trace import packed_offset
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_chunk, check_configs, check_eviction
 from kvviz.model.loop.result import LoopResult
@@ -459,7 +459,7 @@ class PromptFeed:
                         streamed.append(p)
                     if p.reads_key_norms and self.norms is None:
                         self.norms = np.zeros((L, G, T0), np.float32)
-                    if getattr(p, "reads_value_norms", False) and self.vnorms is None:
+                    if p.reads_value_norms and self.vnorms is None:
                         self.vnorms = np.zeros((L, G, T0), np.float32)
                 per.append(harness.PromptRows(T0, tail, sums, streamed))
                 tails.append(tail)
@@ -941,9 +941,11 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
     if cfg.is_allocator:
         alloc = cfg.make(0, 0, seed)
         return [alloc.group(layer, L, G) for layer in range(L)]
-    if vectorised and cfg.policy in STATES:
-        S = L * G
-        return Streams(cfg.make(0, 0, seed), S, offsets=np.arange(S) * T)
+    if vectorised:
+        policy = cfg.make(0, 0, seed)
+        if type(policy).vectorised is not None:
+            S = L * G
+            return Streams(policy, S, offsets=np.arange(S) * T)
     return [[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
              for g in range(G)] for layer in range(L)]
 
@@ -967,7 +969,7 @@ def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
 
 def reads_query_rows(policies) -> bool:
     """Whether any config's policy reads per-query-head rows (`Policy.reads_query_rows`)."""
-    return any(getattr(p, "reads_query_rows", False) for pol in policies
+    return any(p.reads_query_rows for pol in policies
                if pol is not None and not isinstance(pol, Streams) for p in streams_of(pol, 0))
 
 
@@ -1047,9 +1049,9 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                     raws = [state.cur[i, layer, g][p.held()] if p.uses_attention else None
                             for g, p in enumerate(heads)]
                     norms = [state.knorm[i, layer, g] if p.reads_key_norms else None for g, p in enumerate(heads)]
-                    vnorms = [state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
+                    vnorms = [state.vnorm[i, layer, g] if p.reads_value_norms else None
                               for g, p in enumerate(heads)]
-                    qrows = [state.query_rows(i, layer, g, p.held()) if getattr(p, "reads_query_rows", False)
+                    qrows = [state.query_rows(i, layer, g, p.held()) if p.reads_query_rows
                              else None for g, p in enumerate(heads)]
                     for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms, qrows)):
                         if len(victims):
@@ -1058,8 +1060,8 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
                 for g, p in enumerate(per_layer):
                     raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
                     norm = state.knorm[i, layer, g] if p.reads_key_norms else None
-                    vnorm = state.vnorm[i, layer, g] if getattr(p, "reads_value_norms", False) else None
-                    qrows = (state.query_rows(i, layer, g, p.held()) if getattr(p, "reads_query_rows", False)
+                    vnorm = state.vnorm[i, layer, g] if p.reads_value_norms else None
+                    qrows = (state.query_rows(i, layer, g, p.held()) if p.reads_query_rows
                              else None)
                     victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm, query_rows=qrows)
                     if len(victims):
