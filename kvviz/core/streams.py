@@ -16,6 +16,7 @@ import copy
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.groups import StreamGroup, no_victims
 from kvviz.core.policies import POLICIES, make_policy
 from kvviz.core.policies.vectorised import close_gap
 from kvviz.core.replay import NEVER, Run, run_policy
@@ -75,8 +76,9 @@ def _replay(traces, policy, shares: bool = False):
     return evicted, retained, held
 
 
-class Streams:
-    """S streams of one vectorised policy, stepped together by kvviz.core.harness.step.
+class Streams(StreamGroup):
+    """S streams of one vectorised policy, stepped together by kvviz.core.harness.step: a
+    StreamGroup (kvviz.core.groups) whose `step` gathers its inputs with one `take`.
 
     Held positions are kept as keys (position + the stream's `offsets` entry), so a caller
     holding every stream's rows in one flat array gathers `held()` with one `take`. Every
@@ -105,6 +107,25 @@ class Streams:
         # into the other.
         self.keys, self.spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
         self.state = form(policy, S, B + 1)
+        self.size, self.capacity, self.bytes_per_slot = S, B, policy.bytes_per_slot
+
+    # -- the StreamGroup protocol ---------------------------------------------------------
+    def step(self, t: int, inputs) -> tuple[np.ndarray, np.ndarray]:
+        """One harness step of every stream on `inputs.gather(held keys)`; (streams, positions)."""
+        victims = harness.step(self, t, inputs.gather(self.held()), self.budget)
+        if not victims.shape[1]:
+            return no_victims()
+        return self.streams, victims[:, 0]
+
+    def kept(self, s: int) -> np.ndarray:
+        return self.keys[s, : self.n] - self.offsets[s]
+
+    def stream_policy(self, s: int):
+        raise ValueError(f"{self.name}'s vectorised streams step token by token: a prompt read in one "
+                         "pass feeds one policy object per stream (build them without the vectorised form)")
+
+    def prefill(self, prompt):
+        self.stream_policy(0)
 
     @property
     def name(self) -> str:

@@ -108,7 +108,6 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
         Lane,
         attached,
         bookkeeping,
-        capacity,
         gathered,
         make_policies,
         mark_query_rows,
@@ -175,7 +174,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
             if eviction == "freed":
                 if cache is None:
                     raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
-                st, layers = gathered(torch, cache, evicted[0][..., :q] == NEVER, capacity(cfg, policies[0]),
+                st, layers = gathered(torch, cache, evicted[0][..., :q] == NEVER, policies[0].capacity,
                                       evicted[0].shape[-1], dev)
                 cache.layers[:] = slot_cache(st, layers, seen=q).layers
             else:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.groups import AllocatedLayers, PolicyLayers, StreamGroup, Unevicted
 from kvviz.core.policies import Place
-from kvviz.core.policies.alloc import LayerGroup
 from kvviz.core.policies.base import BudgetError
 from kvviz.core.replay import NEVER
 from kvviz.core.streams import Streams
@@ -435,11 +435,14 @@ class PromptFeed:
     """A prompt's attention rows on their way to the policies, per (layer, stream): one
     kvviz.core.harness.PromptRows each, built with what its configs' policies need
     (harness.prefill_needs), so memory stays linear in the prompt's length. Policies that
-    need every row are fed them here, in order, as the blocks are computed."""
+    need every row are fed them here, in order, as the blocks are computed. After the
+    forward it is each configuration's prompt (kvviz.core.groups: `length`, `rows(s)`,
+    `key_norms(s)`, `value_norms(s)`, `calibration(s)` by stream s = layer x G + head)."""
 
     def __init__(self, T0: int, configs, policies, L: int, G: int, chunk: int = PREFILL_CHUNK):
         check_chunk(chunk)
         self.T0, self.chunk, self.seconds = T0, int(chunk), 0.0
+        self.length, self.G = T0, G
         self.rows = []
         self.norms = self.vnorms = None
         self.everything = False
@@ -449,10 +452,10 @@ class PromptFeed:
             per = []
             for g in range(G):
                 tail, sums, streamed = 1, False, []
-                for pol in policies:
-                    if pol is None:
+                for group in policies:
+                    p = group.stream_policy(layer * G + g)
+                    if p is None:
                         continue
-                    p = streams_of(pol, layer)[g]
                     t, s, st = harness.prefill_needs(p, T0)
                     tail, sums = max(tail, t), sums or s
                     if st:
@@ -467,9 +470,7 @@ class PromptFeed:
             self.rows.append(per)
         self.first = 0 if self.everything else T0 - max(tails)
         # an allocator that decides from calibration rows (head roles) gets the prompt's first ones
-        wanted = [min(int(per.allocator.calibration_rows()), T0) for pol in policies if pol is not None
-                  for per in pol[:1] if isinstance(per, LayerGroup)]
-        self.calib_n = max(wanted, default=0)
+        self.calib_n = max((min(group.calibration_rows, T0) for group in policies), default=0)
         self.calib = [[[] for _ in range(G)] for _ in range(L)] if self.calib_n else None
 
     def wants(self, a: int, b: int) -> bool:
@@ -494,41 +495,38 @@ class PromptFeed:
                     None if query_rows is None else query_rows[g])
         self.seconds += time.perf_counter() - t0
 
+    # -- the prompt, by stream (kvviz.core.groups) -------------------------------------
+    def rows_of(self, s: int):
+        return self.rows[s // self.G][s % self.G]
+
+    def key_norms(self, s: int):
+        return None if self.norms is None else self.norms[s // self.G, s % self.G]
+
+    def value_norms(self, s: int):
+        return None if self.vnorms is None else self.vnorms[s // self.G, s % self.G]
+
+    def calibration(self, s: int) -> list:
+        return self.calib[s // self.G][s % self.G]
+
     def evict(self, configs, policies, evicted_at) -> None:
-        """After the prompt's forward: every policy evicts once, down to its budget, at the
-        prompt's last row (kvviz.core.harness.prefill); victims logged at step T0 - 1."""
+        """After the prompt's forward: every configuration evicts once, down to its budget, at
+        the prompt's last row (StreamGroup.prefill); victims logged at step T0 - 1."""
         t0 = time.perf_counter()
         for c, cfg in enumerate(configs):
-            if policies[c] is not None:
-                self._evict(cfg, policies[c], evicted_at[c])
+            try:
+                streams, victims = policies[c].prefill(_Prompt(self))
+            except BudgetError as exc:
+                raise BudgetError(f"{cfg.label}, {exc}") from None
+            evicted_at[c].reshape(-1, evicted_at.shape[-1])[streams, victims] = self.T0 - 1
         self.seconds += time.perf_counter() - t0
 
-    def _evict(self, cfg, pol, evicted_at) -> None:
-        """One config's one-shot eviction at the prompt's last row (its evicted_at (L, G, T))."""
-        last = self.T0 - 1
-        for layer in range(len(pol)):
-            try:
-                self._evict_layer(cfg, pol, layer, evicted_at[layer], last)
-            except BudgetError as exc:
-                raise BudgetError(f"{cfg.label}, layer {layer}: {exc}") from None
 
-    def _evict_layer(self, cfg, pol, layer: int, evicted_at, last: int) -> None:
-        per = pol[layer]
-        group = per if isinstance(per, LayerGroup) else None
-        if group is not None and group.allocator.calibration_rows():
-            n = min(int(group.allocator.calibration_rows()), self.T0)
-            group.calibrate([rows[:n] for rows in self.calib[layer]])
-        for g, p in enumerate(streams_of(pol, layer)):
-            norms = None if self.norms is None else self.norms[layer, g]
-            vnorms = None if self.vnorms is None else self.vnorms[layer, g]
-            # an allocator's heads observe the prompt without evicting; the group evicts below
-            victims = harness.prefill(p, self.rows[layer][g], self.T0,
-                                      self.T0 if group is not None else cfg.budget, norms, vnorms)
-            evicted_at[g, victims] = last
-        if group is not None:
-            for g, victims in enumerate(group.evict()):
-                evicted_at[g, victims] = last
-            group.enforce(last)
+class _Prompt:
+    """A PromptFeed as a group's prompt (`rows(s)` is the feed's `rows_of`)."""
+
+    def __init__(self, feed: PromptFeed):
+        self.length, self.rows = feed.T0, feed.rows_of
+        self.key_norms, self.value_norms, self.calibration = feed.key_norms, feed.value_norms, feed.calibration
 
 
 def register():
@@ -609,7 +607,7 @@ def by_budget(configs, policies) -> list[tuple[int, np.ndarray]]:
     """Freed: the evicting configs grouped by the most one stream may hold (`capacity`: the
     budget, or an allocator's largest cap), one lane each, so that every row's cache is its
     own size (a batched tensor has one size for all its rows)."""
-    cap = [None if cfg.is_full else capacity(cfg, policies[c]) for c, cfg in enumerate(configs)]
+    cap = [group.capacity for group in policies]  # None: the full cache evicts nothing
     return [(b, np.array([c for c in range(len(configs)) if cap[c] == b]))
             for b in sorted({x for x in cap if x is not None})]
 
@@ -857,7 +855,7 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
             continue
         ev = evicted_at[c, ..., :n]
         slots = int(((ev == NEVER) | (ev > step)).sum())
-        book += slots * bytes_per_slot(policies[c])
+        book += slots * policies[c].bytes_per_slot
     return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
 
 
@@ -928,26 +926,26 @@ def routed(mdl):
             del m.forward
 
 
-def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True):
-    """A config's policy state: None for full; one Streams over its L x G streams where the
-    policy is vectorised and `vectorised` allows (stream s = layer * G + head, keyed into the
-    flat (L, G, T) step weights); for an allocator, one LayerGroup per layer (its G streams
-    share the layer's slots); else one policy per (layer, head), rng seeded per (seed,
-    layer, head). Every per-stream policy is told its Place (layer of L; KV head of G at
-    kv-head granularity). A prefill needs the per-head objects: Streams holds at most
-    budget + 1."""
+def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True) -> StreamGroup:
+    """A config's StreamGroup (kvviz.core.groups) over its L x G streams (stream s = layer *
+    G + head): Unevicted for full; one Streams where the policy declares a vectorised form
+    and `vectorised` allows (keyed into the flat (L, G, T) step weights); for an allocator,
+    one LayerGroup per layer (its G streams share the layer's slots); else one policy per
+    (layer, head), rng seeded per (seed, layer, head). Every per-stream policy is told its
+    Place (layer of L; KV head of G at kv-head granularity). A prefill needs the per-stream
+    objects: Streams holds at most budget + 1."""
     if cfg.is_full:
-        return None
+        return Unevicted(L * G)
     if cfg.is_allocator:
         alloc = cfg.make(0, 0, seed)
-        return [alloc.group(layer, L, G) for layer in range(L)]
+        return AllocatedLayers([alloc.group(layer, L, G) for layer in range(L)])
     if vectorised:
         policy = cfg.make(0, 0, seed)
         if type(policy).vectorised is not None:
             S = L * G
             return Streams(policy, S, offsets=np.arange(S) * T)
-    return [[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
-             for g in range(G)] for layer in range(L)]
+    return PolicyLayers([[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
+                          for g in range(G)] for layer in range(L)], cfg.budget)
 
 
 READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one pass
@@ -961,16 +959,15 @@ def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
     """An allocator that decides from calibration rows read with the full cache (head roles)
     gets them from a prompt read in one pass; decoding token by token has none to give. The
     refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
-    for cfg, pol in zip(configs, policies):
-        if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup) and pol[0].allocator.calibration_rows():
+    for cfg, group in zip(configs, policies):
+        if group.calibration_rows:
             raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
                              f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
 
 
 def reads_query_rows(policies) -> bool:
     """Whether any config's policy reads per-query-head rows (`Policy.reads_query_rows`)."""
-    return any(p.reads_query_rows for pol in policies
-               if pol is not None and not isinstance(pol, Streams) for p in streams_of(pol, 0))
+    return any(group.reads_query_rows for group in policies)
 
 
 def mark_query_rows(state: State, policies) -> None:
@@ -982,25 +979,27 @@ def mark_query_rows(state: State, policies) -> None:
                              "reads them with --device cpu")
 
 
-def streams_of(pol, layer: int) -> list:
-    """The per-stream policies of one layer of a config's policy state (make_policies)."""
-    per = pol[layer]
-    return per.policies if isinstance(per, LayerGroup) else per
+class LaneInputs:
+    """Row i of a lane's State as a step's inputs by stream s = layer x G + head (what a
+    StreamGroup's `step` reads, kvviz.core.groups)."""
 
+    def __init__(self, state: State, i: int):
+        self.state, self.i, self.G = state, i, state.G
 
-def capacity(cfg, pol) -> int:
-    """The most positions one stream of the config may hold after an eviction: its budget,
-    or for an allocator the largest cap of its layers' groups."""
-    if isinstance(pol, list) and pol and isinstance(pol[0], LayerGroup):
-        return max(group.cap for group in pol)
-    return cfg.budget
+    def weights(self, s: int, held) -> np.ndarray:
+        return self.state.cur[self.i, s // self.G, s % self.G][held]
 
+    def gather(self, keys) -> np.ndarray:
+        return self.state.cur[self.i].reshape(-1).take(keys)  # keys = s x T + position
 
-def bytes_per_slot(pol) -> int:
-    """One stream's bytes per kept slot (the cards' memory per slot) of a policy state."""
-    if isinstance(pol, Streams):
-        return pol.policy.bytes_per_slot
-    return streams_of(pol, 0)[0].bytes_per_slot
+    def key_norm(self, s: int):
+        return self.state.knorm[self.i, s // self.G, s % self.G]
+
+    def value_norm(self, s: int):
+        return self.state.vnorm[self.i, s // self.G, s % self.G]
+
+    def query_rows(self, s: int, held) -> np.ndarray:
+        return self.state.query_rows(self.i, s // self.G, s % self.G, held)
 
 
 def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims, t: int) -> None:
@@ -1018,53 +1017,36 @@ def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims,
                                                  state.bias.shape), -np.inf))
 
 
+def mark_victims(state: State, evicted_at, c: int, i: int, victims, t: int) -> None:
+    """Config c (row i of its lane) evicted `victims` ((streams, positions)) at step t."""
+    streams, pos = victims
+    if not len(streams):
+        return
+    G = state.G
+    if state.freed or not state.on_host:
+        order = np.argsort(streams, kind="stable")
+        streams, pos = streams[order], pos[order]
+        starts = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]])
+        for a, b in zip(starts, np.r_[starts[1:], len(streams)]):
+            _mark(state, evicted_at, c, i, int(streams[a]) // G, int(streams[a]) % G, pos[a:b], t)
+        return
+    evicted_at[c].reshape(-1, evicted_at.shape[-1])[streams, pos] = t
+    if G == 1:
+        state.bias[i][streams, :, pos] = -np.inf
+    else:
+        state.bias[i].reshape(-1, state.bias.shape[-1])[streams, pos] = -np.inf
+
+
 def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) -> None:
-    """Each (active) policy of the lane takes one harness step (kvviz.core.harness.step: the
-    step's weights on its held positions, renormalised, admit t, evict to budget); victims
-    are masked (or their slots freed)."""
+    """Each (active) configuration of the lane takes one step of its StreamGroup (each
+    stream: the step's weights on its held positions, renormalised, admit t, evict to its
+    budget, kvviz.core.harness); victims are masked (or their slots freed)."""
     state = lane.state
     for i, c in enumerate(lane.index):
-        cfg, pol = configs[c], policies[c]
-        if pol is None or (active is not None and not active[c]):
+        if active is not None and not active[c]:
             continue
-        if isinstance(pol, Streams):
-            raw = state.cur[i].reshape(-1).take(pol.held())  # (L*G, n); row t is cur[..., :t]
-            victims = harness.step(pol, t, raw, cfg.budget)
-            if victims.shape[1]:
-                v = victims[:, 0]
-                if state.freed or not state.on_host:
-                    for s, pos in zip(pol.streams, v):
-                        _mark(state, evicted_at, c, i, s // state.G, s % state.G, [pos], t)
-                    continue
-                evicted_at[c].reshape(len(v), -1)[pol.streams, v] = t
-                if state.G == 1:
-                    state.bias[i][pol.streams, :, v] = -np.inf
-                else:
-                    state.bias[i].reshape(len(v), -1)[pol.streams, v] = -np.inf
-            continue
-        for layer, per_layer in enumerate(pol):
-            try:
-                if isinstance(per_layer, LayerGroup):
-                    heads = per_layer.policies
-                    raws = [state.cur[i, layer, g][p.held()] if p.uses_attention else None
-                            for g, p in enumerate(heads)]
-                    norms = [state.knorm[i, layer, g] if p.reads_key_norms else None for g, p in enumerate(heads)]
-                    vnorms = [state.vnorm[i, layer, g] if p.reads_value_norms else None
-                              for g, p in enumerate(heads)]
-                    qrows = [state.query_rows(i, layer, g, p.held()) if p.reads_query_rows
-                             else None for g, p in enumerate(heads)]
-                    for g, victims in enumerate(harness.step_layer(per_layer, t, raws, norms, vnorms, qrows)):
-                        if len(victims):
-                            _mark(state, evicted_at, c, i, layer, g, victims, t)
-                    continue
-                for g, p in enumerate(per_layer):
-                    raw = state.cur[i, layer, g][p.held()] if p.uses_attention else None
-                    norm = state.knorm[i, layer, g] if p.reads_key_norms else None
-                    vnorm = state.vnorm[i, layer, g] if p.reads_value_norms else None
-                    qrows = (state.query_rows(i, layer, g, p.held()) if p.reads_query_rows
-                             else None)
-                    victims = harness.step(p, t, raw, cfg.budget, norm, value_norm=vnorm, query_rows=qrows)
-                    if len(victims):
-                        _mark(state, evicted_at, c, i, layer, g, victims, t)
-            except BudgetError as exc:
-                raise BudgetError(f"{cfg.label}, layer {layer}: {exc}") from None
+        try:
+            victims = policies[c].step(t, LaneInputs(state, i))
+        except BudgetError as exc:
+            raise BudgetError(f"{configs[c].label}, {exc}") from None
+        mark_victims(state, evicted_at, c, i, victims, t)
