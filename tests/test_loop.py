@@ -180,11 +180,8 @@ def test_evicting_one_key_removes_exactly_its_term(torch_stack):
     state = engine.State(torch, 2, 1, 3, 3, 7)
     p = 2
     state.bias[1, 0, 1, p] = -np.inf
-    engine._STATE = state
-    try:
-        masked, _ = engine.attention(module, q, k, v, None, 0.125)
-    finally:
-        engine._STATE = None
+    engine.bind(module, state)  # the lane this module's model runs
+    masked, _ = engine.attention(module, q, k, v, None, 0.125)
     assert state.cur[1, 0, 1, p] == 0 and state.cur[0, 0, 1, p] > 0
     w = torch.softmax((q[1, 3:6, 0] @ k[1, 1].T) * 0.125, dim=-1)  # (3 heads, 7 keys)
     expect = (full[1, 0, 3:6] - w[:, p:p + 1] * v[1, 1, p]) / (1 - w[:, p:p + 1])

@@ -157,7 +157,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
                     lane[0].state.place(seen[0])
                     lane[0].state.push(torch)
             mark_query_rows(lane[0].state, policies)
-        use(lane[0].state)
+        use(model, lane[0].state)
         return args, kwargs
 
     def after(module, args, kwargs, output):
@@ -185,7 +185,7 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
             lane[0].state.pull(torch, None, seen[0])
             bookkeeping(lane[0], [cfg], policies, evicted[0], seen[0])
             lane[0].state.push(torch)
-        use(None)
+        use(model, None)
         seen[0] += q
         log.evicted_at = evicted[0][0, :, :, : seen[0]].copy()
 
