@@ -299,3 +299,73 @@ def test_builtins_declare_their_vectorised_form_in_their_own_file():
         cls = POLICIES[name]
         assert cls.vectorised.__module__ == cls.__module__
     assert {"tova", "h2o", "snapkv"} <= set(vectorised_names())
+
+
+class TraceInputs:
+    """Step t of S traces as a StreamGroup's inputs (kvviz.core.groups), stream s = trace s;
+    `gather` reads keys laid out as s x T + position (the offsets Streams is built with)."""
+
+    def __init__(self, traces, t):
+        self.traces, self.t, self.T = traces, t, traces[0].steps
+
+    def weights(self, s, held):
+        return self.traces[s].row(self.t)[held]
+
+    def gather(self, keys):
+        return np.stack([self.weights(s, row - s * self.T) for s, row in enumerate(keys)])
+
+    def key_norm(self, s):
+        return self.traces[s].key_norm(self.t)
+
+    def value_norm(self, s):
+        return self.traces[s].value_norm(self.t)
+
+
+def group_log(group, traces):
+    """evicted_at (S, T) of a StreamGroup stepped through the traces."""
+    from kvviz.core.replay import NEVER
+
+    T = traces[0].steps
+    log = np.full((len(traces), T), NEVER, np.int64)
+    for t in range(T):
+        streams, victims = group.step(t, TraceInputs(traces, t))
+        assert streams.dtype == victims.dtype == np.int64 and len(streams) == len(victims)
+        log[streams, victims] = t
+    return log
+
+
+def test_every_kind_of_stream_group_evicts_what_the_harness_does():
+    """One protocol: the vectorised streams, one policy per stream and an allocator's layer
+    groups, stepped by StreamGroup.step, give the logs of the harness's own replays."""
+    from kvviz.core import harness
+    from kvviz.core.groups import AllocatedLayers, PolicyLayers, Unevicted
+    from kvviz.core.policies import make_policy
+    from kvviz.core.streams import Streams
+
+    traces = [canonical(160, seed=s) for s in range(4)]  # 2 layers x 2 heads
+    T, L, G = 160, 2, 2
+    want = [run_policy(tr, "h2o", 24, recent_window=4).evicted_at.tolist() for tr in traces]
+    vectorised = Streams(make_policy("h2o", 24, recent_window=4), L * G, offsets=np.arange(L * G) * T)
+    per_stream = PolicyLayers([[make_policy("h2o", 24, recent_window=4) for _ in range(G)] for _ in range(L)], 24)
+    for group in (vectorised, per_stream):
+        assert group.size == L * G and group.capacity == 24 and group.uses_attention
+        assert group_log(group, traces).tolist() == want
+        assert [group.kept(s).tolist() for s in range(L * G)] == \
+            [np.flatnonzero(np.array(w) == -1).tolist() for w in want]
+
+    alloc = make_policy("adakv", 24, scorer="snapkv", recent_window=4, obs_window=4)
+    expect = [alloc.group(layer, L, G) for layer in range(L)]
+    log = np.full((L * G, T), -1, np.int64)
+    for t in range(T):
+        for layer, group in enumerate(expect):
+            rows = [traces[layer * G + g].row(t)[p.held()] for g, p in enumerate(group.policies)]
+            for g, v in enumerate(harness.step_layer(group, t, rows)):
+                log[layer * G + g, v] = t
+    allocated = AllocatedLayers([alloc.group(layer, L, G) for layer in range(L)])
+    assert allocated.capacity == max(g.cap for g in expect) and allocated.calibration_rows == 0
+    assert group_log(allocated, traces).tolist() == log.tolist()
+    assert (log != -1).any()
+
+    full = Unevicted(L * G)
+    assert group_log(full, traces).tolist() == [[-1] * T] * (L * G)
+    assert full.kept(0).tolist() == list(range(T)) and full.stream_policy(0) is None
