@@ -191,6 +191,31 @@ def test_evicting_one_key_removes_exactly_its_term(torch_stack):
     assert torch.equal(masked[0], full[0])
 
 
+def test_each_model_reads_its_own_lane(torch_stack):
+    """No module global carries a step's state: two modules bound to two lanes each record
+    into their own State, one bound to none runs plain attention, and `use` refuses a model
+    that is not attached."""
+    import torch
+
+    from kvviz.model.loop import engine
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for n in (1, 5, 5))
+    first, second, plain = (type("M", (), {"layer_idx": 0})() for _ in range(3))
+    a, b = engine.State(torch, 1, 1, 2, 1, 5), engine.State(torch, 1, 1, 2, 1, 5)
+    b.bias[0, 0, :, 1] = -np.inf
+    engine.bind(first, a)
+    engine.bind(second, b)
+    out_a, _ = engine.attention(first, q, k, v, None, 0.3)
+    out_b, _ = engine.attention(second, q, k, v, None, 0.3)
+    out_plain, _ = engine.attention(plain, q, k, v, None, 0.3)
+    assert torch.equal(out_a, out_plain) and not torch.allclose(out_a, out_b)
+    assert a.cur[0, 0, 0, 1] > 0 and b.cur[0, 0, 0, 1] == 0  # each lane recorded its own weights
+    assert (b.cur[0, 0, 0, [0, 2, 3]] > a.cur[0, 0, 0, [0, 2, 3]]).all()  # b renormalised without 1
+    with pytest.raises(ValueError, match="not attached"):
+        engine.use(plain, a)
+
+
 @pytest.mark.parametrize("gran", ["layer", "kv-head"])
 def test_loop_victims_equal_replay_of_the_rows_it_recorded(runs, gran):
     from kvviz.core.replay import Replay
