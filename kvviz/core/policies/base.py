@@ -190,6 +190,12 @@ class Policy:
     score_labels: ClassVar[dict] = {}   # labels of its other scores() entries
     colour: ClassVar[str | None] = None  # "#RRGGBB"; None takes one from the palette
     reference: ClassVar = None  # the slow reference class, or "module:Class"
+    # The policy's rule over S streams at once (a kvviz.core.policies.vectorised.StreamState
+    # subclass, declared in the policy's own file), which kvviz.core.streams.Streams steps;
+    # None: the streams are replayed one policy object each. Declared per class: a subclass
+    # inherits none (it may change the rule), and one that keeps its parent's rule says so
+    # (`vectorised = Tova.vectorised`). Only a policy that reads attention alone may declare one.
+    vectorised: ClassVar[type | None] = None
     uses_attention: ClassVar[bool] = True
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     reads_value_norms: ClassVar[bool] = False  # True: advance() needs the admitted value's L2 norm
@@ -198,12 +204,6 @@ class Policy:
     # each row renormalised; `attn` stays their mean. Only the model supplies them.
     reads_query_rows: ClassVar[bool] = False
     summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
-    # The policy's rule over S streams at once (a kvviz.core.policies.vectorised.StreamState
-    # subclass, declared in the policy's own file), which kvviz.core.streams.Streams steps;
-    # None: the streams are replayed one policy object each. Declared per class: a subclass
-    # inherits none (it may change the rule), and one that keeps its parent's rule says so
-    # (`vectorised = Tova.vectorised`). Only a policy that reads attention alone may declare one.
-    vectorised: ClassVar[type | None] = None
     specs: ClassVar = _Specs()
     place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
 
