@@ -180,11 +180,8 @@ def test_evicting_one_key_removes_exactly_its_term(torch_stack):
     state = engine.State(torch, 2, 1, 3, 3, 7)
     p = 2
     state.bias[1, 0, 1, p] = -np.inf
-    engine._STATE = state
-    try:
-        masked, _ = engine.attention(module, q, k, v, None, 0.125)
-    finally:
-        engine._STATE = None
+    engine.bind(module, state)  # the lane this module's model runs
+    masked, _ = engine.attention(module, q, k, v, None, 0.125)
     assert state.cur[1, 0, 1, p] == 0 and state.cur[0, 0, 1, p] > 0
     w = torch.softmax((q[1, 3:6, 0] @ k[1, 1].T) * 0.125, dim=-1)  # (3 heads, 7 keys)
     expect = (full[1, 0, 3:6] - w[:, p:p + 1] * v[1, 1, p]) / (1 - w[:, p:p + 1])
@@ -192,6 +189,31 @@ def test_evicting_one_key_removes_exactly_its_term(torch_stack):
     untouched = [h for h in range(9) if h not in (3, 4, 5)]
     assert torch.equal(masked[1, 0, untouched], full[1, 0, untouched])
     assert torch.equal(masked[0], full[0])
+
+
+def test_each_model_reads_its_own_lane(torch_stack):
+    """No module global carries a step's state: two modules bound to two lanes each record
+    into their own State, one bound to none runs plain attention, and `use` refuses a model
+    that is not attached."""
+    import torch
+
+    from kvviz.model.loop import engine
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for n in (1, 5, 5))
+    first, second, plain = (type("M", (), {"layer_idx": 0})() for _ in range(3))
+    a, b = engine.State(torch, 1, 1, 2, 1, 5), engine.State(torch, 1, 1, 2, 1, 5)
+    b.bias[0, 0, :, 1] = -np.inf
+    engine.bind(first, a)
+    engine.bind(second, b)
+    out_a, _ = engine.attention(first, q, k, v, None, 0.3)
+    out_b, _ = engine.attention(second, q, k, v, None, 0.3)
+    out_plain, _ = engine.attention(plain, q, k, v, None, 0.3)
+    assert torch.equal(out_a, out_plain) and not torch.allclose(out_a, out_b)
+    assert a.cur[0, 0, 0, 1] > 0 and b.cur[0, 0, 0, 1] == 0  # each lane recorded its own weights
+    assert (b.cur[0, 0, 0, [0, 2, 3]] > a.cur[0, 0, 0, [0, 2, 3]]).all()  # b renormalised without 1
+    with pytest.raises(ValueError, match="not attached"):
+        engine.use(plain, a)
 
 
 @pytest.mark.parametrize("gran", ["layer", "kv-head"])

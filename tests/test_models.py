@@ -75,7 +75,8 @@ def _plain_nll(mdl, ids):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_budget_loop_matches_a_plain_forward_and_attention_ran_everywhere(tiny, arch, monkeypatch, torch_stack):
-    from kvviz.model.loop import LoopConfig, engine, run_loop
+    from kvviz.model.loop import LoopConfig, run_loop
+    from kvviz.model.loop import attention as engine  # where the registered function lives
     from kvviz.model.models import attention_shape, tokenize
 
     tok, mdl = _pair(tiny, arch)
@@ -125,12 +126,12 @@ def test_masking_one_key_is_removing_it(tiny, arch, torch_stack):
     j = 4
     state = engine.State(torch, 1, shape.layers, shape.kv_heads, 1, k)
     try:
-        engine._STATE = state
+        engine.bind(layer, state)
         full, _ = engine.attention(layer, q, key, val, None, scaling, **kw)
         state.bias[0, layer.layer_idx, :, j] = -np.inf
         masked, _ = engine.attention(layer, q, key, val, None, scaling, **kw)
     finally:
-        engine._STATE = None
+        engine.bind(layer, None)
     keep = [i for i in range(k) if i != j]
     removed, _ = engine.attention(layer, q, key[:, :, keep], val[:, :, keep], None, scaling, **kw)
     torch.testing.assert_close(masked, removed, atol=1e-6, rtol=1e-5)

@@ -6,8 +6,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvviz.core.policies import register_policy, unregister_policy
+from kvviz.core.policies.base import Policy
+from kvviz.core.policies.vectorised import StreamState, close_gap
 from kvviz.core.replay import run_policy
-from kvviz.core.streams import VECTORISED, replay_streams, run_streams
+from kvviz.core.streams import replay_streams, run_streams, vectorised_names
 from kvviz.core.trace import ArrayTrace, Trace, canonical, load_trace, pack_rows
 from kvviz.studies.streams_bench import check_lean
 
@@ -130,7 +133,7 @@ def test_loaded_traces_and_computed_rows():
     loaded = [load_trace(path), load_trace(path.read_bytes(), name="again")]
     assert_same_runs(run_streams(loaded, "snapkv", 256), loaded, "snapkv", 256)
     computed = [canonical(400, seed=s) for s in range(3)]
-    for name in VECTORISED:
+    for name in vectorised_names():
         assert_same_runs(run_streams(computed, name, 64), computed, name, 64)
 
 
@@ -207,3 +210,162 @@ def test_perf_streams_cli_prints_every_way(capsys):
     for way in ("lean loop", "Replay", "run_streams S=2"):
         assert way in out
     assert out.count("victims same") == 12 and "DIFFERENT" not in out  # 3 policies x 4 ways
+
+
+class PeakStreams(StreamState):
+    """`Peak` over S streams, counting its victim calls (so a test sees it was used)."""
+
+    victims = 0
+
+    def __init__(self, policy, S, cap):
+        super().__init__(policy, S, cap)
+        self.peak, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
+
+    def observe(self, t, attn, n):
+        np.maximum(self.peak[:, :n], attn, out=self.peak[:, :n])
+
+    def admit(self, n):
+        self.peak[:, n] = 0.0
+
+    def victim(self, attn, n):
+        type(self).victims += 1
+        return self.peak[:, : n - 1].argmin(axis=1)  # the unobserved newcomer is protected
+
+    def remove(self, i, stay):
+        close_gap(self.spare, self.peak, stay)
+        self.peak, self.spare = self.spare, self.peak
+
+
+class Peak(Policy):
+    """A plugin policy: the slot whose highest weight so far is lowest goes; the newcomer
+    is protected until observed. Declares its vectorised form in its own class."""
+
+    name = "peak-test"
+    label = "Peak"
+    vectorised = PeakStreams
+
+    def columns(self):
+        return {"peak": (np.float64, (), 0.0)}
+
+    def observe(self, attn):
+        peak = self.col("peak")
+        np.maximum(peak, attn, out=peak)
+
+    def protected_tail(self):
+        return 1
+
+    def priority(self):
+        return self.col("peak")
+
+
+class PeakSub(Peak):
+    """A subclass that changes the rule: it must not inherit Peak's vectorised form."""
+
+    name = "peak-sub-test"
+
+    def priority(self):
+        return -self.col("peak")
+
+
+def test_a_plugin_policy_declaring_a_vectorised_form_is_stepped_by_it():
+    register_policy(Peak)
+    register_policy(PeakSub)
+    try:
+        assert "peak-test" in vectorised_names() and "peak-sub-test" not in vectorised_names()
+        mats = matrices(3, 60, 11, np.float32)
+        for layout in ("shared", "rows"):
+            traces = make_traces(mats, layout)
+            PeakStreams.victims = 0
+            runs = run_streams(traces, "peak-test", 7)
+            assert PeakStreams.victims == 60 - 7  # one batched victim call per evicting step
+            assert_same_runs(runs, traces, "peak-test", 7)
+            assert replay_streams(traces, "peak-test", 7).tolist() == [r.evicted_at.tolist() for r in runs]
+            PeakStreams.victims = 0
+            sub = run_streams(traces, "peak-sub-test", 7)  # per-stream replay, its own rule
+            assert PeakStreams.victims == 0
+            assert_same_runs(sub, traces, "peak-sub-test", 7)
+            assert [r.evicted_at.tolist() for r in sub] != [r.evicted_at.tolist() for r in runs]
+        with pytest.raises(ValueError, match="declares no vectorised form"):
+            replay_streams(traces, "peak-sub-test", 7)
+    finally:
+        unregister_policy("peak-test")
+        unregister_policy("peak-sub-test")
+
+
+def test_builtins_declare_their_vectorised_form_in_their_own_file():
+    from kvviz.core.policies import POLICIES
+
+    for name in vectorised_names():
+        cls = POLICIES[name]
+        assert cls.vectorised.__module__ == cls.__module__
+    assert {"tova", "h2o", "snapkv"} <= set(vectorised_names())
+
+
+class TraceInputs:
+    """Step t of S traces as a StreamGroup's inputs (kvviz.core.groups), stream s = trace s;
+    `gather` reads keys laid out as s x T + position (the offsets Streams is built with)."""
+
+    def __init__(self, traces, t):
+        self.traces, self.t, self.T = traces, t, traces[0].steps
+
+    def weights(self, s, held):
+        return self.traces[s].row(self.t)[held]
+
+    def gather(self, keys):
+        return np.stack([self.weights(s, row - s * self.T) for s, row in enumerate(keys)])
+
+    def key_norm(self, s):
+        return self.traces[s].key_norm(self.t)
+
+    def value_norm(self, s):
+        return self.traces[s].value_norm(self.t)
+
+
+def group_log(group, traces):
+    """evicted_at (S, T) of a StreamGroup stepped through the traces."""
+    from kvviz.core.replay import NEVER
+
+    T = traces[0].steps
+    log = np.full((len(traces), T), NEVER, np.int64)
+    for t in range(T):
+        streams, victims = group.step(t, TraceInputs(traces, t))
+        assert streams.dtype == victims.dtype == np.int64 and len(streams) == len(victims)
+        log[streams, victims] = t
+    return log
+
+
+def test_every_kind_of_stream_group_evicts_what_the_harness_does():
+    """One protocol: the vectorised streams, one policy per stream and an allocator's layer
+    groups, stepped by StreamGroup.step, give the logs of the harness's own replays."""
+    from kvviz.core import harness
+    from kvviz.core.groups import AllocatedLayers, PolicyLayers, Unevicted
+    from kvviz.core.policies import make_policy
+    from kvviz.core.streams import Streams
+
+    traces = [canonical(160, seed=s) for s in range(4)]  # 2 layers x 2 heads
+    T, L, G = 160, 2, 2
+    want = [run_policy(tr, "h2o", 24, recent_window=4).evicted_at.tolist() for tr in traces]
+    vectorised = Streams(make_policy("h2o", 24, recent_window=4), L * G, offsets=np.arange(L * G) * T)
+    per_stream = PolicyLayers([[make_policy("h2o", 24, recent_window=4) for _ in range(G)] for _ in range(L)], 24)
+    for group in (vectorised, per_stream):
+        assert group.size == L * G and group.capacity == 24 and group.uses_attention
+        assert group_log(group, traces).tolist() == want
+        assert [group.kept(s).tolist() for s in range(L * G)] == \
+            [np.flatnonzero(np.array(w) == -1).tolist() for w in want]
+
+    alloc = make_policy("adakv", 24, scorer="snapkv", recent_window=4, obs_window=4)
+    expect = [alloc.group(layer, L, G) for layer in range(L)]
+    log = np.full((L * G, T), -1, np.int64)
+    for t in range(T):
+        for layer, group in enumerate(expect):
+            rows = [traces[layer * G + g].row(t)[p.held()] for g, p in enumerate(group.policies)]
+            for g, v in enumerate(harness.step_layer(group, t, rows)):
+                log[layer * G + g, v] = t
+    allocated = AllocatedLayers([alloc.group(layer, L, G) for layer in range(L)])
+    assert allocated.capacity == max(g.cap for g in expect) and allocated.calibration_rows == 0
+    assert group_log(allocated, traces).tolist() == log.tolist()
+    assert (log != -1).any()
+
+    full = Unevicted(L * G)
+    assert group_log(full, traces).tolist() == [[-1] * T] * (L * G)
+    assert full.kept(0).tolist() == list(range(T)) and full.stream_policy(0) is None

@@ -109,7 +109,7 @@ def _import(where: str):
 
 # -- helpers --------------------------------------------------------------------------------
 def _make(cls, budget: int, rng_seed: int = 0, **params):
-    if getattr(cls, "reads_query_rows", False):
+    if issubclass(cls, Policy) and cls.reads_query_rows:  # an allocator reads its scorer's
         cls = _fed_query_rows(cls)
     return cls(budget=budget, rng=np.random.default_rng(rng_seed), **params)
 
@@ -201,7 +201,7 @@ def _vnorm(pos: int) -> float:
 def _kn(policy, pos: int) -> dict:
     """The synthetic key and value norms, for a policy that reads them; else nothing."""
     out = {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
-    if getattr(policy, "reads_value_norms", False):
+    if policy.reads_value_norms:
         out["value_norm"] = _vnorm(pos)
     return out
 
@@ -464,7 +464,7 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
                              f"{type(exc).__name__}: {exc}")
     if cls.reads_key_norms:
         fails += _refuses_without_norms(cls)
-    if getattr(cls, "reads_value_norms", False):
+    if cls.reads_value_norms:
         fails += _refuses_without_norms(cls, "value norm")
     names = ", ".join(tr.name for tr in traces)
     detail = "; ".join(fails) if fails else (

@@ -58,7 +58,7 @@ def _run(make, seed: int, kind: str, layers: int = 2):
             for g, p in enumerate(group.policies):
                 raw = _rows(rng, kind, g, len(p.held())) if p.uses_attention else None
                 harness.feed(p, t, raw, 1.0 if p.reads_key_norms else None,
-                             1.0 if getattr(p, "reads_value_norms", False) else None)
+                             1.0 if p.reads_value_norms else None)
             before = [(p.held().copy(), p.candidates().copy()) for p in group.policies]
             try:
                 victims = group.evict()

@@ -63,7 +63,7 @@ def feed(policy, pos: int, raw, key_norm=None, value_norm=None, query_rows=None)
     not given is refused (ValueError).
     """
     attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
-    if query_rows is not None and getattr(policy, "reads_query_rows", False):
+    if query_rows is not None and policy.reads_query_rows:
         query_rows = renormalise(np.asarray(query_rows), pos)
     policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm, query_rows))
 
@@ -108,7 +108,7 @@ def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     every row in order as it arrives). A policy reading no attention needs no rows."""
     if not policy.uses_attention:
         return 0, False, False
-    if getattr(policy, "reads_query_rows", False):
+    if policy.reads_query_rows:
         return 1, False, True  # each row's query heads, as they arrive
     if policy.summable:
         return 1, True, False
@@ -157,8 +157,8 @@ class PromptRows:
             if t < self.length - 1:
                 for p in self.streamed:
                     feed(p, t, row, None if key_norms is None or not p.reads_key_norms else key_norms[t],
-                         None if value_norms is None or not getattr(p, "reads_value_norms", False) else value_norms[t],
-                         None if query_rows is None or not getattr(p, "reads_query_rows", False)
+                         None if value_norms is None or not p.reads_value_norms else value_norms[t],
+                         None if query_rows is None or not p.reads_query_rows
                          else query_rows[:, i, :t])
                 if self.sums is not None and t:
                     self.sums[:t] += renormalise(row, t)
@@ -184,14 +184,14 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
     policy's needs) may be None for a policy that reads no attention."""
     tail, sums, streamed = prefill_needs(policy, length)
     kn = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
-    vn = (lambda t: value_norms[t]) if getattr(policy, "reads_value_norms", False) else (lambda t: None)
+    vn = (lambda t: value_norms[t]) if policy.reads_value_norms else (lambda t: None)
 
     def norm(t):
         return kn(t), vn(t)
 
     def last_step(raw):
         k, v = norm(last)
-        q = rows.last_query_rows if rows is not None and getattr(policy, "reads_query_rows", False) else None
+        q = rows.last_query_rows if rows is not None and policy.reads_query_rows else None
         return step(policy, last, raw, budget, k, value_norm=v, query_rows=q)
     last = length - 1
     if tail:

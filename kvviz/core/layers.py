@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.core import harness
+from kvviz.core.groups import AllocatedLayers
 from kvviz.core.metrics import summary
 from kvviz.core.replay import NEVER, Run, held_shares, refuse_query_rows, refuse_value_norms
 from kvviz.core.trace import Trace, load_trace
@@ -103,23 +103,21 @@ def replay_layers(grid, allocator) -> LayerRun:
             group.calibrate([[tr.row(t) for t in range(calibration)] for tr in row])
     if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
         raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
-    if getattr(scorer, "reads_query_rows", False):
+    if scorer.reads_query_rows:
         raise refuse_query_rows(allocator.scorer, getattr(grid[0][0], "name", "trace"))
-    reads_values = getattr(scorer, "reads_value_norms", False)
+    reads_values = scorer.reads_value_norms
     if reads_values and any(getattr(tr, "value_norms", None) is None for row in grid for tr in row):
         raise refuse_value_norms(allocator.scorer, getattr(grid[0][0], "name", "trace"))
     L = len(grid)
     evicted = np.full((L, heads, T), NEVER, np.int64)
     held = np.zeros((L, heads, T), np.int64)
+    allocated = AllocatedLayers(groups)  # the StreamGroup every caller steps: stream d x heads + g
+    flat = evicted.reshape(L * heads, T)
+    streams = [tr for row in grid for tr in row]
     for t in range(T):
-        for d, (row, group) in enumerate(zip(grid, groups)):
-            raws = ([tr.row(t)[p.held()] for tr, p in zip(row, group.policies)]
-                    if scorer.uses_attention else None)
-            norms = [tr.key_norm(t) for tr in row] if scorer.reads_key_norms else None
-            values = [tr.value_norm(t) for tr in row] if reads_values else None
-            victims = harness.step_layer(group, t, raws, norms, values)
-            for g, v in enumerate(victims):
-                evicted[d, g, v] = t
+        which, victims = allocated.step(t, _GridStep(streams, t))
+        flat[which, victims] = t
+        for d, group in enumerate(groups):
             held[d, :, t] = group.held_counts()
     runs = [[Run(policy=allocator.name, params=dict(allocator.params), budget=group.b, steps=T,
                  evicted_at=evicted[d, g], retained=held_shares(tr, evicted[d, g]),
@@ -128,6 +126,22 @@ def replay_layers(grid, allocator) -> LayerRun:
              for g, tr in enumerate(row)] for d, (row, group) in enumerate(zip(grid, groups))]
     return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid],
                     [g.b for g in groups], scorer.bytes_per_slot, [g.state for g in groups])
+
+
+class _GridStep:
+    """Step t of a grid's streams (flattened, layer by layer) as a StreamGroup's inputs."""
+
+    def __init__(self, streams: list, t: int):
+        self.streams, self.t = streams, t
+
+    def weights(self, s: int, held) -> np.ndarray:
+        return self.streams[s].row(self.t)[held]
+
+    def key_norm(self, s: int):
+        return self.streams[s].key_norm(self.t)
+
+    def value_norm(self, s: int):
+        return self.streams[s].value_norm(self.t)
 
 
 def layer_summary(grid, layer_run: LayerRun) -> dict:

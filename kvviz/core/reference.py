@@ -30,6 +30,10 @@ class RefPolicy:
     """Owns the kept list and the eviction rule; subclasses score one slot at a time."""
 
     protect_recent = 0
+    # The inputs it reads, declared as a Policy declares them (each instance copies its fast
+    # policy's); it never reads per-query-head rows, which no trace stores.
+    uses_attention = True
+    reads_key_norms = reads_value_norms = reads_query_rows = False
 
     def __init__(self, budget, rng=None, **params):
         if self.name in POLICIES:

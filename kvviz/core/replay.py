@@ -115,9 +115,9 @@ class Replay:
             raise ValueError(f"{policy.name} reads key norms, and trace {trace.name!r} has none: "
                              "pick a trace captured with key norms (format version 3, e.g. "
                              "code-kv) or run it in the model loop")
-        if getattr(policy, "reads_value_norms", False) and trace.value_norms is None:
+        if policy.reads_value_norms and trace.value_norms is None:
             raise refuse_value_norms(policy.name, trace.name)
-        if getattr(policy, "reads_query_rows", False):
+        if policy.reads_query_rows:
             raise refuse_query_rows(policy.name, trace.name)
         self.trace = trace
         self.policy = policy
@@ -240,10 +240,9 @@ def refuse_query_rows(name: str, trace_name: str) -> ValueError:
 def can_drive(trace: Trace, cls) -> bool:
     """Whether `trace` carries every input policy class `cls` reads (key and value norms; no
     trace carries per-query-head rows)."""
-    return (not getattr(cls, "reads_query_rows", False)
+    return (not cls.reads_query_rows
             and (trace.key_norms is not None or not cls.reads_key_norms)
-            and (getattr(trace, "value_norms", None) is not None
-                 or not getattr(cls, "reads_value_norms", False)))
+            and (getattr(trace, "value_norms", None) is not None or not cls.reads_value_norms))
 
 
 def runnable(trace: Trace) -> list[str]:

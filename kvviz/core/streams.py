@@ -1,12 +1,13 @@
 """Replay S attention streams (layers or heads of one trace) through one policy at once.
 
-A second implementation of the policies (kvviz.core.policies) for the attention-reading ones,
-vectorised across streams (`Streams`), stepped by the same kvviz.core.harness.step as Replay:
-every stream holds the same number of positions at every step (each step admits one,
-evicts down to the budget), so the state of S streams is one (S, n) array and a step is a
-handful of numpy calls instead of S. Each rule below cites the card or policy rule it
-mirrors; tests/test_streams.py checks every stream's Run against `run_policy` bit for bit.
-Other policies fall back to one Replay per stream. The loop uses `Streams` too.
+A policy that declares a vectorised form (its `vectorised` class attribute, a
+kvviz.core.policies.vectorised.StreamState written in the policy's own file) is stepped
+across streams by `Streams`, through the same kvviz.core.harness.step as Replay: every
+stream holds the same number of positions at every step (each step admits one, evicts
+down to the budget), so the state of S streams is one (S, n) array and a step is a
+handful of numpy calls instead of S. tests/test_streams.py checks every stream's Run
+against `run_policy` bit for bit. A policy without one falls back to one Replay per
+stream. The loop uses `Streams` too.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import copy
 import numpy as np
 
 from kvviz.core import harness
-from kvviz.core.policies import make_policy
-from kvviz.core.policies.snapkv import pool
+from kvviz.core.groups import StreamGroup, no_victims
+from kvviz.core.policies import POLICIES, make_policy
+from kvviz.core.policies.vectorised import close_gap
 from kvviz.core.replay import NEVER, Run, run_policy
 from kvviz.core.trace import ArrayTrace, Trace, packed_offset
 
@@ -29,7 +31,7 @@ def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]
     """
     traces = _check_traces(traces)
     policy = make_policy(name, budget=budget, rng=copy.deepcopy(rng), **params)  # same refusals
-    if name not in VECTORISED:
+    if type(policy).vectorised is None:
         return [run_policy(tr, name, budget, rng=copy.deepcopy(rng), **params) for tr in traces]
     evicted, retained, held = _replay(traces, policy, shares=True)
     return [Run(policy=name, params=dict(policy.params), budget=policy.budget, steps=tr.steps,
@@ -40,10 +42,17 @@ def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]
 
 def replay_streams(traces, name: str, budget: int, **params) -> np.ndarray:
     """The eviction logs alone, int64 (S, T), without `Run.retained`: what `bench` times."""
-    if name not in VECTORISED:
-        raise ValueError(f"replay_streams vectorises {list(VECTORISED)}, not {name!r}; "
-                         "run_streams falls back to one Replay per stream")
-    return _replay(_check_traces(traces), make_policy(name, budget=budget, **params))[0]
+    policy = make_policy(name, budget=budget, **params)
+    if type(policy).vectorised is None:
+        raise ValueError(f"replay_streams vectorises {list(vectorised_names())}, not {name!r} "
+                         "(it declares no vectorised form); run_streams falls back to one "
+                         "Replay per stream")
+    return _replay(_check_traces(traces), policy)[0]
+
+
+def vectorised_names() -> tuple:
+    """The registered policies that declare a vectorised form."""
+    return tuple(n for n, cls in POLICIES.items() if cls.vectorised is not None)
 
 
 def _replay(traces, policy, shares: bool = False):
@@ -67,8 +76,9 @@ def _replay(traces, policy, shares: bool = False):
     return evicted, retained, held
 
 
-class Streams:
-    """S streams of one vectorised policy, stepped together by kvviz.core.harness.step.
+class Streams(StreamGroup):
+    """S streams of one vectorised policy, stepped together by kvviz.core.harness.step: a
+    StreamGroup (kvviz.core.groups) whose `step` gathers its inputs with one `take`.
 
     Held positions are kept as keys (position + the stream's `offsets` entry), so a caller
     holding every stream's rows in one flat array gathers `held()` with one `take`. Every
@@ -76,12 +86,18 @@ class Streams:
     (S, n) arrays and a step is a handful of numpy calls; an eviction is one victim each.
     """
 
-    uses_attention = True
-    reads_key_norms = False  # the vectorised policies read attention only
+    uses_attention = True  # a vectorised form reads attention, and nothing else
+    reads_key_norms = reads_value_norms = reads_query_rows = False
 
     def __init__(self, policy, S: int, offsets=None):
-        if policy.name not in STATES:
-            raise ValueError(f"Streams vectorises {list(STATES)}, not {policy.name!r}")
+        form = type(policy).vectorised
+        if form is None:
+            raise ValueError(f"Streams vectorises {list(vectorised_names())}, not {policy.name!r} "
+                             "(it declares no vectorised form)")
+        if not policy.uses_attention or policy.reads_key_norms or policy.reads_value_norms \
+                or policy.reads_query_rows:
+            raise ValueError(f"{policy.name} declares a vectorised form but reads inputs beside "
+                             "attention: Streams feeds attention alone")
         B = self.budget = policy.budget
         self.policy, self.streams = policy, np.arange(S)
         self.offsets = np.zeros(S, np.int64) if offsets is None else np.asarray(offsets, np.int64)
@@ -90,7 +106,26 @@ class Streams:
         # Held keys, ascending per stream. Two buffers: closing a victim's gap copies one
         # into the other.
         self.keys, self.spare = np.empty((S, B + 1), np.int64), np.empty((S, B + 1), np.int64)
-        self.state = STATES[policy.name](policy, S, B + 1)
+        self.state = form(policy, S, B + 1)
+        self.size, self.capacity, self.bytes_per_slot = S, B, policy.bytes_per_slot
+
+    # -- the StreamGroup protocol ---------------------------------------------------------
+    def step(self, t: int, inputs) -> tuple[np.ndarray, np.ndarray]:
+        """One harness step of every stream on `inputs.gather(held keys)`; (streams, positions)."""
+        victims = harness.step(self, t, inputs.gather(self.held()), self.budget)
+        if not victims.shape[1]:
+            return no_victims()
+        return self.streams, victims[:, 0]
+
+    def kept(self, s: int) -> np.ndarray:
+        return self.keys[s, : self.n] - self.offsets[s]
+
+    def stream_policy(self, s: int):
+        raise ValueError(f"{self.name}'s vectorised streams step token by token: a prompt read in one "
+                         "pass feeds one policy object per stream (build them without the vectorised form)")
+
+    def prefill(self, prompt):
+        self.stream_policy(0)
 
     @property
     def name(self) -> str:
@@ -124,105 +159,12 @@ class Streams:
         i = self.state.victim(self.attn, n)
         victims = self.keys[streams, i] - self.offsets
         stay[streams, i] = False
-        _close_gap(self.spare, self.keys, stay)
+        close_gap(self.spare, self.keys, stay)
         self.keys, self.spare = self.spare, self.keys
         self.state.remove(i, stay)
         stay[streams, i] = True
         self.n = n - 1
         return victims[:, None]
-
-
-def _close_gap(dst: np.ndarray, src: np.ndarray, stay: np.ndarray) -> None:
-    """dst[:, :B] = src (S, B+1) without each row's victim, order kept (Policy._remove).
-    Evictions happen only with every slot full, so src is whole rows."""
-    dst[:, :-1] = src[stay].reshape(len(src), -1)
-
-
-# Per-slot state of S streams, and each policy's victim rule. Slots are in ascending
-# position order, so `argmin` (the first minimum) breaks ties toward the lower position:
-# both cards' tie rule, and Policy.choose's.
-
-class _Tova:
-    """TOVA keeps nothing between steps: its score is this step's weight (assignment)."""
-
-    def __init__(self, policy, S: int, cap: int):
-        pass
-
-    def observe(self, t, attn, n):
-        pass
-
-    def admit(self, n):
-        pass
-
-    def victim(self, attn, n):
-        # TOVA card: the lowest weight on the latest step goes. The newcomer (slot n-1) is
-        # unobserved, never a candidate; the n-1 >= 1 observed slots are `attn`.
-        return attn.argmin(axis=1)
-
-    def remove(self, i, stay):
-        pass
-
-
-class _H2O(_Tova):
-    def __init__(self, policy, S: int, cap: int):
-        self.recent = policy.recent_window
-        self.cumulative, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
-
-    def observe(self, t, attn, n):
-        self.cumulative[:, :n] += attn  # H2O: accumulate every observed step
-
-    def admit(self, n):
-        self.cumulative[:, n] = 0.0  # a newcomer has accumulated nothing
-
-    def victim(self, attn, n):
-        # H2O: the lowest cumulative outside the `recent_window` newest slots.
-        return self.cumulative[:, : n - self.recent].argmin(axis=1)
-
-    def remove(self, i, stay):
-        _close_gap(self.spare, self.cumulative, stay)
-        self.cumulative, self.spare = self.spare, self.cumulative
-
-
-class _SnapKV(_Tova):
-    """Rings are stored by slot id, which a position keeps while held (a newcomer takes
-    the last victim's), so an eviction moves ids, not obs_window floats per slot."""
-
-    def __init__(self, policy, S: int, cap: int):
-        self.recent, self.streams = policy.recent_window, np.arange(S)
-        self.window, self.radius = policy.obs_window, (policy.pool_kernel - 1) // 2
-        self.pooling = policy.pooling
-        self.history = np.zeros((S, self.window, cap), np.float32)  # [stream, ring slot, id]
-        self.ids, self.ids_spare = np.empty((S, cap), np.int64), np.empty((S, cap), np.int64)
-        self.free = None  # the id a newcomer takes: its slot index until the first eviction
-
-    def observe(self, t, attn, n):
-        # SnapKV card: history[i][slot] = weight, then slot advances. The harness observes
-        # every step (row 0's empty vector too), so slot = t mod obs_window.
-        self.history[:, t % self.window][self.streams[:, None], self.ids[:, :n]] = attn
-
-    def admit(self, n):
-        new = n if self.free is None else self.free
-        self.ids[:, n] = new
-        self.history[self.streams, :, new] = 0.0  # card: admit(pos, history = zeroes)
-
-    def victim(self, attn, n):
-        # SnapKV card: sums[i] = sum(history[i]) afresh in float64, ring slot 0 upward (a
-        # reduction over the ring axis adds slot 0, then 1, ... per id, as SnapKV.sums
-        # does), in position order; pooled[i] = max (or avg) of sums[i-r .. i+r] clamped to
-        # the kept slots (SnapKV's own `pool`); the lowest pooled outside the recent window goes.
-        by_id = self.history.sum(axis=1, dtype=np.float64)
-        sums = np.take_along_axis(by_id, self.ids[:, :n], axis=1)
-        pooled = pool(sums, self.radius, self.pooling)
-        return pooled[:, : n - self.recent].argmin(axis=1)
-
-    def remove(self, i, stay):
-        self.free = self.ids[self.streams, i]
-        _close_gap(self.ids_spare, self.ids, stay)
-        self.ids, self.ids_spare = self.ids_spare, self.ids
-
-
-STATES = {"tova": _Tova, "h2o": _H2O, "snapkv": _SnapKV}  # by registry name
-VECTORISED = tuple(STATES)
 
 
 class _Rows:

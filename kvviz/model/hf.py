@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.replay import NEVER
+from kvviz.model.loop import engine
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
 
 
@@ -82,6 +83,105 @@ def full_layers(kwargs) -> dict:
     return kwargs
 
 
+class Follower:
+    """One `evicting` block: follows one sequence through `model`'s forward passes, over the
+    loop engine's public interface (kvviz.model.loop.engine). Its forward pre-hook binds
+    the model to the lane the pass runs; its forward hook does that pass's bookkeeping. The
+    first pass is the prompt, read in one pass (a PromptFeed), after which the configuration
+    evicts once and the cache is masked or gathered to slots; every later pass is one token
+    (one engine bookkeeping step). `log` is filled as the model runs."""
+
+    def __init__(self, model, cfg: LoopConfig, granularity: str, seed: int, eviction: str, prefill_chunk: int):
+        import torch
+
+        from kvviz.model.models import attention_shape
+
+        shape = attention_shape(model)
+        self.torch, self.model, self.cfg = torch, model, cfg
+        self.eviction, self.chunk = eviction, prefill_chunk
+        self.L, self.Hk = shape.layers, shape.kv_heads
+        self.G = 1 if granularity == "layer" else self.Hk
+        self.device = next(model.parameters()).device
+        self.policies = [engine.make_policies(cfg, self.L, self.G, 0, seed, vectorised=False)]
+        self.log = EvictionLog(cfg, granularity, evicted_at=np.full((self.L, self.G, 0), NEVER, np.int64))
+        self.evicted = np.full((1, self.L, self.G, 256), NEVER, np.int64)  # (1, L, G, room)
+        self.seen = 0  # positions fed so far
+        self.lane = None
+
+    def _grow(self, T: int) -> None:
+        """Room for T positions in the log and the lane's state."""
+        if T > self.evicted.shape[-1]:
+            grown = np.full(self.evicted.shape[:-1] + (max(2 * self.evicted.shape[-1], T),), NEVER, np.int64)
+            grown[..., : self.evicted.shape[-1]] = self.evicted
+            self.evicted = grown
+        self.lane.state.grow(self.torch, self.evicted.shape[-1])
+
+    def before(self, module, args, kwargs):
+        """The forward pre-hook: check the pass follows the sequence, bind the model's lane."""
+        ids = _input_ids(args, kwargs)
+        B, q = ids.shape
+        if B != 1:
+            raise ValueError(f"kvviz.hf.evicting follows one sequence (batch 1), got batch {B}")
+        past = _cache_length(kwargs)
+        if past is not None and past != self.seen:
+            raise ValueError("kvviz.hf.evicting follows one sequence: open a new block for each generate call "
+                             f"(the cache holds {past} positions, this block has seen {self.seen})")
+        if self.seen and q != 1:
+            raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
+        if not self.seen:
+            state = engine.prompt_state(self.torch, q, [self.cfg], self.policies, self.L, self.Hk, self.G,
+                                        self.chunk, self.device)
+            self.lane = engine.Lane(np.zeros(1, np.int64), state, None)
+            kwargs = full_layers(kwargs)
+        else:
+            self._grow(self.seen + 1)
+            if self.lane.state.freed:
+                with self.torch.no_grad():
+                    self.lane.state.place(self.seen)
+                    self.lane.state.push(self.torch)
+            engine.mark_query_rows(self.lane.state, self.policies)
+        engine.use(self.model, self.lane.state)
+        return args, kwargs
+
+    def after(self, module, args, kwargs, output):
+        """The forward hook: the pass's bookkeeping, on detached weights (gradients or not)."""
+        with self.torch.no_grad():
+            q = _input_ids(args, kwargs).shape[1]
+            if not self.seen:
+                self._evict_prompt(q, kwargs, output)
+            else:
+                self._step()
+        engine.use(self.model, None)
+        self.seen += q
+        self.log.evicted_at = self.evicted[0, :, :, : self.seen].copy()
+
+    def _evict_prompt(self, q: int, kwargs, output) -> None:
+        """The configuration's one-shot eviction at the prompt's last row, then the lane the
+        tokens after it run: the cache masked, or its layers replaced by slots (freed)."""
+        torch, feed = self.torch, self.lane.state.feed
+        self._grow(q + 1)
+        feed.evict([self.cfg], self.policies, self.evicted)
+        cache = kwargs.get("cache", kwargs.get("past_key_values")) or getattr(output, "past_key_values", None)
+        held = self.evicted[..., :q]
+        if self.eviction == "freed":
+            if cache is None:
+                raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
+            state, layers = engine.gathered(torch, cache, held == NEVER, self.policies[0].capacity,
+                                            self.evicted.shape[-1], self.device)
+            cache.layers[:] = engine.slot_cache(state, layers, seen=q).layers
+        else:
+            state = engine.masked_state(torch, held, self.Hk, self.evicted.shape[-1], self.device)
+        self.lane = engine.Lane(np.zeros(1, np.int64), state, cache)
+        self.log.prompt_len = q
+
+    def _step(self) -> None:
+        """One generated token: the host copy, the configuration's step, the bias pushed."""
+        state = self.lane.state
+        state.pull(self.torch, None, self.seen)
+        engine.bookkeeping(self.lane, [self.cfg], self.policies, self.evicted, self.seen)
+        state.push(self.torch)
+
+
 @contextmanager
 def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = "kv-head", seed: int = 0,
              eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK, **params):
@@ -101,100 +201,12 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
     check_eviction(eviction)
-    cfg = LoopConfig(policy, params, budget)
-    import torch
-
-    from kvviz.model.loop.engine import (
-        Lane,
-        attached,
-        bookkeeping,
-        capacity,
-        gathered,
-        make_policies,
-        mark_query_rows,
-        masked_state,
-        prompt_state,
-        slot_cache,
-        use,
-    )
-    from kvviz.model.models import attention_shape
-
-    shape = attention_shape(model)
-    L, Hk = shape.layers, shape.kv_heads
-    G = 1 if granularity == "layer" else Hk
-    dev = next(model.parameters()).device
-    policies = [make_policies(cfg, L, G, 0, seed, vectorised=False)]
-    log = EvictionLog(cfg, granularity, evicted_at=np.full((L, G, 0), NEVER, np.int64))
-    evicted = [np.full((1, L, G, 256), NEVER, np.int64)]
-    seen = [0]  # positions fed so far
-    lane = [None]
-
-    def grow(T):
-        if T > evicted[0].shape[-1]:
-            grown = np.full((1, L, G, max(2 * evicted[0].shape[-1], T)), NEVER, np.int64)
-            grown[..., : evicted[0].shape[-1]] = evicted[0]
-            evicted[0] = grown
-        lane[0].state.grow(torch, evicted[0].shape[-1])
-
-    def before(module, args, kwargs):
-        ids = _input_ids(args, kwargs)
-        B, q = ids.shape
-        if B != 1:
-            raise ValueError(f"kvviz.hf.evicting follows one sequence (batch 1), got batch {B}")
-        past = _cache_length(kwargs)
-        if past is not None and past != seen[0]:
-            raise ValueError("kvviz.hf.evicting follows one sequence: open a new block for each generate call "
-                             f"(the cache holds {past} positions, this block has seen {seen[0]})")
-        if seen[0] and q != 1:
-            raise ValueError(f"kvviz.hf.evicting reads the prompt once, then one token per step; got {q} tokens")
-        if not seen[0]:
-            lane[0] = Lane(np.zeros(1, np.int64), prompt_state(torch, q, [cfg], policies, L, Hk, G, prefill_chunk,
-                                                               dev), None)
-            kwargs = full_layers(kwargs)
-        else:
-            grow(seen[0] + 1)
-            if lane[0].state.freed:
-                with torch.no_grad():
-                    lane[0].state.place(seen[0])
-                    lane[0].state.push(torch)
-            mark_query_rows(lane[0].state, policies)
-        use(lane[0].state)
-        return args, kwargs
-
-    def after(module, args, kwargs, output):
-        with torch.no_grad():  # the bookkeeping reads detached weights, with or without gradients
-            _after(args, kwargs, output)
-
-    def _after(args, kwargs, output):
-        q = _input_ids(args, kwargs).shape[1]
-        if not seen[0]:
-            feed = lane[0].state.feed
-            grow(q + 1)
-            feed.evict([cfg], policies, evicted[0])
-            cache = kwargs.get("cache", kwargs.get("past_key_values")) or getattr(output, "past_key_values", None)
-            if eviction == "freed":
-                if cache is None:
-                    raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
-                st, layers = gathered(torch, cache, evicted[0][..., :q] == NEVER, capacity(cfg, policies[0]),
-                                      evicted[0].shape[-1], dev)
-                cache.layers[:] = slot_cache(st, layers, seen=q).layers
-            else:
-                st = masked_state(torch, evicted[0][..., :q], Hk, evicted[0].shape[-1], dev)
-            lane[0] = Lane(np.zeros(1, np.int64), st, cache)
-            log.prompt_len = q
-        else:
-            lane[0].state.pull(torch, None, seen[0])
-            bookkeeping(lane[0], [cfg], policies, evicted[0], seen[0])
-            lane[0].state.push(torch)
-        use(None)
-        seen[0] += q
-        log.evicted_at = evicted[0][0, :, :, : seen[0]].copy()
-
-    with attached(model):
-        hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
-                 model.register_forward_hook(after, with_kwargs=True)]
+    follower = Follower(model, LoopConfig(policy, params, budget), granularity, seed, eviction, prefill_chunk)
+    with engine.attached(model):
+        hooks = [model.register_forward_pre_hook(follower.before, with_kwargs=True),
+                 model.register_forward_hook(follower.after, with_kwargs=True)]
         try:
-            yield log
+            yield follower.log
         finally:
             for h in hooks:
                 h.remove()

@@ -176,6 +176,12 @@ class LayerGroup:
         self.cap = allocator.cap(b, self.heads)
         self.state = None  # what `calibrate` made of the calibration rows, if it asks for any
         self.calibrated = False
+        # the inputs its heads read, declared as a Policy declares them (every head's scorer
+        # is one class)
+        scorer = policies[0]
+        self.uses_attention = scorer.uses_attention
+        self.reads_key_norms, self.reads_value_norms = scorer.reads_key_norms, scorer.reads_value_norms
+        self.reads_query_rows = scorer.reads_query_rows
 
     def calibrate(self, rows: list) -> None:
         """Give the allocator the calibration rows (`rows[g][t]`: head g's row t read with

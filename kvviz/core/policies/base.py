@@ -190,6 +190,12 @@ class Policy:
     score_labels: ClassVar[dict] = {}   # labels of its other scores() entries
     colour: ClassVar[str | None] = None  # "#RRGGBB"; None takes one from the palette
     reference: ClassVar = None  # the slow reference class, or "module:Class"
+    # The policy's rule over S streams at once (a kvviz.core.policies.vectorised.StreamState
+    # subclass, declared in the policy's own file), which kvviz.core.streams.Streams steps;
+    # None: the streams are replayed one policy object each. Declared per class: a subclass
+    # inherits none (it may change the rule), and one that keeps its parent's rule says so
+    # (`vectorised = Tova.vectorised`). Only a policy that reads attention alone may declare one.
+    vectorised: ClassVar[type | None] = None
     uses_attention: ClassVar[bool] = True
     reads_key_norms: ClassVar[bool] = False  # True: advance() needs the admitted key's L2 norm
     reads_value_norms: ClassVar[bool] = False  # True: advance() needs the admitted value's L2 norm
@@ -212,6 +218,8 @@ class Policy:
         than silently losing them.
         """
         super().__init_subclass__(**kwargs)
+        if "vectorised" not in cls.__dict__:
+            cls.vectorised = None  # a parent's form need not follow this class's rule
         if not _declares_fields(cls):
             dataclass(cls)
 
@@ -519,9 +527,9 @@ def norm_inputs(policy, key_norm=None, value_norm=None, query_rows=None, n=None)
     out = {}
     if policy.reads_key_norms:
         out["key_norm"] = check_key_norm(key_norm, policy.name)
-    if getattr(policy, "reads_value_norms", False):
+    if policy.reads_value_norms:
         out["value_norm"] = check_value_norm(value_norm, policy.name)
-    if getattr(policy, "reads_query_rows", False):
+    if policy.reads_query_rows:
         out["query_rows"] = check_query_rows(query_rows, policy.name,
                                              len(policy.held()) if n is None else n)
     return out

@@ -9,6 +9,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.policies.base import Policy, Rank, check_recent, param
+from kvviz.core.policies.vectorised import StreamState, close_gap
+
+
+class H2OStreams(StreamState):
+    """H2O over S streams: each slot's cumulative weight, (S, cap)."""
+
+    def __init__(self, policy, S: int, cap: int):
+        super().__init__(policy, S, cap)
+        self.recent = policy.recent_window
+        self.cumulative, self.spare = np.zeros((S, cap)), np.zeros((S, cap))
+
+    def observe(self, t, attn, n):
+        self.cumulative[:, :n] += attn  # accumulate every observed step
+
+    def admit(self, n):
+        self.cumulative[:, n] = 0.0  # a newcomer has accumulated nothing
+
+    def victim(self, attn, n):
+        # The lowest cumulative outside the `recent_window` newest slots.
+        return self.cumulative[:, : n - self.recent].argmin(axis=1)
+
+    def remove(self, i, stay):
+        close_gap(self.spare, self.cumulative, stay)
+        self.cumulative, self.spare = self.spare, self.cumulative
 
 
 @dataclass
@@ -22,6 +46,7 @@ class H2O(Policy):
     rank = Rank("cumulative", "accumulated attention", "lowest accumulated attention goes first")
     colour = "#009E73"
     reference = "kvviz.core.reference:RefH2O"
+    vectorised = H2OStreams
     summable = True  # cumulative += each row: a prefill may add the rows' float64 sum once
 
     def check_params(self):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.policies.base import Policy, Rank, check_recent, param
+from kvviz.core.policies.vectorised import StreamState, close_gap
 
 
 def pool(sums: np.ndarray, radius: int, kind: str = "max") -> np.ndarray:
@@ -39,6 +40,46 @@ def pool(sums: np.ndarray, radius: int, kind: str = "max") -> np.ndarray:
     return total / size
 
 
+class SnapKVStreams(StreamState):
+    """SnapKV over S streams. Rings are stored by slot id, which a position keeps while held
+    (a newcomer takes the last victim's), so an eviction moves ids, not obs_window floats
+    per slot."""
+
+    def __init__(self, policy, S: int, cap: int):
+        super().__init__(policy, S, cap)
+        self.recent, self.streams = policy.recent_window, np.arange(S)
+        self.window, self.radius = policy.obs_window, (policy.pool_kernel - 1) // 2
+        self.pooling = policy.pooling
+        self.history = np.zeros((S, self.window, cap), np.float32)  # [stream, ring slot, id]
+        self.ids, self.ids_spare = np.empty((S, cap), np.int64), np.empty((S, cap), np.int64)
+        self.free = None  # the id a newcomer takes: its slot index until the first eviction
+
+    def observe(self, t, attn, n):
+        # history[i][slot] = weight, then slot advances. The harness observes every step
+        # (row 0's empty vector too), so slot = t mod obs_window.
+        self.history[:, t % self.window][self.streams[:, None], self.ids[:, :n]] = attn
+
+    def admit(self, n):
+        new = n if self.free is None else self.free
+        self.ids[:, n] = new
+        self.history[self.streams, :, new] = 0.0  # admit(pos, history = zeroes)
+
+    def victim(self, attn, n):
+        # sums[i] = sum(history[i]) afresh in float64, ring slot 0 upward (a reduction over
+        # the ring axis adds slot 0, then 1, ... per id, as SnapKV.sums does), in position
+        # order; pooled by `pool` (as SnapKV.pool); the lowest pooled outside the recent
+        # window goes.
+        by_id = self.history.sum(axis=1, dtype=np.float64)
+        sums = np.take_along_axis(by_id, self.ids[:, :n], axis=1)
+        pooled = pool(sums, self.radius, self.pooling)
+        return pooled[:, : n - self.recent].argmin(axis=1)
+
+    def remove(self, i, stay):
+        self.free = self.ids[self.streams, i]
+        close_gap(self.ids_spare, self.ids, stay)
+        self.ids, self.ids_spare = self.ids_spare, self.ids
+
+
 @dataclass
 class SnapKV(Policy):
     obs_window: int = param(
@@ -63,6 +104,7 @@ class SnapKV(Policy):
     score_labels = {"sums": "window sum"}
     colour = "#0072B2"
     reference = "kvviz.core.reference:RefSnapKV"
+    vectorised = SnapKVStreams
 
     def check_params(self):
         check_recent(self)

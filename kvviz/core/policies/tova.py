@@ -9,6 +9,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.policies.base import Policy, Rank
+from kvviz.core.policies.vectorised import StreamState
+
+
+class TovaStreams(StreamState):
+    """TOVA over S streams: it keeps nothing between steps (its score is this step's weight)."""
+
+    def victim(self, attn, n):
+        # The lowest weight on the latest step goes. The newcomer (slot n-1) is unobserved,
+        # never a candidate; the n-1 >= 1 observed slots are `attn`.
+        return attn.argmin(axis=1)
 
 
 @dataclass
@@ -18,6 +28,7 @@ class Tova(Policy):
     rank = Rank("last", "current-step weight", "lowest current-step weight goes first")
     colour = "#E69F00"
     reference = "kvviz.core.reference:RefTova"
+    vectorised = TovaStreams
 
     def columns(self):
         return {"last": (np.float64, (), np.inf)}  # +inf = not yet observed

@@ -17,8 +17,8 @@ one batch row; prompt read token by token, "decode", or in one pass, "prefill"):
     gen = generate("The pass key is 60494. ...", cfgs, 16, prompt_mode="prefill")
     gen.texts; gen.departure; gen.held(1, gen.prompt_len - 1); gen.save("g.json")
 
-torch is imported lazily (kvviz/model/loop/engine.py, greedy.py), so this module, the result
-classes and the CLI's input checks work without it.
+torch is imported lazily (by the engine, kvviz/model/loop/engine.py and the modules it uses,
+and greedy.py), so this module, the result classes and the CLI's input checks work without it.
 """
 from __future__ import annotations
 

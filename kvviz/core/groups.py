@@ -1,0 +1,215 @@
+"""One protocol for everything that evicts: a `StreamGroup` steps a configuration's streams.
+
+A configuration of a model evicts in S = L x G streams (G per layer: 1 at layer
+granularity, one per KV head otherwise); stream s is layer s // G, head s % G. Whatever
+decides its victims (one policy object per stream, a policy's vectorised form over all
+streams at once (kvviz.core.streams.Streams), an allocator sharing each layer's slots
+across its heads, or nothing: the full cache) is one `StreamGroup`:
+
+- `step(t, inputs)`: every stream observes step t's inputs on its kept positions, admits
+  position t, and evicts; returns the victims as two int64 arrays (streams, positions).
+  The harness's checks hold on every path (kvviz.core.harness.step and step_layer: the
+  held count, an allocator's caps and each layer's total).
+- `kept(s)`: stream s's kept positions, ascending; `size`: S.
+- the inputs it reads, declared: `uses_attention`, `reads_key_norms`, `reads_value_norms`,
+  `reads_query_rows`; `calibration_rows` (an allocator that reads the prompt's first rows
+  with the full cache before evicting); `capacity` (the most one stream holds after an
+  eviction; None when it never evicts) and `bytes_per_slot` (its memory per kept slot).
+- a prompt read in one pass: `stream_policy(s)` (the per-stream policy stream s's prompt
+  rows feed, kvviz.core.harness.PromptRows) and `prefill(prompt)` (the one-shot eviction
+  at the prompt's last row, kvviz.core.harness.prefill).
+
+`inputs` offers a step's values by stream: `weights(s, held)` (the raw weights on the
+positions `held`), `gather(keys)` ((S, n) weights at keys = a stream's offset + position,
+for a vectorised group built over the caller's layout), `key_norm(s)`, `value_norm(s)`,
+`query_rows(s, held)`. `prompt` offers a prompt's: `length`, `rows(s)` (a PromptRows),
+`key_norms(s)`, `value_norms(s)` (or None) and `calibration(s)` (the first rows).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.core import harness
+from kvviz.core.policies.base import BudgetError
+
+__all__ = ["AllocatedLayers", "PolicyLayers", "StreamGroup", "Unevicted", "no_victims"]
+
+
+def no_victims() -> tuple[np.ndarray, np.ndarray]:
+    """(streams, positions) of a step that evicted nothing."""
+    return np.empty(0, np.int64), np.empty(0, np.int64)
+
+
+def victims_of(found: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(streams, positions) from (stream, positions) pairs."""
+    found = [(s, v) for s, v in found if len(v)]
+    if not found:
+        return no_victims()
+    return (np.concatenate([np.full(len(v), s, np.int64) for s, v in found]),
+            np.concatenate([np.asarray(v, np.int64) for _, v in found]))
+
+
+class StreamGroup:
+    """The protocol (see the module docstring), with the defaults every group shares."""
+
+    uses_attention = True
+    reads_key_norms = reads_value_norms = reads_query_rows = False
+    calibration_rows = 0
+    capacity: int | None = None
+    bytes_per_slot = 0
+    size = 0  # S, its streams
+
+    def step(self, t: int, inputs) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def kept(self, s: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def stream_policy(self, s: int):
+        """The per-stream policy stream s's prompt rows feed; None when none reads them."""
+        raise NotImplementedError
+
+    def prefill(self, prompt) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+class Unevicted(StreamGroup):
+    """The full cache: S streams that keep every position and read nothing."""
+
+    uses_attention = False
+
+    def __init__(self, size: int):
+        self.size, self.seen = int(size), 0
+
+    def step(self, t, inputs):
+        self.seen = t + 1
+        return no_victims()
+
+    def kept(self, s):
+        return np.arange(self.seen, dtype=np.int64)
+
+    def stream_policy(self, s):
+        return None
+
+    def prefill(self, prompt):
+        self.seen = prompt.length
+        return no_victims()
+
+
+def _declare_inputs(group, policy) -> None:
+    """The group reads what its per-stream policies read (one class for every stream)."""
+    group.uses_attention = policy.uses_attention
+    group.reads_key_norms, group.reads_value_norms = policy.reads_key_norms, policy.reads_value_norms
+    group.reads_query_rows = policy.reads_query_rows
+    group.bytes_per_slot = policy.bytes_per_slot
+
+
+def _feed_args(p, s: int, inputs) -> tuple:
+    """(raw weights, key norm, value norm, query rows) of stream s for its policy `p`."""
+    held = p.held()
+    return (inputs.weights(s, held) if p.uses_attention else None,
+            inputs.key_norm(s) if p.reads_key_norms else None,
+            inputs.value_norm(s) if p.reads_value_norms else None,
+            inputs.query_rows(s, held) if p.reads_query_rows else None)
+
+
+def _in_layer(layer: int, exc: BudgetError) -> BudgetError:
+    return BudgetError(f"layer {layer}: {exc}")
+
+
+class PolicyLayers(StreamGroup):
+    """One policy object per stream: `policies[layer][g]`, each stepped by harness.step to
+    the configuration's `budget`."""
+
+    def __init__(self, policies: list, budget: int):
+        self.policies, self.budget = [list(per) for per in policies], int(budget)
+        self.per_layer = len(self.policies[0])
+        self.size = len(self.policies) * self.per_layer
+        self.capacity = self.budget
+        _declare_inputs(self, self.policies[0][0])
+
+    def _policy(self, s: int):
+        return self.policies[s // self.per_layer][s % self.per_layer]
+
+    def step(self, t, inputs):
+        found, G = [], self.per_layer
+        for layer, per in enumerate(self.policies):
+            try:
+                for g, p in enumerate(per):
+                    raw, norm, vnorm, qrows = _feed_args(p, layer * G + g, inputs)
+                    victims = harness.step(p, t, raw, self.budget, norm, value_norm=vnorm, query_rows=qrows)
+                    found.append((layer * G + g, victims))
+            except BudgetError as exc:
+                raise _in_layer(layer, exc) from None
+        return victims_of(found)
+
+    def kept(self, s):
+        return self._policy(s).kept
+
+    def stream_policy(self, s):
+        return self._policy(s)
+
+    def prefill(self, prompt):
+        found, G = [], self.per_layer
+        for layer, per in enumerate(self.policies):
+            try:
+                for g, p in enumerate(per):
+                    s = layer * G + g
+                    victims = harness.prefill(p, prompt.rows(s), prompt.length, self.budget,
+                                              prompt.key_norms(s), prompt.value_norms(s))
+                    found.append((s, victims))
+            except BudgetError as exc:
+                raise _in_layer(layer, exc) from None
+        return victims_of(found)
+
+
+class AllocatedLayers(StreamGroup):
+    """An allocator's configuration: one kvviz.core.policies.alloc.LayerGroup per layer,
+    whose G heads share the layer's slots; each step is harness.step_layer (each head
+    fed, the group evicts across them, every head's cap and the layer's total enforced)."""
+
+    def __init__(self, groups: list):
+        self.groups = list(groups)
+        self.per_layer = self.groups[0].heads
+        self.size = len(self.groups) * self.per_layer
+        self.capacity = max(group.cap for group in self.groups)
+        self.calibration_rows = int(self.groups[0].allocator.calibration_rows())
+        _declare_inputs(self, self.groups[0].policies[0])
+
+    def step(self, t, inputs):
+        found, G = [], self.per_layer
+        for layer, group in enumerate(self.groups):
+            heads = group.policies
+            args = [_feed_args(p, layer * G + g, inputs) for g, p in enumerate(heads)]
+            try:
+                victims = harness.step_layer(group, t, *(list(column) for column in zip(*args)))
+            except BudgetError as exc:
+                raise _in_layer(layer, exc) from None
+            found += [(layer * G + g, v) for g, v in enumerate(victims)]
+        return victims_of(found)
+
+    def kept(self, s):
+        return self.groups[s // self.per_layer].policies[s % self.per_layer].kept
+
+    def stream_policy(self, s):
+        return self.groups[s // self.per_layer].policies[s % self.per_layer]
+
+    def prefill(self, prompt):
+        """Each layer: the allocator calibrates on the prompt's first rows (if it asks), its
+        heads observe the prompt without evicting, then the group evicts once."""
+        found, G, T0 = [], self.per_layer, prompt.length
+        last = T0 - 1
+        for layer, group in enumerate(self.groups):
+            try:
+                if self.calibration_rows:
+                    n = min(self.calibration_rows, T0)
+                    group.calibrate([prompt.calibration(layer * G + g)[:n] for g in range(G)])
+                for g, p in enumerate(group.policies):
+                    s = layer * G + g
+                    found.append((s, harness.prefill(p, prompt.rows(s), T0, T0, prompt.key_norms(s),
+                                                     prompt.value_norms(s))))
+                found += [(layer * G + g, v) for g, v in enumerate(group.evict())]
+                group.enforce(last)
+            except BudgetError as exc:
+                raise _in_layer(layer, exc) from None
+        return victims_of(found)

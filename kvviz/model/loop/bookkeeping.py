@@ -1,0 +1,162 @@
+"""The loop's bookkeeping: each configuration's policies as one StreamGroup
+(kvviz.core.groups), stepped on a lane's State after every forward; victims are masked
+(or their slots freed); and the memory a run's policies held.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.core.groups import AllocatedLayers, PolicyLayers, StreamGroup, Unevicted
+from kvviz.core.policies import Place
+from kvviz.core.policies.base import BudgetError
+from kvviz.core.replay import NEVER
+from kvviz.core.streams import Streams
+from kvviz.model.loop.cache import Lane, State
+
+
+def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> dict:
+    """The two memories of a run at `step`, side by side: the keys and values the caches hold
+    (`cache_bytes`) beside what the full cache would hold for the same rows, and the
+    policies' own bookkeeping (each policy's bytes per slot x the slots it holds)."""
+    from kvviz.model.models import attention_shape
+
+    shape = attention_shape(mdl)
+    L, Hk, D = shape.layers, shape.kv_heads, shape.head_dim
+    item = next(mdl.parameters()).element_size()
+    C, _, G, T = evicted_at.shape
+    n = step + 1
+    full = C * L * Hk * n * D * 2 * item
+    book = 0
+    for c, cfg_c in enumerate(configs):
+        if cfg_c.is_full:
+            continue
+        ev = evicted_at[c, ..., :n]
+        slots = int(((ev == NEVER) | (ev > step)).sum())
+        book += slots * policies[c].bytes_per_slot
+    return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
+
+
+def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True) -> StreamGroup:
+    """A config's StreamGroup (kvviz.core.groups) over its L x G streams (stream s = layer *
+    G + head): Unevicted for full; one Streams where the policy declares a vectorised form
+    and `vectorised` allows (keyed into the flat (L, G, T) step weights); for an allocator,
+    one LayerGroup per layer (its G streams share the layer's slots); else one policy per
+    (layer, head), rng seeded per (seed, layer, head). Every per-stream policy is told its
+    Place (layer of L; KV head of G at kv-head granularity). A prefill needs the per-stream
+    objects: Streams holds at most budget + 1."""
+    if cfg.is_full:
+        return Unevicted(L * G)
+    if cfg.is_allocator:
+        alloc = cfg.make(0, 0, seed)
+        return AllocatedLayers([alloc.group(layer, L, G) for layer in range(L)])
+    if vectorised:
+        policy = cfg.make(0, 0, seed)
+        if type(policy).vectorised is not None:
+            S = L * G
+            return Streams(policy, S, offsets=np.arange(S) * T)
+    return PolicyLayers([[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
+                          for g in range(G)] for layer in range(L)], cfg.budget)
+
+
+READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one pass
+    "loop": "kvviz loop reads its text token by token; run it as a prompt with kvviz generate --prompt-mode "
+            "prefill (or kvviz needle --prompt-modes prefill)",
+    "generate": "use prompt_mode='prefill' (kvviz generate --prompt-mode prefill; kvviz needle --prompt-modes "
+                "prefill)"}
+
+
+def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
+    """An allocator that decides from calibration rows read with the full cache (head roles)
+    gets them from a prompt read in one pass; decoding token by token has none to give. The
+    refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
+    for cfg, group in zip(configs, policies):
+        if group.calibration_rows:
+            raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
+                             f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
+
+
+def reads_query_rows(policies) -> bool:
+    """Whether any config's policy reads per-query-head rows (`Policy.reads_query_rows`)."""
+    return any(group.reads_query_rows for group in policies)
+
+
+def mark_query_rows(state: State, policies) -> None:
+    """Before a lane's first forward: record each query head's weights if a policy reads them."""
+    if state.want_q is None:
+        state.want_q = reads_query_rows(policies)
+        if state.want_q and not state.on_host:
+            raise ValueError("per-query-head rows are supplied on the CPU only: run a policy that "
+                             "reads them with --device cpu")
+
+
+class LaneInputs:
+    """Row i of a lane's State as a step's inputs by stream s = layer x G + head (what a
+    StreamGroup's `step` reads, kvviz.core.groups)."""
+
+    def __init__(self, state: State, i: int):
+        self.state, self.i, self.G = state, i, state.G
+
+    def weights(self, s: int, held) -> np.ndarray:
+        return self.state.cur[self.i, s // self.G, s % self.G][held]
+
+    def gather(self, keys) -> np.ndarray:
+        return self.state.cur[self.i].reshape(-1).take(keys)  # keys = s x T + position
+
+    def key_norm(self, s: int):
+        return self.state.knorm[self.i, s // self.G, s % self.G]
+
+    def value_norm(self, s: int):
+        return self.state.vnorm[self.i, s // self.G, s % self.G]
+
+    def query_rows(self, s: int, held) -> np.ndarray:
+        return self.state.query_rows(self.i, s // self.G, s % self.G, held)
+
+
+def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims, t: int) -> None:
+    """Config c (row i of its lane) evicted `victims` at (layer, stream g) at step t."""
+    evicted_at[c, layer, g, victims] = t
+    if state.freed:
+        state.free(i, layer, g, victims)
+        return
+    heads = state.heads(g)
+    state.bias[i, layer, heads][:, victims] = -np.inf
+    if not state.on_host:
+        hs = np.arange(state.Hk)[heads]
+        b, h, v = np.meshgrid([i], hs, np.asarray(victims), indexing="ij")
+        state.dirty.append((np.ravel_multi_index((b.ravel(), np.full(b.size, layer), h.ravel(), v.ravel()),
+                                                 state.bias.shape), -np.inf))
+
+
+def mark_victims(state: State, evicted_at, c: int, i: int, victims, t: int) -> None:
+    """Config c (row i of its lane) evicted `victims` ((streams, positions)) at step t."""
+    streams, pos = victims
+    if not len(streams):
+        return
+    G = state.G
+    if state.freed or not state.on_host:
+        order = np.argsort(streams, kind="stable")
+        streams, pos = streams[order], pos[order]
+        starts = np.flatnonzero(np.r_[True, streams[1:] != streams[:-1]])
+        for a, b in zip(starts, np.r_[starts[1:], len(streams)]):
+            _mark(state, evicted_at, c, i, int(streams[a]) // G, int(streams[a]) % G, pos[a:b], t)
+        return
+    evicted_at[c].reshape(-1, evicted_at.shape[-1])[streams, pos] = t
+    if G == 1:
+        state.bias[i][streams, :, pos] = -np.inf
+    else:
+        state.bias[i].reshape(-1, state.bias.shape[-1])[streams, pos] = -np.inf
+
+
+def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) -> None:
+    """Each (active) configuration of the lane takes one step of its StreamGroup (each
+    stream: the step's weights on its held positions, renormalised, admit t, evict to its
+    budget, kvviz.core.harness); victims are masked (or their slots freed)."""
+    state = lane.state
+    for i, c in enumerate(lane.index):
+        if active is not None and not active[c]:
+            continue
+        try:
+            victims = policies[c].step(t, LaneInputs(state, i))
+        except BudgetError as exc:
+            raise BudgetError(f"{configs[c].label}, {exc}") from None
+        mark_victims(state, evicted_at, c, i, victims, t)
