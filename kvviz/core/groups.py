@@ -60,9 +60,12 @@ class StreamGroup:
     size = 0  # S, its streams
 
     def step(self, t: int, inputs) -> tuple[np.ndarray, np.ndarray]:
+        """Every stream observes step t's `inputs` on its kept positions, admits position t
+        and evicts under the harness's checks: the victims as (streams, positions), int64."""
         raise NotImplementedError
 
     def kept(self, s: int) -> np.ndarray:
+        """Stream s's kept positions, ascending (int64)."""
         raise NotImplementedError
 
     def stream_policy(self, s: int):
@@ -70,6 +73,8 @@ class StreamGroup:
         raise NotImplementedError
 
     def prefill(self, prompt) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt read in one pass, then the one-shot eviction at its last row
+        (kvviz.core.harness.prefill): the victims as (streams, positions), int64."""
         raise NotImplementedError
 
 

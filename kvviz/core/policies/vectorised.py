@@ -29,16 +29,17 @@ class StreamState:
         self.policy = policy
 
     def observe(self, t: int, attn: np.ndarray, n: int) -> None:
-        pass
+        """Step t's (S, n) weights on the held slots, index-aligned with them."""
 
     def admit(self, n: int) -> None:
-        pass
+        """A newcomer takes slot n in every stream (its state starts empty)."""
 
     def victim(self, attn: np.ndarray, n: int) -> np.ndarray:
+        """(S,) the slot each stream evicts among its n held; ties to the lower position."""
         raise NotImplementedError
 
     def remove(self, i: np.ndarray, stay: np.ndarray) -> None:
-        pass
+        """Drop slot i[s] of each stream s (`stay` is False there), closing the gap."""
 
 
 def close_gap(dst: np.ndarray, src: np.ndarray, stay: np.ndarray) -> None:
