@@ -2,7 +2,9 @@
 # Install everything the tests need into .venv and run the whole suite, nothing skipped:
 # the browser tests (Debian chromium) and the real-model tests (CPU torch) included.
 #
-#   ./scripts/test.sh                 everything (what CI runs)
+#   ./scripts/test.sh                 everything (what CI runs), in $KVVIZ_TEST_WORKERS processes
+#                                     (default 2; each model test's process holds the model,
+#                                     ~3.4 GB, so not one per core on a large machine)
 #   ./scripts/test.sh --fast          the fast tier (about a minute, a process per core): no
 #                                     model, browser, server, page (AppTest) or slow test (the
 #                                     markers: pyproject.toml, tests/tiers.py); it needs neither
@@ -45,5 +47,8 @@ if [ "$FAST" = 1 ]; then
   # fixtures built once); `-n 0` among ARGS runs it in this process (for --pdb)
   "$VENV/bin/python" -m pytest -q -n auto --dist loadfile -m "$FAST_TIER" "$@"
 else
-  "$VENV/bin/python" -m pytest -q "$@"
+  # one torch thread per worker: two processes of two threads each on two cores run the
+  # model many times slower than one thread each (OpenMP threads spin)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  "$VENV/bin/python" -m pytest -q -n "${KVVIZ_TEST_WORKERS:-2}" --dist loadfile "$@"
 fi

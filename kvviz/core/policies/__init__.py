@@ -130,6 +130,23 @@ def check_declaration(cls) -> None:
                          f"{type(exc).__name__}: {exc}") from None
 
 
+def _register(cls, table: dict, kind: str, other: dict, other_kind: str):
+    """The one registration rule for both kinds: the declaration checked, the same class
+    again a no-op, a name taken in either table refused with ValueError naming its holder."""
+    check_declaration(cls)
+    if cls.name in other:
+        raise ValueError(f"{kind} name {cls.name!r} is already registered ({other_kind})")
+    have = table.get(cls.name)
+    if have is cls:
+        return cls
+    if have is not None:
+        raise ValueError(f"{kind} name {cls.name!r} is already registered "
+                         f"(by {have.__module__}.{have.__qualname__})")
+    table[cls.name] = cls
+    source_hash(cls.name)
+    return cls
+
+
 def register_policy(cls):
     """Add a policy class to the registry; returns it (usable as a decorator).
 
@@ -137,18 +154,7 @@ def register_policy(cls):
     or a class that breaks a declaration rule, is refused with ValueError."""
     if isinstance(cls, type) and issubclass(cls, Allocator):
         raise ValueError(f"{cls.__qualname__} is an Allocator: register it with register_allocator")
-    check_declaration(cls)
-    if cls.name in ALLOCATORS:
-        raise ValueError(f"policy name {cls.name!r} is already registered (an allocator)")
-    have = POLICIES.get(cls.name)
-    if have is cls:
-        return cls
-    if have is not None:
-        raise ValueError(f"policy name {cls.name!r} is already registered "
-                         f"(by {have.__module__}.{have.__qualname__})")
-    POLICIES[cls.name] = cls
-    source_hash(cls.name)
-    return cls
+    return _register(cls, POLICIES, "policy", ALLOCATORS, "an allocator")
 
 
 def unregister_policy(name: str) -> None:
@@ -166,18 +172,7 @@ def register_allocator(cls):
     if not (isinstance(cls, type) and issubclass(cls, Allocator)):
         raise ValueError(f"{cls!r} is not a subclass of kvviz.policies.Allocator "
                          "(a per-stream policy is registered with register_policy)")
-    check_declaration(cls)
-    if cls.name in POLICIES:
-        raise ValueError(f"allocator name {cls.name!r} is already registered (a policy)")
-    have = ALLOCATORS.get(cls.name)
-    if have is cls:
-        return cls
-    if have is not None:
-        raise ValueError(f"allocator name {cls.name!r} is already registered "
-                         f"(by {have.__module__}.{have.__qualname__})")
-    ALLOCATORS[cls.name] = cls
-    source_hash(cls.name)
-    return cls
+    return _register(cls, ALLOCATORS, "allocator", POLICIES, "a policy")
 
 
 def unregister_allocator(name: str) -> None:
