@@ -138,23 +138,27 @@ def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
 def test_kvviz_app_serves_the_installed_page_and_traces(installed, server):
     venv, work, env, _ = installed
     kvviz = venv / "bin" / "kvviz"
-    port = server.port()
-    dry = run([kvviz, "app", "--dry-run", f"--server.port={port}"], work, env)
+    dry = run([kvviz, "app", "--dry-run", "--server.port=8765"], work, env)  # a dry run binds nothing
     bundle = venv / "lib"
     app_line, traces_line, loop_line = dry.stdout.strip().splitlines()
     app = Path(app_line.split(" run ")[1].split()[0])
     assert app.is_relative_to(bundle) and app.read_bytes() == (ROOT / "app.py").read_bytes()
     assert "--server.address=127.0.0.1" in app_line and "--browser.gatherUsageStats=false" in app_line
-    assert app_line.count("server.port") == 1 and f"--server.port={port}" in app_line
+    assert app_line.count("server.port") == 1 and "--server.port=8765" in app_line
     traces = Path(traces_line.removeprefix("traces: "))
     assert traces.is_relative_to(bundle)
     shipped = sorted(p.name for p in (ROOT / "traces").glob("*.npz"))
     assert shipped and sorted(p.name for p in traces.glob("*.npz")) == shipped
     assert (traces / "README.md").is_file() and (traces / "sources" / "PSF-LICENSE.txt").is_file()
     assert loop_line == f"loop results: {traces / 'loop'}"
-    proc = subprocess.Popen([kvviz, "app", f"--server.port={port}"], cwd=work, env=env,
+    import measure_latency as M  # on sys.path through the `server` fixture
+
+    # port 0: the operating system picks a free port as the server binds; its URL line says which
+    proc = subprocess.Popen([kvviz, "app", "--server.port=0"], cwd=work, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = M.Output(proc)
     try:
+        port = out.wait_port(timeout=120)
         deadline, health = time.time() + 45, ""
         while time.time() < deadline and proc.poll() is None:
             try:
@@ -162,8 +166,8 @@ def test_kvviz_app_serves_the_installed_page_and_traces(installed, server):
                     health = r.read().decode()
                     break
             except OSError:
-                time.sleep(0.3)
-        assert health == "ok", proc.stdout.read().decode() if proc.poll() is not None else "no answer"
+                time.sleep(0.3)  # the URL line comes as the server binds; health soon after
+        assert health == "ok", out.text() if proc.poll() is not None else "no answer"
     finally:
         proc.terminate()
         proc.wait(timeout=20)

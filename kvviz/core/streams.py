@@ -142,7 +142,8 @@ class Streams(StreamGroup):
         if attn is None:
             raise ValueError("Streams needs attention weights at every step")
         # The harness observes every step (row 0's empty vector too), so the count of
-        # observed steps is the step number: SnapKV's ring slot is steps mod obs_window.
+        # observed steps is the step number (a state that keeps a ring of the last W steps
+        # writes slot t mod W).
         self.state.observe(self.steps, attn, n)
         self.keys[:, n] = self.offsets + pos  # admit (Policy.advance): a fresh slot at the end
         self.state.admit(n)
