@@ -151,3 +151,36 @@ class BrokenTrace(canonical(50).__class__):
 def test_harness_refuses_bad_rows_from_custom_traces(bad):
     with pytest.raises(ValueError, match="row 30"):
         run_policy(BrokenTrace(bad), "tova", 64)
+
+
+@pytest.mark.parametrize("name, params", [("h2o", {"recent_window": 8}), ("snapkv", {}),
+                                          ("knorm", {}), ("vatp", {})])
+def test_the_replay_steps_one_stream_group_as_the_harness_steps_the_policy(name, params):
+    """The replay goes through the eviction protocol (a OnePolicy stream group) and logs
+    what stepping the policy by kvviz.core.harness.step directly evicts, key and value
+    norms fed to the policies that read them."""
+    from kvviz.core import harness
+    from kvviz.core.groups import OnePolicy, StreamGroup
+
+    base, m = canonical(300), np.zeros((300, 300), np.float32)
+    for t in range(300):
+        m[t, :t] = base.row(t)
+    rng = np.random.default_rng(3)
+    trace = ArrayTrace(pack_rows(m), 300, name="normed", key_norms=rng.uniform(0.5, 4, 300),
+                       value_norms=rng.uniform(0.5, 4, 300))
+    replay = Replay(trace, make_policy(name, 40, **params))
+    assert isinstance(replay.group, OnePolicy) and isinstance(replay.group, StreamGroup)
+    assert replay.group.size == 1 and replay.group.capacity == 40
+    assert replay.group.reads_key_norms == (name == "knorm")
+    assert replay.group.reads_value_norms == (name == "vatp")
+    run = replay.run()
+
+    policy = make_policy(name, 40, **params)
+    want, held = np.full(300, NEVER, np.int64), np.zeros(300, np.int64)
+    for t in range(300):
+        raw = trace.row(t)[policy.held()] if policy.uses_attention else None
+        want[harness.step(policy, t, raw, 40, trace.key_norm(t), value_norm=trace.value_norm(t))] = t
+        held[t] = len(policy.held())
+    assert (want != NEVER).any()
+    assert run.evicted_at.tolist() == want.tolist() and run.held.tolist() == held.tolist()
+    assert replay.group.kept(0).tolist() == policy.kept.tolist()

@@ -4,7 +4,8 @@ A configuration of a model evicts in S = L x G streams (G per layer: 1 at layer
 granularity, one per KV head otherwise); stream s is layer s // G, head s % G. Whatever
 decides its victims (one policy object per stream, a policy's vectorised form over all
 streams at once (kvviz.core.streams.Streams), an allocator sharing each layer's slots
-across its heads, or nothing: the full cache) is one `StreamGroup`:
+across its heads, or nothing: the full cache) is one `StreamGroup`; so is a single
+trace's replay (kvviz.core.replay.Replay steps `OnePolicy`, one stream):
 
 - `step(t, inputs)`: every stream observes step t's inputs on its kept positions, admits
   position t, and evicts; returns the victims as two int64 arrays (streams, positions).
@@ -32,7 +33,7 @@ import numpy as np
 from kvviz.core import harness
 from kvviz.core.policies.base import BudgetError
 
-__all__ = ["AllocatedLayers", "PolicyLayers", "StreamGroup", "Unevicted", "no_victims"]
+__all__ = ["AllocatedLayers", "OnePolicy", "PolicyLayers", "StreamGroup", "Unevicted", "no_victims"]
 
 
 def no_victims() -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +121,40 @@ def _feed_args(p, s: int, inputs) -> tuple:
 
 def _in_layer(layer: int, exc: BudgetError) -> BudgetError:
     return BudgetError(f"layer {layer}: {exc}")
+
+
+class OnePolicy(StreamGroup):
+    """One stream, one policy object stepped by harness.step to its own budget: a single
+    trace's replay. `stream` names it in a refusal."""
+
+    size = 1
+
+    def __init__(self, policy, stream: str = ""):
+        self.policy, self.stream = policy, stream
+        self.capacity = policy.budget
+        _declare_inputs(self, policy)
+
+    def feed(self, t: int, inputs) -> None:
+        """The first half of `step`: observe step t's inputs and admit t (harness.feed); no
+        eviction."""
+        raw, norm, vnorm, qrows = _feed_args(self.policy, 0, inputs)
+        harness.feed(self.policy, t, raw, norm, vnorm, qrows)
+
+    def step(self, t, inputs):
+        raw, norm, vnorm, qrows = _feed_args(self.policy, 0, inputs)
+        victims = harness.step(self.policy, t, raw, self.capacity, norm, self.stream, vnorm, qrows)
+        return np.zeros(len(victims), np.int64), victims
+
+    def kept(self, s):
+        return self.policy.kept
+
+    def stream_policy(self, s):
+        return self.policy
+
+    def prefill(self, prompt):
+        victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.capacity,
+                                  prompt.key_norms(0), prompt.value_norms(0))
+        return np.zeros(len(victims), np.int64), victims
 
 
 class PolicyLayers(StreamGroup):

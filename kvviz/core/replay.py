@@ -1,8 +1,10 @@
 """The replay: feed a trace to a policy one step at a time and log what it evicts.
 
-Each step is kvviz.core.harness.step (row t over the held positions, renormalised, then admit
-t, then evict to the budget, then enforce it). A run is its eviction log and the number
-of slots held after every step: O(T) memory.
+The trace is one stream: each step goes through the eviction protocol
+(kvviz.core.groups.OnePolicy, a StreamGroup of one stream), whose step is
+kvviz.core.harness.step (row t over the held positions, renormalised, then admit t, then
+evict to the budget, then enforce it). A run is its eviction log and the number of slots
+held after every step: O(T) memory.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvviz.core import harness
+from kvviz.core.groups import OnePolicy
 from kvviz.core.policies import Place, make_policy
 from kvviz.core.trace import Trace
 
@@ -95,6 +97,32 @@ class Run:
         return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
 
 
+class _TraceRow:
+    """Step t of a single trace as a StreamGroup's inputs (kvviz.core.groups): stream 0 is
+    the trace; it carries no per-query-head rows."""
+
+    __slots__ = ("trace", "t")
+
+    def __init__(self, trace: Trace, t: int):
+        self.trace, self.t = trace, t
+
+    def weights(self, s: int, held: np.ndarray) -> np.ndarray:
+        """Row t's raw weights on the positions `held`."""
+        return self.trace.row(self.t)[held]
+
+    def key_norm(self, s: int):
+        """Position t's key norm (None on a trace without them)."""
+        return self.trace.key_norm(self.t)
+
+    def value_norm(self, s: int):
+        """Position t's value norm (None on a trace without them)."""
+        return self.trace.value_norm(self.t)
+
+    def query_rows(self, s: int, held: np.ndarray):
+        """None: a trace stores one row per stream (Replay refuses a policy that reads them)."""
+        return None
+
+
 class Replay:
     """Step a policy through a trace, forward or back.
 
@@ -120,32 +148,32 @@ class Replay:
         if policy.reads_query_rows:
             raise refuse_query_rows(policy.name, trace.name)
         self.trace = trace
-        self.policy = policy
         self.budget = policy.budget
         self.t = 0
         self.every = int(checkpoint_every) if checkpoint_every else None
         if getattr(policy, "place", None) in (None, Place()):  # not set by the caller
             policy.place = place_of(trace)
         self.stream = stream_name(trace, policy.place)
+        self.group = OnePolicy(policy, self.stream)
         self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
         self.evicted_at = np.full(trace.steps, NEVER, np.int64)
         self.held = np.zeros(trace.steps, np.int64)  # slots held after each step
 
-    def _raw(self, policy, t: int):
-        """Row t at the policy's held positions (None for a policy that reads no attention)."""
-        return self.trace.row(t)[policy.held()] if policy.uses_attention else None
+    @property
+    def policy(self):
+        """The policy object being stepped (its state is the replay's current state)."""
+        return self.group.policy
 
     def step(self) -> np.ndarray:
-        """Take the next step through `kvviz.core.harness.step` and return its victims
-        (ascending positions). Checkpoints are taken here, so stepping forward is all a
-        caller does to make going back cheap later."""
+        """Take the next step through the one-stream group (`kvviz.core.harness.step` under
+        it) and return its victims (ascending positions). Checkpoints are taken here, so
+        stepping forward is all a caller does to make going back cheap later."""
         if self.t >= self.trace.steps:
             raise ValueError(f"step: the trace has only {self.trace.steps} steps")
         t = self.t
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
-        victims = harness.step(self.policy, t, self._raw(self.policy, t), self.budget,
-                               self.trace.key_norm(t), self.stream, self.trace.value_norm(t))
+        _, victims = self.group.step(t, _TraceRow(self.trace, t))
         self.evicted_at[victims] = t
         self.held[t] = len(self.policy.held())
         self.t += 1
@@ -154,7 +182,7 @@ class Replay:
     def _restore(self, done: int) -> None:
         """Go back to the nearest checkpoint with at most `done` steps taken."""
         start = max(k for k in self._checkpoints if k <= done)
-        self.policy = copy.deepcopy(self._checkpoints[start])
+        self.group = OnePolicy(copy.deepcopy(self._checkpoints[start]), self.stream)
         self.t = start
         self.evicted_at[self.evicted_at >= start] = NEVER
         self.held[start:] = 0
@@ -175,16 +203,15 @@ class Replay:
         if not 0 <= step < self.trace.steps:
             raise ValueError(f"peek: step must be in 0..{self.trace.steps - 1}, got {step}")
         if self.t == step:
-            policy = copy.deepcopy(self.policy)
+            group = OnePolicy(copy.deepcopy(self.policy), self.stream)
         else:
             start = max(k for k in self._checkpoints if k <= step)
             probe = Replay(self.trace, copy.deepcopy(self._checkpoints[start]))
             probe.t = start
             probe.seek(step - 1)
-            policy = probe.policy
-        harness.feed(policy, step, self._raw(policy, step), self.trace.key_norm(step),
-                     self.trace.value_norm(step))
-        return policy.kept.copy(), policy.scores()
+            group = probe.group
+        group.feed(step, _TraceRow(self.trace, step))
+        return group.policy.kept.copy(), group.policy.scores()
 
     def run(self) -> Run:
         """Replay to the trace's last step and return the `Run`: its eviction log and, per
