@@ -191,7 +191,8 @@ def test_the_pyramid_keeps_the_total_exactly_and_decreases(budget, layers, beta)
 
 
 def test_pyramidkv_refuses_a_layer_with_no_slots():
-    with pytest.raises(ValueError, match="beta=20 at budget 8 over 30 layers leaves the last layer 0"):
+    with pytest.raises(ValueError, match=r"beta=20 at budget 8 over 30 layers leaves layer 29 "
+                                         r"\(the last\) 0 slots per head"):
         make_policy("pyramidkv", 8).layer_budgets(30)
     assert pyramid(64, 3, 20) == [125, 64, 3]
 
@@ -414,9 +415,11 @@ def test_kvviz_check_fails_a_broken_allocator_file_on_its_rule(tmp_path, capsys,
     assert failed == [rule]
 
 
-def test_kvviz_check_refuses_a_reference_for_an_allocator(capsys):
+def test_kvviz_check_takes_a_reference_for_an_allocator(capsys):
     from kvviz.__main__ import main
 
-    assert main(["check", "adakv", "--reference", "kvviz.core.reference:RefTova"]) == 2
-    err = capsys.readouterr().err
-    assert "--reference is for a policy" in err and len(err.strip().splitlines()) == 1
+    assert main(["check", "adakv", "--reference", "kvviz.core.reference_alloc:RefAdaKV",
+                 "--examples", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("  PASS  differential: identical victims and held sets per head to the reference "
+                       "at every step -- 20 random scenarios")
