@@ -182,8 +182,9 @@ def test_make_policy_hands_the_allocator_its_scorer_factory_and_a_given_factory_
 
     alloc = PyramidKV(budget=16, beta=2, scorer="h2o", factory=factory, scorer_params={"recent_window": 4})
     group = alloc.group(0, 2, 3)
-    # the first layer: h2o's recent window of 4, plus 2(B - 4) - (B - 4)/beta of the rest
-    assert built == [("h2o", 22, 0), ("h2o", 22, 1), ("h2o", 22, 2)]
+    # a probe at the budget that reads h2o's recent window of 4, then the first layer's heads:
+    # the window plus 2(B - 4) - (B - 4)/beta of the rest
+    assert built == [("h2o", 16, None), ("h2o", 22, 0), ("h2o", 22, 1), ("h2o", 22, 2)]
     assert [p.recent_window for p in group.policies] == [4, 4, 4]
     with pytest.raises(ValueError, match=r"pyramidkv was built without a scorer factory: build it with "
                                          r"make_policy\('pyramidkv', ...\)"):

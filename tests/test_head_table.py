@@ -77,7 +77,8 @@ def test_a_table_given_relative_is_read_where_it_was_given_and_kept_absolute(tmp
 
 
 def test_a_bad_table_path_is_refused_naming_the_parameter_and_the_rule(tmp_path):
-    rule = r"table must be a path to a JSON head-score table \(\{\"layers\": \{\"<layer>\": \[scores per KV head\]\}\}\)"
+    rule = (r"table must be a path to a JSON head-score table "
+            r"\(\{\"layers\": \{\"<layer>\": \[scores per KV head\]\}\}\)")
     with pytest.raises(ValueError, match=rule + ": no such file: heads.json"):
         make_policy("head-table", 64, table="heads.json")
     with pytest.raises(ValueError, match=rule + r": no such file: heads.json"):
@@ -146,7 +147,8 @@ def test_a_process_pool_sweep_from_another_folder_reads_the_table_given_there(tm
     assert df["status"].tolist() == ["ok", "ok"], df.get("error")
     assert df["table"].tolist() == [str(tmp_path / "heads.json")] * 2
     for budget in (32, 64):
-        want = replay_layers(load_layers(CODE_KV), make_policy("head-table", budget, table=str(tmp_path / "heads.json")))
+        alloc = make_policy("head-table", budget, table=str(tmp_path / "heads.json"))
+        want = replay_layers(load_layers(CODE_KV), alloc)
         assert df.loc[df["budget"] == budget, "memory_bytes"].item() == want.memory_bytes
     assert json.loads((tmp_path / "out" / "policies.json").read_text())["head-table"] == ORIGIN
 

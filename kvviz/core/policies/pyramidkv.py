@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from kvviz.core.policies.alloc import Allocator
-from kvviz.core.policies.base import param
+from kvviz.core.policies.base import Place, param
 
 
 def pyramid(budget: int, layers: int, beta: int) -> list[int]:
@@ -55,13 +55,15 @@ class PyramidKV(Allocator):
     victim_order = "per_head"
     reference = "kvviz.core.reference_alloc:RefPyramidKV"
 
+    def check_params(self):
+        # the scorer's recent window, read once from a scorer built at the budget (none
+        # without a scorer factory: then no scorer is built either)
+        self._window = 0 if self.factory is None else int(
+            self.build_policy(self.scorer, self.budget, Place(), **self.scorer_params).protected_tail())
+
     def window(self) -> int:
-        """The newest positions the scorer never evicts (its protected tail; 0 without a
-        scorer factory, when no scorer is built)."""
-        if self.factory is None:
-            return 0
-        probe = self.factory(self.scorer, budget=self.budget, **self.scorer_params)
-        return int(probe.protected_tail())
+        """The newest positions the scorer never evicts (its protected tail)."""
+        return self._window
 
     def layer_budgets(self, depths):
         w = self.window()
