@@ -42,9 +42,13 @@ class RefLayer:
         self.state = None
 
     def calibrate(self, rows) -> None:
+        """Take the calibration rows (rows[g][t]) before the first step; keep what the rule
+        makes of them."""
         self.state = self.rule.calibrate(self, rows)
 
     def evict(self) -> list:
+        """Drop each head's victims (after every head admitted its position); their
+        positions per head."""
         chosen = self.rule.choose(self)
         return [ref.drop(sorted(c)) for ref, c in zip(self.heads, chosen)]
 
@@ -60,9 +64,11 @@ class RefAllocator:
         self.params, self.scorer, self.scorer_params = _split(params, self.own)
 
     def layer_budget(self, depth: int, depths: int) -> int:
+        """The per-head budget of layer `depth` of `depths`: by default the budget."""
         return self.budget
 
     def group(self, layer, layers, heads, *, depth=None, depths=None) -> RefLayer:
+        """One layer's reference: a reference scorer per KV head at the layer's budget."""
         depth = layer if depth is None else depth
         depths = layers if depths is None else depths
         if depth is None or depths is None:
@@ -72,6 +78,7 @@ class RefAllocator:
         return RefLayer(refs, b, self)
 
     def calibrate(self, layer: RefLayer, rows):
+        """The layer's state from its calibration rows: by default none."""
         return None
 
     def choose(self, layer: RefLayer) -> list:
@@ -143,6 +150,7 @@ class RefPyramidKV(RefAllocator):
         self.window = make_reference(self.scorer, self.budget, **self.scorer_params).protect_recent
 
     def layer_budget(self, depth, depths):
+        """The window plus layer `depth`'s share of the pyramid over budget - window."""
         pool = self.budget - self.window
         if depths == 1:
             return self.budget
@@ -180,6 +188,7 @@ class RefHeadRoles(RefAllocator):
         self.rows = p.get("calibration", 256)
 
     def calibrate(self, layer, rows):
+        """(each head's budget, whether it retrieves); streaming heads become StreamingLLM."""
         heads = len(layer.heads)
         proxy = []
         for g in range(heads):
