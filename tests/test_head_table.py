@@ -112,6 +112,21 @@ def test_the_heads_view_replays_the_plugin_from_its_data_path():
     assert [held[d, :, -1].tolist() for d in range(3)] == [by_hand(table[str(x)], 64, 0.5) for x in (0, 14, 29)]
 
 
+def test_the_heads_view_runs_it_from_the_environment(monkeypatch, apptest):
+    import apphelp
+
+    monkeypatch.setenv("KVVIZ_PLUGINS", PLUGIN)
+    at = apphelp.app(timeout=180, view="heads", heads__allocator="head-table")
+    apphelp.ok(at)
+    assert at.sidebar.selectbox(key="heads.allocator").value == "head-table"
+    table = json.loads(TABLE.read_text())["layers"]
+    for layer in (0, 14, 29):
+        want = by_hand(table[str(layer)], 64, 0.5)
+        line = f"layer {layer}: " + ", ".join(f"kv{g}={n}" for g, n in enumerate(want)) + \
+            f" (total {sum(want)} of 192)"
+        assert any(line in c.value for c in at.caption), [c.value for c in at.caption]
+
+
 # -- the commands ----------------------------------------------------------------------------
 def test_kvviz_check_passes_the_plugin_and_probes_its_path_parameter():
     r = kvviz_cli("check", "--plugin", PLUGIN, "head-table")
