@@ -158,3 +158,19 @@ def test_the_declaration_rules_for_the_new_kinds():
         check_declaration(BadDefault)
     with pytest.raises(ValueError, match="validate must be a function"):
         param("x", label="x", help="h", source="s", validate="existing_file")
+
+
+def test_the_page_shows_a_text_box_for_a_path_parameter_and_refuses_a_bad_one(tmp_path, monkeypatch, apptest):
+    import apphelp
+
+    plugin = tmp_path / "tabled.py"
+    plugin.write_text(PLUGIN)
+    monkeypatch.setenv("KVVIZ_PLUGINS", str(plugin))
+    at = apphelp.app(a="tabled", b="tova", budget=64, step=300)
+    apphelp.ok(at)
+    box = at.sidebar.text_input(key="w.pa.table")
+    assert box.value == str(plugin)
+    box.set_value(str(tmp_path / "missing.json")).run()
+    apphelp.ok(at)
+    shown = [e.value for e in at.error] + [w.value for w in at.warning]
+    assert any("table must be a path to an existing file: no such file:" in m for m in shown), shown

@@ -434,8 +434,10 @@ def _refused(cls, name: str, params: dict, budget: int, spec=None) -> str | None
         cls(budget=budget, rng=np.random.default_rng(0), **params)
     except ValueError as exc:
         label = getattr(spec, "label", name)
-        if name in str(exc) or label in str(exc):
+        if (name in str(exc) or label in str(exc)) and "\n" not in str(exc).strip():
             return None
+        if "\n" in str(exc).strip():
+            return f"{shown}: refused in more than one line"
         return f"{shown}: ValueError does not name {name!r} ({exc})"
     except Exception as exc:
         return f"{shown}: raised {type(exc).__name__}, not ValueError ({exc})"
