@@ -192,7 +192,7 @@ def test_the_pyramid_keeps_the_total_exactly_and_decreases(budget, layers, beta)
 
 def test_pyramidkv_refuses_a_layer_with_no_slots():
     with pytest.raises(ValueError, match=r"beta=20 at budget 8 over 30 layers leaves layer 29 "
-                                         r"\(the last\) 0 slots per head"):
+                                         r"\(the last of the 30 that share it, counted from 0\) 0 slots per head"):
         make_policy("pyramidkv", 8).layer_budgets(30)
     assert pyramid(64, 3, 20) == [125, 64, 3]
 
@@ -211,7 +211,8 @@ def test_pyramidkv_keeps_its_scorers_recent_window_in_every_layer(capsys):
     with pytest.raises(ValueError) as exc:
         make_policy("pyramidkv", 40, scorer="snapkv").layer_budgets(30)
     assert str(exc.value) == (
-        "beta=20 at budget 40 over 30 layers leaves layer 29 (the last) 32 slots per head, only the "
+        "beta=20 at budget 40 over 30 layers leaves layer 29 (the last of the 30 that share it, counted "
+        "from 0) 32 slots per head, only the "
         "scorer's recent window of 32: its share of budget - recentWindow = 8 is 0, and each layer "
         "needs at least 1 slot beyond the window (lower beta, raise the budget or lower the scorer's "
         "recentWindow)")

@@ -70,7 +70,8 @@ class PyramidKV(Allocator):
         shares = pyramid(self.budget - w, depths, self.beta)
         if min(shares) < 1:
             d = shares.index(min(shares))
-            where = f"layer {d}" + (" (the last)" if d == depths - 1 else "")
+            where = f"layer {d}" + (f" (the last of the {depths} that share it, counted from 0)"
+                                    if d == depths - 1 else f" of the {depths} that share it")
             if w:
                 raise ValueError(
                     f"beta={self.beta} at budget {self.budget} over {depths} layers leaves {where} "
