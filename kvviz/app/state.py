@@ -204,7 +204,7 @@ def from_query(query) -> tuple[ViewState, list[str]]:
             except ValueError as exc:
                 notes.append(f"{k}={v!r}: {exc}; ignored")
                 continue
-            if spec.kind != "choice" and not spec.low <= val <= spec.high:
+            if spec.numeric and not spec.low <= val <= spec.high:
                 clamped = min(max(val, spec.low), spec.high)
                 notes.append(f"{which}.{spec.label}={val} is outside {spec.low}–{spec.high}; "
                              f"using {clamped}")

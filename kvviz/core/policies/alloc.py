@@ -24,6 +24,14 @@ scorer's). A subclass says only how a layer's slots are shared:
   of every head's stream read with the full cache, and returns the layer's state
   (`LayerGroup.state`); `choose_group(group)` then chooses with it.
 
+An allocator built on a scorer declares the order its victims keep (`victim_order`), which
+`kvviz check` holds it to: "per_head" (the default: each head's victims are its own
+lowest-priority candidates, however many each head loses), "shared" (each victim is the
+lowest-priority candidate across the layer's heads that may still go, one head's priority
+compared with another's as is; a head at its floor may not), or None (no order by the
+scorer's priority: the rule is not applied). Ties may go either way. `reference` names its
+slow reference ("module:Class", see kvviz.core.reference_alloc), as a policy's does.
+
 The harness (kvviz.core.harness.step_layer) feeds every head of a layer, lets the group
 evict, and enforces each head's cap and the layer's total after every step.
 """
@@ -73,6 +81,8 @@ class Allocator:
     label: ClassVar[str] = ""
     allocator: ClassVar[bool] = True  # what the registry and the harnesses tell it apart by
     specs: ClassVar = _AllocSpecs()
+    victim_order: ClassVar[str | None] = "per_head"  # or "shared", or None (see above)
+    reference: ClassVar = None  # the slow reference class, or "module:Class"
 
     def __post_init__(self):
         parse_declared(self)

@@ -68,12 +68,27 @@ def _param_axis(name: str, entry: dict, key: str, where: str) -> list:
         context = {"scorer": entry["scorer"]}
     for v in values:
         try:
-            out.append(parse_params(name, {**context, key: v}, check=False)[key])
+            typed = parse_params(name, {**context, key: v}, check=False)[key]
+            spec = next((s for s in _specs(name, context) if key in (s.name, s.label)), None)
+            if spec is not None and spec.validate is not None and not spec.numeric:
+                # a validated string or value (a path) as its validator gives it (an absolute
+                # path), so every worker reads what the spec named, wherever it runs
+                typed = spec.parse(typed)
+            out.append(typed)
         except ValueError as exc:
             raise SpecError(f"{where}.{key} = {value!r}: {exc}") from None
     if len(set(out)) != len(out):
         raise SpecError(f"{where}.{key} = {value!r}: a value repeats")
     return out
+
+
+def _specs(name: str, context: dict) -> list:
+    """The declared parameters of `name` and, for an allocator, of the scorer in `context`."""
+    specs = list(param_specs(name))
+    scorer = context.get("scorer")
+    if name in ALLOCATORS and isinstance(scorer, str) and scorer in POLICIES:
+        specs += list(param_specs(scorer))
+    return specs
 
 
 def normalise_budgets(raw: dict) -> list[int]:
