@@ -85,13 +85,11 @@ def remember(where=None) -> None:
     want = [w for w in want if _cookie(w[0]) != w[1]]
     if not want:
         return
-    from streamlit.components.v1 import html
-
-    script = ("<script>for (const [n, v, age] of " + json.dumps(want) + ") {"
+    script = ("<!doctype html><html><body style='margin:0'><script>for (const [n, v, age] of " + json.dumps(want) + ") {"
               "if (!document.cookie.split('; ').includes(n + '=' + v)) document.cookie = "
-              "n + '=' + v + '; path=/; max-age=' + age + '; SameSite=Strict';}</script>")
+              "n + '=' + v + '; path=/; max-age=' + age + '; SameSite=Strict';}</script></body></html>")
     with where if where is not None else st.container():
-        html(script, height=0)
+        st.iframe(script, height="content")
 
 
 def known() -> str:
