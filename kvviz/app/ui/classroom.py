@@ -85,7 +85,8 @@ def remember(where=None) -> None:
     want = [w for w in want if _cookie(w[0]) != w[1]]
     if not want:
         return
-    script = ("<!doctype html><html><body style='margin:0'><script>for (const [n, v, age] of " + json.dumps(want) + ") {"
+    script = ("<!doctype html><html><body style='margin:0'><script>"
+              "for (const [n, v, age] of " + json.dumps(want) + ") {"
               "if (!document.cookie.split('; ').includes(n + '=' + v)) document.cookie = "
               "n + '=' + v + '; path=/; max-age=' + age + '; SameSite=Strict';}</script></body></html>")
     with where if where is not None else st.container():
