@@ -305,9 +305,10 @@ def panel() -> None:
     with side, session.timer_place():  # (why: kvviz.app.ui.session.timer_place)
         _count(c.code)
     with side.expander("If this tab is reloaded or closed"):
-        st.caption("A reload is a new session, which does not lead the class. Keep this key "
-                   "off the projector: with the code, **Take back a class** in a new tab "
-                   "leads it again.")
+        st.caption("A reload of this tab, or this page reconnecting to a restarted server, "
+                   "leads the class again (this browser keeps the key). Another browser or a "
+                   "new tab does not: keep this key off the projector; with the code, "
+                   "**Take back a class** there leads it again.")
         k = S.get(classroom.KEY, "")
         st.markdown(f"lecturer key: `{k[:4]}-{k[4:]}`")
     side.button("Close the class", key="class.close", on_click=_close,
