@@ -125,7 +125,7 @@ def bar(draw_picker: bool = True, row=None) -> None:
 def _question_up() -> bool:
     from kvviz.app.ui import predict  # (predict draws views; imported when a note is drawn)
 
-    return predict.active()
+    return predict.active() or predict.hidden() is not None
 
 
 def _speaker_note(les: L.Lesson, n: int, where, room: bool) -> None:

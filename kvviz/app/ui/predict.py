@@ -185,7 +185,7 @@ def _hide(ctx: Ctx) -> None:
                f"{r.answer_step} on until the lecturer reveals the answer.")
 
 
-WHOLE_RUN_SHOWN = ("cache", "scores", "tokens")  # views drawn while hiding (cache: cut)
+WHOLE_RUN_SHOWN = ("cache", "scores")  # views drawn while hiding (the heatmap cut)
 
 
 def controls(ctx: Ctx, row=None) -> None:
@@ -343,8 +343,8 @@ def _hidden_view(ctx: Ctx) -> bool:
     if not present.active():
         panels.view_selector(tokens)
     st.info("This view shows the whole run, the step the class's open question asks about "
-            "included: it is back once the lecturer reveals the answer. The Cache heatmap, "
-            "Scores and Tokens views show the run up to this step.", icon=":material/quiz:")
+            "included: it is back once the lecturer reveals the answer. The Cache heatmap and "
+            "Scores views show the run up to this step.", icon=":material/quiz:")
     return True
 
 
