@@ -15,7 +15,7 @@ Then the early-answer paths, on a second question: a student who stops following
 cache heatmap with the asked step and later ones covered, and pressing K (next step) never
 brings the status line to the asked step; coming back (their link again) and voting, their
 vote is marked on the lecturer's histogram; a student's own link without `follow=` opens no
-speaker note.
+speaker note, and that page too hides the open question's step.
 
 Missing chromium or playwright: a failure when KVVIZ_REQUIRE_E2E=1 (CI), a skip otherwise.
 """
@@ -222,6 +222,9 @@ def test_a_class_outlives_its_server_and_never_shows_an_answer_early(chromium, s
         M.wait_settled(linker, 60_000)
         text = linker.locator("body").inner_text()
         assert "Speaker note" not in text and "Say:" not in text, text[:600]
+        # nor, in a student's browser, the open question's step on any link
+        assert f"hides the steps from {q2.answer_step} on" in text, text[:600]
+        M.wait_chart_text(linker, "hidden while the class's question is open")
     assert not errors, errors
     print(f"students' pages ran again {', '.join(f'{s:.1f}' for s in back)} s after the "
           "restarted server was healthy")

@@ -9,12 +9,13 @@ leads or follows and, for the lecturer, the class's lecturer key live in `st.ses
 
 What outlives a session (a reload, the page reconnecting to a restarted server) is kept by the
 browser: the link (`follow=CODE` for a student, `lead=CODE` for the lecturer: session.write_url
-keeps them in the address bar) and two cookies (`remember` writes them): a student's identity
-(`me`: their votes and presence are by it, so a reloaded page cannot vote twice) and, per class
-the browser opened, its lecturer key (so the lecturer's page, run again with `lead=CODE`,
-leads its class again: `init_follow`). A page that knows a class it does not lead or follow
-(it left it, or its `lead=` came without the key) is `known`: while that class's question is
-open it hides the answer (kvviz.app.ui.predict.hidden).
+keeps them in the address bar) and cookies (`remember` writes them): a student's identity
+(`me`: their votes and presence are by it, so a reloaded page cannot vote twice) and the
+class they last followed, and, per class the browser opened, its lecturer key (so the
+lecturer's page, run again with `lead=CODE`, leads its class again: `init_follow`). A page
+that knows a class it does not lead or follow (it left it, its `lead=` came without the key,
+or its browser's student followed it) is `known`: while that class's question is open it
+hides the answer (kvviz.app.ui.predict.hidden).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import re
 
 import streamlit as st
 
-from kvviz.app.teach.classroom import Class, Refused, Registry, Unreachable, new_token, normal_code
+from kvviz.app.teach.classroom import CODE_LEN, Class, Refused, Registry, Unreachable, new_token, normal_code
 
 REGISTRY = Registry()
 
@@ -41,9 +42,11 @@ KNOWN = "class.known"    # a class this page knows without leading or following 
 KEYS = (TOKEN, LEADS, FOLLOWS, REFUSED, WAS_STUDENT, LEFT, KEY, DOWN, ME, KNOWN)  # session.PAGE_KEYS
 
 STUDENT_COOKIE = "kvviz_student"  # the student's identity
+CLASS_COOKIE = "kvviz_class"      # the class the student last followed (its code)
 LEAD_COOKIE = "kvviz_lead_"       # + the class code: that class's lecturer key
 STUDENT_DAYS = 30
 _SECRET = re.compile(r"[A-Za-z0-9_-]{8,64}")
+_CODE = re.compile(r"[A-Z2-9]{%d}" % CODE_LEN)
 
 
 def token() -> str:
@@ -52,14 +55,15 @@ def token() -> str:
     return S[TOKEN]
 
 
-def _cookie(name: str) -> str:
-    """A cookie the browser sent when this session connected ("" if none, or outside a run)."""
+def _cookie(name: str, form: re.Pattern = _SECRET) -> str:
+    """A cookie the browser sent when this session connected ("" if none, not of `form`, or
+    outside a run)."""
     try:
         got = st.context.cookies.get(name)
     except Exception:  # noqa: BLE001 (no browser: AppTest, a bare script)
         return ""
     got = str(got or "")
-    return got if _SECRET.fullmatch(got) else ""
+    return got if form.fullmatch(got) else ""
 
 
 def me() -> str:
@@ -74,13 +78,15 @@ def remember(where=None) -> None:
     """End of a run: the cookies this browser lacks (the student's identity, the lecturer key
     of the class this page leads), written by a script in an invisible frame (the server sees
     them when the page next connects: a reload, a restarted server)."""
+    from kvviz.app.teach.classroom import IDLE_SECONDS
+
     want = []
     if S.get(FOLLOWS) or S.get(WAS_STUDENT):
         want.append((STUDENT_COOKIE, me(), STUDENT_DAYS * 86400))
+    if S.get(FOLLOWS):
+        want.append((CLASS_COOKIE, S[FOLLOWS], int(IDLE_SECONDS)))
     code, k = S.get(LEADS, ""), S.get(KEY, "")
     if code and k:
-        from kvviz.app.teach.classroom import IDLE_SECONDS
-
         want.append((LEAD_COOKIE + code, k, int(IDLE_SECONDS)))
     want = [w for w in want if _cookie(w[0]) != w[1]]
     if not want:
@@ -118,7 +124,10 @@ def init_follow(query) -> str | None:
     (the page shows it with st.error and carries on as a plain explorer), else None."""
     code = _first(query.get("follow"))
     if not code:
-        return _init_lead(_first(query.get("lead")))
+        lead = _first(query.get("lead"))
+        if not lead:  # a student's browser on any other link: their class's question is hidden
+            S[KNOWN] = _cookie(CLASS_COOKIE, _CODE)
+        return _init_lead(lead)
     try:
         REGISTRY.get(code)
     except Refused as exc:
