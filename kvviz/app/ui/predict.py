@@ -49,7 +49,8 @@ def _round():
 
 def hidden():
     """A page without the lecturer key that knows a class it neither leads nor follows (it
-    left it, or its `lead=` link came without the key): that class's open, unrevealed
+    left it, its `lead=` link came without the key, or its browser's student followed it:
+    kvviz.app.ui.classroom.known): that class's open, unrevealed
     question (kvviz.app.teach.classroom.Round), whose asked step and later ones the page
     does not show; else None."""
     code = classroom.known()
@@ -333,7 +334,7 @@ def question(ctx: Ctx) -> bool:
 def _hidden_view(ctx: Ctx) -> bool:
     """While the page hides a class's open question (`_hide`): a view that shows the whole
     run (and the asked eviction with it) is replaced by a sentence, beside the view chooser."""
-    if getattr(ctx, "hide_from", None) is None:
+    if ctx.hide_from is None:
         return False
     from kvviz.app.ui import panels, present  # (panels draws views, this module among them)
 
