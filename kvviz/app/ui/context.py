@@ -74,6 +74,7 @@ class Ctx:
     step: int = 0
     solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
     head: str = "mean"  # attention head of a per-head trace (kvviz.core.trace contract)
+    hide_from: int | None = None  # a class's open question: steps from here on are not shown
 
     @property
     def colours(self) -> tuple[str, str]:
