@@ -120,7 +120,7 @@ def _feed_args(p, s: int, inputs) -> tuple:
 
 
 def _in_layer(layer: int, exc: BudgetError) -> BudgetError:
-    return BudgetError(f"layer {layer}: {exc}")
+    return type(exc)(f"layer {layer}: {exc}")  # a VictimError stays one
 
 
 class OnePolicy(StreamGroup):
@@ -153,7 +153,7 @@ class OnePolicy(StreamGroup):
 
     def prefill(self, prompt):
         victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.capacity,
-                                  prompt.key_norms(0), prompt.value_norms(0))
+                                  prompt.key_norms(0), prompt.value_norms(0), self.stream)
         return np.zeros(len(victims), np.int64), victims
 
 
@@ -177,7 +177,8 @@ class PolicyLayers(StreamGroup):
             try:
                 for g, p in enumerate(per):
                     raw, norm, vnorm, qrows = _feed_args(p, layer * G + g, inputs)
-                    victims = harness.step(p, t, raw, self.budget, norm, value_norm=vnorm, query_rows=qrows)
+                    victims = harness.step(p, t, raw, self.budget, norm, f"head {g}" if G > 1 else "",
+                                           vnorm, qrows)
                     found.append((layer * G + g, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
@@ -196,7 +197,8 @@ class PolicyLayers(StreamGroup):
                 for g, p in enumerate(per):
                     s = layer * G + g
                     victims = harness.prefill(p, prompt.rows(s), prompt.length, self.budget,
-                                              prompt.key_norms(s), prompt.value_norms(s))
+                                              prompt.key_norms(s), prompt.value_norms(s),
+                                              f"head {g}" if G > 1 else "")
                     found.append((s, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
@@ -248,8 +250,7 @@ class AllocatedLayers(StreamGroup):
                     s = layer * G + g
                     found.append((s, harness.prefill(p, prompt.rows(s), T0, T0, prompt.key_norms(s),
                                                      prompt.value_norms(s))))
-                found += [(layer * G + g, v) for g, v in enumerate(group.evict())]
-                group.enforce(last)
+                found += [(layer * G + g, v) for g, v in enumerate(harness.evict_layer(group, last))]
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
         return victims_of(found)
