@@ -119,7 +119,10 @@ def _feed_args(p, s: int, inputs) -> tuple:
             inputs.query_rows(s, held) if p.reads_query_rows else None)
 
 
-def _in_layer(layer: int, exc: BudgetError) -> BudgetError:
+def _in_layer(layer: int, exc: BudgetError, place=None) -> BudgetError:
+    """The refusal naming the layer, unless the group's `place` has named it already."""
+    if place is not None and place.layer is not None:
+        return exc
     return type(exc)(f"layer {layer}: {exc}")  # a VictimError stays one
 
 
@@ -226,7 +229,7 @@ class AllocatedLayers(StreamGroup):
             try:
                 victims = harness.step_layer(group, t, *(list(column) for column in zip(*args)))
             except BudgetError as exc:
-                raise _in_layer(layer, exc) from None
+                raise _in_layer(layer, exc, group.place) from None
             found += [(layer * G + g, v) for g, v in enumerate(victims)]
         return victims_of(found)
 
@@ -252,5 +255,5 @@ class AllocatedLayers(StreamGroup):
                                                      prompt.value_norms(s))))
                 found += [(layer * G + g, v) for g, v in enumerate(harness.evict_layer(group, last))]
             except BudgetError as exc:
-                raise _in_layer(layer, exc) from None
+                raise _in_layer(layer, exc, group.place) from None
         return victims_of(found)

@@ -118,7 +118,7 @@ def evict_layer(group, pos: int) -> list:
     where = group.place.describe()
     if len(victims) != len(before):
         raise VictimError(f"{group.name} reported victims for {len(victims)} heads at step {pos}"
-                          f"{f' ({where})' if where else ''}, but the layer has {len(before)}: "
+                          f"{f' in {where}' if where else ''}, but the layer has {len(before)}: "
                           "an allocator reports one array of victims per head")
     return [check_victims(group.name, held, p.held(), v, pos, ", ".join(filter(None, [where, f"head {g}"])))
             for g, (p, held, v) in enumerate(zip(group.policies, before, victims))]
@@ -157,7 +157,7 @@ def check_stream_victims(name: str, before, after, victims, pos: int, offsets, s
         victims = _int64(victims, name, pos, stream)
     S = len(before)
     if victims.ndim != 2 or len(victims) != S:
-        where = f" (stream {stream})" if stream else ""
+        where = f" in stream {stream}" if stream else ""
         raise VictimError(f"{name} reported victims of shape {victims.shape} at step {pos}{where} "
                           f"for {S} streams: one row of victims per stream")
     offsets = np.asarray(offsets, np.int64)
@@ -175,7 +175,7 @@ def _int64(victims, name: str, pos: int, stream: str) -> np.ndarray:
     """The reported victims as an int64 array; VictimError for non-integer ones."""
     v = np.asarray(victims)
     if v.size and not np.issubdtype(v.dtype, np.integer):
-        where = f" (stream {stream})" if stream else ""
+        where = f" in stream {stream}" if stream else ""
         raise VictimError(f"{name} reported victims that are not positions at step {pos}{where}: "
                           f"{v.dtype} values {_few(v.ravel())}; victims are integer positions")
     return v.astype(np.int64)
@@ -245,9 +245,9 @@ def _differences(before: np.ndarray, after: np.ndarray, victims: np.ndarray) -> 
 def _said(name: str, victims: np.ndarray, pos: int, stream: str, problem: str) -> str:
     k = len(victims)
     shown = f" ({_few(victims)})" if k else ""
-    where = f" (stream {stream})" if stream else ""
-    return (f"{name} reported {_count(k, 'victim')}{shown} at step {pos}{where}, but {problem}: "
-            "the victims must be exactly the positions that left its held set")
+    where = f" in stream {stream}" if stream else ""
+    return (f"{name} reported {_count(k, 'victim')}{shown} at step {pos}{where}, but {problem} "
+            "(victims must be exactly the positions that left the held set)")
 
 
 def _count(n: int, what: str) -> str:
