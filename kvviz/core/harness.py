@@ -139,6 +139,8 @@ def check_victims(name: str, before, after, victims, pos: int, stream: str = "")
     microsecond a step; anything else, or arrays not in ascending order, by set arithmetic."""
     if type(victims) is not np.ndarray or victims.dtype is not _INT64:
         victims = _int64(victims, name, pos, stream)
+    if type(before) is not np.ndarray or type(after) is not np.ndarray:
+        before, after = np.asarray(before), np.asarray(after)
     if _exact(before, after, victims):
         return victims
     problem = _differences(before, after, victims)

@@ -86,6 +86,8 @@ class Streams(StreamGroup):
     (one string per stream) name the streams in a refusal. Every
     stream holds the same count (one in per step, down to the budget out), so the state is
     (S, n) arrays and a step is a handful of numpy calls; an eviction is one victim each.
+    The harness checks every stream's victim against its held keys in one comparison
+    (kvviz.core.harness.check_stream_victims).
     """
 
     uses_attention = True  # a vectorised form reads attention, and nothing else
