@@ -6,7 +6,7 @@ are pitted against its; an allocator that asks for calibration rows gets rows of
 kind first) and returns one RuleResult per rule:
 
 - total: after every step no head is over its cap and the layer holds at most its
-  total (heads x the layer's per-head budget; room may be left unused);
+  total (heads x the layer's per-head budget); exactly down to it when over;
 - floor: no eviction takes a head below its floor (a head at or under it loses nothing);
 - candidates: every victim was one of its own head's candidates at that step;
 - determinism: two runs give identical victims at every step;
@@ -67,6 +67,10 @@ def _run(make, seed: int, kind: str, layers: int = 2):
                 fails.setdefault("total", f"step {t}, layer {d}: {exc}")
                 return log, fails
             counts = group.held_counts()
+            over = sum(len(k) for k, _ in before) - group.total
+            if over > 0 and int(counts.sum()) != group.total:
+                fails.setdefault("total", f"step {t}, layer {d}: holds {int(counts.sum())} after "
+                                 f"evicting, its total is {group.total}")
             for g, ((kept, cand), v) in enumerate(zip(before, victims)):
                 if len(kept) > group.floor and counts[g] < group.floor or \
                         len(kept) <= group.floor and len(v):
