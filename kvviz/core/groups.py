@@ -119,8 +119,11 @@ def _feed_args(p, s: int, inputs) -> tuple:
             inputs.query_rows(s, held) if p.reads_query_rows else None)
 
 
-def _in_layer(layer: int, exc: BudgetError) -> BudgetError:
-    return BudgetError(f"layer {layer}: {exc}")
+def _in_layer(layer: int, exc: BudgetError, place=None) -> BudgetError:
+    """The refusal naming the layer, unless the group's `place` has named it already."""
+    if place is not None and place.layer is not None:
+        return exc
+    return type(exc)(f"layer {layer}: {exc}")  # a VictimError stays one
 
 
 class OnePolicy(StreamGroup):
@@ -153,7 +156,7 @@ class OnePolicy(StreamGroup):
 
     def prefill(self, prompt):
         victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.capacity,
-                                  prompt.key_norms(0), prompt.value_norms(0))
+                                  prompt.key_norms(0), prompt.value_norms(0), self.stream)
         return np.zeros(len(victims), np.int64), victims
 
 
@@ -177,7 +180,8 @@ class PolicyLayers(StreamGroup):
             try:
                 for g, p in enumerate(per):
                     raw, norm, vnorm, qrows = _feed_args(p, layer * G + g, inputs)
-                    victims = harness.step(p, t, raw, self.budget, norm, value_norm=vnorm, query_rows=qrows)
+                    victims = harness.step(p, t, raw, self.budget, norm, f"head {g}" if G > 1 else "",
+                                           vnorm, qrows)
                     found.append((layer * G + g, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
@@ -196,7 +200,8 @@ class PolicyLayers(StreamGroup):
                 for g, p in enumerate(per):
                     s = layer * G + g
                     victims = harness.prefill(p, prompt.rows(s), prompt.length, self.budget,
-                                              prompt.key_norms(s), prompt.value_norms(s))
+                                              prompt.key_norms(s), prompt.value_norms(s),
+                                              f"head {g}" if G > 1 else "")
                     found.append((s, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
@@ -224,7 +229,7 @@ class AllocatedLayers(StreamGroup):
             try:
                 victims = harness.step_layer(group, t, *(list(column) for column in zip(*args)))
             except BudgetError as exc:
-                raise _in_layer(layer, exc) from None
+                raise _in_layer(layer, exc, group.place) from None
             found += [(layer * G + g, v) for g, v in enumerate(victims)]
         return victims_of(found)
 
@@ -248,8 +253,7 @@ class AllocatedLayers(StreamGroup):
                     s = layer * G + g
                     found.append((s, harness.prefill(p, prompt.rows(s), T0, T0, prompt.key_norms(s),
                                                      prompt.value_norms(s))))
-                found += [(layer * G + g, v) for g, v in enumerate(group.evict())]
-                group.enforce(last)
+                found += [(layer * G + g, v) for g, v in enumerate(harness.evict_layer(group, last))]
             except BudgetError as exc:
-                raise _in_layer(layer, exc) from None
+                raise _in_layer(layer, exc, group.place) from None
         return victims_of(found)

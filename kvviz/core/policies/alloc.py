@@ -1,7 +1,8 @@
 """Allocators: policies that share a budget across the KV heads and layers of a model.
 
 A budget stays the mean number of slots per stream (one stream = one KV head of one
-layer). An allocator decides each stream's share and keeps the total fixed; which slots go
+layer). An allocator decides each stream's share, the layer holding at most its total
+(heads x the layer's per-head budget; it may leave room unused); which slots go
 inside a stream is decided by a per-stream policy, its `scorer` (any registered policy,
 built-in or plugin, with its own parameters): the scorer's `candidates()` say which slots
 may go and its `priority()` ranks them, exactly as for that policy alone.
@@ -33,7 +34,9 @@ scorer's priority: the rule is not applied). Ties may go either way. `reference`
 slow reference ("module:Class", see kvviz.core.reference_alloc), as a policy's does.
 
 The harness (kvviz.core.harness.step_layer) feeds every head of a layer, lets the group
-evict, and enforces each head's cap and the layer's total after every step.
+evict, and after every step enforces each head's cap and the layer's total (at most heads x
+b) and checks that each head's reported victims are exactly the positions that left it.
+docs/policies.md ("What an allocator must hold") states the whole contract.
 """
 from __future__ import annotations
 
@@ -212,12 +215,16 @@ class LayerGroup:
         return np.array([len(p.held()) for p in self.policies], np.int64)
 
     def evict(self) -> list:
-        """Let the allocator choose, drop the victims; their positions per head."""
+        """Let the allocator choose, drop the victims; their positions per head (one array
+        per head, each exactly the positions that head stopped holding: the harness checks
+        it, kvviz.core.harness.evict_layer)."""
         chosen = self.allocator.choose_group(self)
         return [p.drop(idx) for p, idx in zip(self.policies, chosen)]
 
     def enforce(self, pos: int) -> None:
-        """BudgetError when a head is over its cap or the layer over its total."""
+        """BudgetError when a head is over its cap or the layer over its total. The total is
+        a ceiling, not a target: a layer holding less (an allocator that leaves room unused)
+        passes, and its held counts are what the harness records."""
         counts = self.held_counts()
         where = self.place.describe()
         for g, n in enumerate(counts):

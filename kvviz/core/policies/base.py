@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
-           "check_value_norm", "norm_inputs",
+__all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "VictimError",
+           "check_key_norm", "check_value_norm", "norm_inputs",
            "check_recent", "enforce", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
@@ -530,6 +530,13 @@ def _declares_fields(cls) -> bool:
 
 class BudgetError(ValueError):
     """A policy or allocator held more than its budget after an eviction: the run stops."""
+
+
+class VictimError(BudgetError):
+    """A policy or allocator reported victims that are not exactly the positions that left
+    its held set at that step (kvviz.core.harness.check_victims): the run stops. A
+    BudgetError, so every harness that names the layer or the configuration of a refused
+    budget names them here too."""
 
 
 def enforce(name: str, held: int, limit: int, pos: int, stream: str = "") -> None:

@@ -53,7 +53,8 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
         policy = cfg.make(0, 0, seed)
         if type(policy).vectorised is not None:
             S = L * G
-            return Streams(policy, S, offsets=np.arange(S) * T)
+            return Streams(policy, S, offsets=np.arange(S) * T,
+                           names=[f"layer {s // G}" + (f", head {s % G}" if G > 1 else "") for s in range(S)])
     return PolicyLayers([[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
                           for g in range(G)] for layer in range(L)], cfg.budget)
 
@@ -158,5 +159,5 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) 
         try:
             victims = policies[c].step(t, LaneInputs(state, i))
         except BudgetError as exc:
-            raise BudgetError(f"{configs[c].label}, {exc}") from None
+            raise type(exc)(f"{configs[c].label}, {exc}") from None
         mark_victims(state, evicted_at, c, i, victims, t)
