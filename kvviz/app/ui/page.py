@@ -157,7 +157,8 @@ def _views(page: Page, key, layer, version, trace) -> str:
         if page.room:
             present.leave(page.row)
     with page.main.container():
-        if not predict.question(ctx):  # the question panel replaces the view while it is up
+        # the question panel replaces the view while it is up; a hidden question, whole-run views
+        if not predict.question(ctx) and not hidden_view(ctx):
             view = (panels.current_view(trace.tokens is not None) if page.room
                     else panels.view_selector(trace.tokens is not None))
             with present.frame(view):
@@ -187,3 +188,19 @@ def _context(key, layer, version, trace, budget, pols, built, refused) -> panels
         setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
                 f"{config_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
     return ctx
+
+
+def hidden_view(ctx: panels.Ctx) -> bool:
+    """While the page hides a class's open question (kvviz.app.ui.predict): a view that shows the whole
+    run (and the asked eviction with it) is replaced by a sentence, beside the view chooser."""
+    if ctx.hide_from is None:
+        return False
+    tokens = ctx.trace.tokens is not None
+    if panels.current_view(tokens) in predict.WHOLE_RUN_SHOWN:
+        return False  # (drawn by the page, the heatmap cut at `Ctx.hide_from`)
+    if not present.active():
+        panels.view_selector(tokens)
+    st.info("This view shows the whole run, the step the class's open question asks about "
+            "included: it is back once the lecturer reveals the answer. The Cache heatmap and "
+            "Scores views show the run up to this step.", icon=":material/quiz:")
+    return True

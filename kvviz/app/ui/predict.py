@@ -278,7 +278,7 @@ def question(ctx: Ctx) -> bool:
         S.pop(PICK, None)
     S[DRAWN] = marker(r)
     if r is None:
-        return _hidden_view(ctx)
+        return False
     st.markdown(f"#### Which position will {_who(r)} evict next?")
     panel = _panel(ctx, r)
     if not r.revealed:
@@ -330,23 +330,6 @@ def question(ctx: Ctx) -> bool:
     _rejoined(r)
     return True
 
-
-def _hidden_view(ctx: Ctx) -> bool:
-    """While the page hides a class's open question (`_hide`): a view that shows the whole
-    run (and the asked eviction with it) is replaced by a sentence, beside the view chooser."""
-    if ctx.hide_from is None:
-        return False
-    from kvviz.app.ui import panels, present  # (panels draws views, this module among them)
-
-    tokens = ctx.trace.tokens is not None
-    if panels.current_view(tokens) in WHOLE_RUN_SHOWN:
-        return False  # (drawn by the page, the heatmap cut at `Ctx.hide_from`)
-    if not present.active():
-        panels.view_selector(tokens)
-    st.info("This view shows the whole run, the step the class's open question asks about "
-            "included: it is back once the lecturer reveals the answer. The Cache heatmap and "
-            "Scores views show the run up to this step.", icon=":material/quiz:")
-    return True
 
 
 def _refusal() -> None:
