@@ -59,6 +59,23 @@ class UnderEvicting(AdaKV):
 
 
 @dataclass
+class HidesAVictim(AdaKV):
+    """AdaKV's choice, but the first head's victims are dropped from what the layer reports."""
+
+    name = "hides-a-victim"
+
+    def group(self, *args, **kwargs):
+        group = super().group(*args, **kwargs)
+        evict = group.evict
+
+        def misreported():
+            victims = evict()
+            return [np.empty(0, np.int64)] + list(victims[1:]) if len(victims[0]) else victims
+        group.evict = misreported
+        return group
+
+
+@dataclass
 class OldestPerHead(Allocator):
     """Per head, declared so, but each head's HIGHEST-priority candidates go."""
 
@@ -146,6 +163,17 @@ def test_an_allocator_that_leaves_its_layer_over_budget_fails_the_total_naming_t
     assert rule == "contract: total"
     assert detail.startswith("random rows, seed 0: step ") and ", layer 0: " in detail
     assert "over its budget of 48" in detail and "all heads (the layer's total)" in detail
+
+
+def test_an_allocator_that_misreports_its_victims_fails_the_victims_rule(broken, capsys):
+    from kvviz.__main__ import main
+
+    assert main(["check", f"{broken}:HidesAVictim"]) == 1
+    lines = _failed(capsys.readouterr().out)
+    rule, detail = lines[0].split(" -- ")
+    assert rule == "contract: victims"
+    assert detail.startswith("random rows, seed 0: step ") and "head 0" in detail
+    assert "left its held set unreported" in detail
 
 
 def test_the_order_rule_by_hand():

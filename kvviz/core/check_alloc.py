@@ -7,6 +7,8 @@ kind first) and returns one RuleResult per rule:
 
 - total: after every step no head is over its cap and the layer holds at most its
   total (heads x the layer's per-head budget): room may be left unused, never exceeded;
+- victims: the victims reported for each head are exactly the positions that left its held
+  set, each once (the harness's check, kvviz.core.harness.evict_layer);
 - floor: no eviction takes a head below its floor (a head at or under it loses nothing);
 - candidates: every victim was one of its own head's candidates at that step;
 - determinism: two runs give identical victims at every step;
@@ -70,9 +72,11 @@ def _run(make, seed: int, kind: str, layers: int = 2):
                              1.0 if p.reads_value_norms else None)
             before = [(p.held().copy(), p.candidates().copy()) for p in group.policies]
             prios = [_priority(p) for p in group.policies] if order else None
-            try:
-                victims = group.evict()
-                group.enforce(t)
+            try:  # the harness's own step: caps, the total and the reported victims checked
+                victims = harness.evict_layer(group, t)
+            except harness.VictimError as exc:
+                fails.setdefault("victims", f"step {t}, layer {d}: {exc}")
+                return log, fails
             except ValueError as exc:
                 fails.setdefault("total", f"step {t}, layer {d}: {exc}")
                 return log, fails
@@ -183,10 +187,10 @@ def check_allocator(make, cls=None, seeds=(0, 1, 2), reference=None,
             log, found = _run(make, seed, kind)
             for k, v in found.items():
                 fails.setdefault(k, f"{kind} rows, seed {seed}: {v}")
-            if "total" not in found and _run(make, seed, kind)[0] != log:
+            if not {"total", "victims"} & set(found) and _run(make, seed, kind)[0] != log:
                 fails.setdefault("determinism", f"{kind} rows, seed {seed}: two runs differ")
     out = [RuleResult("contract", rule, rule not in fails, fails.get(rule, ""))
-           for rule in ("total", "floor", "candidates")]
+           for rule in ("total", "victims", "floor", "candidates")]
     out.append(RuleResult("determinism", "two runs, identical victims", "determinism" not in fails,
                           fails.get("determinism", "")))
     refused = _refusals(cls)
