@@ -33,7 +33,7 @@ PAGE = dict(trace="file:hide.npz", budget=BUDGET, a="tova", b="h2o")
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("traces")
     save_trace(d / "hide.npz", softmax_rows(np.random.default_rng(11), T, 1),
-               meta={"name": "hide"})
+               tokens=[f" w{i}" for i in range(T)], meta={"name": "hide"})
     with traces_dir(d):
         yield d
 
@@ -195,18 +195,20 @@ def test_the_first_divergence_at_the_asked_step_is_not_named(traces, apptest):
     assert first_divergence(page(apptest, c.code)) == f"none before step\u00a0{s}"
 
 
-@pytest.mark.parametrize("view", ["export", "survival", "divergence", "metrics", "slides"])
+@pytest.mark.parametrize("view", ["export", "survival", "divergence", "metrics", "tokens",
+                                  "compare", "slides", "heads"])
 def test_whole_run_views_and_downloads_wait_for_the_reveal(traces, apptest, view):
-    c, s, _ = ask(log("tova"), 120)
-    at = page(apptest, c.code, view=view)
+    c, s, answer = ask(log("tova"), 120)
+    at = page(apptest, c.code, view=view, track=min(answer))
     assert any("This view shows the whole run" in i.value for i in at.info)
-    assert not at.get("download_button")
-    assert [f["layout"]["title"]["text"] for f in figures(at)] == []
-    c.reveal(LECTURER[c.code], "")  # revealed: the page shows the view again
+    assert not at.get("download_button") and not figures(at)
+    assert f"evicted at step {s}" not in texts(at)
+    if view != "export":
+        return
+    c.reveal(LECTURER[c.code], "")  # revealed: the page shows the view and its downloads
     at = page(apptest, c.code, view=view)
     assert not any("This view shows the whole run" in i.value for i in at.info)
-    if view == "export":
-        assert at.get("download_button")
+    assert len(at.get("download_button")) == 3
 
 
 def test_the_toy_heatmap_keeps_no_weight_or_state_of_hidden_steps(apptest):
