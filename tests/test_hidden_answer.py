@@ -227,3 +227,21 @@ def test_the_toy_heatmap_keeps_no_weight_or_state_of_hidden_steps(apptest):
     assert all(set(row) == {"hidden while the class's question is open"} for row in cells["text"][s:])
     weights = next(t for t in fig["data"] if t.get("name") == "weights")
     assert arr(weights["y"]).max() < s and len(arr(weights["y"])) > 0
+
+
+def test_an_experiment_that_names_the_asked_eviction_is_not_shown(apptest):
+    with traces_dir(REPO / "traces"):
+        shown = apptest(exp="toy")  # the toy experiment: A's and B's victims at its step
+    ok(shown)
+    step, victim = map(int, re.search(r"At step \*\*(\d+)\*\*.*?Position (\d+): A,",
+                                       texts(shown)).groups())
+    ev = run_policy(load_trace(REPO / "traces" / "toy.npz"), "tova", 4).evicted_at
+    assert ev[victim] == step  # (the log says what the experiment's text says)
+    c, s, answer = ask(ev, step - 1)
+    assert s == step and victim in answer  # the question asks what the text tells
+    with traces_dir(REPO / "traces"):
+        at = apptest(exp="toy", lead=c.code)
+    ok(at)
+    said = texts(at)
+    assert "Experiment:" not in said and f"At step **{s}**" not in said, said
+    assert at.session_state["kv"]["step"] == s - 1
