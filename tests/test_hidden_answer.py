@@ -245,3 +245,17 @@ def test_an_experiment_that_names_the_asked_eviction_is_not_shown(apptest):
     said = texts(at)
     assert "Experiment:" not in said and f"At step **{s}**" not in said, said
     assert at.session_state["kv"]["step"] == s - 1
+
+
+def test_the_zoomed_heatmap_is_cut_at_the_asked_step_too(traces, apptest):
+    c, s, _ = ask(log("tova"), 120)
+    at = page(apptest, c.code, zoom=32)
+    fig = heatmap(at)
+    img = fig["data"][0]
+    dy = int(img["dy"])
+    first = int(round(img["y0"] - (dy - 1) / 2))  # the image's first row's step
+    px = pixels(fig)
+    starts = first + dy * np.arange(len(px))
+    assert starts.min() < s - 8 and starts.max() >= s + 8  # the window spans the cut
+    white = (px == px[starts >= s][0, 0]).all(axis=(1, 2))
+    assert white[starts >= s].all() and not white[starts < s].any()
