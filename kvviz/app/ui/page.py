@@ -130,7 +130,8 @@ def _views(page: Page, key, layer, version, trace) -> str:
         follow.summary(key, budget, pols)
     if not page.quiet:
         with page.experiments:
-            if not predict.active():  # an experiment's text may name the question's answer
+            # an experiment's text may name the question's answer (at any step it found)
+            if not predict.active() and predict.hidden() is None:
                 panels.experiments_box()
     for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
         page.notices.warning(note, icon=":material/warning:")

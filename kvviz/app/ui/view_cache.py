@@ -7,6 +7,7 @@ import numpy as np
 import streamlit as st
 
 from kvviz.app.figures.cache import Prebuilt, at_step, without_hover
+from kvviz.app.figures.states import NOT_YET
 from kvviz.app.figures.toy import SMALL, labelled_heatmap
 from kvviz.app.figures.track import heatmap_with_divergence, heatmap_with_track
 from kvviz.app.ui import compute, follow
@@ -45,6 +46,25 @@ def preview_html(base: dict, step: int) -> str:
 HIDDEN = "hidden while the class's question is open"
 
 
+def blank_labelled(fig, start: int):
+    """The toy's labelled heatmap (`labelled_heatmap`, drawn from logs cut at `start`) with
+    steps `start`.. blank: their cells "not yet generated" and their hover said hidden, their
+    attention weights left out (in place; returns it)."""
+    for tr in fig.data:
+        if tr.name == "cache states":
+            z = np.array(tr.z, copy=True)
+            z[start:] = NOT_YET
+            text = [list(row) for row in tr.text]
+            text[start:] = [[HIDDEN] * len(row) for row in text[start:]]
+            tr.update(z=z, text=text)
+        elif tr.name == "weights":
+            keep = np.asarray(tr.y) < start
+            tr.update(x=np.asarray(tr.x)[keep], y=np.asarray(tr.y)[keep],
+                      text=[t for t, k in zip(tr.text, keep) if k],
+                      textfont=dict(color=[c for c, k in zip(tr.textfont.color, keep) if k]))
+    return fig
+
+
 def hide_rows(fig, start: int, steps: int) -> Prebuilt:
     """`fig` with steps `start`.. covered and said hidden (a class's open question asks about
     step `start`: kvviz.app.ui.predict), and without its hover layer."""
@@ -65,12 +85,10 @@ def render(ctx: Ctx):
     if ctx.trace.steps <= SMALL:  # the toy trace: every cell with its number
         st.caption("Who holds which position after every step: one row per step (down), one "
                    "column per position (across); a position is generated at its own step.")
-        ev_a, ev_b = ctx.ev_a, ctx.ev_b
-        if cut is not None:  # the evictions from the asked step on are not in the figure
-            ev_a, ev_b = (np.where(np.asarray(e) >= cut, -1, e) for e in (ev_a, ev_b))
-        fig = labelled_heatmap(ctx.trace, ev_a, ev_b, ctx.step,
+        # (the logs without the evictions from the asked step on: Ctx.ev_a)
+        fig = labelled_heatmap(ctx.trace, ctx.ev_a, ctx.ev_b, ctx.step,
                                label_a=ctx.label_a, label_b=ctx.label_b, track=track)
-        chart(fig if cut is None else hide_rows(fig, cut, ctx.trace.steps),
+        chart(fig if cut is None else hide_rows(blank_labelled(fig, cut), cut, ctx.trace.steps),
               key="chart.cache", **CHART)
         st.caption("Each cell is one (step, position): its colour is who holds the position "
                    "after that step, its number the attention that step's query paid it in "
@@ -85,7 +103,8 @@ def render(ctx: Ctx):
                   label_visibility="collapsed")  # its options say what it is
     window = (zoom_window(ctx.step, ctx.trace.steps, zoom, zoom_centre(ctx)) if zoom else None)
     base = compute.cache_figure(ctx.key, ctx.layer, ctx.version, (ctx.a, ctx.pa), (ctx.b, ctx.pb),
-                                ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head)
+                                ctx.budget, (ctx.label_a, ctx.label_b), window=window, head=ctx.head,
+                                hide_from=cut)  # (cut: nothing of those steps in its data)
     with slot:
         preview = st.empty()
         if not S.get(PREVIEWED) and cut is None:  # the session's first heatmap: its PNG first
@@ -94,7 +113,7 @@ def render(ctx: Ctx):
         fig = at_step(base, ctx.step)
         if track >= 0:
             fig = heatmap_with_track(fig, track, ctx.ev_a, ctx.ev_b, ctx.trace.steps,
-                                     ctx.label_a, ctx.label_b)
+                                     ctx.label_a, ctx.label_b, hide_from=cut)
         here = notable_here(ctx)
         if here is not None:  # the next-divergence jump's position, where it diverged
             fig = heatmap_with_divergence(fig, here[0], ctx.step)
