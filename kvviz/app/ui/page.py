@@ -84,7 +84,8 @@ def _draw(page: Page) -> str:
             # buttons and the way back (key P), so the chart is on the first screen
             page.row = present.bar()
     else:
-        panels.open_linked_experiment()
+        if predict.hidden() is None:  # a linked experiment's focus may be the asked eviction
+            panels.open_linked_experiment()
         present.button()
     with page.notices:
         lesson.bar(draw_picker=not page.quiet, row=page.row)  # the lesson bar (its picker in the sidebar)
