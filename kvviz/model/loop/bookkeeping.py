@@ -66,13 +66,15 @@ READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one p
 
 
 def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
-    """An allocator that decides from calibration rows read with the full cache (head roles)
-    gets them from a prompt read in one pass; decoding token by token has none to give. The
-    refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
+    """A group that asks for calibration rows read with the full cache and cannot take them
+    token by token (`StreamGroup.calibrates_in_decode`; an allocator's configuration takes
+    the first rows it sees) is refused, naming it, what it lacks and the way to one pass
+    that the `caller` ("loop" or "generate") has."""
     for cfg, group in zip(configs, policies):
-        if group.calibration_rows:
-            raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
-                             f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
+        if group.calibration_rows and not group.calibrates_in_decode:
+            raise ValueError(f"{cfg.label}: {cfg.policy} needs {group.calibration_rows} calibration rows read with "
+                             "the full cache before it evicts and cannot take them token by token: "
+                             f"{READ_IN_ONE_PASS[caller]}")
 
 
 def reads_query_rows(policies) -> bool:
