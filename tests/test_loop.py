@@ -288,8 +288,8 @@ def test_cli_writes_json_and_result(model, tmp_path, capsys):
         ("masked", 3 * 24 * 30 * 3 * 64 * 2 * 4, 3 * 24 * 30 * 3 * 64 * 2 * 4)
     assert data["policy_bytes"] == (8 + 12) * 90 * 4
     out = capsys.readouterr().out
-    assert "eviction masked: keys and values held 3.2 MB (the full cache: 3.2 MB); the policies' own " \
-        "bookkeeping 7.0 KB" in out
+    assert "eviction masked: keys and values held 3.2 MiB (the full cache: 3.2 MiB); the policies' own " \
+        "bookkeeping 7.0 KiB" in out
     assert "24 tokens x 3 configurations in " in out and "of a step)" in out
 
 

@@ -480,3 +480,14 @@ def cache_bytes(caches) -> int:
             if getattr(lay, "keys", None) is not None and getattr(lay, "is_initialized", True):
                 total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
     return total
+
+
+def lane_bytes(lanes, configs: int) -> np.ndarray:
+    """Bytes of keys and values each configuration's cache holds (int64 (C,), C = `configs`):
+    a lane's caches shared evenly by its rows (a batched tensor has one size for all its
+    rows; masked, every row holds the whole cache)."""
+    out = np.zeros(int(configs), np.int64)
+    for lane in lanes:
+        if len(lane.index):
+            out[lane.index] = cache_bytes([lane.cache]) // len(lane.index)
+    return out
