@@ -145,6 +145,38 @@ class _GridStep:
         return self.streams[s].value_norm(self.t)
 
 
+def held_counts(evicted_at: np.ndarray) -> np.ndarray:
+    """int64 (T,): slots held after each step of a one-stream log (position t admitted at
+    step t, each position evicted at its step)."""
+    T = len(evicted_at)
+    gone = evicted_at[evicted_at != NEVER]
+    return np.arange(1, T + 1, dtype=np.int64) - np.cumsum(np.bincount(gone, minlength=T)[:T])
+
+
+def replay_streams(grid, name: str, budget: int, rng=None, **params) -> LayerRun:
+    """A per-stream policy over every stream of `grid` ([layer][head] KV-head traces, as
+    `replay_layers` takes them): one policy object per stream at `budget`, told
+    Place(layer, None, g, heads), replayed alone, its held counts recorded from its log.
+    The LayerRun an allocator's replay gives, for a table row over the same streams."""
+    from kvviz.core.policies import make_policy
+    from kvviz.core.policies.base import Place
+    from kvviz.core.replay import Replay
+
+    grid = [list(row) for row in grid]
+    heads = len(grid[0])
+    runs, held, bps = [], np.zeros((len(grid), heads, grid[0][0].steps), np.int64), 0
+    for d, row in enumerate(grid):
+        per = []
+        for g, tr in enumerate(row):
+            place = Place(getattr(tr, "layer", None), None, g, heads)
+            run = Replay(tr, make_policy(name, budget=budget, rng=rng, place=place, **params)).run()
+            held[d, g] = run.held if run.held is not None else held_counts(run.evicted_at)
+            bps = run.bytes_per_slot
+            per.append(run)
+        runs.append(per)
+    return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid], [int(budget)] * len(grid), bps)
+
+
 def layer_summary(grid, layer_run: LayerRun) -> dict:
     """One table row's metrics for a LayerRun: retained_mass, attention_loss and hh_recall
     averaged over the streams (each as `summary` computes it), and the recorded memory."""
