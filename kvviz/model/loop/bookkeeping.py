@@ -74,16 +74,22 @@ READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one p
                 "prefill)"}
 
 
-def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
-    """A group that asks for calibration rows read with the full cache and cannot take them
-    token by token (`StreamGroup.calibrates_in_decode`; an allocator's configuration takes
-    the first rows it sees) is refused, naming it, what it lacks and the way to one pass
-    that the `caller` ("loop" or "generate") has."""
+def refuse_uncalibrated(configs, policies, caller: str = "generate", eviction: str = "masked") -> None:
+    """Before a run read token by token: a group that asks for calibration rows read with the
+    full cache and cannot take them token by token (`StreamGroup.calibrates_in_decode`; an
+    allocator's configuration takes the first rows it sees) is refused, and so, in freed mode
+    (its slots sized before any row is read), is an allocator that plans its layers' budgets
+    from those rows (`plans_layers`); each refusal names it, what it lacks and the way to
+    one pass that the `caller` ("loop" or "generate") has."""
     for cfg, group in zip(configs, policies):
         if group.calibration_rows and not group.calibrates_in_decode:
             raise ValueError(f"{cfg.label}: {cfg.policy} needs {group.calibration_rows} calibration rows read with "
                              "the full cache before it evicts and cannot take them token by token: "
                              f"{READ_IN_ONE_PASS[caller]}")
+        if eviction == "freed" and getattr(group, "plans_layers", False):
+            raise ValueError(f"{cfg.label}: {group.allocator.title} sets its layers' budgets from the first rows it "
+                             "reads (plan_layers), and a freed cache read token by token is sized before any row is "
+                             f"read: {READ_IN_ONE_PASS[caller]}; or evict masked")
 
 
 def reads_query_rows(policies) -> bool:

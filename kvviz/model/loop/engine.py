@@ -167,7 +167,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
-    refuse_uncalibrated(configs, policies, "loop")
+    refuse_uncalibrated(configs, policies, "loop", eviction)
     with attached(mdl):
         lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)

@@ -87,7 +87,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         t_prompt = time.perf_counter()
         if prompt_mode == "decode":
-            refuse_uncalibrated(configs, policies)
+            refuse_uncalibrated(configs, policies, eviction=eviction)
             lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, dev)
             for t in range(T0):
                 host, m, b = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies, evicted_at,
