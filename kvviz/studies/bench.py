@@ -253,5 +253,5 @@ def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> di
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {"policy": name, "steps": steps, "budget": budget, "seconds": round(elapsed, 1),
             "cpu_seconds": round(cpu, 1),  # wall time swells when other jobs share the CPU
-            "traced_peak_mb": round(peak / 2**20, 1), "process_peak_rss_mb": round(rss, 1),
+            "traced_peak_mib": round(peak / 2**20, 1), "process_peak_rss_mib": round(rss, 1),
             "held_at_end": int(len(run.held_at(steps - 1)))}
