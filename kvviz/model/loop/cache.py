@@ -137,10 +137,12 @@ class State:
         """The KV heads policy stream g decides for: all of them at layer granularity."""
         return slice(None) if self.G == 1 else slice(g, g + 1)
 
-    def place(self, pos: int, active=None) -> None:
-        """Freed: each (active) row's next token `pos` goes, for each KV head, to its lowest
-        empty slot (pooled: the heads take the layer's lowest empty slots in head order)."""
+    def place(self, pos, active=None) -> None:
+        """Freed: each (active) row's next token `pos` (one position, or one per row) goes,
+        for each KV head, to its lowest empty slot (pooled: the heads take the layer's lowest
+        empty slots in head order)."""
         rows = np.arange(self.B) if active is None else np.flatnonzero(active)
+        each = np.broadcast_to(np.asarray(pos, np.int64), (self.B,))
         if self.pooled:
             free = (self.slot_pos[rows] == -1).all(axis=2)  # (rows, L, S): no head holds it
             short = free.sum(axis=-1) < self.Hk
@@ -148,19 +150,20 @@ class State:
                 r, layer = np.argwhere(short)[0]
                 raise ValueError(f"freed cache overflow: row {rows[r]}, layer {layer} holds all but "
                                  f"{int(free[r, layer].sum())} of its {self.layer_slots[layer]} pooled slots at "
-                                 f"position {pos}, one needed per KV head: a policy kept more than its budget")
+                                 f"position {each[rows[r]]}, one needed per KV head: a policy kept more than its "
+                                 "budget")
             s = np.argsort(~free, axis=-1, kind="stable")[..., : self.Hk]  # (rows, L, Hk)
         else:
             empty = self.slot_pos[rows] == -1
             if not empty.any(axis=-1).all():
                 full = np.argwhere(~empty.any(axis=-1))[0]
                 raise ValueError(f"freed cache overflow: row {rows[full[0]]}, layer {full[1]}, KV head {full[2]} "
-                                 f"holds all {self.layer_slots[full[1]]} slots at position {pos}: a policy kept "
-                                 "more than its budget")
+                                 f"holds all {self.layer_slots[full[1]]} slots at position {each[rows[full[0]]]}: "
+                                 "a policy kept more than its budget")
             s = empty.argmax(axis=-1)  # (rows, L, Hk): the lowest empty slot
         b, layer, h = np.meshgrid(rows, np.arange(self.L), np.arange(self.Hk), indexing="ij")
         self.write[b, layer, h] = s
-        self.slot_pos[b, layer, h, s] = pos
+        self.slot_pos[b, layer, h, s] = each[b]
         self._set(np.ravel_multi_index((b, layer, h, s), self.bias.shape).ravel(), 0.0)
 
     def _set(self, flat, value) -> None:
