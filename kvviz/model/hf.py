@@ -28,6 +28,7 @@ import numpy as np
 
 from kvviz.core.replay import NEVER
 from kvviz.model.loop import engine
+from kvviz.model.loop.cache import slot_plan
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
 
 
@@ -166,7 +167,7 @@ class Follower:
         if self.eviction == "freed":
             if cache is None:
                 raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
-            state, layers = engine.gathered(torch, cache, held == NEVER, self.policies[0].capacity,
+            state, layers = engine.gathered(torch, cache, held == NEVER, slot_plan(self.policies[0], held.shape[1]),
                                             self.evicted.shape[-1], self.device)
             cache.layers[:] = engine.slot_cache(state, layers, seen=q).layers
         else:

@@ -84,6 +84,7 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "agreement": [float(x) for x in gen.agreement],
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
             **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
+            "memory_by_config": gen.meta.get("memory_by_config"),
             **fields}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
