@@ -402,7 +402,8 @@ def test_kvviz_check_runs_the_allocator_contract_on_the_built_ins(capsys):
     for name, cls in [("adakv", "AdaKV"), ("pyramidkv", "PyramidKV"), ("headroles", "HeadRoles")]:
         at = lines.index(f"{name} (kvviz.core.policies.{name}.{cls}): PASS")
         assert lines[at + 1:at + 7] == [
-            "  PASS  contract: total", "  PASS  contract: victims", "  PASS  contract: floor", "  PASS  contract: candidates",
+            "  PASS  contract: total", "  PASS  contract: victims", "  PASS  contract: floor",
+            "  PASS  contract: candidates",
             "  PASS  determinism: two runs, identical victims",
             "  PASS  refusals: bad parameters and budgets raise ValueError naming them"]
 

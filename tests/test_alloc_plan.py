@@ -172,3 +172,14 @@ def test_bench_at_kv_head_granularity_gives_per_stream_policies_rows_over_the_al
     assert alone.rows[0]["memory_bytes"] == 64 * runs[0].bytes_per_slot
     with pytest.raises(ValueError, match="--head kv0 picks one stream, and adakv is an allocator"):
         bench.table(bench.open_trace(CODE_KV, 14, "kv0"), [64], ["tova", "adakv"])
+
+
+def test_kvviz_check_plans_the_layers_as_a_run_does():
+    from kvviz.core.check_alloc import check_allocator
+
+    results = check_allocator(lambda b: make_policy("layer-planner", budget=b))
+    assert all(r.passed for r in results), [r for r in results if not r.passed]
+    assert LayerPlanner.seen and len(LayerPlanner.seen[0]) == 2  # every layer's rows, at once
+    wrong = {r.name: r for r in check_allocator(lambda b: make_policy("wrong-sum-planner", budget=b))}
+    assert not wrong["total"].passed
+    assert "its layer plan: wrong-sum-planner (scorer tova): plan_layers' budgets must sum" in wrong["total"].detail

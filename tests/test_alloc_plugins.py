@@ -269,7 +269,8 @@ def test_kvviz_check_runs_the_allocator_rules_on_the_plugin():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("fixed-share (") and lines[0].endswith(".FixedShare): PASS")
-    assert lines[1:] == ["  PASS  contract: total", "  PASS  contract: victims", "  PASS  contract: floor", "  PASS  contract: candidates",
+    assert lines[1:] == ["  PASS  contract: total", "  PASS  contract: victims", "  PASS  contract: floor",
+                         "  PASS  contract: candidates",
                          "  PASS  determinism: two runs, identical victims",
                          "  PASS  refusals: bad parameters and budgets raise ValueError naming them",
                          "  PASS  order: each victim is the lowest-priority candidate it may take (per head)"]

@@ -59,9 +59,16 @@ def _run(make, seed: int, kind: str, layers: int = 2):
     rng = np.random.default_rng(seed)
     calibration = min(int(alloc.calibration_rows()), CALIBRATION)
     if calibration:  # rows of the same kind, read with the full cache
-        for group in groups:
-            group.calibrate([[_rows(rng, kind, g, t) for t in range(calibration)]
-                             for g in range(HEADS)])
+        rows = [[[_rows(rng, kind, g, t) for t in range(calibration)] for g in range(HEADS)]
+                for _ in groups]
+        if alloc.plans_layers:  # its layers' budgets from every layer's rows, as a run does
+            try:
+                budgets = alloc.planned_budgets(rows, layers)
+            except ValueError as exc:
+                return [], {"total": f"its layer plan: {exc}"}
+            groups = [alloc.group(d, layers, HEADS, budget=b) for d, b in enumerate(budgets)]
+        for group, layer_rows in zip(groups, rows):
+            group.calibrate(layer_rows)
     log, fails = [], {}
     for t in range(STEPS):
         for d, group in enumerate(groups):
