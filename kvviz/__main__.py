@@ -155,7 +155,7 @@ def _bench_perf_run(args, parser, b) -> int:
             raise
         except ValueError as exc:
             parser.error(str(exc))
-        print(b.describe(trace))
+        print(b.describe(trace, results))
         for budget in budgets:
             if budget >= trace.steps:
                 print(f"warning: budget {budget} is at least the trace length ({trace.steps} "

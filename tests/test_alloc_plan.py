@@ -167,9 +167,11 @@ def test_bench_at_kv_head_granularity_gives_per_stream_policies_rows_over_the_al
     assert rows["tova"]["memory_bytes"] == 3 * 64 * runs[0].bytes_per_slot
     assert rows["tova"]["memory_bytes"] == rows["adakv"]["memory_bytes"]  # the same budget, the same bytes
     assert any("granularity kv-head: every row is the 3 KV-head streams of layer 14" in n for n in table.notes)
+    assert bench.describe(trace, table) == "trace: code-kv (512 steps), every KV head of stored layers 0, 14, 29"
     alone = bench.table(trace, [64], ["tova"])  # no allocator: the one stream chosen
     assert [r["granularity"] for r in alone.rows] == ["mean"]
     assert alone.rows[0]["memory_bytes"] == 64 * runs[0].bytes_per_slot
+    assert bench.describe(trace, alone).endswith("model layer 14 of stored 0, 14, 29, head mean")
     with pytest.raises(ValueError, match="--head kv0 picks one stream, and adakv is an allocator"):
         bench.table(bench.open_trace(CODE_KV, 14, "kv0"), [64], ["tova", "adakv"])
 

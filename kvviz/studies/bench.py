@@ -38,9 +38,12 @@ def open_trace(path=None, layer=None, head=None) -> Trace:
     return canonical()
 
 
-def describe(trace: Trace) -> str:
-    """The header line: which trace, and which model layer and head of it ran."""
+def describe(trace: Trace, table=None) -> str:
+    """The header line: which trace, and which model layer and head of it ran (for a `table`
+    at kv-head granularity, every stored layer's KV heads: its note says which)."""
     text = f"trace: {trace.name} ({trace.steps} steps)"
+    if table is not None and "kv-head" in table.column("granularity"):
+        return text + f", every KV head of stored layers {', '.join(map(str, trace.layers))}"
     if getattr(trace, "layer", None) is not None:
         text += f", model layer {trace.layer} of stored {', '.join(map(str, trace.layers))}"
     return text + f", head {getattr(trace, 'head', 'mean')}"
