@@ -16,7 +16,7 @@ import pytest
 from apphelp import REPO
 
 from kvviz.core import plugins
-from kvviz.core.layers import load_layers, replay_layers
+from kvviz.core.layers import layer_summary, load_layers, replay_layers
 from kvviz.core.policies import make_policy, parse_params
 
 PLUGIN = str(REPO / "examples" / "plugins" / "head_table.py")
@@ -166,6 +166,16 @@ def test_a_process_pool_sweep_from_another_folder_reads_the_table_given_there(tm
         want = replay_layers(load_layers(CODE_KV), alloc)
         assert df.loc[df["budget"] == budget, "memory_bytes"].item() == want.memory_bytes
     assert json.loads((tmp_path / "out" / "policies.json").read_text())["head-table"] == ORIGIN
+    # the table edited: its cells re-run with the new table, none is reused
+    write_table(tmp_path / "heads.json", {0: [3, 2, 1], 14: [1, 1, 1], 29: [1, 2, 3]})
+    r = kvviz_cli("sweep", "spec.toml", "--out", "out", "--workers", "2", "--plugin", PLUGIN, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    grid = load_layers(CODE_KV)
+    for budget in (32, 64):
+        alloc = make_policy("head-table", budget, table=str(tmp_path / "heads.json"))
+        want = layer_summary(grid, replay_layers(grid, alloc))["retained_mass"]
+        assert df.loc[df["budget"] == budget, "retained_mass"].item() == pytest.approx(want, abs=1e-12)
 
 
 # -- the model -------------------------------------------------------------------------------

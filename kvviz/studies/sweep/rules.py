@@ -3,12 +3,13 @@ the TOML, one axis's values, the budgets and policies axes, the trace or text a 
 The replay spec (`spec`) and the model modes' spec (`model_spec`) both build on these."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz.core.policies import ALLOCATORS, POLICIES, param_specs, parse_params
+from kvviz.core.policies import ALLOCATORS, POLICIES, param_specs, parse_params, source_hash
 
 CANONICAL = "canonical"
 MODES = ("replay", "loop", "needle")
@@ -145,3 +146,16 @@ def built(spec: dict, build):
                     shown = ", ".join(f"{k} = {v}" for k, v in params.items())
                     raise SpecError(f"policies[{i}] ({name}{', ' + shown if shown else ''}) "
                                     f"at budget {budget}: {exc}") from None
+
+
+def cell_source(name: str, params: dict) -> str:
+    """What a cell's results depend on beyond its parameters' values: the SHA-256 of the
+    policy's module source and of every file a parameter names (a head-score table): an
+    edited policy or an edited file re-runs its cells instead of reusing stale ones."""
+    files = sorted(str(v) for v in params.values() if isinstance(v, str) and v and Path(v).is_file())
+    if not files:
+        return source_hash(name)
+    digest = hashlib.sha256(source_hash(name).encode())
+    for path in files:
+        digest.update(path.encode() + b"\0" + hashlib.sha256(Path(path).read_bytes()).digest())
+    return digest.hexdigest()
