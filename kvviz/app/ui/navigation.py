@@ -252,10 +252,14 @@ def _ticker(steps: int):
 
 
 def tie_words(position: int, ties) -> str:
-    """' (tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
-    beside the position, in few words, so the status line stays one line at 1024 px."""
+    """' (a tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
+    beside the position, in few words, so the status line stays short; the count of the
+    positions it ties with reads as a count ("… as 418 held positions"), never as a victim."""
     t = next((t for t in ties if t.position == int(position)), None)
-    return "" if t is None else f" (tie-break: {len(t.kept)} it keeps score the same)"
+    if t is None:
+        return ""
+    n = len(t.kept)
+    return f" (a tie-break: scored as {n} held position{'s' if n != 1 else ''})"
 
 
 @st.cache_resource(max_entries=512, show_spinner=False)
