@@ -62,16 +62,16 @@ HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stR
 # class, the step navigation, the ask buttons and the way back, wrapping at 125 % zoom; the
 # header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
 # the jumps) still work: a hidden button keeps its shortcut.
-TOP = "17rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
-TOPS = {"loop": "13rem"}  # a view drawn without the status line (it has its own step)
+TOP = "10.75rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
+TOPS = {"loop": "7.5rem", "needle": "8.5rem"}  # views drawn without the status line (their own steps)
 FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
 FIT = "div:has(> .st-key-kv-fit)"
 
 
-def fit_css(height: int, view: str = "") -> str:
-    """The fitted chart's box: its figure's own height, or the window's less the top rows
-    above `view` when that is less (never under 16rem)."""
-    h = f"max(16rem,min({int(height)}px,calc(100vh - {TOPS.get(view, TOP)})))"
+def fit_css(view: str = "") -> str:
+    """The fitted chart's box: the window's height less the top rows above `view` (never
+    under 16rem); the chart stretches to it."""
+    h = f"max(16rem,calc(100vh - {TOPS.get(view, TOP)}))"
     return f"{FIT}{{flex:0 0 {h}!important;height:{h}!important;max-height:none!important}}"
 
 
@@ -97,6 +97,12 @@ PRESENT_CSS = (
     "{display:none}"
     + "".join(f"{ROOM} [data-testid='{t}']," for t in HIDDEN)
     + f"{ROOM}:not(.st-key-room-loop) [data-testid='stSlider']{{display:none}}"
+    # the view's other charts behind one control (kvviz.app.ui.present.more), and the captions
+    # a scene's text reads (kvviz.app.ui.present.said): shown
+    f"{ROOM} .st-key-kv-more,{ROOM} .st-key-kv-more [data-testid='stExpander']"
+    "{display:block!important}"
+    f"{ROOM} [class*='st-key-kv-said-'] [data-testid='stCaptionContainer']"
+    "{display:block!important}"
     f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"
     "{font-size:1.15rem;line-height:1.4}"
     f"{MAIN} [data-testid='stCaptionContainer'] p{{font-size:1.15rem}}"
