@@ -4,6 +4,7 @@ kvviz.core.replay.Replay stepped by hand, the trace's rows, the loop result's JS
 needle results CSV read with the csv module); the shipped lesson; `kvviz lesson`."""
 import csv
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -483,3 +484,23 @@ def test_evidence_is_the_policys_own_scores(tmp_path):
 def test_the_shipped_lessons_questions_are_clear():
     for name in L.names():
         L.check_evidence(L.load(name))
+
+
+def test_the_teaching_guide_says_the_lessons_own_numbers():
+    """docs/teaching.md walks the shipped lesson: its minutes, its number of scenes, each
+    scene's minutes and the steps it names are the lesson file's."""
+    les = L.load(SHIPPED)
+    doc = (ROOT / "docs" / "teaching.md").read_text()
+    n, total = len(les.scenes), les.minutes
+    assert f"({total:g} minutes, {n} scenes)" in doc
+    assert f"they add up to {total:g}" in doc
+    assert f"{n} scenes, {total:g} min: ok" in doc
+    said = {int(m) for m in re.findall(r"Scene 1 of (\d+)", doc)}
+    assert said == {n}, said
+    rows = [r for r in doc.splitlines() if re.match(r"\| \d+ \| [\d.]+ \|", r)]
+    assert [int(r.split("|")[1]) for r in rows] == list(range(1, n + 1))
+    for r, s in zip(rows, les.scenes):
+        cells = [c.strip() for c in r.split("|")]
+        assert float(cells[2]) == s.minutes, (s.number, cells[2])
+        for step in re.findall(r"\bstep (\d+)\b", cells[3]):
+            assert int(step) == s.state.step, (s.number, cells[3])

@@ -22,8 +22,8 @@ from kvviz.app.figures.common import (
     WRONG_COLOUR,
     base_layout,
     pair_colours,
-    policy_colour,
     policy_of,
+    setting_colour,
 )
 from kvviz.app.figures.tokens import _token_html
 from kvviz.studies.forgetting import accuracy, at_budget, held_share, lines_order, lost_step
@@ -265,6 +265,7 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     y = a.mean(0) if layer is None else a[int(layer)]
     T = len(y)
     fig = go.Figure(go.Scatter(x=list(range(T)), y=y.tolist(), mode="lines", name="attention on the key",
+                               showlegend=False,  # (the y axis's title says what it is)
                                line=dict(color="#3a3a3a", width=1.5),
                                hovertemplate="step %{x}<br>%{y:.3f} of the row on the key<extra></extra>"))
     for lo, hi in sorted((int(r[0]), int(r[1])) for r in reminders):  # [start, end) spans
@@ -277,11 +278,14 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     # each with its own symbol (and its own legend entry), so none hides another
     top = _attention_top(y, reminders, key_positions)
     stacked: dict = {}
+    settings: dict = {}  # a policy's settings so far: each setting its own shade
     for i, (label, step) in enumerate(lost.items()):
+        fam = policy_of(label)
+        nth = settings[fam] = settings.get(fam, -1) + 1
         step = int(step)
         if step < 0 or step >= T:
             continue
-        colour = policy_colour(policy_of(label))
+        colour = setting_colour(fam, nth)
         k = stacked[step] = stacked.get(step, -1) + 1
         fig.add_trace(go.Scatter(
             x=[step], y=[min(float(y[step]) + k * LOST_STACK * top, top)], mode="markers",

@@ -63,7 +63,7 @@ HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stR
 # header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
 # the jumps) still work: a hidden button keeps its shortcut.
 TOP = "10.75rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
-TOPS = {"loop": "7.5rem", "needle": "8.5rem"}  # views drawn without the status line (their own steps)
+TOPS = {"loop": "7.5rem", "needle": "8.5rem", "heads": "7.5rem"}  # views drawn without the status line (their own steps)
 FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
 FIT = "div:has(> .st-key-kv-fit)"
 

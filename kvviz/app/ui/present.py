@@ -25,9 +25,8 @@ from kvviz.app.ui.session import S, note
 KEYS = {"K or →": "next step", "J or ←": "previous step", "D": "next divergence",
         "E": "next epoch", "H": "next heavy-hitter eviction",
         "T": "next eviction of the tracked position", "P": "leave presentation",
-        "N / B": "next / previous scene of a lesson (kvviz.app.ui.lesson; PageDown and "
-                 "PageUp scroll the page)",
-        "V": "reveal the answer of a class's question (kvviz.app.ui.predict)"}
+        "N / B": "next / previous scene of a lesson (PageDown and PageUp scroll the page)",
+        "V": "reveal the answer of a class's question"}
 TOGGLE = "P"
 
 
@@ -241,7 +240,7 @@ def fitted(spec: dict) -> dict:
                 int(FIT_WIDTH / (0.55 * tsize)))
     title.update(text=text, font=dict(title.get("font") or {}, size=tsize))
     lines = text.count("<br>") + 1 if text else 0
-    top = lines * tsize * 1.3 + 8 if text else 10
+    top = lines * tsize * 1.3 + 14 if text else 10
     if text:  # (plotly sets a title of several lines a line higher than its anchor says)
         title.update(yref="container", y=1, yanchor="top", x=0, xanchor="left",
                      pad=dict(t=round(6 + (lines - 1) * tsize * 1.3)))

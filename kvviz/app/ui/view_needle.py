@@ -187,6 +187,10 @@ def render(ctx=None):
 
 
 def _render(top):
+    layer = _kept().get("nalayer")  # read only where a run has the key's attention: checked here
+    if layer is not None and layer != "mean" and not str(layer).isdigit():
+        note(f"nalayer={layer} is not a model layer (mean, or a layer number); using mean")
+        _kept()["nalayer"] = "mean"
     st.markdown("**Forgetting.** A pass key (a few digits) is hidden in filler text and the "
                 "model is asked for it at the end. Each policy keeps at most *budget* positions "
                 "per layer: does the model still answer, and when did its cache lose the key?")
