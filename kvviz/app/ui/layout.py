@@ -63,7 +63,8 @@ HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stR
 # header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
 # the jumps) still work: a hidden button keeps its shortcut.
 TOP = "10.75rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
-TOPS = {"loop": "7.5rem", "needle": "8.5rem", "heads": "7.5rem"}  # views drawn without the status line (their own steps)
+# views drawn without the status line (their own steps, or none)
+TOPS = {"loop": "7.5rem", "needle": "8.5rem", "heads": "7.5rem"}
 FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
 FIT = "div:has(> .st-key-kv-fit)"
 
@@ -119,4 +120,10 @@ PRESENT_CSS = (
     "[data-testid='stColumn']{flex:1 1 100%!important;width:100%!important;max-width:100%}"
     # the first screen's lines: tighter gaps between the navigator's rows and the chart
     f"{MAIN} [data-testid='stVerticalBlock']{{row-gap:.6rem}}"
+    # 125 % zoom: the row on one line, for the chart's height; the step buttons' keys (J, K,
+    # the arrows) still work, the slider is narrower
+    "@media (max-width:900px){"
+    ".st-key-kv-top .st-key-nav-prev,.st-key-kv-top .st-key-nav-next{display:none}"
+    ".st-key-kv-top [data-testid='stElementContainer']:has([data-testid='stSlider'])"
+    "{flex:1 1 6rem;min-width:6rem}}"
 )

@@ -272,6 +272,8 @@ def fitted(spec: dict) -> dict:
         if t and t.get("text"):
             if k.startswith("xaxis") and k not in low:
                 t["text"] = ""  # the lowest row's says it
+            elif k.startswith("xaxis"):
+                t["standoff"] = 4  # close under its tick labels
             elif k.startswith("yaxis"):  # a vertical title as long as a short plot
                 t["text"] = wrap(str(t["text"]).replace("<br>", " "), Y_TITLE_CHARS)
             ax["title"] = t
