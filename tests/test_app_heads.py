@@ -21,8 +21,11 @@ def test_heads_figure_draws_each_head_solid_and_its_plain_scorer_dashed():
                        budget=2, roles=[(True, False)], step=1)
     lines = fig.data
     assert len(lines) == 4  # per head: the allocator, then the plain scorer
-    assert [tr.name for tr in lines] == ["kv0 retrieval: adakv (tova)", "kv0: tova alone",
-                                         "kv1 streaming: adakv (tova)", "kv1: tova alone"]
+    # a head's role is its layer's: the legend names both
+    assert [tr.name for tr in lines] == ["kv0 retrieval (layer 14): adakv (tova)",
+                                         "kv0: tova alone",
+                                         "kv1 streaming (layer 14): adakv (tova)",
+                                         "kv1: tova alone"]
     assert lines[2].y.tolist() == [1, 2, 3] and lines[3].y.tolist() == [1, 2, 2]
     assert lines[1].line.dash == "dash" and lines[0].line.dash is None
     assert lines[0].line.color == lines[1].line.color != lines[2].line.color

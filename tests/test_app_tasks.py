@@ -293,7 +293,7 @@ def test_attention_axis_fits_the_reminders_and_names_the_keys_peak():
     lo, hi = fig["layout"]["yaxis"]["range"]
     assert lo == 0 and 0.03 < hi < 0.3  # a reminder's bump fills the chart, the key runs above
     notes = [a["text"] for a in fig["layout"]["annotations"]]
-    assert notes == [f"↑ up to 0.30 at the key (step {TF.KEY_POS[0]})"]
+    assert notes == [f"↑ up to 0.30<br>at the key (step {TF.KEY_POS[0]})"]
     flat = NV.key_attention_figure(np.full((1, 50), 0.2, np.float32), reminders=[], key_positions=[3],
                                    lost={}, layer=0).to_plotly_json()
     assert flat["layout"]["yaxis"]["range"][1] > 0.2 and not flat["layout"].get("annotations")
