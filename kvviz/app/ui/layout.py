@@ -102,6 +102,7 @@ PRESENT_CSS = (
     # a scene's text reads (kvviz.app.ui.present.said): shown
     f"{ROOM} .st-key-kv-more,{ROOM} .st-key-kv-more [data-testid='stExpander']"
     "{display:block!important}"
+    f"{ROOM} .st-key-kv-more [data-testid='stExpanderIcon']{{font-size:1.15rem}}"
     f"{ROOM} [class*='st-key-kv-said-'] [data-testid='stCaptionContainer']"
     "{display:block!important}"
     f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"

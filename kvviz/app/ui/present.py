@@ -110,7 +110,7 @@ def more(label: str = "More of this view: its other charts and tables"):
     if FIT in S:
         S[LEAD] = S.pop(FIT)
     try:
-        with st.expander(label, expanded=False, key=MORE, icon=":material/expand_more:"):
+        with st.expander(label, expanded=False, key=MORE):
             yield
     finally:
         S.pop(LEAD, None)
