@@ -144,11 +144,13 @@ TICK_FONT = 13  # x labels a projector shows: horizontal, at least 12 px
 
 
 CENTRE_COLOUR = "#CC0000"  # the dotted line at the neighbourhood's centre
+MAX_TICKS = 24  # labelled slots at most on one panel's axis
 
 
 def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                          height: int | None = None, log: bool = True,
-                         tokens=None, side_by_side: bool = False) -> go.Figure:
+                         tokens=None, side_by_side: bool = False,
+                         centre_line: bool = True) -> go.Figure:
     """Per panel, the scores of the policy's own held slots near `center` at `step`,
     victims marked; for a pooled policy also the pooled envelope and the defended slots.
 
@@ -158,7 +160,9 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
     side of the slot nearest `center`. Scores are on a log axis by default: eviction
     happens among the smallest scores, which a linear axis squashes to zero.
     `side_by_side`: the panels in one row (a projector's short window), else one a row.
-    The dotted red line marks `center` (the Scores view's zoom position), said in the legend.
+    The dotted red line marks `center` (the Scores view's zoom position), said in the legend;
+    `centre_line=False` draws none (a figure of every held slot has no centre to mark). With
+    more slots than MAX_TICKS, every k-th slot is labelled, so no two labels run together.
     """
     titles = []
     for p in panels:
@@ -247,21 +251,24 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
         cats = [int(v) for v in x]
         text = ([f"{c}<br>{_tick_token(tokens[c])}" for c in cats] if tokens is not None
                 else [str(c) for c in cats])
+        every = -(-len(cats) // MAX_TICKS)  # a label every k-th slot: never run together
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
-                         tickmode="array", tickvals=cats, ticktext=text, tickangle=0,
+                         tickmode="array", tickvals=cats[::every], ticktext=text[::every],
+                         tickangle=0,
                          tickfont=dict(size=TICK_FONT), **at,
                          title=dict(text=f"{p['label'].split(':')[0]}'s held slots"
                                     + ("" if side_by_side else " in cache order (label: position)"),
                                     font=dict(size=13),
                                     standoff=4))
-        if cats:  # the centre position, or where it would sit between two held slots
+        if cats and centre_line:  # the centre position, or where it would sit between two
             where = (cats.index(center) if center in cats
                      else float(np.searchsorted(cats, center)) - 0.5)
             fig.add_vline(x=where, line=dict(color=CENTRE_COLOUR, width=1, dash="dot"), **at)
-    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", showlegend=True,
-                             name=f"dotted: the slots' centre, position {center}",
-                             line=dict(color=CENTRE_COLOUR, width=1.5, dash="dot"),
-                             hoverinfo="skip"))
+    if centre_line:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", showlegend=True,
+                                 name=f"dotted: the slots' centre, position {center}",
+                                 line=dict(color=CENTRE_COLOUR, width=1.5, dash="dot"),
+                                 hoverinfo="skip"))
     base_layout(fig, f"Scores of the slots around position {center} at step {step} "
                      + ("(lowest goes first; grey = protected or not yet ranked)" if side_by_side
                         else "(grey = protected or not yet ranked)"),
