@@ -269,9 +269,12 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                                  name=f"dotted: the slots' centre, position {center}",
                                  line=dict(color=CENTRE_COLOUR, width=1.5, dash="dot"),
                                  hoverinfo="skip"))
-    base_layout(fig, f"Scores of the slots around position {center} at step {step} "
-                     + ("(lowest goes first; grey = protected or not yet ranked)" if side_by_side
-                        else "(grey = protected or not yet ranked)"),
+    if side_by_side:  # the grey bars said in the legend: the title stays one line
+        fig.add_trace(go.Bar(x=[None], y=[None], name="grey: protected or not yet ranked",
+                             marker_color="#bbbbbb", showlegend=True, hoverinfo="skip"))
+    base_layout(fig, f"Scores at step {step} around position {center} (lowest goes first)"
+                if side_by_side else f"Scores of the slots around position {center} at step "
+                f"{step} (grey = protected or not yet ranked)",
                 height or (470 if side_by_side else 300 * len(panels) + 170),
                 legend_below=True, bottom=150 if tokens is not None else 130)
     fig.update_layout(barmode="overlay", bargap=0.2)
