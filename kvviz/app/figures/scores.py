@@ -239,11 +239,13 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
         ytitle = ("window sum" if "pooled" in sc and explain.unpooled(p.get("params")) else
                   "window sum / pooled" if "pooled" in sc else score_label(main, "held", p["policy"])
                   if main in sc else "held")
+        if side_by_side and r > 1:  # its legend entry names the score: no title in the gap
+            ytitle = ""
         if row_log:
             pos = np.asarray(yall, float)
             pos = pos[np.isfinite(pos) & (pos > 0)]
             rng = ([np.log10(pos.min() / 2), np.log10(pos.max() * 1.6)] if len(pos) else None)
-            fig.update_yaxes(type="log", title=ytitle + " (log)", **at, range=rng,
+            fig.update_yaxes(type="log", title=ytitle + " (log)" if ytitle else "", **at, range=rng,
                              **log_ticks(np.r_[pos, pos.min() / 2] if len(pos) else pos))
         else:
             fig.update_yaxes(title=ytitle, rangemode="tozero", **at,
@@ -254,7 +256,7 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
         every = -(-len(cats) // MAX_TICKS)  # a label every k-th slot: never run together
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
                          tickmode="array", tickvals=cats[::every], ticktext=text[::every],
-                         tickangle=0,
+                         tickangle=-50 if side_by_side else 0,  # narrow panels side by side
                          tickfont=dict(size=TICK_FONT), **at,
                          title=dict(text=f"{p['label'].split(':')[0]}'s held slots"
                                     + ("" if side_by_side else " in cache order (label: position)"),
