@@ -116,7 +116,8 @@ def evidence_figure(panel: dict, step: int, tokens=None, answer=(), votes=None,
     shown = dict(panel, victims=np.asarray(sorted(int(p) for p in answer), np.int64))
     centre = int(kept[len(kept) // 2]) if len(kept) else 0
     fig = neighbourhood_figure([shown], step, centre, half_width=len(kept) + 1, height=height,
-                               tokens=tokens if len(kept) <= TOKEN_TICKS else None)
+                               tokens=tokens if len(kept) <= TOKEN_TICKS else None,
+                               centre_line=False)  # every slot: no centre to mark
     fig.update_layout(title_text=f"What {panel['label']} sees at step {step}: its own "
                                  f"score of each of the {len(kept)} slots it holds")
     votes = {int(p): int(n) for p, n in (votes or {}).items() if int(p) in set(kept.tolist())}

@@ -73,8 +73,8 @@ def init() -> None:
     if not keys or "lesson" not in keys or not set(keys) <= SHORT:
         return
     name, n = str(S["kv"].get("lesson", "")), int(S["kv"].get("scene", 0) or 0)
-    if name:
-        go(name, max(n, 1))
+    if name:  # a scene the link names, even 0, is checked (an error naming it); none: scene 1
+        go(name, n if "scene" in keys else 1)
 
 
 def _picked() -> None:

@@ -260,10 +260,14 @@ def _ticker(steps: int):
 
 
 def tie_words(position: int, ties) -> str:
-    """' (tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
-    beside the position, in few words, so the status line stays one line at 1024 px."""
+    """' (a tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
+    beside the position, in few words, so the status line stays short; the count of the
+    positions it ties with reads as a count ("… as 418 held positions"), never as a victim."""
     t = next((t for t in ties if t.position == int(position)), None)
-    return "" if t is None else f" (tie-break: {len(t.kept)} it keeps score the same)"
+    if t is None:
+        return ""
+    n = len(t.kept)
+    return f" (a tie-break: scored as {n} held position{'s' if n != 1 else ''})"
 
 
 @st.cache_resource(max_entries=512, show_spinner=False)
@@ -291,7 +295,16 @@ def status(ctx: Ctx):
         return ("position " if len(v) == 1 else "positions ") + shown
 
     hold_a = int(V.held_mask(ctx.ev_a, s).sum())
-    if follow.following():  # the glossary (6 KB) with Explore on my own: every student's
+    room = present.active() and not ctx.solo  # the room: one short line (the chart names A, B)
+    if room:
+        first = ctx.first_divergence
+        st.markdown(
+            f"evicted at step {s}: <span style='color:{ctx.colours[0]}'>■</span> **A** "
+            f"{pos(va, 'a')} · <span style='color:{ctx.colours[1]}'>■</span> **B** "
+            f"{pos(vb, 'b')} · **|A Δ B|** "
+            f"{int(ctx.pair['symdiff'][s])} · first\u00a0divergence:\u00a0"
+            f"{'none' if first < 0 else 'step' + NBSP + str(first)}", unsafe_allow_html=True)
+    elif follow.following():  # the glossary (6 KB) with Explore on my own: every student's
         line = st.container()  # page runs again after each move
     else:
         line, gloss = st.columns([4, 1.1], vertical_alignment="center")
@@ -302,7 +315,7 @@ def status(ctx: Ctx):
         line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
                     f"**{hold_a}** · evicted at step {s}: {pos(va, ctx.solo)} · the other policy refused "
                     "its settings (see above)")
-    else:
+    elif not room:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
         diff = int(ctx.pair["symdiff"][s])
         first = ctx.first_divergence  # (-1 too when it is at a hidden step)

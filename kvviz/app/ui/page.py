@@ -25,6 +25,9 @@ FOOTER = ("kvviz · policies, replay and metrics come from the kvviz core; this 
 VIEWS = "views"      # the page's policies A/B in the selected view
 OWN = "own"          # the loop or Forgetting view, with its own policies
 NOTHING = "nothing"  # both policies refused their settings
+# views with their own results, policies and budgets (no step slider, status line or page-wide
+# policies: those belong to the trace, not to these charts)
+OWN_VIEWS = ("loop", "needle", "heads")
 
 
 @dataclass
@@ -99,7 +102,7 @@ def _draw(page: Page) -> str:
         follow.panel()  # the Class panel: open a class, its code and link
     key, layer, version, trace = sidebar.trace_controls(draw=not page.quiet)
     own = panels.current_view(trace.tokens is not None)
-    if own in ("loop", "needle") and not predict.active():
+    if own in OWN_VIEWS and not predict.active():
         _own_view(page, own, key, layer, version, trace)
         return OWN
     return _views(page, key, layer, version, trace)
