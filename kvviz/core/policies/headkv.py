@@ -41,8 +41,13 @@ TABLE_NAME = "heads/headkv-smollm2.json"
 
 
 def default_table() -> str:
-    """The shipped head-score table for SmolLM2-135M-Instruct (traces/heads/)."""
-    return str(traces_or_default() / TABLE_NAME)
+    """The shipped head-score table for SmolLM2-135M-Instruct (traces/heads/): in the traces
+    folder in use, else the installed bundle's or the package's checkout's."""
+    from kvviz.core.paths import BUNDLE, REPO
+
+    places = [traces_or_default(), BUNDLE / "traces", REPO / "traces"]
+    found = next((p / TABLE_NAME for p in places if (p / TABLE_NAME).is_file()), places[0] / TABLE_NAME)
+    return str(found.resolve())
 
 
 def read_table(path) -> dict:
