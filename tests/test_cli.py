@@ -133,8 +133,8 @@ def test_pooling_study_head_option(tmp_path):
     assert bad.returncode == 2 and "stored heads: mean" in bad.stderr
 
 
-COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "app", "sweep", "check",
-            "lesson", "export")
+COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "calibrate", "app", "sweep",
+            "check", "lesson", "export")
 
 
 def test_help_lists_every_command_and_each_command_has_help(capsys):
