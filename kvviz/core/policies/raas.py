@@ -1,0 +1,64 @@
+"""RaaS (Hu et al., ACL Findings 2025, "Efficient Long-Decoding Inference with Reasoning-Aware
+Attention Sparsity", arXiv:2502.11147): milestone tokens are kept until they go stale.
+
+Each kept position carries a timestamp: the step it was admitted at, refreshed to the
+current step whenever that step gives it a weight of at least `alpha` x the step's highest
+weight ("still in use"). Over budget, the position with the oldest timestamp goes (least
+recently used, ties to the lower position). The paper keeps every prefill token (its
+"phoenix tokens"); here the first `sinks` positions are never victims.
+
+Simplifications, stated: the paper's implementation works on pages of tokens, each page
+scored by a representative (Quest-style) estimate of its attention; kvviz works per token
+on the exact weights, so a page of one. A per-stream policy is not told where the prompt
+ends, so the paper's "keep all prefill tokens" is `sinks` protected first positions: set
+`sinks` to the prompt's length (with a budget above it) to follow the paper exactly.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.core.policies.base import Policy, Rank, param
+
+
+@dataclass
+class RaaS(Policy):
+    alpha: float = param(
+        0.5, label="alpha", min=0.0, max=1.0, step=0.05,
+        help="a step refreshes a position's timestamp when it gives it at least alpha x the "
+             "step's top weight",
+        source="Hu et al. 2025, section 4 (timestamp refresh on a high attention score): the "
+               "paper's page threshold is a fraction of the top score; 0.5 is kvviz's choice")
+    sinks: int = param(
+        4, label="sinks", min=0, ui_max=1024, help="first positions never evicted",
+        source="Hu et al. 2025, section 4 keeps every prefill token; kvviz keeps the first "
+               "`sinks` positions (four, as StreamingLLM's sinks) since a stream is not told "
+               "where the prompt ends")
+
+    name = "raas"
+    label = "RaaS"
+    colour = "#882255"
+    rank = Rank("stamp", "last step it was in use", "oldest timestamp goes first")
+    reference = "kvviz.core.reference:RefRaaS"
+
+    def check_params(self):
+        if self.sinks >= self.budget:
+            raise ValueError(f"sinks must be smaller than budget: sinks={self.sinks} >= "
+                             f"budget={self.budget} leaves no room to evict")
+
+    def columns(self):
+        return {"stamp": (np.int64, (), 0)}
+
+    def advance(self, pos, attn, key_norm=None, value_norm=None):
+        if attn is not None and len(attn):
+            weights = np.asarray(attn, np.float64)  # compared in double, as the reference does
+            self.col("stamp")[weights >= self.alpha * weights.max()] = pos  # still in use
+        super().advance(pos, None)
+        self.col("stamp")[-1] = pos  # a newcomer is stamped with its own step
+
+    def candidates(self):
+        cand = np.ones(self._n, bool)
+        cand[: self.sinks] = False
+        return cand
+
+    def priority(self):
+        return self.col("stamp")
