@@ -36,7 +36,7 @@ class RaaS(Policy):
 
     name = "raas"
     label = "RaaS"
-    colour = "#882255"
+    colour = "#AA4499"
     rank = Rank("stamp", "last step it was in use", "oldest timestamp goes first")
     reference = "kvviz.core.reference:RefRaaS"
 
