@@ -154,3 +154,57 @@ def test_in_the_loop_its_victims_are_the_references_on_the_models_rows(tiny_llam
             np.testing.assert_array_equal(ev, want, err_msg=f"layer {layer} head {h}")
             checked += 1
     assert checked >= 2
+
+
+def test_inside_hf_generate_it_is_kvviz_generate_in_prefill_mode(tiny_llama, torch_stack):
+    import torch
+
+    import kvviz.hf
+    from kvviz.model.loop import LoopConfig, generate
+
+    tok, mdl = tiny_llama
+    prompt, n, params = TEXT[:40], 6, {"sinks": 2, "alpha": 0.5}
+    gen = generate(prompt, [LoopConfig("raas", params, B)], n, granularity="kv-head",
+                   prompt_mode="prefill", model=tiny_llama)
+    c = 1 - gen.full_index
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    assert ids.shape[1] == gen.prompt_len > B  # the prompt alone is over budget
+    with kvviz.hf.evicting(mdl, policy="raas", budget=B, granularity="kv-head", **params) as log:
+        out = mdl.generate(ids, max_new_tokens=n, do_sample=False)
+    assert out[0, ids.shape[1]:].tolist() == gen.generated(c).tolist()
+    t0 = gen.prompt_len
+    np.testing.assert_array_equal(log.evicted_at, gen.evicted_at[c, :, :, : t0 + n - 1])
+    assert (log.held(t0 + n - 2).sum(axis=-1) == B).all()
+    assert (log.evicted_at[..., :2] == -1).all()  # the sinks stayed in every layer and head
+
+
+# -- in the page --------------------------------------------------------------------------
+
+def test_the_page_lists_it_runs_it_and_draws_its_timestamps(apptest):
+    import json
+
+    import apphelp
+
+    from kvviz.core import harness
+    from kvviz.core.trace import canonical
+
+    at = apphelp.app(timeout=180, a="raas", a__alpha=0.25, b="tova", budget=64, step=300,
+                     view="scores")
+    apphelp.ok(at)
+    picker = at.selectbox(key="w.a")
+    assert "raas" in picker.options and picker.value == "raas"  # the picker lists the registry
+    assert at.slider(key="w.pa.alpha").value == 0.25 and at.slider(key="w.pa.sinks").value == 4
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    bars = next(t for t in spec["data"] if t["type"] == "bar" and t.get("xaxis", "x") == "x")
+    assert bars["name"] == "last step it was in use"
+    assert "(log)" not in spec["layout"]["yaxis"]["title"]["text"]  # steps on a linear axis
+    # The stamps drawn are the reference's at step 300 (observed and admitted, before its
+    # eviction), replayed here outside the page.
+    trace, ref = canonical(), RefRaaS(64, None, alpha=0.25)
+    for t in range(301):
+        harness.feed(ref, t, trace.row(t)[ref.held()], None)
+        if t < 300:
+            ref.evict(64)
+    stamp = dict(zip(ref.keep, ref.state))
+    drawn = dict(zip(apphelp.arr(bars["x"]).astype(int).tolist(), apphelp.arr(bars["y"]).astype(int).tolist()))
+    assert len(drawn) >= 8 and drawn == {pos: stamp[pos] for pos in drawn}

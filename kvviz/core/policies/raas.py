@@ -26,18 +26,20 @@ class RaaS(Policy):
         0.5, label="alpha", min=0.0, max=1.0, step=0.05,
         help="a step refreshes a position's timestamp when it gives it at least alpha x the "
              "step's top weight",
-        source="Hu et al. 2025, section 4 (timestamp refresh on a high attention score): the "
-               "paper's page threshold is a fraction of the top score; 0.5 is kvviz's choice")
+        source="Hu et al. 2025, the RaaS design (a timestamp refreshed whenever the attention "
+               "score is high): kvviz's threshold is a fraction of the step's top weight, and 0.5 "
+               "is kvviz's choice, not a value checked against the paper")
     sinks: int = param(
         4, label="sinks", min=0, ui_max=1024, help="first positions never evicted",
-        source="Hu et al. 2025, section 4 keeps every prefill token; kvviz keeps the first "
-               "`sinks` positions (four, as StreamingLLM's sinks) since a stream is not told "
-               "where the prompt ends")
+        source="Hu et al. 2025, the RaaS design keeps every prefill token ('phoenix tokens'); "
+               "kvviz keeps the first `sinks` positions (four, as StreamingLLM's sinks) since a "
+               "stream is not told where the prompt ends")
 
     name = "raas"
     label = "RaaS"
     colour = "#AA4499"
-    rank = Rank("stamp", "last step it was in use", "oldest timestamp goes first")
+    # an integer step, drawn on a linear axis (as counts are)
+    rank = Rank("stamp", "last step it was in use", "oldest timestamp goes first", count=True)
     reference = "kvviz.core.reference:RefRaaS"
 
     def check_params(self):
