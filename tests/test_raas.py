@@ -112,6 +112,50 @@ def test_declared_and_refused():
         make_policy("raas", 8, sinks=-1)
 
 
+# -- the vectorised form (kvviz.core.streams), several streams at once ---------------------
+
+def _trace(rows, name):
+    from kvviz.core.trace import ArrayTrace, pack_rows
+
+    T = len(rows)
+    m = np.zeros((T, T), np.float32)
+    for t, row in enumerate(rows):
+        m[t, : len(row)] = row
+    return ArrayTrace(pack_rows(m), T, name=name)
+
+
+def test_streams_give_the_hand_victims():
+    from kvviz.core.streams import run_streams
+
+    # ROWS t0..t4 as full rows: a weight per position, 0 where the position has gone
+    # (t4: pos 1 left at t3). evicted_at[pos] = the step it left, -1 if never.
+    full = [[], [1.0], [0.5, 0.5], [0.25, 0.5, 0.25], [0.125, 0.0, 0.75, 0.125]]
+    trace = _trace(full, "hand")
+    # sinks 1, alpha 0.5: as worked above, pos 1 at t3, pos 3 at t4
+    assert run_streams([trace], "raas", 3, sinks=1, alpha=0.5)[0].evicted_at.tolist() == [-1, 3, -1, 4, -1]
+    # sinks 0: pos 0 at t3 (all stamps 3, the lowest position); t4 refreshes pos 2 only,
+    # stamps [3, 4, 3, 4] for [1, 2, 3, 4] -> pos 1
+    assert run_streams([trace], "raas", 3, sinks=0, alpha=0.5)[0].evicted_at.tolist() == [3, 4, -1, -1, -1]
+    # alpha 1: pos 2 at t3 (stamps [2, 3, 2, 3]); t4 over [0, 1, 3] gives pos 0 and pos 3 the
+    # top weight (0.125 each), stamps [4, 3, 4, 4] for [0, 1, 3, 4] -> pos 1
+    assert run_streams([trace], "raas", 3, sinks=1, alpha=1.0)[0].evicted_at.tolist() == [-1, 4, 3, -1, -1]
+
+
+@pytest.mark.parametrize("sinks, alpha", [(0, 0.5), (2, 1.0), (1, 0.25)])
+def test_streams_equal_one_policy_per_stream_where_ties_are_common(sinks, alpha):
+    from kvviz.core.replay import run_policy
+    from kvviz.core.streams import run_streams
+
+    rng = np.random.default_rng(sinks)
+    traces = []
+    for s in range(3):  # integer levels 0..3, normalised: exact ties at the threshold (2w = top) and between stamps
+        rows = [rng.integers(0, 4, t).astype(np.float32) for t in range(60)]
+        traces.append(_trace([r / r.sum() if r.sum() else r for r in rows], f"ties{s}"))
+    for trace, run in zip(traces, run_streams(traces, "raas", 8, sinks=sinks, alpha=alpha)):
+        want = run_policy(trace, "raas", 8, sinks=sinks, alpha=alpha).evicted_at
+        assert run.evicted_at.tolist() == want.tolist()
+
+
 # -- in the model loop, on a tiny random-weight model --------------------------------------
 
 TEXT = "The committee met at noon; the minutes record that the motion passed on a bright day."

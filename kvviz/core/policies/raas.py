@@ -18,6 +18,35 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.policies.base import Policy, Rank, param
+from kvviz.core.policies.vectorised import StreamState, close_gap
+
+
+class RaaSStreams(StreamState):
+    """RaaS over S streams: each slot's timestamp, (S, cap). Streams counts observed steps
+    (`t`), one per step as positions are, so the stamps order the slots as positions would."""
+
+    def __init__(self, policy, S: int, cap: int):
+        super().__init__(policy, S, cap)
+        self.alpha, self.sinks, self.t = policy.alpha, policy.sinks, 0
+        self.stamp, self.spare = np.zeros((S, cap), np.int64), np.zeros((S, cap), np.int64)
+
+    def observe(self, t, attn, n):
+        self.t = t
+        if n:
+            weights = attn.astype(np.float64)
+            held = self.stamp[:, :n]
+            held[weights >= self.alpha * weights.max(axis=1, keepdims=True)] = t  # still in use
+
+    def admit(self, n):
+        self.stamp[:, n] = self.t  # a newcomer is stamped with its own step
+
+    def victim(self, attn, n):
+        # The oldest stamp after the sinks; argmin takes the first, the lower position.
+        return self.stamp[:, self.sinks: n].argmin(axis=1) + self.sinks
+
+    def remove(self, i, stay):
+        close_gap(self.spare, self.stamp, stay)
+        self.stamp, self.spare = self.spare, self.stamp
 
 
 @dataclass
@@ -41,6 +70,7 @@ class RaaS(Policy):
     # an integer step, drawn on a linear axis (as counts are)
     rank = Rank("stamp", "last step it was in use", "oldest timestamp goes first", count=True)
     reference = "kvviz.core.reference:RefRaaS"
+    vectorised = RaaSStreams
 
     def check_params(self):
         if self.sinks >= self.budget:
