@@ -107,13 +107,18 @@ class Follower:
         self.evicted = np.full((1, self.L, self.G, 256), NEVER, np.int64)  # (1, L, G, room)
         self.seen = 0  # positions fed so far
         self.lane = None
+        self.layered = None  # freed: the prompt's eviction layer by layer (engine.LayerEviction)
 
-    def _grow(self, T: int) -> None:
-        """Room for T positions in the log and the lane's state."""
+    def _room(self, T: int) -> None:
+        """Room for T positions in the log."""
         if T > self.evicted.shape[-1]:
             grown = np.full(self.evicted.shape[:-1] + (max(2 * self.evicted.shape[-1], T),), NEVER, np.int64)
             grown[..., : self.evicted.shape[-1]] = self.evicted
             self.evicted = grown
+
+    def _grow(self, T: int) -> None:
+        """Room for T positions in the log and the lane's state."""
+        self._room(T)
         self.lane.state.grow(self.torch, self.evicted.shape[-1])
 
     def before(self, module, args, kwargs):
@@ -133,6 +138,11 @@ class Follower:
                                         self.chunk, self.device)
             self.lane = engine.Lane(np.zeros(1, np.int64), state, None)
             kwargs = full_layers(kwargs)
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            if self.eviction == "freed" and cache is not None and engine.evicts_by_layer(self.policies):
+                self._room(q + 1)  # each layer evicts as its rows are read, its cache freed at once
+                self.layered = engine.LayerEviction(self.torch, cache, state.feed, [self.cfg], self.policies,
+                                                    self.evicted)
         else:
             self._grow(self.seen + 1)
             if self.lane.state.freed:
@@ -160,8 +170,15 @@ class Follower:
         tokens after it run: the cache masked, or its layers replaced by slots (freed)."""
         torch, feed = self.torch, self.lane.state.feed
         self._grow(q + 1)
-        feed.evict([self.cfg], self.policies, self.evicted)
         cache = kwargs.get("cache", kwargs.get("past_key_values")) or getattr(output, "past_key_values", None)
+        if self.layered is not None:  # evicted layer by layer during the pass
+            state, layers = self.layered.state(self.policies[0].capacity, self.evicted.shape[-1], self.device)
+            cache.layers[:] = engine.slot_cache(state, layers, seen=q).layers
+            self.layered = None
+            self.lane = engine.Lane(np.zeros(1, np.int64), state, cache)
+            self.log.prompt_len = q
+            return
+        feed.evict([self.cfg], self.policies, self.evicted)
         held = self.evicted[..., :q]
         if self.eviction == "freed":
             if cache is None:
