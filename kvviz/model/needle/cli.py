@@ -110,6 +110,8 @@ def run(args) -> int:
 
         thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
         grid = grid_from(args)
+        if args.no_full_cache and all(c.is_full for c in grid.configs):
+            raise ValueError("--no-full-cache leaves the full cache out: give a policy other than full")
         haystack = read_haystack(args.haystack)
         from kvviz.model.models import resolve
 
