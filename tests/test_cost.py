@@ -140,7 +140,7 @@ def test_generate_cli_without_the_full_row_says_so(smollm, tmp_path, capsys):
     assert gen.labels == ["tova@12"] and gen.meta["full_cache"] is False and gen.agreement == [None]
     assert "full cache: left out (--no-full-cache): no agreement or departure to measure" in printed
     row = next(line for line in printed if line.startswith("tova"))
-    assert row.split()[2:4] == ["-", "-"], row  # agreement and departure: none to measure
+    assert row.split()[3:5] == ["-", "-"], row  # "tova @ 12", then agreement and departure: none to measure
     assert not any(line.startswith("full cache ") for line in printed)
 
 
@@ -152,7 +152,8 @@ def test_needle_without_the_full_row_says_so_in_every_run(smollm, tmp_path, caps
     assert main(["needle", "--out", str(out), "--lengths", "160", "--depths", "50", "--policies", "tova",
                  "--budgets", "64", "--prompt-modes", "prefill", "--no-full-cache", "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "full cache: left out (--no-full-cache)" in printed and "full-cache gate" not in printed
+    assert "full cache: left out (--no-full-cache)" in printed and "full-cache gate (" not in printed
+    assert "1 prompts x 1 configs" in printed
     (run_id,) = list_runs(out)
     meta = load_run(out, run_id)["meta"]
     assert meta["full_cache"] is False and [c["label"] for c in meta["configs"]] == ["tova@64"]

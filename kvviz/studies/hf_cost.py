@@ -14,7 +14,7 @@ back in one process, one torch thread:
 
 plain runs first and last; each kvviz run is printed as a multiple of the mean of the two, in
 wall time and in CPU time (the process's own: steadier than wall time on a machine other jobs
-share). `--only NAME --lengths N` runs one of them alone, for a peak-memory reading by
+share). `--runs NAME --lengths N` runs one of them alone, for a peak-memory reading by
 `/usr/bin/time -v` (one process per run: the peak resident set never goes down).
 """
 from __future__ import annotations
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     p.add_argument("--policy", default="tova", help="the one configuration's policy (NAME[:k=v,...])")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--new", type=int, default=8, help="new tokens per run (EOS ignored)")
-    p.add_argument("--only", choices=RUNS, help="this run alone (for /usr/bin/time -v's peak memory)")
+    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS),
+                   help="which runs (default all; one alone for /usr/bin/time -v's peak memory)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (one: what these figures assume)")
     args = p.parse_args(argv)
     try:
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    names = (args.only,) if args.only else RUNS
+    names = list(dict.fromkeys(args.runs))
     results = {n: measure(pair, n, args.policy, args.budget, args.new, names,
                           log=lambda s: print(s, file=sys.stderr, flush=True)) for n in args.lengths}
     print(f"hf_cost: {pair[1].kvviz_provenance.get('model', 'model')}, {args.threads} thread(s), {args.policy} at "

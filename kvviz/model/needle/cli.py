@@ -150,10 +150,11 @@ def run(args) -> int:
     print(f"eviction: {args.eviction}")
     print(summary(mine))
     if args.no_full_cache:
-        print("full cache: left out (--no-full-cache): no full-cache gate or agreement")
+        print("full cache: left out (--no-full-cache): no gate on its accuracy, no agreement with it")
     else:
         print(gate_note(mine))
-    print(f"{len(grid.prompts())} prompts x {len(grid.configs)} configs in {time.perf_counter() - start:.0f} s "
+    n = sum(not (c.is_full and args.no_full_cache) for c in grid.configs)
+    print(f"{len(grid.prompts())} prompts x {n} configs in {time.perf_counter() - start:.0f} s "
           f"-> {Path(args.out) / 'results.csv'} and results.json")
     return 0
 
