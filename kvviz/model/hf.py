@@ -10,8 +10,11 @@ function adds -inf to each evicted key before the softmax (exactly removal: keys
 cached after RoPE), and the same bookkeeping (kvviz.core.harness through engine.bookkeeping)
 steps the same policy objects. By default it masks: the cache still holds every key and
 value, so this measures what eviction does to the output, not what it saves; with
-`eviction="freed"` the cache's layers are replaced after the prompt by slots that hold only
-the kept positions (kvviz.model.loop.engine.slot_cache), so the memory is the budget's.
+`eviction="freed"` the cache's layers are replaced by slots that hold only the kept
+positions (kvviz.model.loop.engine.slot_cache), so the memory is the budget's. Where each
+stream has its own policy (not an allocator) the prompt is evicted layer by layer while
+it is read (engine.LayerEviction: the same victims), so the full keys and values of at
+most one layer are ever alive and the peak stays below the full cache's.
 
 `generate` reads the prompt in one forward pass, so this is kvviz's prompt_mode="prefill":
 the policy observes every prompt row (per layer, or per KV head), evicts once down to its
