@@ -97,17 +97,24 @@ def _evicted_while_read(seen, T0, budget):
 
 
 @pytest.mark.parametrize("granularity", ["layer", "kv-head"])
-def test_freed_one_budget_evicts_each_layer_as_it_is_read_and_equals_masked(smollm, monkeypatch, granularity):
-    masked = generate(PROMPT, SAME_BUDGET, 6, granularity=granularity, prompt_mode="prefill", model=smollm,
-                      full_cache=False)
+def test_one_freed_configuration_evicts_each_layer_as_it_is_read_and_equals_masked(smollm, monkeypatch,
+                                                                                   granularity):
+    for cfg in SAME_BUDGET:
+        masked = generate(PROMPT, [cfg], 6, granularity=granularity, prompt_mode="prefill", model=smollm,
+                          full_cache=False)
+        seen = _watch_layers(monkeypatch)
+        freed = generate(PROMPT, [cfg], 6, granularity=granularity, prompt_mode="prefill", model=smollm,
+                         eviction="freed", full_cache=False)
+        _evicted_while_read(seen, freed.prompt_len, 12)
+        _same(masked, freed, slice(None), slice(None))
+        n = freed.prompt_len + 6 - 1
+        per_position = 30 * 3 * 64 * 2 * 4
+        assert freed.meta["cache_bytes"] == 13 * per_position and masked.meta["cache_bytes"] == n * per_position
+    # two configurations share the prompt's cache: they evict after the whole prompt, as before
     seen = _watch_layers(monkeypatch)
-    freed = generate(PROMPT, SAME_BUDGET, 6, granularity=granularity, prompt_mode="prefill", model=smollm,
-                     eviction="freed", full_cache=False)
-    _evicted_while_read(seen, freed.prompt_len, 12)
-    _same(masked, freed, slice(None), slice(None))
-    n = freed.prompt_len + 6 - 1
-    per_position = 30 * 3 * 64 * 2 * 4
-    assert freed.meta["cache_bytes"] == 3 * 13 * per_position and masked.meta["cache_bytes"] == 3 * n * per_position
+    both = generate(PROMPT, SAME_BUDGET[:2], 6, granularity=granularity, prompt_mode="prefill", model=smollm,
+                    eviction="freed", full_cache=False)
+    assert seen == [] and both.meta["cache_bytes"] == 2 * 13 * 30 * 3 * 64 * 2 * 4
 
 
 def test_kvviz_hf_freed_evicts_each_layer_as_it_is_read_and_equals_masked(smollm, monkeypatch):

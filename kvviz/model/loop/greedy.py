@@ -18,7 +18,6 @@ from kvviz.model.loop.engine import (
     PREFILL_CHUNK,
     Lane,
     attached,
-    by_budget,
     cache_bytes,
     check_architecture,
     evicts_by_layer,
@@ -98,8 +97,8 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
                 model_s, book_s = model_s + m, book_s + b
                 report(t + 1, T)
         else:
-            # freed, every row one budget, each policy per stream: the layers evict as they are read
-            by_layer = eviction == "freed" and evicts_by_layer(policies) and len(by_budget(configs, policies)) == 1
+            # freed, one configuration, its policy per stream: the layers evict as they are read
+            by_layer = eviction == "freed" and evicts_by_layer(policies)
             cache, logits, feed = read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G, prefill_chunk, dev,
                                               by_layer)
             host = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
@@ -107,7 +106,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             if by_layer:
                 st, layers = feed.on_layer.state(policies[0].capacity, T, dev, limit=T)
                 st.place(T0)
-                lanes = [Lane(np.arange(C), st, slot_cache(st, layers, seen=T0))]
+                lanes = [Lane(np.arange(1), st, slot_cache(st, layers, seen=T0))]
                 feed.on_layer = None
             else:
                 lanes = lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction, T, dev)

@@ -171,73 +171,79 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
 
 
 def evicts_by_layer(policies) -> bool:
-    """Whether the configurations' one-shot prompt eviction can run layer by layer, as each
-    layer's rows are read, and free the rest of the layer's cache then: every one is one
-    independent policy per stream (groups.PolicyLayers). The full cache keeps every
-    position; an allocator decides from a layer's heads together and may calibrate across
-    layers: with either, every configuration evicts after the whole prompt."""
-    return bool(policies) and all(type(group) is PolicyLayers for group in policies)
+    """Whether a prompt's one-shot eviction can run layer by layer, as each layer's rows are
+    read, and free the rest of the layer's cache then: one configuration, one independent
+    policy per stream (groups.PolicyLayers). The full cache keeps every position; an
+    allocator decides from a layer's heads together and may plan across layers; several
+    configurations share the prompt's cache: with any of these, eviction waits for the
+    whole prompt."""
+    return len(policies) == 1 and type(policies[0]) is PolicyLayers
 
 
 class LayerEviction:
-    """A prompt read in one pass with freed eviction, each layer evicted as soon as its rows
-    are read (`PromptFeed.on_layer`): every configuration's streams of the layer take their
-    one-shot prompt eviction (kvviz.core.harness.prefill, exactly what the group's `prefill`
-    does for that layer, victims logged at step T0 - 1), and the layer's cache is gathered
-    to the kept positions at once, so that the full keys and values of at most one layer
-    are alive beside the kept ones. Configurations for which `evicts_by_layer` is False
-    are left to `PromptFeed.evict` after the pass. `state` then gives the freed State and
-    slot layers as `kvviz.model.loop.cache.gathered` does from the full cache."""
+    """A prompt read in one pass with freed eviction (where `evicts_by_layer`), each layer
+    evicted as soon as its rows are read (`PromptFeed.on_layer`): the configuration's
+    streams of the layer take their one-shot prompt eviction (kvviz.core.harness.prefill,
+    exactly what PolicyLayers.prefill does for that layer, victims logged at step T0 - 1:
+    the same victims, as each stream's policy is its own object), and the layer's cache is
+    gathered at once to the kept positions, `width` = min(budget, T0) entries per KV head
+    (a stream holding fewer is padded, never read), so that the full keys and values of at
+    most one layer are alive beside the kept ones. `state` then gives the freed State and
+    slot layers by `kvviz.model.loop.cache.gathered`'s own rule, as from the full cache."""
 
     def __init__(self, torch, cache, feed: PromptFeed, configs, policies, evicted_at):
+        if not evicts_by_layer(policies):
+            raise ValueError("LayerEviction takes one configuration with one policy per stream")
         self.torch, self.cache, self.feed = torch, cache, feed
-        self.configs, self.policies, self.evicted_at = configs, policies, evicted_at
-        self.kept = {}  # layer -> (E, Hk, n) int64 positions kept (-1: padding)
+        self.cfg, self.group, self.evicted_at = configs[0], policies[0], evicted_at
+        self.width = min(self.group.budget, feed.T0)
+        self.kept = {}  # layer -> (Hk, width) int64: the positions kept, in order (-1: padding)
         feed.on_layer = self
 
     def __call__(self, layer: int) -> None:
-        torch, feed, T0 = self.torch, self.feed, self.feed.T0
-        G = feed.G
-        for c, (cfg, group) in enumerate(zip(self.configs, self.policies)):
-            for g, p in enumerate(group.policies[layer]):
-                s = layer * G + g
-                try:
-                    victims = harness.prefill(p, feed.rows_of(s), T0, group.budget, feed.key_norms(s),
-                                              feed.value_norms(s))
-                except BudgetError as exc:
-                    raise BudgetError(f"{cfg.label}, layer {layer}: {exc}") from None
-                self.evicted_at[c, layer, g, victims] = T0 - 1
+        torch, feed, T0, G = self.torch, self.feed, self.feed.T0, self.feed.G
+        for g, p in enumerate(self.group.policies[layer]):
+            s = layer * G + g
+            try:
+                victims = harness.prefill(p, feed.rows_of(s), T0, self.group.budget, feed.key_norms(s),
+                                          feed.value_norms(s))
+            except BudgetError as exc:
+                raise BudgetError(f"{self.cfg.label}, layer {layer}: {exc}") from None
+            self.evicted_at[0, layer, g, victims] = T0 - 1
         lay = self.cache.layers[layer]
-        E, (_, Hk, _, D) = len(self.configs), lay.keys.shape
-        held = self.evicted_at[:, layer, :, :T0] == NEVER  # (E, G, T0)
+        _, Hk, _, D = lay.keys.shape
+        held = self.evicted_at[0, layer, :, :T0] == NEVER  # (G, T0)
         if G == 1:
-            held = np.repeat(held, Hk, axis=1)
-        n = int(held.sum(axis=-1).max())
-        pos = np.full((E, Hk, n), -1, np.int64)
-        for e, h in np.ndindex(E, Hk):
-            kept = np.flatnonzero(held[e, h])
-            pos[e, h, : len(kept)] = kept
-        index = torch.as_tensor(np.maximum(pos, 0), device=lay.keys.device)[..., None].expand(E, Hk, n, D)
+            held = np.repeat(held, Hk, axis=0)
+        pos = np.full((Hk, self.width), -1, np.int64)
+        for h in range(Hk):
+            kept = np.flatnonzero(held[h])
+            if len(kept) > self.width:
+                raise ValueError(f"{self.cfg.label}, layer {layer}: a stream kept {len(kept)} positions, "
+                                 f"more than its budget of {self.width}")
+            pos[h, : len(kept)] = kept
+        index = torch.as_tensor(np.maximum(pos, 0), device=lay.keys.device)[None, :, :, None].expand(
+            1, Hk, self.width, D)
         with torch.no_grad():
-            lay.keys = lay.keys.expand(E, -1, -1, -1).gather(2, index)
-            lay.values = lay.values.expand(E, -1, -1, -1).gather(2, index)
+            lay.keys = lay.keys[:1].gather(2, index)
+            lay.values = lay.values[:1].gather(2, index)
         self.kept[layer] = pos
 
-    def state(self, budget: int, T: int, device, limit: int | None = None):
-        """(State, [(keys, values) per layer]) of the freed cache, slots by
-        kvviz.model.loop.cache.gathered's rule, from the layers gathered during the pass."""
+    def state(self, budget, T: int, device, limit: int | None = None):
+        """(State, [(keys, values) per layer]) of the freed cache from the layers gathered
+        during the pass: `kvviz.model.loop.cache.gathered` (`budget` as it takes it) over
+        them, its slots' entries then read as the positions they hold."""
         from types import SimpleNamespace
 
-        E, L, G, _ = self.evicted_at.shape
-        n = max(pos.shape[-1] for pos in self.kept.values())
-        held = np.zeros((E, L, G, n), bool)  # by index into each gathered layer
+        L, G = self.evicted_at.shape[1:3]
+        if len(self.kept) != L:
+            raise ValueError(f"the prompt's eviction reached {len(self.kept)} of {L} layers")
+        held = np.zeros((1, L, G, self.width), bool)  # by entry of each gathered layer
         for layer, pos in self.kept.items():
-            ok = pos >= 0
-            held[:, layer, :, : pos.shape[-1]] = ok[:, :1] if G == 1 else ok
+            held[0, layer] = (pos >= 0)[:1] if G == 1 else pos >= 0
         st, layers = gathered(self.torch, SimpleNamespace(layers=self.cache.layers), held, budget, T, device, limit)
-        valid = st.slot_pos >= 0  # an index into the gathered layer: its position
         for layer, pos in self.kept.items():
-            idx = st.slot_pos[:, layer]
-            real = np.take_along_axis(pos, np.maximum(idx, 0), axis=-1)
-            st.slot_pos[:, layer] = np.where(valid[:, layer], real, -1)
+            entry = st.slot_pos[0, layer]  # (Hk, S): an entry of the gathered layer, or < 0 (none)
+            real = np.take_along_axis(pos, np.maximum(entry, 0), axis=-1)
+            st.slot_pos[0, layer] = np.where(entry >= 0, real, entry)
         return st, layers
