@@ -122,24 +122,79 @@ def _outside_window(torch, st: State | None, layer: int, scores, k: int, window:
 
 
 def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None):
-    """Several queries at once (a prompt), `CHUNK` (or the feed's chunk) queries at a time,
-    causal (and within the layer's sliding `window`, if it has one): the output as eager
-    attention gives it, with no (q, k) array held. When a
-    PromptFeed is armed (a prompt from an empty cache), each block's group-mean rows of
-    batch row 0 go to it while they exist."""
+    """Several queries at once (a prompt), causal (and within the layer's sliding `window`,
+    if it has one): the output as eager attention gives it, with no (q, k) array held.
+    From an empty cache with no softcap, window or bias the output is PyTorch's fused
+    attention (`fused_prompt`) and only the rows a PromptFeed wants are computed beside it;
+    otherwise `CHUNK` (or the feed's chunk) queries at a time. When a PromptFeed is armed
+    (a prompt from an empty cache), each block's group-mean rows of batch row 0 go to it
+    while they exist."""
+    B, Hq, q, D = query.shape
+    k = key.shape[2]
+    feed = None if st is None else st.feed
+    biased = st is not None and not st.freed and st.bias_t is not None
+    if feed is not None:
+        if k != q:
+            raise ValueError("a prompt is read in one pass from an empty cache")
+        for which, x in (("key", key), ("value", value)):
+            norms = x[0].detach().float().norm(dim=-1)  # (Hk, k)
+            feed.set_norms(which, layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+    if k == q and not softcap and not window and not biased:
+        out = fused_prompt(query, key, value, scaling)
+        if feed is not None:
+            for a, b in feed.blocks():
+                w = _weights(query[:1, :, a:b], key[:1, :, :b], scaling, a)
+                _feed_rows(feed, st, layer, a, w)
+            feed.layer_read(layer)
+        return out
+    return _blocked(st, layer, query, key, value, scaling, softcap, window, feed)
+
+
+def fused_prompt(query, key, value, scaling):
+    """A prompt's causal attention from an empty cache by PyTorch's fused kernel (sdpa, each
+    query head reading its group's KV head): (B, q, Hq, D), as the model's own sdpa gives it."""
+    import torch
+
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                           enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous()
+
+
+def _weights(query, key, scaling, start: int):
+    """Causal attention weights (B, Hk, g, m, end) of queries start..start+m-1 on keys
+    0..end-1 (an empty cache: query i is position i)."""
+    import torch
+
+    B, Hq, m, D = query.shape
+    Hk, end = key.shape[1], key.shape[2]
+    g = Hq // Hk
+    s = torch.matmul(query.reshape(B, Hk, g * m, D), key.transpose(-1, -2)) * scaling
+    s = s.view(B, Hk, g, m, end)
+    later = torch.arange(end, device=s.device)[None, :] > torch.arange(start, start + m, device=s.device)[:, None]
+    return torch.softmax(s.masked_fill(later, float("-inf")), dim=-1, dtype=torch.float32)
+
+
+def _feed_rows(feed, st: State, layer: int, a: int, w) -> None:
+    """Batch row 0's weights (B, Hk, g, m, end) of prompt rows a..a+m-1, group means (and
+    each query head's rows when a policy reads them), to the PromptFeed."""
+    _, Hk, g, m, end = w.shape
+    w0 = w[0].detach().float()
+    rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
+    qrows = None
+    if feed.query:  # (G, query heads of the stream, m, end)
+        qrows = (w0.reshape(1, Hk * g, m, end) if st.G == 1 else w0).cpu().numpy()
+    feed.add(layer, a, rows.cpu().numpy(), qrows)
+
+
+def _blocked(st: State | None, layer: int, query, key, value, scaling, softcap, window, feed):
+    """`_prompt` a block of queries at a time: softcapping, a sliding window, a bias, or
+    queries after a cached past."""
     import torch
 
     B, Hq, q, D = query.shape
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     past = k - q
-    feed = None if st is None else st.feed
-    if feed is not None:
-        if past:
-            raise ValueError("a prompt is read in one pass from an empty cache")
-        for which, x in (("key", key), ("value", value)):
-            norms = x[0].detach().float().norm(dim=-1)  # (Hk, k)
-            feed.set_norms(which, layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
     chunk = feed.chunk if feed is not None else PREFILL_CHUNK
     out = query.new_empty(B, Hk, g, q, D)
     for a in range(0, q, chunk):
@@ -160,12 +215,9 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, w
         w = torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype)
         out[:, :, :, a:b] = torch.matmul(w.view(B, Hk, g * m, end), value[:, :, :end]).view(B, Hk, g, m, D)
         if feed is not None and feed.wants(a, b):
-            w0 = w[0].detach().float()
-            rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
-            qrows = None
-            if feed.query:  # (G, query heads of the stream, m, end)
-                qrows = (w0.reshape(1, Hk * g, m, end) if st.G == 1 else w0).cpu().numpy()
-            feed.add(layer, a, rows.cpu().numpy(), qrows)
+            _feed_rows(feed, st, layer, a, w)
+    if feed is not None:
+        feed.layer_read(layer)
     return out.view(B, Hq, q, D).transpose(1, 2).contiguous()
 
 

@@ -51,21 +51,22 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
 def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: str,
                prompt_mode: str, granularity: str, seed: int = 0, haystack: dict | None = None,
                progress=None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK,
-               task: Task | None = None) -> dict:
+               task: Task | None = None, full_cache: bool = True) -> dict:
     """One prompt, every config in one kvviz.model.loop.generate batch: the run as
     results.load_run returns it (not written). The grid and the app's own-passage form both
     run through here, so a run from either is read the same way. `haystack`: the
     haystack_info to record (the filler's when None). `eviction`, `prefill_chunk`: as for
     kvviz.model.loop.generate; the run records the mode and the memory each held. `task`:
     the Task the prompt was built for (its option is recorded; the pass key when None),
-    each answer scored by its check (kvviz.model.needle.tasks.score)."""
+    each answer scored by its check (kvviz.model.needle.tasks.score). `full_cache` False:
+    no full-cache row (configs without `full`; the run's `full_cache` says so, agreement None)."""
     from kvviz.model.loop import generate
     from kvviz.model.models import model_provenance, token_strings
 
     tok, mdl = pair
     gen = generate(list(p.ids), configs, max_new_tokens, granularity=granularity,
                    prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress, eviction=eviction,
-                   prefill_chunk=prefill_chunk)
+                   prefill_chunk=prefill_chunk, full_cache=full_cache)
     if list(gen.prompt_ids) != list(p.ids):
         raise RuntimeError(f"{run_id}: generate read other tokens than the prompt built")
     answers = [str(t) for t in gen.texts]
@@ -81,7 +82,8 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "model": model_provenance(mdl), "kvviz_version": version(),
             "configs": [{**c.record(), "label": c.label} for c in gen.configs],
             "answers": answers, "correct": [score({"key": p.key, **fields}, a).correct for a in answers],
-            "agreement": [float(x) for x in gen.agreement],
+            "agreement": [None if x is None else float(x) for x in gen.agreement],
+            "full_cache": bool(full_cache),
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
             **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
             "memory_by_config": gen.meta.get("memory_by_config"),
@@ -92,12 +94,14 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
 
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
             haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
-    """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
+    """One prompt of the grid, every config: the run as results.load_run returns it (not written).
+    A grid whose configs hold no `full` row (run_grid's full_cache=False) runs without it."""
     p = build_task(pair[0], grid.task, spec.length, spec.depth, spec.seed, haystack)
     return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
                       prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
                       haystack=haystack_info(haystack, haystack_name), eviction=eviction,
-                      prefill_chunk=prefill_chunk, task=grid.task)
+                      prefill_chunk=prefill_chunk, task=grid.task,
+                      full_cache=any(c.is_full for c in grid.configs))
 
 
 def model_name(model) -> str:
@@ -125,10 +129,20 @@ def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, 
 
 def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
              progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
-             prefill_chunk: int = PREFILL_CHUNK):
+             prefill_chunk: int = PREFILL_CHUNK, full_cache: bool = True):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
-    Returns the table of every run in `out`."""
+    Returns the table of every run in `out`. `full_cache` False leaves the full-cache row
+    out of every run (a run with it and one without have different configs: neither
+    resumes the other)."""
+    import copy
+
     from kvviz.model.models import load_model
+
+    if not full_cache:
+        grid = copy.copy(grid)
+        grid.configs = [c for c in grid.configs if not c.is_full]
+        if not grid.configs:
+            raise ValueError("full_cache=False leaves the full cache out: give a policy other than full")
 
     prompts = grid.prompts()
     name = model_name(model)
