@@ -23,7 +23,7 @@ st.markdown(f"<style>{layout.CSS}</style>\n\n#### {layout.TITLE}", unsafe_allow_
 
 def not_found() -> str | None:
     """The path asked for when it is not the app's: `kvviz app` redirects an unknown path to
-    `/?notfound=PATH` (kvviz.app.launch.serve_index); under plain `streamlit run` a
+    `/?notfound=PATH` (kvviz.app.launch.not_found_redirects); under plain `streamlit run` a
     one-segment path (`/nope`) still opens this page, and its URL says so."""
     asked = st.query_params.get("notfound")
     if asked:

@@ -1,9 +1,7 @@
 """Unknown paths in a real browser (Debian chromium via playwright): `kvviz app` answers
 `/nope` and `/nope/deeper` with the app's own not-found message and a link home, not a blank
 page (under a nested path the index page's relative script addresses would resolve to
-`/nope/static/...`, which the server answers with the index page again); the index page it
-serves preloads the Plotly chart code."""
-import re
+`/nope/static/...`, which the server answers with the index page again)."""
 import sys
 import urllib.error
 import urllib.request
@@ -35,14 +33,6 @@ def test_unknown_paths_get_the_not_found_page(chromium, server):
     assert _status(f"{url}/nope") == (302, "/?notfound=/nope")
     assert _status(f"{url}/")[0] == 200
     assert _status(f"{url}/_stcore/health")[0] == 200
-    # the index page names Streamlit's Plotly chunk for the browser to fetch as it loads
-    with urllib.request.urlopen(f"{url}/", timeout=30) as r:
-        html = r.read().decode()
-    chunk = re.search(r'<link rel="modulepreload" href="\./(static/js/PlotlyChart\.[^"]+\.js)">',
-                      html)
-    assert chunk and html.index(chunk.group(0)) < html.index("</head>")
-    with urllib.request.urlopen(f"{url}/{chunk.group(1)}", timeout=30) as r:
-        assert r.status == 200 and "javascript" in r.headers["Content-Type"]
     errors = []
     with M.browser(viewport=(1024, 768)) as page:
         page.on("pageerror", lambda e: errors.append(str(e)))

@@ -84,19 +84,3 @@ def test_the_checkouts_streamlit_config_says_what_kvviz_app_passes():
     flags = launch.command([])[5:]
     assert flags == [f"--{k}={v}" for k, v in launch.SETTINGS.items()]
     assert "--server.address=127.0.0.1" not in launch.command(["--server.address", "0.0.0.0"])
-
-
-def test_the_index_page_preloads_the_one_plotly_chunk(tmp_path, monkeypatch):
-    js = tmp_path / "static" / "js"
-    js.mkdir(parents=True)
-    monkeypatch.delenv("KVVIZ_PLOTLY_EARLY", raising=False)
-    assert launch.plotly_early(str(tmp_path)) == ""  # no chunk: nothing to preload
-    (js / "PlotlyChart.Ab1_x.js").write_text("export {}")
-    (js / "Plot.Zz.js").write_text("export {}")
-    assert launch.plotly_early(str(tmp_path)) == (
-        '<link rel="modulepreload" href="./static/js/PlotlyChart.Ab1_x.js">')
-    monkeypatch.setenv("KVVIZ_PLOTLY_EARLY", "0")
-    assert launch.plotly_early(str(tmp_path)) == ""
-    monkeypatch.delenv("KVVIZ_PLOTLY_EARLY")
-    (js / "PlotlyChart.Cd2.js").write_text("export {}")  # two: not a Streamlit kvviz knows
-    assert launch.plotly_early(str(tmp_path)) == ""

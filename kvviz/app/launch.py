@@ -59,78 +59,49 @@ kvviz ships. The page is always this kvviz's own."""
 
 
 # the query key an unknown path is redirected with (`/nope/deeper` -> `/?notfound=/nope/deeper`);
-# the page answers it with its not-found message (app.py)
+# the page answers it with its not-found message (kvviz.app.ui.notfound)
 NOT_FOUND_KEY = "notfound"
 
 
-def plotly_early(directory: str) -> str:
-    """The tag that makes the index page fetch and compile Streamlit's Plotly chart code
-    (4.7 MB, the bulk of a first visit's wait: kvviz's first page always draws a Plotly chart)
-    as the page loads, instead of when the first chart element arrives over the websocket,
-    about a second later. '' when the static folder has no single PlotlyChart chunk (another Streamlit) or
-    $KVVIZ_PLOTLY_EARLY is 0."""
-    if os.environ.get("KVVIZ_PLOTLY_EARLY", "1") == "0":
-        return ""
-    chunks = sorted((Path(directory) / "static" / "js").glob("PlotlyChart.*.js"))
-    if len(chunks) != 1:
-        return ""
-    src = f"./static/js/{chunks[0].name}"
-    # fetched and compiled now, run when the page first needs it: running it here (an early
-    # import()) held up the page's own first render by the 4.7 MB's run on the main thread
-    return f'<link rel="modulepreload" href="{src}">'
-
-
-def serve_index() -> None:
-    """Change how the server about to start answers the index page and unknown paths.
+def not_found_redirects() -> None:
+    """Make the server about to start send an unknown path to the page's not-found message.
 
     Streamlit answers any path it has no file for with its index page, whose scripts load by
     relative address: under `/nope/deeper` they resolve to `/nope/static/...`, which is the
     index page again, so the browser runs nothing and shows a blank page. Here that fallback
-    becomes a redirect to the app's root with the path in NOT_FOUND_KEY (GET and HEAD; real
-    files and Streamlit's own routes are unchanged). The index page itself gets
-    plotly_early's tag before its </head>."""
+    becomes a redirect to the app's root with the path in NOT_FOUND_KEY (GET and HEAD; the
+    index page itself, real files and Streamlit's own routes are unchanged)."""
     from urllib.parse import quote
 
-    from starlette.responses import FileResponse, RedirectResponse, Response
+    from starlette.responses import FileResponse, RedirectResponse
     from streamlit.web.server.starlette import starlette_static_routes as routes
 
     make = routes.create_streamlit_static_handler
-    if getattr(make, "kvviz_index", False):
+    if getattr(make, "kvviz_not_found", False):
         return
 
     def create(directory, base_url):
         handler = make(directory, base_url)
         index = getattr(handler, "_index_path", None)
         served = handler.get_response
-        early = plotly_early(directory) if index else ""
-        page = None
-        if early:
-            html = Path(index).read_text(encoding="utf-8")
-            page = html.replace("</head>", early + "</head>", 1).encode() if "</head>" in html \
-                else None
 
         async def get_response(path, scope):
             response = await served(path, scope)
-            if not (index is not None and isinstance(response, FileResponse)
-                    and response.path == index and scope.get("method") in ("GET", "HEAD")):
-                return response
             rel = path.replace("\\", "/").strip("/.")
-            if rel not in ("", "index.html"):
+            if (index is not None and isinstance(response, FileResponse)
+                    and response.path == index and rel not in ("", "index.html")
+                    and scope.get("method") in ("GET", "HEAD")):
                 root = scope.get("root_path", "") + "/" + (base_url or "").strip("/")
                 asked = scope.get("path", "/" + rel)
                 return RedirectResponse(
                     f"{root.rstrip('/')}/?{NOT_FOUND_KEY}={quote(asked, safe='/')}",
                     status_code=302, headers={"Cache-Control": "no-cache"})
-            if page is None or response.status_code != 200:
-                return response
-            keep = {k: v for k, v in response.headers.items()
-                    if k.lower() in ("cache-control", "content-type")}
-            return Response(page, status_code=200, headers=keep)
+            return response
 
         handler.get_response = get_response
         return handler
 
-    create.kvviz_index = True
+    create.kvviz_not_found = True
     routes.create_streamlit_static_handler = create
 
 
@@ -265,7 +236,7 @@ def run(args) -> int:
             print(f"kvviz: warming failed ({exc}); starting cold", file=sys.stderr, flush=True)
     from streamlit.web import cli  # the server runs in this process: one pid to stop
 
-    serve_index()
+    not_found_redirects()
 
     # Warming parsed the config files once; the flags below change [server], which Streamlit
     # reports as needing a restart. The server has not started, so the flags do apply.
