@@ -128,7 +128,7 @@ def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
     assert "trace: canonical (4096 steps), head mean" in bench.stdout
     lines = [ln.split() for ln in bench.stdout.splitlines()]
     row = next(ln for ln in lines if ln[:2] == ["tova", "64"])
-    assert 0 < float(row[2]) < 1  # retained mass of a real eviction run
+    assert row[2] == "mean" and 0 < float(row[3]) < 1  # retained mass of a real eviction run
     assert list(work.iterdir()) == []  # wrote nothing where it ran
     shipped = run([kvviz, "bench", "--trace", "code-kv.npz", "--layer", "29", "--head", "kv1",
                    "--budgets", "64", "--policies", "tova"], work, env)
@@ -296,7 +296,7 @@ def test_the_bare_wheel_runs_the_core_and_names_the_extras(bare):
     bench = run([kvviz, "bench", "--budgets", "64", "--policies", "tova"], work, env)
     assert "trace: canonical (4096 steps), head mean" in bench.stdout
     row = next(ln.split() for ln in bench.stdout.splitlines() if ln.split()[:2] == ["tova", "64"])
-    assert 0 < float(row[2]) < 1
+    assert row[2] == "mean" and 0 < float(row[3]) < 1
     shipped = run([kvviz, "bench", "--trace", "code-kv.npz", "--budgets", "64", "--policies", "tova"], work, env)
     assert shipped.stdout.startswith("trace: code-kv (512 steps)")  # a trace from the package's data
     checked = run([kvviz, "check", "tova"], work, env).stdout.splitlines()

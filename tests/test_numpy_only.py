@@ -48,7 +48,7 @@ import runpy
 sys.argv = ["kvviz", *sys.argv[3:]]
 runpy.run_module("kvviz", run_name="__main__", alter_sys=True)
 """
-BENCH_COLUMNS = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall",
+BENCH_COLUMNS = ["policy", "budget", "granularity", "retained_mass", "attention_loss", "hh_recall",
                  "memory_bytes", "evicts", "params"]
 
 
@@ -132,8 +132,9 @@ def test_bench_prints_the_table(bench):
     rows = [ln.split() for ln in lines[2:]]
     assert [r[:2] for r in rows] == [["tova", "256"], ["snapkv", "256"]]
     for r in rows:
-        assert all(len(v.partition(".")[2]) == 4 for v in r[2:5])  # four decimals, as before
-        assert r[6] == "True"
+        assert r[2] == "mean"  # one stream, the heads' mean
+        assert all(len(v.partition(".")[2]) == 4 for v in r[3:6])  # four decimals, as before
+        assert r[7] == "True"
 
 
 def test_bench_files_hold_what_evaluate_computes(bench):
@@ -145,7 +146,8 @@ def test_bench_files_hold_what_evaluate_computes(bench):
     expected = []
     for name in ("tova", "snapkv"):
         row = kvviz.evaluate(trace, name, 256)
-        expected.append({**{k: row[k] for k in BENCH_COLUMNS[:6]}, "evicts": 256 < trace.steps,
+        expected.append({"policy": row["policy"], "budget": row["budget"], "granularity": "mean",
+                         **{k: row[k] for k in BENCH_COLUMNS[3:7]}, "evicts": 256 < trace.steps,
                          "params": ", ".join(f"{k}={v}" for k, v in row["params"].items())})
 
     with open(where / "t.csv", newline="", encoding="utf-8") as f:

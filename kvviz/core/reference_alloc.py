@@ -249,6 +249,7 @@ class RefHeadKV(RefAllocator):
         self.window = make_reference(self.scorer, self.budget, **self.scorer_params).protect_recent
 
     def budgets(self, layer, b, heads):
+        """Each head's budget in `layer` (per-head mean `b`), from the score table by hand."""
         with open(self.path) as f:
             table = json.load(f)["layers"]
         scores = table.get(str(layer))
