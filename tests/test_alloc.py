@@ -408,7 +408,7 @@ def test_kvviz_check_runs_the_allocator_contract_on_the_built_ins(capsys):
             "  PASS  refusals: bad parameters and budgets raise ValueError naming them"]
 
 
-def test_kvviz_check_all_builtins_includes_the_allocators(capsys, monkeypatch):
+def test_kvviz_check_all_builtins_includes_the_allocators(capsys, monkeypatch, long_run):
     import kvviz.core.policies as registry
     from kvviz.core import check
 

@@ -102,7 +102,7 @@ def test_the_registry_and_every_list_find_the_new_file(copy):
     assert lines[3] == "RefOldest"
 
 
-def test_kvviz_check_all_builtins_checks_it_against_its_reference(copy):
+def test_kvviz_check_all_builtins_checks_it_against_its_reference(copy, long_run):
     r = run(copy, "-m", "kvviz", "check", "--all-builtins")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "oldest" in r.stdout and "FAIL" not in r.stdout

@@ -95,7 +95,7 @@ def test_check_one_builtin():
     assert "FAIL" not in out.stdout
 
 
-def test_check_all_builtins():
+def test_check_all_builtins(long_run):
     out = numpy_only("check", "--all-builtins")
     assert out.returncode == 0, out.stderr
     verdicts = [ln for ln in out.stdout.splitlines() if not ln.startswith(" ")]

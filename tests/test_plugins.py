@@ -429,7 +429,7 @@ def test_kvviz_check_passes_the_examples_with_their_references(path, ref):
     assert "FAIL" not in r.stdout and "PASS  differential" in r.stdout
 
 
-def test_kvviz_check_takes_plugin_and_all_builtins_stays_the_builtins():
+def test_kvviz_check_takes_plugin_and_all_builtins_stays_the_builtins(long_run):
     """--plugin registers the file's policies, which are then checked by name; a refused
     plugin is exit 2 in one line; --all-builtins checks the built-ins (policies, then
     allocators), not the plugins."""
