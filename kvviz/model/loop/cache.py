@@ -60,6 +60,9 @@ class State:
         # `qcur` (B, L, Hq, T) by position; freed: recorded by slot (`qcur_s`) and scattered
         self.want_q = None  # set by `mark_query_rows` before the first forward
         self.qcur = self.qcur_s = None
+        # masked: each row's cache index of its position 0 (a batch of prompts left-padded to
+        # one length); `bias`, `cur` and `qcur` are by cache index, the policies by position
+        self.pad = np.zeros(B, np.int64)
         if self.freed:
             self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
             self.bias = self.bias_h.numpy()
@@ -116,21 +119,26 @@ class State:
         heads of KV head g at kv-head granularity, every head of the layer at layer granularity."""
         Hq = self.qcur.shape[2]
         heads = slice(None) if self.G == 1 else slice(g * (Hq // self.Hk), (g + 1) * (Hq // self.Hk))
-        return self.qcur[b, layer, heads][:, held]
+        return self.qcur[b, layer, heads][:, np.asarray(held) + self.pad[b]]
 
     # -- freed: the slots ---------------------------------------------------------------
     def heads(self, g: int) -> slice:
         """The KV heads policy stream g decides for: all of them at layer granularity."""
         return slice(None) if self.G == 1 else slice(g, g + 1)
 
-    def place(self, pos: int, active=None) -> None:
-        """Freed: each (active) row's next token `pos` goes to its lowest empty slot."""
+    def place(self, pos, active=None) -> None:
+        """Freed: each (active) row's next token `pos` (one position, or one per row) goes to
+        its lowest empty slot."""
         rows = np.arange(self.B) if active is None else np.flatnonzero(active)
+        each = np.broadcast_to(np.asarray(pos, np.int64), (self.B,))
+        if np.ndim(pos):
+            pos = each[rows][:, None, None]
         empty = self.slot_pos[rows] < 0
         if not empty.any(axis=-1).all():
             full = np.argwhere(~empty.any(axis=-1))[0]
             raise ValueError(f"freed cache overflow: row {rows[full[0]]}, layer {full[1]}, KV head {full[2]} "
-                             f"holds all {self.S} slots at position {pos}: a policy kept more than its budget")
+                             f"holds all {self.S} slots at position {each[rows[full[0]]]}: a policy kept more "
+                             "than its budget")
         b, layer, h = np.meshgrid(rows, np.arange(self.L), np.arange(self.Hk), indexing="ij")
         s = empty.argmax(axis=-1)  # (rows, L, Hk): the lowest empty slot
         self.write[b, layer, h] = s

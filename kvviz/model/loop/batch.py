@@ -1,0 +1,262 @@
+"""A batch of prompts through the engine: `generate_batch` continues several prompts of
+different lengths at once, each (prompt, configuration) pair one batch row with its own
+eviction state, and gives each prompt the Generation that `generate` gives it alone.
+
+How the rows line up:
+- "decode": no padding. Every row reads position t at step t: its prompt's token while its
+  prompt lasts, then its own argmax. A row whose prompt is shorter starts generating
+  earlier; a row that is done (EOS, or its new tokens counted) rides along unrecorded and
+  unevicted, as a stopped row does in `generate`.
+- "prefill": each prompt is read in its own pass (batch 1, exactly as alone) and every
+  configuration evicts once; then the rows continue together, each at its own position
+  (engine.step with one position per row). Masked rows share one cache left-padded to the
+  longest prompt: a row's cache index is its position plus its padding (State.pad), and
+  the padding's keys are masked. Freed rows hold their kept positions in slots (positions
+  are explicit there): each prompt's rows are gathered to slots as alone, then joined.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from kvviz.core.replay import NEVER
+from kvviz.model.loop.config import PREFILL_CHUNK, check_configs
+from kvviz.model.loop.generation import Generation, check_request
+
+
+def _tokens(tok, prompt):
+    from kvviz.model.models import token_strings, tokenize
+
+    if isinstance(prompt, str):
+        ids, offsets, bos = tokenize(tok, prompt, 1 << 40)
+        return ids, token_strings(tok, ids, prompt, offsets), bos
+    ids = [int(i) for i in prompt]
+    return ids, token_strings(tok, ids), None
+
+
+def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
+                   progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
+                   prefill_chunk=PREFILL_CHUNK) -> list[Generation]:
+    """Greedy continuations of every prompt in `prompts` (texts or token-id lists) under every
+    config, all in one batch: one Generation per prompt, in order, each what
+    kvviz.model.loop.generate gives that prompt alone (the same arguments). `progress(done,
+    total)` counts steps."""
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    for p in prompts:
+        check_request(p, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
+    configs = check_configs(configs)
+    import torch
+
+    from kvviz.model.loop.engine import (
+        attached,
+        check_architecture,
+        lanes_for,
+        make_policies,
+        memory,
+        read_prompt,
+        refuse_uncalibrated,
+        step,
+    )
+    from kvviz.model.loop.greedy import eos_ids, greedy_stats
+    from kvviz.model.models import attention_shape, load_model, model_provenance, token_strings
+
+    tok, mdl = load_model(model, "generate", device, dtype)
+    check_architecture(mdl)
+    start = time.perf_counter()
+    read = [_tokens(tok, p) for p in prompts]
+    if any(len(ids) < 1 for ids, _, _ in read):
+        raise ValueError("prompt must tokenise to at least 1 token")
+    P, C, N = len(prompts), len(configs), int(max_new_tokens)
+    T0 = np.array([len(ids) for ids, _, _ in read], np.int64)
+    T = int(T0.max()) + N
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
+    G = 1 if granularity == "layer" else Hk
+    R = P * C  # row r = prompt r // C, config r % C
+    of = np.repeat(np.arange(P), C)
+    start_t = T0[of]  # each row's prompt length: its first generated position
+    rows_cfg = [configs[r % C] for r in range(R)]
+    policies = [make_policies(rows_cfg[r], L, G, T, seed, vectorised=prompt_mode == "decode") for r in range(R)]
+    evicted_at = np.full((R, L, G, T), NEVER, np.int64)
+    new_ids = np.full((R, N), -1, np.int64)
+    logprobs = np.full((R, N), np.nan)
+    stopped = ["length"] * R
+    count = np.zeros(R, np.int64)  # tokens each row recorded
+    done = np.zeros(R, bool)  # stopped at EOS, or its N tokens recorded
+    eos = eos_ids(tok, mdl) if stop_at_eos else set()
+    dev = next(mdl.parameters()).device
+    report = progress or (lambda done_, total: None)
+
+    def record(host, rows) -> None:
+        for r in rows:
+            new_ids[r, count[r]], logprobs[r, count[r]] = int(host[r, 0]), host[r, 1]
+            count[r] += 1
+            if int(host[r, 0]) in eos:
+                done[r], stopped[r] = True, "eos"
+            elif count[r] == N:
+                done[r] = True
+
+    with attached(mdl):
+        if prompt_mode == "decode":
+            refuse_uncalibrated(rows_cfg, policies)
+            lanes = lanes_for(torch, rows_cfg, policies, eviction, L, Hk, G, T, dev)
+            ids = np.zeros((P, int(T0.max())), np.int64)
+            for p, (pid, _, _) in enumerate(read):
+                ids[p, : len(pid)] = pid
+            chosen = np.zeros(R, np.int64)
+            last = int((start_t + N - 2).max(initial=0))
+            last = max(last, int(T0.max()) - 1)
+            for t in range(last + 1):
+                in_prompt = t < start_t
+                feed = np.where(in_prompt, ids[of, np.minimum(t, start_t - 1)], chosen)
+                live = in_prompt | ~done
+                recording = (t >= start_t - 1) & ~done
+                host, _, _ = step(mdl, lanes, torch.as_tensor(feed, device=dev), t, rows_cfg, policies, evicted_at,
+                                  greedy_stats if recording.any() else None, None if live.all() else live)
+                if recording.any():
+                    chosen = np.where(recording, host[:, 0].astype(np.int64), chosen)
+                    record(host, np.flatnonzero(recording))
+                report(t + 1, last + 1)
+                if done.all():
+                    break
+        else:
+            host = np.zeros((R, 2))
+            caches = []
+            for p, (pid, _, _) in enumerate(read):
+                rows = slice(p * C, (p + 1) * C)
+                cache, logits, _ = read_prompt(mdl, torch, torch.tensor(pid, dtype=torch.long, device=dev), configs,
+                                               policies[rows], evicted_at[rows], G, prefill_chunk, dev)
+                host[rows] = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
+                caches.append(cache)
+            lanes = joined_lanes(torch, caches, rows_cfg, policies, evicted_at, eviction, T0, of, T, dev)
+            del caches
+            record(host, np.arange(R))
+            for i in range(N - 1):
+                if done.all():
+                    break
+                live = ~done
+                host, _, _ = step(mdl, lanes, torch.as_tensor(host[:, 0].astype(np.int64), device=dev),
+                                  start_t + i, rows_cfg, policies, evicted_at, greedy_stats, live)
+                record(host, np.flatnonzero(live))
+                report(i + 1, N - 1)
+        shares = _shares(lanes, R)
+        del lanes
+    seconds = time.perf_counter() - start
+    out = []
+    for p, (ids, shown, bos) in enumerate(read):
+        rows = slice(p * C, (p + 1) * C)
+        Tp = int(T0[p]) + N
+        ev = evicted_at[rows, ..., :Tp].copy()
+        made = new_ids[rows]
+        texts = [tok.decode([int(x) for x in row[row >= 0]], skip_special_tokens=True) for row in made]
+        pieces = [token_strings(tok, [int(x) for x in row[row >= 0]]) for row in made]
+        last_step = int(T0[p]) + int((made >= 0).sum(axis=1).max()) - 2
+        meta = {**model_provenance(mdl), "bos": bos, "seed": seed, "prompt_mode": prompt_mode,
+                "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
+                "eviction": eviction, "batch_prompts": P, "batch_index": p,
+                **memory(mdl, configs, policies[rows], ev, int(shares[rows].sum()), last_step),
+                "seconds": seconds}
+        out.append(Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,
+                              prompt_ids=np.array(ids, np.int64), tokens=shown, new_ids=made,
+                              logprobs=logprobs[rows], texts=texts, stopped=stopped[rows], evicted_at=ev,
+                              meta=meta, pieces=pieces))
+    return out
+
+
+def _shares(lanes, R: int) -> np.ndarray:
+    """Each row's share of the bytes its lane's cache holds (a lane's rows are one tensor)."""
+    from kvviz.model.loop.engine import cache_bytes
+
+    out = np.zeros(R)
+    for lane in lanes:
+        out[lane.index] = cache_bytes([lane.cache]) / max(len(lane.index), 1)
+    return out
+
+
+def joined_lanes(torch, caches, configs, policies, evicted_at, eviction: str, T0, of, T: int, device) -> list:
+    """The lanes after each prompt was read alone (`caches`: one batch-1 cache per prompt,
+    `evicted_at` (R, L, G, T) holding each row's prompt victims). Masked: every row over one
+    cache left-padded to the longest prompt. Freed: the full rows so (they evict nothing),
+    each budget's evicting rows over slots gathered per prompt and joined."""
+    from kvviz.model.loop.cache import Lane, by_budget, gathered, slot_cache
+
+    R = len(configs)
+    if eviction == "masked":
+        rows = np.arange(R)
+        return [padded_lane(torch, caches, rows, evicted_at, T0, of, T, device)]
+    lanes = []
+    full = np.array([r for r in range(R) if configs[r].is_full], np.int64)
+    if len(full):
+        lanes.append(padded_lane(torch, caches, full, evicted_at, T0, of, T, device))
+    for budget, rest in by_budget(configs, policies):
+        parts = []
+        for p in sorted(set(of[rest])):
+            mine = rest[of[rest] == p]
+            Tp = int(T0[p])
+            parts.append((mine, *gathered(torch, caches[p], evicted_at[mine][..., :Tp] == NEVER, budget,
+                                          Tp + T - int(T0.max()), device, limit=Tp + T - int(T0.max()))))
+        index = np.concatenate([m for m, _, _ in parts])
+        st, layers = joined_slots(torch, [(s, lay) for _, s, lay in parts], T, device)
+        st.place(T0[of[index]])
+        lanes.append(Lane(index, st, slot_cache(st, layers, seen=int(T0.max()))))
+    return lanes
+
+
+def padded_lane(torch, caches, rows, evicted_at, T0, of, T: int, device):
+    """Masked `rows` over one DynamicCache: each row's prompt cache left-padded to the longest
+    prompt (zero keys and values, masked), its prompt victims masked; State.pad says where
+    each row's position 0 lies."""
+    from transformers import DynamicCache
+
+    from kvviz.model.loop.cache import Lane, masked_state
+
+    width = int(T0.max())
+    pad = width - T0[of[rows]]
+    B, (_, L, G, _) = len(rows), evicted_at.shape
+    joined = []
+    for layer in range(len(caches[0].layers)):
+        ks, vs = [], []
+        for p in of[rows]:
+            lay = caches[p].layers[layer]
+            gap = width - lay.keys.shape[2]
+            ks.append(torch.nn.functional.pad(lay.keys, (0, 0, gap, 0)))
+            vs.append(torch.nn.functional.pad(lay.values, (0, 0, gap, 0)))
+        joined.append((torch.cat(ks), torch.cat(vs)))
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(joined):
+        cache.update(k, v, layer)
+    Hk = joined[0][0].shape[1]
+    ev = np.full((B, L, G, width), NEVER, np.int64)
+    for i, (r, gap) in enumerate(zip(rows, pad)):
+        ev[i, ..., :gap] = 0  # the padding: never a key
+        ev[i, ..., gap:] = evicted_at[r, ..., : width - gap]
+    st = masked_state(torch, ev, Hk, T, device)  # by cache index: the longest prompt, then the new tokens
+    st.pad[:] = pad
+    return Lane(np.asarray(rows), st, cache)
+
+
+def joined_slots(torch, parts, T: int, device):
+    """Freed States over slots (and their layers' keys and values), one per prompt, as one:
+    slots up to the widest part, the extra ones empty (masked)."""
+    from kvviz.model.loop.cache import State
+
+    S = max(st.S for st, _ in parts)
+    B = sum(st.B for st, _ in parts)
+    first = parts[0][0]
+    out = State(torch, B, first.L, first.Hk, first.G, T, device, slots=S)
+    layers = [[[], []] for _ in parts[0][1]]
+    b = 0
+    for st, lays in parts:
+        out.slot_pos[b:b + st.B, ..., : st.S] = st.slot_pos
+        out.bias[b:b + st.B, ..., : st.S] = st.bias
+        for layer, (k, v) in enumerate(lays):
+            gap = S - k.shape[2]
+            layers[layer][0].append(torch.nn.functional.pad(k, (0, 0, 0, gap)))
+            layers[layer][1].append(torch.nn.functional.pad(v, (0, 0, 0, gap)))
+        b += st.B
+    if not out.on_host:
+        out.bias_t.copy_(out.bias_h)
+    return out, [(torch.cat(k), torch.cat(v)) for k, v in layers]

@@ -1,0 +1,91 @@
+"""A batch of prompts of different lengths through the engine (kvviz.model.loop.batch):
+each prompt gets the tokens and the eviction log it gets alone, in both prompt modes and
+both eviction modes, on a tiny random-weight model built here (scripts/tiny_model.py)."""
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from tiny_model import build  # noqa: E402
+
+LENGTHS = (23, 31, 17)  # three prompts, none the longest's length
+NEW = 6
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, torch_stack):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tiny_model import save_tokenizer
+
+    from kvviz.model.models import load_model
+
+    tok_dir = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(tok_dir)
+    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tok_dir)))
+
+
+def configs():
+    from kvviz.model.loop import LoopConfig
+
+    return [LoopConfig("full"), LoopConfig("tova", {}, 8), LoopConfig("h2o", {"recent_window": 4}, 12),
+            LoopConfig("snapkv", {"recent_window": 4, "obs_window": 4}, 10), LoopConfig("streaming-llm", {}, 8)]
+
+
+def prompts():
+    rng = np.random.default_rng(0)
+    return [[int(x) for x in rng.integers(3, 1000, n)] for n in LENGTHS]
+
+
+@pytest.mark.parametrize("prompt_mode", ["decode", "prefill"])
+@pytest.mark.parametrize("eviction", ["masked", "freed"])
+@pytest.mark.parametrize("granularity", ["layer", "kv-head"])
+def test_a_batch_of_prompts_gives_each_what_it_gets_alone(pair, prompt_mode, eviction, granularity):
+    from kvviz.model.loop import generate
+    from kvviz.model.loop.batch import generate_batch
+
+    kw = dict(model=pair, prompt_mode=prompt_mode, eviction=eviction, granularity=granularity, stop_at_eos=False)
+    batch = generate_batch(prompts(), configs(), NEW, **kw)
+    assert len(batch) == len(LENGTHS)
+    for p, got in zip(prompts(), batch):
+        alone = generate(p, configs(), NEW, **kw)
+        assert got.prompt_ids.tolist() == p and got.labels == alone.labels
+        assert np.array_equal(got.new_ids, alone.new_ids)
+        assert got.evicted_at.shape == alone.evicted_at.shape == (5, 3, 1 if granularity == "layer" else 2,
+                                                                  len(p) + NEW)
+        assert np.array_equal(got.evicted_at, alone.evicted_at)
+        assert (got.evicted_at[1:] != -1).any(axis=(1, 2, 3)).all()  # every evicting row evicted
+        assert np.allclose(got.logprobs, alone.logprobs, atol=1e-4)  # batch-shape rounding only
+        assert got.texts == alone.texts and got.meta["batch_prompts"] == 3
+
+
+def test_rows_stop_at_their_own_eos(pair):
+    """A row that meets EOS stops (records nothing more) while the other prompts' rows go on:
+    EOS is taken to be the token the full row of the shortest prompt generates second."""
+    from kvviz.model.loop import generate
+    from kvviz.model.loop.batch import generate_batch
+
+    ps = prompts()
+    first = generate(ps[2], configs(), NEW, model=pair, stop_at_eos=False)
+    eos = int(first.new_ids[0, 1])
+    tok, mdl = pair
+    saved = mdl.generation_config.eos_token_id
+    mdl.generation_config.eos_token_id = eos
+    try:
+        batch = generate_batch(ps, configs(), NEW, model=pair)
+        for p, got in zip(ps, batch):
+            alone = generate(p, configs(), NEW, model=pair)
+            assert np.array_equal(got.new_ids, alone.new_ids) and got.stopped == alone.stopped
+            assert np.array_equal(got.evicted_at, alone.evicted_at)
+    finally:
+        mdl.generation_config.eos_token_id = saved
+    assert batch[2].stopped[0] == "eos" and batch[2].new_ids[0, 2] == -1
+
+
+def test_an_empty_batch_is_refused():
+    from kvviz.model.loop.batch import generate_batch
+
+    with pytest.raises(ValueError, match="prompts is empty"):
+        generate_batch([], configs(), 2)
