@@ -89,3 +89,28 @@ def test_an_empty_batch_is_refused():
 
     with pytest.raises(ValueError, match="prompts is empty"):
         generate_batch([], configs(), 2)
+
+
+def test_needle_reads_prompts_in_batches_as_it_reads_them_alone(pair, tmp_path):
+    """The grid with --batch 3 writes the runs it writes one prompt at a time: the same
+    answers, generated ids and eviction logs (a random policy seeded per prompt included),
+    prompts of both prompt modes and two lengths batched apart by mode."""
+    from kvviz.model.needle.grid import Grid
+    from kvviz.model.needle.results import list_runs, load_run
+    from kvviz.model.needle.run import run_grid
+
+    grid = Grid([72, 90], [50], [0, 1], ["tova", "random"], [24], ["decode", "prefill"], ["layer"], 4)
+    run_grid(grid, tmp_path / "one", model=pair, progress=False)
+    run_grid(grid, tmp_path / "three", model=pair, progress=False, batch=3)
+    ids = list_runs(tmp_path / "one")
+    assert len(ids) == 8 and list_runs(tmp_path / "three") == ids
+    for id_ in ids:
+        a, b = load_run(tmp_path / "one", id_), load_run(tmp_path / "three", id_)
+        assert a["meta"]["answers"] == b["meta"]["answers"] and a["meta"]["correct"] == b["meta"]["correct"]
+        assert np.array_equal(a["new_ids"], b["new_ids"]) and np.array_equal(a["evicted_at"], b["evicted_at"])
+        assert "batch_prompts" not in a["meta"]
+    # four prompts per prompt mode: a batch of three (the shortest first), then one alone
+    sizes = sorted(load_run(tmp_path / "three", i)["meta"].get("batch_prompts", 1) for i in ids)
+    assert sizes == [1, 1, 3, 3, 3, 3, 3, 3]
+    with pytest.raises(ValueError, match="--batch must be an integer >= 1, got 0"):
+        run_grid(grid, tmp_path / "zero", model=pair, progress=False, batch=0)

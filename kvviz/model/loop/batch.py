@@ -41,10 +41,14 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
     """Greedy continuations of every prompt in `prompts` (texts or token-id lists) under every
     config, all in one batch: one Generation per prompt, in order, each what
     kvviz.model.loop.generate gives that prompt alone (the same arguments). `progress(done,
-    total)` counts steps."""
+    total)` counts steps. `seed`: one for every prompt, or one per prompt (each prompt's
+    policies seeded as generate seeds them)."""
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
+    seeds = [int(x) for x in seed] if isinstance(seed, (list, tuple, np.ndarray)) else [int(seed)] * len(prompts)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"seed must be one integer or one per prompt ({len(prompts)}), got {len(seeds)}")
     for p in prompts:
         check_request(p, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
     configs = check_configs(configs)
@@ -79,7 +83,8 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
     of = np.repeat(np.arange(P), C)
     start_t = T0[of]  # each row's prompt length: its first generated position
     rows_cfg = [configs[r % C] for r in range(R)]
-    policies = [make_policies(rows_cfg[r], L, G, T, seed, vectorised=prompt_mode == "decode") for r in range(R)]
+    policies = [make_policies(rows_cfg[r], L, G, T, seeds[of[r]], vectorised=prompt_mode == "decode")
+                for r in range(R)]
     evicted_at = np.full((R, L, G, T), NEVER, np.int64)
     new_ids = np.full((R, N), -1, np.int64)
     logprobs = np.full((R, N), np.nan)
@@ -154,7 +159,7 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
         texts = [tok.decode([int(x) for x in row[row >= 0]], skip_special_tokens=True) for row in made]
         pieces = [token_strings(tok, [int(x) for x in row[row >= 0]]) for row in made]
         last_step = int(T0[p]) + int((made >= 0).sum(axis=1).max()) - 2
-        meta = {**model_provenance(mdl), "bos": bos, "seed": seed, "prompt_mode": prompt_mode,
+        meta = {**model_provenance(mdl), "bos": bos, "seed": seeds[p], "prompt_mode": prompt_mode,
                 "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
                 "eviction": eviction, "batch_prompts": P, "batch_index": p,
                 **memory(mdl, configs, policies[rows], ev, int(shares[rows].sum()), last_step),

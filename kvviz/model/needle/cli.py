@@ -56,6 +56,9 @@ def parser(sub=None) -> argparse.ArgumentParser:
                    "one (default 2)")
     p.add_argument("--phrase-words", type=int, help="phrase: words in the pass phrase (default 4)")
     add_eviction_arguments(p, prefill=True)
+    p.add_argument("--batch", type=int, default=1,
+                   help="prompts read together in one batch (of one prompt mode and granularity; each run's "
+                        "tokens and evictions are what it gets alone); default 1")
     p.add_argument("--haystack", help="UTF-8 text file for the haystack (default: the pass-key filler)")
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
@@ -115,6 +118,7 @@ def run(args) -> int:
         from kvviz.model.needle.run import check_lengths, context_limit, load_tokenizer
 
         check_chunk(args.prefill_chunk, "--prefill-chunk")
+        check_chunk(args.batch, "--batch")
         from kvviz.model.models import check_device
 
         check_device(args.device, args.dtype)
@@ -134,7 +138,7 @@ def run(args) -> int:
         df = run_grid(grid, args.out, model=args.model, haystack=haystack,
                       haystack_name=Path(args.haystack).name if args.haystack else None,
                       progress=not args.quiet, device=args.device, dtype=args.dtype, eviction=args.eviction,
-                      prefill_chunk=args.prefill_chunk)
+                      prefill_chunk=args.prefill_chunk, batch=args.batch)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
-"""Running the grid: one generate batch per prompt (every config beside full), one file per
-prompt written atomically, so a re-run skips what is done. torch loads here only.
+"""Running the grid: one generate batch per prompt (every config beside full), or several
+prompts in one batch (`batch`), one file per prompt written atomically, so a re-run skips
+what is done. torch loads here only.
 """
 from __future__ import annotations
 
@@ -60,12 +61,39 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
     the Task the prompt was built for (its option is recorded; the pass key when None),
     each answer scored by its check (kvviz.model.needle.tasks.score)."""
     from kvviz.model.loop import generate
-    from kvviz.model.models import model_provenance, token_strings
 
-    tok, mdl = pair
     gen = generate(list(p.ids), configs, max_new_tokens, granularity=granularity,
                    prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress, eviction=eviction,
                    prefill_chunk=prefill_chunk)
+    return record(pair, p, gen, run_id=run_id, prompt_mode=prompt_mode, granularity=granularity, seed=seed,
+                  max_new_tokens=max_new_tokens, haystack=haystack, task=task)
+
+
+def run_prompts(pair, items, configs, max_new_tokens: int, *, prompt_mode: str, granularity: str,
+                haystack: dict | None = None, progress=None, eviction: str = "masked",
+                prefill_chunk: int = PREFILL_CHUNK, task: Task | None = None) -> list[dict]:
+    """Several prompts (`items`: (run_id, NeedlePrompt, seed) each) read together, every
+    prompt x config one row of a kvviz.model.loop.generate_batch batch: each run what
+    run_prompt gives it alone (the same tokens and eviction logs), as results.load_run
+    returns it (not written)."""
+    from kvviz.model.loop import generate_batch
+
+    items = list(items)
+    gens = generate_batch([list(p.ids) for _, p, _ in items], configs, max_new_tokens, granularity=granularity,
+                          prompt_mode=prompt_mode, model=pair, seed=[s for _, _, s in items], progress=progress,
+                          eviction=eviction, prefill_chunk=prefill_chunk)
+    return [record(pair, p, gen, run_id=id_, prompt_mode=prompt_mode, granularity=granularity, seed=s,
+                   max_new_tokens=max_new_tokens, haystack=haystack, task=task)
+            for (id_, p, s), gen in zip(items, gens)]
+
+
+def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granularity: str, seed: int,
+           max_new_tokens: int, haystack: dict | None, task: Task | None) -> dict:
+    """A prompt's Generation as the run results.load_run returns: the meta (the prompt, its
+    task, each config's answer scored by the task's check) and the arrays."""
+    from kvviz.model.models import model_provenance, token_strings
+
+    tok, mdl = pair
     if list(gen.prompt_ids) != list(p.ids):
         raise RuntimeError(f"{run_id}: generate read other tokens than the prompt built")
     answers = [str(t) for t in gen.texts]
@@ -84,6 +112,7 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "agreement": [float(x) for x in gen.agreement],
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
             **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
+            **({"batch_prompts": gen.meta["batch_prompts"]} if "batch_prompts" in gen.meta else {}),
             **fields}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
@@ -92,11 +121,37 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
             haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
     """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
-    p = build_task(pair[0], grid.task, spec.length, spec.depth, spec.seed, haystack)
-    return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
-                      prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
-                      haystack=haystack_info(haystack, haystack_name), eviction=eviction,
-                      prefill_chunk=prefill_chunk, task=grid.task)
+    return compute_batch([spec], grid, pair, haystack, haystack_name, eviction, prefill_chunk)[0]
+
+
+def compute_batch(specs, grid: Grid, pair, haystack: str | None = None, haystack_name: str | None = None,
+                  eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> list[dict]:
+    """Prompts of the grid of one prompt mode and granularity, read together when more than
+    one (run_prompts), else alone (run_prompt): their runs, not written."""
+    specs = list(specs)
+    if len({(s.prompt_mode, s.granularity) for s in specs}) != 1:
+        raise ValueError("a batch of prompts shares one prompt mode and granularity")
+    built = [(s.id, build_task(pair[0], grid.task, s.length, s.depth, s.seed, haystack), s.seed) for s in specs]
+    kw = dict(prompt_mode=specs[0].prompt_mode, granularity=specs[0].granularity,
+              haystack=haystack_info(haystack, haystack_name), eviction=eviction, prefill_chunk=prefill_chunk,
+              task=grid.task)
+    if len(built) == 1:
+        id_, p, seed = built[0]
+        return [run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=id_, seed=seed, **kw)]
+    return run_prompts(pair, built, grid.configs, grid.max_new_tokens, **kw)
+
+
+def batches(specs, size: int) -> list[list]:
+    """`specs` in groups of at most `size` that can share a batch (one prompt mode and
+    granularity), shortest prompts together (a batch runs as long as its longest)."""
+    groups = {}
+    for s in specs:
+        groups.setdefault((s.prompt_mode, s.granularity), []).append(s)
+    out = []
+    for group in groups.values():
+        group = sorted(group, key=lambda s: s.length)
+        out += [group[i:i + size] for i in range(0, len(group), size)]
+    return out
 
 
 def model_name(model) -> str:
@@ -124,10 +179,15 @@ def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, 
 
 def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
              progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
-             prefill_chunk: int = PREFILL_CHUNK):
+             prefill_chunk: int = PREFILL_CHUNK, batch: int = 1):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
-    Returns the table of every run in `out`."""
+    `batch`: prompts read together in one engine batch (of one prompt mode and
+    granularity; each run's tokens and eviction logs are what it gets alone). Returns the
+    table of every run in `out`."""
     from kvviz.model.models import load_model
+
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"--batch must be an integer >= 1, got {batch!r}")
 
     prompts = grid.prompts()
     name = model_name(model)
@@ -141,13 +201,13 @@ def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_
     try:
         if todo:
             pair = load_model(model, "needle", device, dtype)
-            for spec in todo:
+            for specs in batches(todo, batch):
                 if bar is not None:
-                    bar.set_postfix_str(spec.id, refresh=False)
-                run = compute(spec, grid, pair, haystack, haystack_name, eviction, prefill_chunk)
-                save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
+                    bar.set_postfix_str(specs[0].id + (f" +{len(specs) - 1}" if len(specs) > 1 else ""), refresh=False)
+                for run in compute_batch(specs, grid, pair, haystack, haystack_name, eviction, prefill_chunk):
+                    save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(len(specs))
     finally:
         if bar is not None:
             bar.close()
