@@ -114,3 +114,52 @@ def test_needle_reads_prompts_in_batches_as_it_reads_them_alone(pair, tmp_path):
     assert sizes == [1, 1, 3, 3, 3, 3, 3, 3]
     with pytest.raises(ValueError, match="--batch must be an integer >= 1, got 0"):
         run_grid(grid, tmp_path / "zero", model=pair, progress=False, batch=0)
+
+
+@pytest.mark.parametrize("eviction", ["masked", "freed"])
+@pytest.mark.parametrize("policy,params,granularity", [
+    ("tova", {}, "kv-head"),
+    ("snapkv", {"obs_window": 4, "recent_window": 2, "pool_kernel": 3}, "layer"),
+])
+def test_hf_generate_on_a_left_padded_batch_is_each_prompt_alone(pair, eviction, policy, params, granularity):
+    """kvviz.hf.evicting around plain generate on three left-padded prompts: each row's new
+    tokens and eviction log (row(b)) are those of the prompt alone in its own block."""
+    import torch
+
+    import kvviz.hf
+
+    _, mdl = pair
+    ps, N = prompts(), NEW
+    W = max(LENGTHS)
+    ids = torch.tensor([[2] * (W - len(p)) + p for p in ps])
+    mask = torch.tensor([[0] * (W - len(p)) + [1] * len(p) for p in ps])
+    kw = dict(policy=policy, budget=8, granularity=granularity, eviction=eviction, **params)
+    with kvviz.hf.evicting(mdl, **kw) as log:
+        out = mdl.generate(ids, attention_mask=mask, max_new_tokens=N, do_sample=False, pad_token_id=2)
+    assert log.prompt_lens == list(LENGTHS) and log.evicted_at.shape[0] == 3
+    for b, p in enumerate(ps):
+        with kvviz.hf.evicting(mdl, **kw) as one:
+            alone = mdl.generate(torch.tensor([p]), max_new_tokens=N, do_sample=False, pad_token_id=2)
+        assert out[b, W:].tolist() == alone[0, len(p):].tolist()
+        row = log.row(b)
+        assert row.prompt_len == len(p) and row.evicted_at.shape == one.evicted_at.shape
+        assert np.array_equal(row.evicted_at, one.evicted_at) and (row.evicted_at != -1).any()
+    with pytest.raises(ValueError, match="take one row's with row"):
+        log.held(3)
+
+
+def test_hf_refuses_a_mask_not_padded_on_the_left(pair):
+    import torch
+
+    import kvviz.hf
+
+    _, mdl = pair
+    ids = torch.tensor([prompts()[2][:8], prompts()[2][:8]])
+    mask = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
+    with pytest.raises(ValueError, match="padded on the left"):
+        with kvviz.hf.evicting(mdl, policy="tova", budget=4):
+            mdl(input_ids=ids, attention_mask=mask)
+    with pytest.raises(ValueError, match=r"follows the batch it began with \(2 rows\), got 1"):
+        with kvviz.hf.evicting(mdl, policy="tova", budget=4):
+            out = mdl(input_ids=ids, use_cache=True)
+            mdl(input_ids=ids[:1, :1], cache=out.past_key_values)

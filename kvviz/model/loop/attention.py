@@ -126,21 +126,25 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, w
     causal (and within the layer's sliding `window`, if it has one): the output as eager
     attention gives it, with no (q, k) array held. When a
     PromptFeed is armed (a prompt from an empty cache), each block's group-mean rows of
-    batch row 0 go to it while they exist."""
+    batch row 0 go to it while they exist; with `State.feeds` (a batch of left-padded
+    prompts) each row's go to its own feed, from its padding on."""
     import torch
 
     B, Hq, q, D = query.shape
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     past = k - q
-    feed = None if st is None else st.feed
-    if feed is not None:
+    # (batch row, its left padding, its PromptFeed): row 0's feed, or each row's (State.feeds)
+    fed = [] if st is None else (st.feeds or ([] if st.feed is None else [(0, 0, st.feed)]))
+    if fed:
         if past:
             raise ValueError("a prompt is read in one pass from an empty cache")
-        for which, x in (("key", key), ("value", value)):
-            norms = x[0].detach().float().norm(dim=-1)  # (Hk, k)
-            feed.set_norms(which, layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
-    chunk = feed.chunk if feed is not None else PREFILL_CHUNK
+        for r, pad, feed in fed:
+            for which, x in (("key", key), ("value", value)):
+                norms = x[r, :, pad:].detach().float().norm(dim=-1)  # (Hk, k - pad)
+                feed.set_norms(which, layer,
+                               (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+    chunk = fed[0][2].chunk if fed else PREFILL_CHUNK
     out = query.new_empty(B, Hk, g, q, D)
     for a in range(0, q, chunk):
         b = min(q, a + chunk)
@@ -159,13 +163,17 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, w
             s = s + st.bias_t[:B, layer, :, None, None, :end]
         w = torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype)
         out[:, :, :, a:b] = torch.matmul(w.view(B, Hk, g * m, end), value[:, :, :end]).view(B, Hk, g, m, D)
-        if feed is not None and feed.wants(a, b):
-            w0 = w[0].detach().float()
-            rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
+        for r, pad, feed in fed:  # a padded row's queries and keys start at its padding
+            lo = max(a, pad)
+            if lo >= b or not feed.wants(lo - pad, b - pad):
+                continue
+            w0 = w[r, :, :, lo - a:, pad:].detach().float()
+            n = b - lo
+            rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, n, end - pad)
             qrows = None
-            if feed.query:  # (G, query heads of the stream, m, end)
-                qrows = (w0.reshape(1, Hk * g, m, end) if st.G == 1 else w0).cpu().numpy()
-            feed.add(layer, a, rows.cpu().numpy(), qrows)
+            if feed.query:  # (G, query heads of the stream, n, end - pad)
+                qrows = (w0.reshape(1, Hk * g, n, end - pad) if st.G == 1 else w0).cpu().numpy()
+            feed.add(layer, lo - pad, rows.cpu().numpy(), qrows)
     return out.view(B, Hq, q, D).transpose(1, 2).contiguous()
 
 

@@ -56,6 +56,7 @@ class State:
         self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
         self._moved = 0
         self.feed = None  # a PromptFeed while a prompt is read in one pass
+        self.feeds = None  # a batch of prompts: [(row, left padding, PromptFeed)], one per row
         # each query head's weights, for a policy that reads per-query-head rows (CPU only):
         # `qcur` (B, L, Hq, T) by position; freed: recorded by slot (`qcur_s`) and scattered
         self.want_q = None  # set by `mark_query_rows` before the first forward
