@@ -121,24 +121,24 @@ def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granula
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
             haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
     """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
-    return compute_batch([spec], grid, pair, haystack, haystack_name, eviction, prefill_chunk)[0]
+    p = build_task(pair[0], grid.task, spec.length, spec.depth, spec.seed, haystack)
+    return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
+                      prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
+                      haystack=haystack_info(haystack, haystack_name), eviction=eviction,
+                      prefill_chunk=prefill_chunk, task=grid.task)
 
 
 def compute_batch(specs, grid: Grid, pair, haystack: str | None = None, haystack_name: str | None = None,
                   eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> list[dict]:
-    """Prompts of the grid of one prompt mode and granularity, read together when more than
-    one (run_prompts), else alone (run_prompt): their runs, not written."""
+    """Prompts of the grid of one prompt mode and granularity, read together in one batch
+    (run_prompts): their runs, not written."""
     specs = list(specs)
     if len({(s.prompt_mode, s.granularity) for s in specs}) != 1:
         raise ValueError("a batch of prompts shares one prompt mode and granularity")
     built = [(s.id, build_task(pair[0], grid.task, s.length, s.depth, s.seed, haystack), s.seed) for s in specs]
-    kw = dict(prompt_mode=specs[0].prompt_mode, granularity=specs[0].granularity,
-              haystack=haystack_info(haystack, haystack_name), eviction=eviction, prefill_chunk=prefill_chunk,
-              task=grid.task)
-    if len(built) == 1:
-        id_, p, seed = built[0]
-        return [run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=id_, seed=seed, **kw)]
-    return run_prompts(pair, built, grid.configs, grid.max_new_tokens, **kw)
+    return run_prompts(pair, built, grid.configs, grid.max_new_tokens, prompt_mode=specs[0].prompt_mode,
+                       granularity=specs[0].granularity, haystack=haystack_info(haystack, haystack_name),
+                       eviction=eviction, prefill_chunk=prefill_chunk, task=grid.task)
 
 
 def batches(specs, size: int) -> list[list]:
@@ -204,7 +204,10 @@ def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_
             for specs in batches(todo, batch):
                 if bar is not None:
                     bar.set_postfix_str(specs[0].id + (f" +{len(specs) - 1}" if len(specs) > 1 else ""), refresh=False)
-                for run in compute_batch(specs, grid, pair, haystack, haystack_name, eviction, prefill_chunk):
+                runs = ([compute(specs[0], grid, pair, haystack, haystack_name, eviction, prefill_chunk)]
+                        if len(specs) == 1 else
+                        compute_batch(specs, grid, pair, haystack, haystack_name, eviction, prefill_chunk))
+                for run in runs:
                     save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
                 if bar is not None:
                     bar.update(len(specs))
