@@ -163,3 +163,27 @@ def test_hf_refuses_a_mask_not_padded_on_the_left(pair):
         with kvviz.hf.evicting(mdl, policy="tova", budget=4):
             out = mdl(input_ids=ids, use_cache=True)
             mdl(input_ids=ids[:1, :1], cache=out.past_key_values)
+
+
+TEXTS = ["The committee met at noon; the minutes record that the motion passed. Topological Sorter sorts a graph.",
+         "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin nuzzled",
+         "Call me Ishmael. Some years ago, never mind how long"]
+
+
+@pytest.mark.parametrize("eviction", ["masked", "freed"])
+@pytest.mark.parametrize("granularity", ["layer", "kv-head"])
+def test_the_loop_reads_a_batch_of_texts_as_each_alone(pair, eviction, granularity):
+    """run_loop_batch: three texts of different lengths give the eviction logs, argmax tokens
+    and recorded rows each gives alone; the losses within float rounding."""
+    from kvviz.model.loop import run_loop, run_loop_batch
+
+    kw = dict(model=pair, eviction=eviction, rows_layers=[0, 2], rows_tokens=20)
+    got = run_loop_batch(TEXTS, configs(), granularity, 64, **kw)
+    assert len({len(r.tokens) for r in got}) == 3
+    for text, b in zip(TEXTS, got):
+        a = run_loop(text, configs(), granularity, 64, **kw)
+        assert b.tokens == a.tokens and b.evicted_at.shape == a.evicted_at.shape
+        assert np.array_equal(b.evicted_at, a.evicted_at) and (b.evicted_at[1:] != -1).any()
+        assert np.array_equal(b.top1, a.top1)
+        assert np.allclose(b.nll, a.nll, atol=1e-4) and np.allclose(b.kl_tokens, a.kl_tokens, atol=1e-4)
+        assert np.allclose(b.rows, a.rows, atol=1e-5) and b.meta["batch_texts"] == 3

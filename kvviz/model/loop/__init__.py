@@ -30,7 +30,8 @@ from kvviz.model.loop.generation import PROMPT_MODES, Generation, load_generatio
 from kvviz.model.loop.result import LoopResult, load_loop_result
 
 __all__ = ["GRANULARITIES", "PROMPT_MODES", "Generation", "LoopConfig", "LoopResult", "check_configs",
-           "generate", "generate_batch", "load_generation", "load_loop_result", "parse_policy", "run_loop"]
+           "generate", "generate_batch", "load_generation", "load_loop_result", "parse_policy", "run_loop",
+           "run_loop_batch"]
 
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
@@ -61,6 +62,21 @@ def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1
     return run(text, configs, granularity=granularity, max_tokens=max_tokens,
                progress=progress, model=model, rows_layers=rows_layers,
                rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype, eviction=eviction)
+
+
+def run_loop_batch(texts, configs, granularity: str = "layer", max_tokens: int = 1024, progress=None, model=None,
+                   rows_layers=None, rows_tokens=None, seed=0, device: str = "cpu", dtype: str = "float32",
+                   eviction: str = "masked") -> list[LoopResult]:
+    """`run_loop` for several texts (of any lengths) in one batch: every (text, config) pair
+    one row with its own eviction state; one LoopResult per text, in order, with the
+    eviction logs, argmax tokens and recorded rows it gets alone (its losses within float
+    rounding: the batch's shape changes the sums' order). The arguments are run_loop's;
+    `seed` may be one per text."""
+    from kvviz.model.loop.batch import run_batch  # torch lives there
+
+    return run_batch(texts, configs, granularity=granularity, max_tokens=max_tokens, progress=progress, model=model,
+                     rows_layers=rows_layers, rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype,
+                     eviction=eviction)
 
 
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,

@@ -265,3 +265,121 @@ def joined_slots(torch, parts, T: int, device):
     if not out.on_host:
         out.bias_t.copy_(out.bias_h)
     return out, [(torch.cat(k), torch.cat(v)) for k, v in layers]
+
+
+def run_batch(texts, configs, granularity="layer", max_tokens=1024, progress=None, model=None, rows_layers=None,
+              rows_tokens=None, seed=0, device="cpu", dtype="float32", eviction="masked") -> list:
+    """`kvviz.model.loop.run` (the teacher-forced loop) for several texts of different
+    lengths in one batch: every (text, config) pair one row, each reading position t at step
+    t (no padding; a text that has ended rides along unevicted). One LoopResult per text, in
+    order, with the eviction logs and argmax tokens it gets alone (its losses within float
+    rounding). The arguments are run's; `seed` may be one per text."""
+    from kvviz.model.loop.engine import check_inputs
+
+    texts = list(texts)
+    if not texts:
+        raise ValueError("texts is empty: give at least one text")
+    for text in texts:
+        check_inputs(text, granularity, max_tokens, eviction)
+    seeds = [int(x) for x in seed] if isinstance(seed, (list, tuple, np.ndarray)) else [int(seed)] * len(texts)
+    if len(seeds) != len(texts):
+        raise ValueError(f"seed must be one integer or one per text ({len(texts)}), got {len(seeds)}")
+    configs = check_configs(configs)
+    import torch
+
+    from kvviz.core.trace import packed_offset
+    from kvviz.model.loop.engine import (
+        attached,
+        check_architecture,
+        lanes_for,
+        make_policies,
+        memory,
+        refuse_uncalibrated,
+        step,
+    )
+    from kvviz.model.loop.result import LoopResult
+    from kvviz.model.models import (
+        attention_shape,
+        check_layers,
+        default_layers,
+        load_model,
+        model_provenance,
+        token_strings,
+    )
+    from kvviz.model.models import tokenize as tokens
+
+    tok, mdl = load_model(model, "loop", device, dtype)
+    check_architecture(mdl)
+    read = [tokens(tok, text, int(max_tokens)) for text in texts]
+    if any(len(ids) < 2 for ids, _, _ in read):
+        raise ValueError("text must tokenise to at least 2 tokens")
+    P, C = len(texts), len(configs)
+    lens = np.array([len(ids) for ids, _, _ in read], np.int64)
+    T = int(lens.max())
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
+    G = 1 if granularity == "layer" else Hk
+    rows_layers = default_layers(L) if rows_layers is None else check_layers(rows_layers, L, "rows_layers")
+    Tr = [int(n) if rows_tokens is None else max(0, min(int(rows_tokens), int(n))) for n in lens]
+    R = P * C
+    of = np.repeat(np.arange(P), C)
+    f = next(i for i, c in enumerate(configs) if c.is_full)
+    full_of = of * C + f  # each row's full row: the same text's
+    rows_cfg = [configs[r % C] for r in range(R)]
+    policies = [make_policies(rows_cfg[r], L, G, T, seeds[of[r]]) for r in range(R)]
+    evicted_at = np.full((R, L, G, T), NEVER, np.int64)
+    rows = [np.zeros((C, len(rows_layers), G, packed_offset(n)), np.float32) if rows_layers else None for n in Tr]
+    nll, kl = np.zeros((R, T - 1)), np.zeros((R, T - 1))
+    top1 = np.zeros((R, T - 1), np.int64)
+    ids = np.zeros((P, T + 1), np.int64)
+    for p, (pid, _, _) in enumerate(read):
+        ids[p, : len(pid)] = pid
+    dev = next(mdl.parameters()).device
+    refuse_uncalibrated(rows_cfg, policies, "loop")
+    model_s = book_s = 0.0
+    with attached(mdl):
+        lanes = lanes_for(torch, rows_cfg, policies, eviction, L, Hk, G, T, dev)
+        full_t = torch.as_tensor(full_of, device=dev)
+        for t in range(T):
+            live = t < lens[of]
+            target = torch.as_tensor(ids[of, t + 1], device=dev)
+
+            def stats(logits, target=target):  # (R, 3): nll, argmax, KL(the text's full row || the row)
+                logp = torch.log_softmax(logits.double(), dim=-1)
+                full = logp[full_t]
+                return torch.stack([-logp.gather(1, target[:, None])[:, 0], logp.argmax(dim=-1).double(),
+                                    (full.exp() * (full - logp)).sum(dim=-1).clamp_min(0)], 1)
+
+            scoring = t < lens[of] - 1
+            host, m, b = step(mdl, lanes, torch.as_tensor(ids[of, t], device=dev), t, rows_cfg, policies, evicted_at,
+                              stats if scoring.any() else None, None if live.all() else live)
+            model_s, book_s = model_s + m, book_s + b
+            if host is not None:
+                nll[scoring, t], top1[scoring, t] = host[scoring, 0], host[scoring, 1].astype(np.int64)
+                kl[scoring, t] = host[scoring, 2]
+            for p in range(P):  # `cur` is still step t's
+                if t < Tr[p] and rows[p] is not None:
+                    off = packed_offset(t)
+                    for lane in lanes:
+                        mine = np.flatnonzero(of[lane.index] == p)
+                        if len(mine):
+                            got = lane.state.cur[mine][:, rows_layers, :, :t]
+                            rows[p][lane.index[mine] % C, :, :, off:off + t] = got
+            if progress is not None:
+                progress(t + 1, T)
+        shares = _shares(lanes, R)
+        del lanes
+    out = []
+    for p, (pid, offsets, bos) in enumerate(read):
+        sel, n = slice(p * C, (p + 1) * C), int(lens[p])
+        ev = evicted_at[sel, ..., :n].copy()
+        out.append(LoopResult(
+            configs=configs, granularity=granularity, tokens=token_strings(tok, pid, texts[p], offsets),
+            token_ids=np.array(pid, np.int64), nll=nll[sel, : n - 1].copy(), p_true=np.exp(-nll[sel, : n - 1]),
+            kl_tokens=kl[sel, : n - 1].copy(), top1=top1[sel, : n - 1].copy(), evicted_at=ev, layers=list(range(L)),
+            rows=rows[p], rows_layers=rows_layers, rows_tokens=Tr[p],
+            meta={"model_seconds": model_s, "bookkeeping_seconds": book_s, "seed": seeds[p], "bos": bos,
+                  "eviction": eviction, "batch_texts": P, "batch_index": p,
+                  **memory(mdl, configs, policies[sel], ev, int(shares[sel].sum()), n - 1),
+                  **model_provenance(mdl)}))
+    return out
