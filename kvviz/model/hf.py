@@ -30,6 +30,7 @@ import numpy as np
 
 from kvviz.core.replay import NEVER
 from kvviz.model.loop import engine
+from kvviz.model.loop.batch import PAD, RowCache, joined_slots
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
 
 
@@ -67,9 +68,6 @@ class EvictionLog:
         return EvictionLog(self.config, self.granularity, self.prompt_lens[b], self.evicted_at[b, ..., :seen].copy())
 
 
-PAD = -1e9  # a padding key's bias while a batch's prompt is read: no weight, yet a finite row for a padding query
-
-
 def _padding(mask, B: int, q: int) -> np.ndarray:
     """Each row's left padding (B,), from the prompt's attention_mask (None: none); a mask
     that is not zeros then ones in every row, or a row of padding only, is refused."""
@@ -82,19 +80,6 @@ def _padding(mask, B: int, q: int) -> np.ndarray:
         raise ValueError("kvviz.hf.evicting reads a batch padded on the left: each row's attention_mask must be "
                          "zeros, then ones, with at least one token (tokenizer padding_side='left')")
     return pads.astype(np.int64)
-
-
-class _RowCache:
-    """Row b of a batch's cache, its padding cut off, as a batch-1 cache (engine.gathered reads it)."""
-
-    def __init__(self, cache, b: int, pad: int):
-        self.layers = [_RowLayer(lay.keys[b:b + 1, :, pad:], lay.values[b:b + 1, :, pad:]) for lay in cache.layers]
-
-
-@dataclass
-class _RowLayer:
-    keys: object
-    values: object
 
 
 def _input_ids(args, kwargs):
@@ -263,9 +248,7 @@ class Follower:
             if cache is None:
                 raise ValueError("kvviz.hf.evicting with eviction='freed' needs the model's cache (use_cache)")
             if self.batch:
-                from kvviz.model.loop.batch import joined_slots
-
-                parts = [engine.gathered(torch, _RowCache(cache, b, int(pad)),
+                parts = [engine.gathered(torch, RowCache(cache, b, int(pad)),
                                          self.evicted[b:b + 1, ..., : lengths[b]] == NEVER,
                                          self.policies[b].capacity, room, self.device)
                          for b, pad in enumerate(self.pads)]

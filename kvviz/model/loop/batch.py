@@ -7,12 +7,14 @@ How the rows line up:
   prompt lasts, then its own argmax. A row whose prompt is shorter starts generating
   earlier; a row that is done (EOS, or its new tokens counted) rides along unrecorded and
   unevicted, as a stopped row does in `generate`.
-- "prefill": each prompt is read in its own pass (batch 1, exactly as alone) and every
-  configuration evicts once; then the rows continue together, each at its own position
-  (engine.step with one position per row). Masked rows share one cache left-padded to the
-  longest prompt: a row's cache index is its position plus its padding (State.pad), and
-  the padding's keys are masked. Freed rows hold their kept positions in slots (positions
-  are explicit there): each prompt's rows are gathered to slots as alone, then joined.
+- "prefill": the prompts are read in one pass, left-padded to the longest (`read_prompts`:
+  the padding's keys take no weight, each prompt's rows go to its own PromptFeed), and
+  every configuration evicts once; then the rows continue together, each at its own
+  position (engine.step with one position per row). Masked rows share the prompts' cache,
+  each prompt's row repeated per config: a row's cache index is its position plus its
+  padding (State.pad), and the padding's keys are masked. Freed rows hold their kept
+  positions in slots (positions are explicit there): each prompt's rows are gathered to
+  slots as alone, then joined.
 """
 from __future__ import annotations
 
@@ -60,7 +62,6 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
         lanes_for,
         make_policies,
         memory,
-        read_prompt,
         refuse_uncalibrated,
         step,
     )
@@ -128,16 +129,11 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
                 if done.all():
                     break
         else:
-            host = np.zeros((R, 2))
-            caches = []
-            for p, (pid, _, _) in enumerate(read):
-                rows = slice(p * C, (p + 1) * C)
-                cache, logits, _ = read_prompt(mdl, torch, torch.tensor(pid, dtype=torch.long, device=dev), configs,
-                                               policies[rows], evicted_at[rows], G, prefill_chunk, dev)
-                host[rows] = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
-                caches.append(cache)
-            lanes = joined_lanes(torch, caches, rows_cfg, policies, evicted_at, eviction, T0, of, T, dev)
-            del caches
+            cache, logits = read_prompts(mdl, torch, [ids for ids, _, _ in read], configs, policies, evicted_at, G,
+                                         prefill_chunk, dev)
+            host = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
+            lanes = joined_lanes(torch, cache, rows_cfg, policies, evicted_at, eviction, T0, of, T, dev)
+            del cache
             record(host, np.arange(R))
             for i in range(N - 1):
                 if done.all():
@@ -181,39 +177,100 @@ def _shares(lanes, R: int) -> np.ndarray:
     return out
 
 
-def joined_lanes(torch, caches, configs, policies, evicted_at, eviction: str, T0, of, T: int, device) -> list:
-    """The lanes after each prompt was read alone (`caches`: one batch-1 cache per prompt,
-    `evicted_at` (R, L, G, T) holding each row's prompt victims). Masked: every row over one
-    cache left-padded to the longest prompt. Freed: the full rows so (they evict nothing),
-    each budget's evicting rows over slots gathered per prompt and joined."""
+PAD = -1e9  # a padding key's bias while prompts are read together: no weight, yet a finite row for a padding query
+
+
+def read_prompts(mdl, torch, prompts, configs, policies, evicted_at, G: int, chunk: int, device):
+    """Prompts (token-id lists) read in one pass, left-padded to the longest: each prompt's
+    rows go to its own PromptFeed (kvviz.model.loop.prompt) from its padding on, then each
+    of its configs (rows p x C .. p x C + C - 1 of `policies` and `evicted_at`) evicts once.
+    The padding's keys get a finite bias (PAD), so they take no weight while a padding
+    query's own row stays finite. Returns (the P-row cache, the last position's logits (P, V))."""
+    from transformers import DynamicCache
+
+    from kvviz.model.loop.attention import use
+    from kvviz.model.loop.cache import State
+    from kvviz.model.loop.prompt import PromptFeed
+    from kvviz.model.models import attention_shape
+
+    shape = attention_shape(mdl)
+    L, Hk = shape.layers, shape.kv_heads
+    P, C = len(prompts), len(configs)
+    width = max(len(p) for p in prompts)
+    pads = np.array([width - len(p) for p in prompts], np.int64)
+    ids = np.zeros((P, width), np.int64)
+    for p, pid in enumerate(prompts):
+        ids[p, pads[p]:] = pid
+    st = State(torch, P, L, Hk, G, width, device)
+    for p, pad in enumerate(pads):
+        st.bias[p, ..., :pad] = PAD
+    if not st.on_host:
+        st.bias_t.copy_(st.bias_h)
+    st.pad[:] = pads
+    st.feeds = [(p, int(pad), PromptFeed(len(prompts[p]), configs, policies[p * C:(p + 1) * C], L, G, chunk))
+                for p, pad in enumerate(pads)]
+    cache = DynamicCache()
+    pos = np.maximum(np.arange(width)[None, :] - pads[:, None], 0)
+    use(mdl, st)
+    try:
+        with torch.no_grad():
+            out = mdl(input_ids=torch.as_tensor(ids, device=device), position_ids=torch.as_tensor(pos, device=device),
+                      cache=cache, use_cache=True, logits_to_keep=1)  # every prompt ends at the last index
+            logits = out.logits[:, -1]
+            del out
+    finally:
+        use(mdl, None)
+    for p, _, feed in st.feeds:
+        feed.evict(configs, policies[p * C:(p + 1) * C], evicted_at[p * C:(p + 1) * C])
+    return cache, logits
+
+
+def joined_lanes(torch, cache, configs, policies, evicted_at, eviction: str, T0, of, T: int, device) -> list:
+    """The lanes after the prompts were read together (`cache`: one row per prompt,
+    left-padded; `evicted_at` (R, L, G, T) holding each row's prompt victims). Masked: every
+    row over the cache, each prompt's row repeated per config. Freed: the full rows so (they
+    evict nothing), each budget's evicting rows over slots gathered per prompt and joined."""
     from kvviz.model.loop.cache import Lane, by_budget, gathered, slot_cache
 
     R = len(configs)
+    width = int(T0.max())
     if eviction == "masked":
-        rows = np.arange(R)
-        return [padded_lane(torch, caches, rows, evicted_at, T0, of, T, device)]
+        return [padded_lane(torch, cache, np.arange(R), evicted_at, T0, of, T, device)]
     lanes = []
     full = np.array([r for r in range(R) if configs[r].is_full], np.int64)
     if len(full):
-        lanes.append(padded_lane(torch, caches, full, evicted_at, T0, of, T, device))
+        lanes.append(padded_lane(torch, cache, full, evicted_at, T0, of, T, device))
     for budget, rest in by_budget(configs, policies):
         parts = []
         for p in sorted(set(of[rest])):
             mine = rest[of[rest] == p]
             Tp = int(T0[p])
-            parts.append((mine, *gathered(torch, caches[p], evicted_at[mine][..., :Tp] == NEVER, budget,
-                                          Tp + T - int(T0.max()), device, limit=Tp + T - int(T0.max()))))
+            parts.append((mine, *gathered(torch, RowCache(cache, p, width - Tp), evicted_at[mine][..., :Tp] == NEVER,
+                                          budget, Tp + T - width, device, limit=Tp + T - width)))
         index = np.concatenate([m for m, _, _ in parts])
         st, layers = joined_slots(torch, [(s, lay) for _, s, lay in parts], T, device)
         st.place(T0[of[index]])
-        lanes.append(Lane(index, st, slot_cache(st, layers, seen=int(T0.max()))))
+        lanes.append(Lane(index, st, slot_cache(st, layers, seen=width)))
     return lanes
 
 
-def padded_lane(torch, caches, rows, evicted_at, T0, of, T: int, device):
-    """Masked `rows` over one DynamicCache: each row's prompt cache left-padded to the longest
-    prompt (zero keys and values, masked), its prompt victims masked; State.pad says where
-    each row's position 0 lies."""
+class RowCache:
+    """Row b of a left-padded cache, its padding cut off, as a batch-1 cache (what
+    kvviz.model.loop.cache.gathered reads: `layers`, each with `keys` and `values`)."""
+
+    def __init__(self, cache, b: int, pad: int):
+        self.layers = [_Layer(lay.keys[b:b + 1, :, pad:], lay.values[b:b + 1, :, pad:]) for lay in cache.layers]
+
+
+class _Layer:
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+
+def padded_lane(torch, cache, rows, evicted_at, T0, of, T: int, device):
+    """Masked `rows` over the prompts' left-padded cache (each row its prompt's row of it),
+    their prompt victims and the padding masked; State.pad says where each row's position 0
+    lies (`bias`, `cur` by cache index)."""
     from transformers import DynamicCache
 
     from kvviz.model.loop.cache import Lane, masked_state
@@ -221,26 +278,18 @@ def padded_lane(torch, caches, rows, evicted_at, T0, of, T: int, device):
     width = int(T0.max())
     pad = width - T0[of[rows]]
     B, (_, L, G, _) = len(rows), evicted_at.shape
-    joined = []
-    for layer in range(len(caches[0].layers)):
-        ks, vs = [], []
-        for p in of[rows]:
-            lay = caches[p].layers[layer]
-            gap = width - lay.keys.shape[2]
-            ks.append(torch.nn.functional.pad(lay.keys, (0, 0, gap, 0)))
-            vs.append(torch.nn.functional.pad(lay.values, (0, 0, gap, 0)))
-        joined.append((torch.cat(ks), torch.cat(vs)))
-    cache = DynamicCache()
-    for layer, (k, v) in enumerate(joined):
-        cache.update(k, v, layer)
-    Hk = joined[0][0].shape[1]
+    pick = torch.as_tensor(of[rows], device=device)
+    joined = DynamicCache()
+    for layer, lay in enumerate(cache.layers):
+        joined.update(lay.keys.index_select(0, pick), lay.values.index_select(0, pick), layer)
+    Hk = cache.layers[0].keys.shape[1]
     ev = np.full((B, L, G, width), NEVER, np.int64)
     for i, (r, gap) in enumerate(zip(rows, pad)):
         ev[i, ..., :gap] = 0  # the padding: never a key
         ev[i, ..., gap:] = evicted_at[r, ..., : width - gap]
     st = masked_state(torch, ev, Hk, T, device)  # by cache index: the longest prompt, then the new tokens
     st.pad[:] = pad
-    return Lane(np.asarray(rows), st, cache)
+    return Lane(np.asarray(rows), st, joined)
 
 
 def joined_slots(torch, parts, T: int, device):
