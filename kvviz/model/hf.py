@@ -30,7 +30,7 @@ import numpy as np
 
 from kvviz.core.replay import NEVER
 from kvviz.model.loop import engine
-from kvviz.model.loop.batch import PAD, RowCache, joined_slots
+from kvviz.model.loop.batch import RowCache, joined_slots, padded_prompt_state
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
 
 
@@ -192,19 +192,14 @@ class Follower:
 
     def _begin_batch(self, B: int, q: int) -> None:
         """A batch's prompt pass: one policy group, log row and PromptFeed per row; the
-        padding's keys masked (finitely, so a padding query's row stays finite)."""
+        padding's keys masked (finitely, so a padding query's row stays finite:
+        kvviz.model.loop.batch.padded_prompt_state)."""
         torch = self.torch
         self.policies = [engine.make_policies(self.cfg, self.L, self.G, 0, self.seed, vectorised=False)
                          for _ in range(B)]
         self.evicted = np.full((B, self.L, self.G, max(256, q + 1)), NEVER, np.int64)
-        state = engine.State(torch, B, self.L, self.Hk, self.G, q, self.device)
-        for b, pad in enumerate(self.pads):
-            state.bias[b, ..., :pad] = PAD
-        if not state.on_host:
-            state.bias_t.copy_(state.bias_h)
-        state.pad[:] = self.pads
-        state.feeds = [(b, int(pad), engine.PromptFeed(q - int(pad), [self.cfg], [self.policies[b]], self.L, self.G,
-                                                        self.chunk)) for b, pad in enumerate(self.pads)]
+        state = padded_prompt_state(torch, self.pads, q, [self.cfg], self.policies, self.L, self.Hk, self.G,
+                                    self.chunk, self.device)
         self.lane = engine.Lane(np.arange(B), state, None)
 
     def _positions(self, kwargs, q: int) -> dict:

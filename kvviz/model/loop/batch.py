@@ -189,8 +189,6 @@ def read_prompts(mdl, torch, prompts, configs, policies, evicted_at, G: int, chu
     from transformers import DynamicCache
 
     from kvviz.model.loop.attention import use
-    from kvviz.model.loop.cache import State
-    from kvviz.model.loop.prompt import PromptFeed
     from kvviz.model.models import attention_shape
 
     shape = attention_shape(mdl)
@@ -201,14 +199,7 @@ def read_prompts(mdl, torch, prompts, configs, policies, evicted_at, G: int, chu
     ids = np.zeros((P, width), np.int64)
     for p, pid in enumerate(prompts):
         ids[p, pads[p]:] = pid
-    st = State(torch, P, L, Hk, G, width, device)
-    for p, pad in enumerate(pads):
-        st.bias[p, ..., :pad] = PAD
-    if not st.on_host:
-        st.bias_t.copy_(st.bias_h)
-    st.pad[:] = pads
-    st.feeds = [(p, int(pad), PromptFeed(len(prompts[p]), configs, policies[p * C:(p + 1) * C], L, G, chunk))
-                for p, pad in enumerate(pads)]
+    st = padded_prompt_state(torch, pads, width, configs, policies, L, Hk, G, chunk, device)
     cache = DynamicCache()
     pos = np.maximum(np.arange(width)[None, :] - pads[:, None], 0)
     use(mdl, st)
@@ -223,6 +214,25 @@ def read_prompts(mdl, torch, prompts, configs, policies, evicted_at, G: int, chu
     for p, _, feed in st.feeds:
         feed.evict(configs, policies[p * C:(p + 1) * C], evicted_at[p * C:(p + 1) * C])
     return cache, logits
+
+
+def padded_prompt_state(torch, pads, width: int, configs, policies, L: int, Hk: int, G: int, chunk: int, device):
+    """The State prompts left-padded to `width` (`pads` (P,)) are read through in one pass:
+    by cache index (State.pad), the padding's keys at PAD, one PromptFeed per prompt for its
+    configs (rows p x C .. p x C + C - 1 of `policies`)."""
+    from kvviz.model.loop.cache import State
+    from kvviz.model.loop.prompt import PromptFeed
+
+    C = len(configs)
+    st = State(torch, len(pads), L, Hk, G, width, device)
+    for p, pad in enumerate(pads):
+        st.bias[p, ..., :pad] = PAD
+    if not st.on_host:
+        st.bias_t.copy_(st.bias_h)
+    st.pad[:] = pads
+    st.feeds = [(p, int(pad), PromptFeed(width - int(pad), configs, policies[p * C:(p + 1) * C], L, G, chunk))
+                for p, pad in enumerate(pads)]
+    return st
 
 
 def joined_lanes(torch, cache, configs, policies, evicted_at, eviction: str, T0, of, T: int, device) -> list:
