@@ -131,7 +131,18 @@ def _bench_perf(args) -> int:
     if cli_load(args.plugin, f"kvviz {args.command}"):
         return 2
 
+    from kvviz.core.cli import one_line_error
+    from kvviz.core.policies.base import BudgetError
     from kvviz.studies import bench as b  # numpy only: its tables print and write themselves
+
+    try:
+        return _bench_perf_run(args, parser, b)
+    except BudgetError as exc:  # a policy broke the harness's rules mid-run: one line, no usage
+        one_line_error(str(exc))
+
+
+def _bench_perf_run(args, parser, b) -> int:
+    from kvviz.core.policies.base import BudgetError
 
     if args.command == "bench":
         try:
@@ -140,9 +151,11 @@ def _bench_perf(args) -> int:
             policies = b.policy_list(args.policies) if args.policies else None
             kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
             results = b.table(trace, budgets, policies, kernels, args.spans)
+        except BudgetError:
+            raise
         except ValueError as exc:
             parser.error(str(exc))
-        print(b.describe(trace))
+        print(b.describe(trace, results))
         for budget in budgets:
             if budget >= trace.steps:
                 print(f"warning: budget {budget} is at least the trace length ({trace.steps} "

@@ -191,9 +191,33 @@ def test_the_pyramid_keeps_the_total_exactly_and_decreases(budget, layers, beta)
 
 
 def test_pyramidkv_refuses_a_layer_with_no_slots():
-    with pytest.raises(ValueError, match="beta=20 at budget 8 over 30 layers leaves the last layer 0"):
+    with pytest.raises(ValueError, match=r"beta=20 at budget 8 over 30 layers leaves layer 29 "
+                                         r"\(the last of the 30 that share it, counted from 0\) 0 slots per head"):
         make_policy("pyramidkv", 8).layer_budgets(30)
     assert pyramid(64, 3, 20) == [125, 64, 3]
+
+
+def test_pyramidkv_keeps_its_scorers_recent_window_in_every_layer(capsys):
+    # the paper's code and kvpress: each layer keeps the window, the pyramid shares the rest
+    snap = make_policy("pyramidkv", 64, scorer="snapkv")  # recentWindow 32
+    assert snap.layer_budgets(3) == [32 + x for x in pyramid(64 - 32, 3, 20)] == [94, 64, 34]
+    assert make_policy("pyramidkv", 64).layer_budgets(3) == pyramid(64, 3, 20)  # tova: no window
+    found = replay_layers(load_layers(CODE_KV), snap)
+    assert [found.held[d, :, -1].tolist() for d in range(3)] == [[94] * 3, [64] * 3, [34] * 3]
+    from kvviz.__main__ import main
+
+    assert main(["bench", "--trace", CODE_KV, "--policies", "pyramidkv:scorer=snapkv", "--budgets", "64"]) == 0
+    assert "pyramidkv @ 64: layer 29 (per-head budget 34, total 102)" in capsys.readouterr().out
+    with pytest.raises(ValueError) as exc:
+        make_policy("pyramidkv", 40, scorer="snapkv").layer_budgets(30)
+    assert str(exc.value) == (
+        "beta=20 at budget 40 over 30 layers leaves layer 29 (the last of the 30 that share it, counted "
+        "from 0) 32 slots per head, only the "
+        "scorer's recent window of 32: its share of budget - recentWindow = 8 is 0, and each layer "
+        "needs at least 1 slot beyond the window (lower beta, raise the budget or lower the scorer's "
+        "recentWindow)")
+    budgets = make_policy("pyramidkv", 40, scorer="snapkv", recent_window=8).layer_budgets(30)
+    assert sum(budgets) == 30 * 40 and min(budgets) > 8  # the fix it names works
 
 
 # -- the allocator contract ---------------------------------------------------------------
@@ -377,8 +401,9 @@ def test_kvviz_check_runs_the_allocator_contract_on_the_built_ins(capsys):
     lines = capsys.readouterr().out.splitlines()
     for name, cls in [("adakv", "AdaKV"), ("pyramidkv", "PyramidKV"), ("headroles", "HeadRoles")]:
         at = lines.index(f"{name} (kvviz.core.policies.{name}.{cls}): PASS")
-        assert lines[at + 1:at + 6] == [
-            "  PASS  contract: total", "  PASS  contract: floor", "  PASS  contract: candidates",
+        assert lines[at + 1:at + 7] == [
+            "  PASS  contract: total", "  PASS  contract: victims", "  PASS  contract: floor",
+            "  PASS  contract: candidates",
             "  PASS  determinism: two runs, identical victims",
             "  PASS  refusals: bad parameters and budgets raise ValueError naming them"]
 
@@ -397,7 +422,7 @@ def test_kvviz_check_all_builtins_includes_the_allocators(capsys, monkeypatch):
 @pytest.mark.parametrize("cls, rule", [
     ("OneTooFew", "contract: total"),
     ("NoFloor", "contract: floor"),
-    ("IgnoresCandidates", "contract: candidates"),
+    ("IgnoresCandidates", "contract: candidates"),  # and the order: the newest go, whatever their priority
     ("Restless", "determinism: two runs, identical victims"),
     ("Lax", "refusals: bad parameters and budgets raise ValueError naming them"),
 ])
@@ -411,12 +436,16 @@ def test_kvviz_check_fails_a_broken_allocator_file_on_its_rule(tmp_path, capsys,
     assert f"{path}:{cls} (" in out and "): FAIL" in out
     failed = [line.strip()[len("FAIL  "):].split(" -- ")[0] for line in out.splitlines()
               if line.strip().startswith("FAIL")]
-    assert failed == [rule]
+    also = ["order: each victim is the lowest-priority candidate it may take (shared)"] \
+        if cls == "IgnoresCandidates" else []
+    assert failed == [rule] + also
 
 
-def test_kvviz_check_refuses_a_reference_for_an_allocator(capsys):
+def test_kvviz_check_takes_a_reference_for_an_allocator(capsys):
     from kvviz.__main__ import main
 
-    assert main(["check", "adakv", "--reference", "kvviz.core.reference:RefTova"]) == 2
-    err = capsys.readouterr().err
-    assert "--reference is for a policy" in err and len(err.strip().splitlines()) == 1
+    assert main(["check", "adakv", "--reference", "kvviz.core.reference_alloc:RefAdaKV",
+                 "--examples", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("  PASS  differential: identical victims and held sets per head to the reference "
+                       "at every step -- 20 random scenarios")

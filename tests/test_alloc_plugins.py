@@ -182,7 +182,9 @@ def test_make_policy_hands_the_allocator_its_scorer_factory_and_a_given_factory_
 
     alloc = PyramidKV(budget=16, beta=2, scorer="h2o", factory=factory, scorer_params={"recent_window": 4})
     group = alloc.group(0, 2, 3)
-    assert built == [("h2o", 24, 0), ("h2o", 24, 1), ("h2o", 24, 2)]  # 2B - B/beta for the first layer
+    # a probe at the budget that reads h2o's recent window of 4, then the first layer's heads:
+    # the window plus 2(B - 4) - (B - 4)/beta of the rest
+    assert built == [("h2o", 16, None), ("h2o", 22, 0), ("h2o", 22, 1), ("h2o", 22, 2)]
     assert [p.recent_window for p in group.policies] == [4, 4, 4]
     with pytest.raises(ValueError, match=r"pyramidkv was built without a scorer factory: build it with "
                                          r"make_policy\('pyramidkv', ...\)"):
@@ -267,9 +269,11 @@ def test_kvviz_check_runs_the_allocator_rules_on_the_plugin():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("fixed-share (") and lines[0].endswith(".FixedShare): PASS")
-    assert lines[1:] == ["  PASS  contract: total", "  PASS  contract: floor", "  PASS  contract: candidates",
+    assert lines[1:] == ["  PASS  contract: total", "  PASS  contract: victims", "  PASS  contract: floor",
+                         "  PASS  contract: candidates",
                          "  PASS  determinism: two runs, identical victims",
-                         "  PASS  refusals: bad parameters and budgets raise ValueError naming them"]
+                         "  PASS  refusals: bad parameters and budgets raise ValueError naming them",
+                         "  PASS  order: each victim is the lowest-priority candidate it may take (per head)"]
 
 
 def test_kvviz_check_fails_a_plugin_allocator_that_breaks_the_total(tmp_path):

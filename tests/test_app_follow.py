@@ -70,7 +70,7 @@ def lecturer(traces):
 
 
 def shared(at) -> dict:
-    return {k: v for k, v in qp(at).items() if k not in ("follow", "present")}
+    return {k: v for k, v in qp(at).items() if k not in ("follow", "lead", "present")}
 
 
 def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces, apptest):
@@ -81,7 +81,8 @@ def test_a_follower_sees_the_lecturers_page_and_moves_with_it(traces, apptest):
     stu = app(follow=code)
     ok(stu)
     assert not stu.error
-    assert stu.session_state["class.token"] != lect.session_state["class.token"]
+    # the student is their browser's identity (class.me), never the lecturer's token
+    assert stu.session_state["class.me"] != lect.session_state["class.token"]
     # while following, the sidebar says the lecturer's settings (no controls drawn)
     kv = stu.session_state["kv"]
     assert (kv["trace"], kv["a"], kv["b"], kv["w.pa.pool_kernel"]) == (
@@ -157,7 +158,7 @@ def test_a_follower_cannot_move_the_class(traces, apptest):
     c = REGISTRY.get(code)
     before = c.snapshot()
     with pytest.raises(Refused, match="only the lecturer's session"):
-        c.publish(stu.session_state["class.token"], {**before[1], "step": "5"})
+        c.publish(stu.session_state["class.me"], {**before[1], "step": "5"})
     stu.button(key="nav.next").click().run()  # the student's own moves stay theirs
     stu.segmented_control(key="w.view").set_value("cache").run()
     ok(stu)

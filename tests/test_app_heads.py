@@ -21,8 +21,11 @@ def test_heads_figure_draws_each_head_solid_and_its_plain_scorer_dashed():
                        budget=2, roles=[(True, False)], step=1)
     lines = fig.data
     assert len(lines) == 4  # per head: the allocator, then the plain scorer
-    assert [tr.name for tr in lines] == ["kv0 retrieval: adakv (tova)", "kv0: tova alone",
-                                         "kv1 streaming: adakv (tova)", "kv1: tova alone"]
+    # a head's role is its layer's: the legend names both
+    assert [tr.name for tr in lines] == ["kv0 retrieval (layer 14): adakv (tova)",
+                                         "kv0: tova alone",
+                                         "kv1 streaming (layer 14): adakv (tova)",
+                                         "kv1: tova alone"]
     assert lines[2].y.tolist() == [1, 2, 3] and lines[3].y.tolist() == [1, 2, 2]
     assert lines[1].line.dash == "dash" and lines[0].line.dash is None
     assert lines[0].line.color == lines[1].line.color != lines[2].line.color
@@ -228,3 +231,32 @@ def test_the_heads_view_shows_a_pass_key_prompts_heads_from_the_files(apptest):
     cells = sum(len(row) for row in held)
     assert any(f"headroles:tova @ 64: {whole} of {cells} heads hold the whole key, "
                f"{cells - whole - none} part of it, {none} none of it." in c.value for c in at.caption)
+
+
+def test_the_heads_view_presented_draws_no_sidebar_and_no_trace_navigation(apptest):
+    """Presentation mode: the link's allocator, scorer and budget with no sidebar; neither
+    here nor in the explorer the step slider or status line of the page's trace, which
+    move nothing on this chart."""
+    room = apphelp.app(timeout=180, view="heads", present=1, heads__allocator="headroles",
+                       heads__scorer="h2o", heads__budget=96)
+    ok(room)
+    assert not list(room.sidebar.children.values())
+    spec = chart_titled(room, "Held slots")
+    assert "headroles (h2o) vs h2o alone @ 96" in spec["layout"]["title"]["text"]
+    for at in (room, apphelp.app(timeout=180, view="heads")):
+        ok(at)
+        assert "w.step" not in [s.key for s in at.slider]
+        assert not [m.value for m in at.markdown if "evicted at step" in m.value]
+
+
+def test_the_heads_legend_has_a_line_for_each_entry_and_names_each_roles_layer():
+    """With roles, one entry per (layer, head) role: each names its layer, and the figure is
+    as tall as its legend's entries (it never scrolls)."""
+    held = np.ones((3, 3, 4), int)
+    roles = [(True, False, True)] * 3
+    fig = heads_figure(held, held, [0, 7, 14], [2, 2, 2], label="headroles (tova)",
+                       plain_label="tova alone", budget=2, roles=roles)
+    shown = [t.name for t in fig.data if t.showlegend]
+    assert len(shown) == len(set(shown))  # no two entries alike
+    assert "kv0 retrieval (layer 7): headroles (tova)" in shown
+    assert fig.layout.height >= 150 + 24 * len(shown)

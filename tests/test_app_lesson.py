@@ -233,6 +233,10 @@ def test_a_bad_lesson_file_is_an_error_and_the_page_works_on(tmp_path, monkeypat
     assert len(far.error) == 1, [e.value for e in far.error]
     assert "scene 99" in far.error[0].value and f"scenes 1–{N}" in far.error[0].value
     assert "/" not in far.error[0].value
+    zero = app(lesson="tova-vs-snapkv", scene=0)  # never scene 1 in silence
+    ok(zero)
+    assert len(zero.error) == 1, [e.value for e in zero.error]
+    assert "scene 0" in zero.error[0].value and f"scenes 1–{N}" in zero.error[0].value
     assert at.get("plotly_chart")
 
 

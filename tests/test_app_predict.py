@@ -11,7 +11,8 @@ import json
 import re
 
 import numpy as np
-from apphelp import REPO, app, arr, ok
+from apphelp import APP, REPO, app, arr, ok
+from streamlit.testing.v1 import AppTest
 
 from kvviz.app.figures.votes import ANSWER_COLOUR, GUESS_COLOUR
 from kvviz.app.teach.classroom import Registry, new_token
@@ -319,3 +320,63 @@ def test_a_student_who_stops_following_during_a_question_sees_no_answer(apptest)
     assert f"evicted at step {r.answer_step}:" not in status
     assert not [t for t in texts(stu) if t.startswith("Say:") or "Reveal:" in t]
     assert {int(p) for p in range(len(ev)) if ev[p] == r.answer_step} == set(r.answer)
+    # pressing K (next step) keeps it before the asked step, and the status line with it
+    for _ in range(2):
+        stu.button(key="nav.next").click().run()
+        ok(stu)
+        assert stu.session_state["kv"]["step"] == before
+        assert f"evicted at step {r.answer_step}:" not in " ".join(texts(stu))
+    assert any(f"hides the steps from {r.answer_step} on" in t for t in texts(stu))
+    # the whole-run heatmap: the asked step and later ones covered, their evictions left out
+    (fig,) = [f for f in (json.loads(c.proto.spec) for c in stu.get("plotly_chart"))
+              if any(s.get("name") == "hidden" for s in f["layout"].get("shapes", ()))]
+    (cover,) = [s for s in fig["layout"]["shapes"] if s.get("name") == "hidden"]
+    assert cover["y0"] == r.answer_step - 0.5
+    assert any("hidden while the class's question is open" in a.get("text", "")
+               for a in fig["layout"]["annotations"])
+    # a view of the whole run is replaced by a sentence while the question is open
+    stu.segmented_control(key="w.view").set_value("survival").run()
+    ok(stu)
+    assert any("This view shows the whole run" in i.value for i in stu.info)
+    # back in the class (the same student: their browser's identity), their vote is marked
+    me = stu.session_state["class.me"]
+    back = AppTest.from_file(APP, default_timeout=120)
+    for k, v in {**PAGE, "follow": c.code}.items():
+        back.query_params[k.replace("__", ".")] = str(v)
+    back.session_state["class.me"] = me  # (what its cookie gives a page in a browser)
+    back.run()
+    ok(back)
+    held = sorted(r.held)
+    back.number_input(key="predict.guess").set_value(held[0]).run()
+    back.button(key="predict.vote").click().run()
+    assert c.round.votes and c.round.rejoined == frozenset(c.round.votes)
+    other = student(c.code)
+    other.number_input(key="predict.guess").set_value(held[1]).run()
+    other.button(key="predict.vote").click().run()
+    assert len(c.round.votes) == 2 and len(c.round.rejoined) == 1
+    lect.run()
+    title, _, _ = votes_chart(lect)
+    (fig,) = [f for t, f in charts(lect).items() if "guesses" in t]
+    said = dict(zip(map(int, fig["data"][0]["x"]), fig["data"][0]["text"]))
+    assert said[held[0]] == "1 after leaving" and said[held[1]] == "", said
+    assert any("1 of the 2 votes came from students who left" in t for t in texts(lect))
+    # the question revealed: the page that left shows the whole run again
+    lect.button(key="predict.reveal").click().run()
+    stu.segmented_control(key="w.view").set_value("cache").run()
+    ok(stu)
+    assert not any("hides the steps" in t for t in texts(stu))
+
+
+def test_a_vote_that_arrives_after_the_close_is_said(apptest):
+    lect, c = lecturer(step=ASKED_AT)
+    lect.button(key="predict.ask.a").click().run()
+    stu = student(c.code)
+    stu.number_input(key="predict.guess").set_value(sorted(c.round.held)[0]).run()
+    lect.button(key="predict.reveal").click().run()
+    lect.button(key="predict.close").click().run()
+    stu.button(key="predict.vote").click().run()  # (its page still showed the question)
+    ok(stu)
+    said = " ".join(w.value for w in stu.warning)
+    assert "Vote refused: no question is open in this class right now: the lecturer closed " \
+           "it before your vote arrived, so your vote was not counted." in said, texts(stu)
+    assert c.round is None

@@ -93,15 +93,23 @@ def test_attention_figure_shades_the_reminders_and_marks_each_loss():
     assert not covered & set(range(TF.REMINDERS[0][1], TF.REMINDERS[1][0]))
     curve = fig["data"][0]
     assert np.allclose(np.asarray(curve["y"], float), att[1])
-    marks = {d["name"].split(" loses the key")[0]: d for d in fig["data"] if d.get("mode") == "markers+text"}
+    marks = {d["name"].split(" loses the key")[0]: d for d in fig["data"]
+             if " loses the key" in (d.get("name") or "")}
     assert set(marks) == {"tova", "scissorhands"}  # h2o never lost it: no marker
     for name, d in marks.items():
         assert d["x"] == [lost[name]] and d["y"][0] == pytest.approx(float(att[1, lost[name]]))
-        assert d["text"] == [name]
-    # two policies losing it at one step: one label naming both, on the first marker
+        assert d["name"] == f"{name} loses the key (step {lost[name]})"
+    # policies losing it at one step: each its own symbol, stacked, none on top of another
+    same = {"tova": 70, "h2o": 70, "snapkv": 70, "scissorhands": 70}
     both = NV.key_attention_figure(att, reminders=TF.REMINDERS, key_positions=TF.KEY_POS,
-                                   lost={"tova": 70, "h2o": 70}, layer=1).to_plotly_json()
-    assert [d["text"] for d in both["data"] if d.get("mode") == "markers+text"] == [["tova<br>h2o"], [""]]
+                                   lost=same, layer=1).to_plotly_json()
+    lost4 = [d for d in both["data"] if " loses the key" in (d.get("name") or "")]
+    assert [d["x"] for d in lost4] == [[70]] * 4
+    assert len({d["marker"]["symbol"] for d in lost4}) == 4
+    ys = [d["y"][0] for d in lost4]
+    top = both["layout"]["yaxis"]["range"][1]
+    assert ys[0] == pytest.approx(float(att[1, 70]))
+    assert all(b - a >= 0.05 * top for a, b in zip(ys, ys[1:])), ys  # apart on the screen
     mean = NV.key_attention_figure(att, reminders=[], key_positions=TF.KEY_POS, lost={},
                                    layer=None).to_plotly_json()
     assert np.allclose(np.asarray(mean["data"][0]["y"], float), att.mean(0), atol=1e-6)
@@ -206,7 +214,7 @@ def test_the_recall_cell_draws_its_attention_file(page_env, tasks, apptest):
         spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                     if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("The key's attention"))
         marks = {d["name"].split(" loses the key")[0]: d["x"][0] for d in spec["data"]
-                 if d.get("mode") == "markers+text"}
+                 if " loses the key" in (d.get("name") or "")}
         i = {c["label"]: k for k, c in enumerate(meta["configs"])}
         # layer 1: tova loses the key there; scissorhands (layer 2), h2o and snapkv never do
         expect = {}
@@ -285,7 +293,7 @@ def test_attention_axis_fits_the_reminders_and_names_the_keys_peak():
     lo, hi = fig["layout"]["yaxis"]["range"]
     assert lo == 0 and 0.03 < hi < 0.3  # a reminder's bump fills the chart, the key runs above
     notes = [a["text"] for a in fig["layout"]["annotations"]]
-    assert notes == [f"↑ up to 0.30 at the key (step {TF.KEY_POS[0]})"]
+    assert notes == [f"↑ up to 0.30<br>at the key (step {TF.KEY_POS[0]})"]
     flat = NV.key_attention_figure(np.full((1, 50), 0.2, np.float32), reminders=[], key_positions=[3],
                                    lost={}, layer=0).to_plotly_json()
     assert flat["layout"]["yaxis"]["range"][1] > 0.2 and not flat["layout"].get("annotations")

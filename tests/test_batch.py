@@ -61,6 +61,33 @@ def test_a_batch_of_prompts_gives_each_what_it_gets_alone(pair, prompt_mode, evi
         assert got.texts == alone.texts and got.meta["batch_prompts"] == 3
 
 
+@pytest.mark.parametrize("prompt_mode", ["decode", "prefill"])
+def test_a_batch_with_allocators_in_freed_slots_gives_each_what_it_gets_alone(pair, prompt_mode):
+    """Allocators at kv-head granularity in a freed cache: AdaKV moves slots between a layer's
+    KV heads (one pool per layer), PyramidKV gives each layer its own budget (slots per
+    layer); each prompt's rows hold their own counts, joined to the most per layer (the
+    four-token prompt's run sees 10 positions: fewer slots than PyramidKV's first layer)."""
+    from kvviz.model.loop import LoopConfig, generate
+    from kvviz.model.loop.batch import generate_batch
+
+    cfgs = [LoopConfig("full"), LoopConfig("adakv", {"scorer": "tova"}, 6),
+            LoopConfig("pyramidkv", {"scorer": "tova", "beta": 2}, 8), LoopConfig("tova", {}, 6)]
+    kw = dict(model=pair, prompt_mode=prompt_mode, eviction="freed", granularity="kv-head", stop_at_eos=False)
+    ps = prompts() + [prompts()[0][:4]]
+    batch = generate_batch(ps, cfgs, NEW, **kw)
+    for p, got in zip(ps, batch):
+        alone = generate(p, cfgs, NEW, **kw)
+        assert np.array_equal(got.new_ids, alone.new_ids)
+        assert np.array_equal(got.evicted_at, alone.evicted_at)
+        assert (got.evicted_at[1:] != -1).any(axis=(1, 2, 3)).all() or len(p) == 4
+        held = (got.evicted_at[1, :, :, : len(p)] == -1).sum(axis=-1)  # AdaKV's count per KV head after the prompt
+        assert (held.sum(axis=-1) <= 2 * 6).all()
+        mem = got.meta["memory_by_config"]
+        assert [m["label"] for m in mem] == got.labels
+        assert all(m["kv_held_bytes"] > 0 for m in mem)
+        assert mem[0]["kv_held_bytes"] > mem[1]["kv_held_bytes"]  # the full row holds the whole prompt
+
+
 def test_rows_stop_at_their_own_eos(pair):
     """A row that meets EOS stops (records nothing more) while the other prompts' rows go on:
     EOS is taken to be the token the full row of the shortest prompt generates second."""
@@ -120,6 +147,7 @@ def test_needle_reads_prompts_in_batches_as_it_reads_them_alone(pair, tmp_path):
 @pytest.mark.parametrize("policy,params,granularity", [
     ("tova", {}, "kv-head"),
     ("snapkv", {"obs_window": 4, "recent_window": 2, "pool_kernel": 3}, "layer"),
+    ("adakv", {"scorer": "tova"}, "kv-head"),
 ])
 def test_hf_generate_on_a_left_padded_batch_is_each_prompt_alone(pair, eviction, policy, params, granularity):
     """kvviz.hf.evicting around plain generate on three left-padded prompts: each row's new

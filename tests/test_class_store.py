@@ -105,7 +105,7 @@ def raw_dump(url) -> str:
     for k in r.keys("*"):
         kind = r.type(k)
         value = {"hash": r.hgetall, "zset": lambda k: r.zrange(k, 0, -1, withscores=True),
-                 "string": r.get}[kind](k)
+                 "string": r.get, "set": r.smembers}[kind](k)
         out.append(f"{k} {value}")
     return "\n".join(out)
 
@@ -308,6 +308,30 @@ def test_a_restarted_server_finds_every_class_question_and_vote(url):
     c.take_back(f"{key[:4]}-{key[4:]}".lower(), "tab2")  # as read off the page
     assert c.led_by("tab2") and not c.led_by("lect")
     assert c.publish("tab2", {"step": "13"}) == 2
+
+
+def test_a_vote_cast_after_leaving_during_the_question_is_marked(url):
+    a, b = reg(url), reg(url)
+    c = a.open("lect")
+    r = c.ask("lect", step=5, who="a", label="tova", held=[1, 2, 3], answer=[2], answer_step=5)
+    s = b.get(c.code)  # the students' process
+    early, back, gone, stayed = (f"student-{n}-" + "x" * 16 for n in range(4))
+    s.vote(early, r.number, 1)
+    s.left(early, r.number)  # voted, then left: their vote came before, not marked
+    s.left(back, r.number)   # left, then voted: marked
+    s.vote(back, r.number, 2)
+    s.left(gone, r.number)   # left and never voted: no vote to mark
+    s.vote(stayed, r.number, 2)
+    for seen in (a.get(c.code).current_round(), reg(url).get(c.code).current_round()):
+        assert seen.rejoined == {cr.digest(back)}  # (the second: a restarted server's)
+        assert seen.rejoined_tally() == {2: 1} and seen.tally() == {1: 1, 2: 2}
+    with pytest.raises(cr.Refused, match="already voted"):  # still one vote each
+        s.vote(back, r.number, 3)
+    assert not any(v in raw_dump(url) for v in (early, back, gone))  # digests only
+    r2 = c.ask("lect", step=6, who="a", label="tova", held=[1, 2, 3], answer=[3],
+               answer_step=6)
+    s.vote(back, r2.number, 3)  # a new question: the last one's leavers are forgotten
+    assert a.get(c.code).current_round().rejoined == frozenset()
 
 
 def test_the_lecturer_key_is_checked_against_its_digest(url):

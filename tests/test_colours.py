@@ -155,6 +155,25 @@ def test_the_loop_chart_draws_each_policy_in_its_colour():
     assert check_figure(fig, {"A": "tova", "B": "snapkv"}) == 4
 
 
+def test_two_settings_of_one_policy_differ_and_keep_its_hue():
+    """The loop's chart: "snapkv" in SnapKV's colour, "snapkv (poolKernel=1)" in a shade of
+    it, another colour, of the same hue."""
+    import colorsys
+
+    rows = [dict(policy="snapkv", params=p, budget=b, perplexity=11.0 + b / 100 + len(p))
+            for p in ({}, {"poolKernel": 1}) for b in (64, 128)]
+    fig = perplexity_figure(rows).to_dict()
+    seen = {t["name"]: t["line"]["color"] for t in fig["data"]}
+    base, other = seen["snapkv"], seen["snapkv (poolKernel=1)"]
+    assert base == C.policy_colour("snapkv") and other.upper() != base.upper()
+
+    def hue(c):
+        return colorsys.rgb_to_hls(*(int(c.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4)))[0]
+
+    assert abs(hue(base) - hue(other)) < 0.02
+    assert len({C.setting_colour("snapkv", n).upper() for n in range(5)}) == 5
+
+
 def test_the_loop_view_and_the_forgetting_view_follow_the_registry(apptest):
     at = app(view="loop", loop="prose-layer", loop__policy="tova", loop__budget=64)
     ok(at)

@@ -4,6 +4,7 @@ kvviz.core.replay.Replay stepped by hand, the trace's rows, the loop result's JS
 needle results CSV read with the csv module); the shipped lesson; `kvviz lesson`."""
 import csv
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -421,3 +422,85 @@ def test_cli_list_and_check(capsys, tmp_path, monkeypatch):
     cap = capsys.readouterr()
     assert cap.out == "" and len(cap.err.strip().splitlines()) == 1
     assert cap.err.startswith("error: t.toml: scene 1: note: unknown placeholder {victim.a}")
+
+
+# --- questions decided by evidence -----------------------------------------------------------
+def _margin_by_hand(row, kept, evicted):
+    """TOVA's evidence from the trace's row alone: its score is the current step's weight of
+    each earlier position (the new token has none and is no candidate)."""
+    w = np.asarray(row, np.float64)
+    gone = [w[p] for p in evicted]
+    rest = sorted((w[p], p) for p in kept if p not in evicted and p < len(w))
+    return max(gone), rest[0]
+
+
+def test_a_question_within_five_percent_of_its_runner_up_is_refused(tmp_path):
+    """The prose trace, SnapKV without pooling against SnapKV, at step 299: A's next victim
+    (step 300) scores within 0.1 % of the slot it keeps with the lowest score."""
+    state = ('trace = "file:prose.npz"\nlayer = 0\nbudget = 128\na = "snapkv"\n'
+             '"a.poolKernel" = 1\nb = "snapkv"\nstep = {step}\nview = "cache"\n')
+    bad = L.load(write(tmp_path, [(1, "Ask: {next.a}", state.format(step=299))]))
+    with pytest.raises(ValueError) as e:
+        L.check_evidence(bad)
+    msg = str(e.value)
+    assert msg.startswith("t.toml: scene 1: question \"which position will A evict next?"), msg
+    assert "position 176 at step 300" in msg and "position 232" in msg and "5 % below" in msg
+    ev = L.question_evidence(L.Facts(bad.scene(1)), "a")
+    assert 0 < ev.margin < 0.05 and ev.answer == (176,) and ev.runner_up == 232
+    # the same scene ten steps earlier: clear evidence on both sides
+    good = L.load(write(tmp_path, [(1, "Ask: {next.a}", state.format(step=289))], name="g.toml"))
+    L.check_evidence(good)
+    for w in "ab":
+        assert L.question_evidence(L.Facts(good.scene(1)), w).margin >= L.CLEAR
+
+
+def test_a_tied_question_is_refused(tmp_path):
+    """The prose trace at step 131: SnapKV's next victim, 14, scores exactly as 15 (pooled)."""
+    state = ('trace = "file:prose.npz"\nlayer = 0\nbudget = 128\na = "tova"\nb = "snapkv"\n'
+             'step = 131\nview = "cache"\n')
+    les = L.load(write(tmp_path, [(1, "Say.", state)]))
+    with pytest.raises(ValueError, match=r"scene 1: question \"which position will B evict next"
+                       r"\? \(asked at step 131\)\": the answer, position 14 at step 132 "
+                       r"\(.*\), ties with position 15"):
+        L.check_evidence(les)
+
+
+def test_evidence_is_the_policys_own_scores(tmp_path):
+    """TOVA's evidence, against the toy trace's own row: the answer's weight and the lowest
+    weight among the other positions it holds at the answer's step."""
+    les = L.load(write(tmp_path, [(1, "Say.", toy(3))]))
+    facts = L.Facts(les.scene(1))
+    ev = L.question_evidence(facts, "a")
+    row = load_trace(ROOT / "traces" / "toy.npz").row(ev.answer_step)
+    held = [p for p in range(ev.answer_step + 1)
+            if facts.engine("a").evicted_at[p] >= ev.answer_step]
+    score, (rscore, rpos) = _margin_by_hand(row, held, ev.answer)
+    assert ev.runner_up == rpos
+    # the same margin whatever the scores' normalisation
+    assert ev.margin == pytest.approx((rscore - score) / rscore)
+    assert ev.score / ev.runner_score == pytest.approx(score / rscore)
+
+
+def test_the_shipped_lessons_questions_are_clear():
+    for name in L.names():
+        L.check_evidence(L.load(name))
+
+
+def test_the_teaching_guide_says_the_lessons_own_numbers():
+    """docs/teaching.md walks the shipped lesson: its minutes, its number of scenes, each
+    scene's minutes and the steps it names are the lesson file's."""
+    les = L.load(SHIPPED)
+    doc = (ROOT / "docs" / "teaching.md").read_text()
+    n, total = len(les.scenes), les.minutes
+    assert f"({total:g} minutes, {n} scenes)" in doc
+    assert f"they add up to {total:g}" in doc
+    assert f"{n} scenes, {total:g} min: ok" in doc
+    said = {int(m) for m in re.findall(r"Scene 1 of (\d+)", doc)}
+    assert said == {n}, said
+    rows = [r for r in doc.splitlines() if re.match(r"\| \d+ \| [\d.]+ \|", r)]
+    assert [int(r.split("|")[1]) for r in rows] == list(range(1, n + 1))
+    for r, s in zip(rows, les.scenes):
+        cells = [c.strip() for c in r.split("|")]
+        assert float(cells[2]) == s.minutes, (s.number, cells[2])
+        for step in re.findall(r"\bstep (\d+)\b", cells[3]):
+            assert int(step) == s.state.step, (s.number, cells[3])

@@ -287,9 +287,17 @@ def test_cli_writes_json_and_result(model, tmp_path, capsys):
     assert (data["eviction"], data["cache_bytes"], data["full_cache_bytes"]) == \
         ("masked", 3 * 24 * 30 * 3 * 64 * 2 * 4, 3 * 24 * 30 * 3 * 64 * 2 * 4)
     assert data["policy_bytes"] == (8 + 12) * 90 * 4
+    # and per configuration: each row holds the whole cache (masked); each policy its own slots
+    row_bytes = 24 * 30 * 3 * 64 * 2 * 4
+    assert [(m["label"], m["kv_held_bytes"], m["full_cache_bytes"], m["policy_bytes"])
+            for m in data["memory_by_config"]] == [
+        ("full", row_bytes, row_bytes, 0), ("streaming-llm(sinks=0)@8", row_bytes, row_bytes, 8 * 90 * 4),
+        ("streaming-llm(sinks=0)@12", row_bytes, row_bytes, 12 * 90 * 4)]
+    assert [(r["kv_held_bytes"], r["policy_bytes"]) for r in results] == [
+        (row_bytes, 0), (row_bytes, 8 * 90 * 4), (row_bytes, 12 * 90 * 4)]
     out = capsys.readouterr().out
-    assert "eviction masked: keys and values held 3.2 MB (the full cache: 3.2 MB); the policies' own " \
-        "bookkeeping 7.0 KB" in out
+    assert "eviction masked: keys and values held 3.2 MiB (the full cache: 3.2 MiB); the policies' own " \
+        "bookkeeping 7.0 KiB" in out
     assert "24 tokens x 3 configurations in " in out and "of a step)" in out
 
 

@@ -1,16 +1,19 @@
 """Policies that see the whole model, in the model's own loop: each stream is told where it
 sits (Place), allocators share a layer's slots across its KV heads (masked or freed), and a
 policy that keeps more than its budget stops the run with one line naming it."""
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from kvviz.core import plugins
-from kvviz.core.policies import Place, make_policy
+from kvviz.core.policies import Place, make_policy, register_allocator
 from kvviz.core.policies.base import BudgetError
 from kvviz.core.policies.tova import Tova
+from kvviz.core.replay import NEVER
 from kvviz.model.loop import LoopConfig, generate, run_loop
+from kvviz.policies import Allocator
 
 PROMPT = ("The capital of France is Paris. The capital of Italy is Rome. The capital of Germany is Berlin. "
           "Our meeting moved to Thursday at noon, in the blue room. The capital of Spain is")
@@ -34,10 +37,36 @@ class KeepsOneMore(Tova):
         return super().evict(budget + 1)  # one victim too few
 
 
+@dataclass
+class FirstRowsPlanner(Allocator):
+    """Test only: every layer's budget from every layer's first 8 rows: the layer whose
+    rows put the most mass outside their 4 newest positions gains budget // 2 per head, the
+    one with the least gives them (ties to the lower layer)."""
+
+    name = "first-rows-planner"
+    label = "First rows planner"
+    plans: ClassVar[list] = []
+
+    def calibration_rows(self):
+        return 8
+
+    def plan_layers(self, rows_by_layer):
+        stat = [np.mean([r[:-4].sum() / r.sum() for head in rows for r in head if len(r) > 4])
+                for rows in rows_by_layer]
+        L = len(stat)
+        out = [self.budget] * L
+        out[max(range(L), key=lambda d: (stat[d], -d))] += self.budget // 2
+        out[min(range(L), key=lambda d: (stat[d], d))] -= self.budget // 2
+        type(self).plans.append(out)
+        return out
+
+
 @pytest.fixture(autouse=True)
 def registered():
     plugins.register_policy(PlaceRecorder)
     plugins.register_policy(KeepsOneMore)
+    register_allocator(FirstRowsPlanner)
+    FirstRowsPlanner.plans = []
     PlaceRecorder.seen = set()
     yield
     plugins.forget()
@@ -167,6 +196,84 @@ def test_head_roles_in_the_loop_keep_the_layers_total_and_need_a_prompt_read_in_
     assert all(sorted(row) == [streaming, (3 * budget - streaming) // 2, (3 * budget - streaming) // 2]
                for row in held.tolist())
     assert np.array_equal(gens["masked"].evicted_at, gens["freed"].evicted_at)
-    with pytest.raises(ValueError, match=r"only a prompt read in one pass gives: use prompt_mode='prefill' "
-                                         r"\(kvviz generate --prompt-mode prefill"):
-        generate(prompt, [cfg], 2, granularity="kv-head", prompt_mode="decode", model=smollm)
+
+
+def test_head_roles_token_by_token_calibrate_on_the_first_rows_they_see(smollm):
+    """Decoding token by token, head roles take their calibration rows from the first rows
+    they see: at the step where a layer must first evict (a head holds budget + 1), on
+    rows 0..budget, every head's role set before its first victim; masked and freed agree."""
+    from pathlib import Path
+
+    prompt = (Path(__file__).resolve().parents[1] / "examples" / "passkey.txt").read_text(encoding="utf-8")
+    budget = 40
+    cfg = LoopConfig("headroles", {"scorer": "tova"}, budget)
+    roles = make_policy("headroles", budget, scorer="tova")
+    streaming = roles.stream_sinks + roles.stream_recent
+    gens = {ev: generate(prompt, [cfg], 2, granularity="kv-head", prompt_mode="decode", model=smollm,
+                         eviction=ev) for ev in ("masked", "freed")}
+    gen = gens["masked"]
+    ev = gen.evicted_at[1]
+    assert ev[ev != NEVER].min() == budget  # nothing goes before the layer is over its total
+    held = gen.held(1, gen.prompt_len - 1).sum(axis=-1)  # (30, 3)
+    assert (held.sum(axis=-1) == 3 * budget).all()
+    assert all(sorted(row) == [streaming, (3 * budget - streaming) // 2, (3 * budget - streaming) // 2]
+               for row in held.tolist())
+    assert np.array_equal(gens["masked"].new_ids, gens["freed"].new_ids)
+    assert np.array_equal(gens["masked"].evicted_at, gens["freed"].evicted_at)
+
+
+def test_the_freed_cache_holds_the_same_bytes_for_every_allocator_at_one_budget(smollm):
+    """A layer's KV heads draw on one pool of heads x (budget + 1) slots: AdaKV, PyramidKV and
+    head roles hold no more keys and values than TOVA at the same budget (within the
+    newcomer's slot per layer and KV head), and less than the full cache."""
+    from pathlib import Path
+
+    prompt = (Path(__file__).resolve().parents[1] / "examples" / "passkey.txt").read_text(encoding="utf-8")
+    budget = 40
+    cfgs = [LoopConfig(name, params, budget) for name, params in (
+        ("tova", {}), ("adakv", {"scorer": "tova"}), ("pyramidkv", {"scorer": "tova"}),
+        ("headroles", {"scorer": "tova"}))]
+    gen = generate(prompt, cfgs, 3, granularity="kv-head", prompt_mode="prefill", model=smollm, eviction="freed")
+    mem = {r["label"]: r for r in gen.meta["memory_by_config"]}
+    item = next(smollm[1].parameters()).element_size()
+    slot = 2 * 64 * item  # one position's key and value in one KV head (head_dim 64)
+    newcomer = 30 * 3 * slot  # one slot per layer and KV head
+    tova = mem[cfgs[0].label]["kv_held_bytes"]
+    assert tova == 30 * 3 * (budget + 1) * slot
+    for cfg in cfgs[1:]:
+        assert abs(mem[cfg.label]["kv_held_bytes"] - tova) <= newcomer, cfg.label
+    full = mem["full"]["kv_held_bytes"]
+    assert full == mem["full"]["full_cache_bytes"] > tova
+    # the allocators really moved slots between heads (and layers) while holding those bytes
+    held = gen.held(2, gen.prompt_len - 1).sum(axis=-1)
+    assert (held != budget).any() and (held.sum(axis=-1) == 3 * budget).all()
+    assert gen.meta["cache_bytes"] == sum(r["kv_held_bytes"] for r in gen.meta["memory_by_config"])
+
+
+def test_an_allocator_plans_layer_budgets_from_every_layers_prompt_rows_in_the_loop(smollm):
+    """`plan_layers` sees every layer's first prompt rows before the prompt's eviction: each
+    layer then holds its planned total (the sum kept), masked and freed alike; token by
+    token it plans from the first rows it sees (masked), and a freed cache, sized before
+    any row is read, refuses it naming the allocator."""
+    budget = 12
+    cfg = LoopConfig("first-rows-planner", {"scorer": "tova"}, budget)
+    gens = {ev: generate(PROMPT, [cfg], 3, granularity="kv-head", prompt_mode="prefill", model=smollm,
+                         eviction=ev) for ev in ("masked", "freed")}
+    first, second = FirstRowsPlanner.plans
+    assert first == second and sum(first) == 30 * budget and first != [budget] * 30
+    gen = gens["masked"]
+    held = gen.held(1, gen.prompt_len - 1).sum(axis=-1)  # (30, 3) after the prompt's eviction
+    assert gen.prompt_len > max(first)  # every layer evicted down to its plan
+    assert held.sum(axis=-1).tolist() == [3 * b for b in first]
+    assert np.array_equal(gens["masked"].new_ids, gens["freed"].new_ids)
+    assert np.array_equal(gens["masked"].evicted_at, gens["freed"].evicted_at)
+    FirstRowsPlanner.plans = []
+    gen = generate(PROMPT, [cfg], 2, granularity="kv-head", prompt_mode="decode", model=smollm)
+    (plan,) = FirstRowsPlanner.plans
+    assert sum(plan) == 30 * budget
+    held = gen.held(1, gen.prompt_len - 1).sum(axis=-1)
+    assert held.sum(axis=-1).tolist() == [3 * b for b in plan]
+    with pytest.raises(ValueError, match=r"first-rows-planner \(scorer tova\) sets its layers' budgets from the "
+                                         r"first rows it reads \(plan_layers\), and a freed cache read token by "
+                                         r"token is sized before any row is read"):
+        generate(PROMPT, [cfg], 2, granularity="kv-head", prompt_mode="decode", model=smollm, eviction="freed")

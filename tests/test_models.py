@@ -586,14 +586,34 @@ def test_kvviz_hf_with_gradients_enabled_matches_a_plain_forward_at_full_budget(
 def test_refusals_name_the_commands_own_options(tiny, tmp_path, capsys, torch_stack):
     """The loop has no --prompt-mode and needle's budgets are --budgets: each command's
     refusal names what that command takes."""
+    from dataclasses import dataclass
+
+    from kvviz.core import plugins
+    from kvviz.core.policies import register_allocator
     from kvviz.model.loop import LoopConfig, run_loop
     from kvviz.model.needle.cli import main as needle_main
+    from kvviz.policies import Allocator
+
+    @dataclass
+    class Planner(Allocator):  # plans its layers from its first rows: a freed loop cannot size it
+        name = "uniform-planner"
+        label = "Uniform planner"
+
+        def calibration_rows(self):
+            return 4
+
+        def plan_layers(self, rows_by_layer):
+            return [self.budget] * len(rows_by_layer)
 
     pair = _pair(tiny, "llama")
-    with pytest.raises(ValueError, match=r"kvviz loop reads its text token by token; run it as a prompt with "
-                                         r"kvviz generate --prompt-mode prefill"):
-        run_loop(TEXT, [LoopConfig("headroles", {"scorer": "tova"}, 40)], max_tokens=T, model=pair,
-                 granularity="kv-head")
+    register_allocator(Planner)
+    try:
+        with pytest.raises(ValueError, match=r"kvviz loop reads its text token by token; run it as a prompt with "
+                                             r"kvviz generate --prompt-mode prefill"):
+            run_loop(TEXT, [LoopConfig("uniform-planner", {"scorer": "tova"}, 40)], max_tokens=T, model=pair,
+                     granularity="kv-head", eviction="freed")
+    finally:
+        plugins.forget()
     argv = ["--out", str(tmp_path / "n"), "--lengths", "128", "--policies", "tova", "--budgets", "500",
             "--eviction", "freed", "--model", str(tiny("llama"))]
     assert needle_main(argv) == 2

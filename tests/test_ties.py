@@ -156,5 +156,5 @@ def test_the_default_page_says_its_tie_with_its_victims(apptest):
     line = next(m.value for m in at.markdown if f"evicted at step {step}" in m.value)
     assert not unannounced(line, ties), line
     for t in ties:  # said with the victim, in the same clause
-        assert f"position {t.position} (tie-break: {len(t.kept)} it keeps score the same)" \
-            in line or f", {t.position} (tie-break: {len(t.kept)} it keeps" in line, line
+        said = f"{t.position} (a tie-break: scored as {len(t.kept)} held positions)"
+        assert f"position {said}" in line or f", {said}" in line, line

@@ -564,3 +564,27 @@ def test_light_look_is_the_template_it_replaced():
     assert new.layout.xaxis.ticks == "outside" and new.layout.yaxis3.gridcolor == "#123456"
     for key in ("paper_bgcolor", "plot_bgcolor", "colorway", "hovermode"):
         assert new.layout[key] == old.layout.template.layout[key]
+
+
+def test_every_mark_of_the_scores_is_in_the_legend_and_labels_never_run_together():
+    """The dotted line at the neighbourhood's centre is named in the legend; a figure of
+    every held slot (the class's evidence) draws none; 129 slots get at most MAX_TICKS labels,
+    evenly spaced."""
+    from kvviz.app.figures.scores import MAX_TICKS
+    from kvviz.app.figures.votes import evidence_figure
+
+    fig = V.neighbourhood_figure([snap_panel()], step=5, center=3, half_width=10)
+    dotted = [s for s in fig.layout.shapes if s.line.dash == "dot"]
+    assert len(dotted) == 1
+    named = [t.name for t in fig.data if t.type == "scatter" and t.line.dash == "dot"]
+    assert named == ["dotted: the slots' centre, position 3"]
+    n = 129
+    kept = np.arange(n)
+    panel = dict(label="A: tova", policy="tova", kept=kept, victims=np.array([], np.int64),
+                 scores={"last": np.linspace(0.01, 1, n), "candidate": np.ones(n, bool)})
+    ev = evidence_figure(panel, step=200)
+    assert not [s for s in ev.layout.shapes if s.line.dash == "dot"]
+    assert not [t for t in ev.data if (t.name or "").startswith("dotted")]
+    ticks = list(ev.layout.xaxis.tickvals)
+    assert len(ticks) <= MAX_TICKS and ticks[0] == 0
+    assert len({b - a for a, b in zip(ticks, ticks[1:])}) == 1  # evenly spaced

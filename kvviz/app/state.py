@@ -10,6 +10,7 @@ dropped with a note):
     exp     the guided experiment in effect (explanation shown)
     track   the tracked position, shown in every view (-1 = none)
     follow  a class code: this page follows that class's lecturer (kvviz.app.ui.classroom)
+    lead    a class code: this page leads that class, if this browser keeps its lecturer key
     head    which attention head of a per-head trace: mean (default), kv0.., q0..
     and each view's own keys (kvviz.app.slices: zoom, cmp, loop.policy, slides.steps ...)
 
@@ -60,7 +61,7 @@ VIEW_LABELS = {v.name: v.label for v in REGISTRY}
 PLAIN = {k: f for cls in SLICES for k, f in cls.KEYS.items()}
 # the page-wide query keys (a view's own are its slice's)
 PAGE_QUERY_KEYS = ("trace", "layer", "head", "budget", "a", "b", "step", "focus", "why", "view",
-                   "exp", "track", "follow", "embed", "embed_options")
+                   "exp", "track", "follow", "lead", "embed", "embed_options")
 # Query keys the page understands (a.<label>/b.<label> are checked against the policy's
 # parameters); anything else is reported.
 KNOWN_KEYS = {*PAGE_QUERY_KEYS, *(k for cls in SLICES for k in cls.url_keys())}
@@ -204,7 +205,7 @@ def from_query(query) -> tuple[ViewState, list[str]]:
             except ValueError as exc:
                 notes.append(f"{k}={v!r}: {exc}; ignored")
                 continue
-            if spec.kind != "choice" and not spec.low <= val <= spec.high:
+            if spec.numeric and not spec.low <= val <= spec.high:
                 clamped = min(max(val, spec.low), spec.high)
                 notes.append(f"{which}.{spec.label}={val} is outside {spec.low}–{spec.high}; "
                              f"using {clamped}")

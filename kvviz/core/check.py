@@ -13,7 +13,10 @@ Hypothesis scenarios (identical victims at every step, as tests/test_policies.py
 
 An allocator (a registered name such as adakv, or an Allocator subclass in a file) is held
 to the allocator contract instead (kvviz.core.check_alloc: total, floor, candidates,
-determinism, refusals), with its default scorer.
+determinism, refusals, victim order), with its default scorer; given a reference allocator
+(`--reference PATH.py:FUNC`, see kvviz.core.reference_alloc), a differential check over
+random scenarios too. A bare `--reference` takes each target's declared one (its class's
+`reference`, as the built-ins declare theirs).
 """
 from __future__ import annotations
 
@@ -150,8 +153,8 @@ def _fit_params(cls, budget: int) -> dict:
             return params
         except ValueError as exc:
             named = [s for s in cls.specs if s.name in str(exc) and s.name not in params]
-            if not named or getattr(named[0], "choices", None):
-                raise
+            if not named or not getattr(named[0], "numeric", True):
+                raise  # a choice, a string or a value: nothing to shrink
             s = named[0]
             params[s.name] = type(s.default)(max(s.min, min(s.default, budget // 2)))
     _make(cls, budget, **params)
@@ -431,8 +434,10 @@ def _refused(cls, name: str, params: dict, budget: int, spec=None) -> str | None
         cls(budget=budget, rng=np.random.default_rng(0), **params)
     except ValueError as exc:
         label = getattr(spec, "label", name)
-        if name in str(exc) or label in str(exc):
+        if (name in str(exc) or label in str(exc)) and "\n" not in str(exc).strip():
             return None
+        if "\n" in str(exc).strip():
+            return f"{shown}: refused in more than one line"
         return f"{shown}: ValueError does not name {name!r} ({exc})"
     except Exception as exc:
         return f"{shown}: raised {type(exc).__name__}, not ValueError ({exc})"
@@ -623,6 +628,8 @@ def _values(spec, budget: int):
     choices = getattr(spec, "choices", None)
     if choices:
         return st.sampled_from(list(choices))
+    if not getattr(spec, "numeric", True):  # a string, a switch or a value: its default
+        return st.just(spec.default)
     high = spec.max if spec.max is not None else getattr(spec, "high", None)  # no max: the control's end
     if getattr(spec, "kind", "int") == "float" or isinstance(spec.default, float):
         return st.floats(spec.min, high, allow_nan=False)
@@ -680,15 +687,32 @@ def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
     return results
 
 
-def check_allocator_class(cls, seeds=(0, 1, 2)) -> list[RuleResult]:
+def check_allocator_class(cls, seeds=(0, 1, 2), reference=None,
+                          scenarios: int = 60) -> list[RuleResult]:
     """The allocator contract (kvviz.core.check_alloc) for an Allocator subclass, with its
     scorer's defaults and its own, any it refuses at the contract's budget shrunk to fit
-    (as for a policy)."""
+    (as for a policy); `reference(budget, rng, **params)` adds the differential check over
+    `scenarios` random scenarios."""
     try:
         params = _fit_params(cls, ALLOC_BUDGET)
     except ValueError as exc:
         return [RuleResult("contract", "its defaults construct", False, str(exc))]
-    return check_allocator(lambda b: _make(cls, b, **params), cls, seeds)
+    return check_allocator(lambda b: _make(cls, b, **params), cls, seeds, reference, scenarios)
+
+
+DECLARED = "declared"  # a bare --reference: each target's own (its class's `reference`)
+
+
+def declared_reference(cls):
+    """The reference `cls` declares (a class, or "module:Class" imported here); ValueError
+    naming the class when it declares none."""
+    ref = getattr(cls, "reference", None)
+    if ref is None:
+        raise ValueError(f"{cls.__name__} declares no reference: give one as "
+                         "--reference PATH.py:FUNC or MODULE:FUNC")
+    if isinstance(ref, str):
+        return load_function(ref)
+    return ref
 
 
 def passed(results) -> bool:
@@ -710,9 +734,12 @@ def parser(sub=None) -> argparse.ArgumentParser:
                    "MODULE[:CLASS]")
     p.add_argument("--all-builtins", action="store_true",
                    help="check every built-in policy and allocator")
-    p.add_argument("--reference", help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) "
-                   "-> a slow reference policy: adds the differential check")
-    p.add_argument("--examples", type=int, default=200, help="Hypothesis scenarios for --reference")
+    p.add_argument("--reference", nargs="?", const=DECLARED,
+                   help="PATH.py:FUNC or MODULE:FUNC, FUNC(budget, rng, **params) -> a slow "
+                   "reference policy or allocator: adds the differential check; bare, each "
+                   "target's declared reference")
+    p.add_argument("--examples", type=int, default=None, help="Hypothesis scenarios for --reference "
+                   "(a policy), random scenarios (an allocator); default 200 for a policy, 60 for an allocator")
     p.add_argument("--steps", type=int, default=STEPS, help="rows per replay (default %(default)s)")
     p.add_argument("--full", action="store_true", help="replay every row of every trace")
     from kvviz.core.plugins import add_argument as add_plugin_argument
@@ -753,24 +780,27 @@ def run(args) -> int:
             targets += [(cls.name, cls) for cls in BUILTIN_ALLOCATORS]
         if not targets:
             raise ValueError("name a policy to check, or pass --all-builtins")
-        if args.steps < 2 or args.examples < 1:
+        if args.steps < 2 or (args.examples is not None and args.examples < 1):
             raise ValueError("--steps must be >= 2 and --examples >= 1")
-        if args.reference and any(issubclass(cls, Allocator) for _, cls in targets):
-            raise ValueError("--reference is for a policy: an allocator is checked against "
-                             "the allocator contract only")
-        reference = load_function(args.reference) if args.reference else None
-        if reference is not None:
+        references = {}
+        for label, cls in targets:
+            if args.reference == DECLARED:
+                references[label] = declared_reference(cls)
+            elif args.reference:
+                references[label] = load_function(args.reference)
+        if any(not issubclass(cls, Allocator) for label, cls in targets if label in references):
             _need_hypothesis()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ok = True
     for label, cls in targets:
+        reference = references.get(label)
         if issubclass(cls, Allocator):
-            results = check_allocator_class(cls)
+            results = check_allocator_class(cls, reference=reference, scenarios=args.examples or 60)
         else:
             results = check_policy(cls, steps=args.steps, full=args.full, reference=reference,
-                                   examples=args.examples)
+                                   examples=args.examples or 200)
         good = passed(results)
         ok &= good
         print(f"{label} ({cls.__module__}.{cls.__name__}): {'PASS' if good else 'FAIL'}")

@@ -16,6 +16,9 @@ trace's replay (kvviz.core.replay.Replay steps `OnePolicy`, one stream):
   `reads_query_rows`; `calibration_rows` (an allocator that reads the prompt's first rows
   with the full cache before evicting); `capacity` (the most one stream holds after an
   eviction; None when it never evicts) and `bytes_per_slot` (its memory per kept slot).
+- what a freed cache sizes its slots by: `layer_budgets(L)` (each layer's per-stream
+  budget) and `shares_slots` (a layer's streams may hold unequal counts: they draw on one
+  pool of the layer's slots, kvviz.model.loop.cache.SlotPlan).
 - a prompt read in one pass: `stream_policy(s)` (the per-stream policy stream s's prompt
   rows feed, kvviz.core.harness.PromptRows) and `prefill(prompt)` (the one-shot eviction
   at the prompt's last row, kvviz.core.harness.prefill).
@@ -59,6 +62,13 @@ class StreamGroup:
     capacity: int | None = None
     bytes_per_slot = 0
     size = 0  # S, its streams
+    shares_slots = False  # a layer's streams draw on one pool of its slots (an allocator moving them)
+    calibrates_in_decode = False  # takes its calibration rows token by token (the first it sees)
+
+    def layer_budgets(self, layers: int) -> list:
+        """Each of the `layers` layers' per-stream budget (what a freed cache sizes its
+        slots by): `capacity` everywhere by default."""
+        return [self.capacity] * int(layers)
 
     def step(self, t: int, inputs) -> tuple[np.ndarray, np.ndarray]:
         """Every stream observes step t's `inputs` on its kept positions, admits position t
@@ -119,8 +129,11 @@ def _feed_args(p, s: int, inputs) -> tuple:
             inputs.query_rows(s, held) if p.reads_query_rows else None)
 
 
-def _in_layer(layer: int, exc: BudgetError) -> BudgetError:
-    return BudgetError(f"layer {layer}: {exc}")
+def _in_layer(layer: int, exc: BudgetError, place=None) -> BudgetError:
+    """The refusal naming the layer, unless the group's `place` has named it already."""
+    if place is not None and place.layer is not None:
+        return exc
+    return type(exc)(f"layer {layer}: {exc}")  # a VictimError stays one
 
 
 class OnePolicy(StreamGroup):
@@ -153,7 +166,7 @@ class OnePolicy(StreamGroup):
 
     def prefill(self, prompt):
         victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.capacity,
-                                  prompt.key_norms(0), prompt.value_norms(0))
+                                  prompt.key_norms(0), prompt.value_norms(0), self.stream)
         return np.zeros(len(victims), np.int64), victims
 
 
@@ -177,7 +190,8 @@ class PolicyLayers(StreamGroup):
             try:
                 for g, p in enumerate(per):
                     raw, norm, vnorm, qrows = _feed_args(p, layer * G + g, inputs)
-                    victims = harness.step(p, t, raw, self.budget, norm, value_norm=vnorm, query_rows=qrows)
+                    victims = harness.step(p, t, raw, self.budget, norm, f"head {g}" if G > 1 else "",
+                                           vnorm, qrows)
                     found.append((layer * G + g, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
@@ -196,7 +210,8 @@ class PolicyLayers(StreamGroup):
                 for g, p in enumerate(per):
                     s = layer * G + g
                     victims = harness.prefill(p, prompt.rows(s), prompt.length, self.budget,
-                                              prompt.key_norms(s), prompt.value_norms(s))
+                                              prompt.key_norms(s), prompt.value_norms(s),
+                                              f"head {g}" if G > 1 else "")
                     found.append((s, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None
@@ -206,17 +221,103 @@ class PolicyLayers(StreamGroup):
 class AllocatedLayers(StreamGroup):
     """An allocator's configuration: one kvviz.core.policies.alloc.LayerGroup per layer,
     whose G heads share the layer's slots; each step is harness.step_layer (each head
-    fed, the group evicts across them, every head's cap and the layer's total enforced)."""
+    fed, the group evicts across them, every head's cap and the layer's total enforced).
+
+    An allocator that reads calibration rows (`Allocator.calibration_rows`) gets them for
+    every layer at once (`calibrate`): first its layers' budgets (`Allocator.plan_layers`,
+    when it plans them), then each layer's state (`Allocator.calibrate`). A prompt read in
+    one pass gives them before its eviction (`prefill`); read token by token (`step`), the
+    first rows it sees are kept, not fed, until it has its rows or a layer would have to
+    evict (the step where a head first holds more than its layer's budget), then it
+    calibrates and its heads are fed the kept rows before that step goes on."""
 
     def __init__(self, groups: list):
         self.groups = list(groups)
         self.per_layer = self.groups[0].heads
         self.size = len(self.groups) * self.per_layer
-        self.capacity = max(group.cap for group in self.groups)
-        self.calibration_rows = int(self.groups[0].allocator.calibration_rows())
+        self.allocator = self.groups[0].allocator
+        self._declare()
+        self.calibration_rows = int(self.allocator.calibration_rows())
+        self.plans_layers = self.allocator.plans_layers
+        self.calibrated = not self.calibration_rows
+        self.calibrates_in_decode = True
+        self._kept = []  # token by token, before calibrating: each step's inputs, per stream
         _declare_inputs(self, self.groups[0].policies[0])
 
+    def _declare(self) -> None:
+        self.capacity = max(group.cap for group in self.groups)
+        self.shares_slots = self.per_layer > 1 and any(group.cap > group.b for group in self.groups)
+
+    def layer_budgets(self, layers):
+        return [group.b for group in self.groups]
+
+    # -- calibration ---------------------------------------------------------------------
+    def calibrate(self, rows_by_layer: list) -> None:
+        """`rows_by_layer[layer][g][t]`: head g's row t (positions 0..t-1) read with the full
+        cache, before any head observes a step. The allocator plans its layers' budgets from
+        them (if it plans them: the groups are rebuilt at those budgets), then each layer
+        calibrates."""
+        if self.plans_layers:
+            budgets = self.allocator.planned_budgets(rows_by_layer, len(self.groups))
+            self.groups = [group.allocator.group(group.place.layer, group.place.layers, group.heads, budget=b)
+                           for group, b in zip(self.groups, budgets)]
+            self._declare()
+        for layer, group in enumerate(self.groups):
+            try:
+                group.calibrate(rows_by_layer[layer])
+            except BudgetError as exc:
+                raise _in_layer(layer, exc) from None
+        self.calibrated = True
+
+    def _keep(self, t: int, inputs) -> None:
+        """Token by token, before calibrating: step t's inputs on positions 0..t-1 (nothing
+        has been evicted), per stream, for the heads to be fed later."""
+        held = np.arange(t, dtype=np.int64)
+        p = self.groups[0].policies[0]
+        self._kept.append([(inputs.weights(s, held),
+                            inputs.key_norm(s) if p.reads_key_norms else None,
+                            inputs.value_norm(s) if p.reads_value_norms else None,
+                            inputs.query_rows(s, held) if p.reads_query_rows else None)
+                           for s in range(self.size)])
+
+    def _calibrate_by(self) -> int:
+        """Token by token: the step at which it calibrates (its rows in, or a layer full)."""
+        return min(self.calibration_rows - 1, min(group.b for group in self.groups))
+
+    def _calibrate_kept(self, t: int) -> None:
+        """Token by token, at step t: calibrate on the kept rows 0..t (read before any
+        eviction), then feed every head steps 0..t-1; step t is then an ordinary step. A
+        head whose policy reads an input its scorer does not (so it was not kept) is
+        refused, naming the allocator and what it lacks."""
+        kept, G = self._kept, self.per_layer
+        n = min(t + 1, self.calibration_rows)
+        self.calibrate([[[kept[i][layer * G + g][0] for i in range(n)] for g in range(G)]
+                        for layer in range(len(self.groups))])
+        self._kept = []
+        first = kept[0]
+        for layer, group in enumerate(self.groups):
+            for g, p in enumerate(group.policies):
+                s = layer * G + g
+                lacks = [what for what, reads, have in (("key norms", p.reads_key_norms, first[s][1]),
+                                                       ("value norms", p.reads_value_norms, first[s][2]),
+                                                       ("query rows", p.reads_query_rows, first[s][3]))
+                         if reads and have is None]
+                if lacks:
+                    raise ValueError(f"{group.name}: layer {layer}, head {g}'s policy {p.name} reads "
+                                     f"{' and '.join(lacks)}, which its scorer does not, so the rows kept "
+                                     "before calibrating lack them: read the prompt in one pass")
+                for i in range(t):
+                    raw, norm, vnorm, qrows = kept[i][s]
+                    harness.feed(p, i, raw if p.uses_attention else None, norm if p.reads_key_norms else None,
+                                 vnorm if p.reads_value_norms else None, qrows if p.reads_query_rows else None)
+
+    # -- stepping --------------------------------------------------------------------------
     def step(self, t, inputs):
+        if not self.calibrated:
+            self._keep(t, inputs)
+            if t < self._calibrate_by():
+                return no_victims()
+            self._calibrate_kept(t)
         found, G = [], self.per_layer
         for layer, group in enumerate(self.groups):
             heads = group.policies
@@ -224,7 +325,7 @@ class AllocatedLayers(StreamGroup):
             try:
                 victims = harness.step_layer(group, t, *(list(column) for column in zip(*args)))
             except BudgetError as exc:
-                raise _in_layer(layer, exc) from None
+                raise _in_layer(layer, exc, group.place) from None
             found += [(layer * G + g, v) for g, v in enumerate(victims)]
         return victims_of(found)
 
@@ -235,21 +336,22 @@ class AllocatedLayers(StreamGroup):
         return self.groups[s // self.per_layer].policies[s % self.per_layer]
 
     def prefill(self, prompt):
-        """Each layer: the allocator calibrates on the prompt's first rows (if it asks), its
-        heads observe the prompt without evicting, then the group evicts once."""
+        """The allocator calibrates on the prompt's first rows of every layer (if it asks:
+        its layers' budgets first, if it plans them), then each layer's heads observe the
+        prompt without evicting and the group evicts once."""
         found, G, T0 = [], self.per_layer, prompt.length
         last = T0 - 1
+        if self.calibration_rows:
+            n = min(self.calibration_rows, T0)
+            self.calibrate([[prompt.calibration(layer * G + g)[:n] for g in range(G)]
+                            for layer in range(len(self.groups))])
         for layer, group in enumerate(self.groups):
             try:
-                if self.calibration_rows:
-                    n = min(self.calibration_rows, T0)
-                    group.calibrate([prompt.calibration(layer * G + g)[:n] for g in range(G)])
                 for g, p in enumerate(group.policies):
                     s = layer * G + g
                     found.append((s, harness.prefill(p, prompt.rows(s), T0, T0, prompt.key_norms(s),
                                                      prompt.value_norms(s))))
-                found += [(layer * G + g, v) for g, v in enumerate(group.evict())]
-                group.enforce(last)
+                found += [(layer * G + g, v) for g, v in enumerate(harness.evict_layer(group, last))]
             except BudgetError as exc:
-                raise _in_layer(layer, exc) from None
+                raise _in_layer(layer, exc, group.place) from None
         return victims_of(found)

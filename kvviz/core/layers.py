@@ -9,10 +9,11 @@ enforced. The stored layers share the budget in depth order (code-kv's 0, 14 and
 depths 0, 1 and 2 of 3), and each head's policy is told Place(layer, None, g, heads): its
 model layer number, its KV-head index and count; the model's layer count is not stored.
 
-An allocator that decides something per layer before eviction starts (headroles: which
-heads retrieve) gets its calibration rows here: the first `calibration_rows()` rows of every
-head's stream of that layer, read with the full cache (row t over positions 0..t-1), then
-the replay starts at step 0 as for any allocator.
+An allocator that decides something before eviction starts (headroles: which heads
+retrieve; `plan_layers`: every layer's budget) gets its calibration rows here: the first
+`calibration_rows()` rows of every head's stream of every layer, read with the full cache
+(row t over positions 0..t-1), all layers at once, then the replay starts at step 0 as for
+any allocator.
 
 Every stream's held count is recorded after every step (`LayerRun.held`), and each stream
 gets an ordinary `Run`, so the metrics read it as they read a single replay's.
@@ -97,10 +98,11 @@ def replay_layers(grid, allocator) -> LayerRun:
         groups.append(allocator.group(getattr(row[0], "layer", None), None, heads,
                                       depth=d, depths=len(grid)))
     scorer = groups[0].policies[0]
+    allocated = AllocatedLayers(groups)  # the StreamGroup every caller steps: stream d x heads + g
     calibration = min(int(allocator.calibration_rows()), T)
-    if calibration:  # read with the full cache, before eviction starts
-        for row, group in zip(grid, groups):
-            group.calibrate([[tr.row(t) for t in range(calibration)] for tr in row])
+    if calibration:  # read with the full cache, before eviction starts; every layer's at once
+        allocated.calibrate([[[tr.row(t) for t in range(calibration)] for tr in row] for row in grid])
+        groups = allocated.groups  # rebuilt at the planned budgets when the allocator plans them
     if scorer.reads_key_norms and any(tr.key_norms is None for row in grid for tr in row):
         raise ValueError(f"{allocator.scorer} reads key norms, and these traces have none")
     if scorer.reads_query_rows:
@@ -111,7 +113,6 @@ def replay_layers(grid, allocator) -> LayerRun:
     L = len(grid)
     evicted = np.full((L, heads, T), NEVER, np.int64)
     held = np.zeros((L, heads, T), np.int64)
-    allocated = AllocatedLayers(groups)  # the StreamGroup every caller steps: stream d x heads + g
     flat = evicted.reshape(L * heads, T)
     streams = [tr for row in grid for tr in row]
     for t in range(T):
@@ -142,6 +143,38 @@ class _GridStep:
 
     def value_norm(self, s: int):
         return self.streams[s].value_norm(self.t)
+
+
+def held_counts(evicted_at: np.ndarray) -> np.ndarray:
+    """int64 (T,): slots held after each step of a one-stream log (position t admitted at
+    step t, each position evicted at its step)."""
+    T = len(evicted_at)
+    gone = evicted_at[evicted_at != NEVER]
+    return np.arange(1, T + 1, dtype=np.int64) - np.cumsum(np.bincount(gone, minlength=T)[:T])
+
+
+def replay_streams(grid, name: str, budget: int, rng=None, **params) -> LayerRun:
+    """A per-stream policy over every stream of `grid` ([layer][head] KV-head traces, as
+    `replay_layers` takes them): one policy object per stream at `budget`, told
+    Place(layer, None, g, heads), replayed alone, its held counts recorded from its log.
+    The LayerRun an allocator's replay gives, for a table row over the same streams."""
+    from kvviz.core.policies import make_policy
+    from kvviz.core.policies.base import Place
+    from kvviz.core.replay import Replay
+
+    grid = [list(row) for row in grid]
+    heads = len(grid[0])
+    runs, held, bps = [], np.zeros((len(grid), heads, grid[0][0].steps), np.int64), 0
+    for d, row in enumerate(grid):
+        per = []
+        for g, tr in enumerate(row):
+            place = Place(getattr(tr, "layer", None), None, g, heads)
+            run = Replay(tr, make_policy(name, budget=budget, rng=rng, place=place, **params)).run()
+            held[d, g] = run.held if run.held is not None else held_counts(run.evicted_at)
+            bps = run.bytes_per_slot
+            per.append(run)
+        runs.append(per)
+    return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid], [int(budget)] * len(grid), bps)
 
 
 def layer_summary(grid, layer_run: LayerRun) -> dict:

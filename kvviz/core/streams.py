@@ -60,7 +60,8 @@ def _replay(traces, policy, shares: bool = False):
     once. Every stream holds the same count at every step, so one record serves them all."""
     rows = _Rows(traces)
     S, T = len(traces), traces[0].steps
-    group = Streams(policy, S, offsets=rows.starts[:, 0])
+    group = Streams(policy, S, offsets=rows.starts[:, 0],
+                    names=[getattr(tr, "name", "") or f"stream {s}" for s, tr in enumerate(traces)])
     evicted = np.full((S, T), NEVER, np.int64)
     retained = np.full((S, T), np.nan) if shares else None
     held = np.zeros(T, np.int64)
@@ -81,15 +82,18 @@ class Streams(StreamGroup):
     StreamGroup (kvviz.core.groups) whose `step` gathers its inputs with one `take`.
 
     Held positions are kept as keys (position + the stream's `offsets` entry), so a caller
-    holding every stream's rows in one flat array gathers `held()` with one `take`. Every
+    holding every stream's rows in one flat array gathers `held()` with one `take`; `names`
+    (one string per stream) name the streams in a refusal. Every
     stream holds the same count (one in per step, down to the budget out), so the state is
     (S, n) arrays and a step is a handful of numpy calls; an eviction is one victim each.
+    The harness checks every stream's victim against its held keys in one comparison
+    (kvviz.core.harness.check_stream_victims).
     """
 
     uses_attention = True  # a vectorised form reads attention, and nothing else
     reads_key_norms = reads_value_norms = reads_query_rows = False
 
-    def __init__(self, policy, S: int, offsets=None):
+    def __init__(self, policy, S: int, offsets=None, names=None):
         form = type(policy).vectorised
         if form is None:
             raise ValueError(f"Streams vectorises {list(vectorised_names())}, not {policy.name!r} "
@@ -101,6 +105,8 @@ class Streams(StreamGroup):
         B = self.budget = policy.budget
         self.policy, self.streams = policy, np.arange(S)
         self.offsets = np.zeros(S, np.int64) if offsets is None else np.asarray(offsets, np.int64)
+        # how a refusal names stream s (kvviz.core.harness.check_victims): 'stream s' when None
+        self.stream_names = None if names is None else list(names)
         self.n, self.steps, self.attn = 0, 0, None
         self.stay = np.ones((S, B + 1), bool)  # at an eviction: False at each stream's victim
         # Held keys, ascending per stream. Two buffers: closing a victim's gap copies one

@@ -266,7 +266,7 @@ def run(args) -> int:
     log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, "
         f"heads {result['heads']}, {size} bytes")
     if size > MAX_FILE_BYTES:
-        log(f"warning: {size} bytes is over the 4 MB budget for shipped traces; "
+        log(f"warning: {size} bytes is over the 4 MiB budget for shipped traces; "
             "use fewer --layers or --max-tokens")
     return 0
 

@@ -31,6 +31,7 @@ import numpy as np
 from kvviz.core.replay import NEVER
 from kvviz.model.loop import engine
 from kvviz.model.loop.batch import RowCache, joined_slots, padded_prompt_state
+from kvviz.model.loop.cache import slot_plan
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
 
 
@@ -245,12 +246,12 @@ class Follower:
             if self.batch:
                 parts = [engine.gathered(torch, RowCache(cache, b, int(pad)),
                                          self.evicted[b:b + 1, ..., : lengths[b]] == NEVER,
-                                         self.policies[b].capacity, room, self.device)
+                                         slot_plan(self.policies[b], self.L), room, self.device)
                          for b, pad in enumerate(self.pads)]
                 state, layers = joined_slots(torch, parts, room, self.device)
             else:
                 state, layers = engine.gathered(torch, cache, self.evicted[..., :q] == NEVER,
-                                                self.policies[0].capacity, room, self.device)
+                                                slot_plan(self.policies[0], self.L), room, self.device)
             cache.layers[:] = engine.slot_cache(state, layers, seen=q).layers
         else:
             held = np.full(self.evicted.shape[:-1] + (q,), NEVER, np.int64)  # by cache index

@@ -27,6 +27,7 @@ from kvviz.core.policies.base import (
     Place,
     Policy,
     Rank,
+    VictimError,
     check_key_norm,
     check_recent,
     check_value_norm,
@@ -37,6 +38,6 @@ from kvviz.core.policies.base import (
 )
 
 __all__ = ["DEFAULT_SEED", "Allocator", "BudgetError", "ParamSpec", "Place", "Policy", "Rank",
-           "alpha_floor", "check_key_norm", "check_recent", "check_value_norm", "enforce",
+           "VictimError", "alpha_floor", "check_key_norm", "check_recent", "check_value_norm", "enforce",
            "make_policy", "need_candidates", "norm_inputs", "param", "register_allocator",
            "register_policy", "shared_victims", "unregister_allocator", "unregister_policy"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
-from kvviz.core.layers import layer_summary, load_layers, refuse_single, replay_layers
+from kvviz.core.layers import layer_summary, load_layers, refuse_single, replay_layers, replay_streams
 from kvviz.core.metrics import summary
 from kvviz.core.policies import ALLOCATORS, POLICIES, make_policy, parse_params
 from kvviz.core.reference import make_reference
@@ -29,6 +29,7 @@ def open_trace(path=None, layer=None, head=None) -> Trace:
             path = shipped / path
         trace = load_trace(path, layer=layer, head=head)
         trace.source, trace.layer_chosen = path, layer  # an allocator replays every KV head
+        trace.head_chosen = head
         return trace
     if layer is not None:
         raise ValueError("layer applies to a --trace file; the canonical trace has no model layers")
@@ -37,9 +38,12 @@ def open_trace(path=None, layer=None, head=None) -> Trace:
     return canonical()
 
 
-def describe(trace: Trace) -> str:
-    """The header line: which trace, and which model layer and head of it ran."""
+def describe(trace: Trace, table=None) -> str:
+    """The header line: which trace, and which model layer and head of it ran (for a `table`
+    at kv-head granularity, every stored layer's KV heads: its note says which)."""
     text = f"trace: {trace.name} ({trace.steps} steps)"
+    if table is not None and "kv-head" in table.column("granularity"):
+        return text + f", every KV head of stored layers {', '.join(map(str, trace.layers))}"
     if getattr(trace, "layer", None) is not None:
         text += f", model layer {trace.layer} of stored {', '.join(map(str, trace.layers))}"
     return text + f", head {getattr(trace, 'head', 'mean')}"
@@ -86,8 +90,12 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
     head of the trace file (all stored layers, or the one chosen) through
     kvviz.core.layers; its row averages the streams' metrics, its memory is the recorded
     held counts summed over the streams, and `Table.notes` gets each head's held count at
-    the end. A trace with no KV heads refuses it in one line. For each plugin, `Table.notes`
-    names its file (or module, or entry point) and the SHA-256 of its source."""
+    the end. A trace with no KV heads refuses it in one line. With an allocator in the
+    table, the table is at kv-head granularity: every per-stream policy's row is the same
+    streams, one policy object per KV head (kvviz.core.layers.replay_streams), so every row
+    averages and sums over the same streams; otherwise each row is the one stream chosen.
+    The `granularity` column says which ("kv-head", or the head's label). For each plugin,
+    `Table.notes` names its file (or module, or entry point) and the SHA-256 of its source."""
     configs = []
     for spec in policies or runnable(trace):
         name, given = parse_spec(spec)
@@ -97,20 +105,38 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
         from kvviz.core.spans import received, span_integrity
         totals = received(trace)
     rows, notes = [], []
+    grid = None
+    allocators = [name for name, _ in configs if name in ALLOCATORS]
+    if allocators:  # every row over the KV heads the allocators share
+        if spans:
+            raise ValueError(f"--spans reads one stream, and {allocators[0]} is an allocator (every KV head): "
+                             "run --spans without allocators")
+        grid = kv_grid(trace, allocators[0])
+        notes.append(f"granularity kv-head: every row is the {len(grid) * len(grid[0])} KV-head streams of "
+                     f"layer{'s' if len(grid) > 1 else ''} {', '.join(str(row[0].layer) for row in grid)} "
+                     f"(kv0..kv{len(grid[0]) - 1}): metrics averaged over them, memory summed")
     for name, params in configs:
         if name in ALLOCATORS:
-            rows += _allocator_rows(trace, name, params, budgets, notes)
+            rows += _allocator_rows(trace, name, params, budgets, notes, grid)
             continue
         for budget in budgets:
+            if grid is not None:
+                found = replay_streams(grid, name, budget, **params)
+                row = {"policy": name, "budget": budget, "granularity": "kv-head", **layer_summary(grid, found)}
+                row["evicts"] = budget < trace.steps
+                row["params"] = ", ".join(f"{k}={v}" for k, v in found.runs[0][0].params.items())
+                rows.append(row)
+                continue
             run = run_policy(trace, name, budget, **params)
-            row = {"policy": name, "budget": budget, **summary(trace, run)}
+            row = {"policy": name, "budget": budget, "granularity": getattr(trace, "head", "mean"),
+                   **summary(trace, run)}
             row["evicts"] = budget < trace.steps  # False: a perfect row by construction
             row["params"] = ", ".join(f"{k}={v}" for k, v in run.params.items())
             if spans:
                 found = span_integrity(trace, run, spans="attention", totals=totals)
                 row.update({f"span_{k}": found[k] for k in ("whole", "fragmented", "dropped")})
             rows.append(row)
-    columns = ["policy", "budget", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
+    columns = ["policy", "budget", "granularity", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
     columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
     columns += ["evicts"]
     out = Table(rows, columns + ["params"])
@@ -132,17 +158,28 @@ def sources(names) -> list[str]:
     return out
 
 
-def _allocator_rows(trace: Trace, name: str, params: dict, budgets, notes: list) -> list[dict]:
+def kv_grid(trace: Trace, name: str) -> list:
+    """[layer][head] KV-head traces of `trace`'s file (every stored layer, or the one chosen):
+    what an allocator, and at kv-head granularity every row, replays. A trace with no KV
+    heads refuses `name` in one line, and so does a chosen --head (one stream)."""
     source = getattr(trace, "source", None)
     if source is None or not [h for h in trace.heads if h.startswith("kv")]:
         raise refuse_single(name, trace.name)
+    head = getattr(trace, "head_chosen", None)
+    if head is not None:
+        raise ValueError(f"--head {head} picks one stream, and {name} is an allocator: its rows (and so every "
+                         "row of the table) are every KV head; drop --head, or drop the allocators")
     chosen = getattr(trace, "layer_chosen", None)
-    grid = load_layers(source, None if chosen is None else [chosen])
+    return load_layers(source, None if chosen is None else [chosen])
+
+
+def _allocator_rows(trace: Trace, name: str, params: dict, budgets, notes: list, grid=None) -> list[dict]:
+    grid = kv_grid(trace, name) if grid is None else grid
     rows = []
     for budget in budgets:
         alloc = make_policy(name, budget, **params)
         found = replay_layers(grid, alloc)
-        row = {"policy": name, "budget": budget, **layer_summary(grid, found)}
+        row = {"policy": name, "budget": budget, "granularity": "kv-head", **layer_summary(grid, found)}
         row["evicts"] = budget < trace.steps
         row["params"] = ", ".join(f"{k}={v}" for k, v in alloc.params.items())
         rows.append(row)
@@ -219,5 +256,5 @@ def long_run(steps: int = 65536, budget: int = 1024, name: str = "snapkv") -> di
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {"policy": name, "steps": steps, "budget": budget, "seconds": round(elapsed, 1),
             "cpu_seconds": round(cpu, 1),  # wall time swells when other jobs share the CPU
-            "traced_peak_mb": round(peak / 2**20, 1), "process_peak_rss_mb": round(rss, 1),
+            "traced_peak_mib": round(peak / 2**20, 1), "process_peak_rss_mib": round(rss, 1),
             "held_at_end": int(len(run.held_at(steps - 1)))}

@@ -135,10 +135,11 @@ def measure(pair, lengths, budgets, batches, steps: int = 32, log=print) -> list
                             secs, held = time.perf_counter() - start, cache_bytes(lane.cache for lane in lanes)
                     row = {"length": n, "budget": b, "batch": batch, "mode": mode, "steps": steps,
                            "ms_per_step": 1000 * secs / steps, "tokens_per_s": batch * steps / secs,
-                           "cache_bytes": held, "host_bytes_per_step": (MOVED[0] - moved) // steps}
+                           "cache_bytes": held, "kv_held_bytes_per_row": held // batch,
+                           "host_bytes_per_step": (MOVED[0] - moved) // steps}
                     rows.append(row)
                     log(f"  budget {b:>5} batch {batch}: {mode:<6} {row['ms_per_step']:8.1f} ms/step "
-                        f"{row['tokens_per_s']:8.1f} tokens/s  cache {held / 2**20:8.1f} MB")
+                        f"{row['tokens_per_s']:8.1f} tokens/s  cache {held / 2**20:8.1f} MiB")
                     del cache
     return rows
 
@@ -147,12 +148,12 @@ def table(rows) -> str:
     """The rows as the docs quote them: freed's and masked's speed as a multiple of full's."""
     full = {(r["length"], r["budget"], r["batch"]): r for r in rows if r["mode"] == "full"}
     lines = [f"{'length':>6} {'budget':>6} {'batch':>5} {'mode':<6} {'ms/step':>8} {'tokens/s':>9} "
-             f"{'cache MB':>9} {'host KB/step':>12} {'x full':>7}"]
+             f"{'cache MiB':>9} {'host KiB/step':>13} {'x full':>7}"]
     for r in rows:
         f = full[r["length"], r["budget"], r["batch"]]
         lines.append(f"{r['length']:>6} {r['budget']:>6} {r['batch']:>5} {r['mode']:<6} {r['ms_per_step']:>8.1f} "
                      f"{r['tokens_per_s']:>9.1f} {r['cache_bytes'] / 2**20:>9.1f} "
-                     f"{r['host_bytes_per_step'] / 1024:>12.1f} "
+                     f"{r['host_bytes_per_step'] / 1024:>13.1f} "
                      f"{r['tokens_per_s'] / f['tokens_per_s']:>6.2f}x")
     return "\n".join(lines)
 

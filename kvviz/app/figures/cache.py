@@ -175,8 +175,10 @@ def cache_heatmap(ev_a, ev_b, step: int, *, label_a: str = "A", label_b: str = "
                      zeroline=False)
     fig.update_yaxes(title="step", range=[se[-1] - 0.5, se[0] - 0.5], showgrid=False, zeroline=False,
                      scaleanchor=False, constrain="range")
-    fig.update_layout(legend=dict(orientation="h", y=-0.12, yanchor="top", x=0, xanchor="left"),
-                      margin=dict(b=90))
+    # the legend pinned to the figure's bottom edge, under the "position" axis title (a
+    # legend hung from the plot, y=-0.12, sat on that title)
+    fig.update_layout(legend=dict(orientation="h", yref="container", y=0.005, yanchor="bottom",
+                                  x=0, xanchor="left"), margin=dict(b=110))
     return fig
 
 

@@ -66,6 +66,23 @@ def lighter(colour: str, share: float = 0.5) -> str:
     return "#" + "".join(f"{round(v + (255 - v) * share):02X}" for v in rgb)
 
 
+def darker(colour: str, share: float = 0.35) -> str:
+    """`colour` mixed with black (share of black)."""
+    rgb = [int(colour.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4)]
+    return "#" + "".join(f"{round(v * (1 - share)):02X}" for v in rgb)
+
+
+def setting_colour(policy: str, nth: int) -> str:
+    """The colour of a policy's `nth` setting in one chart (0: its first): the policy's own
+    colour, then shades of it, lighter and darker in turn, so two settings of one policy
+    ("snapkv", "snapkv (poolKernel=1)") differ and both keep their policy's hue."""
+    c = policy_colour(policy)
+    if nth <= 0:
+        return c
+    step = (nth + 1) // 2
+    return lighter(c, min(0.7, 0.4 * step)) if nth % 2 else darker(c, min(0.6, 0.35 * step))
+
+
 def pair_colours(label_a: str, label_b: str) -> tuple[str, str]:
     """A's and B's colours: each its policy's. Both sides the same policy (two settings of
     SnapKV): B takes a lighter shade of it, so the two stay apart and keep their hue."""

@@ -36,9 +36,9 @@ def divergence_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B",
     first = first_divergence(ev_a, ev_b)
     only_a, only_b = only_sets(ev_a, ev_b, step)
     fig = make_subplots(rows=2, cols=1, row_heights=[0.62, 0.38], vertical_spacing=0.24,
-                        subplot_titles=("|A Δ B|: positions held by exactly one policy, per step",
-                                        f"at step {step}: held only by A ({len(only_a)}) / "
-                                        f"only by B ({len(only_b)})"))
+                        subplot_titles=("|A Δ B| per step",
+                                        f"step {step}: only A {len(only_a)} · only B "
+                                        f"{len(only_b)}"))
     steps = np.arange(len(diff))
     fig.add_trace(go.Scatter(x=steps, y=diff, name="|A Δ B|", line=dict(color="#6a3d9a", width=2),
                              fill="tozeroy", fillcolor="rgba(106,61,154,0.15)",

@@ -38,9 +38,9 @@ def heads_figure(held, plain, layers, budgets, *, label: str, plain_label: str, 
     for d in range(L):
         for g in range(H):
             colour = HEAD_COLOURS[g % len(HEAD_COLOURS)]
-            role = ""
+            role = ""  # a head's role is its layer's: said with the layer
             if roles is not None and roles[d] is not None:
-                role = " retrieval" if roles[d][g] else " streaming"
+                role = (" retrieval" if roles[d][g] else " streaming") + f" (layer {layers[d]})"
             fig.add_trace(go.Scatter(x=x, y=held[d, g], mode="lines", line=dict(color=colour),
                                      name=f"kv{g}{role}: {label}", legendgroup=f"kv{g}",
                                      showlegend=d == 0 or bool(role)), row=1, col=d + 1)
@@ -52,8 +52,12 @@ def heads_figure(held, plain, layers, budgets, *, label: str, plain_label: str, 
             fig.add_vline(x=int(step), line=dict(color="grey", width=1, dash="dot"), row=1, col=d + 1)
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="slots held", row=1, col=1)
-    fig.update_layout(title=f"Held slots per KV head: {label} vs {plain_label} @ {budget}",
-                      height=380, margin=dict(t=70, l=50, r=10, b=40))
+    shown = sum(1 for tr in fig.data if tr.showlegend)
+    # the title pinned to the top, the panels' titles under it; as tall as the legend's
+    # entries need (one a line), so the legend never scrolls
+    fig.update_layout(title=dict(text=f"Held slots per KV head: {label} vs {plain_label} @ {budget}",
+                                 yref="container", y=1, yanchor="top", pad=dict(t=10)),
+                      height=max(380, 150 + 24 * shown), margin=dict(t=100, l=50, r=10, b=40))
     return fig
 
 
@@ -150,5 +154,5 @@ def needle_heads_figure(held_a, held_b, key_mass, *, label_a: str, label_b: str,
     shown = "the key's tokens each head holds" if keyed else "held slots"
     fig.update_layout(title=f"Pass key per KV head after the prompt: {shown} ({label_a} vs "
                             f"{label_b}) and the key's attention mass",
-                      height=120 + 22 * len(layers), margin=dict(t=80, l=70, r=10, b=30))
+                      height=140 + 30 * len(layers), margin=dict(t=80, l=70, r=10, b=30))
     return fig

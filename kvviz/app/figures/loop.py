@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.app.explain import visible_token
-from kvviz.app.figures.common import RIGHT_COLOUR, WRONG_COLOUR, base_layout, policy_colour
+from kvviz.app.figures.common import RIGHT_COLOUR, WRONG_COLOUR, base_layout, setting_colour
 from kvviz.app.figures.tokens import join_token_spans, strip_css, token_html
 from kvviz.core.policies import FULL, FULL_LABEL, config_label
 
@@ -81,10 +81,10 @@ def perplexity_figure(results: list[dict], *, metric: str = "perplexity",
     for name, pts in sorted(lines.items()):
         pts.sort()
         p = policy_of[name]
-        nth = seen[p] = seen.get(p, -1) + 1  # its policy's colour, another dash per setting
+        nth = seen[p] = seen.get(p, -1) + 1  # a shade of its policy's colour and a dash a setting
         fig.add_trace(go.Scatter(
             x=[b for b, _ in pts], y=[v for _, v in pts], mode="lines+markers", name=name,
-            line=dict(color=policy_colour(p), width=2.5, dash=DASHES[nth % len(DASHES)]),
+            line=dict(color=setting_colour(p, nth), width=2.5, dash=DASHES[nth % len(DASHES)]),
             hovertemplate=f"<b>{html.escape(name)}</b><br>budget %{{x}}<br>perplexity "
                           "%{y:.3f}<extra></extra>"))
     values = [v for pts in lines.values() for _, v in pts] + ([full] if full else [])

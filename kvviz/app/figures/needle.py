@@ -22,8 +22,8 @@ from kvviz.app.figures.common import (
     WRONG_COLOUR,
     base_layout,
     pair_colours,
-    policy_colour,
     policy_of,
+    setting_colour,
 )
 from kvviz.app.figures.tokens import _token_html
 from kvviz.studies.forgetting import accuracy, at_budget, held_share, lines_order, lost_step
@@ -237,6 +237,21 @@ def layers_figure(evicted_at, meta: dict, indices, labels, step: int,
 
 
 # --- the recall task: the key's attention over the prompt ----------------------------------
+LOST_SYMBOLS = ("x", "diamond", "triangle-up", "square", "star", "circle", "pentagon")
+LOST_STACK = 0.09  # of the y range: the gap between two markers losing the key at one step
+
+
+def _attention_top(y, reminders, key_positions) -> float:
+    """The y range's top: the key's own steps (and the few after them) take far more than
+    any later step, so the axis is scaled to the steps from the first reminder on (without
+    one: from just after the key), and a note gives the highest value above it."""
+    T = len(y)
+    kp = [int(p) for p in key_positions]
+    start = min((int(r[0]) for r in reminders), default=(max(kp) + 1) if kp else 0)
+    later = y[start:] if start < T else y
+    return 1.4 * float(np.nanmax(later)) if len(later) and np.nanmax(later) > 0 else 1.0
+
+
 def key_attention_figure(attention, *, reminders, key_positions, lost: dict, layer=None,
                          height: int = 380) -> go.Figure:
     """Per prompt step (x), the attention the full cache's query at that step pays to the
@@ -250,6 +265,7 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     y = a.mean(0) if layer is None else a[int(layer)]
     T = len(y)
     fig = go.Figure(go.Scatter(x=list(range(T)), y=y.tolist(), mode="lines", name="attention on the key",
+                               showlegend=False,  # (the y axis's title says what it is)
                                line=dict(color="#3a3a3a", width=1.5),
                                hovertemplate="step %{x}<br>%{y:.3f} of the row on the key<extra></extra>"))
     for lo, hi in sorted((int(r[0]), int(r[1])) for r in reminders):  # [start, end) spans
@@ -258,19 +274,24 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     for lo, hi in _runs(key_positions):
         fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=KEY_COLOUR, opacity=0.6, layer="below",
                       line_width=0, name="key")
-    said = set()  # policies losing the key at one step share one label, the first marker's
-    for label, step in lost.items():
+    # policies losing the key at one step: stacked above the curve, one above the other,
+    # each with its own symbol (and its own legend entry), so none hides another
+    top = _attention_top(y, reminders, key_positions)
+    stacked: dict = {}
+    settings: dict = {}  # a policy's settings so far: each setting its own shade
+    for i, (label, step) in enumerate(lost.items()):
+        fam = policy_of(label)
+        nth = settings[fam] = settings.get(fam, -1) + 1
         step = int(step)
         if step < 0 or step >= T:
             continue
-        colour = policy_colour(policy_of(label))
-        text = "" if step in said else "<br>".join(k for k, v in lost.items() if int(v) == step)
-        said.add(step)
+        colour = setting_colour(fam, nth)
+        k = stacked[step] = stacked.get(step, -1) + 1
         fig.add_trace(go.Scatter(
-            x=[step], y=[float(y[step])], mode="markers+text", text=[text], textposition="top center",
+            x=[step], y=[min(float(y[step]) + k * LOST_STACK * top, top)], mode="markers",
             name=f"{label} loses the key (step {step})",
-            marker=dict(symbol="x-thin", size=14, color=colour, line=dict(width=3, color=colour)),
-            textfont=dict(color=colour if "<br>" not in text else "#333333", size=13),
+            marker=dict(symbol=LOST_SYMBOLS[i % len(LOST_SYMBOLS)], size=13, color=colour,
+                        line=dict(width=1.5, color="#222222")),
             hovertemplate=f"{html.escape(label)}: first key token evicted at step {step}<extra></extra>"))
     for name, colour in (("a reminder sentence", REMINDER_COLOUR), ("the key", KEY_COLOUR)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
@@ -279,17 +300,10 @@ def key_attention_figure(attention, *, reminders, key_positions, lost: dict, lay
     base_layout(fig, f"The key's attention at each prompt step (full cache, {where})", height,
                 legend_below=True)
     fig.update_xaxes(title="prompt step (the query's position)", range=[-0.5, T - 0.5])
-    # the key's own steps (and the few after them) take far more than any later step: the axis
-    # is scaled to the steps from the first reminder on (without one: from just after the
-    # key), and a note gives the highest value above it
-    kp = [int(p) for p in key_positions]
-    start = min((int(r[0]) for r in reminders), default=(max(kp) + 1) if kp else 0)
-    later = y[start:] if start < T else y
-    top = 1.4 * float(np.nanmax(later)) if len(later) and np.nanmax(later) > 0 else 1.0
     if T and float(np.nanmax(y)) > top:
         peak = int(np.nanargmax(y))
         fig.add_annotation(x=peak, y=top, yanchor="top", showarrow=False, yshift=-2,
-                           text=f"↑ up to {float(y[peak]):.2f} at the key (step {peak})",
+                           text=f"↑ up to {float(y[peak]):.2f}<br>at the key (step {peak})",
                            font=dict(size=12, color="#555555"), xanchor="left")
     fig.update_yaxes(title="attention on the key", range=[0, top])
     return fig

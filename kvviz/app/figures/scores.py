@@ -143,9 +143,14 @@ def _positive(v):
 TICK_FONT = 13  # x labels a projector shows: horizontal, at least 12 px
 
 
+CENTRE_COLOUR = "#CC0000"  # the dotted line at the neighbourhood's centre
+MAX_TICKS = 24  # labelled slots at most on one panel's axis
+
+
 def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                          height: int | None = None, log: bool = True,
-                         tokens=None) -> go.Figure:
+                         tokens=None, side_by_side: bool = False,
+                         centre_line: bool = True) -> go.Figure:
     """Per panel, the scores of the policy's own held slots near `center` at `step`,
     victims marked; for a pooled policy also the pooled envelope and the defended slots.
 
@@ -154,14 +159,24 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
     drawn side by side however far apart their positions are; `half_width` slots each
     side of the slot nearest `center`. Scores are on a log axis by default: eviction
     happens among the smallest scores, which a linear axis squashes to zero.
+    `side_by_side`: the panels in one row (a projector's short window), else one a row.
+    The dotted red line marks `center` (the Scores view's zoom position), said in the legend;
+    `centre_line=False` draws none (a figure of every held slot has no centre to mark). With
+    more slots than MAX_TICKS, every k-th slot is labelled, so no two labels run together.
     """
     titles = []
     for p in panels:
         r = rank_of(p["policy"])
-        titles.append(f"{p['label']}: {r.order if r is not None else _NO_SCORE}")
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=False, vertical_spacing=0.2,
-                        subplot_titles=titles)
+        order = r.order if r is not None else _NO_SCORE
+        # side by side (a projector): the side and its policy; the rule is the title's
+        titles.append(p["label"].split(" (")[0] if side_by_side else f"{p['label']}: {order}")
+    n = len(panels)
+    fig = (make_subplots(rows=1, cols=n, horizontal_spacing=0.2, subplot_titles=titles)
+           if side_by_side else
+           make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.2,
+                         subplot_titles=titles))
     for r, p in enumerate(panels, start=1):
+        at = dict(row=1, col=r) if side_by_side else dict(row=r, col=1)
         kept = np.asarray(p["kept"])
         sc = p["scores"]
         lo, hi = slot_window(kept, center, half_width)
@@ -181,21 +196,21 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
             hover = slot_hover(kept, sc, p["victims"], step, p.get("params"))[sel]
             fig.add_trace(go.Bar(x=x, y=fix(sums), name="window sum", marker_color=np.where(
                 cand, colour, "#bbbbbb").tolist(), opacity=0.85, customdata=hover,
-                hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
+                hovertemplate="%{customdata}<extra></extra>"), **at)
             envelope = (f"pooled envelope ({explain.kernel_label()} 1: the window sum itself)"
                         if explain.unpooled(p.get("params")) else "pooled envelope")
             fig.add_trace(go.Scatter(x=x, y=fix(pooled), name=envelope,
                                      mode="lines+markers", customdata=hover,
                                      line=dict(color="#222222", width=2, shape="hvh"),
                                      marker=dict(size=5),
-                                     hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
+                                     hovertemplate="%{customdata}<extra></extra>"), **at)
             if len(defended):
                 m = np.isin(x, defended)
                 fig.add_trace(go.Scatter(
                     x=x[m], y=fix(sums[m]), mode="markers", name="defended (kept by pooling)",
                     marker=dict(symbol="diamond", size=15, color=DEFENDED_COLOUR,
                                 line=dict(color="black", width=1)), customdata=hover[m],
-                    hovertemplate="%{customdata}<extra></extra>"), row=r, col=1)
+                    hovertemplate="%{customdata}<extra></extra>"), **at)
             yv = fix(pooled)
             yall = np.concatenate([sums, pooled])
         elif main and main in sc:
@@ -205,14 +220,14 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                                  customdata=np.where(np.isnan(vals), "unobserved (newest)",
                                                      np.char.mod("%.4g", np.nan_to_num(vals))))
                           .update(hovertemplate="position %{x}<br>" + score_label(main, policy=p["policy"])
-                                  + " %{customdata}<extra></extra>"), row=r, col=1)
+                                  + " %{customdata}<extra></extra>"), **at)
             yv = yall = fix(vals)
         else:
             yv = np.zeros(len(x))
             fig.add_trace(go.Scatter(x=x, y=yv, mode="markers", name="held",
                                      marker=dict(color=colour, size=8, symbol="square"),
                                      hovertemplate="position %{x} held<extra></extra>"),
-                          row=r, col=1)
+                          **at)
         if len(victims):
             m = np.isin(x, victims)
             fig.add_trace(go.Scatter(x=x[m], y=yv[m], mode="markers",
@@ -220,34 +235,49 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
                                      marker=dict(symbol="x", size=16, color=colour,
                                                  line=dict(width=2, color="black")),
                                      hovertemplate="position %{x}: evicted at step " + str(step)
-                                     + "<extra></extra>"), row=r, col=1)
+                                     + "<extra></extra>"), **at)
         ytitle = ("window sum" if "pooled" in sc and explain.unpooled(p.get("params")) else
                   "window sum / pooled" if "pooled" in sc else score_label(main, "held", p["policy"])
                   if main in sc else "held")
+        if side_by_side and r > 1:  # its legend entry names the score: no title in the gap
+            ytitle = ""
         if row_log:
             pos = np.asarray(yall, float)
             pos = pos[np.isfinite(pos) & (pos > 0)]
             rng = ([np.log10(pos.min() / 2), np.log10(pos.max() * 1.6)] if len(pos) else None)
-            fig.update_yaxes(type="log", title=ytitle + " (log)", row=r, col=1, range=rng,
+            fig.update_yaxes(type="log", title=ytitle + " (log)" if ytitle else "", **at, range=rng,
                              **log_ticks(np.r_[pos, pos.min() / 2] if len(pos) else pos))
         else:
-            fig.update_yaxes(title=ytitle, rangemode="tozero", row=r, col=1,
+            fig.update_yaxes(title=ytitle, rangemode="tozero", **at,
                              **({"showticklabels": False} if ytitle == "held" else {}))
         cats = [int(v) for v in x]
         text = ([f"{c}<br>{_tick_token(tokens[c])}" for c in cats] if tokens is not None
                 else [str(c) for c in cats])
+        every = -(-len(cats) // MAX_TICKS)  # a label every k-th slot: never run together
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats,
-                         tickmode="array", tickvals=cats, ticktext=text, tickangle=0,
-                         tickfont=dict(size=TICK_FONT), row=r, col=1,
-                         title=dict(text=f"{p['label'].split(':')[0]}'s held slots in cache "
-                                         "order (label: position)", font=dict(size=13),
+                         tickmode="array", tickvals=cats[::every], ticktext=text[::every],
+                         tickangle=-50 if side_by_side else 0,  # narrow panels side by side
+                         tickfont=dict(size=TICK_FONT), **at,
+                         title=dict(text=f"{p['label'].split(':')[0]}'s held slots"
+                                    + ("" if side_by_side else " in cache order (label: position)"),
+                                    font=dict(size=13),
                                     standoff=4))
-        if cats:  # the centre position, or where it would sit between two held slots
+        if cats and centre_line:  # the centre position, or where it would sit between two
             where = (cats.index(center) if center in cats
                      else float(np.searchsorted(cats, center)) - 0.5)
-            fig.add_vline(x=where, line=dict(color="#CC0000", width=1, dash="dot"), row=r, col=1)
-    base_layout(fig, f"Scores of the slots around position {center} at step {step} "
-                     f"(grey = protected or not yet ranked)", height or 300 * len(panels) + 170,
+            fig.add_vline(x=where, line=dict(color=CENTRE_COLOUR, width=1, dash="dot"), **at)
+    if centre_line:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", showlegend=True,
+                                 name=f"dotted: the slots' centre, position {center}",
+                                 line=dict(color=CENTRE_COLOUR, width=1.5, dash="dot"),
+                                 hoverinfo="skip"))
+    if side_by_side:  # the grey bars said in the legend: the title stays one line
+        fig.add_trace(go.Bar(x=[None], y=[None], name="grey: protected or not yet ranked",
+                             marker_color="#bbbbbb", showlegend=True, hoverinfo="skip"))
+    base_layout(fig, f"Scores at step {step} around position {center} (lowest goes first)"
+                if side_by_side else f"Scores of the slots around position {center} at step "
+                f"{step} (grey = protected or not yet ranked)",
+                height or (470 if side_by_side else 300 * len(panels) + 170),
                 legend_below=True, bottom=150 if tokens is not None else 130)
     fig.update_layout(barmode="overlay", bargap=0.2)
     seen = set()

@@ -13,8 +13,8 @@ def survival_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B", sinks: i
                     recent: int = 64, height: int = 380) -> go.Figure:
     steps = np.arange(len(ev_a))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=(f"sinks held (of positions 0–{sinks - 1})",
-                                        f"share of the {recent} newest positions held"))
+                        subplot_titles=(f"sinks 0–{sinks - 1} held",
+                                        f"{recent} newest held"))
     ca, cb = pair_colours(label_a, label_b)
     for ev, label, colour, dash in ((ev_a, f"A: {label_a}", ca, "solid"),
                                     (ev_b, f"B: {label_b}", cb, "dash")):

@@ -10,9 +10,12 @@ TRACK_COLOUR = "#CC0000"
 
 
 def heatmap_with_track(figure, position: int, ev_a, ev_b, steps: int,
-                       label_a: str = "A", label_b: str = "B") -> Prebuilt:
+                       label_a: str = "A", label_b: str = "B",
+                       hide_from: int | None = None) -> Prebuilt:
     """The cache heatmap (a Prebuilt or its dict) with the tracked position's column
-    outlined from its creation and a marker where each policy evicts it. Not modified."""
+    outlined from its creation and a marker where each policy evicts it. `hide_from`: the
+    page hides that step and later ones (logs cut there): a policy that has not evicted the
+    position before it gets no marker. Not modified."""
     spec = figure.to_dict() if hasattr(figure, "to_dict") else figure
     lay = dict(spec["layout"])
     p = int(position)
@@ -23,6 +26,8 @@ def heatmap_with_track(figure, position: int, ev_a, ev_b, steps: int,
     ca, cb = pair_colours(label_a, label_b)
     for who, label, ev, colour in (("A", label_a, ev_a, ca), ("B", label_b, ev_b, cb)):
         e = int(ev[p])
+        if hide_from is not None and (e == NEVER or e >= hide_from):
+            continue
         text = (f"tracked position {p}: {who} ({label}) "
                 + ("holds it to the end" if e == NEVER else f"evicts it at step {e}"))
         data.append(dict(type="scatter", x=[p], y=[steps - 1 if e == NEVER else e],

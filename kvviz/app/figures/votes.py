@@ -43,16 +43,29 @@ def votes_title(r) -> str:
 def votes_figure(r, height: int = 320) -> go.Figure:
     """One bar per position guessed (its height: how many guessed it), in position order.
     Revealed, the answer's bars are green and labelled 'answer' (drawn even if nobody
-    guessed them); before that every bar is grey."""
+    guessed them); before that every bar is grey. A vote cast by a student who left the
+    class during the question and came back (`r.rejoined`) is counted and said on its bar
+    ("1 after leaving")."""
     tally = {}
     for p in r.votes.values():
         tally[int(p)] = tally.get(int(p), 0) + 1
+    back = {}
+    for v in getattr(r, "rejoined", ()):
+        back[int(r.votes[v])] = back.get(int(r.votes[v]), 0) + 1
     answer = {int(p) for p in r.answer} if r.revealed else set()
     xs = sorted(set(tally) | answer)
+
+    def said(p):
+        words = ["answer"] if p in answer else []
+        if back.get(p):
+            words.append(f"{back[p]} after leaving")
+        return " · ".join(words)
+
     fig = go.Figure(go.Bar(
         x=[str(p) for p in xs], y=[tally.get(p, 0) for p in xs],
         marker_color=[ANSWER_COLOUR if p in answer else GUESS_COLOUR for p in xs],
-        text=["answer" if p in answer else "" for p in xs], textposition="outside",
+        marker_pattern_shape=["/" if back.get(p) else "" for p in xs],
+        text=[said(p) for p in xs], textposition="outside",
         hovertemplate="position %{x}: %{y} guesses<extra></extra>", cliponaxis=False))
     base_layout(fig, votes_title(r), height=height)
     fig.update_layout(showlegend=False, bargap=0.3)
@@ -103,7 +116,8 @@ def evidence_figure(panel: dict, step: int, tokens=None, answer=(), votes=None,
     shown = dict(panel, victims=np.asarray(sorted(int(p) for p in answer), np.int64))
     centre = int(kept[len(kept) // 2]) if len(kept) else 0
     fig = neighbourhood_figure([shown], step, centre, half_width=len(kept) + 1, height=height,
-                               tokens=tokens if len(kept) <= TOKEN_TICKS else None)
+                               tokens=tokens if len(kept) <= TOKEN_TICKS else None,
+                               centre_line=False)  # every slot: no centre to mark
     fig.update_layout(title_text=f"What {panel['label']} sees at step {step}: its own "
                                  f"score of each of the {len(kept)} slots it holds")
     votes = {int(p): int(n) for p, n in (votes or {}).items() if int(p) in set(kept.tolist())}

@@ -70,8 +70,10 @@ class Round:
     """One question: "which position will <who> evict next?" at `step`.
 
     `held` are the positions a guess may name (the policy's cache before the eviction),
-    `answer` the positions it evicts at `answer_step` (one or more). Votes are by member-token
-    digest (`mine` finds a session's own).
+    `answer` the positions it evicts at `answer_step` (one or more). Votes are by voter digest
+    (`mine` finds a voter's own; a student's voter is their browser's identity, which outlives
+    a reload and a server restart); `rejoined` are the voters whose vote came after they
+    left the class during this question (they may have seen more than the question showed).
     """
     number: int
     step: int
@@ -83,13 +85,18 @@ class Round:
     votes: dict = field(default_factory=dict)  # digest(token) -> position
     revealed: bool = False
     why: str = ""            # the lecturer's explanation, set on reveal (every page shows it)
+    rejoined: frozenset = frozenset()  # voter digests: voted after leaving during the question
 
     def tally(self) -> Counter:
         return Counter(self.votes.values())
 
     def mine(self, token: str) -> int | None:
-        """The position the session with member token `token` voted for, or None."""
+        """The position the voter `token` voted for, or None."""
         return self.votes.get(digest(token))
+
+    def rejoined_tally(self) -> Counter:
+        """Votes cast after leaving the class during the question, by position."""
+        return Counter(p for v, p in self.votes.items() if v in self.rejoined)
 
     @property
     def right(self) -> int:
@@ -106,9 +113,11 @@ class Round:
                 "answer_step": self.answer_step, "revealed": self.revealed, "why": self.why}
 
     @classmethod
-    def of(cls, f: dict, votes: dict) -> Round:
+    def of(cls, f: dict, votes: dict, leavers=()) -> Round:
+        votes = dict(votes)
         return cls(f["number"], f["step"], f["who"], f["label"], frozenset(f["held"]),
-                   frozenset(f["answer"]), f["answer_step"], dict(votes), f["revealed"], f["why"])
+                   frozenset(f["answer"]), f["answer_step"], votes, f["revealed"], f["why"],
+                   frozenset(v for v in leavers if v in votes))
 
 
 @dataclass(eq=False)
@@ -183,7 +192,7 @@ class Class:
         row = self._row()
         if row["round"] is None:
             return None
-        return Round.of(row["round"], self.reg._votes(self.code, row))
+        return Round.of(row["round"], *self.reg._votes(self.code, row))
 
     def take_back(self, key: str, token: str) -> None:
         """The lecturer's key moves the class to `token` (a reloaded or new tab); the old
@@ -246,7 +255,8 @@ class Class:
         if status == "gone":
             raise self.reg._gone(self.code)
         if status == "closed":
-            raise Refused("no question is open in this class right now")
+            raise Refused("no question is open in this class right now: the lecturer closed "
+                          "it before your vote arrived, so your vote was not counted")
         if status == "revealed":
             raise Refused("the answer has been revealed: votes are closed for this question")
         if status == "again":
@@ -258,6 +268,12 @@ class Class:
         if status == "full":
             raise Refused(f"this question has {MAX_VOTES} votes already")
         return self.current_round()
+
+    def left(self, token: str, number: int) -> None:
+        """The voter `token` left the class while round `number` was open: a vote they cast
+        on it afterwards is marked (`Round.rejoined`)."""
+        self.reg.store.left(self.code, int(number), digest(token))
+        self.reg._wrote(self.code)
 
     def reveal(self, token: str, why: str = "") -> Round:
         """Votes close; `why` (the lecturer's page's explanation) reaches every page with it."""
@@ -282,11 +298,11 @@ class Class:
 @dataclass
 class _Seen:
     """A process's copy of one class's row, read at `at` (time.monotonic), and of its open
-    round's votes as of round version `votes_at`."""
+    round's votes and leavers as of round version `votes_at`."""
     at: float
     row: dict
     votes_at: int = -1
-    votes: dict = field(default_factory=dict)
+    votes: tuple = (dict(), frozenset())
 
 
 class Registry:
@@ -325,16 +341,19 @@ class Registry:
                 self._seen[code] = _Seen(t0, row, *((old.votes_at, old.votes) if keep else ()))
         return row
 
-    def _votes(self, code: str, row: dict) -> dict:
+    def _votes(self, code: str, row: dict) -> tuple[dict, frozenset]:
+        """(votes, leavers) of the row's open round."""
         with self._lock:
             seen = self._seen.get(code)
             if seen is not None and seen.row is row and seen.votes_at == row["round_version"]:
-                return dict(seen.votes)
-        votes = self.store.votes(code, row["round"]["number"])
+                return dict(seen.votes[0]), seen.votes[1]
+        number = row["round"]["number"]
+        votes = self.store.votes(code, number)
+        leavers = frozenset(self.store.leavers(code, number)) if votes else frozenset()
         with self._lock:
             if seen is not None and self._seen.get(code) is seen:
-                seen.votes_at, seen.votes = row["round_version"], votes
-        return dict(votes)
+                seen.votes_at, seen.votes = row["round_version"], (votes, leavers)
+        return dict(votes), leavers
 
     def _wrote(self, code: str) -> None:
         """This process changed class `code`: its next read goes to the store."""

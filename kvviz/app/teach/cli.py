@@ -9,8 +9,9 @@ def parser(sub) -> None:
     cmds = p.add_subparsers(dest="lesson_command", required=True)
     ls = cmds.add_parser("list", help="the lessons in lessons/ (name, scenes, minutes, title)")
     ls.set_defaults(func=run, parser=ls)
-    ck = cmds.add_parser("check", help="validate a lesson and compute every speaker note: one "
-                         "line per scene, or one error line and exit 2")
+    ck = cmds.add_parser("check", help="validate a lesson, compute every speaker note and check "
+                         "that every question a scene offers is decided by clear evidence: "
+                         "one line per scene, or one error line and exit 2")
     ck.add_argument("file", help="a lesson file (lessons/NAME.toml) or a lesson name")
     ck.set_defaults(func=run, parser=ck)
 
@@ -34,6 +35,7 @@ def run(args) -> int:
         for s in les.scenes:
             L.note_text(les, s.number)  # every placeholder computed, or the error
             print(L.summary(les, s.number))
+        L.check_evidence(les)  # every question the scenes offer decided by clear evidence
         print(f"{les.path.name}: {les.title}, {len(les.scenes)} scenes, {les.minutes:g} min: ok")
         return 0
     except ValueError as exc:

@@ -309,3 +309,89 @@ def summary(lesson: Lesson, n: int) -> str:
     return f"scene {n:2d} · {s.minutes:g} min · {s.state.view} · {where} · {s.title}"
 
 
+
+
+# --- questions decided by evidence ---------------------------------------------------------
+# The views beside which the page offers "Ask: which position will A (or B) evict next?"
+# (a model-run view, loop or needle, replays no step).
+ASK_VIEWS = ("cache", "scores", "divergence", "survival", "metrics", "compare", "tokens")
+CLEAR = 0.05  # the answer's score at least this far (relative) below the runner-up's
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What decides the question "which position will W evict next?" at a scene's step: the
+    answer's score (the highest among the positions evicted, the policy evicting its lowest)
+    against the runner-up's (the lowest score among the candidates it keeps)."""
+
+    which: str           # "a" or "b"
+    step: int            # the step the page shows when the question is asked
+    answer_step: int     # the step the eviction happens
+    answer: tuple        # the positions evicted there
+    score: float         # the answer's score (its rank key)
+    runner_up: int       # the candidate kept with the lowest score
+    runner_score: float
+    score_name: str      # what the policy ranks by
+
+    @property
+    def margin(self) -> float:
+        """(runner-up − answer) / |runner-up|: 0 for a tie; inf when the runner-up scores 0
+        and the answer less."""
+        gap = self.runner_score - self.score
+        if gap == 0:
+            return 0.0
+        return gap / abs(self.runner_score) if self.runner_score else float("inf")
+
+
+def question_evidence(facts, which: str) -> Evidence | None:
+    """The evidence of the question asked of side `which` at the scene's step (the page's ask
+    button, kvviz.app.teach.question.asked_at); None when the policy evicts nothing later, ranks
+    by no score, or keeps no other candidate."""
+    import numpy as np
+
+    from kvviz.app.explain import score_name
+    from kvviz.app.teach.question import asked_at
+    from kvviz.core.policies import rank_of
+
+    q = asked_at(facts.engine(which).evicted_at, facts.step)
+    if q is None:
+        return None
+    panel = facts.panel(which, q.answer_step)
+    r = rank_of(panel["policy"])
+    if r is None or r.key not in panel["scores"]:
+        return None
+    kept = np.asarray(panel["kept"])
+    vals = np.asarray(panel["scores"][r.key], np.float64)
+    cand = np.asarray(panel["scores"].get("candidate", np.ones(len(kept), bool)), bool)
+    gone = np.isin(kept, q.answer)
+    rest = np.flatnonzero(cand & ~gone)
+    if not len(rest) or not (cand & gone).any():
+        return None
+    low = rest[np.lexsort((kept[rest], vals[rest]))[0]]
+    return Evidence(which=which, step=facts.step, answer_step=q.answer_step, answer=q.answer,
+                    score=float(np.nanmax(vals[cand & gone])), runner_up=int(kept[low]),
+                    runner_score=float(vals[low]),
+                    score_name=score_name(r.label, r.key, panel.get("params")) or "score")
+
+
+def check_evidence(lesson: Lesson) -> None:
+    """Every question a scene lets the lecturer ask (A and B, in the views that offer the ask
+    buttons) is decided by clear evidence: a ValueError naming the scene, the side, both
+    positions and scores when the answer is tied with, or within CLEAR of, the runner-up."""
+    for s in lesson.scenes:
+        if s.state.view not in ASK_VIEWS or s.state.step is None:
+            continue
+        facts = Facts(s)
+        for which in ("a", "b"):
+            e = question_evidence(facts, which)
+            if e is None or e.margin >= CLEAR:
+                continue
+            ask = f"which position will {which.upper()} evict next? (asked at step {e.step})"
+            how = ("ties with" if e.margin == 0 else
+                   f"is only {100 * e.margin:.1f} % below")
+            answer = positions_text(e.answer)
+            _fail(lesson.path, f"scene {s.number}",
+                  f"question \"{ask}\": the answer, {answer} at step {e.answer_step} "
+                  f"({e.score_name} {e.score:.4g}), {how} position {e.runner_up} "
+                  f"({e.runner_score:.4g}); a question needs its answer at least "
+                  f"{100 * CLEAR:g} % below the runner-up (choose another step)")

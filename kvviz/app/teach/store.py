@@ -11,9 +11,12 @@
 A class is a row of plain fields (`Store.load`): `owner` and `key` are SHA-256 digests (of the
 lecturer's member token, and of the code with the lecturer key), never the secrets; `state`
 the lecturer's page as a query mapping; `version`, `round_version`, `rounds`; `round` the open
-question (a dict) or None; `touched`, wall-clock seconds. Votes are by member-token digest,
-presence ("heard from") by digest too. Every rule that reads then writes runs in one
-transaction (`update`, `vote`): two processes voting at once count each vote once.
+question (a dict) or None; `touched`, wall-clock seconds. Votes are by voter digest (a
+student's identity that outlives their page: kvviz.app.ui.classroom.me), presence ("heard
+from") by digest too; `left` records a voter who left the class while a question was open
+and had not voted on it, so a vote they cast after coming back is marked (`leavers`). Every
+rule that reads then writes runs in one transaction (`update`, `vote`): two processes voting
+at once count each vote once.
 """
 from __future__ import annotations
 
@@ -129,6 +132,15 @@ class Store:
     def votes(self, code: str, number: int) -> dict[str, int]:
         raise NotImplementedError
 
+    def left(self, code: str, number: int, voter: str) -> None:
+        """`voter` left the class while round `number` was open (kept only if they have not
+        voted on it: a vote they cast afterwards is one cast after leaving)."""
+        raise NotImplementedError
+
+    def leavers(self, code: str, number: int) -> set[str]:
+        """The voters who left the class during round `number` before voting on it."""
+        raise NotImplementedError
+
     def here(self, code: str, voter: str, when: float) -> None:
         raise NotImplementedError
 
@@ -161,6 +173,10 @@ CREATE TABLE votes (code TEXT NOT NULL, round INTEGER NOT NULL, voter TEXT NOT N
 CREATE TABLE presence (code TEXT NOT NULL, voter TEXT NOT NULL, heard REAL NOT NULL,
     PRIMARY KEY (code, voter));
 """
+# added to schema 1 (a store that lacks it gets it; older readers never look at it)
+_LEAVERS = ("CREATE TABLE IF NOT EXISTS leavers (code TEXT NOT NULL, round INTEGER NOT NULL, "
+            "voter TEXT NOT NULL, PRIMARY KEY (code, round, voter))")
+_TABLES_ALL = ("votes", "presence", "leavers")
 _COLUMNS = ("owner", "key", "state", "version", "round_version", "rounds", "round", "touched")
 
 
@@ -220,6 +236,7 @@ class SQLiteStore(Store):
                 raise ValueError(f"{self.path} is not a kvviz class store of schema {SCHEMA} "
                                  f"(its user_version is {have}): move it away, or set {ENV} "
                                  "to another file")
+            db.execute(_LEAVERS)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -251,8 +268,8 @@ class SQLiteStore(Store):
         with self._tx() as db:
             if db.execute("SELECT 1 FROM classes WHERE code = ?", (code,)).fetchone():
                 return False
-            db.execute("DELETE FROM votes WHERE code = ?", (code,))
-            db.execute("DELETE FROM presence WHERE code = ?", (code,))
+            for table in _TABLES_ALL:
+                db.execute(f"DELETE FROM {table} WHERE code = ?", (code,))
             db.execute(f"INSERT INTO classes (code, {', '.join(_COLUMNS)}) "
                        f"VALUES (?{', ?' * len(_COLUMNS)})",
                        (code, *(raw[c] for c in _COLUMNS)))
@@ -271,9 +288,10 @@ class SQLiteStore(Store):
             raw = _dumps(new)
             db.execute(f"UPDATE classes SET {', '.join(f'{k} = ?' for k in raw)} "
                        "WHERE code = ?", (*raw.values(), code))
-            if "round" in new:  # only the open round's votes are kept
-                db.execute("DELETE FROM votes WHERE code = ? AND round != ?",
-                           (code, _number(new["round"])))
+            if "round" in new:  # only the open round's votes (and leavers) are kept
+                for table in ("votes", "leavers"):
+                    db.execute(f"DELETE FROM {table} WHERE code = ? AND round != ?",
+                               (code, _number(new["round"])))
             return {**row, **new}
 
     def vote(self, code, number, voter, position, max_votes, now):
@@ -300,6 +318,18 @@ class SQLiteStore(Store):
             return dict(db.execute("SELECT voter, position FROM votes WHERE code = ? AND "
                                    "round = ?", (code, number)).fetchall())
 
+    def left(self, code, number, voter):
+        with self._tx() as db:
+            if not db.execute("SELECT 1 FROM votes WHERE code = ? AND round = ? AND voter = ?",
+                              (code, number, voter)).fetchone():
+                db.execute("INSERT OR IGNORE INTO leavers (code, round, voter) VALUES (?, ?, ?)",
+                           (code, number, voter))
+
+    def leavers(self, code, number):
+        with self._db() as db:
+            return {v for (v,) in db.execute("SELECT voter FROM leavers WHERE code = ? AND "
+                                             "round = ?", (code, number))}
+
     def here(self, code, voter, when):
         with self._db() as db:
             db.execute("INSERT INTO presence (code, voter, heard) VALUES (?, ?, ?) ON "
@@ -319,7 +349,7 @@ class SQLiteStore(Store):
 
     def delete(self, code):
         with self._tx() as db:
-            for table in ("classes", "votes", "presence"):
+            for table in ("classes", *_TABLES_ALL):
                 db.execute(f"DELETE FROM {table} WHERE code = ?", (code,))
 
     def expire(self, before, keep):
@@ -327,7 +357,7 @@ class SQLiteStore(Store):
             db.execute("DELETE FROM classes WHERE touched < ?", (before,))
             db.execute("DELETE FROM classes WHERE code IN (SELECT code FROM classes ORDER BY "
                        "touched DESC, rowid DESC LIMIT -1 OFFSET ?)", (max(0, keep),))
-            for table in ("votes", "presence"):
+            for table in _TABLES_ALL:
                 db.execute(f"DELETE FROM {table} WHERE code NOT IN (SELECT code FROM classes)")
 
     def count(self):
@@ -365,8 +395,9 @@ PREFIX = "kvviz:"
 
 class RedisStore(Store):
     """Per class, under `kvviz:class:CODE`: a hash (the row), `:votes` (voter -> position, the
-    open round's) and `:here` (a sorted set, voter by last heard), each expiring `ttl` after
-    the class was last touched; `kvviz:classes` ranks the codes by last touch."""
+    open round's), `:here` (a sorted set, voter by last heard) and `:left` (a set of
+    "ROUND:voter"), each expiring `ttl` after the class was last touched; `kvviz:classes`
+    ranks the codes by last touch."""
 
     def __init__(self, url: str, ttl: float):
         import redis
@@ -397,17 +428,17 @@ class RedisStore(Store):
                               "start that Redis server, or unset " + ENV + " to keep classes "
                               "in a file on this machine") from None
 
-    def _keys(self, code: str) -> tuple[str, str, str]:
+    def _keys(self, code: str) -> tuple[str, str, str, str]:
         k = f"{PREFIX}class:{code}"
-        return k, k + ":votes", k + ":here"
+        return k, k + ":votes", k + ":here", k + ":left"
 
     def create(self, code, row):
-        k, v, h = self._keys(code)
+        k, v, h, lf = self._keys(code)
         with self._up():
             if not self.r.hsetnx(k, "owner", row["owner"]):
                 return False
             p = self.r.pipeline()
-            p.delete(v, h)
+            p.delete(v, h, lf)
             p.hset(k, mapping=_dumps(row))
             p.expire(k, self.ttl)
             p.zadd(PREFIX + "classes", {code: row["touched"]})
@@ -420,7 +451,7 @@ class RedisStore(Store):
         return _loads(raw) if len(raw) == len(_COLUMNS) else None
 
     def update(self, code, change):
-        k, v, _ = self._keys(code)
+        k, v, _, lf = self._keys(code)
         with self._up(), self.r.pipeline() as p:
             while True:
                 try:
@@ -434,7 +465,7 @@ class RedisStore(Store):
                     p.multi()
                     p.hset(k, mapping=_dumps(new))
                     if "round" in new and _number(new["round"]) != _number(row["round"]):
-                        p.delete(v)  # a new round (or none): the old one's votes go
+                        p.delete(v, lf)  # a new round (or none): the old one's votes go
                     if "touched" in new:
                         for key in self._keys(code):
                             p.expire(key, self.ttl)
@@ -445,7 +476,7 @@ class RedisStore(Store):
                     continue
 
     def vote(self, code, number, voter, position, max_votes, now):
-        k, v, _ = self._keys(code)
+        k, v = self._keys(code)[:2]
         with self._up():
             status, detail, raw = self._vote(keys=[k, v, PREFIX + "classes"],
                                              args=[number, voter, position, max_votes, now,
@@ -454,7 +485,7 @@ class RedisStore(Store):
                 json.loads(raw) if raw else None)
 
     def votes(self, code, number):
-        k, v, _ = self._keys(code)
+        k, v = self._keys(code)[:2]
         with self._up():
             p = self.r.pipeline(transaction=True)
             p.hget(k, "round")
@@ -463,6 +494,21 @@ class RedisStore(Store):
         if not raw or json.loads(raw)["number"] != number:
             return {}
         return {voter: int(pos) for voter, pos in votes.items()}
+
+    def left(self, code, number, voter):
+        _, v, _, lf = self._keys(code)
+        with self._up():
+            if not self.r.hexists(v, voter):
+                p = self.r.pipeline(transaction=False)
+                p.sadd(lf, f"{number}:{voter}")
+                p.expire(lf, self.ttl)
+                p.execute()
+
+    def leavers(self, code, number):
+        with self._up():
+            marks = self.r.smembers(self._keys(code)[3])
+        head = f"{number}:"
+        return {m[len(head):] for m in marks if m.startswith(head)}
 
     def here(self, code, voter, when):
         h = self._keys(code)[2]

@@ -16,8 +16,8 @@ import numpy as np
 import streamlit as st
 
 from kvviz.app.engine import Engine
-from kvviz.app.figures.cache import cache_heatmap, heatmap_grid
-from kvviz.app.figures.states import divergence_steps, symmetric_difference
+from kvviz.app.figures.cache import cache_heatmap, codes_to_png, heatmap_grid
+from kvviz.app.figures.states import NEVER, NOT_YET, divergence_steps, state_colours, symmetric_difference
 from kvviz.core.metrics import summary
 from kvviz.core.replay import run_policy
 from kvviz.core.trace import canonical, load_trace
@@ -232,28 +232,69 @@ def heatmap_bins(steps: int) -> int:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def grid(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int, labels: tuple,
-         max_bins: int | None = None, window: tuple | None = None, head: str = "mean") -> dict:
+         max_bins: int | None = None, window: tuple | None = None, head: str = "mean",
+         hide_from: int | None = None) -> dict:
     """Heatmap aggregation for a pair of runs; a, b = (policy, params); window =
-    (steps_range, pos_range) for a zoomed view, None for the whole run."""
-    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
-    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
+    (steps_range, pos_range) for a zoomed view, None for the whole run. `hide_from`: the
+    grid of a page that hides that step and later ones (`blank_from`)."""
+    ea = seen(get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at, hide_from)
+    eb = seen(get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at, hide_from)
     sr, pr = window or (None, None)
     trace = get_trace(key, layer, version, head)
     tokens = trace.tokens
     max_bins = max_bins or heatmap_bins(trace.steps)
-    return heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1],
-                        steps_range=sr, pos_range=pr, tokens=tokens)
+    g = heatmap_grid(ea, eb, max_bins, label_a=labels[0], label_b=labels[1],
+                     steps_range=sr, pos_range=pr, tokens=tokens)
+    return g if hide_from is None else blank_from(g, hide_from)
+
+
+def seen(evicted_at, hide_from: int | None) -> np.ndarray:
+    """An eviction log as a page that hides steps `hide_from`.. may know it (a class's open
+    question asks about step `hide_from`): a position evicted at one of those steps is said
+    never evicted (NEVER), so nothing built from the log tells which positions go there;
+    every eviction before `hide_from` is unchanged."""
+    ev = np.asarray(evicted_at)
+    return ev if hide_from is None else np.where(ev >= int(hide_from), NEVER, ev)
+
+
+HIDDEN_CELL = "hidden while the class's question is open"
+
+
+def blank_from(g: dict, hide_from: int) -> dict:
+    """A heatmap grid (from logs already cut at `hide_from`: `seen`) with every pixel row
+    and hover row that starts at step `hide_from` or later blank: "not yet generated" pixels,
+    no counts, a hover that says it is hidden. A row that straddles the step keeps its
+    blocks, drawn from the cut logs (nothing evicted from `hide_from` on). Not modified."""
+    g = dict(g)
+    rows = np.asarray(g["step_edges"][:-1]) >= hide_from
+    codes = np.array(g["codes"], copy=True)
+    codes[rows] = NOT_YET
+    shares = np.array(g["shares"], copy=True)
+    shares[rows] = 0
+    g["codes"], g["shares"] = codes, shares
+    g["png"] = codes_to_png(codes, state_colours(*g["labels"]))
+    h_rows = np.asarray(g["hover_step_edges"][:-1]) >= hide_from
+    counts = np.array(g["hover_counts"], copy=True)
+    counts[:, h_rows] = 0
+    g["hover_counts"] = counts
+    g["hover_text"] = [[HIDDEN_CELL] * len(row) if hidden else row
+                       for row, hidden in zip(g["hover_text"], h_rows)]
+    return g
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
 def cache_figure(key: str, layer: int, version: str, a: tuple, b: tuple, budget: int,
-                 labels: tuple, window: tuple | None = None, head: str = "mean") -> dict:
+                 labels: tuple, window: tuple | None = None, head: str = "mean",
+                 hide_from: int | None = None) -> dict:
     """The cache heatmap as a plain dict, built once server-wide per configuration (every
     session at every step shares it; `views.cache.at_step` moves the step marker on a copy).
-    Read-only: never modify the returned dict."""
-    ea = get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
-    eb = get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
-    g = grid(key, layer, version, a, b, budget, labels, window=window, head=head)
+    `hide_from`: as a page that hides that step and later ones may have it (`grid`): the
+    data sent to the browser holds nothing of those steps. Read-only: never modify the
+    returned dict."""
+    ea = seen(get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at, hide_from)
+    eb = seen(get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at, hide_from)
+    g = grid(key, layer, version, a, b, budget, labels, window=window, head=head,
+             hide_from=hide_from)
     return cache_heatmap(ea, eb, 0, label_a=labels[0], label_b=labels[1], grid=g).to_dict()
 
 

@@ -74,6 +74,7 @@ class Ctx:
     step: int = 0
     solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
     head: str = "mean"  # attention head of a per-head trace (kvviz.core.trace contract)
+    hide_from: int | None = None  # a class's open question: steps from here on are not shown
 
     @property
     def colours(self) -> tuple[str, str]:
@@ -82,11 +83,12 @@ class Ctx:
 
     @property
     def ev_a(self):
-        return self.eng_a.evicted_at
+        """A's eviction log as this page may show it (`compute.seen`: none from `hide_from` on)."""
+        return compute.seen(self.eng_a.evicted_at, self.hide_from)
 
     @property
     def ev_b(self):
-        return self.eng_b.evicted_at
+        return compute.seen(self.eng_b.evicted_at, self.hide_from)
 
     def run(self, which: str) -> compute.RunKey:
         """The cache key of policy 'a' or 'b' on this page (its engine, summary, peeks)."""
@@ -99,13 +101,17 @@ class Ctx:
         """compute.pair_of: divergence steps and |A delta B| per step, shared server-wide."""
         return compute.pair_of(self.run("a"), self.run("b"))
 
+    def _shown(self, step: int) -> int:
+        return NEVER if self.hide_from is not None and step >= self.hide_from else step
+
     @property
     def first_divergence(self) -> int:
-        return next_after(self.pair["divergences"], NEVER)
+        """The first divergence step, or -1 (also when it is at or after `hide_from`)."""
+        return self._shown(next_after(self.pair["divergences"], NEVER))
 
     def next_divergence(self, after: int) -> int:
-        """First divergence step strictly after `after`, or -1."""
-        return next_after(self.pair["divergences"], after)
+        """First divergence step strictly after `after`, or -1 (also when it is hidden)."""
+        return self._shown(next_after(self.pair["divergences"], after))
 
     def peek(self, which: str, step: int):
         return self.run(which).peek(step)

@@ -10,6 +10,12 @@ moves a control explores on their own: their page stops moving until "Back to th
 lecturer". Only the session that
 opened the class can move it (`Class.publish` refuses any other token), so a student's
 page never publishes.
+
+A page in a class outlives its server: it keeps a timer (`_reconnect`), which is what makes
+Streamlit's page run the script again when it reconnects (a restarted server has no session
+of it), and that run finds the class again from the link (`follow=`, `lead=`) and the
+browser's cookies (kvviz.app.ui.classroom). While the page is cut off it says so
+(`RECONNECTING`, a style: the page cannot run then).
 """
 from __future__ import annotations
 
@@ -43,6 +49,19 @@ def _question_marker(c) -> tuple:
 # This process's students' pages, moved by one thread (kvviz.app.ui.watch).
 WATCHER = watch.Watcher(classroom.REGISTRY, watch.streamlit_rerun, watch.streamlit_alive,
                         _question_marker)
+
+
+# A page in a class: its timer's period. The timer does nothing; it is there because Streamlit's
+# page runs the script again on reconnecting only when it has one (without it a student's page
+# reconnected to a restarted server would stay as it was, following nothing).
+RECONNECT_S = 30.0
+RECONNECTING = "Reconnecting to the class…"
+_CUT_OFF = '[data-testid="stApp"][data-test-connection-state]:not([data-test-connection-state="CONNECTED"])'
+_STYLE = (f"<style>{_CUT_OFF}::after {{content: '{RECONNECTING}'; position: fixed; top: 3.2rem; "
+          "left: 50%; transform: translateX(-50%); z-index: 1000100; padding: .5rem 1.2rem; "
+          "border-radius: .5rem; background: #fff3cd; color: #4d3a00; font-weight: 600; "
+          "box-shadow: 0 2px 8px rgba(0,0,0,.25);}} "
+          f"{_CUT_OFF} .st-key-class-banner {{visibility: hidden;}}</style>")
 
 
 # The longest a student's page waits for its turn (`turn`) before drawing anyway.
@@ -128,6 +147,10 @@ def _forget() -> None:
     if r is not None and not r.revealed:
         S[classroom.LEFT] = (c.code, r.number)
         session.set_value("step", max(0, int(r.answer_step) - 1))
+        with contextlib.suppress(Refused):  # a vote they cast on it after coming back is marked
+            c.left(classroom.me(), r.number)
+    if c is not None:  # its questions' answers stay hidden here (kvviz.app.ui.predict.hidden)
+        S[classroom.KNOWN] = c.code
     S[classroom.FOLLOWS] = ""
     for k in KEYS:
         S.pop(k, None)
@@ -186,11 +209,11 @@ def sync(where):
     if msg:
         where.error(f"Follow: {msg}. This page works as a plain explorer.",
                     icon=":material/group_off:")
-    slot = where.container()
+    slot = where.container(key="class-banner")
     code = S.get(classroom.FOLLOWS, "")
     if not code:
         return slot
-    me = classroom.token()  # a member of the class (the one its votes count once)
+    me = classroom.me()  # the student (their votes count once, whichever page)
     c = classroom.follows()
     if c is None and S.get(classroom.DOWN):  # not closed: the class store does not answer
         where.error(S.pop(classroom.DOWN), icon=":material/cloud_off:")
@@ -282,9 +305,10 @@ def panel() -> None:
     with side, session.timer_place():  # (why: kvviz.app.ui.session.timer_place)
         _count(c.code)
     with side.expander("If this tab is reloaded or closed"):
-        st.caption("A reload is a new session, which does not lead the class. Keep this key "
-                   "off the projector: with the code, **Take back a class** in a new tab "
-                   "leads it again.")
+        st.caption("A reload of this tab, or this page reconnecting to a restarted server, "
+                   "leads the class again (this browser keeps the key). Another browser or a "
+                   "new tab does not: keep this key off the projector; with the code, "
+                   "**Take back a class** there leads it again.")
         k = S.get(classroom.KEY, "")
         st.markdown(f"lecturer key: `{k[:4]}-{k[4:]}`")
     side.button("Close the class", key="class.close", on_click=_close,
@@ -315,6 +339,8 @@ def publish(slot) -> None:
     lecturer's next move or question runs it again (kvviz.app.ui.watch)."""
     c = classroom.leads()
     sid = watch.session_id()
+    if c is not None or S.get(classroom.FOLLOWS):
+        _outlive()
     if c is not None:
         c.publish(classroom.token(), shared_query())
         WATCHER.track(sid, None)
@@ -345,6 +371,20 @@ def publish(slot) -> None:
         row.button("Stop following", key="class.leave", on_click=_forget,
                    icon=":material/logout:")
     if sid is not None and APPLIED in S:  # (a run that reached the class in `sync`)
-        WATCHER.track(sid, watch.Page(code, classroom.token(),
+        WATCHER.track(sid, watch.Page(code, classroom.me(),
                                       None if S.get(OWN) else S[APPLIED],
                                       S.get(MARK, (0, False))))
+
+
+def _outlive() -> None:
+    """A page in a class: what brings it back after its server restarts (the timer, the
+    cookies) and what it says while it is cut off."""
+    st.html(_STYLE)
+    with session.timer_place():  # (why: kvviz.app.ui.session.timer_place)
+        _reconnect()
+    classroom.remember()
+
+
+@st.fragment(run_every=RECONNECT_S)
+def _reconnect() -> None:
+    """Nothing: a timer's presence is what the page's reconnection looks for (RECONNECT_S)."""

@@ -62,16 +62,17 @@ HIDDEN = ("stButtonGroup", "stMultiSelect", "stNumberInput", "stSelectbox", "stR
 # class, the step navigation, the ask buttons and the way back, wrapping at 125 % zoom; the
 # header (Streamlit's menu) is not drawn over it. The keys of the buttons not shown (the arrows,
 # the jumps) still work: a hidden button keeps its shortcut.
-TOP = "17rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
-TOPS = {"loop": "13rem"}  # a view drawn without the status line (it has its own step)
+TOP = "10.75rem"  # the row, the status line and their gaps: what the fitted chart leaves above it
+# views drawn without the status line (their own steps, or none)
+TOPS = {"loop": "7.5rem", "needle": "8.5rem", "heads": "7.5rem"}
 FIT_FALLBACK = 420  # px: the fitted chart's container before the CSS sizes it
 FIT = "div:has(> .st-key-kv-fit)"
 
 
-def fit_css(height: int, view: str = "") -> str:
-    """The fitted chart's box: its figure's own height, or the window's less the top rows
-    above `view` when that is less (never under 16rem)."""
-    h = f"max(16rem,min({int(height)}px,calc(100vh - {TOPS.get(view, TOP)})))"
+def fit_css(view: str = "") -> str:
+    """The fitted chart's box: the window's height less the top rows above `view` (never
+    under 16rem); the chart stretches to it."""
+    h = f"max(16rem,calc(100vh - {TOPS.get(view, TOP)}))"
     return f"{FIT}{{flex:0 0 {h}!important;height:{h}!important;max-height:none!important}}"
 
 
@@ -97,6 +98,13 @@ PRESENT_CSS = (
     "{display:none}"
     + "".join(f"{ROOM} [data-testid='{t}']," for t in HIDDEN)
     + f"{ROOM}:not(.st-key-room-loop) [data-testid='stSlider']{{display:none}}"
+    # the view's other charts behind one control (kvviz.app.ui.present.more), and the captions
+    # a scene's text reads (kvviz.app.ui.present.said): shown
+    f"{ROOM} .st-key-kv-more,{ROOM} .st-key-kv-more [data-testid='stExpander']"
+    "{display:block!important}"
+    f"{ROOM} .st-key-kv-more [data-testid='stExpanderIcon']{{font-size:1.15rem}}"
+    f"{ROOM} [class*='st-key-kv-said-'] [data-testid='stCaptionContainer']"
+    "{display:block!important}"
     f"{MAIN} [data-testid='stMarkdownContainer'] p,{MAIN} [data-testid='stMarkdownContainer'] li"
     "{font-size:1.15rem;line-height:1.4}"
     f"{MAIN} [data-testid='stCaptionContainer'] p{{font-size:1.15rem}}"
@@ -113,4 +121,10 @@ PRESENT_CSS = (
     "[data-testid='stColumn']{flex:1 1 100%!important;width:100%!important;max-width:100%}"
     # the first screen's lines: tighter gaps between the navigator's rows and the chart
     f"{MAIN} [data-testid='stVerticalBlock']{{row-gap:.6rem}}"
+    # 125 % zoom: the row on one line, for the chart's height; the step buttons' keys (J, K,
+    # the arrows) still work, the slider is narrower
+    "@media (max-width:900px){"
+    ".st-key-kv-top .st-key-nav-prev,.st-key-kv-top .st-key-nav-next{display:none}"
+    ".st-key-kv-top [data-testid='stElementContainer']:has([data-testid='stSlider'])"
+    "{flex:1 1 6rem;min-width:6rem}}"
 )

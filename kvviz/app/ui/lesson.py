@@ -73,8 +73,8 @@ def init() -> None:
     if not keys or "lesson" not in keys or not set(keys) <= SHORT:
         return
     name, n = str(S["kv"].get("lesson", "")), int(S["kv"].get("scene", 0) or 0)
-    if name:
-        go(name, max(n, 1))
+    if name:  # a scene the link names, even 0, is checked (an error naming it); none: scene 1
+        go(name, n if "scene" in keys else 1)
 
 
 def _picked() -> None:
@@ -102,8 +102,10 @@ NEXT_KEY, PREV_KEY = "N", "B"  # PageDown/PageUp scroll the page (a student's, a
 
 def student() -> bool:
     """This session is, or was, a class's student: it never sees a speaker note (the notes
-    name the answers of the questions the class is asked), nor scene buttons or keys."""
-    return bool(S.get(classroom.FOLLOWS)) or bool(S.get(classroom.WAS_STUDENT))
+    name the answers of the questions the class is asked), nor scene buttons or keys; nor
+    does a page in a browser that has been one, unless it leads a class (its own link without
+    `follow=` opens no note: kvviz.app.ui.classroom.was_student)."""
+    return classroom.was_student()
 
 
 def bar(draw_picker: bool = True, row=None) -> None:
@@ -123,7 +125,7 @@ def bar(draw_picker: bool = True, row=None) -> None:
 def _question_up() -> bool:
     from kvviz.app.ui import predict  # (predict draws views; imported when a note is drawn)
 
-    return predict.active()
+    return predict.active() or predict.hidden() is not None
 
 
 def _speaker_note(les: L.Lesson, n: int, where, room: bool) -> None:

@@ -87,17 +87,24 @@ def divergence_note(ctx: Ctx) -> None:
     """At a step the next-divergence jump stops at: which position, why it counts and each
     policy's score for it (the cache heatmap marks it)."""
     here = notable_here(ctx)
-    if here is None:
+    if here is None or ctx.hide_from is not None:  # (it says when the other policy evicts)
         return
     p, got, at, share = here
     panels = [ctx.panel("a", ctx.step), ctx.panel("b", ctx.step)]
     st.markdown(explain.divergence_text(p, ctx.step, got, at, share, ctx.ev_a, ctx.ev_b, panels))
 
 
-def _jump_button(where, label, key, target, help_, shortcut, why=None):
+def _jump_button(where, label, key, target, help_, shortcut, why=None, hide_from=None):
+    """`hide_from`: the page hides that step and later ones (a class's open question), so a
+    target there is neither said nor reachable."""
+    hidden = hide_from is not None and (target < 0 or target >= hide_from)
+    if hidden:
+        target, why = NEVER, None
     where.button(label, key=key, on_click=goto, args=(target, why), disabled=target < 0,
                  width="content", shortcut=shortcut,
-                 help=help_ + (f" Next: step {target}." if target >= 0 else " None after this step."))
+                 help=help_ + (f" Next: step {target}." if target >= 0 else
+                               f" Hidden from step {hide_from} on while the class's question "
+                               "is open." if hidden else " None after this step."))
 
 
 def jumps_row(ctx: Ctx, step: int):
@@ -128,22 +135,23 @@ def jumps_row(ctx: Ctx, step: int):
     _jump_button(row, f"next divergence > {share:.1%}", "nav.div", nxt,
                  f"The next step at which A or B evicts a position the other keeps that, while "
                  f"only the other holds it, carries over {share:.1%} of a step's attention "
-                 "(the Divergence view then explains that position).", "D", why)
+                 "(the Divergence view then explains that position).", "D", why, ctx.hide_from)
     epochs = jumps.epoch_boundaries(ctx.trace)
     if len(epochs):
         _jump_button(row, "next epoch", "nav.epoch", next_after(epochs, step),
                      f"The canonical trace redraws its heavy hitters every {ctx.trace.epoch} "
-                     "steps: the next first step of an epoch.", "E")
+                     "steps: the next first step of an epoch.", "E", hide_from=ctx.hide_from)
     hh = _heavy(*_args(ctx))
     _jump_button(row, "next heavy-hitter eviction", "nav.hh", next_after(hh, step),
                  f"The next step at which A or B evicts a position that has been a heavy hitter "
                  f"(one of the {max(1, ctx.budget // 4)} = budget/4 positions with the most "
-                 "attention received so far in the full trace, see Glossary).", "H")
+                 "attention received so far in the full trace, see Glossary).", "H",
+                 hide_from=ctx.hide_from)
     if track >= 0:
         _jump_button(row, f"next eviction of {int(track)}", "nav.track",
                      next_after(jumps.position_evictions(ctx.ev_a, ctx.ev_b, int(track)), step),
                      f"The next step at which A or B evicts the tracked position {int(track)}.",
-                     "T")
+                     "T", hide_from=ctx.hide_from)
 
 
 def advance(step: int, speed: int, steps: int) -> tuple[int, bool]:
@@ -252,10 +260,14 @@ def _ticker(steps: int):
 
 
 def tie_words(position: int, ties) -> str:
-    """' (tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
-    beside the position, in few words, so the status line stays one line at 1024 px."""
+    """' (a tie-break: …)' after a victim a tie-break chose rather than its score, '' else: said
+    beside the position, in few words, so the status line stays short; the count of the
+    positions it ties with reads as a count ("… as 418 held positions"), never as a victim."""
     t = next((t for t in ties if t.position == int(position)), None)
-    return "" if t is None else f" (tie-break: {len(t.kept)} it keeps score the same)"
+    if t is None:
+        return ""
+    n = len(t.kept)
+    return f" (a tie-break: scored as {n} held position{'s' if n != 1 else ''})"
 
 
 @st.cache_resource(max_entries=512, show_spinner=False)
@@ -283,7 +295,16 @@ def status(ctx: Ctx):
         return ("position " if len(v) == 1 else "positions ") + shown
 
     hold_a = int(V.held_mask(ctx.ev_a, s).sum())
-    if follow.following():  # the glossary (6 KB) with Explore on my own: every student's
+    room = present.active() and not ctx.solo  # the room: one short line (the chart names A, B)
+    if room:
+        first = ctx.first_divergence
+        st.markdown(
+            f"evicted at step {s}: <span style='color:{ctx.colours[0]}'>■</span> **A** "
+            f"{pos(va, 'a')} · <span style='color:{ctx.colours[1]}'>■</span> **B** "
+            f"{pos(vb, 'b')} · **|A Δ B|** "
+            f"{int(ctx.pair['symdiff'][s])} · first\u00a0divergence:\u00a0"
+            f"{'none' if first < 0 else 'step' + NBSP + str(first)}", unsafe_allow_html=True)
+    elif follow.following():  # the glossary (6 KB) with Explore on my own: every student's
         line = st.container()  # page runs again after each move
     else:
         line, gloss = st.columns([4, 1.1], vertical_alignment="center")
@@ -294,16 +315,18 @@ def status(ctx: Ctx):
         line.markdown(f"**{w}** {ctx.label_a if ctx.solo == 'a' else ctx.label_b} holds "
                     f"**{hold_a}** · evicted at step {s}: {pos(va, ctx.solo)} · the other policy refused "
                     "its settings (see above)")
-    else:
+    elif not room:
         hold_b = int(V.held_mask(ctx.ev_b, s).sum())
         diff = int(ctx.pair["symdiff"][s])
-        first = ctx.first_divergence
+        first = ctx.first_divergence  # (-1 too when it is at a hidden step)
+        first = (f"step{NBSP}{first}" if first >= 0 else "none" if ctx.hide_from is None
+                 else f"none before step{NBSP}{ctx.hide_from}")
         line.markdown(
             f"<span style='color:{ctx.colours[0]}'>■</span> **A** {ctx.label_a} holds **{hold_a}** · "
             f"<span style='color:{ctx.colours[1]}'>■</span> **B** {ctx.label_b} holds **{hold_b}** · "
             f"**|A Δ B|** {diff} held by one only · "
             f"first\u00a0divergence:\u00a0"  # kept on one line
-            f"{'none' if first < 0 else 'step' + NBSP + str(first)}  \n"
+            f"{first}  \n"
             f"evicted at step {s}: **A** {pos(va, 'a')} · **B** {pos(vb, 'b')}", unsafe_allow_html=True,
             help="|A Δ B|: positions held by exactly one of the two policies"
                  + (" (the Glossary, with Explore on my own)" if follow.following()

@@ -25,6 +25,9 @@ FOOTER = ("kvviz · policies, replay and metrics come from the kvviz core; this 
 VIEWS = "views"      # the page's policies A/B in the selected view
 OWN = "own"          # the loop or Forgetting view, with its own policies
 NOTHING = "nothing"  # both policies refused their settings
+# views with their own results, policies and budgets (no step slider, status line or page-wide
+# policies: those belong to the trace, not to these charts)
+OWN_VIEWS = ("loop", "needle", "heads")
 
 
 @dataclass
@@ -84,7 +87,8 @@ def _draw(page: Page) -> str:
             # buttons and the way back (key P), so the chart is on the first screen
             page.row = present.bar()
     else:
-        panels.open_linked_experiment()
+        if predict.hidden() is None:  # a linked experiment's focus may be the asked eviction
+            panels.open_linked_experiment()
         present.button()
     with page.notices:
         lesson.bar(draw_picker=not page.quiet, row=page.row)  # the lesson bar (its picker in the sidebar)
@@ -98,7 +102,7 @@ def _draw(page: Page) -> str:
         follow.panel()  # the Class panel: open a class, its code and link
     key, layer, version, trace = sidebar.trace_controls(draw=not page.quiet)
     own = panels.current_view(trace.tokens is not None)
-    if own in ("loop", "needle") and not predict.active():
+    if own in OWN_VIEWS and not predict.active():
         _own_view(page, own, key, layer, version, trace)
         return OWN
     return _views(page, key, layer, version, trace)
@@ -130,7 +134,8 @@ def _views(page: Page, key, layer, version, trace) -> str:
         follow.summary(key, budget, pols)
     if not page.quiet:
         with page.experiments:
-            if not predict.active():  # an experiment's text may name the question's answer
+            # an experiment's text may name the question's answer (at any step it found)
+            if not predict.active() and predict.hidden() is None:
                 panels.experiments_box()
     for note in session.pop_notes():  # values clamped or ignored while drawing the sidebar
         page.notices.warning(note, icon=":material/warning:")
@@ -157,7 +162,8 @@ def _views(page: Page, key, layer, version, trace) -> str:
         if page.room:
             present.leave(page.row)
     with page.main.container():
-        if not predict.question(ctx):  # the question panel replaces the view while it is up
+        # the question panel replaces the view while it is up; a hidden question, whole-run views
+        if not predict.question(ctx) and not hidden_view(ctx):
             view = (panels.current_view(trace.tokens is not None) if page.room
                     else panels.view_selector(trace.tokens is not None))
             with present.frame(view):
@@ -187,3 +193,19 @@ def _context(key, layer, version, trace, budget, pols, built, refused) -> panels
         setattr(ctx, "label_" + ("b" if solo == "a" else "a"),
                 f"{config_label(a, pa)}, shown again: {'B' if solo == 'a' else 'A'} refused")
     return ctx
+
+
+def hidden_view(ctx: panels.Ctx) -> bool:
+    """While the page hides a class's open question (kvviz.app.ui.predict): a view that shows the whole
+    run (and the asked eviction with it) is replaced by a sentence, beside the view chooser."""
+    if ctx.hide_from is None:
+        return False
+    tokens = ctx.trace.tokens is not None
+    if panels.current_view(tokens) in predict.WHOLE_RUN_SHOWN:
+        return False  # (drawn by the page, the heatmap cut at `Ctx.hide_from`)
+    if not present.active():
+        panels.view_selector(tokens)
+    st.info("This view shows the whole run, the step the class's open question asks about "
+            "included: it is back once the lecturer reveals the answer. The Cache heatmap and "
+            "Scores views show the run up to this step.", icon=":material/quiz:")
+    return True

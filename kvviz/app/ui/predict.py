@@ -47,6 +47,22 @@ def _round():
     return c, (c.current_round() if c is not None else None), lead
 
 
+def hidden():
+    """A page without the lecturer key that knows a class it neither leads nor follows (it
+    left it, its `lead=` link came without the key, or its browser's student followed it:
+    kvviz.app.ui.classroom.known): that class's open, unrevealed
+    question (kvviz.app.teach.classroom.Round), whose asked step and later ones the page
+    does not show; else None."""
+    code = classroom.known()
+    if not code:
+        return None
+    try:
+        r = classroom.REGISTRY.get(code).current_round()
+    except Refused:
+        return None
+    return r if r is not None and not r.revealed else None
+
+
 def active() -> bool:
     """A question is up in this session's class (the page hides what would answer it)."""
     return _round()[1] is not None
@@ -112,7 +128,7 @@ def _vote(number: int) -> None:
     try:
         if c is None:
             raise Refused("this page is not in a class any more (the class was closed)")
-        c.vote(classroom.token(), number, S.get(GUESS))
+        c.vote(classroom.me(), number, S.get(GUESS))
     except Refused as exc:
         S[REFUSED] = str(exc)
 
@@ -131,6 +147,10 @@ def locked(ctx: Ctx) -> int | None:
         if c is not None and not lead and S.get(DRAWN, (0, False))[0]:  # this page drew a question: it closed
             st.info("The lecturer closed the question: the page is back to the lesson.",
                     icon=":material/quiz:")
+        msg = S.pop(REFUSED, None)  # a vote that arrived after the question closed
+        if msg:
+            st.warning(f"Vote refused: {msg}.", icon=":material/how_to_vote:")
+        _hide(ctx)
         return None
     # (a tab that took the class back, at the class's page, finds the question: its own now)
     if lead and S.setdefault(ASKED, {}).setdefault(r.number, ctx.run(r.who)) != ctx.run(r.who):
@@ -147,6 +167,26 @@ def locked(ctx: Ctx) -> int | None:
         st.caption(f"The lecturer's question holds the page at step {step} until they "
                    "close it.")
     return step
+
+
+def _hide(ctx: Ctx) -> None:
+    """A page that knows a class with an open question (`hidden`): the page stays before the
+    asked step (the status line would name the victim) and the whole-run views leave out
+    that step and later ones (`Ctx.hide_from`)."""
+    r = hidden()
+    if r is None:
+        return
+    last = max(0, min(int(r.answer_step), ctx.trace.steps) - 1)
+    ctx.hide_from = last + 1
+    cur = S.get("w.step", S["kv"].get("step"))
+    if cur is None or int(cur) > last:
+        set_value("step", last)
+    st.caption(f"Class {classroom.known()}'s question about {_who(r)} at step {r.answer_step} "
+               f"is open: this page stays at step {last} or before and hides the steps from "
+               f"{r.answer_step} on until the lecturer reveals the answer.")
+
+
+WHOLE_RUN_SHOWN = ("cache", "scores")  # views drawn while hiding (the heatmap cut)
 
 
 def controls(ctx: Ctx, row=None) -> None:
@@ -266,7 +306,7 @@ def question(ctx: Ctx) -> bool:
                 f"{'position' if len(answer) == 1 else 'positions'} "
                 f"**{', '.join(map(str, answer))}** at step {r.answer_step}.")
     n = len(r.votes)
-    mine = None if lead else r.mine(classroom.token())
+    mine = None if lead else r.mine(classroom.me())
     if lead:
         st.button("Close the question", key="predict.close", on_click=_close,
                   icon=":material/close:", help="Back to the views; the class's pages follow.")
@@ -287,7 +327,9 @@ def question(ctx: Ctx) -> bool:
     if r.why:
         st.info(r.why, icon=":material/lightbulb:")
     chart(votes_figure(r), key="predict.votes", **CHART)
+    _rejoined(r)
     return True
+
 
 
 def _refusal() -> None:
@@ -307,7 +349,7 @@ def _guess(c, r, ctx: Ctx) -> None:
                     placeholder=f"a held position ({span})")
     st.button("Vote", key="predict.vote", on_click=_vote, args=(r.number,), type="primary",
               icon=":material/how_to_vote:")
-    mine = r.mine(classroom.token())
+    mine = r.mine(classroom.me())
     if mine is not None:
         st.caption(f"You voted for position {mine}; one vote each. The lecturer reveals.")
     _refusal()
@@ -326,3 +368,14 @@ def _live(code: str) -> None:
         st.rerun(scope="app")
     if r is not None:
         chart(votes_figure(r), key="predict.votes", **CHART)
+        _rejoined(r)
+
+
+def _rejoined(r) -> None:
+    """The votes cast by students who left the class during the question and came back
+    (they may have seen more than the question showed): counted, and said."""
+    n = sum(r.rejoined_tally().values())
+    if n:
+        st.caption(f"{n} of the {len(r.votes)} votes came from students who left the class "
+                   "during this question and came back (marked on their bars): they may have "
+                   "seen its answer.")

@@ -15,7 +15,7 @@ import contextlib
 import streamlit as st
 
 from kvviz.app.figures.cache import Prebuilt
-from kvviz.app.figures.room import for_room
+from kvviz.app.figures.room import FLOOR, for_room, wrap
 from kvviz.app.ui import layout, wire
 from kvviz.app.ui.session import S, note
 
@@ -25,9 +25,8 @@ from kvviz.app.ui.session import S, note
 KEYS = {"K or →": "next step", "J or ←": "previous step", "D": "next divergence",
         "E": "next epoch", "H": "next heavy-hitter eviction",
         "T": "next eviction of the tracked position", "P": "leave presentation",
-        "N / B": "next / previous scene of a lesson (kvviz.app.ui.lesson; PageDown and "
-                 "PageUp scroll the page)",
-        "V": "reveal the answer of a class's question (kvviz.app.ui.predict)"}
+        "N / B": "next / previous scene of a lesson (PageDown and PageUp scroll the page)",
+        "V": "reveal the answer of a class's question"}
 TOGGLE = "P"
 
 
@@ -95,6 +94,48 @@ def frame(view: str):
     keys_line()
 
 
+MORE = "kv-more"  # the room's one control holding a view's other charts (layout.PRESENT_CSS)
+LEAD = "present.lead"  # the fit `more` kept for a main chart drawn from inside it (`lead`)
+
+
+@contextlib.contextmanager
+def more(label: str = "More of this view: its other charts and tables"):
+    """What follows (or surrounds) a view's main chart: in presentation mode behind one
+    control (a closed expander, shown in the room although a view's own controls are not),
+    so the chart the scene is about is the first thing on the screen; elsewhere in place,
+    unchanged. A chart drawn inside is never the fitted one, except through `lead`."""
+    if not active():
+        yield
+        return
+    if FIT in S:
+        S[LEAD] = S.pop(FIT)
+    try:
+        with st.expander(label, expanded=False, key=MORE):
+            yield
+    finally:
+        S.pop(LEAD, None)
+
+
+@contextlib.contextmanager
+def lead(box):
+    """The view's main chart (and the captions the scene reads, `said`), drawn from inside
+    `more` into `box`, a container placed above its control: fitted to the window. Outside
+    presentation mode (or with no box) in place."""
+    if not active() or box is None:
+        yield
+        return
+    if LEAD in S:
+        S[FIT] = S.pop(LEAD)
+    with box:
+        yield
+
+
+def said(name: str):
+    """A container whose captions stay shown in presentation mode: the lines a scene's text
+    depends on (a chart's "B loses the key at step N"), under its chart."""
+    return st.container(key=f"kv-said-{name}")
+
+
 def fit_next(view: str = "") -> None:
     """The next chart drawn (in presentation mode) fills the window's height below the
     page's top rows (above `view`), whatever height its figure asked for (`chart`)."""
@@ -139,58 +180,121 @@ def sidebar(draw: bool = True):
 def chart(figure, **kw):
     """`st.plotly_chart`, with the figure re-sized for the room (`for_room`) when this run's
     session presents; every view draws its charts through it (no other session changes).
-    The first chart of a presented view is fitted to the window: its container's height is
-    the window's less the page's top rows (kvviz.app.ui.layout.FIT_CSS), and the chart
-    stretches to it, so its title, plot and legend are on the first screen at any size."""
+    The first chart of a presented view is fitted to the window (`fitted`): its container's
+    height is the window's less the page's top rows (kvviz.app.ui.layout.fit_css), and the
+    chart stretches to it, so its title, legend and whole plot are on the first screen."""
     if not active():
         return st.plotly_chart(wire.shared(figure), **kw)  # (shared data: serialised once)
     spec = for_room(figure)
-    height = (spec.get("layout") or {}).get("height")
     fit = S.pop(FIT, "")
-    if fit and _rows(spec) > 1:  # stacked plots squeezed are unreadable: their own height,
-        spec = _legend_beside(spec)  # and the legend at the top right, on the first screen
-    if not fit or not isinstance(height, (int, float)) or _rows(spec) > 1:
+    if not fit:
         return st.plotly_chart(Prebuilt(spec), **kw)
-    st.html(f"<style>{layout.fit_css(int(height), fit)}</style>")
+    st.html(f"<style>{layout.fit_css(fit)}</style>")
     with st.container(key="kv-fit", height=layout.FIT_FALLBACK, border=False):
-        return st.plotly_chart(Prebuilt(spec), **{**kw, "height": "stretch"})
+        return st.plotly_chart(Prebuilt(fitted(spec)), **{**kw, "height": "stretch"})
 
 
-def _rows(spec: dict) -> int:
-    """How many plots a figure stacks (distinct vertical domains of its y axes)."""
-    lay = spec.get("layout") or {}
-    return max(1, len({tuple((v.get("domain") or (0, 1))) for k, v in lay.items()
-                       if k.startswith("yaxis") and isinstance(v, dict)}))
+# the narrowest window the room's fitted chart is laid out for (1024x768 at 125 % zoom: 819
+# CSS px, less the page's side padding and the plot's own margins)
+FIT_WIDTH = 740
+LEGEND_CHARS = 24  # a fitted chart's legend names wrap at this many characters
+TITLE_PX = 21  # a fitted chart's title (the scene's title is said above it)
+Y_TITLE_CHARS = 26  # a fitted chart's y axis titles wrap at this many characters
 
 
-def _legend_beside(spec: dict) -> dict:
-    """A figure whose legend sits under its plots, with the legend at its top instead, in
-    rows under the title (the top margin grows by them), so it is on the first screen."""
+def _legend_names(spec: dict) -> list[str]:
+    seen = []
+    for tr in spec.get("data") or ():
+        name = tr.get("name")
+        if name and tr.get("showlegend", True) is not False and str(name) not in seen:
+            seen.append(str(name))
+    return seen
+
+
+def _bottom_x(lay: dict) -> set:
+    """The x axes of the lowest row of plots (the others' titles would stand in the gap
+    where the next row's plot titles are)."""
+    ys = {k: tuple((v.get("domain") or (0, 1))) for k, v in lay.items()
+          if k.startswith("yaxis") and isinstance(v, dict)}
+    low = min((d[0] for d in ys.values()), default=0)
+    out = set()
+    for k, v in lay.items():
+        if k.startswith("xaxis") and isinstance(v, dict):
+            anchor = str(v.get("anchor") or "y")
+            y = "yaxis" + anchor[1:]
+            if ys.get(y, (0, 1))[0] <= low + 1e-6:
+                out.add(k)
+    return out
+
+
+def fitted(spec: dict) -> dict:
+    """A room figure laid out to fill whatever height its box has: its title pinned to the
+    top of the box and its legend a column at the right (so neither covers a plot's title,
+    an axis title or another row's plots, whatever the height), every label wrapped to the
+    width it has, the margins just what the labels need, the plots every other pixel."""
     lay = dict(spec.get("layout") or {})
-    legend = dict(lay.get("legend") or {})
-    if legend.get("yref") != "container" or float(legend.get("y", 1)) > 0.5:
-        return spec
-    margin = dict(lay.get("margin") or {})
-    height = lay.get("height")
-    if not isinstance(height, (int, float)) or not isinstance(margin.get("t"), (int, float)):
-        return spec
-    names = {tr.get("name") for tr in spec.get("data") or () if tr.get("showlegend", True)
-             and tr.get("name")}
-    rows = -(-max(1, len(names)) // 3)  # three entries a row on the narrowest room chart
-    size = float((legend.get("font") or {}).get("size") or 20)
-    legend_px = round(rows * size * 1.6) + 8
+    base = float((lay.get("font") or {}).get("size") or 20)
     title = dict(lay.get("title") or {})
-    tsize = float((title.get("font") or {}).get("size") or 23)
-    title_px = round((str(title.get("text", "")).count("<br>") + 1) * tsize * 1.25) + 30
-    # the title pinned to the top, the legend under it, then the old margin's room for the
-    # first plot's own title: the top margin grows by the legend's rows
-    top = max(int(margin["t"]), title_px + 36) + legend_px
-    total = int(height) + top - int(margin["t"])
-    title.update(yref="container", y=1 - 26 / total, yanchor="top")
-    legend.update(orientation="h", yref="container", y=1 - title_px / total,
-                  yanchor="top", x=0, xanchor="left")
-    freed = max(0, int(margin.get("b", 0)) - 110)  # the legend's rows below the axis titles
-    margin["t"] = top
-    margin["b"] = int(margin.get("b", 0)) - freed
-    lay.update(title=title, legend=legend, margin=margin, height=total - freed)
-    return {**spec, "layout": lay}
+    tsize = TITLE_PX
+    text = wrap(str(title.get("text") or "").replace("<br>", " "),
+                int(FIT_WIDTH / (0.55 * tsize)))
+    title.update(text=text, font=dict(title.get("font") or {}, size=tsize))
+    lines = text.count("<br>") + 1 if text else 0
+    top = lines * tsize * 1.3 + 14 if text else 10
+    if text:  # (plotly sets a title of several lines a line higher than its anchor says)
+        title.update(yref="container", y=1, yanchor="top", x=0, xanchor="left",
+                     pad=dict(t=round(6 + (lines - 1) * tsize * 1.3)))
+        lay["title"] = title
+    legend = dict(lay.get("legend") or {})
+    names = _legend_names(spec) if lay.get("showlegend", True) is not False else []
+    data = spec.get("data") or []
+    width = FIT_WIDTH - 90  # the plots' width: less the y tick labels and title
+    if names:  # a column at the right, its names wrapped: the plots keep the whole height
+        legend.update(orientation="v", yref="paper", y=1, yanchor="top", x=1.02,
+                      xanchor="left", valign="middle", tracegroupgap=4)
+        legend.pop("entrywidth", None)
+        legend["font"] = dict(legend.get("font") or {}, size=FLOOR)  # the room's least
+        lay["legend"] = legend
+        data = [dict(tr, name=wrap(str(tr["name"]), LEGEND_CHARS)) if tr.get("name") else tr
+                for tr in data]
+        size = float((legend.get("font") or {}).get("size") or base)
+        width -= 0.58 * size * min(LEGEND_CHARS, max(len(n) for n in names)) + 60
+    cols = max(1, len({tuple(v.get("domain") or (0, 1)) for k, v in lay.items()
+                       if k.startswith("xaxis") and isinstance(v, dict)}))
+    low = _bottom_x(lay)
+    for k in list(lay):
+        ax = lay[k]
+        if not (k.startswith(("xaxis", "yaxis")) and isinstance(ax, dict)):
+            continue
+        ax = dict(ax)
+        t = ax.get("title")
+        t = dict(t) if isinstance(t, dict) else {"text": t} if t else None
+        if t and t.get("text"):
+            if k.startswith("xaxis") and k not in low:
+                t["text"] = ""  # the lowest row's says it
+            elif k.startswith("xaxis"):
+                t["standoff"] = 4  # close under its tick labels
+            elif k.startswith("yaxis"):  # a vertical title as long as a short plot
+                t["text"] = wrap(str(t["text"]).replace("<br>", " "), Y_TITLE_CHARS)
+            ax["title"] = t
+        lay[k] = ax
+    # the first row's subplot titles stand in the top margin, under the title; each wrapped
+    # to its plot's width
+    sub, notes = 0.0, []
+    for a in lay.get("annotations") or ():
+        a = dict(a)
+        fs = float((a.get("font") or {}).get("size") or base)
+        if isinstance(a.get("text"), str) and a.get("name") != "step":
+            a["text"] = wrap(a["text"].replace("<br>", " "),
+                             max(12, int(width / cols / (0.58 * fs))))
+        if (a.get("yanchor") == "bottom" and a.get("yref", "paper") == "paper"
+                and float(a.get("y", 0) or 0) >= 0.99 and a.get("text")):
+            sub = max(sub, (str(a["text"]).count("<br>") + 1) * fs * 1.3 + 6)
+        notes.append(a)
+    if notes:
+        lay["annotations"] = notes
+    margin = dict(lay.get("margin") or {})
+    margin.update(l=10, r=10, b=20)  # automargin: as wide and tall as the labels need
+    margin["t"] = round(top + sub)
+    lay["margin"] = margin
+    return {**spec, "data": data, "layout": lay}

@@ -234,7 +234,9 @@ def write_url() -> None:
     S[RUNS] = S.get(RUNS, 0) + 1  # (timer_place)
     S.pop(FROM_LINK, None)  # the link's values have been checked
     q = to_query(view_state())
-    if S.get(classroom.FOLLOWS):  # a student's reload keeps following
+    if S.get(classroom.FOLLOWS):  # a student's reload (or reconnection) keeps following
         q["follow"] = S[classroom.FOLLOWS]
+    elif S.get(classroom.LEADS):  # the lecturer's leads again (with its browser's key)
+        q["lead"] = S[classroom.LEADS]
     if st.query_params.to_dict() != q:
         st.query_params.from_dict(q)

@@ -170,7 +170,8 @@ def labelled(name: str, message: str) -> str:
 
 def param_control(which: str, spec, side=st.sidebar):
     """One parameter's control, built from its declaration: a slider for int and float,
-    a select box for a choice. Returns the value as the widget holds it."""
+    a select box for a choice, a checkbox for a bool, a text box for a string or a value.
+    Returns the value as the widget holds it."""
     k = pkey(which, spec.name)
     help_ = spec.help + (" · odd values only" if spec.odd_only else "")
     if spec.source:
@@ -179,6 +180,13 @@ def param_control(which: str, spec, side=st.sidebar):
         if restore(k, spec.default) not in spec.choices:
             S[k] = spec.default
         value = side.selectbox(spec.label, spec.choices, key=k, help=help_)
+    elif spec.kind == "bool":
+        restore(k, spec.default)
+        value = bool(side.checkbox(spec.label, key=k, help=help_))
+    elif not spec.numeric:  # a free string or a value: its text, checked by its validator
+        if not isinstance(restore(k, str(spec.default)), str):
+            S[k] = str(spec.default)
+        value = side.text_input(spec.label, key=k, help=help_)
     elif spec.kind == "float":
         lo, hi = float(spec.low), float(spec.high)
         _clamp_restore(k, float(spec.default), lo, hi, label=f"{which}.{spec.label}", cast=float)

@@ -13,7 +13,7 @@ from kvviz.app.figures.states import held_mask
 from kvviz.app.state import default_cmp
 from kvviz.app.ui import compute
 from kvviz.app.ui.context import table
-from kvviz.app.ui.present import chart
+from kvviz.app.ui.present import chart, more
 from kvviz.app.ui.session import widget
 from kvviz.core.policies import POLICIES, param_specs
 
@@ -103,8 +103,10 @@ def _draw(ctx, chosen: list) -> None:
                "server into blocks of cells; a block's colour is the share of its cells held "
                "(square-root scale, so one position held through a block stays visible), grey "
                "evicted, white not yet generated. The red line is the current step.")
-    chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
-                    config=chart_config("compare_survival", ctx), width="stretch")
-    table(C.compare_table(rows).drop(columns=["budget"]))  # one budget: said below
-    st.caption(f"All at budget {ctx.budget} on this trace; metrics from kvviz.core.metrics.summary "
-               "(the Metrics view's numbers). 'held now': slots held after the current step.")
+    with more():
+        chart(C.survival_compare(panels, ctx.step), key="chart.compare_survival",
+              config=chart_config("compare_survival", ctx), width="stretch")
+        table(C.compare_table(rows).drop(columns=["budget"]))  # one budget: said below
+        st.caption(f"All at budget {ctx.budget} on this trace; metrics from "
+                   "kvviz.core.metrics.summary (the Metrics view's numbers). 'held now': slots "
+                   "held after the current step.")

@@ -9,7 +9,7 @@ from kvviz.app import figures as V
 from kvviz.app.ui.context import CHART, Ctx, table
 from kvviz.app.ui.navigation import goto
 from kvviz.app.ui.positions import restore_position
-from kvviz.app.ui.present import chart
+from kvviz.app.ui.present import chart, more
 from kvviz.app.ui.session import keep, wkey
 
 
@@ -22,6 +22,12 @@ def render(ctx: Ctx):
         return
     chart(V.divergence_figure(ctx.ev_a, ctx.ev_b, s, label_a=ctx.label_a,
                                         label_b=ctx.label_b), key="chart.divergence", **CHART)
+    with more():
+        _why(ctx)
+
+
+def _why(ctx: Ctx):
+    s = ctx.step
     only_a, only_b = V.only_sets(ctx.ev_a, ctx.ev_b, s)
     cands = V.divergent_positions(ctx.ev_a, ctx.ev_b)
     st.subheader("Why? The scores each policy gave a divergent position")

@@ -12,6 +12,7 @@ import numpy as np
 import streamlit as st
 
 from kvviz.app.figures.heads import eviction_grid, heads_figure, needle_heads_figure, position_figure
+from kvviz.app.ui import present
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import fits, from_link, note, widget
@@ -45,7 +46,8 @@ def render(ctx: Ctx):
     if path is None or not path.is_file():
         st.info(f"The Heads view needs {TRACE} (a trace captured per KV head) in the traces folder.")
         return
-    allocator, scorer, budget = controls(st.sidebar)
+    # in presentation mode (no sidebar) the link's values, as the quiet sidebar returns them
+    allocator, scorer, budget = controls(present.sidebar(not present.active()))
     try:
         held, plain, layers, budgets, roles, runs, alone = _runs(str(path), allocator, scorer, budget)
     except ValueError as exc:

@@ -17,9 +17,9 @@ import streamlit as st
 
 from kvviz.app import figures as V
 from kvviz.app.figures import loop as LV
-from kvviz.app.ui import jobs
+from kvviz.app.ui import jobs, present
 from kvviz.app.ui.context import CHART
-from kvviz.app.ui.present import chart
+from kvviz.app.ui.present import chart, more
 from kvviz.app.ui.session import fits, timer_place, widget
 from kvviz.core.policies import POLICIES, config_label
 from kvviz.model.loop.cli import memory_line
@@ -201,9 +201,10 @@ def _sources() -> dict[str, tuple]:
 
 
 def render(ctx):
-    st.markdown("**Model in the loop.** A model reads a text token by token on its own "
-                "evicted cache (each layer holds at most *budget* positions, chosen by the "
-                "kvviz policies); here is what that cost its predictions.")
+    if not present.active():  # (the room: the chart first)
+        st.markdown("**Model in the loop.** A model reads a text token by token on its own "
+                    "evicted cache (each layer holds at most *budget* positions, chosen by the "
+                    "kvviz policies); here is what that cost its predictions.")
     sources = _sources()
     if not sources:
         st.info(f"No closed-loop results in {loop_dir()}.")
@@ -234,6 +235,11 @@ def draw(res, rows):
                                              "perplexity_after_eviction":
                                                  "tokens after the first eviction"}[m])
     chart(LV.perplexity_figure(rows, metric=metric), key="chart.loop_ppl", **CHART)
+    with more():
+        _rest(res, rows)
+
+
+def _rest(res, rows):
     choices = [i for i, r in enumerate(rows) if r["policy"] != LV.FULL]
     if not choices:
         st.info("This result holds only the full cache.")

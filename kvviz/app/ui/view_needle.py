@@ -15,7 +15,7 @@ import streamlit as st
 
 from kvviz.app.figures import needle as NV
 from kvviz.app.figures.cache import Prebuilt
-from kvviz.app.ui import jobs
+from kvviz.app.ui import jobs, present
 from kvviz.app.ui.context import CHART, table
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import note, timer_place
@@ -179,6 +179,18 @@ def sources() -> dict:
 
 
 def render(ctx=None):
+    # presentation mode: the chart a scene is about first (the cell's: the key's attention
+    # when the run has it, else what each policy kept), the rest behind one control
+    top = st.container() if present.active() else None
+    with present.more("The grid, the prompt, the answers and the other charts"):
+        _render(top)
+
+
+def _render(top):
+    layer = _kept().get("nalayer")  # read only where a run has the key's attention: checked here
+    if layer is not None and layer != "mean" and not str(layer).isdigit():
+        note(f"nalayer={layer} is not a model layer (mean, or a layer number); using mean")
+        _kept()["nalayer"] = "mean"
     st.markdown("**Forgetting.** A pass key (a few digits) is hidden in filler text and the "
                 "model is asked for it at the end. Each policy keeps at most *budget* positions "
                 "per layer: does the model still answer, and when did its cache lose the key?")
@@ -199,7 +211,7 @@ def render(ctx=None):
         budgets = sorted({c["budget"] for c in run["meta"]["configs"] if c["budget"]})
         budget = st.selectbox("budget", budgets, key="needle.mine.budget")
         st.caption(eviction_caption(run["meta"]))
-        draw_cell(run, budget, prefix="mine")
+        draw_cell(run, budget, prefix="mine", top=top)
     elif found:
         values = list(found)
         task = choose("ntask", "task", values, values[0], format_func=lambda v: found[v][0],
@@ -207,14 +219,14 @@ def render(ctx=None):
                            "reminds the model of (recall), other people's keys beside the "
                            "asked one (distractors), a phrase of several words (phrase)")
         label, folder, rows = found[task]
-        draw_grid(folder, rows, task, label)
+        draw_grid(folder, rows, task, label, top=top)
     run_box()
 
 
-def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: str = "pass key"):
+def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: str = "pass key",
+              top=None):
     mtime = (folder / "results.csv").stat().st_mtime
     story = _guided(str(folder), mtime, task, rows)
-    box = st.container(border=True)  # filled once the grid on screen is chosen (below)
     c = st.columns([2, 2, 2])
     budget = choose("nbudget", "budget (positions per layer)", FS.budgets(rows),
                     FS.budgets(rows)[len(FS.budgets(rows)) // 2], widget=c[0].selectbox)
@@ -228,7 +240,13 @@ def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: st
     gran = choose("ngran", "granularity", grans, "layer" if "layer" in grans else grans[0],
                   widget=c[2].selectbox)
     sub = sub[sub["granularity"] == gran]
-    with box:
+    what = "Pass-key" if task == "passkey" else label[:1].upper() + label[1:] + " ·"
+    chart(Prebuilt(_needle_figure(str(folder), mtime, task, budget, mode, gran, rows, what)),
+          key="chart.needle", **CHART)
+    st.caption("Each square: the share of seeds whose answer "
+               + ("contains the key" if task == "passkey" else "passes the task's check")
+               + ", from the run's own record. Pick a square below to see that prompt.")
+    with st.container(border=True):  # under the grid it speaks of ("the grid above")
         told = task in ("passkey",) or task.startswith("recall")  # the story is the pass key's
         st.markdown("**Guided experiment** (from these results) · "
                     + FS.grid_text(rows, budget, mode, gran)
@@ -239,12 +257,6 @@ def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: st
                       f"{ex['length']} tokens, key at {ex['depth']:g} % depth, seed {ex['seed']}",
                       key="needle.guided", icon=":material/search:", on_click=_show_cell,
                       args=(story["cell"], story["lines"]))
-    what = "Pass-key" if task == "passkey" else label[:1].upper() + label[1:] + " ·"
-    chart(Prebuilt(_needle_figure(str(folder), mtime, task, budget, mode, gran, rows, what)),
-          key="chart.needle", **CHART)
-    st.caption("Each square: the share of seeds whose answer "
-               + ("contains the key" if task == "passkey" else "passes the task's check")
-               + ", from the run's own record. Pick a square below to see that prompt.")
     if sub.empty:
         st.info(f"No {label} runs at {mode} prompt, {gran} granularity.")
         return
@@ -266,10 +278,10 @@ def draw_grid(folder: Path, rows: pd.DataFrame, task: str = "passkey", label: st
     except (OSError, ValueError, KeyError) as exc:
         st.error(f"run {id_}: not readable ({exc})")
         return
-    draw_cell(run, budget, folder=folder)
+    draw_cell(run, budget, folder=folder, top=top)
 
 
-def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = None):
+def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = None, top=None):
     meta, ev = run["meta"], run["evicted_at"]
     kp, q0, T0 = meta["key_positions"], int(meta["question_start"]), int(meta["prompt_len"])
     key_label, marks = NV.task_marks(meta)
@@ -300,17 +312,43 @@ def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = No
     heads = list(range(G))
     head = choose(p + "nhead", "KV head", heads, 0, widget=c[3].selectbox,
                   disabled=G == 1, help="at layer granularity a layer keeps one set")
+    # presentation mode's main chart (`top`): the key's attention when the run has it, else
+    # what each policy kept
+    att_lead = _has_attention(folder, meta)
+    with present.lead(None if att_lead else top):
+        _cell_chart(ev, meta, layer, head, ia, ib, line, vs, prefix)
+    idx = [FS.config_index(meta, ln, budget) for ln in lines]
+    chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
+                    key=f"chart.needle_layers{prefix}", **CHART)
+    if folder is not None and meta.get("task") == "recall" and meta.get("prompt_mode") == "decode":
+        with present.lead(top if att_lead else None):
+            draw_attention(folder, run, budget, lines)
+
+
+def _has_attention(folder, meta) -> bool:
+    from kvviz.studies.key_attention import attention_path
+
+    return (folder is not None and meta.get("task") == "recall"
+            and meta.get("prompt_mode") == "decode"
+            and attention_path(folder, meta["id"]).is_file())
+
+
+def _cell_chart(ev, meta, layer, head, ia, ib, line, vs, prefix):
+    """What each policy kept of the cell's prompt at one layer and KV head, and its caption
+    (shown in presentation mode too: a scene reads its steps)."""
+    kp, q0, T0 = meta["key_positions"], int(meta["question_start"]), int(meta["prompt_len"])
     if meta.get("prompt_mode") == "prefill":  # one eviction, at the prompt's end
         chart(Prebuilt(_prefill_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
                                        T0, line, vs)),
               key=f"chart.needle_cache{prefix}", **CHART)
         ka = int(NV.prefill_kept(ev[ia, layer, head], T0)[list(kp)].sum())
         kb = int(NV.prefill_kept(ev[ib, layer, head], T0)[list(kp)].sum())
-        st.caption(f"Prefill: the model read the whole prompt, then each layer evicted once, "
-                   f"at its end (step {T0 - 1}), down to the budget. Layer {layer}: {line} kept "
-                   f"{ka} of the key's {len(kp)} tokens; {vs} kept {kb} (from the runs' "
-                   f"eviction logs). The key is shaded yellow; the question starts at "
-                   f"position {q0}.")
+        with present.said("cell"):
+            st.caption(f"Prefill: the model read the whole prompt, then each layer evicted "
+                       f"once, at its end (step {T0 - 1}), down to the budget. Layer {layer}: "
+                       f"{line} kept {ka} of the key's {len(kp)} tokens; {vs} kept {kb} (from "
+                       f"the runs' eviction logs). The key is shaded yellow; the question "
+                       f"starts at position {q0}.")
     else:
         chart(Prebuilt(_cache_figure(ev[ia, layer, head], ev[ib, layer, head], tuple(kp),
                                      T0, line, vs)),
@@ -318,14 +356,12 @@ def draw_cell(run: dict, budget: int, prefix: str = "", folder: Path | None = No
         sa, sb = FS.lost_step(ev[ia, layer], kp), FS.lost_step(ev[ib, layer], kp)
         said = lambda n, s: (f"{n} first evicted a key token at step {s}" if s >= 0  # noqa: E731
                              else f"{n} never evicted a key token")
-        st.caption(f"Layer {layer}: {said(line, sa)}; {said(vs, sb)} (from the runs' eviction "
-                   f"logs). The key is shaded yellow; the question starts at position {q0}; the "
-                   f"red line is the end of the prompt (step {T0 - 1}), where generation starts.")
-    idx = [FS.config_index(meta, ln, budget) for ln in lines]
-    chart(Prebuilt(_layers_figure(ev, tuple(kp), tuple(idx), tuple(lines), T0 - 1)),
-                    key=f"chart.needle_layers{prefix}", **CHART)
-    if folder is not None and meta.get("task") == "recall" and meta.get("prompt_mode") == "decode":
-        draw_attention(folder, run, budget, lines)
+        with present.said("cell"):
+            st.caption(f"Layer {layer} only: {said(line, sa)}; {said(vs, sb)} (from the runs' "
+                       f"eviction logs; the key's attention chart marks the first loss in any "
+                       f"layer). The key is shaded yellow; the question starts at position "
+                       f"{q0}; the red line is the end of the prompt (step {T0 - 1}), where "
+                       f"generation starts.")
 
 
 def draw_attention(folder: Path, run: dict, budget: int, lines: list):
@@ -357,10 +393,12 @@ def draw_attention(folder: Path, run: dict, budget: int, lines: list):
              "them are the quiet ones." if n else
              "This prompt has no reminder (the spacing leaves no room for one at this length): "
              "every step after the key is quiet.")
-    st.caption(f"Full cache, one forward pass over the prompt: the attention each step's query "
-               f"puts on the key's tokens (summed over them, mean over query heads). {shade} A "
-               f"cross: the step a policy (budget {budget}) first evicted a key token {where}; a "
-               f"policy that never did has none.")
+    steps = "; ".join(f"{ln} at step {s}" if s >= 0 else f"{ln} never" for ln, s in lost.items())
+    with present.said("attention"):
+        st.caption(f"Full cache, one forward pass over the prompt: the attention each step's "
+                   f"query puts on the key's tokens (summed over them, mean over query heads). "
+                   f"{shade} A cross: the step a policy (budget {budget}) first evicted a key "
+                   f"token {where} ({steps}); a policy that never did has none.")
 
 
 # --- your own passage (torch) ---------------------------------------------------------

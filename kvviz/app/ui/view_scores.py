@@ -7,6 +7,7 @@ import streamlit as st
 from kvviz.app import explain
 from kvviz.app import figures as V
 from kvviz.app.figures.toy import SMALL, label_bars
+from kvviz.app.ui import present
 from kvviz.app.ui.context import CHART, Ctx
 from kvviz.app.ui.navigation import tracked
 from kvviz.app.ui.positions import focus_input
@@ -35,15 +36,19 @@ def _policy(ctx: Ctx, panel: dict):
 
 def render(ctx: Ctx):
     s = ctx.step
-    st.caption("Each held slot's score at this step as the policy computed it (its own "
-               "`scores()`): lowest goes first. Hover a slot for its numbers; for SnapKV, which "
-               "neighbour's window sum set its pooled score.")
+    if not present.active():  # (the room: the chart first)
+        st.caption("Each held slot's score at this step as the policy computed it (its own "
+                   "`scores()`): lowest goes first. Hover a slot for its numbers; for SnapKV, "
+                   "which neighbour's window sum set its pooled score.")
     shown = panels(ctx, s)
     victims = np.concatenate([p["victims"] for p in shown])
     track = tracked(ctx)
     auto = track if track >= 0 else int(victims[0]) if len(victims) else int(s // 2)
     center = focus_input(ctx, auto)
-    fig = V.neighbourhood_figure(shown, s, center, tokens=ctx.trace.tokens)
+    room = present.active()  # side by side, three slots each side, positions only (tokens
+    # in the hover): what the room's short window shows whole and legible
+    fig = V.neighbourhood_figure(shown, s, center, tokens=None if room else ctx.trace.tokens,
+                                 side_by_side=room, **({"half_width": 3} if room else {}))
     if ctx.trace.steps <= SMALL:
         label_bars(fig)
     chart(fig, key="chart.scores", **CHART)

@@ -98,14 +98,17 @@ def check_declaration(cls) -> None:
     for s in cls.specs:
         where = f"{name}.{s.name}"
         if s.kind not in KINDS:
-            raise ValueError(f"{where}: default must be an int, a float or a str (choice), "
-                             f"got {s.default!r}")
+            raise ValueError(f"{where}: its kind must be one of {KINDS}, got {s.kind!r}")
         for attr in ("label", "help", "source"):
             if not isinstance(getattr(s, attr), str) or not getattr(s, attr).strip():
                 raise ValueError(f"{where}: {attr} must be a non-empty string")
         if s.kind == "choice":
             if len(s.choices) < 2 or not all(isinstance(c, str) for c in s.choices):
                 raise ValueError(f"{where}: a choice parameter needs choices=(at least two strings)")
+        elif not s.numeric:  # a free string, a switch or a value: its rule is its validator
+            if s.choices or s.min is not None or s.max is not None:
+                raise ValueError(f"{where}: min, max and choices are for numbers and choices; a "
+                                 f"{s.kind} parameter states its rule with validate=")
         else:
             if s.choices:
                 raise ValueError(f"{where}: choices are for str parameters only")
@@ -118,6 +121,9 @@ def check_declaration(cls) -> None:
             s.parse(s.default)
         except ValueError as exc:
             raise ValueError(f"{where}: the default breaks its own rule: {exc}") from None
+    if base is Allocator and cls.victim_order not in ("per_head", "shared", None):
+        raise ValueError(f"{name}: victim_order must be 'per_head', 'shared' or None, got "
+                         f"{cls.victim_order!r}")
     if base is Policy and cls.rank is not None and not isinstance(cls.rank, Rank):
         raise ValueError(f"{name}: rank must be a kvviz.core.policies.base.Rank or None")
     colour = getattr(cls, "colour", None)

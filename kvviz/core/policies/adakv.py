@@ -25,6 +25,8 @@ class AdaKV(Allocator):
 
     name = "adakv"
     label = "AdaKV"
+    victim_order = "shared"  # the lowest priority across the layer's heads goes
+    reference = "kvviz.core.reference_alloc:RefAdaKV"
 
     def check_params(self):
         if self.factory is None:  # built by hand: its scorer is not known yet

@@ -1,7 +1,8 @@
 """Allocators: policies that share a budget across the KV heads and layers of a model.
 
 A budget stays the mean number of slots per stream (one stream = one KV head of one
-layer). An allocator decides each stream's share and keeps the total fixed; which slots go
+layer). An allocator decides each stream's share, the layer holding at most its total
+(heads x the layer's per-head budget; it may leave room unused); which slots go
 inside a stream is decided by a per-stream policy, its `scorer` (any registered policy,
 built-in or plugin, with its own parameters): the scorer's `candidates()` say which slots
 may go and its `priority()` ranks them, exactly as for that policy alone.
@@ -22,10 +23,34 @@ scorer's). A subclass says only how a layer's slots are shared:
 - `calibration_rows()` and `calibrate(rows, group)`: an allocator that decides something
   per layer before eviction starts (headroles: each head's role) asks for the first N rows
   of every head's stream read with the full cache, and returns the layer's state
-  (`LayerGroup.state`); `choose_group(group)` then chooses with it.
+  (`LayerGroup.state`); `choose_group(group)` then chooses with it;
+- `plan_layers(rows_by_layer)` (optional; asks for calibration rows): every layer's
+  per-head budget from every layer's calibration rows, seen at once before any layer
+  evicts (CAKE-style budgets across layers from the prompt's attention). `rows_by_layer`
+  is [layer][head][t]: row t (positions 0..t-1) of each head's stream read with the full
+  cache, the first `calibration_rows()` of them (fewer when the prompt, or the steps before
+  a layer must first evict, are fewer). It returns one positive integer per layer,
+  summing to layers x budget (checked: `planned_budgets`), or None to keep
+  `layer_budgets`. It is called once, before `calibrate`: after a prompt read in one pass
+  and before its eviction; token by token, at the step where the rows are in or a layer
+  must first evict (kvviz.core.groups.AllocatedLayers). A freed cache read token by token
+  is sized before any row is read, so it refuses an allocator that plans its layers.
+
+Calibration rows come in decode mode too: token by token, the allocator calibrates on the
+first rows it sees (its heads observe them afterwards, in order, before they evict).
+
+An allocator built on a scorer declares the order its victims keep (`victim_order`), which
+`kvviz check` holds it to: "per_head" (the default: each head's victims are its own
+lowest-priority candidates, however many each head loses), "shared" (each victim is the
+lowest-priority candidate across the layer's heads that may still go, one head's priority
+compared with another's as is; a head at its floor may not), or None (no order by the
+scorer's priority: the rule is not applied). Ties may go either way. `reference` names its
+slow reference ("module:Class", see kvviz.core.reference_alloc), as a policy's does.
 
 The harness (kvviz.core.harness.step_layer) feeds every head of a layer, lets the group
-evict, and enforces each head's cap and the layer's total after every step.
+evict, and after every step enforces each head's cap and the layer's total (at most heads x
+b) and checks that each head's reported victims are exactly the positions that left it.
+docs/policies.md ("What an allocator must hold") states the whole contract.
 """
 from __future__ import annotations
 
@@ -73,6 +98,8 @@ class Allocator:
     label: ClassVar[str] = ""
     allocator: ClassVar[bool] = True  # what the registry and the harnesses tell it apart by
     specs: ClassVar = _AllocSpecs()
+    victim_order: ClassVar[str | None] = "per_head"  # or "shared", or None (see above)
+    reference: ClassVar = None  # the slow reference class, or "module:Class"
 
     def __post_init__(self):
         parse_declared(self)
@@ -118,6 +145,36 @@ class Allocator:
         `choose_group` reads as `group.state`. Called once, before the first step."""
         return None
 
+    def plan_layers(self, rows_by_layer: list) -> list | None:
+        """Optional: every layer's per-head budget from every layer's calibration rows
+        (`rows_by_layer[layer][g][t]`), summing to layers x budget; None keeps
+        `layer_budgets`. See the module docstring; an allocator that plans its layers
+        overrides this and asks for calibration rows."""
+        return None
+
+    @property
+    def plans_layers(self) -> bool:
+        """Whether it overrides `plan_layers` (it sets its layers' budgets from rows)."""
+        return type(self).plan_layers is not Allocator.plan_layers
+
+    def planned_budgets(self, rows_by_layer: list, layers: int) -> list[int]:
+        """`plan_layers(rows_by_layer)` checked: one positive integer per layer summing to
+        layers x budget (ValueError naming the allocator and the rule); `layer_budgets`
+        when it returns None."""
+        plan = self.plan_layers(rows_by_layer)
+        if plan is None:
+            return self.layer_budgets(layers)
+        plan = list(plan)
+        if len(plan) != layers:
+            raise ValueError(f"{self.title}: plan_layers must give one budget per layer: {len(plan)} for "
+                             f"{layers} layers")
+        if any(isinstance(b, bool) or int(b) != b or b < 1 for b in plan):
+            raise ValueError(f"{self.title}: plan_layers must give positive integer budgets, got {plan}")
+        if sum(int(b) for b in plan) != layers * self.budget:
+            raise ValueError(f"{self.title}: plan_layers' budgets must sum to layers x budget = "
+                             f"{layers} x {self.budget} = {layers * self.budget}, got {sum(int(b) for b in plan)}")
+        return [int(b) for b in plan]
+
     def choose_group(self, group: "LayerGroup") -> list:
         """Victims' slot indices per head for one layer: `choose_layer` by default; an
         allocator with per-layer state (`group.state`) overrides this."""
@@ -148,18 +205,19 @@ class Allocator:
         return self.factory(name, budget=budget, rng=self.rng, place=place, **params)
 
     def group(self, layer: int | None, layers: int | None, heads: int, *, depth: int | None = None,
-              depths: int | None = None) -> "LayerGroup":
+              depths: int | None = None, budget: int | None = None) -> "LayerGroup":
         """The `heads` KV heads of one layer, one scorer each, told
         Place(layer, layers, head, heads). `depth`/`depths` place the layer among those
         that share the budget (default: `layer`/`layers`; a trace replay passes the rank of
-        each stored layer among the stored ones)."""
+        each stored layer among the stored ones). `budget`: the layer's per-head budget
+        when it is planned (`plan_layers`), instead of `layer_budget`."""
         depth = layer if depth is None else depth
         depths = layers if depths is None else depths
         if depth is None or depths is None:
             depth, depths = 0, 1
         if isinstance(heads, bool) or int(heads) != heads or heads < 1:
             raise ValueError(f"heads must be a positive integer, got {heads!r}")
-        b = self.layer_budget(int(depth), int(depths))
+        b = self.layer_budget(int(depth), int(depths)) if budget is None else int(budget)
         policies = [self.make_scorer(b, Place(layer, layers, g, int(heads))) for g in range(int(heads))]
         return LayerGroup(self, policies, b, Place(layer, layers, None, int(heads)))
 
@@ -202,12 +260,16 @@ class LayerGroup:
         return np.array([len(p.held()) for p in self.policies], np.int64)
 
     def evict(self) -> list:
-        """Let the allocator choose, drop the victims; their positions per head."""
+        """Let the allocator choose, drop the victims; their positions per head (one array
+        per head, each exactly the positions that head stopped holding: the harness checks
+        it, kvviz.core.harness.evict_layer)."""
         chosen = self.allocator.choose_group(self)
         return [p.drop(idx) for p, idx in zip(self.policies, chosen)]
 
     def enforce(self, pos: int) -> None:
-        """BudgetError when a head is over its cap or the layer over its total."""
+        """BudgetError when a head is over its cap or the layer over its total. The total is
+        a ceiling, not a target: a layer holding less (an allocator that leaves room unused)
+        passes, and its held counts are what the harness records."""
         counts = self.held_counts()
         where = self.place.describe()
         for g, n in enumerate(counts):

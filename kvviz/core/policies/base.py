@@ -13,14 +13,22 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "check_key_norm",
-           "check_value_norm", "norm_inputs",
+__all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "VictimError",
+           "check_key_norm", "check_value_norm", "norm_inputs",
            "check_recent", "enforce", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
 
 
-KINDS = ("int", "float", "choice")
+KINDS = ("int", "float", "choice", "str", "bool", "value")
+
+
+def _rule_of(validate) -> str:
+    """A validator's rule in words: the first line of its docstring, else its name."""
+    doc = (getattr(validate, "__doc__", None) or "").strip()
+    if doc:
+        return doc.splitlines()[0].strip().rstrip(".")
+    return getattr(validate, "__name__", "valid").strip("_").replace("_", " ")
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,13 @@ class ParamSpec:
 
     `min`/`max` are the rule (None: unbounded; rules relative to the budget live in
     `check_params`); `ui_max` only bounds a slider when the rule has no upper end.
+
+    `kind` comes from the default's type: int, float, choice (a str with `choices`), str
+    (a free string: a path, a name), bool, or value (anything else a dataclass can hold,
+    a tuple say). `validate`, a function the declaration names, is the rule beyond the
+    type: it takes the typed value and returns it (or what it stands for: a path made
+    absolute, a text parsed into a tuple), raising ValueError saying what is wrong; its
+    docstring's first line is the rule in words ("a path to an existing JSON file").
     """
 
     name: str = ""
@@ -45,6 +60,12 @@ class ParamSpec:
     source: str = ""
     kind: str = ""  # int | float | choice, from the default's type
     ui_max: float | None = None
+    validate: object = None  # a callable(value) -> value, raising ValueError; or None
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the parameter is a number with a range (int or float)."""
+        return self.kind in ("int", "float")
 
     @property
     def low(self):
@@ -65,6 +86,9 @@ class ParamSpec:
         """The rule in words, as refusals and `--help` print it."""
         if self.kind == "choice":
             return "one of " + ", ".join(map(repr, self.choices))
+        if not self.numeric:
+            what = {"str": "a string", "bool": "true or false", "value": "a value"}[self.kind]
+            return _rule_of(self.validate) if self.validate is not None else what
         what = "a number" if self.kind == "float" else "an odd integer" if self.odd_only else "an integer"
         return f"{what} {self._range()}".strip()
 
@@ -75,6 +99,17 @@ class ParamSpec:
             if not isinstance(value, str) or value.strip() not in self.choices:
                 raise ValueError(f"{self.name} must be {self.rule()}, got {value!r}")
             return value.strip()
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise ValueError(f"{self.name} must be a string, got {value!r}")
+            return value.strip()
+        if self.kind == "bool":
+            text = str(value).strip().lower() if isinstance(value, str) else None
+            if isinstance(value, (bool, np.bool_)) or text in _BOOLS:
+                return bool(value) if text is None else _BOOLS[text]
+            raise ValueError(f"{self.name} must be true or false, got {value!r}")
+        if self.kind == "value":
+            return value  # its validator says what it takes (text from a CLI flag too)
         typed = ValueError(f"{self.name} must be {'a number' if self.kind == 'float' else 'an integer'}, "
                            f"got {value!r}")
         if isinstance(value, str):
@@ -91,24 +126,53 @@ class ParamSpec:
     def parse(self, value):
         """`coerce`, then the rule: ValueError naming the parameter and the rule it breaks."""
         value = self.coerce(value)
-        if self.kind == "choice":
-            return value
+        if not self.numeric:
+            return self._validated(value)
         outside = ((self.min is not None and value < self.min)
                    or (self.max is not None and value > self.max))
         if self.odd_only and (outside or value % 2 == 0):
             raise ValueError(f"{self.name} must be odd and {self._range()}, got {value}")
         if outside:
             raise ValueError(f"{self.name} must be {self._range()}, got {value}")
-        return value
+        return self._validated(value)
+
+    def _validated(self, value):
+        """The declared validator's value; its ValueError (or any error it raises) as one
+        ValueError naming the parameter and the rule."""
+        if self.validate is None:
+            return value
+        try:
+            out = self.validate(value)
+        except Exception as exc:  # the author's function: any failure is a refusal of the value
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{self.name} must be {_rule_of(self.validate)}: {reason} "
+                             f"(got {value!r})") from None
+        return value if out is None else out
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
 
 
 def param(default, *, label: str, help: str, source: str, min=None, max=None, choices=(),
-          step=None, odd_only: bool = False, ui_max=None):
-    """A policy parameter: a dataclass field whose default is written here, once."""
-    kind = ("choice" if isinstance(default, str) else "float" if isinstance(default, float)
-            else "int" if isinstance(default, int) and not isinstance(default, bool) else "")
+          step=None, odd_only: bool = False, ui_max=None, validate=None):
+    """A policy parameter: a dataclass field whose default is written here, once.
+
+    Its kind is its default's type (see ParamSpec): an int or a float takes min/max; a str
+    with `choices` is a choice, without them a free string; a bool is a switch; anything
+    else (a tuple) is a value. `validate(value) -> value` is any further rule, for any kind
+    (a path that must exist, a float in a range that depends on nothing else): it raises
+    ValueError saying what is wrong, and the refusal names the parameter and the rule (its
+    docstring's first line)."""
+    kind = ("choice" if isinstance(default, str) and choices else "str" if isinstance(default, str)
+            else "bool" if isinstance(default, bool) else "float" if isinstance(default, float)
+            else "int" if isinstance(default, int) else "value")
+    if validate is not None and not callable(validate):
+        raise ValueError(f"param {label}: validate must be a function (value -> value), "
+                         f"got {validate!r}")
     spec = ParamSpec(label=label, min=min, max=max, choices=tuple(choices), step=step,
-                     odd_only=odd_only, help=help, source=source, kind=kind, ui_max=ui_max)
+                     odd_only=odd_only, help=help, source=source, kind=kind, ui_max=ui_max,
+                     validate=validate)
     return field(default=default, metadata={"kvviz": spec})
 
 
@@ -466,6 +530,13 @@ def _declares_fields(cls) -> bool:
 
 class BudgetError(ValueError):
     """A policy or allocator held more than its budget after an eviction: the run stops."""
+
+
+class VictimError(BudgetError):
+    """A policy or allocator reported victims that are not exactly the positions that left
+    its held set at that step (kvviz.core.harness.check_victims): the run stops. A
+    BudgetError, so every harness that names the layer or the configuration of a refused
+    budget names them here too."""
 
 
 def enforce(name: str, held: int, limit: int, pos: int, stream: str = "") -> None:

@@ -86,6 +86,8 @@ class HeadRoles(Allocator):
 
     name = "headroles"
     label = "Head roles"
+    victim_order = "per_head"  # each head's slots are its own policy's choice
+    reference = "kvviz.core.reference_alloc:RefHeadRoles"
 
     def check_params(self):
         if self.share <= 0:

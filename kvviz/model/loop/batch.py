@@ -59,6 +59,7 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
     from kvviz.model.loop.engine import (
         attached,
         check_architecture,
+        lane_bytes,
         lanes_for,
         make_policies,
         memory,
@@ -143,7 +144,7 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
                                   start_t + i, rows_cfg, policies, evicted_at, greedy_stats, live)
                 record(host, np.flatnonzero(live))
                 report(i + 1, N - 1)
-        shares = _shares(lanes, R)
+        shares = lane_bytes(lanes, R)
         del lanes
     seconds = time.perf_counter() - start
     out = []
@@ -158,22 +159,12 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
         meta = {**model_provenance(mdl), "bos": bos, "seed": seeds[p], "prompt_mode": prompt_mode,
                 "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
                 "eviction": eviction, "batch_prompts": P, "batch_index": p,
-                **memory(mdl, configs, policies[rows], ev, int(shares[rows].sum()), last_step),
+                **memory(mdl, configs, policies[rows], ev, shares[rows], last_step),
                 "seconds": seconds}
         out.append(Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,
                               prompt_ids=np.array(ids, np.int64), tokens=shown, new_ids=made,
                               logprobs=logprobs[rows], texts=texts, stopped=stopped[rows], evicted_at=ev,
                               meta=meta, pieces=pieces))
-    return out
-
-
-def _shares(lanes, R: int) -> np.ndarray:
-    """Each row's share of the bytes its lane's cache holds (a lane's rows are one tensor)."""
-    from kvviz.model.loop.engine import cache_bytes
-
-    out = np.zeros(R)
-    for lane in lanes:
-        out[lane.index] = cache_bytes([lane.cache]) / max(len(lane.index), 1)
     return out
 
 
@@ -239,10 +230,12 @@ def joined_lanes(torch, cache, configs, policies, evicted_at, eviction: str, T0,
     """The lanes after the prompts were read together (`cache`: one row per prompt,
     left-padded; `evicted_at` (R, L, G, T) holding each row's prompt victims). Masked: every
     row over the cache, each prompt's row repeated per config. Freed: the full rows so (they
-    evict nothing), each budget's evicting rows over slots gathered per prompt and joined."""
-    from kvviz.model.loop.cache import Lane, by_budget, gathered, slot_cache
+    evict nothing), the evicting rows in one lane per SlotPlan (read after the eviction, as
+    kvviz.model.loop.cache.lanes_after_prompt reads it), over slots gathered per prompt and
+    joined."""
+    from kvviz.model.loop.cache import Lane, by_plan, gathered, slot_cache
 
-    R = len(configs)
+    R, L = len(configs), evicted_at.shape[1]
     width = int(T0.max())
     if eviction == "masked":
         return [padded_lane(torch, cache, np.arange(R), evicted_at, T0, of, T, device)]
@@ -250,13 +243,13 @@ def joined_lanes(torch, cache, configs, policies, evicted_at, eviction: str, T0,
     full = np.array([r for r in range(R) if configs[r].is_full], np.int64)
     if len(full):
         lanes.append(padded_lane(torch, cache, full, evicted_at, T0, of, T, device))
-    for budget, rest in by_budget(configs, policies):
+    for plan, rest in by_plan(configs, policies, L):
         parts = []
         for p in sorted(set(of[rest])):
             mine = rest[of[rest] == p]
             Tp = int(T0[p])
             parts.append((mine, *gathered(torch, RowCache(cache, p, width - Tp), evicted_at[mine][..., :Tp] == NEVER,
-                                          budget, Tp + T - width, device, limit=Tp + T - width)))
+                                          plan, Tp + T - width, device, limit=Tp + T - width)))
         index = np.concatenate([m for m, _, _ in parts])
         st, layers = joined_slots(torch, [(s, lay) for _, s, lay in parts], T, device)
         st.place(T0[of[index]])
@@ -304,20 +297,26 @@ def padded_lane(torch, cache, rows, evicted_at, T0, of, T: int, device):
 
 def joined_slots(torch, parts, T: int, device):
     """Freed States over slots (and their layers' keys and values), one per prompt, as one:
-    slots up to the widest part, the extra ones empty (masked)."""
+    each layer with the most slots any part has there (`State.layer_slots`), a part's extra
+    slots empty (masked) and its keys and values padded to that count. The parts share one
+    layout (pooled or not: one SlotPlan)."""
     from kvviz.model.loop.cache import State
 
-    S = max(st.S for st, _ in parts)
-    B = sum(st.B for st, _ in parts)
     first = parts[0][0]
-    out = State(torch, B, first.L, first.Hk, first.G, T, device, slots=S)
+    if any(st.pooled != first.pooled for st, _ in parts):
+        raise ValueError("joined_slots joins parts of one SlotPlan: pooled and per-head slots differ in layout")
+    slots = np.max([st.layer_slots for st, _ in parts], axis=0)  # (L,)
+    B = sum(st.B for st, _ in parts)
+    out = State(torch, B, first.L, first.Hk, first.G, T, device, slots=slots, pooled=first.pooled)
     layers = [[[], []] for _ in parts[0][1]]
     b = 0
     for st, lays in parts:
-        out.slot_pos[b:b + st.B, ..., : st.S] = st.slot_pos
-        out.bias[b:b + st.B, ..., : st.S] = st.bias
+        rows = slice(b, b + st.B)
+        mine = out.slot_pos[rows, ..., : st.S]
+        out.slot_pos[rows, ..., : st.S] = np.where(st.slot_pos == -2, mine, st.slot_pos)  # -2: past the part's
+        out.bias[rows, ..., : st.S] = st.bias
         for layer, (k, v) in enumerate(lays):
-            gap = S - k.shape[2]
+            gap = int(slots[layer]) - k.shape[2]
             layers[layer][0].append(torch.nn.functional.pad(k, (0, 0, 0, gap)))
             layers[layer][1].append(torch.nn.functional.pad(v, (0, 0, 0, gap)))
         b += st.B
@@ -350,6 +349,7 @@ def run_batch(texts, configs, granularity="layer", max_tokens=1024, progress=Non
     from kvviz.model.loop.engine import (
         attached,
         check_architecture,
+        lane_bytes,
         lanes_for,
         make_policies,
         memory,
@@ -426,7 +426,7 @@ def run_batch(texts, configs, granularity="layer", max_tokens=1024, progress=Non
                             rows[p][lane.index[mine] % C, :, :, off:off + t] = got
             if progress is not None:
                 progress(t + 1, T)
-        shares = _shares(lanes, R)
+        shares = lane_bytes(lanes, R)
         del lanes
     out = []
     for p, (pid, offsets, bos) in enumerate(read):
@@ -439,6 +439,6 @@ def run_batch(texts, configs, granularity="layer", max_tokens=1024, progress=Non
             rows=rows[p], rows_layers=rows_layers, rows_tokens=Tr[p],
             meta={"model_seconds": model_s, "bookkeeping_seconds": book_s, "seed": seeds[p], "bos": bos,
                   "eviction": eviction, "batch_texts": P, "batch_index": p,
-                  **memory(mdl, configs, policies[sel], ev, int(shares[sel].sum()), n - 1),
+                  **memory(mdl, configs, policies[sel], ev, shares[sel], n - 1),
                   **model_provenance(mdl)}))
     return out

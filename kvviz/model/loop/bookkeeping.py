@@ -14,10 +14,15 @@ from kvviz.core.streams import Streams
 from kvviz.model.loop.cache import Lane, State
 
 
-def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> dict:
-    """The two memories of a run at `step`, side by side: the keys and values the caches hold
-    (`cache_bytes`) beside what the full cache would hold for the same rows, and the
-    policies' own bookkeeping (each policy's bytes per slot x the slots it holds)."""
+def memory(mdl, configs, policies, evicted_at, held_bytes, step: int) -> dict:
+    """The memories of a run at `step`, in bytes: the keys and values the caches hold
+    (`held_bytes`: each configuration's, kvviz.model.loop.cache.lane_bytes, or their total)
+    beside what the full cache would hold for the same rows, and the policies' own
+    bookkeeping (each policy's bytes per slot x the slots it holds); totals over the rows
+    (`cache_bytes`, `full_cache_bytes`, `policy_bytes`) and, per configuration in order,
+    `memory_by_config` (`label`, `name` (as tables print it), `kv_held_bytes` (None when only
+    the total is known), `full_cache_bytes`, `policy_bytes`)."""
+    from kvviz.core.policies import config_label
     from kvviz.model.models import attention_shape
 
     shape = attention_shape(mdl)
@@ -25,15 +30,19 @@ def memory(mdl, configs, policies, evicted_at, held_bytes: int, step: int) -> di
     item = next(mdl.parameters()).element_size()
     C, _, G, T = evicted_at.shape
     n = step + 1
-    full = C * L * Hk * n * D * 2 * item
-    book = 0
+    full_one = L * Hk * n * D * 2 * item
+    per = np.asarray(held_bytes, np.int64) if np.ndim(held_bytes) else None
+    rows = []
     for c, cfg_c in enumerate(configs):
-        if cfg_c.is_full:
-            continue
-        ev = evicted_at[c, ..., :n]
-        slots = int(((ev == NEVER) | (ev > step)).sum())
-        book += slots * policies[c].bytes_per_slot
-    return {"cache_bytes": int(held_bytes), "full_cache_bytes": int(full), "policy_bytes": int(book)}
+        book = 0
+        if not cfg_c.is_full:
+            ev = evicted_at[c, ..., :n]
+            book = int(((ev == NEVER) | (ev > step)).sum()) * policies[c].bytes_per_slot
+        rows.append({"label": cfg_c.label, "name": config_label(cfg_c.policy, cfg_c.params, budget=cfg_c.budget),
+                     "kv_held_bytes": None if per is None else int(per[c]),
+                     "full_cache_bytes": int(full_one), "policy_bytes": int(book)})
+    return {"cache_bytes": int(held_bytes if per is None else per.sum()), "full_cache_bytes": int(C * full_one),
+            "policy_bytes": int(sum(r["policy_bytes"] for r in rows)), "memory_by_config": rows}
 
 
 def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = True) -> StreamGroup:
@@ -53,7 +62,8 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
         policy = cfg.make(0, 0, seed)
         if type(policy).vectorised is not None:
             S = L * G
-            return Streams(policy, S, offsets=np.arange(S) * T)
+            return Streams(policy, S, offsets=np.arange(S) * T,
+                           names=[f"layer {s // G}" + (f", head {s % G}" if G > 1 else "") for s in range(S)])
     return PolicyLayers([[cfg.make(layer, g, seed, place=Place(layer, L, g if G > 1 else None, G if G > 1 else None))
                           for g in range(G)] for layer in range(L)], cfg.budget)
 
@@ -65,14 +75,22 @@ READ_IN_ONE_PASS = {  # where each caller's user asks for a prompt read in one p
                 "prefill)"}
 
 
-def refuse_uncalibrated(configs, policies, caller: str = "generate") -> None:
-    """An allocator that decides from calibration rows read with the full cache (head roles)
-    gets them from a prompt read in one pass; decoding token by token has none to give. The
-    refusal names the way to one pass that the `caller` ("loop" or "generate") has."""
+def refuse_uncalibrated(configs, policies, caller: str = "generate", eviction: str = "masked") -> None:
+    """Before a run read token by token: a group that asks for calibration rows read with the
+    full cache and cannot take them token by token (`StreamGroup.calibrates_in_decode`; an
+    allocator's configuration takes the first rows it sees) is refused, and so, in freed mode
+    (its slots sized before any row is read), is an allocator that plans its layers' budgets
+    from those rows (`plans_layers`); each refusal names it, what it lacks and the way to
+    one pass that the `caller` ("loop" or "generate") has."""
     for cfg, group in zip(configs, policies):
-        if group.calibration_rows:
-            raise ValueError(f"{cfg.label}: {cfg.policy} decides its heads' roles from calibration rows read with "
-                             f"the full cache, which only a prompt read in one pass gives: {READ_IN_ONE_PASS[caller]}")
+        if group.calibration_rows and not group.calibrates_in_decode:
+            raise ValueError(f"{cfg.label}: {cfg.policy} needs {group.calibration_rows} calibration rows read with "
+                             "the full cache before it evicts and cannot take them token by token: "
+                             f"{READ_IN_ONE_PASS[caller]}")
+        if eviction == "freed" and getattr(group, "plans_layers", False):
+            raise ValueError(f"{cfg.label}: {group.allocator.title} sets its layers' budgets from the first rows it "
+                             "reads (plan_layers), and a freed cache read token by token is sized before any row is "
+                             f"read: {READ_IN_ONE_PASS[caller]}; or evict masked")
 
 
 def reads_query_rows(policies) -> bool:
@@ -163,5 +181,5 @@ def bookkeeping(lane: Lane, configs, policies, evicted_at, t, active=None) -> No
         try:
             victims = policies[c].step(int(t if np.ndim(t) == 0 else t[c]), LaneInputs(state, i))
         except BudgetError as exc:
-            raise BudgetError(f"{configs[c].label}, {exc}") from None
+            raise type(exc)(f"{configs[c].label}, {exc}") from None
         mark_victims(state, evicted_at, c, i, victims, int(t if np.ndim(t) == 0 else t[c]))

@@ -8,10 +8,14 @@ Two ways to evict (kvviz.model.loop.config.EVICTIONS):
   (keys are stored after RoPE, so positions survive either way). Memory is the full
   cache's, per configuration.
 - "freed": each configuration's cache holds only its kept positions, in a fixed number of
-  slots per layer and KV head (`SlotLayer`): a new token is written into a slot an eviction
-  freed, so the cache's memory is the budget's, not the text's. Where streams hold
-  different counts the empty slots are masked (-inf). The full-cache row runs beside it
-  in its own ordinary cache (its own forward: a "lane").
+  slots per layer (`SlotLayer`), sized by the layer's budget (`SlotPlan`): a new token is
+  written into a slot an eviction freed, so the cache's memory is the budget's, not the
+  text's. Per-stream policies hold budget + 1 slots per KV head; an allocator that moves
+  slots between a layer's KV heads draws them from one pool of heads x (budget + 1) slots
+  per layer (a slot belongs to the head whose position it holds; the other heads see it
+  masked), so it holds no more keys and values than a uniform policy at the same budget.
+  Where streams hold different counts the empty slots are masked (-inf). The full-cache
+  row runs beside it in its own ordinary cache (its own forward: a "lane").
 
 The bias and the step's group-mean weights are torch tensors sharing memory with numpy
 arrays on the CPU, so the policy bookkeeping reads and writes them without copies; on a
@@ -32,20 +36,28 @@ class State:
 
     Host arrays (numpy) are what the policies read and write: `cur` (B, L, G, T) the step's
     weights by position (mean over each group's query heads), `knorm` (B, L, G) the new key's
-    L2 norm. Masked (`slots` None): `bias` (B, L, Hk, T) by position. Freed (`slots` = S):
-    `bias` (B, L, Hk, S) by slot, `slot_pos` (B, L, Hk, S) the position each slot holds
-    (-1 empty), `write` (B, L, Hk) the slot the next token goes to; the attention function
-    records weights by slot (`cur_s`) and `pull` scatters them to positions.
+    L2 norm. Masked (`slots` None): `bias` (B, L, Hk, T) by position. Freed (`slots`: the
+    slots of every layer, or one count per layer; S their largest): `bias` (B, L, Hk, S) by
+    slot, `slot_pos` (B, L, Hk, S) the position each slot holds for each KV head (-1 empty,
+    -2 past the layer's slots), `write` (B, L, Hk) the slot each head's next token goes to;
+    the attention function records weights by slot (`cur_s`) and `pull` scatters them to
+    positions. `pooled`: a layer's KV heads share its slots (a slot holds one head's
+    position: the others see -1 there and a bias of -inf); else each head has its own.
 
     On the CPU host and device arrays are the same memory; on a GPU `pull` brings the
     step's weights (held slots only, when freed) and statistics in one copy and `push`
     sends back only the bias entries that changed (`dirty`)."""
 
-    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu", slots: int | None = None):
+    def __init__(self, torch, B: int, L: int, Hk: int, G: int, T: int, device="cpu", slots=None,
+                 pooled: bool = False):
         self.B, self.L, self.Hk, self.G, self.T = B, L, Hk, G, 0
         self.on_host = torch.device(device).type == "cpu"
         self.device = device
         self.freed = slots is not None
+        self.pooled = bool(pooled) and self.freed
+        if self.freed:
+            self.layer_slots = np.broadcast_to(np.asarray(slots, np.int64), (L,)).copy()
+            slots = int(self.layer_slots.max())
         self.S = slots
         # L2 norms of this step's new key and value (mean over KV heads if G == 1)
         self.knorm_h, self.vnorm_h = torch.zeros(B, L, G), torch.zeros(B, L, G)
@@ -72,6 +84,8 @@ class State:
             self.cur_s = self.cur_s_h.numpy()
             self.cur_s_t = self._dev(torch, self.cur_s_h)
             self.slot_pos = np.full((B, L, Hk, slots), -1, np.int64)
+            past = np.arange(slots) >= self.layer_slots[:, None]  # (L, S): past the layer's own slots
+            self.slot_pos[np.broadcast_to(past[None, :, None, :], self.slot_pos.shape)] = -2
             self.write = np.zeros((B, L, Hk), np.int64)
             self.write_t = torch.from_numpy(self.write) if self.on_host else torch.zeros(
                 B, L, Hk, dtype=torch.long, device=device)
@@ -128,22 +142,32 @@ class State:
         return slice(None) if self.G == 1 else slice(g, g + 1)
 
     def place(self, pos, active=None) -> None:
-        """Freed: each (active) row's next token `pos` (one position, or one per row) goes to
-        its lowest empty slot."""
+        """Freed: each (active) row's next token `pos` (one position, or one per row) goes,
+        for each KV head, to its lowest empty slot (pooled: the heads take the layer's lowest
+        empty slots in head order)."""
         rows = np.arange(self.B) if active is None else np.flatnonzero(active)
         each = np.broadcast_to(np.asarray(pos, np.int64), (self.B,))
-        if np.ndim(pos):
-            pos = each[rows][:, None, None]
-        empty = self.slot_pos[rows] < 0
-        if not empty.any(axis=-1).all():
-            full = np.argwhere(~empty.any(axis=-1))[0]
-            raise ValueError(f"freed cache overflow: row {rows[full[0]]}, layer {full[1]}, KV head {full[2]} "
-                             f"holds all {self.S} slots at position {each[rows[full[0]]]}: a policy kept more "
-                             "than its budget")
+        if self.pooled:
+            free = (self.slot_pos[rows] == -1).all(axis=2)  # (rows, L, S): no head holds it
+            short = free.sum(axis=-1) < self.Hk
+            if short.any():
+                r, layer = np.argwhere(short)[0]
+                raise ValueError(f"freed cache overflow: row {rows[r]}, layer {layer} holds all but "
+                                 f"{int(free[r, layer].sum())} of its {self.layer_slots[layer]} pooled slots at "
+                                 f"position {each[rows[r]]}, one needed per KV head: a policy kept more than its "
+                                 "budget")
+            s = np.argsort(~free, axis=-1, kind="stable")[..., : self.Hk]  # (rows, L, Hk)
+        else:
+            empty = self.slot_pos[rows] == -1
+            if not empty.any(axis=-1).all():
+                full = np.argwhere(~empty.any(axis=-1))[0]
+                raise ValueError(f"freed cache overflow: row {rows[full[0]]}, layer {full[1]}, KV head {full[2]} "
+                                 f"holds all {self.layer_slots[full[1]]} slots at position {each[rows[full[0]]]}: "
+                                 "a policy kept more than its budget")
+            s = empty.argmax(axis=-1)  # (rows, L, Hk): the lowest empty slot
         b, layer, h = np.meshgrid(rows, np.arange(self.L), np.arange(self.Hk), indexing="ij")
-        s = empty.argmax(axis=-1)  # (rows, L, Hk): the lowest empty slot
         self.write[b, layer, h] = s
-        self.slot_pos[b, layer, h, s] = pos
+        self.slot_pos[b, layer, h, s] = each[b]
         self._set(np.ravel_multi_index((b, layer, h, s), self.bias.shape).ravel(), 0.0)
 
     def _set(self, flat, value) -> None:
@@ -223,11 +247,14 @@ def slot_layer_class():
         from transformers.cache_utils import DynamicLayer
 
         class SlotLayer(DynamicLayer):
-            """A cache layer of fixed size: keys and values (B, Hk, S, D), each step's new token
-            written into the slot its State chose (`State.write`), not appended. Positions
-            are explicit (position_ids), so a slot's order says nothing; the attention
-            function masks empty slots. `get_seq_length` counts the positions read, as
-            transformers' generate expects of a cache."""
+            """A cache layer of fixed size: keys and values (B, Hk, S, D), S the layer's slots
+            (`State.layer_slots`), each step's new token written into the slot its State
+            chose (`State.write`), not appended. Pooled (`State.pooled`): one pool (B, 1, S, D)
+            the layer's KV heads share, handed to attention as (B, Hk, S, D) without a copy (an
+            expanded view; the bias masks every slot a head does not hold). Positions are
+            explicit (position_ids), so a slot's order says nothing; the attention function
+            masks empty slots. `get_seq_length` counts the positions read, as transformers'
+            generate expects of a cache."""
 
             is_croppable = False
 
@@ -239,7 +266,7 @@ def slot_layer_class():
 
             def lazy_initialization(self, key_states, value_states):
                 B, Hk, _, D = key_states.shape
-                shape = (B, Hk, self.state.S, D)
+                shape = (B, 1 if self.state.pooled else Hk, int(self.state.layer_slots[self.layer]), D)
                 self.device = key_states.device
                 self.keys = key_states.new_zeros(shape)
                 self.values = value_states.new_zeros(shape)
@@ -251,6 +278,19 @@ def slot_layer_class():
                 if key_states.shape[2] != 1:
                     raise ValueError("a freed cache takes one token per step")
                 B, Hk, _, D = key_states.shape
+                if self.state.pooled:  # each head's token into its own slot of the layer's pool
+                    S = self.keys.shape[2]
+                    idx = self.state.write_t[:B, self.layer, :, None].expand(B, Hk, D)
+                    keys, values = self.keys.view(B, S, D), self.values.view(B, S, D)
+                    new_k, new_v = key_states.reshape(B, Hk, D), value_states.reshape(B, Hk, D)
+                    if key_states.requires_grad:
+                        self.keys = keys.scatter(1, idx, new_k).view(B, 1, S, D)
+                        self.values = values.scatter(1, idx, new_v).view(B, 1, S, D)
+                    else:
+                        keys.scatter_(1, idx, new_k)
+                        values.scatter_(1, idx, new_v)
+                    self.seen += 1
+                    return self.keys.expand(B, Hk, S, D), self.values.expand(B, Hk, S, D)
                 idx = self.state.write_t[:B, self.layer, :, None, None].expand(B, Hk, 1, D)
                 if key_states.requires_grad:  # in place would break the backward pass through earlier steps
                     self.keys = self.keys.scatter(2, idx, key_states)
@@ -265,7 +305,7 @@ def slot_layer_class():
                 return self.seen
 
             def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-                return self.keys.shape[-2] if self.is_initialized else self.state.S, 0
+                return self.keys.shape[-2] if self.is_initialized else int(self.state.layer_slots[self.layer]), 0
 
             def batch_repeat_interleave(self, repeats: int) -> None:
                 raise ValueError("a freed cache cannot be repeated")
@@ -297,29 +337,74 @@ class Lane:
     cache: object
 
 
+@dataclass(frozen=True)
+class SlotPlan:
+    """How a freed cache lays out one configuration's slots: `budgets[layer]` the layer's
+    per-KV-head budget; `pooled` whether the layer's KV heads share one pool (an allocator
+    that moves slots between them) or hold their own. A layer then has budget + 1 slots per
+    KV head (one step admits one position per head before the eviction), pooled or not, so
+    every configuration at one budget holds the same keys and values."""
+
+    budgets: tuple
+    pooled: bool = False
+
+    def layer_slots(self, Hk: int, held=None, limit: int | None = None) -> np.ndarray:
+        """Slots per layer (int64 (L,)): budget + 1 per KV head, at most `limit` (the
+        positions the run will ever see, when known); pooled, Hk times that per layer. With
+        `held` ((rows, L, Hk) counts after a prompt's eviction), at least the most a head
+        holds + 1 (pooled: the most a layer holds + one per head)."""
+        per = np.asarray(self.budgets, np.int64) + 1
+        if limit is not None:
+            per = np.minimum(per, limit)
+        if self.pooled:
+            pool = Hk * per
+            return pool if held is None else np.maximum(pool, np.asarray(held).sum(axis=-1).max(axis=0) + Hk)
+        if held is not None:
+            most = np.asarray(held).max(axis=(0, 2)) + 1
+            per = np.maximum(per, most if limit is None else np.minimum(most, limit))
+        return per
+
+
+def slot_plan(group, L: int) -> SlotPlan:
+    """A StreamGroup's SlotPlan over L layers (kvviz.core.groups: `layer_budgets`,
+    `shares_slots`)."""
+    return SlotPlan(tuple(int(b) for b in group.layer_budgets(L)), bool(group.shares_slots))
+
+
 def lanes_for(torch, configs, policies, eviction: str, L: int, Hk: int, G: int, T: int, device) -> list[Lane]:
     """The lanes of a run read token by token from an empty cache. Masked: every config in
     one lane over one DynamicCache. Freed: the full row in its own lane, the evicting rows
-    in one lane per budget over slots (budget + 1 per layer and KV head: one step admits
-    one position before the eviction)."""
+    in one lane per SlotPlan (`by_plan`), each layer's slots as the plan says."""
     from transformers import DynamicCache
 
     C = len(configs)
     if eviction == "masked":
         return [Lane(np.arange(C), State(torch, C, L, Hk, G, T, device), DynamicCache())]
+    for cfg, group in zip(configs, policies):
+        if getattr(group, "plans_layers", False):
+            raise ValueError(f"{cfg.label}: {group.allocator.title} sets its layers' budgets from the first rows it "
+                             "reads (plan_layers), and a freed cache read token by token is sized before any row is "
+                             "read: read the prompt in one pass (prompt_mode='prefill'; kvviz generate --prompt-mode "
+                             "prefill) or evict masked (eviction='masked')")
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), DynamicCache())] if len(full) else []
-    for budget, rest in by_budget(configs, policies):
-        st = State(torch, len(rest), L, Hk, G, T, device, slots=min(T, budget + 1))
+    for plan, rest in by_plan(configs, policies, L):
+        st = State(torch, len(rest), L, Hk, G, T, device, slots=plan.layer_slots(Hk, limit=T), pooled=plan.pooled)
         st.place(0)
         lanes.append(Lane(rest, st, slot_cache(st)))
     return lanes
 
 
+def by_plan(configs, policies, L: int) -> list[tuple[SlotPlan, np.ndarray]]:
+    """Freed: the evicting configs grouped by their SlotPlan, one lane each, so that every
+    row's cache is its own size (a batched tensor has one size for all its rows)."""
+    plans = [None if cfg.is_full else slot_plan(group, L) for cfg, group in zip(configs, policies)]
+    order = sorted({p for p in plans if p is not None}, key=lambda p: (p.pooled, p.budgets))
+    return [(p, np.array([c for c, q in enumerate(plans) if q == p])) for p in order]
+
+
 def by_budget(configs, policies) -> list[tuple[int, np.ndarray]]:
-    """Freed: the evicting configs grouped by the most one stream may hold (`capacity`: the
-    budget, or an allocator's largest cap), one lane each, so that every row's cache is its
-    own size (a batched tensor has one size for all its rows)."""
+    """The evicting configs grouped by the most one stream may hold (`capacity`)."""
     cap = [group.capacity for group in policies]  # None: the full cache evicts nothing
     return [(b, np.array([c for c in range(len(configs)) if cap[c] == b]))
             for b in sorted({x for x in cap if x is not None})]
@@ -329,7 +414,8 @@ def lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction: st
     """The lanes after a prompt read in one pass (batch 1, full `cache`) and each config's
     one-shot eviction (`evicted_at` (C, L, G, T), victims at step T0 - 1). Masked: the cache
     repeated per config, victims masked. Freed: the full row keeps `cache`; each evicting
-    row's cache is gathered to its kept positions."""
+    row's cache is gathered to its kept positions, one lane per SlotPlan (the plan read
+    after the eviction: an allocator may set its layers' budgets from the prompt)."""
     C, L, G, _ = evicted_at.shape
     T0 = cache.get_seq_length()
     Hk = cache.layers[0].keys.shape[1]
@@ -338,8 +424,8 @@ def lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction: st
         return [Lane(np.arange(C), masked_state(torch, evicted_at[..., :T0], Hk, T, device), cache)]
     full = np.array([c for c, cfg in enumerate(configs) if cfg.is_full])
     lanes = [Lane(full, State(torch, len(full), L, Hk, G, T, device), cache)] if len(full) else []
-    for budget, rest in by_budget(configs, policies):
-        st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER, budget, T, device, limit=T)
+    for plan, rest in by_plan(configs, policies, L):
+        st, layers = gathered(torch, cache, evicted_at[rest][..., :T0] == NEVER, plan, T, device, limit=T)
         st.place(T0)
         lanes.append(Lane(rest, st, slot_cache(st, layers, seen=T0)))
     return lanes
@@ -357,35 +443,39 @@ def masked_state(torch, evicted, Hk: int, T: int, device) -> State:
     return st
 
 
-def gathered(torch, cache, held, budget: int, T: int, device, limit: int | None = None):
-    """Freed: a State (positions 0..T-1) over slots and, per layer, keys and values
-    (E, Hk, S, D) gathered from a batch-1 `cache` of T0 positions to the `held` ones (bool
-    (E, L, G, T0)), S = the largest held count or `budget`, + 1 (room for the next token),
-    at most `limit` (the positions the run will ever see, when known)."""
+def gathered(torch, cache, held, budget, T: int, device, limit: int | None = None):
+    """Freed: a State (positions 0..T-1) over slots and, per layer, keys and values gathered
+    from a batch-1 `cache` of T0 positions to the `held` ones (bool (E, L, G, T0)). `budget`:
+    a SlotPlan (or an int: that budget in every layer, not pooled); each layer's slots as
+    `SlotPlan.layer_slots` gives them for the most any row holds there. Per KV head: keys
+    (E, Hk, S_l, D), head h's kept positions in its first slots. Pooled: (E, 1, S_l, D), the
+    heads' kept positions one after another (head 0's first)."""
     E, L, G, T0 = held.shape
     Hk = cache.layers[0].keys.shape[1]
-    n_held = held.sum(axis=-1)
-    S = max(int(n_held.max()), budget) + 1
-    S = S if limit is None else min(limit, S)
-    st = State(torch, E, L, Hk, G, T, device, slots=S)
-    pos = np.zeros((E, L, G, S), np.int64)
-    valid = np.arange(S) < n_held[..., None]
-    for e, layer, g in np.ndindex(E, L, G):
-        kept = np.flatnonzero(held[e, layer, g])
-        pos[e, layer, g, : len(kept)] = kept
-    if G == 1:
-        pos, valid = np.repeat(pos, Hk, axis=2), np.repeat(valid, Hk, axis=2)
-    st.slot_pos[:] = np.where(valid, pos, -1)
-    st.bias[:] = np.where(valid, 0.0, -np.inf)
+    plan = budget if isinstance(budget, SlotPlan) else SlotPlan((int(budget),) * L)
+    n_held = held.sum(axis=-1)  # (E, L, G)
+    per_head = np.repeat(n_held, Hk, axis=2) if G == 1 else n_held  # (E, L, Hk)
+    S_l = plan.layer_slots(Hk, per_head, limit)
+    st = State(torch, E, L, Hk, G, T, device, slots=S_l, pooled=plan.pooled)
+    S = st.S
+    src = np.zeros((E, L, Hk, S), np.int64)  # the cache entry (head x T0 + position) each slot takes
+    for e, layer, h in np.ndindex(E, L, Hk):
+        kept = np.flatnonzero(held[e, layer, 0 if G == 1 else h])
+        start = int(per_head[e, layer, :h].sum()) if plan.pooled else 0
+        st.slot_pos[e, layer, h, start:start + len(kept)] = kept
+        src[e, layer, 0 if plan.pooled else h, start:start + len(kept)] = h * T0 + kept
+    st.bias[:] = np.where(st.slot_pos >= 0, 0.0, -np.inf)
     if not st.on_host:  # the whole bias once
         st.bias_t.copy_(st.bias_h)
-    index = torch.as_tensor(pos, device=device)  # (E, L, Hk, S)
+    index = torch.as_tensor(src, device=device)
     layers = []
     for layer, lay in enumerate(cache.layers):
-        D = lay.keys.shape[-1]
-        idx = index[:, layer, :, :, None].expand(E, Hk, S, D)
-        layers.append((lay.keys.expand(E, -1, -1, -1).gather(2, idx),
-                       lay.values.expand(E, -1, -1, -1).gather(2, idx)))
+        D, n = lay.keys.shape[-1], int(S_l[layer])
+        rows = 1 if plan.pooled else Hk
+        idx = index[:, layer, :rows, :n, None].reshape(E, rows * n, 1).expand(E, rows * n, D)
+        flat_k, flat_v = lay.keys.reshape(1, Hk * T0, D), lay.values.reshape(1, Hk * T0, D)
+        layers.append((flat_k.expand(E, -1, -1).gather(1, idx).view(E, rows, n, D),
+                       flat_v.expand(E, -1, -1).gather(1, idx).view(E, rows, n, D)))
     return st, layers
 
 
@@ -397,3 +487,14 @@ def cache_bytes(caches) -> int:
             if getattr(lay, "keys", None) is not None and getattr(lay, "is_initialized", True):
                 total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
     return total
+
+
+def lane_bytes(lanes, configs: int) -> np.ndarray:
+    """Bytes of keys and values each configuration's cache holds (int64 (C,), C = `configs`):
+    a lane's caches shared evenly by its rows (a batched tensor has one size for all its
+    rows; masked, every row holds the whole cache)."""
+    out = np.zeros(int(configs), np.int64)
+    for lane in lanes:
+        if len(lane.index):
+            out[lane.index] = cache_bytes([lane.cache]) // len(lane.index)
+    return out

@@ -79,12 +79,24 @@ def count_tokens(model, text: str, limit: int | None = None) -> int:
     return len(tokenize(load_tokenizer(model), text, limit or (1 << 40))[0])
 
 
-def memory_line(meta: dict) -> str:
-    """The two memories of a run side by side, as `meta` records them."""
-    mb = 1024 * 1024
-    return (f"eviction {meta['eviction']}: keys and values held {meta['cache_bytes'] / mb:.1f} MB "
-            f"(the full cache: {meta['full_cache_bytes'] / mb:.1f} MB); the policies' own bookkeeping "
-            f"{meta['policy_bytes'] / 1024:.1f} KB")
+MIB, KIB = 1024 * 1024, 1024  # what the memory lines print: MiB and KiB
+
+
+def memory_line(meta: dict, per_config: bool = False) -> str:
+    """The memories of a run side by side, as `meta` records them: the totals over its rows,
+    then (`per_config`, when recorded) one line per configuration."""
+    line = (f"eviction {meta['eviction']}: keys and values held {meta['cache_bytes'] / MIB:.1f} MiB "
+            f"(the full cache: {meta['full_cache_bytes'] / MIB:.1f} MiB); the policies' own bookkeeping "
+            f"{meta['policy_bytes'] / KIB:.1f} KiB")
+    rows = [r for r in meta.get("memory_by_config") or [] if r.get("kv_held_bytes") is not None]
+    if not per_config or not rows:
+        return line
+    names = [r.get("name") or r["label"] for r in rows]
+    width = max(len(n) for n in names)
+    out = [line, f"{'per configuration':<{width}}  {'held MiB':>9}  {'full MiB':>9}  {'bookkeeping KiB':>15}"]
+    out += [f"{n:<{width}}  {r['kv_held_bytes'] / MIB:>9.2f}  {r['full_cache_bytes'] / MIB:>9.2f}  "
+            f"{r['policy_bytes'] / KIB:>15.1f}" for n, r in zip(names, rows)]
+    return "\n".join(out)
 
 
 def speed_line(meta: dict, tokens: int, configs: int) -> str:
@@ -261,13 +273,13 @@ def run(args) -> int:
     seconds = time.perf_counter() - start
     res.meta.update(name=Path(args.text).stem, text_file=str(args.text))
     print(table(res.results))
-    print(memory_line(res.meta))
+    print(memory_line(res.meta, per_config=True))
     print(speed_line(res.meta, len(res.tokens), len(configs)))
     if args.json:
         write_json(args.json, {"text": str(args.text), "n_tokens": len(res.tokens),
                                "granularity": args.granularity, "seconds": round(seconds, 1),
                                **{k: res.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes",
-                                                           "policy_bytes")},
+                                                           "policy_bytes", "memory_by_config")},
                                **{k: res.meta[k] for k in PROVENANCE if k in res.meta},
                                "results": res.results})
     if args.out:

@@ -45,6 +45,7 @@ from kvviz.model.loop.cache import (
     by_budget,
     cache_bytes,
     gathered,
+    lane_bytes,
     lanes_after_prompt,
     lanes_for,
     masked_state,
@@ -176,7 +177,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
     model_s = np.zeros(T)
     book_s = np.zeros(T)
     device = next(mdl.parameters()).device
-    refuse_uncalibrated(configs, policies, "loop")
+    refuse_uncalibrated(configs, policies, "loop", eviction)
     with attached(mdl):
         lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=device)
@@ -196,7 +197,7 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
                     rows[lane.index, :, :, off:off + t] = lane.state.cur[:, rows_layers, :, :t]
             if progress is not None:
                 progress(t + 1, T)
-        held_bytes = cache_bytes(lane.cache for lane in lanes)
+        held_bytes = lane_bytes(lanes, len(configs))  # per configuration
     np.exp(-nll, out=p_true)
     if timings is not None:
         timings.update(model=model_s, bookkeeping=book_s)

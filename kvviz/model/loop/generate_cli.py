@@ -133,7 +133,7 @@ def run(args) -> int:
     m = gen.meta
     print(f"prompt: {gen.prompt_len} tokens, {args.prompt_mode} mode, {args.granularity} granularity; "
           f"{m['seconds']:.1f} s ({m['model_seconds']:.1f} s model, {m['bookkeeping_seconds']:.1f} s bookkeeping)")
-    print(memory_line(m))
+    print(memory_line(m, per_config=True))
     print(side_by_side(gen))
     if args.json:
         gen.save(args.json)

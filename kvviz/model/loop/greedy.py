@@ -18,8 +18,8 @@ from kvviz.model.loop.config import check_configs
 from kvviz.model.loop.engine import (
     PREFILL_CHUNK,
     attached,
-    cache_bytes,
     check_architecture,
+    lane_bytes,
     lanes_after_prompt,
     lanes_for,
     make_policies,
@@ -87,7 +87,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         t_prompt = time.perf_counter()
         if prompt_mode == "decode":
-            refuse_uncalibrated(configs, policies)
+            refuse_uncalibrated(configs, policies, eviction=eviction)
             lanes = lanes_for(torch, configs, policies, eviction, L, Hk, G, T, dev)
             for t in range(T0):
                 host, m, b = step(mdl, lanes, ids_t[t].expand(C), t, configs, policies, evicted_at,
@@ -118,7 +118,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
             host, m, b = step(mdl, lanes, torch.tensor(chosen, device=dev), T0 + i, configs, policies,
                               evicted_at, greedy_stats, active)
             model_s, book_s = model_s + m, book_s + b
-        held_bytes = cache_bytes(lane.cache for lane in lanes)
+        held_bytes = lane_bytes(lanes, len(configs))  # per configuration
         del lanes
     gen_s = time.perf_counter() - t_gen
     if progress is not None:

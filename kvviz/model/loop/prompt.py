@@ -100,7 +100,7 @@ class PromptFeed:
             try:
                 streams, victims = policies[c].prefill(_Prompt(self))
             except BudgetError as exc:
-                raise BudgetError(f"{cfg.label}, {exc}") from None
+                raise type(exc)(f"{cfg.label}, {exc}") from None
             evicted_at[c].reshape(-1, evicted_at.shape[-1])[streams, victims] = self.T0 - 1
         self.seconds += time.perf_counter() - t0
 

@@ -19,6 +19,8 @@ from kvviz.model.loop.config import LoopConfig
 FORMAT = "kvviz-loop"
 VERSION = 1
 MAX_BYTES = 64 * 1024 * 1024
+# a configuration's memory at the end, in bytes (kvviz.model.loop.bookkeeping.memory)
+BYTES = ("kv_held_bytes", "full_cache_bytes", "policy_bytes")
 
 
 def _mean(x) -> float | None:
@@ -78,6 +80,7 @@ class LoopResult:
         after the config's first eviction in any layer or head (queries t >= e + 1)."""
         f = self.full_index
         agree = self.top1 == self.top1[f]
+        memory = self.meta.get("memory_by_config") or [None] * len(self.configs)
         out = []
         for c, cfg in enumerate(self.configs):
             e = self.first_eviction(c)
@@ -92,6 +95,7 @@ class LoopResult:
                 "kl_after_eviction": _mean(self.kl_tokens[c, after]),
                 "first_eviction": None if e == NEVER else e,
                 "n_predicted": int(self.nll.shape[1]), "n_after_eviction": int(after.sum()),
+                **({} if memory[c] is None else {k: memory[c][k] for k in BYTES}),
             })
         return out
 

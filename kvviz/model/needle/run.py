@@ -112,6 +112,7 @@ def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granula
             "agreement": [float(x) for x in gen.agreement],
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
             **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
+            "memory_by_config": gen.meta.get("memory_by_config"),
             **({"batch_prompts": gen.meta["batch_prompts"]} if "batch_prompts" in gen.meta else {}),
             **fields}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),

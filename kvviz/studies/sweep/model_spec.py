@@ -26,9 +26,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz.core.policies import param_specs, source_hash
+from kvviz.core.policies import param_specs
 from kvviz.model.loop.config import EVICTIONS, GRANULARITIES, LoopConfig
-from kvviz.studies.sweep.rules import SpecError, TraceInfo, axis_values, built, normalise_budgets, normalise_policies
+from kvviz.studies.sweep.rules import (
+    SpecError,
+    TraceInfo,
+    axis_values,
+    built,
+    cell_source,
+    normalise_budgets,
+    normalise_policies,
+)
 
 FILLER = "filler"
 COMMON = ("mode", "granularity", "model", "budgets", "policies", "eviction")
@@ -205,6 +213,6 @@ def load(spec: dict, base: Path):
         for slot, c in enumerate(cfgs):
             params = {} if c.is_full else {**{s.name: s.default for s in param_specs(c.policy)}, **c.params}
             cells.append(ModelCell(len(cells), spec["mode"], text, item, unit, c.policy, c.budget,
-                                   tuple(sorted(params.items())), "" if c.is_full else source_hash(c.policy),
+                                   tuple(sorted(params.items())), "" if c.is_full else cell_source(c.policy, params),
                                    slot, batch))
     return spec, texts, cells

@@ -3,12 +3,13 @@ the TOML, one axis's values, the budgets and policies axes, the trace or text a 
 The replay spec (`spec`) and the model modes' spec (`model_spec`) both build on these."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvviz.core.policies import ALLOCATORS, POLICIES, param_specs, parse_params
+from kvviz.core.policies import ALLOCATORS, POLICIES, param_specs, parse_params, source_hash
 
 CANONICAL = "canonical"
 MODES = ("replay", "loop", "needle")
@@ -68,12 +69,27 @@ def _param_axis(name: str, entry: dict, key: str, where: str) -> list:
         context = {"scorer": entry["scorer"]}
     for v in values:
         try:
-            out.append(parse_params(name, {**context, key: v}, check=False)[key])
+            typed = parse_params(name, {**context, key: v}, check=False)[key]
+            spec = next((s for s in _specs(name, context) if key in (s.name, s.label)), None)
+            if spec is not None and spec.validate is not None and not spec.numeric:
+                # a validated string or value (a path) as its validator gives it (an absolute
+                # path), so every worker reads what the spec named, wherever it runs
+                typed = spec.parse(typed)
+            out.append(typed)
         except ValueError as exc:
             raise SpecError(f"{where}.{key} = {value!r}: {exc}") from None
     if len(set(out)) != len(out):
         raise SpecError(f"{where}.{key} = {value!r}: a value repeats")
     return out
+
+
+def _specs(name: str, context: dict) -> list:
+    """The declared parameters of `name` and, for an allocator, of the scorer in `context`."""
+    specs = list(param_specs(name))
+    scorer = context.get("scorer")
+    if name in ALLOCATORS and isinstance(scorer, str) and scorer in POLICIES:
+        specs += list(param_specs(scorer))
+    return specs
 
 
 def normalise_budgets(raw: dict) -> list[int]:
@@ -130,3 +146,16 @@ def built(spec: dict, build):
                     shown = ", ".join(f"{k} = {v}" for k, v in params.items())
                     raise SpecError(f"policies[{i}] ({name}{', ' + shown if shown else ''}) "
                                     f"at budget {budget}: {exc}") from None
+
+
+def cell_source(name: str, params: dict) -> str:
+    """What a cell's results depend on beyond its parameters' values: the SHA-256 of the
+    policy's module source and of every file a parameter names (a head-score table): an
+    edited policy or an edited file re-runs its cells instead of reusing stale ones."""
+    files = sorted(str(v) for v in params.values() if isinstance(v, str) and v and Path(v).is_file())
+    if not files:
+        return source_hash(name)
+    digest = hashlib.sha256(source_hash(name).encode())
+    for path in files:
+        digest.update(path.encode() + b"\0" + hashlib.sha256(Path(path).read_bytes()).digest())
+    return digest.hexdigest()

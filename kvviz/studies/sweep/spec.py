@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.core.layers import kv_heads, refuse_single
-from kvviz.core.policies import is_allocator, make_policy, param_specs, source_hash
+from kvviz.core.policies import is_allocator, make_policy, param_specs
 from kvviz.studies.sweep.rules import (
     CANONICAL,
     MODES,
@@ -27,6 +27,7 @@ from kvviz.studies.sweep.rules import (
     TraceInfo,
     axis_values,
     built,
+    cell_source,
     normalise_budgets,
     normalise_policies,
     read_spec,
@@ -48,7 +49,7 @@ class Cell:
     policy: str
     budget: int
     params: tuple  # ((name, value), ...) every parameter of the policy, defaults included
-    source: str = ""  # SHA-256 of the policy's module source: an edited policy re-runs
+    source: str = ""  # SHA-256 of the policy's source and named files: an edited one re-runs
 
     def key(self) -> str:
         return json.dumps([self.trace, self.layer, self.head, self.policy, self.budget,
@@ -152,9 +153,9 @@ def expand(spec: dict, traces: dict[str, TraceInfo]) -> list[Cell]:
                 if is_allocator(name) != ((layer, head) == ALLOCATED):
                     continue
                 defaults = {s.name: s.default for s in param_specs(name)}
-                source = source_hash(name)
                 for combo in itertools.product(*axes.values()):
                     params = {**defaults, **dict(zip(axes, combo))}
+                    source = cell_source(name, params)
                     for budget in spec["budgets"]:
                         cell = Cell(len(cells), key, layer, head, name, budget,
                                     tuple(sorted(params.items())), source)

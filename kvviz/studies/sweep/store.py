@@ -120,15 +120,15 @@ def save_cell(out: Path, cell: Cell, row: dict) -> None:
 
 def param_columns(spec: dict) -> dict[str, str]:
     """Parameter column -> its pandas dtype, from the first policy that declares it."""
-    dtypes = {"int": "Int64", "float": "float64", "choice": "str"}
+    dtypes = {"int": "Int64", "float": "float64", "choice": "str", "str": "str", "bool": "boolean"}
     cols: dict[str, str] = {}
     for entry in spec["policies"]:
         for s in param_specs(entry["name"]):
-            cols.setdefault(s.name, dtypes[s.kind])
+            cols.setdefault(s.name, dtypes.get(s.kind, "object"))
         for scorer in entry.get("params", {}).get("scorer", []):  # an allocator's scorer's
             for s in param_specs(scorer):
                 if s.name in entry["params"]:
-                    cols.setdefault(s.name, dtypes[s.kind])
+                    cols.setdefault(s.name, dtypes.get(s.kind, "object"))
     return cols
 
 
