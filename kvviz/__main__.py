@@ -59,6 +59,7 @@ COMMANDS = (
     ("loop", "kvviz.model.loop.cli"),
     ("generate", "kvviz.model.loop.generate_cli"),
     ("needle", "kvviz.model.needle.cli"),
+    ("calibrate", "kvviz.model.calibrate"),
     ("app", "kvviz.app.launch"),
     ("sweep", "kvviz.studies.sweep.cli"),
     ("check", "kvviz.core.check"),

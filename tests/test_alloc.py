@@ -416,7 +416,7 @@ def test_kvviz_check_all_builtins_includes_the_allocators(capsys, monkeypatch):
     assert check.main(["--all-builtins"]) == 0
     out = capsys.readouterr().out
     assert {line.split(" ")[0] for line in out.splitlines() if not line.startswith(" ")} == {
-        "adakv", "pyramidkv", "headroles"}
+        "adakv", "pyramidkv", "headroles", "headkv", "cake"}
 
 
 @pytest.mark.parametrize("cls, rule", [

@@ -88,6 +88,26 @@ def test_a_batch_with_allocators_in_freed_slots_gives_each_what_it_gets_alone(pa
         assert mem[0]["kv_held_bytes"] > mem[1]["kv_held_bytes"]  # the full row holds the whole prompt
 
 
+@pytest.mark.parametrize("eviction", ["masked", "freed"])
+def test_a_batch_without_the_full_row_gives_each_what_it_gets_alone(pair, eviction):
+    """full_cache=False: one evicting configuration per prompt, no reference row; alone, a
+    freed prompt is evicted layer by layer while it is read, in the batch after the pass."""
+    from kvviz.model.loop import LoopConfig, generate, generate_batch
+
+    cfgs = [LoopConfig("tova", {}, 8)]
+    kw = dict(model=pair, prompt_mode="prefill", eviction=eviction, granularity="kv-head", stop_at_eos=False,
+              full_cache=False)
+    batch = generate_batch(prompts(), cfgs, NEW, **kw)
+    for p, got in zip(prompts(), batch):
+        alone = generate(p, cfgs, NEW, **kw)
+        assert got.labels == alone.labels == ["tova@8"] and got.meta["full_cache"] is False
+        assert np.array_equal(got.new_ids, alone.new_ids)
+        assert np.array_equal(got.evicted_at, alone.evicted_at) and (got.evicted_at != -1).any()
+        assert got.agreement == [None]
+    with pytest.raises(ValueError, match="configs must not include 'full'"):
+        generate_batch(prompts(), [LoopConfig("full")] + cfgs, NEW, **kw)
+
+
 def test_rows_stop_at_their_own_eos(pair):
     """A row that meets EOS stops (records nothing more) while the other prompts' rows go on:
     EOS is taken to be the token the full row of the shortest prompt generates second."""
@@ -141,6 +161,26 @@ def test_needle_reads_prompts_in_batches_as_it_reads_them_alone(pair, tmp_path):
     assert sizes == [1, 1, 3, 3, 3, 3, 3, 3]
     with pytest.raises(ValueError, match="--batch must be an integer >= 1, got 0"):
         run_grid(grid, tmp_path / "zero", model=pair, progress=False, batch=0)
+
+
+def test_needle_batches_without_the_full_row(pair, tmp_path):
+    """--batch with --no-full-cache: the runs it writes one prompt at a time, none with a
+    full-cache row."""
+    from kvviz.model.needle.grid import Grid
+    from kvviz.model.needle.results import list_runs, load_run
+    from kvviz.model.needle.run import run_grid
+
+    grid = Grid([72, 90], [50], [0], ["tova"], [24], ["prefill"], ["kv-head"], 4)
+    kw = dict(model=pair, progress=False, eviction="freed", full_cache=False)
+    run_grid(grid, tmp_path / "one", **kw)
+    run_grid(grid, tmp_path / "two", batch=2, **kw)
+    ids = list_runs(tmp_path / "one")
+    assert len(ids) == 2 and list_runs(tmp_path / "two") == ids
+    for id_ in ids:
+        a, b = load_run(tmp_path / "one", id_), load_run(tmp_path / "two", id_)
+        assert [c["policy"] for c in b["meta"]["configs"]] == ["tova"] and b["meta"]["full_cache"] is False
+        assert a["meta"]["answers"] == b["meta"]["answers"] and b["meta"]["batch_prompts"] == 2
+        assert np.array_equal(a["new_ids"], b["new_ids"]) and np.array_equal(a["evicted_at"], b["evicted_at"])
 
 
 @pytest.mark.parametrize("eviction", ["masked", "freed"])

@@ -22,10 +22,10 @@ def test_bench_prints_and_writes_the_table(tmp_path):
                 "--json", str(tmp_path / "t.json"))
     assert out.returncode == 0, out.stderr
     assert "trace: small (120 steps)" in out.stdout
-    for name in ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "random"):
+    for name in ("tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "random", "raas"):
         assert name in out.stdout
     table = pd.read_csv(tmp_path / "t.csv")
-    assert len(table) == 12 and set(table.budget) == {40, 64}
+    assert len(table) == 14 and set(table.budget) == {40, 64}  # those 7 (no norms here) x 2 budgets
     assert table.retained_mass.between(0, 1).all()
     rows = json.loads((tmp_path / "t.json").read_text())
     assert rows[0]["policy"] == "tova" and rows[0]["memory_bytes"] == 13 * 40
@@ -133,8 +133,8 @@ def test_pooling_study_head_option(tmp_path):
     assert bad.returncode == 2 and "stored heads: mean" in bad.stderr
 
 
-COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "app", "sweep", "check",
-            "lesson", "export")
+COMMANDS = ("bench", "perf", "capture", "loop", "generate", "needle", "calibrate", "app", "sweep",
+            "check", "lesson", "export")
 
 
 def test_help_lists_every_command_and_each_command_has_help(capsys):

@@ -297,10 +297,26 @@ def _compare(drawn, reference, seed: int) -> str:
     rng = np.random.default_rng(seed)
     calibration = min(int(alloc.calibration_rows()), CALIBRATION)
     if calibration:
-        for group, rgroup in zip(groups, refs):
-            rows = [[_rows(rng, kind, g, t) for t in range(calibration)] for g in range(heads)]
-            group.calibrate(rows)
-            rgroup.calibrate(rows)
+        rows = [[[_rows(rng, kind, g, t) for t in range(calibration)] for g in range(heads)] for _ in groups]
+        if alloc.plans_layers:  # every layer's budget from every layer's rows, both ways
+            try:
+                budgets = alloc.planned_budgets(rows, layers)
+            except ValueError as exc:
+                budgets = f"ValueError: {exc}"
+            try:
+                want = ref.plan_layers(rows)
+                want = [alloc.budget] * layers if want is None else list(want)
+            except Exception as exc:
+                want = f"{type(exc).__name__}: {exc}"
+            if isinstance(budgets, str) or isinstance(want, str) or budgets != want:
+                if isinstance(budgets, str) and isinstance(want, str):
+                    return ""
+                return f"{what}: planned layer budgets {budgets}, the reference's {want}"
+            groups = [alloc.group(d, layers, heads, budget=b) for d, b in enumerate(budgets)]
+            refs = [ref.group(d, layers, heads, budget=b) for d, b in enumerate(budgets)]
+        for group, rgroup, layer_rows in zip(groups, refs, rows):
+            group.calibrate(layer_rows)
+            rgroup.calibrate(layer_rows)
     for t in range(steps):
         for d, (group, rgroup) in enumerate(zip(groups, refs)):
             for g, (p, r) in enumerate(zip(group.policies, rgroup.heads)):

@@ -298,6 +298,42 @@ class RefVATP(RefPolicy):
         return self.state[i][0] * self.state[i][1]
 
 
+class RefRaaS(RefPolicy):
+    """RaaS: each slot's record is its timestamp, the step it was admitted at, set again to
+    the current step whenever that step's weight on it is at least alpha x the step's top
+    weight; the oldest timestamp goes (ties: the lower position); the first `sinks` stay."""
+
+    name = "raas"
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.alpha = self.params["alpha"]
+        self.sinks = self.params["sinks"]
+        self.step = None
+
+    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None):
+        self.step = int(pos)  # the step the weights belong to, for `observe` and `new_record`
+        super().on_decode_step(pos, attn, key_norm, value_norm)
+
+    def observe(self, weights):
+        top = 0.0
+        for w in weights:
+            if w > top:
+                top = w
+        for i, w in enumerate(weights):
+            if w >= self.alpha * top:
+                self.state[i] = self.step  # in use at this step: fresh again
+
+    def new_record(self):
+        return self.step
+
+    def is_candidate(self, i):
+        return i >= self.sinks
+
+    def rank(self, i):
+        return self.state[i]
+
+
 class RefRandom(RefPolicy):
     """Uniform choice without replacement among all kept slots, from the given rng."""
 

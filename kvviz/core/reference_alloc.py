@@ -13,12 +13,13 @@ docstring states it, with Python ints, Fractions and lists.
 """
 from __future__ import annotations
 
+import json
 import math
 from fractions import Fraction
 
 from kvviz.core.reference import make_reference
 
-__all__ = ["RefAdaKV", "RefHeadRoles", "RefPyramidKV", "RefAllocator"]
+__all__ = ["RefAdaKV", "RefCAKE", "RefHeadKV", "RefHeadRoles", "RefPyramidKV", "RefAllocator"]
 
 
 def _split(params: dict, own: tuple) -> tuple[dict, str, dict]:
@@ -226,3 +227,158 @@ class RefHeadRoles(RefAllocator):
             take[g] += 1
         return [_lowest(ref, k) for ref, k in zip(layer.heads, take)]
 
+
+
+class RefHeadKV(RefAllocator):
+    """HeadKV: layer `layer`'s scores s_g come from the table file (its layer; as many as the
+    layer's heads, else refused). With w the scorer's recent window and B' = b - w (b the
+    per-head budget; B' < 1: every head keeps b), each head keeps B' - floor(B' / beta) and
+    gives floor(B' / beta) to the layer's pool P; head g's share is P x s_g^temp / sum of
+    s^temp, rounded down, the slots left over one each to the largest fractional parts (ties:
+    the lower head). Head g holds w + base + share, by its own scorer."""
+
+    own = ("scores", "beta", "temp", "window")
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        self.path = self.params["scores"]
+        self.beta = self.params.get("beta", 1.005)
+        self.temp = self.params.get("temp", 1.0)
+        if "recent_window" in self.scorer_params:  # HeadKV's window is the scorer's recent window
+            self.scorer_params["recent_window"] = self.params.get("window", 32)
+        self.window = make_reference(self.scorer, self.budget, **self.scorer_params).protect_recent
+
+    def budgets(self, layer, b, heads):
+        with open(self.path) as f:
+            table = json.load(f)["layers"]
+        scores = table.get(str(layer))
+        if scores is None or len(scores) != heads:
+            raise ValueError(f"the table gives layer {layer} no scores for {heads} heads")
+        rest = b - self.window
+        if rest < 1:
+            return [b] * heads
+        give = math.floor(Fraction(rest) / _decimal(self.beta))
+        base = rest - give
+        pool = heads * give
+        weights = [Fraction(float(s) ** float(self.temp)) for s in scores]
+        total = sum(weights)
+        shares = [pool * w / total for w in weights]
+        whole = [math.floor(x) for x in shares]
+        order = sorted(range(heads), key=lambda g: (-(shares[g] - whole[g]), g))
+        for g in order[: pool - sum(whole)]:
+            whole[g] += 1
+        return [self.window + base + k for k in whole]
+
+    def group(self, layer, layers, heads, *, depth=None, depths=None):
+        where = layer if layer is not None else (depth or 0)
+        layer_ref = super().group(layer, layers, heads, depth=depth, depths=depths)
+        budgets = self.budgets(where, layer_ref.b, heads)
+        layer_ref.heads = [make_reference(self.scorer, k, **self.scorer_params) for k in budgets]
+        layer_ref.state = budgets
+        return layer_ref
+
+    def choose(self, layer):
+        return [_lowest(ref, len(ref.keep) - k) for ref, k in zip(layer.heads, layer.state)]
+
+
+class RefCAKE(RefAllocator):
+    """CAKE. Layer budgets: from each layer's calibration rows (rows[g][t], the first
+    `calibration`), the window is the last `window` rows and the prefix the positions before
+    the window's first row; spread H = -sum a log(a + 1e-10) and shift V = sum of the
+    unbiased variance over the window's rows, over heads and prefix positions; P = H^(1/tau1)
+    x V^(1/tau2). With w the scorer's recent window (at most budget - 1) and
+    S = L x (budget - w - 1), layer l holds w + 1 + floor(P_l / sum P x S), the slots left
+    over one each from the shallowest layer (equal shares first when more than L are left). No prefix or no
+    preference: every layer keeps the budget. Within a layer, each head over the layer's
+    budget loses its candidates with the lowest indicator: over the scorer's ring of
+    observed weights (ring slot 0 upward), mean + gamma x unbiased variance, averaged over
+    the kept neighbours within 2 slots; ties to the lower position."""
+
+    own = ("tau1", "tau2", "gamma", "window", "calibration")
+
+    def __init__(self, budget, rng=None, **params):
+        super().__init__(budget, rng, **params)
+        p = self.params
+        self.tau1, self.tau2 = p.get("tau1", 1.0), p.get("tau2", 1.0)
+        self.gamma, self.window = p.get("gamma", 200.0), p.get("window", 32)
+        self.rows = p.get("calibration", 64)
+        if self.scorer != "snapkv" or self.window >= self.rows:
+            raise ValueError("cake needs the snapkv scorer and a window below calibration")
+        # the window is the scorer's recent window and its ring
+        self.scorer_params.update(recent_window=self.window, obs_window=self.window)
+        self.tail = make_reference(self.scorer, self.budget, **self.scorer_params).protect_recent
+
+    def plan_layers(self, rows_by_layer):
+        """Every layer's per-head budget, or None to keep the budget everywhere."""
+        prefs = []
+        for rows in rows_by_layer:
+            n = min(len(r) for r in rows)
+            prefix = n - self.window
+            if prefix < 1:
+                return None
+            spread, shift = 0.0, 0.0
+            for head in rows:
+                for j in range(prefix):
+                    column = [float(head[t][j]) for t in range(prefix, n)]
+                    for a in column:
+                        spread -= a * math.log(a + 1e-10)
+                    if self.window > 1:
+                        mean = sum(column) / len(column)
+                        shift += sum((a - mean) * (a - mean) for a in column) / (len(column) - 1)
+            prefs.append(0.0 if spread <= 0 or shift <= 0 else
+                         spread ** (1.0 / self.tau1) * shift ** (1.0 / self.tau2))
+        if not sum(prefs) > 0:
+            return None
+        L = len(prefs)
+        tail = min(self.tail, self.budget - 1)
+        pool = L * (self.budget - tail) - L  # after one slot beyond the window each
+        shares = [math.floor(p / sum(prefs) * pool) for p in prefs]
+        left = pool - sum(shares)
+        for d in range(L):
+            shares[d] += left // L + (1 if d < left % L else 0)
+        return [tail + 1 + s for s in shares]
+
+    def group(self, layer, layers, heads, *, depth=None, depths=None, budget=None):
+        layer_ref = super().group(layer, layers, heads, depth=depth, depths=depths)
+        if budget is not None:
+            layer_ref.b = int(budget)
+            layer_ref.heads = [make_reference(self.scorer, int(budget), **self.scorer_params)
+                               for _ in range(heads)]
+        return layer_ref
+
+    def indicator(self, ref) -> list:
+        """Per held slot, the pooled mean + gamma x variance of its ring."""
+        raw = []
+        for ring in ref.state:
+            values = [float(x) for x in ring]
+            total = 0.0
+            for x in values:
+                total += x
+            mean = total / len(values)
+            sq = 0.0
+            for x in values:
+                sq += (x - mean) * (x - mean)
+            var = sq / (len(values) - 1) if len(values) > 1 else sq
+            raw.append(mean + self.gamma * var)
+        out = []
+        for i in range(len(raw)):
+            lo, hi = max(0, i - 2), min(len(raw) - 1, i + 2)
+            total = 0.0
+            for j in range(lo, hi + 1):
+                total += raw[j]
+            out.append(total / (hi - lo + 1))
+        return out
+
+    def choose(self, layer):
+        chosen = []
+        for ref in layer.heads:
+            excess = len(ref.keep) - layer.b
+            if excess <= 0:
+                chosen.append([])
+                continue
+            score = self.indicator(ref)
+            ranked = sorted((score[i], ref.keep[i], i) for i in range(len(ref.keep)) if ref.is_candidate(i))
+            if len(ranked) < excess:
+                raise ValueError("evict needs more victims than the head has candidates")
+            chosen.append([i for _, _, i in ranked[:excess]])
+        return chosen

@@ -10,8 +10,11 @@ function adds -inf to each evicted key before the softmax (exactly removal: keys
 cached after RoPE), and the same bookkeeping (kvviz.core.harness through engine.bookkeeping)
 steps the same policy objects. By default it masks: the cache still holds every key and
 value, so this measures what eviction does to the output, not what it saves; with
-`eviction="freed"` the cache's layers are replaced after the prompt by slots that hold only
-the kept positions (kvviz.model.loop.engine.slot_cache), so the memory is the budget's.
+`eviction="freed"` the cache's layers are replaced by slots that hold only the kept
+positions (kvviz.model.loop.engine.slot_cache), so the memory is the budget's. Where each
+stream has its own policy (not an allocator) the prompt is evicted layer by layer while
+it is read (engine.LayerEviction: the same victims), so the full keys and values of at
+most one layer are ever alive and the peak stays below the full cache's.
 
 `generate` reads the prompt in one forward pass, so this is kvviz's prompt_mode="prefill":
 the policy observes every prompt row (per layer, or per KV head), evicts once down to its
@@ -148,13 +151,18 @@ class Follower:
         self.batch = False  # B > 1 or padded: the batch path
         self.seen = 0  # cache positions fed so far (padding included)
         self.lane = None
+        self.layered = None  # freed: the prompt's eviction layer by layer (engine.LayerEviction)
 
-    def _grow(self, T: int) -> None:
-        """Room for T positions in the log and the lane's state."""
+    def _room(self, T: int) -> None:
+        """Room for T positions in the log."""
         if T > self.evicted.shape[-1]:
             grown = np.full(self.evicted.shape[:-1] + (max(2 * self.evicted.shape[-1], T),), NEVER, np.int64)
             grown[..., : self.evicted.shape[-1]] = self.evicted
             self.evicted = grown
+
+    def _grow(self, T: int) -> None:
+        """Room for T positions in the log and the lane's state."""
+        self._room(T)
         self.lane.state.grow(self.torch, self.evicted.shape[-1])
 
     def before(self, module, args, kwargs):
@@ -179,6 +187,12 @@ class Follower:
                                             self.chunk, self.device)
                 self.lane = engine.Lane(np.zeros(1, np.int64), state, None)
             kwargs = full_layers(kwargs)
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            if (not self.batch and self.eviction == "freed" and cache is not None
+                    and engine.evicts_by_layer(self.policies)):
+                self._room(q + 1)  # each layer evicts as its rows are read, its cache freed at once
+                self.layered = engine.LayerEviction(self.torch, cache, state.feed, [self.cfg], self.policies,
+                                                    self.evicted)
         else:
             self._grow(self.seen + 1)
             if self.lane.state.freed:
@@ -232,12 +246,19 @@ class Follower:
         tokens after it run: the cache masked, or its layers replaced by slots (freed)."""
         torch = self.torch
         self._grow(q + 1)
+        cache = kwargs.get("cache", kwargs.get("past_key_values")) or getattr(output, "past_key_values", None)
+        if self.layered is not None:  # evicted layer by layer during the pass
+            state, layers = self.layered.state(self.policies[0].capacity, self.evicted.shape[-1], self.device)
+            cache.layers[:] = engine.slot_cache(state, layers, seen=q).layers
+            self.layered = None
+            self.lane = engine.Lane(np.zeros(1, np.int64), state, cache)
+            self.log.prompt_len = q
+            return
         if self.batch:
             for b, _, feed in self.lane.state.feeds:
                 feed.evict([self.cfg], [self.policies[b]], self.evicted[b:b + 1])
         else:
             self.lane.state.feed.evict([self.cfg], self.policies, self.evicted)
-        cache = kwargs.get("cache", kwargs.get("past_key_values")) or getattr(output, "past_key_values", None)
         lengths = q - self.pads
         room = self.evicted.shape[-1]
         if self.eviction == "freed":

@@ -230,6 +230,7 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
     if name in ALLOCATORS:
         own, scorer, rest = _split(name, params)
         try:
+            rest = cls.scorer_settings(_parse_own(name, own, "", False), scorer, rest)
             probe = make_policy(scorer, budget=budget, **parse_params(scorer, rest, check=False))
         except ValueError as exc:
             raise ValueError(f"{name}: scorer {scorer}: {exc}") from None

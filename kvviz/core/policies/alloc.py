@@ -110,6 +110,13 @@ class Allocator:
     def check_params(self) -> None:
         """Raise ValueError naming the parameter and the rule it breaks."""
 
+    @classmethod
+    def scorer_settings(cls, own: dict, scorer: str, params: dict) -> dict:
+        """The scorer's parameters as the allocator sets them, from its own parameters `own`
+        (as given) and the scorer's `params` (as given), before make_policy builds the scorer:
+        by default `params`. (headkv and cake set SnapKV's windows to their `window`.)"""
+        return params
+
     def layer_budget(self, depth: int, depths: int) -> int:
         """The per-head mean budget of layer `depth` of `depths`: by default the budget."""
         return self.budget

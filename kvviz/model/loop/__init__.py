@@ -81,13 +81,16 @@ def run_loop_batch(texts, configs, granularity: str = "layer", max_tokens: int =
 
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
              progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
-             prefill_chunk=PREFILL_CHUNK) -> Generation:
+             prefill_chunk=PREFILL_CHUNK, full_cache=True) -> Generation:
     """Greedy continuation of `prompt` under every config at once; a Generation.
 
     - `prompt`: text (tokenised as the loop does, BOS by the tokenizer's convention) or a
       list of token ids used as they are.
     - `configs`: LoopConfig list; a `full` row is put first if absent (agreement and
       departure are measured against it). Each row continues with its own tokens.
+    - `full_cache`: False leaves the full-cache row out (configs then must not include
+      `full`): one configuration costs one forward per token; agreement and departure are
+      None and `meta["full_cache"]` says so.
     - `prompt_mode`: "decode" (each prompt token is one step of the loop's contract,
       evicting as it goes) or "prefill" (one forward pass over the full cache; each
       policy observes every recorded prompt row, then evicts once to its budget).
@@ -103,12 +106,12 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
 
     return run(prompt, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode,
                model=model, progress=progress, seed=seed, device=device, dtype=dtype,
-               stop_at_eos=stop_at_eos, eviction=eviction, prefill_chunk=prefill_chunk)
+               stop_at_eos=stop_at_eos, eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)
 
 
 def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
                    progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
-                   prefill_chunk=PREFILL_CHUNK) -> list[Generation]:
+                   prefill_chunk=PREFILL_CHUNK, full_cache=True) -> list[Generation]:
     """`generate` for several prompts (texts or token-id lists, of any lengths) in one batch:
     every (prompt, config) pair is one batch row with its own eviction state, and each
     prompt's Generation holds the tokens and eviction log it gets alone (its log-probabilities
@@ -119,4 +122,4 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
 
     return run(prompts, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode, model=model,
                progress=progress, seed=seed, device=device, dtype=dtype, stop_at_eos=stop_at_eos,
-               eviction=eviction, prefill_chunk=prefill_chunk)
+               eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)

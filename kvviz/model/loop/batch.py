@@ -24,7 +24,7 @@ import numpy as np
 
 from kvviz.core.replay import NEVER
 from kvviz.model.loop.config import PREFILL_CHUNK, check_configs
-from kvviz.model.loop.generation import Generation, check_request
+from kvviz.model.loop.generation import Generation, check_request, with_reference
 
 
 def _tokens(tok, prompt):
@@ -39,7 +39,7 @@ def _tokens(tok, prompt):
 
 def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
                    progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
-                   prefill_chunk=PREFILL_CHUNK) -> list[Generation]:
+                   prefill_chunk=PREFILL_CHUNK, full_cache=True) -> list[Generation]:
     """Greedy continuations of every prompt in `prompts` (texts or token-id lists) under every
     config, all in one batch: one Generation per prompt, in order, each what
     kvviz.model.loop.generate gives that prompt alone (the same arguments). `progress(done,
@@ -53,7 +53,7 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
         raise ValueError(f"seed must be one integer or one per prompt ({len(prompts)}), got {len(seeds)}")
     for p in prompts:
         check_request(p, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
-    configs = check_configs(configs)
+    configs = with_reference(configs, full_cache)
     import torch
 
     from kvviz.model.loop.engine import (
@@ -158,7 +158,7 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
         last_step = int(T0[p]) + int((made >= 0).sum(axis=1).max()) - 2
         meta = {**model_provenance(mdl), "bos": bos, "seed": seeds[p], "prompt_mode": prompt_mode,
                 "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
-                "eviction": eviction, "batch_prompts": P, "batch_index": p,
+                "eviction": eviction, "full_cache": bool(full_cache), "batch_prompts": P, "batch_index": p,
                 **memory(mdl, configs, policies[rows], ev, shares[rows], last_step),
                 "seconds": seconds}
         out.append(Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,

@@ -53,15 +53,15 @@ from kvviz.model.loop.cache import (
     slot_layer_class,
 )
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_configs, check_eviction
-from kvviz.model.loop.prompt import PromptFeed, prompt_state, read_prompt
+from kvviz.model.loop.prompt import LayerEviction, PromptFeed, evicts_by_layer, prompt_state, read_prompt
 from kvviz.model.loop.result import LoopResult
 
-__all__ = ["ALIBI", "ATTN_NAME", "MOVED", "PREFILL_CHUNK", "READ_IN_ONE_PASS", "Lane", "LaneInputs", "PromptFeed",
-           "State", "attached", "attention", "bind", "bookkeeping", "by_budget", "cache_bytes", "check_architecture",
-           "check_inputs", "falcon_forward", "gathered", "interface_settable", "lanes_after_prompt", "lanes_for",
-           "make_policies", "mark_query_rows", "mark_victims", "masked_state", "memory", "no_mask", "prompt_state",
-           "read_prompt", "reads_query_rows", "refuse_uncalibrated", "register", "routed", "run", "slot_cache",
-           "slot_layer_class", "step", "tokenize", "use"]
+__all__ = ["ALIBI", "ATTN_NAME", "LayerEviction", "MOVED", "PREFILL_CHUNK", "READ_IN_ONE_PASS", "Lane", "LaneInputs",
+           "PromptFeed", "State", "attached", "attention", "bind", "bookkeeping", "by_budget", "cache_bytes",
+           "check_architecture", "check_inputs", "evicts_by_layer", "falcon_forward", "gathered", "interface_settable",
+           "lanes_after_prompt", "lanes_for", "make_policies", "mark_query_rows", "mark_victims", "masked_state",
+           "memory", "no_mask", "prompt_state", "read_prompt", "reads_query_rows", "refuse_uncalibrated", "register",
+           "routed", "run", "slot_cache", "slot_layer_class", "step", "tokenize", "use"]
 
 
 MOVED = [0]  # bytes brought from the device to the host by `step`, since the process started

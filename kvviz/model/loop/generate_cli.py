@@ -50,6 +50,9 @@ def parser(sub=None, perf=None) -> argparse.ArgumentParser:
                    help="prompt queries per attention block in prefill mode (memory grows with chunk x prompt "
                         "length, never with its square)")
     p.add_argument("--no-eos", action="store_true", help="do not stop a row at EOS")
+    p.add_argument("--no-full-cache", action="store_true",
+                   help="leave out the full-cache row (the reference agreement and departure are measured "
+                        "against): one configuration then costs one forward per token")
     p.add_argument("--json", help="write the whole generation (texts, log-probs, eviction logs) here")
     add_model_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random policy's draws")
@@ -64,15 +67,18 @@ def parser(sub=None, perf=None) -> argparse.ArgumentParser:
 
 def side_by_side(gen) -> str:
     """One line per config, the full cache first: agreement, departure, stop, and the
-    continuation with MARK where it first departs from the full cache's."""
-    order = [gen.full_index] + [c for c in range(len(gen.configs)) if c != gen.full_index]
+    continuation with MARK where it first departs from the full cache's (without the full
+    row, "-" for both and no MARK)."""
+    f = gen.full_index
+    order = ([] if f is None else [f]) + [c for c in range(len(gen.configs)) if c != f]
     names = [config_label(cfg.policy, cfg.params, budget=cfg.budget) for cfg in gen.configs]
     width = max(len(names[c]) for c in order)
     lines = [f"{'config':<{width}}  {'agree':>5}  {'departs':>7}  {'stop':<6}  continuation "
              f"({MARK} marks the first token that differs from full)"]
     for c in order:
-        d = gen.departure[c]
-        lines.append(f"{names[c]:<{width}}  {gen.agreement[c]:5.3f}  {'-' if d < 0 else d:>7}  "
+        d, a = gen.departure[c], gen.agreement[c]
+        lines.append(f"{names[c]:<{width}}  {'-' if a is None else f'{a:5.3f}':>5}  "
+                     f"{'-' if d is None or d < 0 else d:>7}  "
                      f"{gen.stopped[c]:<6}  {gen.marked(c, MARK)}")
     return "\n".join(lines)
 
@@ -104,6 +110,10 @@ def run(args) -> int:
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         configs = build_configs(args.policy, args.budget)
+        if args.no_full_cache:
+            configs = [c for c in configs if not c.is_full]
+            if not configs:
+                raise ValueError("--no-full-cache leaves the full cache out: give a --policy other than full")
         check_chunk(args.prefill_chunk, "--prefill-chunk")
         check_request(prompt, args.max_new_tokens, args.granularity, args.prompt_mode)
         resolve(args.model)  # a missing or incomplete model refused before anything loads
@@ -124,7 +134,7 @@ def run(args) -> int:
         gen = generate(prompt, configs, args.max_new_tokens, granularity=args.granularity,
                        prompt_mode=args.prompt_mode, model=args.model, seed=args.seed, device=args.device,
                        dtype=args.dtype, stop_at_eos=not args.no_eos, eviction=args.eviction,
-                       prefill_chunk=args.prefill_chunk,
+                       prefill_chunk=args.prefill_chunk, full_cache=not args.no_full_cache,
                        progress=Progress(f"{args.prompt_mode} {args.granularity} x{len(configs)}", args.quiet,
                                          command="generate"))
     except (ValueError, RuntimeError) as exc:
@@ -134,6 +144,8 @@ def run(args) -> int:
     print(f"prompt: {gen.prompt_len} tokens, {args.prompt_mode} mode, {args.granularity} granularity; "
           f"{m['seconds']:.1f} s ({m['model_seconds']:.1f} s model, {m['bookkeeping_seconds']:.1f} s bookkeeping)")
     print(memory_line(m, per_config=True))
+    if not m.get("full_cache", True):
+        print("full cache: left out (--no-full-cache): no agreement or departure to measure")
     print(side_by_side(gen))
     if args.json:
         gen.save(args.json)

@@ -42,6 +42,25 @@ def check_request(prompt, max_new_tokens, granularity="layer", prompt_mode="deco
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
+def with_reference(configs, full_cache=True) -> list:
+    """generate's configurations (kvviz.model.loop.config.check_configs: a `full` row first
+    unless given) with the full-cache row left out when `full_cache` is False; then no
+    configuration may be `full` and at least one must evict. ValueError names the parameter."""
+    from kvviz.model.loop.config import check_configs
+
+    if not isinstance(full_cache, (bool, np.bool_)):
+        raise ValueError(f"full_cache must be True or False, got {full_cache!r}")
+    configs = list(configs)
+    if not full_cache and any(isinstance(c, LoopConfig) and c.is_full for c in configs):
+        raise ValueError("full_cache=False leaves the full-cache row out: configs must not include 'full'")
+    configs = check_configs(configs)
+    if full_cache:
+        return configs
+    if len(configs) == 1:
+        raise ValueError("full_cache=False leaves the full-cache row out: give at least one evicting configuration")
+    return [c for c in configs if not c.is_full]
+
+
 @dataclass
 class Generation:
     """One prompt, C configurations (one batch row each), greedy continuations.
@@ -54,7 +73,8 @@ class Generation:
       kvviz.core.replay.NEVER if never (prefill victims: step T0 - 1).
     - `agreement[c]`: share of the N columns where row c's token equals the full row's (two
       rows both stopped count as agreeing); `departure[c]`: the first column where they
-      differ, -1 if none.
+      differ, -1 if none. A generation run without the full-cache row (`full_cache=False`,
+      said in `meta["full_cache"]`) has no reference: both are None for every row.
     """
 
     configs: list
@@ -78,6 +98,9 @@ class Generation:
         self.logprobs = np.asarray(self.logprobs, np.float64)
         self.evicted_at = np.asarray(self.evicted_at, np.int64)
         f = self.full_index
+        if f is None:
+            self.agreement, self.departure = [None] * len(self.configs), [None] * len(self.configs)
+            return
         same = self.new_ids == self.new_ids[f]
         self.agreement = [float(row.mean()) if row.size else 1.0 for row in same]
         self.departure = [int(np.argmin(row)) if not row.all() else -1 for row in same]
@@ -87,8 +110,9 @@ class Generation:
         return len(self.prompt_ids)
 
     @property
-    def full_index(self) -> int:
-        return next(i for i, c in enumerate(self.configs) if c.is_full)
+    def full_index(self) -> int | None:
+        """The full-cache row, or None when the generation left it out."""
+        return next((i for i, c in enumerate(self.configs) if c.is_full), None)
 
     @property
     def labels(self) -> list[str]:
@@ -108,10 +132,10 @@ class Generation:
 
     def marked(self, c: int, marker: str = "|>") -> str:
         """Row c's continuation with `marker` before the first token that differs from the
-        full row's (none if it never departs); newlines shown as \\n."""
+        full row's (none if it never departs, or there is no full row); newlines shown as \\n."""
         pieces = self.pieces[c] if self.pieces else [self.texts[c]]
         d = self.departure[c]
-        if d >= 0 and self.pieces:
+        if d is not None and d >= 0 and self.pieces:
             pieces = pieces[:d] + [marker] + pieces[d:]
         return "".join(pieces).replace("\n", "\\n")
 

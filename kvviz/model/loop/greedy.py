@@ -14,11 +14,12 @@ import time
 import numpy as np
 
 from kvviz.core.replay import NEVER
-from kvviz.model.loop.config import check_configs
 from kvviz.model.loop.engine import (
     PREFILL_CHUNK,
+    Lane,
     attached,
     check_architecture,
+    evicts_by_layer,
     lane_bytes,
     lanes_after_prompt,
     lanes_for,
@@ -26,9 +27,10 @@ from kvviz.model.loop.engine import (
     memory,
     read_prompt,
     refuse_uncalibrated,
+    slot_cache,
     step,
 )
-from kvviz.model.loop.generation import Generation, check_request
+from kvviz.model.loop.generation import Generation, check_request, with_reference
 
 
 def eos_ids(tok, mdl) -> set[int]:
@@ -50,9 +52,9 @@ def greedy_stats(logits):
 
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
              progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
-             prefill_chunk=PREFILL_CHUNK) -> Generation:
+             prefill_chunk=PREFILL_CHUNK, full_cache=True) -> Generation:
     check_request(prompt, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
-    configs = check_configs(configs)
+    configs = with_reference(configs, full_cache)
     import torch
 
     from kvviz.model.models import attention_shape, load_model, model_provenance, token_strings, tokenize
@@ -95,10 +97,19 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
                 model_s, book_s = model_s + m, book_s + b
                 report(t + 1, T)
         else:
-            cache, logits, feed = read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G, prefill_chunk, dev)
+            # freed, one configuration, its policy per stream: the layers evict as they are read
+            by_layer = eviction == "freed" and evicts_by_layer(policies)
+            cache, logits, feed = read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G, prefill_chunk, dev,
+                                              by_layer)
             host = np.repeat(greedy_stats(logits).cpu().numpy(), C, axis=0)
             t1 = time.perf_counter()
-            lanes = lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction, T, dev)
+            if by_layer:
+                st, layers = feed.on_layer.state(policies[0].capacity, T, dev, limit=T)
+                st.place(T0)
+                lanes = [Lane(np.arange(1), st, slot_cache(st, layers, seen=T0))]
+                feed.on_layer = None
+            else:
+                lanes = lanes_after_prompt(torch, cache, configs, policies, evicted_at, eviction, T, dev)
             del cache
             model_s = t1 - t_prompt - feed.seconds
             book_s = feed.seconds + time.perf_counter() - t1
@@ -128,7 +139,7 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
     meta = {**model_provenance(mdl), "bos": bos, "seed": seed, "prompt_mode": prompt_mode,
             "granularity": granularity, "stop_at_eos": bool(stop_at_eos), "eos_ids": sorted(eos),
             "model_seconds": model_s, "bookkeeping_seconds": book_s, "prompt_seconds": prompt_s,
-            "generation_seconds": gen_s, "eviction": eviction,
+            "generation_seconds": gen_s, "eviction": eviction, "full_cache": bool(full_cache),
             **memory(mdl, configs, policies, evicted_at, held_bytes, T0 + int((new_ids >= 0).sum(axis=1).max()) - 2),
             "seconds": time.perf_counter() - start}
     return Generation(configs=configs, granularity=granularity, prompt_mode=prompt_mode,

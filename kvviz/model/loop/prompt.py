@@ -8,10 +8,12 @@ import time
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.groups import PolicyLayers
 from kvviz.core.policies.base import BudgetError
+from kvviz.core.replay import NEVER
 from kvviz.model.loop.attention import use
 from kvviz.model.loop.bookkeeping import reads_query_rows
-from kvviz.model.loop.cache import State
+from kvviz.model.loop.cache import State, gathered
 from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk
 
 
@@ -56,6 +58,20 @@ class PromptFeed:
         # an allocator that decides from calibration rows (head roles) gets the prompt's first ones
         self.calib_n = max((min(group.calibration_rows, T0) for group in policies), default=0)
         self.calib = [[[] for _ in range(G)] for _ in range(L)] if self.calib_n else None
+        self.on_layer = None  # called with each layer once its rows are fed
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """The blocks of at most `chunk` prompt rows some policy reads (or an allocator
+        calibrates on), in order: every row, or the calibration rows and the last ones."""
+        spans = [(0, self.T0)] if self.everything else [(0, self.calib_n), (self.first, self.T0)]
+        if not self.everything and self.calib_n >= self.first:
+            spans = [(0, self.T0)]
+        return [(a, min(b, a + self.chunk)) for lo, b in spans for a in range(lo, b, self.chunk)]
+
+    def layer_read(self, layer: int) -> None:
+        """Every row of `layer` has been fed (the attention function says so): `on_layer`, if set."""
+        if self.on_layer is not None:
+            self.on_layer(layer)
 
     def wants(self, a: int, b: int) -> bool:
         """Whether any policy reads prompt rows a..b-1 (or an allocator calibrates on them)."""
@@ -121,10 +137,14 @@ def prompt_state(torch, T0: int, configs, policies, L: int, Hk: int, G: int, chu
     return st
 
 
-def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk: int, device):
+def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk: int, device,
+                by_layer: bool = False):
     """A prompt read in one pass with the full cache (batch 1), its rows fed to the policies a
     block at a time (PromptFeed), then each policy's one-shot eviction. Returns (the cache,
-    the last position's logits (1, V), the feed)."""
+    the last position's logits (1, V), the feed). `by_layer` (freed eviction, where
+    `evicts_by_layer`): each layer evicts as its rows are read and its cache is gathered
+    then (`LayerEviction`, left in `feed.on_layer`: the cache's layers hold only the kept
+    positions, by index; `feed.on_layer.state` builds the freed lane)."""
     from transformers import DynamicCache
 
     from kvviz.model.models import attention_shape
@@ -134,6 +154,8 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
     T0 = int(ids_t.shape[0])
     st = prompt_state(torch, T0, configs, policies, L, Hk, G, chunk, device)
     cache = DynamicCache()
+    if by_layer:
+        LayerEviction(torch, cache, st.feed, configs, policies, evicted_at)
     use(mdl, st)
     try:
         with torch.no_grad():
@@ -143,5 +165,85 @@ def read_prompt(mdl, torch, ids_t, configs, policies, evicted_at, G: int, chunk:
             del out
     finally:
         use(mdl, None)
-    st.feed.evict(configs, policies, evicted_at)
+    if not by_layer:
+        st.feed.evict(configs, policies, evicted_at)
     return cache, logits, st.feed
+
+
+def evicts_by_layer(policies) -> bool:
+    """Whether a prompt's one-shot eviction can run layer by layer, as each layer's rows are
+    read, and free the rest of the layer's cache then: one configuration, one independent
+    policy per stream (groups.PolicyLayers). The full cache keeps every position; an
+    allocator decides from a layer's heads together and may plan across layers; several
+    configurations share the prompt's cache: with any of these, eviction waits for the
+    whole prompt."""
+    return len(policies) == 1 and type(policies[0]) is PolicyLayers
+
+
+class LayerEviction:
+    """A prompt read in one pass with freed eviction (where `evicts_by_layer`), each layer
+    evicted as soon as its rows are read (`PromptFeed.on_layer`): the configuration's
+    streams of the layer take their one-shot prompt eviction (kvviz.core.harness.prefill,
+    exactly what PolicyLayers.prefill does for that layer, victims logged at step T0 - 1:
+    the same victims, as each stream's policy is its own object), and the layer's cache is
+    gathered at once to the kept positions, `width` = min(budget, T0) entries per KV head
+    (a stream holding fewer is padded, never read), so that the full keys and values of at
+    most one layer are alive beside the kept ones. `state` then gives the freed State and
+    slot layers by `kvviz.model.loop.cache.gathered`'s own rule, as from the full cache."""
+
+    def __init__(self, torch, cache, feed: PromptFeed, configs, policies, evicted_at):
+        if not evicts_by_layer(policies):
+            raise ValueError("LayerEviction takes one configuration with one policy per stream")
+        self.torch, self.cache, self.feed = torch, cache, feed
+        self.cfg, self.group, self.evicted_at = configs[0], policies[0], evicted_at
+        self.width = min(self.group.budget, feed.T0)
+        self.kept = {}  # layer -> (Hk, width) int64: the positions kept, in order (-1: padding)
+        feed.on_layer = self
+
+    def __call__(self, layer: int) -> None:
+        torch, feed, T0, G = self.torch, self.feed, self.feed.T0, self.feed.G
+        for g, p in enumerate(self.group.policies[layer]):
+            s = layer * G + g
+            try:
+                victims = harness.prefill(p, feed.rows_of(s), T0, self.group.budget, feed.key_norms(s),
+                                          feed.value_norms(s))
+            except BudgetError as exc:
+                raise BudgetError(f"{self.cfg.label}, layer {layer}: {exc}") from None
+            self.evicted_at[0, layer, g, victims] = T0 - 1
+        lay = self.cache.layers[layer]
+        _, Hk, _, D = lay.keys.shape
+        held = self.evicted_at[0, layer, :, :T0] == NEVER  # (G, T0)
+        if G == 1:
+            held = np.repeat(held, Hk, axis=0)
+        pos = np.full((Hk, self.width), -1, np.int64)
+        for h in range(Hk):
+            kept = np.flatnonzero(held[h])
+            if len(kept) > self.width:
+                raise ValueError(f"{self.cfg.label}, layer {layer}: a stream kept {len(kept)} positions, "
+                                 f"more than its budget of {self.width}")
+            pos[h, : len(kept)] = kept
+        index = torch.as_tensor(np.maximum(pos, 0), device=lay.keys.device)[None, :, :, None].expand(
+            1, Hk, self.width, D)
+        with torch.no_grad():
+            lay.keys = lay.keys[:1].gather(2, index)
+            lay.values = lay.values[:1].gather(2, index)
+        self.kept[layer] = pos
+
+    def state(self, budget, T: int, device, limit: int | None = None):
+        """(State, [(keys, values) per layer]) of the freed cache from the layers gathered
+        during the pass: `kvviz.model.loop.cache.gathered` (`budget` as it takes it) over
+        them, its slots' entries then read as the positions they hold."""
+        from types import SimpleNamespace
+
+        L, G = self.evicted_at.shape[1:3]
+        if len(self.kept) != L:
+            raise ValueError(f"the prompt's eviction reached {len(self.kept)} of {L} layers")
+        held = np.zeros((1, L, G, self.width), bool)  # by entry of each gathered layer
+        for layer, pos in self.kept.items():
+            held[0, layer] = (pos >= 0)[:1] if G == 1 else pos >= 0
+        st, layers = gathered(self.torch, SimpleNamespace(layers=self.cache.layers), held, budget, T, device, limit)
+        for layer, pos in self.kept.items():
+            entry = st.slot_pos[0, layer]  # (Hk, S): an entry of the gathered layer, or < 0 (none)
+            real = np.take_along_axis(pos, np.maximum(entry, 0), axis=-1)
+            st.slot_pos[0, layer] = np.where(entry >= 0, real, entry)
+        return st, layers

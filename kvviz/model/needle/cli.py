@@ -59,6 +59,9 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1,
                    help="prompts read together in one batch (of one prompt mode and granularity; each run's "
                         "tokens and evictions are what it gets alone); default 1")
+    p.add_argument("--no-full-cache", action="store_true",
+                   help="leave out the full-cache row: one forward per configuration, no full-cache gate or "
+                        "agreement (the default runs it beside every configuration)")
     p.add_argument("--haystack", help="UTF-8 text file for the haystack (default: the pass-key filler)")
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
@@ -110,6 +113,8 @@ def run(args) -> int:
 
         thread_count(args.threads)  # a bad --threads or $KVVIZ_THREADS refused before anything loads
         grid = grid_from(args)
+        if args.no_full_cache and all(c.is_full for c in grid.configs):
+            raise ValueError("--no-full-cache leaves the full cache out: give a policy other than full")
         haystack = read_haystack(args.haystack)
         from kvviz.model.models import resolve
 
@@ -138,7 +143,7 @@ def run(args) -> int:
         df = run_grid(grid, args.out, model=args.model, haystack=haystack,
                       haystack_name=Path(args.haystack).name if args.haystack else None,
                       progress=not args.quiet, device=args.device, dtype=args.dtype, eviction=args.eviction,
-                      prefill_chunk=args.prefill_chunk, batch=args.batch)
+                      prefill_chunk=args.prefill_chunk, batch=args.batch, full_cache=not args.no_full_cache)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -148,8 +153,12 @@ def run(args) -> int:
     mine = df[df["id"].isin([s.id for s in grid.prompts()])]
     print(f"eviction: {args.eviction}")
     print(summary(mine))
-    print(gate_note(mine))
-    print(f"{len(grid.prompts())} prompts x {len(grid.configs)} configs in {time.perf_counter() - start:.0f} s "
+    if args.no_full_cache:
+        print("full cache: left out (--no-full-cache): no gate on its accuracy, no agreement with it")
+    else:
+        print(gate_note(mine))
+    n = sum(not (c.is_full and args.no_full_cache) for c in grid.configs)
+    print(f"{len(grid.prompts())} prompts x {n} configs in {time.perf_counter() - start:.0f} s "
           f"-> {Path(args.out) / 'results.csv'} and results.json")
     return 0
 

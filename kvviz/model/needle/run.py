@@ -52,36 +52,38 @@ def haystack_info(text: str | None, name: str | None = None) -> dict:
 def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: str,
                prompt_mode: str, granularity: str, seed: int = 0, haystack: dict | None = None,
                progress=None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK,
-               task: Task | None = None) -> dict:
+               task: Task | None = None, full_cache: bool = True) -> dict:
     """One prompt, every config in one kvviz.model.loop.generate batch: the run as
     results.load_run returns it (not written). The grid and the app's own-passage form both
     run through here, so a run from either is read the same way. `haystack`: the
     haystack_info to record (the filler's when None). `eviction`, `prefill_chunk`: as for
     kvviz.model.loop.generate; the run records the mode and the memory each held. `task`:
     the Task the prompt was built for (its option is recorded; the pass key when None),
-    each answer scored by its check (kvviz.model.needle.tasks.score)."""
+    each answer scored by its check (kvviz.model.needle.tasks.score). `full_cache` False:
+    no full-cache row (configs without `full`; the run's `full_cache` says so, agreement None)."""
     from kvviz.model.loop import generate
 
     gen = generate(list(p.ids), configs, max_new_tokens, granularity=granularity,
                    prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress, eviction=eviction,
-                   prefill_chunk=prefill_chunk)
+                   prefill_chunk=prefill_chunk, full_cache=full_cache)
     return record(pair, p, gen, run_id=run_id, prompt_mode=prompt_mode, granularity=granularity, seed=seed,
                   max_new_tokens=max_new_tokens, haystack=haystack, task=task)
 
 
 def run_prompts(pair, items, configs, max_new_tokens: int, *, prompt_mode: str, granularity: str,
                 haystack: dict | None = None, progress=None, eviction: str = "masked",
-                prefill_chunk: int = PREFILL_CHUNK, task: Task | None = None) -> list[dict]:
+                prefill_chunk: int = PREFILL_CHUNK, task: Task | None = None,
+                full_cache: bool = True) -> list[dict]:
     """Several prompts (`items`: (run_id, NeedlePrompt, seed) each) read together, every
     prompt x config one row of a kvviz.model.loop.generate_batch batch: each run what
     run_prompt gives it alone (the same tokens and eviction logs), as results.load_run
-    returns it (not written)."""
+    returns it (not written). `full_cache` as for run_prompt."""
     from kvviz.model.loop import generate_batch
 
     items = list(items)
     gens = generate_batch([list(p.ids) for _, p, _ in items], configs, max_new_tokens, granularity=granularity,
                           prompt_mode=prompt_mode, model=pair, seed=[s for _, _, s in items], progress=progress,
-                          eviction=eviction, prefill_chunk=prefill_chunk)
+                          eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)
     return [record(pair, p, gen, run_id=id_, prompt_mode=prompt_mode, granularity=granularity, seed=s,
                    max_new_tokens=max_new_tokens, haystack=haystack, task=task)
             for (id_, p, s), gen in zip(items, gens)]
@@ -109,7 +111,8 @@ def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granula
             "model": model_provenance(mdl), "kvviz_version": version(),
             "configs": [{**c.record(), "label": c.label} for c in gen.configs],
             "answers": answers, "correct": [score({"key": p.key, **fields}, a).correct for a in answers],
-            "agreement": [float(x) for x in gen.agreement],
+            "agreement": [None if x is None else float(x) for x in gen.agreement],
+            "full_cache": bool(gen.meta.get("full_cache", True)),
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
             **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
             "memory_by_config": gen.meta.get("memory_by_config"),
@@ -121,12 +124,14 @@ def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granula
 
 def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
             haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
-    """One prompt of the grid, every config: the run as results.load_run returns it (not written)."""
+    """One prompt of the grid, every config: the run as results.load_run returns it (not written).
+    A grid whose configs hold no `full` row (run_grid's full_cache=False) runs without it."""
     p = build_task(pair[0], grid.task, spec.length, spec.depth, spec.seed, haystack)
     return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
                       prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
                       haystack=haystack_info(haystack, haystack_name), eviction=eviction,
-                      prefill_chunk=prefill_chunk, task=grid.task)
+                      prefill_chunk=prefill_chunk, task=grid.task,
+                      full_cache=any(c.is_full for c in grid.configs))
 
 
 def compute_batch(specs, grid: Grid, pair, haystack: str | None = None, haystack_name: str | None = None,
@@ -139,7 +144,8 @@ def compute_batch(specs, grid: Grid, pair, haystack: str | None = None, haystack
     built = [(s.id, build_task(pair[0], grid.task, s.length, s.depth, s.seed, haystack), s.seed) for s in specs]
     return run_prompts(pair, built, grid.configs, grid.max_new_tokens, prompt_mode=specs[0].prompt_mode,
                        granularity=specs[0].granularity, haystack=haystack_info(haystack, haystack_name),
-                       eviction=eviction, prefill_chunk=prefill_chunk, task=grid.task)
+                       eviction=eviction, prefill_chunk=prefill_chunk, task=grid.task,
+                       full_cache=any(c.is_full for c in grid.configs))
 
 
 def batches(specs, size: int) -> list[list]:
@@ -180,15 +186,23 @@ def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, 
 
 def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
              progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
-             prefill_chunk: int = PREFILL_CHUNK, batch: int = 1):
+             prefill_chunk: int = PREFILL_CHUNK, batch: int = 1, full_cache: bool = True):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
     `batch`: prompts read together in one engine batch (of one prompt mode and
-    granularity; each run's tokens and eviction logs are what it gets alone). Returns the
-    table of every run in `out`."""
+    granularity; each run's tokens and eviction logs are what it gets alone). `full_cache`
+    False leaves the full-cache row out of every run (a run with it and one without have
+    different configs: neither resumes the other). Returns the table of every run in `out`."""
+    import copy
+
     from kvviz.model.models import load_model
 
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"--batch must be an integer >= 1, got {batch!r}")
+    if not full_cache:
+        grid = copy.copy(grid)
+        grid.configs = [c for c in grid.configs if not c.is_full]
+        if not grid.configs:
+            raise ValueError("full_cache=False leaves the full cache out: give a policy other than full")
 
     prompts = grid.prompts()
     name = model_name(model)

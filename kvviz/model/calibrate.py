@@ -1,0 +1,122 @@
+"""`kvviz calibrate headkv --out FILE`: a head-score table for the `headkv` allocator, from
+pass-key prompts kvviz builds (kvviz.model.needle.prompt).
+
+HeadKV (Fu et al. 2024, arXiv:2410.19258, Section 3.1) scores each head by how it attends
+to the needle while the model retrieves and reasons about it. kvviz's score is that
+attention's mass: for each prompt, the model reads the prompt followed by the pass key's
+answer tokens (teacher-forced, one forward pass, eager attention); at every query that
+predicts an answer token, each query head's attention on the key's tokens (both mentions in
+the needle's sentence) is summed, and a KV head's score is the mean over its query heads,
+those queries and the prompts. (The paper counts, per generated token, whether the head's
+top-attended positions fall in the needle; the mass is its soft version, with no top-k to
+choose.) The table is {"model", "score", "prompts", "length", "layers": {"<layer>":
+[score per KV head]}}, which `headkv:scores=FILE` reads.
+
+    kvviz calibrate headkv --out heads.json --prompts 4 --length 256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kvviz.core.cli import one_line_error
+
+SCORE = ("per KV head, the mean over its query heads, the answer's queries and the prompts of the "
+         "attention mass on the pass key's tokens while the model copies the key (teacher-forced); "
+         "written by `kvviz calibrate headkv`")
+
+
+def parser(sub=None) -> argparse.ArgumentParser:
+    """`kvviz calibrate`'s options: its own parser, or (given `sub`) its node in kvviz's tree."""
+    kw = dict(prog="python -m kvviz calibrate",
+              description="Calibration files for the allocators that read one: `headkv` (head scores "
+                          "from pass-key prompts).")
+    p = (sub.add_parser("calibrate", help="a calibration file for an allocator (headkv's head scores)", **kw)
+         if sub is not None else argparse.ArgumentParser(**kw))
+    p.error = one_line_error
+    p.add_argument("method", choices=("headkv",), help="the allocator to calibrate")
+    p.add_argument("--out", required=True, help="the JSON table to write")
+    p.add_argument("--model", help="a local Hugging Face model folder or .gguf file (default: the bundled "
+                                   "SmolLM2-135M-Instruct)")
+    p.add_argument("--prompts", type=int, default=4, help="pass-key prompts (seeds 0..N-1, depths spread "
+                                                          "from 10 to 90 percent)")
+    p.add_argument("--length", type=int, default=256, help="tokens per prompt")
+    p.set_defaults(func=run, parser=p)
+    return p
+
+
+def check(prompts: int, length: int) -> None:
+    """ValueError naming the option and its rule."""
+    if isinstance(prompts, bool) or int(prompts) != prompts or prompts < 1:
+        raise ValueError(f"--prompts must be a positive integer, got {prompts!r}")
+    if isinstance(length, bool) or int(length) != length or length < 1:
+        raise ValueError(f"--length must be a positive integer, got {length!r}")
+
+
+def depths(prompts: int) -> list[float]:
+    """Where each prompt's key sits: evenly from 10 to 90 percent (50 for one prompt)."""
+    if prompts == 1:
+        return [50.0]
+    return [10.0 + 80.0 * i / (prompts - 1) for i in range(prompts)]
+
+
+def head_scores(tok, model, prompts: int = 4, length: int = 256) -> list[list[float]]:
+    """[layer][kv head] scores (see the module docstring), float64 means rounded to 6 digits."""
+    import numpy as np
+    import torch
+
+    from kvviz.model.models import attention_shape
+    from kvviz.model.needle.prompt import build
+
+    check(prompts, length)
+    shape = attention_shape(model)
+    group = shape.heads // shape.kv_heads
+    total = np.zeros((shape.layers, shape.kv_heads), np.float64)
+    device = next(model.parameters()).device
+    for seed, depth in enumerate(depths(prompts)):
+        prompt = build(tok, length, depth, seed)
+        answer = tok.encode(" " + prompt.key, add_special_tokens=False)
+        ids = torch.tensor([list(prompt.ids) + list(answer)], device=device)
+        with torch.no_grad():
+            out = model(ids, output_attentions=True, use_cache=False)
+        queries = [len(prompt.ids) - 1 + j for j in range(len(answer))]
+        keys = list(prompt.key_positions)
+        for layer, attn in enumerate(out.attentions):  # (1, heads, T, T)
+            mass = attn[0][:, queries][:, :, keys].sum(dim=-1).double().mean(dim=-1)  # (heads,)
+            total[layer] += mass.reshape(shape.kv_heads, group).mean(dim=-1).cpu().numpy()
+    return [[round(float(s), 6) for s in row] for row in total / prompts]
+
+
+def write_table(path, scores: list, model_name: str, prompts: int, length: int) -> Path:
+    """The table file `headkv:scores=` reads."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"model": model_name, "score": SCORE, "prompts": prompts, "length": length,
+           "layers": {str(layer): row for layer, row in enumerate(scores)}}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def run(args) -> int:
+    from kvviz.model.capture import require_stack
+    from kvviz.model.models import load_model
+
+    try:
+        check(args.prompts, args.length)
+        require_stack("kvviz calibrate", args.model)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=__import__("sys").stderr)
+        return 2
+    tok, model = load_model(args.model, command="calibrate")
+    scores = head_scores(tok, model, args.prompts, args.length)
+    name = Path(str(args.model)).name if args.model else "SmolLM2-135M-Instruct"
+    path = write_table(args.out, scores, name, args.prompts, args.length)
+    print(f"wrote {path}: {len(scores)} layers x {len(scores[0])} KV heads, from {args.prompts} "
+          f"pass-key prompts of {args.length} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    args = parser().parse_args()
+    raise SystemExit(args.func(args))
