@@ -7,6 +7,9 @@ the page's run (kvviz.app.ui.page.run: the sidebar, the navigation, the selected
 one finishing step). The work lives in kvviz.app.ui (state, cached compute, controls) and
 kvviz.app.figures (pure figure builders).
 """
+from html import escape
+from urllib.parse import urlsplit
+
 import streamlit as st
 
 from kvviz.app.ui import layout
@@ -16,6 +19,26 @@ st.set_page_config(page_title="kvviz: KV-cache eviction explorer", page_icon="ðŸ
 
 # The page's style and title in one element (each element costs every run a message).
 st.markdown(f"<style>{layout.CSS}</style>\n\n#### {layout.TITLE}", unsafe_allow_html=True)
+
+
+def not_found() -> str | None:
+    """The path asked for when it is not the app's: `kvviz app` redirects an unknown path to
+    `/?notfound=PATH` (kvviz.app.launch.not_found_redirects); under plain `streamlit run` a
+    one-segment path (`/nope`) still opens this page, and its URL says so."""
+    asked = st.query_params.get("notfound")
+    if asked:
+        return asked
+    base = "/" + (st.get_option("server.baseUrlPath") or "").strip("/")
+    path = urlsplit(st.context.url or "").path or "/"
+    return None if path.rstrip("/") in ("", base.rstrip("/")) else path
+
+
+missing = not_found()
+if missing:
+    st.markdown(f'<div class="kv-not-found"><b>Page not found.</b> kvviz has no page at '
+                f'<code>{escape(missing[:200])}</code>. <a href="./" target="_self">Open the '
+                f'explorer\u2019s home page</a>.</div>', unsafe_allow_html=True)
+    st.stop()
 notices = st.container()   # notes about the link
 top = st.container()       # step navigation, status line
 main = st.empty()          # the selected view

@@ -146,7 +146,8 @@ def test_generate_cli_without_the_full_row_says_so(smollm, tmp_path, capsys):
     gen = load_generation(out)
     assert gen.labels == ["tova@12"] and gen.meta["full_cache"] is False and gen.agreement == [None]
     assert "full cache: left out (--no-full-cache): no agreement or departure to measure" in printed
-    row = next(line for line in printed if line.startswith("tova"))
+    header = next(i for i, line in enumerate(printed) if line.startswith("config") and "agree" in line)
+    row = next(line for line in printed[header:] if line.startswith("tova"))  # the side-by-side table's
     assert row.split()[3:5] == ["-", "-"], row  # "tova @ 12", then agreement and departure: none to measure
     assert not any(line.startswith("full cache ") for line in printed)
 

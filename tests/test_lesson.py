@@ -481,6 +481,72 @@ def test_evidence_is_the_policys_own_scores(tmp_path):
     assert ev.score / ev.runner_score == pytest.approx(score / rscore)
 
 
+def _tied_by_hand(panel, victim) -> bool:
+    """Whether `victim` scores exactly as a candidate the policy keeps at the panel's step, by
+    the policy's ranking key read straight from its scores."""
+    from kvviz.core.policies import rank_of
+
+    vals = np.asarray(panel["scores"][rank_of(panel["policy"]).key], np.float64)
+    kept = np.asarray(panel["kept"])
+    cand = np.asarray(panel["scores"].get("candidate", np.ones(len(kept), bool)), bool)
+    stays = cand & ~np.isin(kept, panel["victims"])
+    return bool((vals[stays] == vals[kept == victim][0]).any())
+
+
+PROSE = ('trace = "file:prose.npz"\nlayer = 0\nbudget = 128\na = "tova"\nb = "snapkv"\n'
+         'step = {step}\nview = "cache"\n')
+
+
+def test_a_scene_opening_on_a_tie_break_is_refused(tmp_path):
+    """The prose trace at step 130: SnapKV evicts position 2 there, scored exactly as a slot it
+    keeps, so the page opens on an eviction the tie-break decided (both questions asked from
+    there are clear, so only the opening is at fault)."""
+    les = L.load(write(tmp_path, [(1, "Say.", PROSE.format(step=130))]))
+    facts = L.Facts(les.scene(1))
+    panel = facts.panel("b", 130)
+    assert list(panel["victims"]) == [2] and _tied_by_hand(panel, 2)
+    for w in "ab":
+        assert L.question_evidence(facts, w).margin >= L.CLEAR
+    with pytest.raises(ValueError, match=r"^t\.toml: scene 1: the first eviction the page shows "
+                       r"is a tie: B \(snapkv\) evicts position 2 at step 130 with "
+                       r"pooled window sum .*; its score did not choose it"):
+        L.check_evidence(les)
+    # the shipped scene's step on the same trace opens on evictions their scores decided
+    good = L.load(write(tmp_path, [(1, "Say.", PROSE.format(step=158))], name="g.toml"))
+    L.check_evidence(good)
+    for w in "ab":
+        step, ties = L.opening_eviction(L.Facts(good.scene(1)), w)
+        assert step == 158 and ties == []
+        panel = L.Facts(good.scene(1)).panel(w, 158)
+        assert not any(_tied_by_hand(panel, v) for v in panel["victims"])
+
+
+def test_a_scene_before_its_first_eviction_is_read_at_that_eviction(tmp_path):
+    """Opened at step 3 of the toy trace (budget 4: nothing evicted yet), a page's first
+    eviction is each policy's first: step 4, the first step with more tokens than slots."""
+    les = L.load(write(tmp_path, [(1, "Say.", toy(3))]))
+    for w in "ab":
+        step, ties = L.opening_eviction(L.Facts(les.scene(1)), w)
+        assert step == 4 and ties == []
+
+
+def test_the_default_page_opens_on_a_tie_break():
+    """The known exception: a link with no keys opens the canonical trace at budget 512 on
+    TOVA and SnapKV, whose first evictions (step 512, the first step with more tokens than
+    slots) both went to the tie-break; the check says so for the default page."""
+    page = L.default_page()
+    assert (page.state.trace, page.state.budget, page.state.a, page.state.b) == (
+        "canonical", 512, "tova", "snapkv")
+    facts = L.Facts(page)
+    for w in "ab":
+        step, ties = L.opening_eviction(facts, w)
+        panel = facts.panel(w, step)
+        assert step == 512 and ties and all(_tied_by_hand(panel, t.position) for t in ties)
+    with pytest.raises(ValueError, match=r"the default page: the first eviction the page shows "
+                       r"is a tie: A \(tova\) evicts position \d+ at step 512"):
+        L.check_opening(Path("default"), "the default page", facts)
+
+
 def test_the_shipped_lessons_questions_are_clear():
     for name in L.names():
         L.check_evidence(L.load(name))

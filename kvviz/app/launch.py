@@ -58,6 +58,53 @@ checkout (a trace captured there shows up even with an installed kvviz); else th
 kvviz ships. The page is always this kvviz's own."""
 
 
+# the query key an unknown path is redirected with (`/nope/deeper` -> `/?notfound=/nope/deeper`);
+# the page answers it with its not-found message (kvviz.app.ui.notfound)
+NOT_FOUND_KEY = "notfound"
+
+
+def not_found_redirects() -> None:
+    """Make the server about to start send an unknown path to the page's not-found message.
+
+    Streamlit answers any path it has no file for with its index page, whose scripts load by
+    relative address: under `/nope/deeper` they resolve to `/nope/static/...`, which is the
+    index page again, so the browser runs nothing and shows a blank page. Here that fallback
+    becomes a redirect to the app's root with the path in NOT_FOUND_KEY (GET and HEAD; the
+    index page itself, real files and Streamlit's own routes are unchanged)."""
+    from urllib.parse import quote
+
+    from starlette.responses import FileResponse, RedirectResponse
+    from streamlit.web.server.starlette import starlette_static_routes as routes
+
+    make = routes.create_streamlit_static_handler
+    if getattr(make, "kvviz_not_found", False):
+        return
+
+    def create(directory, base_url):
+        handler = make(directory, base_url)
+        index = getattr(handler, "_index_path", None)
+        served = handler.get_response
+
+        async def get_response(path, scope):
+            response = await served(path, scope)
+            rel = path.replace("\\", "/").strip("/.")
+            if (index is not None and isinstance(response, FileResponse)
+                    and response.path == index and rel not in ("", "index.html")
+                    and scope.get("method") in ("GET", "HEAD")):
+                root = scope.get("root_path", "") + "/" + (base_url or "").strip("/")
+                asked = scope.get("path", "/" + rel)
+                return RedirectResponse(
+                    f"{root.rstrip('/')}/?{NOT_FOUND_KEY}={quote(asked, safe='/')}",
+                    status_code=302, headers={"Cache-Control": "no-cache"})
+            return response
+
+        handler.get_response = get_response
+        return handler
+
+    create.kvviz_not_found = True
+    routes.create_streamlit_static_handler = create
+
+
 def _flag(extra: list[str], name: str) -> str | None:
     """The value of --name=V or --name V among `extra`, the last one given."""
     value = None
@@ -188,6 +235,8 @@ def run(args) -> int:
         except Exception as exc:  # serve anyway: the page shows its own errors
             print(f"kvviz: warming failed ({exc}); starting cold", file=sys.stderr, flush=True)
     from streamlit.web import cli  # the server runs in this process: one pid to stop
+
+    not_found_redirects()
 
     # Warming parsed the config files once; the flags below change [server], which Streamlit
     # reports as needing a restart. The server has not started, so the flags do apply.

@@ -69,6 +69,11 @@ KNOWN_KEYS = {*PAGE_QUERY_KEYS, *(k for cls in SLICES for k in cls.url_keys())}
 OWNER = {name: cls for cls in SLICES for name in cls.names()}
 
 
+def default_budget(steps: int) -> int:
+    """The budget a trace of `steps` steps opens at when no link sets one."""
+    return 512 if steps > 512 else max(1, steps // 4)
+
+
 @dataclass(init=False)
 class ViewState:
     """The page's state: the page-wide fields here, each view's own in its slice (`views`,
@@ -77,7 +82,7 @@ class ViewState:
 
     trace: str = "canonical"
     layer: int = 0
-    budget: int | None = None  # None: the trace's default (kvviz.app.ui.sidebar.default_budget)
+    budget: int | None = None  # None: the trace's default (default_budget below)
     a: str = "tova"
     b: str = "snapkv"
     pa: dict = field(default_factory=dict)  # parameter *name* -> value (only non-defaults needed)

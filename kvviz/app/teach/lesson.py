@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import string
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvviz.app.state import VIEWS, ViewState, from_query
@@ -374,10 +374,78 @@ def question_evidence(facts, which: str) -> Evidence | None:
                     score_name=score_name(r.label, r.key, panel.get("params")) or "score")
 
 
+# the views that replay a trace step by step (the others show a model run)
+STEP_VIEWS = ASK_VIEWS
+
+
+def opening_eviction(facts, which: str) -> tuple[int, list]:
+    """The first eviction a page opens on, side `which`: (its step, the victims a tie decided
+    there, kvviz.app.explain.tie_facts). The step is the page's own (the state's step, else,
+    as the page chooses, the first step the two policies differ); when the policy evicts
+    nothing there, its next eviction. (-1, []) when it evicts nothing from there on."""
+    from kvviz.app.explain import tie_facts
+    from kvviz.app.figures.states import divergence_steps
+    from kvviz.app.teach.question import asked_at
+
+    step = facts.vs.step
+    if step is None:
+        div = divergence_steps(facts.engine("a").evicted_at, facts.engine("b").evicted_at)
+        step = int(div[0]) if len(div) else 0
+    else:
+        step = facts.step
+    if not len(facts.engine(which).victims(step)):
+        q = asked_at(facts.engine(which).evicted_at, step)
+        if q is None:
+            return -1, []
+        step = q.answer_step
+    return step, tie_facts(which.upper(), facts.panel(which, step))
+
+
+def default_page() -> Scene:
+    """The page a link without keys opens (kvviz.app.state's defaults, the trace's default
+    budget), as a scene, to read with Facts and opening_eviction."""
+    return with_budget(Scene(number=0, title="the default page", minutes=0.0, query={},
+                             note="", state=ViewState()))
+
+
+def with_budget(scene: Scene) -> Scene:
+    """`scene` itself, or, when its state sets no budget, a copy at its trace's default
+    budget (as the page opens it)."""
+    import copy
+
+    from kvviz.app.state import default_budget
+
+    if scene.state.budget is not None:
+        return scene
+    vs = copy.deepcopy(scene.state)
+    vs.budget = default_budget(scene_trace(vs, "layer" in scene.query).steps)
+    return replace(scene, state=vs)
+
+
+def check_opening(path: Path, where: str, facts) -> None:
+    """A ValueError when the first eviction the page opens on is decided by a tie-break (for
+    either side), not by the policy's score: the first thing a class sees must show the
+    score at work."""
+    for which in ("a", "b"):
+        step, ties = opening_eviction(facts, which)
+        if ties:
+            t = ties[0]
+            score = "no observed weight" if t.score is None else f"{t.score_label} {t.score:.4g}"
+            held = ", ".join(map(str, t.kept[:5])) + (", …" if len(t.kept) > 5 else "")
+            _fail(path, where,
+                  f"the first eviction the page shows is a tie: {which.upper()} "
+                  f"({facts.label(which)}) evicts position {t.position} at step {step} with "
+                  f"{score}, exactly as {len(t.kept)} held position"
+                  f"{'s' if len(t.kept) > 1 else ''} ({held}); its score did not "
+                  "choose it, the tie-break did (choose another step, budget or policy)")
+
+
 def check_evidence(lesson: Lesson) -> None:
     """Every question a scene lets the lecturer ask (A and B, in the views that offer the ask
     buttons) is decided by clear evidence: a ValueError naming the scene, the side, both
-    positions and scores when the answer is tied with, or within CLEAR of, the runner-up."""
+    positions and scores when the answer is tied with, or within CLEAR of, the runner-up.
+    Then every scene that replays a trace opens on a first eviction its score decided
+    (check_opening)."""
     for s in lesson.scenes:
         if s.state.view not in ASK_VIEWS or s.state.step is None:
             continue
@@ -395,3 +463,6 @@ def check_evidence(lesson: Lesson) -> None:
                   f"({e.score_name} {e.score:.4g}), {how} position {e.runner_up} "
                   f"({e.runner_score:.4g}); a question needs its answer at least "
                   f"{100 * CLEAR:g} % below the runner-up (choose another step)")
+    for s in lesson.scenes:
+        if s.state.view in STEP_VIEWS:
+            check_opening(lesson.path, f"scene {s.number}", Facts(with_budget(s)))

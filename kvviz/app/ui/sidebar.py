@@ -5,6 +5,7 @@ import re
 
 import streamlit as st
 
+from kvviz.app.state import default_budget
 from kvviz.app.ui import compute, session
 from kvviz.app.ui.present import sidebar
 from kvviz.app.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
@@ -144,10 +145,6 @@ def _clamp_restore(key, default, lo, hi, label=None, cast=int):
         note(f"{label}={v} is outside {lo}–{hi}; using {min(max(v, lo), hi)}")
     S[key] = min(max(v, lo), hi)
     return S[key]
-
-
-def default_budget(steps: int) -> int:
-    return 512 if steps > 512 else max(1, steps // 4)
 
 
 def _budget_for_trace(steps: int) -> None:

@@ -93,8 +93,9 @@ def memory_line(meta: dict, per_config: bool = False) -> str:
         return line
     names = [r.get("name") or r["label"] for r in rows]
     width = max(len(n) for n in names)
-    out = [line, f"{'per configuration':<{width}}  {'held MiB':>9}  {'full MiB':>9}  {'bookkeeping KiB':>15}"]
-    out += [f"{n:<{width}}  {r['kv_held_bytes'] / MIB:>9.2f}  {r['full_cache_bytes'] / MIB:>9.2f}  "
+    # (indented: a line that starts with a configuration's label is its result row)
+    out = [line, f"  {'per configuration':<{width}}  {'held MiB':>9}  {'full MiB':>9}  {'bookkeeping KiB':>15}"]
+    out += [f"  {n:<{width}}  {r['kv_held_bytes'] / MIB:>9.2f}  {r['full_cache_bytes'] / MIB:>9.2f}  "
             f"{r['policy_bytes'] / KIB:>15.1f}" for n, r in zip(names, rows)]
     return "\n".join(out)
 
