@@ -12,9 +12,10 @@ steps the same policy objects. By default it masks: the cache still holds every 
 value, so this measures what eviction does to the output, not what it saves; with
 `eviction="freed"` the cache's layers are replaced by slots that hold only the kept
 positions (kvviz.model.loop.engine.slot_cache), so the memory is the budget's. Where each
-stream has its own policy (not an allocator) the prompt is evicted layer by layer while
-it is read (engine.LayerEviction: the same victims), so the full keys and values of at
-most one layer are ever alive and the peak stays below the full cache's.
+stream has its own policy (not an allocator) one sequence's prompt is evicted layer by
+layer while it is read (engine.LayerEviction: the same victims), so the full keys and
+values of at most one layer are ever alive and the peak stays below the full cache's (a
+batch of prompts evicts after its pass, each row's slots gathered as alone).
 
 `generate` reads the prompt in one forward pass, so this is kvviz's prompt_mode="prefill":
 the policy observes every prompt row (per layer, or per KV head), evicts once down to its
