@@ -303,10 +303,11 @@ def test_the_long_table_names_each_runs_task_and_option(tasks):
     from kvviz.model.needle.results import layer_table
 
     long = layer_table(tasks)
-    opts = long.groupby("task")[["reminder_every", "distractors", "phrase_words"]].agg(lambda c: sorted(set(c)))
-    assert opts.loc["recall"].tolist() == [[TF.K], [-1], [-1]]
-    assert opts.loc["distractors"].tolist() == [[-1], [2], [-1]]
-    assert opts.loc["phrase"].tolist() == [[-1], [-1], [4]]
+    opts = long.groupby("task")[["reminder_every", "distractors", "phrase_words"]].agg(
+        lambda c: sorted(set(c.dropna())) + ["<NA>"] * bool(c.isna().any()))
+    assert opts.loc["recall"].tolist() == [[TF.K], ["<NA>"], ["<NA>"]]
+    assert opts.loc["distractors"].tolist() == [["<NA>"], [2], ["<NA>"]]
+    assert opts.loc["phrase"].tolist() == [["<NA>"], ["<NA>"], [4]]
     # one row per run x configuration x layer (one head row at layer granularity)
     recall = long[long.task == "recall"]
     assert len(recall) == 6 * (1 + 3 * len(TF.POLICIES)) * TF.LAYERS

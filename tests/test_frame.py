@@ -85,8 +85,9 @@ def hand_loop():
     rows[0, 0, 1] = [1.0, 1.0, 1.0, 2.0, 1.0, 1.0]        # kv1: q1 [1]; q2 [.5, .5]; q3 [.5, .25, .25]
     rows[1] = 9.0  # the evicting row's own attention: never what full_mass reads
     return LoopResult(configs=cfgs, granularity="kv-head", tokens=TOKENS, token_ids=np.arange(T),
-                      nll=np.zeros((2, T - 1)), p_true=np.ones((2, T - 1)), kl_tokens=np.zeros((2, T - 1)),
-                      top1=np.zeros((2, T - 1), np.int64), evicted_at=ev, layers=[5], rows=rows,
+                      nll=np.array([[0.5, 1.0, 1.5], [0.5, 2.0, 4.0]]), p_true=np.ones((2, T - 1)),
+                      kl_tokens=np.array([[0.0, 0.0, 0.0], [0.0, 0.25, 0.75]]),
+                      top1=np.array([[7, 8, 9], [7, 3, 9]]), evicted_at=ev, layers=[5], rows=rows,
                       rows_layers=[5], rows_tokens=T)
 
 
@@ -107,6 +108,33 @@ def test_loop_result_to_frame_uses_the_full_caches_rows():
     assert np.allclose(steps["full_mass"], [1.0, 0.5, 0.5, 0.5, 0.25, 0.25])
     with pytest.raises(ValueError, match=r"layer 4 is not stored; stored layers: \[5\]"):
         hand_loop().to_frame(layers=[4])
+
+
+def test_loop_position_table_carries_each_tokens_outcome():
+    """Position p's row holds the prediction of token p (made at p - 1): its NLL, KL to the
+    full cache and whether the argmax agrees; position 0 has none. Every layer and head row
+    of a config repeats the token's values, and their means are the config's summary."""
+    loop = hand_loop()
+    df = loop.to_frame()
+    assert list(df.columns)[-3:] == ["nll", "kl", "top1_agreement"]
+    assert df["nll"].dtype == "float64" and df["kl"].dtype == "float64" and df["top1_agreement"].dtype == "boolean"
+    tova = df[df["policy"] == "tova"]
+    for head in ("kv0", "kv1"):
+        h = tova[tova["head"] == head]
+        assert math.isnan(h["nll"].iloc[0]) and h["nll"].iloc[1:].tolist() == [0.5, 2.0, 4.0]
+        assert math.isnan(h["kl"].iloc[0]) and h["kl"].iloc[1:].tolist() == [0.0, 0.25, 0.75]
+        assert h["top1_agreement"].isna().tolist() == [True, False, False, False]
+        assert h["top1_agreement"].iloc[1:].tolist() == [True, False, True]  # 7=7, 3!=8, 9=9
+    full = df[df["policy"] == "full"]
+    assert full["top1_agreement"].dropna().all() and (full["kl"].dropna() == 0).all()
+    summary = loop.results[1]
+    one = tova[tova["head"] == "kv0"]
+    assert math.isclose(one["top1_agreement"].astype(float).mean(), summary["top1_agreement"])
+    assert math.isclose(one["kl"].mean(), summary["kl"])
+    assert math.isclose(math.exp(one["nll"].mean()), summary["perplexity"])
+    narrow = loop.to_frame(configs=[1], heads=[1])
+    assert narrow["nll"].iloc[1:].tolist() == [0.5, 2.0, 4.0] and len(narrow) == 4
+    assert "nll" not in loop.to_frame(per="step").columns  # the step table is per query x position
 
 
 def hand_generation():
@@ -165,10 +193,15 @@ def test_needle_run_to_frame_and_the_long_per_layer_table(needle_dir):
     assert tova["held_question"].tolist() == [0.5, 1.0]
     # generation starts after step 5: layer 1's "2" went at step 5, so half is held there too
     assert tova["held_end"].tolist() == [0.5, 0.5]
-    assert tova["first_lost"].tolist() == [3, 5] and (long[long["label"] == "full"]["first_lost"] == -1).all()
-    # the pass key has no task option: -1 in each option's column
+    assert tova["first_lost"].tolist() == [3, 5] and long[long["label"] == "full"]["first_lost"].isna().all()
+    # the pass key has no task option: <NA> in each option's column, never -1
     assert (long["task"] == "passkey").all()
-    assert (long[["reminder_every", "distractors", "phrase_words"]] == -1).all().all()
+    assert long[["reminder_every", "distractors", "phrase_words"]].isna().all().all()
+    # each row carries its config's answer, the check's verdict, and the full cache's on the same prompt
+    assert tova["answer"].tolist() == ["4", "4"] and not tova["correct"].any()
+    assert tova["outcome"].tolist() == ["wrong", "wrong"] and tova["full_cache_correct"].all()
+    full = long[long["label"] == "full"]
+    assert full["answer"].tolist() == ["42", "42"] and full["correct"].all() and full["budget"].isna().all()
     wide = write_tables(needle_dir)  # the same values as results.csv's JSON lists
     row = wide[wide["label"] == "tova@4"].iloc[0]
     import json
@@ -240,3 +273,72 @@ def test_export_replays_a_trace(tmp_path):
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(tmp_path / "t.csv")
     assert (df["layer"] == 14).all() and df["evicted"].notna().sum() == len(df) - 64
+
+
+LOOP_TYPES = {"config": "string", "policy": "string", "budget": "Int64", "layer": "Int64", "head": "string",
+              "position": "int64", "token": "string", "admitted": "int64", "evicted": "Int64",
+              "full_mass": "float64", "lost_mass": "float64", "nll": "float64", "kl": "float64",
+              "top1_agreement": "boolean"}
+NEEDLE_TYPES = {"id": "string", "task": "string", "reminder_every": "Int64", "distractors": "Int64",
+                "phrase_words": "Int64", "length": "Int64", "depth": "float64", "seed": "Int64",
+                "prompt_mode": "string", "granularity": "string", "policy": "string", "label": "string",
+                "budget": "Int64", "layer": "Int64", "head": "string", "held_question": "float64",
+                "held_end": "float64", "first_lost": "Int64", "answer": "string", "correct": "boolean",
+                "outcome": "string", "full_cache_correct": "boolean"}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_the_long_tables_read_back_typed_with_one_kind_of_null(tmp_path, fmt, needle_dir, capsys):
+    """The loop and needle long tables, exported and read with pandas: every column's type as
+    listed, absent values null (never -1), no JSON in a cell; a run without a full-cache row
+    has a null full-cache verdict."""
+    from kvviz.model.needle.results import read_run, save_run
+    from kvviz.studies.export import read
+
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    run = read_run(needle_dir / "runs" / "L6-d50-s0-decode-layer.npz")
+    alone = dict(run["meta"], id="L6-d90-s0-decode-layer", depth=90, configs=run["meta"]["configs"][1:],
+                 answers=["42"], correct=[True], agreement=[None])
+    save_run(needle_dir, alone, run["prompt_ids"], run["tokens"], run["new_ids"][1:], run["evicted_at"][1:])
+    hand_loop().save(tmp_path / "loop.npz")
+    tables = {}
+    for name, src in (("loop", tmp_path / "loop.npz"), ("needle", needle_dir)):
+        out = tmp_path / f"{name}.{fmt}"
+        rc, _, err = export_here(capsys, src, "--format", fmt, "--out", out)
+        assert rc == 0, err
+        if fmt == "csv":
+            cells = pd.read_csv(out, dtype=str, keep_default_na=False).to_numpy().ravel()
+            assert not [c for c in cells if c.startswith(("[", "{")) or c in ("-1", "<NA>", "nan", "NaN")]
+            tables[name] = read(out)
+        else:
+            tables[name] = pd.read_parquet(out)
+    loop, needle = tables["loop"], tables["needle"]
+    assert {c: str(t) for c, t in loop.dtypes.items()} == LOOP_TYPES
+    assert {c: str(t) for c, t in needle.dtypes.items()} == NEEDLE_TYPES
+    # the loop: the full cache has no budget, position 0 no prediction, a held position no eviction
+    assert loop[loop["policy"] == "full"]["budget"].isna().all()
+    assert loop[loop["position"] == 0][["nll", "kl", "top1_agreement"]].isna().all().all()
+    assert loop[loop["position"] > 0][["nll", "kl", "top1_agreement"]].notna().all().all()
+    assert loop["evicted"].isna().sum() == 2 * 2 * 4 - 2
+    # the needle: the first prompt has its full cache, the second none
+    by_id = needle.set_index("id")
+    first, second = by_id.loc["L6-d50-s0-decode-layer"], by_id.loc["L6-d90-s0-decode-layer"]
+    assert first["full_cache_correct"].tolist() == [True] * 4
+    assert second["full_cache_correct"].isna().all() and len(second) == 2 and second["correct"].all()
+    assert needle["first_lost"].isna().sum() == 2 and needle["budget"].isna().sum() == 2
+    assert needle[["reminder_every", "distractors", "phrase_words"]].isna().all().all()
+    assert needle[["answer", "correct", "outcome"]].notna().all().all()
+
+
+def test_a_loop_result_without_the_full_cache_has_null_comparisons():
+    from kvviz.model.loop import LoopResult
+
+    loop = hand_loop()
+    alone = LoopResult(configs=loop.configs[1:], granularity="kv-head", tokens=TOKENS, token_ids=loop.token_ids,
+                       nll=loop.nll[1:], p_true=loop.p_true[1:], kl_tokens=loop.kl_tokens[1:],
+                       top1=loop.top1[1:], evicted_at=loop.evicted_at[1:], layers=[5], rows=loop.rows[1:],
+                       rows_layers=[5], rows_tokens=4)
+    df = alone.to_frame()
+    assert df["nll"].iloc[1:4].tolist() == [0.5, 2.0, 4.0]
+    assert df["kl"].isna().all() and df["top1_agreement"].isna().all() and df["full_mass"].isna().all()

@@ -4,8 +4,12 @@ RESULT is a loop result (.npz of `kvviz loop`), a generation (.json of `kvviz ge
 needle run (DIR/runs/<id>.npz), a needle folder (its per-layer long table,
 kvviz.model.needle.results.layer_table), or a trace with `--policy` and `--budget` (the
 replay's Run). The tables are the results' `to_frame()` (kvviz.core.frame); none needs the
-policies' code except the replay, which runs the policy. Parquet is written through pyarrow
-(the scale extra); the file is written atomically.
+policies' code except the replay, which runs the policy. A loop result's position table
+carries each token's nll, kl and top1_agreement; a needle folder's table each prompt's
+answer, correct, outcome and full_cache_correct. An absent value is one kind of null in
+every table (an empty CSV field, a Parquet null; never -1, never JSON in a cell), and `read`
+gives a CSV back its column types. Parquet is written through pyarrow (the scale extra);
+the file is written atomically.
 """
 from __future__ import annotations
 
@@ -16,6 +20,10 @@ import sys
 from pathlib import Path
 
 FORMATS = ("csv", "parquet")
+# The types of the long tables' columns that a CSV's text does not carry (strings, nullable
+# integers and booleans); a needle folder's table adds kvviz.model.needle.results.LAYER_TYPES.
+TYPES = {"id": "string", "config": "string", "policy": "string", "head": "string", "token": "string",
+         "label": "string", "budget": "Int64", "layer": "Int64", "evicted": "Int64", "top1_agreement": "boolean"}
 
 
 def parser(sub=None) -> argparse.ArgumentParser:
@@ -134,11 +142,12 @@ def read(path):
     if path.suffix == ".parquet":
         _need_pyarrow()
         return pd.read_parquet(path, engine="pyarrow")
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    types = {"config": "string", "policy": "string", "head": "string", "token": "string", "label": "string",
-             "budget": "Int64", "layer": "Int64", "evicted": "Int64"}
-    df = df.astype({k: v for k, v in types.items() if k in df.columns})
-    return df
+    from kvviz.model.needle.results import LAYER_TYPES
+
+    types = {**TYPES, **LAYER_TYPES}
+    head = pd.read_csv(path, nrows=0).columns
+    return pd.read_csv(path, keep_default_na=False, na_values=[""],
+                       dtype={k: v for k, v in types.items() if k in head})
 
 
 def run(args) -> int:

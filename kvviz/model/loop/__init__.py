@@ -17,6 +17,9 @@ one batch row; prompt read token by token, "decode", or in one pass, "prefill"):
     gen = generate("The pass key is 60494. ...", cfgs, 16, prompt_mode="prefill")
     gen.texts; gen.departure; gen.held(1, gen.prompt_len - 1); gen.save("g.json")
 
+`generate_batch` runs several prompts of different lengths in one batch (each prompt x
+config one row with its own eviction state) and gives each the Generation it gets alone.
+
 torch is imported lazily (by the engine, kvviz/model/loop/engine.py and the modules it uses,
 and greedy.py), so this module, the result classes and the CLI's input checks work without it.
 """
@@ -27,7 +30,8 @@ from kvviz.model.loop.generation import PROMPT_MODES, Generation, load_generatio
 from kvviz.model.loop.result import LoopResult, load_loop_result
 
 __all__ = ["GRANULARITIES", "PROMPT_MODES", "Generation", "LoopConfig", "LoopResult", "check_configs",
-           "generate", "load_generation", "load_loop_result", "parse_policy", "run_loop"]
+           "generate", "generate_batch", "load_generation", "load_loop_result", "parse_policy", "run_loop",
+           "run_loop_batch"]
 
 
 def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1024,
@@ -60,6 +64,21 @@ def run_loop(text: str, configs, granularity: str = "layer", max_tokens: int = 1
                rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype, eviction=eviction)
 
 
+def run_loop_batch(texts, configs, granularity: str = "layer", max_tokens: int = 1024, progress=None, model=None,
+                   rows_layers=None, rows_tokens=None, seed=0, device: str = "cpu", dtype: str = "float32",
+                   eviction: str = "masked") -> list[LoopResult]:
+    """`run_loop` for several texts (of any lengths) in one batch: every (text, config) pair
+    one row with its own eviction state; one LoopResult per text, in order, with the
+    eviction logs, argmax tokens and recorded rows it gets alone (its losses within float
+    rounding: the batch's shape changes the sums' order). The arguments are run_loop's;
+    `seed` may be one per text."""
+    from kvviz.model.loop.batch import run_batch  # torch lives there
+
+    return run_batch(texts, configs, granularity=granularity, max_tokens=max_tokens, progress=progress, model=model,
+                     rows_layers=rows_layers, rows_tokens=rows_tokens, seed=seed, device=device, dtype=dtype,
+                     eviction=eviction)
+
+
 def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
              progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
              prefill_chunk=PREFILL_CHUNK, full_cache=True) -> Generation:
@@ -88,3 +107,19 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
     return run(prompt, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode,
                model=model, progress=progress, seed=seed, device=device, dtype=dtype,
                stop_at_eos=stop_at_eos, eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)
+
+
+def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", prompt_mode="decode", model=None,
+                   progress=None, seed=0, device="cpu", dtype="float32", stop_at_eos=True, eviction="masked",
+                   prefill_chunk=PREFILL_CHUNK, full_cache=True) -> list[Generation]:
+    """`generate` for several prompts (texts or token-id lists, of any lengths) in one batch:
+    every (prompt, config) pair is one batch row with its own eviction state, and each
+    prompt's Generation holds the tokens and eviction log it gets alone (its log-probabilities
+    within float rounding: the batch's shape changes the sums' order). One Generation per
+    prompt, in order; the arguments are generate's (kvviz.model.loop.batch says how the
+    rows line up)."""
+    from kvviz.model.loop.batch import generate_batch as run  # torch lives there
+
+    return run(prompts, configs, max_new_tokens, granularity=granularity, prompt_mode=prompt_mode, model=model,
+               progress=progress, seed=seed, device=device, dtype=dtype, stop_at_eos=stop_at_eos,
+               eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)

@@ -13,6 +13,8 @@ import threading
 import weakref
 from contextlib import contextmanager
 
+import numpy as np
+
 from kvviz.model.loop.cache import State
 from kvviz.model.loop.config import PREFILL_CHUNK
 
@@ -125,38 +127,53 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, w
     """Several queries at once (a prompt), causal (and within the layer's sliding `window`,
     if it has one): the output as eager attention gives it, with no (q, k) array held.
     From an empty cache with no softcap, window or bias the output is PyTorch's fused
-    attention (`fused_prompt`) and only the rows a PromptFeed wants are computed beside it;
-    otherwise `CHUNK` (or the feed's chunk) queries at a time. When a PromptFeed is armed
-    (a prompt from an empty cache), each block's group-mean rows of batch row 0 go to it
-    while they exist."""
+    attention (`fused_prompt`; a batch of left-padded prompts with its padding masked) and
+    only the rows a PromptFeed wants are computed beside it; otherwise `CHUNK` (or the
+    feed's chunk) queries at a time. When a PromptFeed is armed (a prompt from an empty
+    cache), batch row 0's group-mean rows go to it while they exist; with `State.feeds` (a
+    batch of left-padded prompts) each row's go to its own feed, from its padding on."""
     B, Hq, q, D = query.shape
     k = key.shape[2]
-    feed = None if st is None else st.feed
-    biased = st is not None and not st.freed and st.bias_t is not None
-    if feed is not None:
+    # (batch row, its left padding, its PromptFeed): row 0's feed, or each row's (State.feeds)
+    fed = [] if st is None else (st.feeds or ([] if st.feed is None else [(0, 0, st.feed)]))
+    # a batch's bias is its padding only, which the fused path masks itself
+    biased = st is not None and not st.freed and st.bias_t is not None and not st.feeds
+    if fed:
         if k != q:
             raise ValueError("a prompt is read in one pass from an empty cache")
-        for which, x in (("key", key), ("value", value)):
-            norms = x[0].detach().float().norm(dim=-1)  # (Hk, k)
-            feed.set_norms(which, layer, (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+        for r, pad, feed in fed:
+            for which, x in (("key", key), ("value", value)):
+                norms = x[r, :, pad:].detach().float().norm(dim=-1)  # (Hk, k - pad)
+                feed.set_norms(which, layer,
+                               (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
     if k == q and not softcap and not window and not biased:
-        out = fused_prompt(query, key, value, scaling)
-        if feed is not None:
+        out = fused_prompt(query, key, value, scaling, st.pad[:B] if st is not None and st.feeds else None)
+        for r, pad, feed in fed:  # a padded row's queries and keys start at its padding
             for a, b in feed.blocks():
-                w = _weights(query[:1, :, a:b], key[:1, :, :b], scaling, a)
+                w = _weights(query[r:r + 1, :, pad + a:pad + b], key[r:r + 1, :, pad:pad + b], scaling, a)
                 _feed_rows(feed, st, layer, a, w)
             feed.layer_read(layer)
         return out
-    return _blocked(st, layer, query, key, value, scaling, softcap, window, feed)
+    return _blocked(st, layer, query, key, value, scaling, softcap, window, fed)
 
 
-def fused_prompt(query, key, value, scaling):
+def fused_prompt(query, key, value, scaling, pads=None):
     """A prompt's causal attention from an empty cache by PyTorch's fused kernel (sdpa, each
-    query head reading its group's KV head): (B, q, Hq, D), as the model's own sdpa gives it."""
+    query head reading its group's KV head): (B, q, Hq, D), as the model's own sdpa gives it.
+    `pads` (B,): each row's left padding, whose keys no real query reads (a padding query
+    reads only itself, so that its row stays finite)."""
     import torch
 
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                                           enable_gqa=key.shape[1] != query.shape[1])
+    gqa = key.shape[1] != query.shape[1]
+    if pads is None or not np.any(pads):
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                               enable_gqa=gqa)
+    else:
+        i = torch.arange(query.shape[2], device=query.device)
+        real = i[None, None, :] >= torch.as_tensor(np.asarray(pads), device=query.device)[:, None, None]
+        mask = ((i[None, :] <= i[:, None]) & real) | (i[None, :] == i[:, None])  # (B, q, k)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask[:, None],
+                                                               scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous()
 
 
@@ -175,8 +192,8 @@ def _weights(query, key, scaling, start: int):
 
 
 def _feed_rows(feed, st: State, layer: int, a: int, w) -> None:
-    """Batch row 0's weights (B, Hk, g, m, end) of prompt rows a..a+m-1, group means (and
-    each query head's rows when a policy reads them), to the PromptFeed."""
+    """One batch row's weights (1, Hk, g, m, end) of prompt rows a..a+m-1, group means (and
+    each query head's rows when a policy reads them), to its PromptFeed."""
     _, Hk, g, m, end = w.shape
     w0 = w[0].detach().float()
     rows = w0.mean(dim=(0, 1))[None] if st.G == 1 else w0.mean(dim=1)  # (G, m, end)
@@ -186,16 +203,16 @@ def _feed_rows(feed, st: State, layer: int, a: int, w) -> None:
     feed.add(layer, a, rows.cpu().numpy(), qrows)
 
 
-def _blocked(st: State | None, layer: int, query, key, value, scaling, softcap, window, feed):
+def _blocked(st: State | None, layer: int, query, key, value, scaling, softcap, window, fed):
     """`_prompt` a block of queries at a time: softcapping, a sliding window, a bias, or
-    queries after a cached past."""
+    queries after a cached past; `fed` as `_prompt` reads it ((row, padding, PromptFeed))."""
     import torch
 
     B, Hq, q, D = query.shape
     Hk, k = key.shape[1], key.shape[2]
     g = Hq // Hk
     past = k - q
-    chunk = feed.chunk if feed is not None else PREFILL_CHUNK
+    chunk = fed[0][2].chunk if fed else PREFILL_CHUNK
     out = query.new_empty(B, Hk, g, q, D)
     for a in range(0, q, chunk):
         b = min(q, a + chunk)
@@ -214,9 +231,11 @@ def _blocked(st: State | None, layer: int, query, key, value, scaling, softcap, 
             s = s + st.bias_t[:B, layer, :, None, None, :end]
         w = torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype)
         out[:, :, :, a:b] = torch.matmul(w.view(B, Hk, g * m, end), value[:, :, :end]).view(B, Hk, g, m, D)
-        if feed is not None and feed.wants(a, b):
-            _feed_rows(feed, st, layer, a, w)
-    if feed is not None:
+        for r, pad, feed in fed:  # a padded row's queries and keys start at its padding
+            lo = max(a, pad)
+            if lo < b and feed.wants(lo - pad, b - pad):
+                _feed_rows(feed, st, layer, lo - pad, w[r:r + 1, :, :, lo - a:, pad:])
+    for _, _, feed in fed:
         feed.layer_read(layer)
     return out.view(B, Hq, q, D).transpose(1, 2).contiguous()
 

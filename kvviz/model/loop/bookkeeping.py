@@ -115,10 +115,12 @@ class LaneInputs:
         self.state, self.i, self.G = state, i, state.G
 
     def weights(self, s: int, held) -> np.ndarray:
-        return self.state.cur[self.i, s // self.G, s % self.G][held]
+        pad = self.state.pad[self.i]  # the row's cache index of position 0 (left padding)
+        return self.state.cur[self.i, s // self.G, s % self.G][np.asarray(held) + pad if pad else held]
 
     def gather(self, keys) -> np.ndarray:
-        return self.state.cur[self.i].reshape(-1).take(keys)  # keys = s x T + position
+        pad = self.state.pad[self.i]
+        return self.state.cur[self.i].reshape(-1).take(keys + pad if pad else keys)  # keys = s x T + position
 
     def key_norm(self, s: int):
         return self.state.knorm[self.i, s // self.G, s % self.G]
@@ -136,6 +138,7 @@ def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims,
     if state.freed:
         state.free(i, layer, g, victims)
         return
+    victims = np.asarray(victims) + state.pad[i]  # by cache index
     heads = state.heads(g)
     state.bias[i, layer, heads][:, victims] = -np.inf
     if not state.on_host:
@@ -159,22 +162,24 @@ def mark_victims(state: State, evicted_at, c: int, i: int, victims, t: int) -> N
             _mark(state, evicted_at, c, i, int(streams[a]) // G, int(streams[a]) % G, pos[a:b], t)
         return
     evicted_at[c].reshape(-1, evicted_at.shape[-1])[streams, pos] = t
+    pos = pos + state.pad[i]  # by cache index
     if G == 1:
         state.bias[i][streams, :, pos] = -np.inf
     else:
         state.bias[i].reshape(-1, state.bias.shape[-1])[streams, pos] = -np.inf
 
 
-def bookkeeping(lane: Lane, configs, policies, evicted_at, t: int, active=None) -> None:
+def bookkeeping(lane: Lane, configs, policies, evicted_at, t, active=None) -> None:
     """Each (active) configuration of the lane takes one step of its StreamGroup (each
     stream: the step's weights on its held positions, renormalised, admit t, evict to its
-    budget, kvviz.core.harness); victims are masked (or their slots freed)."""
+    budget, kvviz.core.harness); victims are masked (or their slots freed). `t`: the step,
+    or one per configuration (C,) when the rows are at different positions."""
     state = lane.state
     for i, c in enumerate(lane.index):
         if active is not None and not active[c]:
             continue
         try:
-            victims = policies[c].step(t, LaneInputs(state, i))
+            victims = policies[c].step(int(t if np.ndim(t) == 0 else t[c]), LaneInputs(state, i))
         except BudgetError as exc:
             raise type(exc)(f"{configs[c].label}, {exc}") from None
-        mark_victims(state, evicted_at, c, i, victims, t)
+        mark_victims(state, evicted_at, c, i, victims, int(t if np.ndim(t) == 0 else t[c]))

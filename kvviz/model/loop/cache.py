@@ -68,10 +68,14 @@ class State:
         self.stale = []  # freed: (row, layer, stream, positions) evicted since the last pull
         self._moved = 0
         self.feed = None  # a PromptFeed while a prompt is read in one pass
+        self.feeds = None  # a batch of prompts: [(row, left padding, PromptFeed)], one per row
         # each query head's weights, for a policy that reads per-query-head rows (CPU only):
         # `qcur` (B, L, Hq, T) by position; freed: recorded by slot (`qcur_s`) and scattered
         self.want_q = None  # set by `mark_query_rows` before the first forward
         self.qcur = self.qcur_s = None
+        # masked: each row's cache index of its position 0 (a batch of prompts left-padded to
+        # one length); `bias`, `cur` and `qcur` are by cache index, the policies by position
+        self.pad = np.zeros(B, np.int64)
         if self.freed:
             self.bias_h = torch.full((B, L, Hk, slots), -np.inf)  # every slot empty
             self.bias = self.bias_h.numpy()
@@ -130,7 +134,7 @@ class State:
         heads of KV head g at kv-head granularity, every head of the layer at layer granularity."""
         Hq = self.qcur.shape[2]
         heads = slice(None) if self.G == 1 else slice(g * (Hq // self.Hk), (g + 1) * (Hq // self.Hk))
-        return self.qcur[b, layer, heads][:, held]
+        return self.qcur[b, layer, heads][:, np.asarray(held) + self.pad[b]]
 
     # -- freed: the slots ---------------------------------------------------------------
     def heads(self, g: int) -> slice:

@@ -84,14 +84,17 @@ def check_inputs(text, granularity, max_tokens, eviction="masked") -> None:
         raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
 
 
-def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, active=None) -> tuple:
+def step(mdl, lanes, ids, t, configs, policies, evicted_at, stats=None, active=None) -> tuple:
     """The step contract, shared by `run` and generation: one forward per lane of token
     `ids` (C,) at position t through the eviction attention, `stats(logits (C, V))` on the
     device, each lane's one host copy, each active config's bookkeeping, the bias pushed.
-    Returns (host stats or None, model seconds, bookkeeping seconds)."""
+    `t` is one position for every row, or one per row (C,) (a batch of prompts whose rows
+    stand at different positions; a masked lane's rows then carry their left padding in
+    `State.pad`). Returns (host stats or None, model seconds, bookkeeping seconds)."""
     import torch
 
     C = ids.shape[0]
+    rows_t = None if np.ndim(t) == 0 else np.asarray(t, np.int64)
     t0 = time.perf_counter()
     for lane in lanes:
         mark_query_rows(lane.state, policies)
@@ -100,9 +103,10 @@ def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, act
         for lane in lanes:
             n = len(lane.index)
             use(mdl, lane.state)
+            pos = (torch.full((n, 1), t, dtype=torch.long, device=ids.device) if rows_t is None else
+                   torch.as_tensor(rows_t[lane.index], device=ids.device).reshape(n, 1))
             out = mdl(input_ids=ids[lane.index].reshape(n, 1) if len(lanes) > 1 else ids.reshape(C, 1),
-                      position_ids=torch.full((n, 1), t, dtype=torch.long, device=ids.device),
-                      cache=lane.cache, use_cache=True)
+                      position_ids=pos, cache=lane.cache, use_cache=True)
             last = out.logits[:, -1]
             if len(lanes) == 1:
                 logits = last
@@ -113,18 +117,24 @@ def step(mdl, lanes, ids, t: int, configs, policies, evicted_at, stats=None, act
             del out
         use(mdl, None)
         s = None if stats is None else stats(logits)
-        host = lanes[0].state.pull(torch, s, t)
+        host = lanes[0].state.pull(torch, s, _index(lanes[0], t, rows_t))
         for lane in lanes[1:]:
-            lane.state.pull(torch, None, t)
+            lane.state.pull(torch, None, _index(lane, t, rows_t))
         moved = sum(lane.state.moved for lane in lanes)
     t1 = time.perf_counter()
     MOVED[0] += moved
     for lane in lanes:
         bookkeeping(lane, configs, policies, evicted_at, t, active)
-        if lane.state.freed and t + 1 < lane.state.T:
-            lane.state.place(t + 1, None if active is None else active[lane.index])
+        if lane.state.freed and (t if rows_t is None else rows_t[lane.index].min()) + 1 < lane.state.T:
+            lane.state.place(t + 1 if rows_t is None else rows_t[lane.index] + 1,
+                             None if active is None else active[lane.index])
         lane.state.push(torch)
     return host, t1 - t0, time.perf_counter() - t1
+
+
+def _index(lane, t, rows_t) -> int:
+    """The last cache index this step wrote in `lane` (its rows' positions plus their padding)."""
+    return t if rows_t is None else int((rows_t[lane.index] + lane.state.pad).max())
 
 
 def run(text, configs, granularity="layer", max_tokens=1024, progress=None, model=None,

@@ -139,7 +139,8 @@ class LoopResult:
 
     def to_frame(self, per: str = "position", configs=None, layers=None, heads=None):
         """A long pandas DataFrame (kvviz.core.frame): per="position", one row per config x
-        layer x head x position (admitted, evicted, full_mass, lost_mass); per="step", one
+        layer x head x position (admitted, evicted, full_mass, lost_mass, and the token's
+        outcome under the config: nll, kl, top1_agreement, see `token_columns`); per="step", one
         row per config x layer x head x step x position before it (held, full_mass).
         full_mass is the full cache's own attention (the full row's recorded rows, so known
         at `rows_layers` over the first `rows_tokens` queries; NaN elsewhere). `configs`
@@ -155,7 +156,7 @@ class LoopResult:
                 for h in hs:
                     self._index(c, layer, h, self.layers)
         frame.check_size(len(cs) * len(ls) * len(hs), len(self.tokens), per)
-        f = self.full_index
+        f = next((i for i, c in enumerate(self.configs) if c.is_full), None)
         blocks = []
         for c in cs:
             cfg = self.configs[c]
@@ -163,13 +164,46 @@ class LoopResult:
                 li = list(self.layers).index(layer)
                 for h in hs:
                     row, n = None, 0
-                    if self.rows is not None and layer in self.rows_layers:
+                    if self.rows is not None and layer in self.rows_layers and f is not None:
                         packed = self.rows[f, list(self.rows_layers).index(layer), h]
                         row, n = (lambda t, p=packed: p[packed_offset(t):packed_offset(t) + t]), self.rows_tokens
                     keys = {"config": cfg.label, "policy": cfg.policy, "budget": cfg.budget,
                             "layer": layer, "head": self.heads[h]}
                     blocks.append((keys, frame.stream(self.evicted_at[c, li, h], row=row, n_rows=n, per=per)))
-        return frame.frame(blocks, tokens=self.tokens, per=per)
+        df = frame.frame(blocks, tokens=self.tokens, per=per)
+        if per == "position":
+            for name, values in self.token_columns(cs, len(ls) * len(hs)).items():
+                df[name] = values
+        return df
+
+    def token_columns(self, configs, repeat: int = 1) -> dict:
+        """The per-token outcome columns of the position table, for `configs` (indices), each
+        config's T values repeated `repeat` times (its layers x heads): at position p, `nll`
+        of token p under the config (from the logits at p - 1), `kl` (KL(full || config) of
+        that prediction) and `top1_agreement` (its argmax equals the full cache's). Position
+        0 has no prediction: NaN / <NA>; so do `kl` and `top1_agreement` without a full-cache
+        row. A column's mean over one layer and head is the config's summary in `results`."""
+        import pandas as pd
+
+        T, cs = len(self.tokens), list(configs)
+        f = next((i for i, c in enumerate(self.configs) if c.is_full), None)
+        first = np.full((len(cs), 1), np.nan)
+        nll = np.hstack([first, self.nll[cs].reshape(len(cs), T - 1)])
+        kl = np.hstack([first, self.kl_tokens[cs].reshape(len(cs), T - 1)])
+        agree = np.zeros((len(cs), T), bool)
+        unknown = np.zeros((len(cs), T), bool)
+        unknown[:, 0] = True
+        if f is None:  # nothing to compare with
+            kl[:] = np.nan
+            unknown[:] = True
+        else:
+            agree[:, 1:] = self.top1[cs].reshape(len(cs), T - 1) == self.top1[f]
+
+        def rows(x):  # each config's T values, once per layer x head
+            return np.repeat(x[:, None], repeat, 1).reshape(-1)
+
+        return {"nll": rows(nll), "kl": rows(kl),
+                "top1_agreement": pd.arrays.BooleanArray(rows(agree), rows(unknown))}
 
     def save(self, path, layers=None, rows_dtype="float32") -> Path:
         """Write an .npz (no pickles) atomically. `layers` keeps only those model layers'

@@ -56,6 +56,9 @@ def parser(sub=None) -> argparse.ArgumentParser:
                    "one (default 2)")
     p.add_argument("--phrase-words", type=int, help="phrase: words in the pass phrase (default 4)")
     add_eviction_arguments(p, prefill=True)
+    p.add_argument("--batch", type=int, default=1,
+                   help="prompts read together in one batch (of one prompt mode and granularity; each run's "
+                        "tokens and evictions are what it gets alone); default 1")
     p.add_argument("--no-full-cache", action="store_true",
                    help="leave out the full-cache row: one forward per configuration, no full-cache gate or "
                         "agreement (the default runs it beside every configuration)")
@@ -120,6 +123,7 @@ def run(args) -> int:
         from kvviz.model.needle.run import check_lengths, context_limit, load_tokenizer
 
         check_chunk(args.prefill_chunk, "--prefill-chunk")
+        check_chunk(args.batch, "--batch")
         from kvviz.model.models import check_device
 
         check_device(args.device, args.dtype)
@@ -139,7 +143,7 @@ def run(args) -> int:
         df = run_grid(grid, args.out, model=args.model, haystack=haystack,
                       haystack_name=Path(args.haystack).name if args.haystack else None,
                       progress=not args.quiet, device=args.device, dtype=args.dtype, eviction=args.eviction,
-                      prefill_chunk=args.prefill_chunk, full_cache=not args.no_full_cache)
+                      prefill_chunk=args.prefill_chunk, batch=args.batch, full_cache=not args.no_full_cache)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

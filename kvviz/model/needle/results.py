@@ -55,9 +55,12 @@ to_frame() is the long table of every position), load_results(dir) -> pandas.Dat
 
 The per-layer and per-head values as a long table instead of JSON cells: layer_table(dir),
 one row per (run, config, layer, head), the run's task and its option (reminder_every,
-distractors, phrase_words; -1 where the task has none) beside held_question, held_end and
-first_lost (what
-`kvviz export DIR` writes); results.csv keeps its JSON columns for the readers above.
+distractors, phrase_words) beside held_question, held_end and first_lost, and the outcome:
+the config's answer, correct (the task's check), outcome, and full_cache_correct (the full
+cache's verdict on the same prompt). It is typed (LAYER_TYPES) and its one null is <NA>:
+the full cache's budget, a key never lost, a task without that option, a run without a
+full-cache row. It is what `kvviz export DIR` writes; results.csv keeps its -1 markers and
+JSON columns for the readers above.
 """
 from __future__ import annotations
 
@@ -122,6 +125,8 @@ class NeedleRun(dict):
         are the prompt's (the generated ones are None: a run keeps their ids only, in
         `new_ids`); no attention rows are recorded, so full_mass is NaN. `configs`,
         `layers`, `heads` (indices) narrow it."""
+        import pandas as pd
+
         from kvviz.core import frame
 
         frame.check_per(per)
@@ -134,7 +139,7 @@ class NeedleRun(dict):
                     "budget": m["configs"][c]["budget"], "layer": layer, "head": head_names[h]},
                    frame.stream(ev[c, layer, h], per=per)) for c in cs for layer in ls for h in hs]
         df = frame.frame(blocks, tokens=[str(t) for t in self["tokens"]], per=per)
-        df.insert(0, "id", m["id"])
+        df.insert(0, "id", pd.array([m["id"]] * len(df), dtype="string"))
         return df
 
 
@@ -223,23 +228,44 @@ def rows(run: dict) -> list[dict]:
 
 LAYER_COLUMNS = ("id", "task", "reminder_every", "distractors", "phrase_words", "length", "depth", "seed",
                  "prompt_mode", "granularity", "policy", "label", "budget", "layer", "head", "held_question",
-                 "held_end", "first_lost")
+                 "held_end", "first_lost", "answer", "correct", "outcome", "full_cache_correct")
+# The long table's column types: strings, nullable integers (<NA>, never -1, where a value is
+# absent: the full cache's budget, a key never lost, a task without that option) and nullable
+# booleans (<NA> where the run has no full-cache row to compare with).
+LAYER_TYPES = {"id": "string", "task": "string", "reminder_every": "Int64", "distractors": "Int64",
+               "phrase_words": "Int64", "length": "Int64", "depth": "float64", "seed": "Int64",
+               "prompt_mode": "string", "granularity": "string", "policy": "string", "label": "string",
+               "budget": "Int64", "layer": "Int64", "head": "string", "held_question": "float64",
+               "held_end": "float64", "first_lost": "Int64", "answer": "string", "correct": "boolean",
+               "outcome": "string", "full_cache_correct": "boolean"}
+
+
+def _absent(x, none=NEVER):
+    """None where `x` is the results' marker for "no value" (-1 or None), else int(x)."""
+    return None if x is None or int(x) == none else int(x)
 
 
 def layer_rows(run: dict) -> list[dict]:
     """One row per (config, layer, head) of one run: the share of the key's positions held
     at the question and at the end of the prompt, and the earliest step a key position was
-    evicted there (-1 never): the values results.csv keeps as JSON lists, one per cell."""
+    evicted there (None never): the values results.csv keeps as JSON lists, one per cell;
+    beside them the config's answer, whether the task's check found it right, the check's
+    outcome, and the full cache's verdict on the same prompt (None when the run has no
+    full-cache row)."""
     m, ev = run["meta"], np.asarray(run["evicted_at"])
     pos, q, T0 = m["key_positions"], int(m["question_start"]), int(m["prompt_len"])
     G = ev.shape[2]
     t = task_meta(m)
-    task = {"task": t["task"], **{k: int(t[k]) for k in OPTIONS}}  # the task and its option (-1: none)
+    task = {"task": t["task"], **{k: _absent(t[k]) for k in OPTIONS}}  # the task and its option (None: none)
+    verdicts = [task_columns(m, m["answers"][c], ev[c], T0) for c in range(len(m["configs"]))]
+    full = [v["correct"] for cfg, v in zip(m["configs"], verdicts) if cfg["policy"] == "full"]
     out = []
     for c, cfg in enumerate(m["configs"]):
         hq = held(ev[c], pos, q - 1).mean(axis=-1)       # (L, G)
         he = held(ev[c], pos, T0 - 1).mean(axis=-1)      # (L, G)
         e = ev[c][..., list(pos)]                        # (L, G, K)
+        outcome = {"answer": str(m["answers"][c]), "correct": bool(verdicts[c]["correct"]),
+                   "outcome": verdicts[c]["outcome"], "full_cache_correct": bool(full[0]) if full else None}
         for layer in range(ev.shape[1]):
             for g in range(G):
                 hit = e[layer, g][e[layer, g] != NEVER]
@@ -247,22 +273,28 @@ def layer_rows(run: dict) -> list[dict]:
                             "depth": m["depth"], "seed": m["seed"],
                             "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
                             "policy": cfg["policy"], "label": cfg["label"],
-                            "budget": -1 if cfg["budget"] is None else int(cfg["budget"]),
+                            "budget": None if cfg["budget"] is None else int(cfg["budget"]),
                             "layer": layer, "head": "mean" if G == 1 else f"kv{g}",
                             "held_question": float(hq[layer, g]), "held_end": float(he[layer, g]),
-                            "first_lost": int(hit.min()) if hit.size else NEVER})
+                            "first_lost": int(hit.min()) if hit.size else None, **outcome})
     return out
 
 
+def typed(df, types: dict):
+    """`df` with each of its columns named in `types` cast to that pandas type."""
+    return df.astype({k: v for k, v in types.items() if k in df.columns})
+
+
 def layer_table(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)
-    """Every run in DIR as the long per-layer table (layer_rows), runs in id order; ValueError
-    if DIR holds no runs."""
+    """Every run in DIR as the long per-layer table (layer_rows), runs in id order, typed
+    (LAYER_TYPES: absent values are <NA>); ValueError if DIR holds no runs."""
     import pandas as pd
 
     ids = list_runs(out)
     if not ids:
         raise ValueError(f"no needle runs in {out} (no runs/*.npz)")
-    return pd.DataFrame([r for id_ in ids for r in layer_rows(load_run(out, id_))], columns=list(LAYER_COLUMNS))
+    df = pd.DataFrame([r for id_ in ids for r in layer_rows(load_run(out, id_))], columns=list(LAYER_COLUMNS))
+    return typed(df, LAYER_TYPES)
 
 
 def write_tables(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)

@@ -1,5 +1,6 @@
-"""Running the grid: one generate batch per prompt (every config beside full), one file per
-prompt written atomically, so a re-run skips what is done. torch loads here only.
+"""Running the grid: one generate batch per prompt (every config beside full), or several
+prompts in one batch (`batch`), one file per prompt written atomically, so a re-run skips
+what is done. torch loads here only.
 """
 from __future__ import annotations
 
@@ -61,12 +62,40 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
     each answer scored by its check (kvviz.model.needle.tasks.score). `full_cache` False:
     no full-cache row (configs without `full`; the run's `full_cache` says so, agreement None)."""
     from kvviz.model.loop import generate
-    from kvviz.model.models import model_provenance, token_strings
 
-    tok, mdl = pair
     gen = generate(list(p.ids), configs, max_new_tokens, granularity=granularity,
                    prompt_mode=prompt_mode, model=pair, seed=seed, progress=progress, eviction=eviction,
                    prefill_chunk=prefill_chunk, full_cache=full_cache)
+    return record(pair, p, gen, run_id=run_id, prompt_mode=prompt_mode, granularity=granularity, seed=seed,
+                  max_new_tokens=max_new_tokens, haystack=haystack, task=task)
+
+
+def run_prompts(pair, items, configs, max_new_tokens: int, *, prompt_mode: str, granularity: str,
+                haystack: dict | None = None, progress=None, eviction: str = "masked",
+                prefill_chunk: int = PREFILL_CHUNK, task: Task | None = None,
+                full_cache: bool = True) -> list[dict]:
+    """Several prompts (`items`: (run_id, NeedlePrompt, seed) each) read together, every
+    prompt x config one row of a kvviz.model.loop.generate_batch batch: each run what
+    run_prompt gives it alone (the same tokens and eviction logs), as results.load_run
+    returns it (not written). `full_cache` as for run_prompt."""
+    from kvviz.model.loop import generate_batch
+
+    items = list(items)
+    gens = generate_batch([list(p.ids) for _, p, _ in items], configs, max_new_tokens, granularity=granularity,
+                          prompt_mode=prompt_mode, model=pair, seed=[s for _, _, s in items], progress=progress,
+                          eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)
+    return [record(pair, p, gen, run_id=id_, prompt_mode=prompt_mode, granularity=granularity, seed=s,
+                   max_new_tokens=max_new_tokens, haystack=haystack, task=task)
+            for (id_, p, s), gen in zip(items, gens)]
+
+
+def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granularity: str, seed: int,
+           max_new_tokens: int, haystack: dict | None, task: Task | None) -> dict:
+    """A prompt's Generation as the run results.load_run returns: the meta (the prompt, its
+    task, each config's answer scored by the task's check) and the arrays."""
+    from kvviz.model.models import model_provenance, token_strings
+
+    tok, mdl = pair
     if list(gen.prompt_ids) != list(p.ids):
         raise RuntimeError(f"{run_id}: generate read other tokens than the prompt built")
     answers = [str(t) for t in gen.texts]
@@ -83,10 +112,11 @@ def run_prompt(pair, p: NeedlePrompt, configs, max_new_tokens: int, *, run_id: s
             "configs": [{**c.record(), "label": c.label} for c in gen.configs],
             "answers": answers, "correct": [score({"key": p.key, **fields}, a).correct for a in answers],
             "agreement": [None if x is None else float(x) for x in gen.agreement],
-            "full_cache": bool(full_cache),
+            "full_cache": bool(gen.meta.get("full_cache", True)),
             "layers": int(gen.evicted_at.shape[1]), "kv_heads": int(gen.evicted_at.shape[2]),
             **{k: gen.meta[k] for k in ("eviction", "cache_bytes", "full_cache_bytes", "policy_bytes", "seconds")},
             "memory_by_config": gen.meta.get("memory_by_config"),
+            **({"batch_prompts": gen.meta["batch_prompts"]} if "batch_prompts" in gen.meta else {}),
             **fields}
     return {"meta": meta, "prompt_ids": p.ids, "tokens": token_strings(tok, p.ids, p.text, p.offsets),
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
@@ -102,6 +132,33 @@ def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
                       haystack=haystack_info(haystack, haystack_name), eviction=eviction,
                       prefill_chunk=prefill_chunk, task=grid.task,
                       full_cache=any(c.is_full for c in grid.configs))
+
+
+def compute_batch(specs, grid: Grid, pair, haystack: str | None = None, haystack_name: str | None = None,
+                  eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> list[dict]:
+    """Prompts of the grid of one prompt mode and granularity, read together in one batch
+    (run_prompts): their runs, not written."""
+    specs = list(specs)
+    if len({(s.prompt_mode, s.granularity) for s in specs}) != 1:
+        raise ValueError("a batch of prompts shares one prompt mode and granularity")
+    built = [(s.id, build_task(pair[0], grid.task, s.length, s.depth, s.seed, haystack), s.seed) for s in specs]
+    return run_prompts(pair, built, grid.configs, grid.max_new_tokens, prompt_mode=specs[0].prompt_mode,
+                       granularity=specs[0].granularity, haystack=haystack_info(haystack, haystack_name),
+                       eviction=eviction, prefill_chunk=prefill_chunk, task=grid.task,
+                       full_cache=any(c.is_full for c in grid.configs))
+
+
+def batches(specs, size: int) -> list[list]:
+    """`specs` in groups of at most `size` that can share a batch (one prompt mode and
+    granularity), shortest prompts together (a batch runs as long as its longest)."""
+    groups = {}
+    for s in specs:
+        groups.setdefault((s.prompt_mode, s.granularity), []).append(s)
+    out = []
+    for group in groups.values():
+        group = sorted(group, key=lambda s: s.length)
+        out += [group[i:i + size] for i in range(0, len(group), size)]
+    return out
 
 
 def model_name(model) -> str:
@@ -129,15 +186,18 @@ def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, 
 
 def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
              progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
-             prefill_chunk: int = PREFILL_CHUNK, full_cache: bool = True):
+             prefill_chunk: int = PREFILL_CHUNK, batch: int = 1, full_cache: bool = True):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
-    Returns the table of every run in `out`. `full_cache` False leaves the full-cache row
-    out of every run (a run with it and one without have different configs: neither
-    resumes the other)."""
+    `batch`: prompts read together in one engine batch (of one prompt mode and
+    granularity; each run's tokens and eviction logs are what it gets alone). `full_cache`
+    False leaves the full-cache row out of every run (a run with it and one without have
+    different configs: neither resumes the other). Returns the table of every run in `out`."""
     import copy
 
     from kvviz.model.models import load_model
 
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"--batch must be an integer >= 1, got {batch!r}")
     if not full_cache:
         grid = copy.copy(grid)
         grid.configs = [c for c in grid.configs if not c.is_full]
@@ -156,13 +216,16 @@ def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_
     try:
         if todo:
             pair = load_model(model, "needle", device, dtype)
-            for spec in todo:
+            for specs in batches(todo, batch):
                 if bar is not None:
-                    bar.set_postfix_str(spec.id, refresh=False)
-                run = compute(spec, grid, pair, haystack, haystack_name, eviction, prefill_chunk)
-                save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
+                    bar.set_postfix_str(specs[0].id + (f" +{len(specs) - 1}" if len(specs) > 1 else ""), refresh=False)
+                runs = ([compute(specs[0], grid, pair, haystack, haystack_name, eviction, prefill_chunk)]
+                        if len(specs) == 1 else
+                        compute_batch(specs, grid, pair, haystack, haystack_name, eviction, prefill_chunk))
+                for run in runs:
+                    save_run(out, run["meta"], run["prompt_ids"], run["tokens"], run["new_ids"], run["evicted_at"])
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(len(specs))
     finally:
         if bar is not None:
             bar.close()
