@@ -394,7 +394,7 @@ class Lax(AdaKV):
 '''
 
 
-def test_kvviz_check_runs_the_allocator_contract_on_the_built_ins(capsys):
+def test_kvviz_check_runs_the_allocator_contract_on_the_built_ins(capsys, long_run):
     from kvviz.__main__ import main
 
     assert main(["check", "adakv", "pyramidkv", "headroles"]) == 0

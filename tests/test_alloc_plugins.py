@@ -299,7 +299,7 @@ def test_bench_runs_the_plugin_allocator_by_flag_and_by_environment(tmp_path):
     assert r2.returncode == 0 and "fixed-share" in r2.stdout, r2.stderr
 
 
-def test_a_process_pool_sweep_loads_the_plugin_allocator_in_its_workers(tmp_path):
+def test_a_process_pool_sweep_loads_the_plugin_allocator_in_its_workers(tmp_path, long_run):
     (tmp_path / "spec.toml").write_text(
         f'traces = [{json.dumps(CODE_KV)}]\nbudgets = [32, 64]\n'
         '[[policies]]\nname = "fixed-share"\ndecay = [0.5]\n')

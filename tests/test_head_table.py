@@ -150,7 +150,7 @@ def test_bench_runs_it_with_a_relative_table_and_names_its_origin(tmp_path):
     assert "table must be a path to a JSON head-score table" in last and "no such file: nope.json" in last
 
 
-def test_a_process_pool_sweep_from_another_folder_reads_the_table_given_there(tmp_path):
+def test_a_process_pool_sweep_from_another_folder_reads_the_table_given_there(tmp_path, long_run):
     write_table(tmp_path / "heads.json", {0: [1, 1, 1], 14: [1, 2, 3], 29: [3, 2, 1]})
     (tmp_path / "spec.toml").write_text(f'traces = [{json.dumps(CODE_KV)}]\nbudgets = [32, 64]\n'
                                         '[[policies]]\nname = "head-table"\ntable = ["heads.json"]\n')

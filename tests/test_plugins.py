@@ -262,7 +262,7 @@ def _cells(out):
     return {p.name: p.stat().st_mtime_ns for p in (out / "cells").glob("*.json")}
 
 
-def test_an_edited_policy_re_runs_its_cells_and_an_unchanged_one_resumes(tmp_path):
+def test_an_edited_policy_re_runs_its_cells_and_an_unchanged_one_resumes(tmp_path, long_run):
     plugin = tmp_path / "mine.py"
     plugin.write_text((EXAMPLES / "decay_sinks.py").read_text())
     (tmp_path / "spec.toml").write_text('traces = ["canonical"]\nbudgets = [64, 128]\n'
