@@ -33,6 +33,7 @@ TOKEN = "class.token"    # this session's member token (secret)
 LEADS = "class.leads"    # the code of the class this session opened ("" = none)
 FOLLOWS = "class.follows"  # the code this session follows as a student ("" = none)
 REFUSED = "class.refused"  # init_follow's refusal of the link's code, until the page shows it
+UNLED = "class.unled"      # a `lead=` link without its key: said as a warning, the page works on
 WAS_STUDENT = "class.was_student"  # this session joined a class as a student (never a note)
 LEFT = "class.left"      # (code, round number): stopped following while that question was up
 KEY = "class.key"        # the lecturer key of the class this session leads (secret)
@@ -158,8 +159,9 @@ def _init_lead(code: str) -> str | None:
     except Refused as exc:
         return str(exc)
     S[KNOWN] = code
-    return (f"this browser does not keep class {code}'s lecturer key, so this page does not "
-            "lead it (Take back a class, with the key, does)")
+    S[UNLED] = (f"Class {code}: this browser does not keep its lecturer key, so this page does not "
+                "lead it (Take back a class, with the key, does).")
+    return None
 
 
 def open_class() -> Class:

@@ -98,8 +98,9 @@ def init() -> list[str]:
     refusal = classroom.init_follow(query)  # follow=CODE: a student's page (ui/follow.py)
     if refusal:
         S[classroom.REFUSED] = refusal
+    unled = S.pop(classroom.UNLED, None)  # (not a refusal: the page is an explorer of the class)
     apply_state(st_)
-    return notes
+    return notes + ([unled] if unled else [])
 
 
 def apply_state(vs: ViewState, clear_exp: bool = False) -> None:
