@@ -15,7 +15,7 @@ import importlib.util
 # pyproject.toml); the first place to look when an import fails for lack of a package
 EXTRAS = {
     "torch": "model", "transformers": "model", "gguf": "model", "accelerate": "model", "safetensors": "model",
-    "streamlit": "app", "plotly": "app", "PIL": "app", "orjson": "app",
+    "streamlit": "app", "plotly": "app", "PIL": "app", "orjson": "app", "starlette": "app",
     "redis": "class",
     "hypothesis": "check",
     "ray": "scale", "pyarrow": "scale", "pandas": "scale",
