@@ -376,25 +376,33 @@ class RefAdaKV:
 
     def evict(self):
         """One list of victims' positions per head (ascending)."""
-        held = [len(ref.keep) for ref in self.heads]
-        total = len(self.heads) * self.budget
-        ranked = []
-        for g, ref in enumerate(self.heads):
-            ref.prepare()
-            for i in range(len(ref.keep)):
-                if ref.is_candidate(i):
-                    ranked.append((ref.rank(i), g, ref.keep[i], i))
-        ranked.sort()  # lowest rank, then lower head, then lower position
-        chosen = [[] for _ in self.heads]
-        for _, g, _, i in ranked:
-            if sum(held) <= total:
-                break
-            if held[g] > self.floor:
-                chosen[g].append(i)
-                held[g] -= 1
-        if sum(held) > total:
-            raise ValueError("evict needs more victims than the heads have candidates above their floors")
+        chosen = shared_choice(self.heads, len(self.heads) * self.budget, self.floor)
         return [ref.drop(sorted(c)) for ref, c in zip(self.heads, chosen)]
+
+
+def shared_choice(heads, total: int, floor: int) -> list:
+    """AdaKV's choice by hand, over reference scorers `heads` sharing `total` slots: while
+    they hold more, the candidate of lowest rank across the heads goes (ties: the lower head,
+    then the lower position), skipping a head at `floor` or fewer; ranks are read once,
+    before any victim goes. The victims' slot indices per head."""
+    held = [len(ref.keep) for ref in heads]
+    ranked = []
+    for g, ref in enumerate(heads):
+        ref.prepare()
+        for i in range(len(ref.keep)):
+            if ref.is_candidate(i):
+                ranked.append((ref.rank(i), g, ref.keep[i], i))
+    ranked.sort()  # lowest rank, then lower head, then lower position
+    chosen = [[] for _ in heads]
+    for _, g, _, i in ranked:
+        if sum(held) <= total:
+            break
+        if held[g] > floor:
+            chosen[g].append(i)
+            held[g] -= 1
+    if sum(held) > total:
+        raise ValueError("evict needs more victims than the heads have candidates above their floors")
+    return chosen
 
 
 def make_reference(name, budget=512, rng=None, **params):

@@ -17,7 +17,7 @@ import json
 import math
 from fractions import Fraction
 
-from kvviz.core.reference import make_reference
+from kvviz.core.reference import make_reference, shared_choice
 
 __all__ = ["RefAdaKV", "RefCAKE", "RefHeadKV", "RefHeadRoles", "RefPyramidKV", "RefAllocator"]
 
@@ -113,25 +113,7 @@ class RefAdaKV(RefAllocator):
 
     def choose(self, layer):
         floor = math.floor(_decimal(self.alpha) * layer.b)
-        held = [len(ref.keep) for ref in layer.heads]
-        total = len(layer.heads) * layer.b
-        ranked = []
-        for g, ref in enumerate(layer.heads):
-            ref.prepare()
-            for i in range(len(ref.keep)):
-                if ref.is_candidate(i):
-                    ranked.append((ref.rank(i), g, ref.keep[i], i))
-        ranked.sort()  # lowest rank, then lower head, then lower position
-        chosen = [[] for _ in layer.heads]
-        for _, g, _, i in ranked:
-            if sum(held) <= total:
-                break
-            if held[g] > floor:
-                chosen[g].append(i)
-                held[g] -= 1
-        if sum(held) > total:
-            raise ValueError("evict needs more victims than the heads have candidates above their floors")
-        return chosen
+        return shared_choice(layer.heads, len(layer.heads) * layer.b, floor)
 
 
 class RefPyramidKV(RefAllocator):
