@@ -165,9 +165,8 @@ class recording_queries:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-        from kvviz.model.loop.attention import interface_settable
-
-        if not interface_settable(self.mdl):
+        settable = getattr(type(self.mdl), "_can_set_attn_implementation", None)  # transformers' test
+        if settable is not None and not settable():
             raise ValueError("--vectors needs a model whose attention goes through transformers' "
                              "AttentionInterface (to read its queries after RoPE)")
         AttentionInterface.register(QUERY_ATTN, _recording_attention)
