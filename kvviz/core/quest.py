@@ -192,6 +192,7 @@ class Memory:
 
     @property
     def total(self) -> int:
+        """Every byte of the three."""
         return self.kv_bytes + self.metadata_bytes + self.policy_bytes
 
 
