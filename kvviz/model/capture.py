@@ -255,6 +255,10 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     keys = queries = None
     if vectors:
         keys = cache_keys(out.cache, layers, T)
+        unseen = [i for i in layers if i not in recorder.queries]
+        if unseen:
+            raise ValueError(f"no queries were recorded at layers {unseen}: the model's attention "
+                             "modules must carry their layer_idx (transformers' convention)")
         queries = np.stack([recorder.queries[i] for i in layers]).astype(np.float32)
         if queries.shape[1:] != (shape.heads, T, keys.shape[3]):
             raise ValueError(f"recorded queries have shape {queries.shape[1:]}, expected "
