@@ -1,7 +1,8 @@
 """The pass-key grid's numbers: docs/studies/needle.md and the table in docs/benchmarks.md, from the results CSV.
 
     .venv/bin/python -m lab.needle_report traces/needle                 # print the report
-    .venv/bin/python -m lab.needle_report traces/needle --predictors    # first run the loop (question 5)
+    .venv/bin/python -m lab.needle_report traces/needle --predictors --write   # first run the loop
+                                                                        # (question 5), then write
     .venv/bin/python -m lab.needle_report traces/needle --write         # also rewrite docs/studies/needle.md
                                                                         # and benchmarks.md's marked table
     .venv/bin/python -m lab.needle_report out/recall --task recall      # another task's runs
@@ -534,11 +535,14 @@ def answers(df: pd.DataFrame, out: Path) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.needle_report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", nargs="?", default=str(traces_or_default() / "needle"))
-    p.add_argument("--predictors", action="store_true", help="run the loop for question 5 first")
+    p.add_argument("--predictors", action="store_true",
+                   help="run the loop for question 5 first and rewrite DIR/predictors.json (needs --write)")
     p.add_argument("--write", action="store_true",
                    help="rewrite docs/studies/needle.md and the marked table in docs/benchmarks.md")
     p.add_argument("--task", default="passkey", help="the task whose runs to report (kvviz needle --task)")
     args = p.parse_args(argv)
+    if args.predictors and not args.write:
+        p.error("--predictors rewrites DIR/predictors.json: give --write with it")
     out = Path(args.dir)
     try:
         df, _ = gated(out, args.task)

@@ -1,8 +1,9 @@
 """The tasks study's numbers: docs/studies/tasks.md, traces/tasks/answers.json and summary.csv,
 and the summary in docs/studies/README.md, from the results CSV of `lab/tasks_study.sh`.
 
-    .venv/bin/python -m lab.tasks_report traces/tasks           # print the report
-    .venv/bin/python -m lab.tasks_report traces/tasks --write   # also write the files
+    .venv/bin/python -m lab.tasks_report traces/tasks           # print the report; writes nothing
+    .venv/bin/python -m lab.tasks_report traces/tasks --write   # also rebuild DIR/results.csv from the
+                                                                # run files and write the files below
 
 Four questions, each answered from DIR/results.csv (and, for the steps at which the key was
 lost, the runs' reminder spans in DIR/runs/), every number computed here:
@@ -708,14 +709,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.tasks_report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", nargs="?", default=str(traces_or_default() / "tasks"))
     p.add_argument("--write", action="store_true",
-                   help="write docs/studies/tasks.md, DIR/answers.json, DIR/summary.csv and the summary in "
-                        "docs/studies/README.md")
+                   help="rebuild DIR/results.csv from the run files, then write docs/studies/tasks.md, "
+                        "DIR/answers.json, DIR/summary.csv and the summary in docs/studies/README.md (without it "
+                        "the report reads DIR/results.csv as it is and only prints)")
     args = p.parse_args(argv)
     out = Path(args.dir)
     try:
         from kvviz.model.needle.results import write_tables
 
-        if list_runs(out):
+        if args.write and list_runs(out):
             write_tables(out)  # the two lanes of the grid may have written the table before each other's last run
         doc, answers, summary = report(out)
         if args.write:
