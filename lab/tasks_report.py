@@ -793,7 +793,8 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
                    "longer": {f"{n}@{b}": rows for (n, b), rows in longer.items()},
                    "budgets": {str(b): rows for b, rows in dec_all.items()},
                    "prefill": {"budgets": {str(b): rows for b, rows in pre_all.items()}, "answer": a1p},
-                   "decode_tests": family.to_dict("records"), "limits": limits_text(facts, length, budget)},
+                   "decode_tests": family.to_dict("records"), "limits": limits_text(facts, length, budget),
+                   "verdict": so_text(family, facts, budget).removeprefix("**So:** ")},
         "phrase": {"answer": phrase_answer(df)},
         "distractors": {"answer": distractor_answer(df)},
         "modes": {"answer": modes_answer(df, dec, pre)},
@@ -880,7 +881,7 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
         "",
         answers["recall"]["limits"],
         "",
-        so_text(family, facts, budget),
+        f"**So:** {answers['recall']['verdict']}" if answers["recall"]["verdict"] else "",
         "",
         "## 2. Does SnapKV's pooling keep a phrase whole, and does that make it right?",
         "",
@@ -961,7 +962,8 @@ def summary_lines(answers: dict) -> str:
         "What the tasks study answers ([tasks.md](tasks.md), one model, not tuned, "
         f"{answers['prompts']} prompts):",
         "",
-        f"1. **A key the text returns to (TOVA's warning).** {_cap(answers['recall']['answer'])}",
+        f"1. **A key the text returns to (TOVA's warning).** {_cap(answers['recall']['answer'])}"
+        + (f" **So:** {_cap(answers['recall']['verdict'])}" if answers["recall"].get("verdict") else ""),
         f"2. **A phrase (SnapKV's pooling).** {_cap(answers['phrase']['answer'])}",
         f"3. **Look-alikes.** {_cap(answers['distractors']['answer'])}",
         f"4. **Decode against prefill.** {_cap(answers['modes']['answer'])}",
