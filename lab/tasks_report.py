@@ -454,9 +454,12 @@ def design_facts(out: Path, df: pd.DataFrame, length: int, budget: int | None) -
 def limits_text(f: dict, length: int, budget: int | None) -> str:
     """The paragraph that scopes question 1 (and the study) to what its design can show."""
     lines = [f"- **One haystack.** The {f['runs']} run files come from {f['sequences']} distinct token sequences "
-             f"over {f['haystacks']} haystack text{'s' if f['haystacks'] != 1 else ''}; within a recall cell the "
-             f"prompts differ only in the key's tokens ({', '.join(map(str, f['recall_templates']))} template(s) "
-             f"per cell once the key is masked), and recall puts the key at one depth "
+             f"over {f['haystacks']} haystack text{'s' if f['haystacks'] != 1 else ''}; "
+             + ("within a recall cell the prompts differ only in the key's tokens (masking the key leaves one "
+                "token sequence per cell)" if f["recall_templates"] == [1] else
+                f"a recall cell holds {', '.join(map(str, f['recall_templates']))} token sequences once the key "
+                "is masked")
+             + ", and recall puts the key at one depth "
              f"({', '.join(f'{d:g} %' for d in f['recall_depths'])}). The Wilson intervals and sign tests treat the "
              "prompts as a sample of texts they do not represent: read them as the spread over keys on this one "
              "text."]
@@ -476,7 +479,7 @@ def limits_text(f: dict, length: int, budget: int | None) -> str:
         pw = f["power"]
         lines.append(f"- **Power.** With {pw['n']} prompts per cell, the exact sign test detects a 20-point paired "
                      f"gap at p < 0.05 (uncorrected) with {100 * pw['0.3']:.0f} % power when 30 % of the prompts "
-                     f"split, {100 * pw['0.5']:.0f} % when half do"
+                     f"split (25 % one way, 5 % the other), {100 * pw['0.5']:.0f} % when half do (35 %, 15 %)"
                      + (f"; 80 % power at a 30 % split needs about {pw['n_for_80']} prompts per cell."
                         if pw["n_for_80"] else ".")
                      + " A cell with no significant difference is not evidence of no difference.")
@@ -875,7 +878,8 @@ def report(out: Path) -> tuple[str, dict, pd.DataFrame]:
         "Every exact sign test of TOVA against H2O and against Scissorhands in decode mode (the family the answer "
         "above picks from), with Holm's correction over the family:",
         "",
-        fmt(family) if not family.empty else "(none)",
+        fmt(family.assign(**{c: [f"{v:.2g}" for v in family[c]] for c in ("p", "p, Holm")}))
+        if not family.empty else "(none)",
         "",
         "### What this design can and cannot show",
         "",
