@@ -586,16 +586,20 @@ def answers(df: pd.DataFrame, out: Path) -> str:
                  + (f"; the {len(whole)} runs that held it are all {whole.policy.iloc[0]} (its recent window), so "
                     "this is no evidence that holding the key is sufficient." if len(whole) and
                     whole.policy.nunique() == 1 else "."))
-    pairs = same = 0
+    pairs = same = both_wrong = 0
     for _, g in ev.groupby(["name", "budget"]):
         x = g[g.prompt_mode == "decode"].set_index("prompt")
         y = g[g.prompt_mode == "prefill"].set_index("prompt")
         common = x.index.intersection(y.index)
         pairs += len(common)
-        same += int((x.loc[common].correct.values == y.loc[common].correct.values).sum())
+        a, b = x.loc[common].correct.values.astype(bool), y.loc[common].correct.values.astype(bool)
+        same += int((a == b).sum())
+        both_wrong += int((~a & ~b).sum())
     if pairs:
+        either = pairs - both_wrong
         lines.append(f"4. **Decode-time and prefill eviction** give the same verdict on {same} of {pairs} "
-                     "paired runs.")
+                     f"paired runs; {both_wrong} of those are both wrong, and where at least one mode was right "
+                     f"they agree in {same - both_wrong} of {either}.")
     t = per_head(df)
     if not t.empty:
         parts = [f"{r['policy']} @ {r['budget']} ({r['mode']}, {r['n']} prompts) {r['kv-head']} per KV head "
