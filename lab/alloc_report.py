@@ -1,9 +1,9 @@
 """Allocators on SmolLM2-135M: do AdaKV, PyramidKV and head roles beat their plain scorer at the
 same total budget, and do the heads they favour attend to the pass key? docs/studies/alloc.md quotes it.
 
-    OMP_NUM_THREADS=1 python -m lab.alloc_report --out traces/alloc        # run + print
+    OMP_NUM_THREADS=1 python -m lab.alloc_report --out out/alloc            # run + print
     python -m lab.alloc_report --out traces/alloc --report-only               # print only
-    python -m lab.alloc_report --out traces/alloc --kvpress traces/alloc/kvpress.json
+    python -m lab.alloc_report --out traces/alloc --kvpress traces/alloc/kvpress.json --write
 
 Stages (each resumable: a prompt or stage already in DIR is not run again):
 
@@ -18,7 +18,8 @@ Stages (each resumable: a prompt or stage already in DIR is not run again):
    query heads of each KV head, summed over the key's positions).
 2. KL: kvviz.model.loop.run_loop over a shipped text (teacher forced, kv-head), KL(full ||
    config) per token, mean after the first eviction.
-3. Report: the tables below, computed from DIR's files; `--json` writes them.
+3. Report: the tables below, computed from DIR's files; printed, and written to DIR/summary.json
+   only with `--write` (or to the file `--json` names).
 
 `--kvpress FILE` (written by lab/kvpress_alloc.py in kvpress's own venv) adds the
 comparison of kvpress's AdaKVPress(KnormPress()) kept positions and PyramidKVPress's
@@ -346,6 +347,9 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--kvpress", help="the JSON lab/kvpress_alloc.py wrote")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--write", action="store_true",
+                    help="write the summary to OUT/summary.json (without it, and without --json, the report "
+                         "only prints)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -370,8 +374,8 @@ def main(argv=None) -> int:
               f"{k['kvviz_pyramid_total']}; kvpress's schedule at window {k['small_window']} equals kvviz's: "
               f"{k['small_window_same_as_kvviz']}")
     print_report(s)
-    if a.json:
-        Path(a.json).write_text(json.dumps(s, indent=1, default=float), encoding="utf-8")
+    for path in [a.json] * bool(a.json) + [out / "summary.json"] * a.write:
+        Path(path).write_text(json.dumps(s, indent=1, default=float), encoding="utf-8")
     return 0
 
 

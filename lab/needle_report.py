@@ -1,7 +1,8 @@
 """The pass-key grid's numbers: docs/studies/needle.md and the table in docs/benchmarks.md, from the results CSV.
 
     .venv/bin/python -m lab.needle_report traces/needle                 # print the report
-    .venv/bin/python -m lab.needle_report traces/needle --predictors    # first run the loop (question 5)
+    .venv/bin/python -m lab.needle_report traces/needle --predictors --write   # first run the loop
+                                                                        # (question 5), then write
     .venv/bin/python -m lab.needle_report traces/needle --write         # also rewrite docs/studies/needle.md
                                                                         # and benchmarks.md's marked table
     .venv/bin/python -m lab.needle_report out/recall --task recall      # another task's runs
@@ -23,6 +24,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvviz.core.metrics import wilson
@@ -34,6 +36,20 @@ from kvviz.studies.forgetting import trio_table
 from lab import REPO, STUDIES
 
 MARK = ("<!-- needle:table -->", "<!-- /needle:table -->")
+CORRECTIONS = (
+    "An earlier version of this page read more into the grid than it supports. What changed, and why:",
+    "",
+    "- Question 5 called top-1 agreement \"the strongest predictor\" by its |rho|: its rho is negative (the "
+    "configurations the loop scores better are right less often), over one prompt's handful of configurations, "
+    "below the exact 5 % critical value. The answer now gives the sign, the critical value and no predictor.",
+    "- Question 3 called \"every key token held in every layer\" sufficient: every run that held it is one "
+    "policy (StreamingLLM) with the key inside its recent window, mostly at depth 90 %. The answer now names "
+    "those runs and withdraws the general claim.",
+    "- Per KV head against per layer: the accuracy collapse for TOVA and SnapKV is now marked as unexplained "
+    "by this grid.",
+    "- Question 1's \"wrong where both are right: 0\" compares TOVA with two policies at the floor here; the "
+    "pass key is read once, so the question does not test the TOVA card's warning (as the answer said).",
+)
 ANSWERS = ("<!-- needle:answers -->", "<!-- /needle:answers -->")
 
 
@@ -231,9 +247,21 @@ def q3(df) -> str:
     whole_l = held.eq(1.0)
     lines = [f"- layer {int(layer)}: r = {r:.2f}; accuracy {pct(c[whole_l[layer]].mean())} when it holds "
              f"the whole key, {pct(c[~whole_l[layer]].mean())} when not" for layer, r in top.items()]
+    whole = d[w]
+    who = ", ".join(f"{k} {v}" for k, v in whole.name.value_counts().items())
+    where = ", ".join(f"{x:g} % {v}" for x, v in whole.depth.value_counts().sort_index().items())
+    one_family = whole.policy.nunique() == 1
+    confounded = one_family and len(whole) > 0
+    scope = (f" The {len(whole)} runs that held it whole are {who} (depth {where})"
+             + (": one policy, whose recent window covers a key near the end of the prompt, so those runs say "
+                "what that window keeps, not whether holding the key is enough." if confounded else ".")
+             if len(whole) else "")
+    said = (f"is not necessary for a correct answer in this grid ({n['right, not whole']} runs were right "
+            "without it); whether it is sufficient, this grid cannot say" if confounded and not necessary
+            else f"is {verdict[(necessary, sufficient)]} for a correct answer in this grid")
     return (f"Over {len(d)} evicting runs (layer granularity): " + ", ".join(f"{k} {v}" for k, v in n.items())
-            + f". **Answer:** \"every key token held in every layer\" is {verdict[(necessary, sufficient)]} for a "
-            f"correct answer in this grid.\n\nLayers whose held share at the end of the prompt goes most with a "
+            + f". **Answer:** \"every key token held in every layer\" {said}.{scope}\n\n"
+            "Layers whose held share at the end of the prompt goes most with a "
             f"right answer (Pearson r over the {len(d)} runs; they come from {d.id.nunique()} prompts, each "
             f"under every configuration, so the runs are not independent samples and r has no simple "
             f"confidence interval):\n\n" + "\n".join(lines))
@@ -291,10 +319,40 @@ def q5(df, out: Path) -> str:
     if not rows:
         return "Too few configurations in common with predictors.json."
     t = pd.DataFrame(rows)
-    best = t.iloc[:, 2:].abs().mean().idxmax()
-    return ("\n".join(lines) + "\n\n" + fmt(t) + f"\n\n**Answer:** Spearman rank correlation across configurations; "
-            f"the strongest predictor here is {best.replace('rho ', '')} "
-            f"(mean |rho| {t[best].abs().mean():.2f}).")
+    n = int(t.configs.min())
+    crit = spearman_critical(n)
+    cols = [c for c in t.columns if c.startswith("rho ")]
+    strongest = max(((r["accuracy in"], c, r[c]) for r in t.to_dict("records") for c in cols),
+                    key=lambda x: abs(x[2]))
+    ranked = pred.drop(index="full", errors="ignore")
+    best_ppl = ranked.perplexity.idxmin()
+    acc_all = df[(df.granularity == "layer") & (df.label == best_ppl)].correct.mean()
+    signif = [f"{c.replace('rho ', '')} ({r['accuracy in']})" for r in t.to_dict("records") for c in cols
+              if abs(r[c]) >= crit]
+    return ("\n".join(lines) + "\n\n" + fmt(t) + "\n\n**Answer:** Spearman rank correlation across "
+            f"{n} configurations on one prompt; with {n} configurations a |rho| below {crit:.2f} is not significant "
+            "at the 5 % level (exact, two-sided, over every ordering). "
+            + (f"At that level: {', '.join(signif)}. " if signif else "None reaches it. ")
+            + f"The largest in size is {strongest[1].replace('rho ', '')} against {strongest[0]} accuracy, "
+            f"rho = {strongest[2]:+.2f}"
+            + (": its sign is the reverse of a predictor's (the configurations the loop scores better are right "
+               f"less often; {best_ppl} has the best perplexity and answers {pct(acc_all)} of its runs)."
+               if strongest[2] < 0 else ".")
+            + " None of the three predicts the pass key's accuracy in this grid.")
+
+
+def spearman_critical(n: int, alpha: float = 0.05) -> float:
+    """The least |rho| whose exact two-sided permutation p (every ordering of n untied ranks
+    equally likely) is at most alpha; inf when no |rho| is (n < 4)."""
+    import itertools
+
+    base = np.arange(n)
+    rhos = np.array([1 - 6 * float(((base - np.array(p)) ** 2).sum()) / (n * (n * n - 1))
+                     for p in itertools.permutations(range(n))])
+    for r in np.unique(np.round(np.abs(rhos), 12)):
+        if (np.abs(rhos) >= r - 1e-12).mean() <= alpha:
+            return float(r)
+    return float("inf")
 
 
 def predictors(out: Path, df: pd.DataFrame) -> None:
@@ -407,12 +465,14 @@ def report(out: Path, task: str = "passkey") -> tuple[str, str]:
         q5(df, out),
         "",
     ]
+    doc[2:2] = ["## Corrections (2026-12-05)", "", *CORRECTIONS, ""]
     doc[-1:-1] = ["## How the answers fail (layer granularity, every mode and budget)", "",
                   "A *truncated* answer's first number is a proper beginning of the key (\"424\" for 42400): the "
                   "model recalled the key's start and stopped. *Other number*: a number that does not begin the key.",
                   "", outcomes(df), ""]
     if (df.granularity == "kv-head").any():
-        doc[-1:-1] = ["## Per KV head against per layer, on the same prompts", "", per_head_table(df), ""]
+        doc[-1:-1] = ["## Per KV head against per layer, on the same prompts", "", per_head_table(df), "",
+                      per_head_note(df), ""]
     if task != "passkey":
         doc[-1:-1] = [f"## The {task} task's answer check", "", TASK_NOTE[task], "", task_outcomes(df), ""]
     return tab, "\n".join(doc)
@@ -466,13 +526,31 @@ def per_head(df: pd.DataFrame) -> pd.DataFrame:
         x, y = x.loc[common], y.loc[common]
         rows.append({"policy": n, "budget": b, "mode": m, "n": len(common),
                      "kv-head": acc_ci(x.correct), "layer": acc_ci(y.correct),
-                     "held kv-head": x.held_end.mean(), "held layer": y.held_end.mean()})
+                     "held kv-head": x.held_end.mean(), "held layer": y.held_end.mean(),
+                     "_kv": float(x.correct.mean()), "_layer": float(y.correct.mean())})
     return pd.DataFrame(rows)
+
+
+def per_head_note(df: pd.DataFrame) -> str:
+    """What the per-KV-head table does not explain: the largest accuracy drops beside how little
+    the held share moves."""
+    t = per_head(df)
+    if t.empty:
+        return ""
+    drops = [(r["_layer"] - r["_kv"], r, r["_kv"], r["_layer"]) for r in t.to_dict("records")]
+    big = [x for x in sorted(drops, key=lambda x: -x[0]) if x[0] >= 0.3]
+    if not big:
+        return ""
+    said = "; ".join(f"{r['policy']} @ {r['budget']} falls from {pct(lay)} to {pct(kv)} while its held share "
+                     f"moves from {r['held layer']:.2f} to {r['held kv-head']:.2f}" for _, r, kv, lay in big)
+    return (f"**Unexplained:** {said}. This grid does not say why: it records how much of the key each "
+            "configuration holds, not which KV heads lose it or how much of the question's attention those "
+            "heads carry, so the collapse is reported, not explained.")
 
 
 def per_head_table(df: pd.DataFrame) -> str:
     t = per_head(df)
-    return "(no prompts at both granularities)" if t.empty else fmt(t)
+    return "(no prompts at both granularities)" if t.empty else fmt(t.drop(columns=["_kv", "_layer"]))
 
 
 def answers(df: pd.DataFrame, out: Path) -> str:
@@ -502,25 +580,33 @@ def answers(df: pd.DataFrame, out: Path) -> str:
                      + (f", {acc_ci(p5.correct)} against {acc_ci(p1.correct)} at prefill budget 128"
                         if len(p5) and len(p1) else "") + ".")
     c, w = ev.correct.astype(bool), ev.whole
+    whole = ev[w]
     lines.append(f"3. **Every key token held in every layer**: of {len(ev)} evicting runs, "
-                 f"{int((c & ~w).sum())} were right without it and {int((~c & w).sum())} wrong with it.")
-    pairs = same = 0
+                 f"{int((c & ~w).sum())} were right without it and {int((~c & w).sum())} wrong with it"
+                 + (f"; the {len(whole)} runs that held it are all {whole.policy.iloc[0]} (its recent window), so "
+                    "this is no evidence that holding the key is sufficient." if len(whole) and
+                    whole.policy.nunique() == 1 else "."))
+    pairs = same = both_wrong = 0
     for _, g in ev.groupby(["name", "budget"]):
         x = g[g.prompt_mode == "decode"].set_index("prompt")
         y = g[g.prompt_mode == "prefill"].set_index("prompt")
         common = x.index.intersection(y.index)
         pairs += len(common)
-        same += int((x.loc[common].correct.values == y.loc[common].correct.values).sum())
+        a, b = x.loc[common].correct.values.astype(bool), y.loc[common].correct.values.astype(bool)
+        same += int((a == b).sum())
+        both_wrong += int((~a & ~b).sum())
     if pairs:
+        either = pairs - both_wrong
         lines.append(f"4. **Decode-time and prefill eviction** give the same verdict on {same} of {pairs} "
-                     "paired runs.")
+                     f"paired runs; {both_wrong} of those are both wrong, and where at least one mode was right "
+                     f"they agree in {same - both_wrong} of {either}.")
     t = per_head(df)
     if not t.empty:
         parts = [f"{r['policy']} @ {r['budget']} ({r['mode']}, {r['n']} prompts) {r['kv-head']} per KV head "
                  f"against {r['layer']} per layer" for _, r in t.iterrows() if r["policy"] in ("tova", PK5, "h2o")]
         if parts:
             lines.append("5. **Per KV head** (each KV head keeps its own budget's positions): "
-                         + "; ".join(parts) + ".")
+                         + "; ".join(parts) + ". Why accuracy collapses per KV head is not explained by this grid.")
     kinds = [outcome(a, str(k)) for a, k in zip(ev.answer, ev.key)]
     wrong = [k for k in kinds if k != "right"]
     if wrong:
@@ -534,11 +620,14 @@ def answers(df: pd.DataFrame, out: Path) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.needle_report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", nargs="?", default=str(traces_or_default() / "needle"))
-    p.add_argument("--predictors", action="store_true", help="run the loop for question 5 first")
+    p.add_argument("--predictors", action="store_true",
+                   help="run the loop for question 5 first and rewrite DIR/predictors.json (needs --write)")
     p.add_argument("--write", action="store_true",
                    help="rewrite docs/studies/needle.md and the marked table in docs/benchmarks.md")
     p.add_argument("--task", default="passkey", help="the task whose runs to report (kvviz needle --task)")
     args = p.parse_args(argv)
+    if args.predictors and not args.write:
+        p.error("--predictors rewrites DIR/predictors.json: give --write with it")
     out = Path(args.dir)
     try:
         df, _ = gated(out, args.task)

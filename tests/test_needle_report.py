@@ -117,3 +117,10 @@ def test_setup_ships_exactly_the_files_the_grid_writes(monkeypatch):
     assert all(len(seeds) == 30 for seeds in keys.values())  # 30 distinct seeds (keys) per cell
     runs = [x for x in shipped if x.startswith("traces/needle/runs/")]
     assert sorted(f"traces/needle/runs/{i}.npz" for i in ids) == runs
+
+
+def test_spearman_critical_values_match_the_exact_tables():
+    # two-sided 5 %: n = 6 needs |rho| >= 0.886 (26/30); n = 5 only a perfect order; n = 3 never
+    assert needle_report.spearman_critical(6) == pytest.approx(1 - 6 * 4 / 210)
+    assert needle_report.spearman_critical(5) == pytest.approx(1.0)
+    assert needle_report.spearman_critical(3) == float("inf")

@@ -275,6 +275,23 @@ def test_a_longer_decode_cell_is_answered_on_its_own(study):
     assert f"Decode mode, {2 * T0} tokens, budget 8:" in doc
     said = answers["recall"]["answer"]
     assert f"In decode mode at {2 * T0} tokens (budget 8): over 2 prompts" in said
-    assert "more often than the reverse at K = 5 (2 against 0, exact sign test p = 0.5)" in said
+    assert "more often than the reverse at K = 5 (2 against 0, exact sign test p = 0.5, uncorrected; " in said
+    tests = pd.DataFrame(answers["recall"]["decode_tests"])
+    assert len(tests) == 6 and f"Holm-corrected over the {len(tests)} decode-mode sign tests p = 1)" in said
     # the shorter cell is still the one the by-K table and the lesson's line read
     assert answers["recall"]["length"] == T0 and answers["recall"]["budget"] == 8
+
+
+def test_holm_on_hand_values():
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1: 0.03, 0.06, then max(0.06, 0.04); order kept
+    assert R.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert R.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_sign_power_at_its_closed_forms():
+    # 5 of 5 one way gives p = 2/32 > 0.05, so 5 prompts can never reach significance
+    assert R.sign_power(5, 1.0, 0.0) == 0.0
+    # 6 of 6 gives p = 2/64 < 0.05 and 5 of 6 does not: power is the chance all six go TOVA's way against
+    assert R.sign_power(6, 1.0, 0.0) == pytest.approx(1.0)
+    assert R.sign_power(6, 0.5, 0.0) == pytest.approx(0.5 ** 6)
+    assert R.sign_power(30, 0.25, 0.05) < R.sign_power(60, 0.25, 0.05)

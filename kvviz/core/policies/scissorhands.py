@@ -5,6 +5,13 @@ how often each slot's attention fell below the uniform share 1/len(kept) ("unimp
 at that step"); evict the slots unimportant most often, never the `recent_window`
 newest. The flags live in a ring of bits (bit k = ring slot k of one uint64), so the
 count covers exactly the last `history_window` observed steps and is a popcount.
+
+Ties: the uniform share is a row's mean, and attention is heavy-tailed, so most positions
+are below it on most steps and their count saturates at `history_window`. Among equal counts
+the shared rule evicts the lower position, so with most candidates saturated this policy
+evicts the oldest first, like a sliding window (on the shipped decode runs at budget 192, about
+93 % of what it holds at the end lies in the newest 192 positions). A key early in a long
+prompt is lost this way. docs/policies.md, "Scissorhands' ties", gives the measurements.
 """
 from dataclasses import dataclass
 
