@@ -204,8 +204,10 @@ def test_head_roles_token_by_token_calibrate_on_the_first_rows_they_see(smollm):
     rows 0..budget, every head's role set before its first victim; masked and freed agree."""
     from pathlib import Path
 
-    prompt = (Path(__file__).resolve().parents[1] / "examples" / "passkey.txt").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[1] / "examples" / "passkey.txt").read_text(encoding="utf-8")
     budget = 40
+    # the text's first 64 tokens: calibration reads rows 0..budget, and 24 steps evict after it
+    prompt = smollm[0](text, add_special_tokens=False)["input_ids"][:64]
     cfg = LoopConfig("headroles", {"scorer": "tova"}, budget)
     roles = make_policy("headroles", budget, scorer="tova")
     streaming = roles.stream_sinks + roles.stream_recent
