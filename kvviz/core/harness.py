@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.core.budget import resolve
 from kvviz.core.policies.base import BudgetError, VictimError, enforce, norm_inputs
 
 __all__ = ["BudgetError", "VictimError", "check_victims", "enforce", "evict_layer", "feed",
@@ -82,7 +83,11 @@ def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
          value_norm=None, query_rows=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`, then `enforce` the budget and check the
     victims (`check_victims`; `check_stream_victims` for a Streams group); returns the
-    victims' positions (int64). `stream` names the stream in a refusal."""
+    victims' positions (int64). `stream` names the stream in a refusal. A ratio `budget`
+    (kvviz.core.budget.Ratio) is resolved here, at this step, over the pos + 1 positions
+    seen, and the eviction and the count are checked against the resolved budget."""
+    if type(budget) is not int:
+        budget = resolve(budget, pos + 1)
     feed(policy, pos, raw, key_norm, value_norm, query_rows)
     before = policy.held().copy()  # an eviction may close its gaps in place
     victims = policy.evict(budget)

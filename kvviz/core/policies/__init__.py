@@ -22,6 +22,7 @@ import pkgutil
 import re
 import uuid
 
+from kvviz.core.budget import is_ratio, parse_budget, smallest_budget
 from kvviz.core.policies.alloc import Allocator
 from kvviz.core.policies.base import KINDS, ParamSpec, Place, Policy, Rank, param
 
@@ -223,10 +224,17 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
     fixed seed, so replays are bit-identical run to run. `place` (a Place) tells the policy
     where its stream sits (`policy.place`; default: nowhere known).
 
+    `budget` is a slot count or a ratio of the tokens seen ('0.25x', kvviz.core.budget): a
+    ratio builds the policy at the smallest budget its parameters accept (its `budget`, the
+    ratio's floor) and sets `policy.ratio`, which every harness resolves at each step.
+
     An allocator's name gives an Allocator; a parameter it does not declare is its scorer's
     (`make_policy("adakv", 64, scorer="snapkv", pool_kernel=3)`), checked by building the
     scorer once at the budget."""
     cls = policy_class(name)
+    budget = parse_budget(budget)
+    if is_ratio(budget):
+        return _ratio_policy(name, budget, rng, place, params)
     if name in ALLOCATORS:
         own, scorer, rest = _split(name, params)
         try:
@@ -246,6 +254,26 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
         if not isinstance(place, Place):
             raise ValueError(f"place must be a kvviz.core.policies.base.Place, got {place!r}")
         policy.place = place
+    return policy
+
+
+def _ratio_policy(name: str, ratio, rng, place, params):
+    """`make_policy` at a ratio budget: built at the smallest budget its parameters accept
+    (every refusal that does not depend on the budget said as at any budget)."""
+    if name in ALLOCATORS:
+        raise ValueError(f"budget: {name} is an allocator, and an allocator takes a fixed budget "
+                         f"(slots per stream), got the ratio {ratio}")
+    make_policy(name, 1 << 20, rng, place, **params)  # a refusal of the parameters themselves
+
+    def accepts(b: int) -> bool:
+        try:
+            make_policy(name, b, rng, place, **params)
+        except ValueError:
+            return False
+        return True
+    floor = smallest_budget(accepts, 1 << 20)
+    policy = make_policy(name, floor, rng, place, **params)
+    policy.ratio = ratio.with_floor(floor)
     return policy
 
 
