@@ -29,7 +29,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["RULE", "Ratio", "budget_label", "is_ratio", "parse_budget", "resolve", "smallest_budget"]
+__all__ = ["RULE", "Ratio", "at_ratio", "budget_label", "is_ratio", "parse_budget", "resolve", "smallest_budget"]
 
 RULE = ("a positive integer (slots held) or a ratio of the tokens seen written Rx, "
         "R a decimal in (0, 1] (e.g. 0.25x)")
@@ -118,3 +118,22 @@ def smallest_budget(accepts, limit: int = 1 << 24) -> int:
         else:
             lo = mid
     return hi
+
+
+def at_ratio(build, ratio: Ratio, limit: int = 1 << 20):
+    """A policy at a ratio budget: `build(b)` (a policy constructed at budget b, raising
+    ValueError where it refuses b) called at the smallest budget it accepts, which becomes
+    the ratio's floor, set as `policy.ratio`. A refusal that does not depend on the budget
+    (an unknown parameter, a value outside its rule) is raised as `build(limit)` raises it."""
+    build(limit)
+
+    def accepts(b: int) -> bool:
+        try:
+            build(b)
+        except ValueError:
+            return False
+        return True
+    floor = smallest_budget(accepts, limit)
+    policy = build(floor)
+    policy.ratio = ratio.with_floor(floor)
+    return policy

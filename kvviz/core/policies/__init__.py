@@ -22,7 +22,7 @@ import pkgutil
 import re
 import uuid
 
-from kvviz.core.budget import is_ratio, parse_budget, smallest_budget
+from kvviz.core.budget import at_ratio, is_ratio, parse_budget
 from kvviz.core.policies.alloc import Allocator
 from kvviz.core.policies.base import KINDS, ParamSpec, Place, Policy, Rank, param
 
@@ -263,18 +263,7 @@ def _ratio_policy(name: str, ratio, rng, place, params):
     if name in ALLOCATORS:
         raise ValueError(f"budget: {name} is an allocator, and an allocator takes a fixed budget "
                          f"(slots per stream), got the ratio {ratio}")
-    make_policy(name, 1 << 20, rng, place, **params)  # a refusal of the parameters themselves
-
-    def accepts(b: int) -> bool:
-        try:
-            make_policy(name, b, rng, place, **params)
-        except ValueError:
-            return False
-        return True
-    floor = smallest_budget(accepts, 1 << 20)
-    policy = make_policy(name, floor, rng, place, **params)
-    policy.ratio = ratio.with_floor(floor)
-    return policy
+    return at_ratio(lambda b: make_policy(name, b, rng, place, **params), ratio)
 
 
 def param_specs(name: str) -> list[ParamSpec]:

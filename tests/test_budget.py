@@ -1,0 +1,145 @@
+"""Ratio budgets (kvviz.core.budget): parsing, the resolution rule, and every built-in policy
+replayed at a ratio against a slow reference written from the rule."""
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from kvviz.core import harness
+from kvviz.core.budget import Ratio, parse_budget, resolve
+from kvviz.core.check import check_policy, truncated
+from kvviz.core.policies import POLICIES, make_policy
+from kvviz.core.policies.base import BudgetError
+from kvviz.core.policies.tova import Tova
+from kvviz.core.reference import make_reference
+from kvviz.core.replay import NEVER, Replay, run_policy
+from kvviz.core.trace import canonical
+from kvviz.studies.bench import parse_budgets, table
+
+
+@pytest.mark.parametrize("given, want", [
+    (64, 64), ("64", 64), (" 7 ", 7), (np.int64(3), 3),
+    ("0.25x", Fraction(1, 4)), (".5x", Fraction(1, 2)), ("1x", Fraction(1)), ("0.1X", Fraction(1, 10)),
+])
+def test_parse_accepts_counts_and_ratios(given, want):
+    got = parse_budget(given)
+    assert (got.value if isinstance(got, Ratio) else got) == want
+    assert type(got) is (Ratio if isinstance(want, Fraction) else int)
+
+
+@pytest.mark.parametrize("given", [0, -1, True, 0.25, "0.25", "0x", "1.5x", "abc", "", None, "-0.25x", "64x"])
+def test_parse_refuses_naming_budget_and_rule(given):
+    with pytest.raises(ValueError, match=r"^budget must be a positive integer .* or a ratio .* \(0, 1\]"):
+        parse_budget(given)
+
+
+def test_a_ratio_keeps_its_text_and_a_named_parameter():
+    assert str(parse_budget("0.25x")) == "0.25x"
+    with pytest.raises(ValueError, match="^--budgets must be"):
+        parse_budgets("64,quarter")
+    assert parse_budgets("64, 0.5x") == [64, parse_budget("0.5x")]
+
+
+def test_resolve_rounds_down_exactly_never_below_the_floor():
+    quarter = parse_budget("0.25x")
+    # floor(seen / 4), at least 1: worked by hand
+    assert [resolve(quarter, s) for s in range(1, 13)] == [1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3]
+    assert [resolve(quarter.with_floor(5), s) for s in (1, 20, 23, 24)] == [5, 5, 5, 6]
+    # 0.1 x 30 is 3.0000000000000004 in floats; the rule is exact
+    assert resolve(parse_budget("0.1x"), 30) == 3 and resolve(parse_budget("0.3x"), 10) == 3
+    assert resolve(parse_budget("1x"), 17) == 17 and resolve(64, 10) == 64
+
+
+def _smallest_accepted(name: str) -> int:
+    """The floor, by a plain scan: the first budget the policy constructs at."""
+    for b in range(1, 4096):
+        try:
+            make_policy(name, b)
+            return b
+        except ValueError:
+            continue
+    raise AssertionError(f"{name} constructs at no budget below 4096")
+
+
+def _reference_run(trace, name: str, num: int, den: int):
+    """The rule, from scratch: at step t (t + 1 positions seen) the slow reference policy is
+    fed row t renormalised over what it holds, then evicts to max(floor, (t + 1) * num // den)."""
+    floor = _smallest_accepted(name)
+    ref = make_reference(name, budget=floor)
+    evicted_at, held = np.full(trace.steps, NEVER), []
+    for t in range(trace.steps):
+        w = trace.row(t)[ref.kept].astype(np.float64)
+        if w.sum() > 0:
+            w = w / w.sum()
+        ref.on_decode_step(t, w.astype(np.float32), trace.key_norm(t), trace.value_norm(t))
+        budget = max(floor, (t + 1) * num // den)
+        evicted_at[ref.evict(budget)] = t
+        held.append(len(ref.keep))
+        assert held[-1] == min(t + 1, budget)
+    return evicted_at, np.array(held), floor
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if POLICIES[n].reference is not None])
+def test_a_ratio_replay_is_the_rule_step_by_step(name):
+    trace = truncated(canonical(), 200)  # key and value norms too, for those that read them
+    want_evicted, want_held, floor = _reference_run(trace, name, 3, 10)
+    run = run_policy(trace, name, "0.3x")
+    assert str(run.budget) == "0.3x" and run.budget.floor == floor
+    np.testing.assert_array_equal(run.held, want_held)
+    np.testing.assert_array_equal(run.evicted_at, want_evicted)
+    assert want_held[-1] == max(floor, 60) and run.peak_held == want_held.max()
+
+
+def test_the_whole_ratio_never_evicts():
+    run = run_policy(canonical(120), "tova", "1x")
+    assert (run.evicted_at == NEVER).all() and run.held.tolist() == list(range(1, 121))
+
+
+def test_the_harness_checks_the_resolved_budget():
+    class KeepsAll(Tova):
+        def evict(self, budget):
+            return np.empty(0, np.int64)
+    policy = KeepsAll(budget=1)
+    harness.step(policy, 0, np.ones(0, np.float32), parse_budget("0.5x"))  # 1 held, 1 allowed
+    harness.step(policy, 1, np.ones(1, np.float32), parse_budget("1x"))  # 2 held, 2 allowed
+    with pytest.raises(BudgetError, match=r"held 3 slots after step 2, over its budget of 1:"):
+        harness.step(policy, 2, np.ones(2, np.float32), parse_budget("0.5x"))  # floor(3 / 2) = 1
+
+
+def test_refusals_name_what_is_wrong():
+    with pytest.raises(ValueError, match="recent_window must be >= 0"):
+        make_policy("snapkv", "0.25x", recent_window=-3)
+    with pytest.raises(ValueError, match="has no parameter"):
+        make_policy("tova", "0.25x", nope=1)
+    with pytest.raises(ValueError, match="^budget: adakv is an allocator.*fixed budget"):
+        make_policy("adakv", "0.25x")
+
+
+@dataclass
+class IgnoresLargerBudgets(Tova):
+    """Evicts down to the budget it was built with whatever larger count it is asked for:
+    invisible at a fixed budget, wrong at a ratio."""
+
+    def evict(self, budget):
+        return super().evict(min(budget, self.budget))
+
+
+def test_check_fails_a_policy_that_ignores_the_resolved_budget_and_only_that():
+    results = check_policy(IgnoresLargerBudgets, steps=160, speed=False)
+    assert {r.rule for r in results if not r.passed} == {"ratio"}, [r.line() for r in results]
+    bad = next(r for r in results if r.rule == "ratio")
+    assert "step 7: held 1, want 2 (floor 1)" in bad.detail
+
+
+def test_bench_records_the_budget_as_given_and_the_held_count():
+    trace = canonical(400)
+    out = table(trace, [64, parse_budget("0.25x")], ["streaming-llm"])
+    got = {r["budget"]: r for r in out.records()}
+    assert set(got) == {"64", "0.25x"}
+    assert got["64"]["held"] == 64 and got["0.25x"]["held"] == 100  # 400 // 4
+    per_slot = make_policy("streaming-llm", 64).bytes_per_slot
+    assert got["0.25x"]["memory_bytes"] == 100 * per_slot and got["64"]["memory_bytes"] == 64 * per_slot
+    assert got["0.25x"]["evicts"] is True
+    replayed = Replay(trace, make_policy("streaming-llm", "0.25x")).run()
+    assert replayed.held.tolist() == [min(t + 1, max(5, (t + 1) // 4)) for t in range(400)]
