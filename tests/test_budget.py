@@ -136,10 +136,10 @@ def test_bench_records_the_budget_as_given_and_the_held_count():
     trace = canonical(400)
     out = table(trace, [64, parse_budget("0.25x")], ["streaming-llm"])
     got = {r["budget"]: r for r in out.records()}
-    assert set(got) == {"64", "0.25x"}
-    assert got["64"]["held"] == 64 and got["0.25x"]["held"] == 100  # 400 // 4
+    assert set(got) == {64, "0.25x"}
+    assert got[64]["held"] == 64 and got["0.25x"]["held"] == 100  # 400 // 4
     per_slot = make_policy("streaming-llm", 64).bytes_per_slot
-    assert got["0.25x"]["memory_bytes"] == 100 * per_slot and got["64"]["memory_bytes"] == 64 * per_slot
+    assert got["0.25x"]["memory_bytes"] == 100 * per_slot and got[64]["memory_bytes"] == 64 * per_slot
     assert got["0.25x"]["evicts"] is True
     replayed = Replay(trace, make_policy("streaming-llm", "0.25x")).run()
     assert replayed.held.tolist() == [min(t + 1, max(5, (t + 1) // 4)) for t in range(400)]

@@ -29,7 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["RULE", "Ratio", "at_ratio", "budget_label", "is_ratio", "parse_budget", "resolve", "smallest_budget"]
+__all__ = ["RULE", "Ratio", "as_given", "at_ratio", "budget_label", "is_ratio", "parse_budget", "resolve",
+           "smallest_budget"]
 
 RULE = ("a positive integer (slots held) or a ratio of the tokens seen written Rx, "
         "R a decimal in (0, 1] (e.g. 0.25x)")
@@ -97,6 +98,11 @@ def resolve(budget, seen: int) -> int:
 def budget_label(budget) -> str:
     """A budget as given: '64', '0.25x'."""
     return str(budget)
+
+
+def as_given(budget):
+    """A budget as a table records it: a count as an int, a ratio as its text ('0.25x')."""
+    return str(budget) if isinstance(budget, Ratio) else int(budget)
 
 
 def smallest_budget(accepts, limit: int = 1 << 24) -> int:

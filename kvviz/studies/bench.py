@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
-from kvviz.core.budget import budget_label, is_ratio, parse_budget, resolve
+from kvviz.core.budget import as_given, is_ratio, parse_budget, resolve
 from kvviz.core.layers import layer_summary, load_layers, refuse_single, replay_layers, replay_streams
 from kvviz.core.metrics import summary
 from kvviz.core.policies import ALLOCATORS, POLICIES, make_policy, parse_params
@@ -126,7 +126,7 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
         for budget in budgets:
             if grid is not None:
                 found = replay_streams(grid, name, budget, **params)
-                row = {"policy": name, "budget": budget_label(budget), "granularity": "kv-head",
+                row = {"policy": name, "budget": as_given(budget), "granularity": "kv-head",
                        **layer_summary(grid, found)}
                 row["held"] = int(found.held.sum(axis=(0, 1)).max())
                 row["evicts"] = resolve(budget, trace.steps) < trace.steps
@@ -134,7 +134,7 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
                 rows.append(row)
                 continue
             run = run_policy(trace, name, budget, **params)
-            row = {"policy": name, "budget": budget_label(budget), "granularity": getattr(trace, "head", "mean"),
+            row = {"policy": name, "budget": as_given(budget), "granularity": getattr(trace, "head", "mean"),
                    **summary(trace, run)}
             row["held"] = run.peak_held
             row["evicts"] = resolve(run.budget, trace.steps) < trace.steps  # False: perfect by construction
