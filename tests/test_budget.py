@@ -143,3 +143,29 @@ def test_bench_records_the_budget_as_given_and_the_held_count():
     assert got["0.25x"]["evicts"] is True
     replayed = Replay(trace, make_policy("streaming-llm", "0.25x")).run()
     assert replayed.held.tolist() == [min(t + 1, max(5, (t + 1) // 4)) for t in range(400)]
+
+
+def test_a_sweep_cell_takes_a_ratio_and_records_it_as_given(tmp_path):
+    from kvviz import evaluate
+    from kvviz.studies.sweep.run import run_sweep
+
+    df = run_sweep({"traces": ["canonical"], "budgets": [64, "0.25x"], "policies": [{"name": "tova"}]},
+                   tmp_path / "out", progress=False)
+    assert df["budget"].tolist() == ["64", "0.25x"] and (df["status"] == "ok").all()
+    want = evaluate(canonical(), "tova", "0.25x")
+    got = df[df["budget"] == "0.25x"].iloc[0]
+    assert got["retained_mass"] == want["retained_mass"] and got["memory_bytes"] == want["memory_bytes"]
+    assert want["budget"] == "0.25x"
+
+
+@pytest.mark.parametrize("budgets, policy, said", [
+    (["1.5x"], "tova", r"budgets = \['1.5x'\]: budget must be .*outside \(0, 1\]"),
+    (["0.25x"], "adakv", r"policies\[0\] \(adakv\) at budget 0.25x: budget: adakv is an allocator"),
+])
+def test_a_sweep_refuses_a_bad_ratio_before_running(tmp_path, budgets, policy, said):
+    from kvviz.studies.sweep.rules import SpecError
+    from kvviz.studies.sweep.spec import load
+
+    spec = {"traces": ["canonical"], "budgets": budgets, "policies": [{"name": policy}]}
+    with pytest.raises(SpecError, match=said):
+        load(spec)
