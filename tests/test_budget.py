@@ -169,3 +169,100 @@ def test_a_sweep_refuses_a_bad_ratio_before_running(tmp_path, budgets, policy, s
     spec = {"traces": ["canonical"], "budgets": budgets, "policies": [{"name": policy}]}
     with pytest.raises(SpecError, match=said):
         load(spec)
+
+
+# -- in the model loop and inside Hugging Face generate (a tiny random-weight Llama) -------
+
+TEXT = "The committee met at noon; the minutes record that the motion passed on a bright day."
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, torch_stack):
+    import os
+    import sys
+    from pathlib import Path
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from tiny_model import build, save_tokenizer
+
+    from kvviz.model.models import load_model
+
+    tokenizer = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(tokenizer)
+    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
+
+
+def test_in_the_loop_a_ratio_is_the_rule_on_the_models_rows(tiny_llama, torch_stack):
+    from kvviz.model.loop import LoopConfig, run_loop
+
+    cfg = LoopConfig("tova", {}, "0.5x")
+    res = run_loop(TEXT, [LoopConfig("full"), cfg], max_tokens=64, model=tiny_llama, granularity="kv-head")
+    T, checked = len(res.tokens), False
+    assert T > 8
+    assert res.configs[1].label == "tova@0.5x" and res.configs[1].to_dict()["budget"] == "0.5x"
+    for layer in res.rows_layers:
+        for h in range(len(res.heads)):
+            ev, tr = res.evicted_at[1, layer, h], res.trace(1, layer, h)
+            ref, want = make_reference("tova", budget=1), np.full(T, NEVER)
+            for t in range(T):  # floor(seen / 2), at least the floor 1
+                w = tr.row(t)[ref.kept].astype(np.float64)
+                ref.on_decode_step(t, (w / w.sum() if w.sum() > 0 else w).astype(np.float32))
+                want[ref.evict(max(1, (t + 1) // 2))] = t
+            np.testing.assert_array_equal(ev, want, err_msg=f"layer {layer} head {h}")
+            assert (ev == NEVER).sum() == T // 2
+            checked = True
+    assert checked
+
+
+def test_inside_hf_generate_a_ratio_is_kvviz_generate_in_prefill_mode(tiny_llama, torch_stack):
+    import torch
+
+    import kvviz.hf
+    from kvviz.model.loop import LoopConfig, generate
+
+    tok, mdl = tiny_llama
+    prompt, n = TEXT[:40], 6
+    gen = generate(prompt, [LoopConfig("streaming-llm", {"sinks": 2}, "0.5x")], n, granularity="kv-head",
+                   prompt_mode="prefill", model=tiny_llama)
+    c = 1 - gen.full_index
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    t0 = gen.prompt_len
+    with kvviz.hf.evicting(mdl, policy="streaming-llm", budget="0.5x", granularity="kv-head", sinks=2) as log:
+        out = mdl.generate(ids, max_new_tokens=n, do_sample=False)
+    assert out[0, ids.shape[1]:].tolist() == gen.generated(c).tolist()
+    np.testing.assert_array_equal(log.evicted_at, gen.evicted_at[c, :, :, : t0 + n - 1])
+    for t in (t0 - 1, t0 + n - 2):  # the prompt evicted at once, then one step at a time
+        assert (log.held(t).sum(axis=-1) == max(3, (t + 1) // 2)).all()
+    with pytest.raises(ValueError, match="budget 0.5x with eviction freed: a ratio of the tokens seen"):
+        with kvviz.hf.evicting(mdl, policy="tova", budget="0.5x", eviction="freed"):
+            pass
+
+
+@pytest.mark.parametrize("args, said", [
+    (["loop", "--policy", "tova", "--budget", "1.5x"], "argument --budget: budget must be .* outside (0, 1]"),
+    (["loop", "--policy", "tova", "--budget", "0.5x", "--eviction", "freed"],
+     "--budget 0.5x with eviction freed: a ratio of the tokens seen grows with them"),
+    (["generate", "--policy", "tova", "--budget", "0.5x", "--eviction", "freed"],
+     "--budget 0.5x with eviction freed"),
+    (["needle", "--policies", "tova", "--budgets", "64,0.25x", "--eviction", "freed"],
+     "--budgets 0.25x with eviction freed"),
+    (["needle", "--policies", "adakv", "--budgets", "0.25x"], "adakv is an allocator, and an allocator takes a fixed"),
+])
+def test_the_model_commands_take_ratios_and_refuse_what_cannot_run_before_loading(tmp_path, monkeypatch, capsys,
+                                                                                   args, said):
+    import re
+    import sys
+
+    from kvviz.__main__ import main
+
+    src = tmp_path / "t.txt"
+    src.write_text("hello world, a short text.", encoding="utf-8")
+    where = {"loop": ["--text", str(src)], "generate": ["--prompt", "hello world", "--max-new-tokens", "4"],
+             "needle": ["--out", str(tmp_path / "out")]}[args[0]]
+    monkeypatch.setitem(sys.modules, "torch", None)  # a refusal comes before torch is imported
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(SystemExit) as stop:
+        sys.exit(main([args[0], *where, *args[1:]]))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and re.search(re.escape(said).replace(r"\.\*", ".*"), err), err

@@ -177,10 +177,11 @@ class PolicyLayers(StreamGroup):
     the configuration's `budget`."""
 
     def __init__(self, policies: list, budget: int):
-        self.policies, self.budget = [list(per) for per in policies], int(budget)
+        ratio = getattr(policies[0][0], "ratio", None)  # a ratio budget: resolved per step
+        self.policies, self.budget = [list(per) for per in policies], ratio or int(budget)
         self.per_layer = len(self.policies[0])
         self.size = len(self.policies) * self.per_layer
-        self.capacity = self.budget
+        self.capacity = None if ratio else self.budget
         _declare_inputs(self, self.policies[0][0])
 
     def _policy(self, s: int):
