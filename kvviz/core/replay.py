@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvviz.core.budget import resolve
+from kvviz.core.budget import as_given, resolve
 from kvviz.core.groups import OnePolicy
 from kvviz.core.policies import Place, make_policy
 from kvviz.core.trace import Trace
@@ -93,7 +93,7 @@ class Run:
         layer = getattr(trace, "layer", None) if trace is not None else self.meta.get("layer")
         head = getattr(trace, "head", None) if trace is not None else self.meta.get("head")
         keys = {"config": config_label(self.policy, self.params, budget=self.budget), "policy": self.policy,
-                "budget": self.budget, "layer": layer, "head": head or "mean"}
+                "budget": as_given(self.budget), "layer": layer, "head": head or "mean"}
         cols = frame.stream(self.evicted_at, row=None if trace is None else trace.row,
                             n_rows=0 if trace is None else trace.steps, per=per)
         return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
