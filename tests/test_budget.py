@@ -266,3 +266,23 @@ def test_the_model_commands_take_ratios_and_refuse_what_cannot_run_before_loadin
         sys.exit(main([args[0], *where, *args[1:]]))
     err = capsys.readouterr().err
     assert stop.value.code == 2 and re.search(re.escape(said).replace(r"\.\*", ".*"), err), err
+
+
+# -- the page ---------------------------------------------------------------------------
+
+def test_the_page_runs_a_ratio_budget_and_says_what_it_resolves_to(apptest):
+    import apphelp
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(apphelp.APP, default_timeout=180)
+    for k, v in {"a": "tova", "b": "streaming-llm", "budget": "64", "step": "300", "view": "cache"}.items():
+        at.query_params[k] = v
+    at.session_state["budget_share.kept"] = (True, "0.25")
+    at.run()
+    apphelp.ok(at)
+    assert at.selectbox(key="budget_share.value").value == "0.25"
+    said = " ".join(c.value for c in at.caption)
+    # 301 positions seen: floor(301 / 4) = 75 for both (StreamingLLM's floor is 5)
+    assert "budget 0.25x of the 301 positions seen at step 300: **A** 75 slots · **B** 75 slots" in said
+    status = " ".join(m.value for m in at.markdown)
+    assert "holds **75**" in status and "holds **64**" not in status
