@@ -112,8 +112,8 @@ def test_refusals_name_what_is_wrong():
         make_policy("snapkv", "0.25x", recent_window=-3)
     with pytest.raises(ValueError, match="has no parameter"):
         make_policy("tova", "0.25x", nope=1)
-    with pytest.raises(ValueError, match="^budget: adakv is an allocator.*fixed budget"):
-        make_policy("adakv", "0.25x")
+    with pytest.raises(ValueError, match="^budget: cake sets its heads' or layers' budgets once"):
+        make_policy("cake", "0.25x")
 
 
 @dataclass
@@ -160,7 +160,7 @@ def test_a_sweep_cell_takes_a_ratio_and_records_it_as_given(tmp_path):
 
 @pytest.mark.parametrize("budgets, policy, said", [
     (["1.5x"], "tova", r"budgets = \['1.5x'\]: budget must be .*outside \(0, 1\]"),
-    (["0.25x"], "adakv", r"policies\[0\] \(adakv\) at budget 0.25x: budget: adakv is an allocator"),
+    (["0.25x"], "cake", r"policies\[0\] \(cake\) at budget 0.25x: budget: cake sets its heads' or layers'"),
 ])
 def test_a_sweep_refuses_a_bad_ratio_before_running(tmp_path, budgets, policy, said):
     from kvviz.studies.sweep.rules import SpecError
@@ -247,7 +247,7 @@ def test_inside_hf_generate_a_ratio_is_kvviz_generate_in_prefill_mode(tiny_llama
      "--budget 0.5x with eviction freed"),
     (["needle", "--policies", "tova", "--budgets", "64,0.25x", "--eviction", "freed"],
      "--budgets 0.25x with eviction freed"),
-    (["needle", "--policies", "adakv", "--budgets", "0.25x"], "adakv is an allocator, and an allocator takes a fixed"),
+    (["needle", "--policies", "cake", "--budgets", "0.25x"], "cake sets its heads' or layers' budgets once"),
 ])
 def test_the_model_commands_take_ratios_and_refuse_what_cannot_run_before_loading(tmp_path, monkeypatch, capsys,
                                                                                    args, said):
@@ -286,3 +286,49 @@ def test_the_page_runs_a_ratio_budget_and_says_what_it_resolves_to(apptest):
     assert "budget 0.25x of the 301 positions seen at step 300: **A** 75 slots · **B** 75 slots" in said
     status = " ".join(m.value for m in at.markdown)
     assert "holds **75**" in status and "holds **64**" not in status
+
+
+# -- allocators: the layer's budget resolved at every step ---------------------------------
+
+def test_adakv_at_a_ratio_is_its_shared_choice_at_the_resolved_budget():
+    from kvviz.core.layers import load_layers, replay_layers
+    from kvviz.core.reference import shared_choice
+
+    grid = load_layers("traces/code-kv.npz", [14])
+    run = replay_layers(grid, make_policy("adakv", "0.25x"))
+    heads = grid[0]
+    refs = [make_reference("tova", budget=1) for _ in heads]
+    want = np.full((len(heads), heads[0].steps), NEVER)
+    for t in range(heads[0].steps):
+        for ref, tr in zip(refs, heads):
+            w = tr.row(t)[ref.kept].astype(np.float64)
+            ref.on_decode_step(t, (w / w.sum() if w.sum() > 0 else w).astype(np.float32))
+        b = max(1, (t + 1) // 4)  # the mean per head; no head below floor(0.2 x b)
+        chosen = shared_choice(refs, len(heads) * b, b // 5)
+        for g, (ref, c) in enumerate(zip(refs, chosen)):
+            want[g, ref.drop(sorted(c))] = t
+        assert sum(len(r.keep) for r in refs) == len(heads) * min(t + 1, b)
+    for g in range(len(heads)):
+        np.testing.assert_array_equal(run.runs[0][g].evicted_at, want[g], err_msg=f"head {g}")
+
+
+def test_pyramidkv_at_a_ratio_resolves_each_layers_pyramid_and_holds_under_it():
+    from kvviz.core.layers import load_layers, replay_layers
+    from kvviz.core.policies.pyramidkv import pyramid
+
+    grid = load_layers("traces/code-kv.npz")
+    run = replay_layers(grid, make_policy("pyramidkv", "0.25x"))  # scorer tova: no window
+    T, L = grid[0][0].steps, len(grid)
+    first = next(m for m in range(1, 64) if min(pyramid(m, L, 20)) >= 1)  # the smallest mean it takes
+    for t in (0, 9, 100, T - 2, T - 1):
+        layer_b = pyramid(max(first, (t + 1) // 4), L, 20)
+        for d in range(L):
+            held = run.held[d, :, t]
+            assert (held <= layer_b[d]).all() and (held >= min(t + 1, layer_b[d]) - 1).all(), (t, d)
+    assert run.budgets == pyramid(T // 4, L, 20)
+
+
+def test_an_allocator_that_fixes_its_budgets_once_refuses_a_ratio():
+    for name, how in (("cake", "plan_layers"), ("headkv", "group"), ("headroles", "calibrate")):
+        with pytest.raises(ValueError, match=rf"^budget: {name} sets .* once \({how}\), so it takes a fixed"):
+            make_policy(name, "0.25x")

@@ -116,7 +116,10 @@ def step_layer(group, pos: int, raws, key_norms=None, value_norms=None, query_ro
 def evict_layer(group, pos: int) -> list:
     """The allocator evicts across the layer's heads (`group.evict()`), then each head's cap
     and the layer's total are enforced (`group.enforce(pos)`) and each head's victims
-    checked (`check_victims`); one int64 array of victims' positions per head."""
+    checked (`check_victims`); one int64 array of victims' positions per head. Under a ratio
+    budget the group's budget is resolved first, over the pos + 1 positions seen."""
+    if getattr(group, "ratio", None) is not None:  # a ratio budget: this step's, pos + 1 seen
+        group.resolve(pos + 1)
     before = [p.held().copy() for p in group.policies]
     victims = list(group.evict())
     group.enforce(pos)

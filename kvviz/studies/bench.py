@@ -191,19 +191,21 @@ def _allocator_rows(trace: Trace, name: str, params: dict, budgets, notes: list,
     grid = kv_grid(trace, name) if grid is None else grid
     rows = []
     for budget in budgets:
-        if is_ratio(budget):
-            raise ValueError(f"--budgets: {name} is an allocator, and an allocator takes a fixed "
-                             f"budget (slots per stream), got the ratio {budget}")
-        alloc = make_policy(name, budget, **params)
+        try:
+            alloc = make_policy(name, budget, **params)
+        except ValueError as exc:
+            raise ValueError(f"--budgets {budget}: {exc}") from None
         found = replay_layers(grid, alloc)
-        row = {"policy": name, "budget": budget, "granularity": "kv-head", **layer_summary(grid, found)}
-        row["evicts"] = budget < trace.steps
+        row = {"policy": name, "budget": as_given(budget), "granularity": "kv-head", **layer_summary(grid, found)}
+        row["held"] = int(found.held.sum(axis=(0, 1)).max())
+        row["evicts"] = resolve(budget, trace.steps) < trace.steps
         row["params"] = ", ".join(f"{k}={v}" for k, v in alloc.params.items())
         rows.append(row)
         end = found.held_at_end()
         for d, layer in enumerate(found.layer_numbers):
             counts = ", ".join(f"kv{g}={int(n)}" for g, n in enumerate(end[d]))
-            notes.append(f"{name} @ {budget}: layer {layer} (per-head budget {found.budgets[d]}, "
+            notes.append(f"{name} @ {budget}: layer {layer} (per-head budget {found.budgets[d]}"
+                         f"{' at the last step' if is_ratio(budget) else ''}, "
                          f"total {found.budgets[d] * len(end[d])}) held at the end: {counts}")
     return rows
 

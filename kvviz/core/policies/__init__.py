@@ -261,8 +261,11 @@ def _ratio_policy(name: str, ratio, rng, place, params):
     """`make_policy` at a ratio budget: built at the smallest budget its parameters accept
     (every refusal that does not depend on the budget said as at any budget)."""
     if name in ALLOCATORS:
-        raise ValueError(f"budget: {name} is an allocator, and an allocator takes a fixed budget "
-                         f"(slots per stream), got the ratio {ratio}")
+        cls = ALLOCATORS[name]
+        fixed = [m for m in ("group", "plan_layers", "calibrate") if getattr(cls, m) is not getattr(Allocator, m)]
+        if fixed:
+            raise ValueError(f"budget: {name} sets its heads' or layers' budgets once ({', '.join(fixed)}), "
+                             f"so it takes a fixed budget (slots per stream), got the ratio {ratio}")
     return at_ratio(lambda b: make_policy(name, b, rng, place, **params), ratio)
 
 
