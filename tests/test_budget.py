@@ -329,6 +329,6 @@ def test_pyramidkv_at_a_ratio_resolves_each_layers_pyramid_and_holds_under_it():
 
 
 def test_an_allocator_that_fixes_its_budgets_once_refuses_a_ratio():
-    for name, how in (("cake", "plan_layers"), ("headkv", "group"), ("headroles", "calibrate")):
+    for name, how in (("cake", "plan_layers"), ("headkv", "group"), ("headroles", "group, calibrate")):
         with pytest.raises(ValueError, match=rf"^budget: {name} sets .* once \({how}\), so it takes a fixed"):
             make_policy(name, "0.25x")
