@@ -332,3 +332,9 @@ def test_an_allocator_that_fixes_its_budgets_once_refuses_a_ratio():
     for name, how in (("cake", "plan_layers"), ("headkv", "group"), ("headroles", "group, calibrate")):
         with pytest.raises(ValueError, match=rf"^budget: {name} sets .* once \({how}\), so it takes a fixed"):
             make_policy(name, "0.25x")
+
+
+def test_budgets_as_given_sort_counts_then_ratios():
+    from kvviz.core.budget import budget_order
+
+    assert sorted([64, "0.5x", 8, "0.25x", "128"], key=budget_order) == [8, 64, "128", "0.25x", "0.5x"]

@@ -29,8 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["RULE", "Ratio", "as_given", "at_ratio", "budget_label", "is_ratio", "parse_budget", "resolve",
-           "smallest_budget"]
+__all__ = ["RULE", "Ratio", "as_given", "at_ratio", "budget_label", "budget_order", "is_ratio",
+           "parse_budget", "resolve", "smallest_budget"]
 
 RULE = ("a positive integer (slots held) or a ratio of the tokens seen written Rx, "
         "R a decimal in (0, 1] (e.g. 0.25x)")
@@ -93,6 +93,13 @@ def resolve(budget, seen: int) -> int:
     if isinstance(budget, Ratio):
         return budget.resolve(seen)
     return int(budget)
+
+
+def budget_order(budget):
+    """A sort key for budgets as given (counts, ratios, their text): the counts first,
+    ascending, then the ratios, ascending."""
+    b = parse_budget(budget)
+    return (1, b.value) if isinstance(b, Ratio) else (0, b)
 
 
 def budget_label(budget) -> str:
