@@ -15,7 +15,8 @@ def _bench_parser(sub) -> None:
                        help="model layer number stored in --trace, e.g. 29 (default: the first stored)")
     bench.add_argument("--head", default=None,
                        help="head label stored in --trace: mean, kv0.., q0.. (default: mean)")
-    bench.add_argument("--budgets", default="256,512,1024", help="comma-separated budgets")
+    bench.add_argument("--budgets", default="256,512,1024",
+                       help="comma-separated budgets: slot counts, or ratios of the tokens seen (0.25x)")
     bench.add_argument("--policies", default=None,
                        help="comma-separated policy names or name:k=v specs, e.g. "
                             "tova,adakv:scorer=snapkv,poolKernel=3 (default all)")
@@ -148,7 +149,7 @@ def _bench_perf_run(args, parser, b) -> int:
     if args.command == "bench":
         try:
             trace = b.open_trace(args.trace, args.layer, args.head)
-            budgets = [int(x) for x in args.budgets.split(",")]
+            budgets = b.parse_budgets(args.budgets)
             policies = b.policy_list(args.policies) if args.policies else None
             kernels = [int(x) for x in args.pool_kernels.split(",")] if args.pool_kernels else None
             results = b.table(trace, budgets, policies, kernels, args.spans)
@@ -158,7 +159,7 @@ def _bench_perf_run(args, parser, b) -> int:
             parser.error(str(exc))
         print(b.describe(trace, results))
         for budget in budgets:
-            if budget >= trace.steps:
+            if b.resolve(budget, trace.steps) >= trace.steps:
                 print(f"warning: budget {budget} is at least the trace length ({trace.steps} "
                       "steps): nothing is ever evicted, so its rows (evicts False) score "
                       "perfectly by construction")

@@ -26,13 +26,15 @@ REFUSALS = "refusals: out-of-range parameters and budget < 1 raise ValueError na
 NULL_ROWS = "robustness: null attention, all-zero and one-hot rows never raise"
 DETERMINISM = "determinism: two runs with the same rng give identical logs"
 DIFFERENTIAL = "differential: identical victims to the reference at every step"
+RATIO = ("ratio: a ratio budget (0.25x): min(seen, max(floor, floor(seen / 4))) held after every "
+         "step, victims the fixed budget's at that count")
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_builtin_passes(name):
     results = check_policy(POLICIES[name], speed=False)
     assert failing(results) == set(), [r.line() for r in results]
-    assert {r.rule for r in results} == {"contract", "determinism", "refusals", "robustness"}
+    assert {r.rule for r in results} == {"contract", "determinism", "refusals", "robustness", "ratio"}
 
 
 # -- one broken policy per rule ---------------------------------------------------------------
@@ -112,12 +114,13 @@ class RefTovaEvictsHighest(RefTova):
 
 @pytest.mark.parametrize("cls, expected", [
     (Unsorted, {contract("ascending")}),
-    (OneTooMany, {contract("exact")}),
+    # the ratio budget's run is a replay through the harness too: a wrong count fails it
+    (OneTooMany, {contract("exact"), RATIO}),
     # the harness checks every step's victims against the held set, so a policy that reports
     # a position it no longer held cannot replay at all: every rule that replays it fails too
-    (NotKept, {contract("kept"), DETERMINISM, NULL_ROWS,
+    (NotKept, {contract("kept"), DETERMINISM, NULL_ROWS, RATIO,
                "robustness: replays the canonical and every shipped trace at budgets 16, 64, 256"}),
-    (EvictsUnderBudget, {contract("under")}),
+    (EvictsUnderBudget, {contract("under"), RATIO}),
     (Nondeterministic, {DETERMINISM}),
     (NoRangeCheck, {REFUSALS}),
     (NoBudgetCheck, {REFUSALS}),

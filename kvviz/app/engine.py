@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.core.budget import parse_budget
 from kvviz.core.policies import make_policy
 from kvviz.core.replay import Replay, Run
 from kvviz.core.trace import Trace
@@ -22,12 +23,13 @@ class Engine:
         declares (its parameters, bytes per slot, SnapKV's pooling radius), not its state."""
         self.trace = trace
         self.name = name
-        self.budget = int(budget)
+        self.budget = parse_budget(budget)  # a count, or a ratio of the tokens seen ('0.25x')
         self.params = dict(params or {})
         if policy is None:
             policy = make_policy(name, budget=self.budget, **self.params)
-        elif policy.name != name or policy.budget != self.budget:
-            raise ValueError(f"policy {policy.name} at budget {policy.budget} is not the "
+        built_at = getattr(policy, "ratio", None) or policy.budget
+        if policy.name != name or str(built_at) != str(self.budget):
+            raise ValueError(f"policy {policy.name} at budget {built_at} is not the "
                              f"configuration asked for, {name} at budget {self.budget}")
         self.policy = policy
         self.every = max(1, int(every))

@@ -8,7 +8,9 @@ exactly len(kept) - budget go when over, none at or under),
 determinism (two runs with the same rng give identical logs), refusals (every parameter
 outside its range, and budget < 1, raise ValueError naming it), robustness (null, all-zero
 and one-hot rows never raise; the canonical trace and every shipped trace replay at
-budgets 16, 64 and 256), and, given the author's slow reference, a differential check on
+budgets 16, 64 and 256), a ratio budget (0.25x of the tokens seen, resolved at every step:
+the held count follows the rule and the victims are the fixed budget's at the resolved
+count), and, given the author's slow reference, a differential check on
 Hypothesis scenarios (identical victims at every step, as tests/test_policies.py does).
 
 An allocator (a registered name such as adakv, or an Allocator subclass in a file) is held
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import importlib
 import inspect
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.budget import at_ratio, parse_budget
 from kvviz.core.check_alloc import BUDGET as ALLOC_BUDGET
 from kvviz.core.check_alloc import check_allocator
 from kvviz.core.check_rules import BIG_BUDGET, RuleResult, bad_values
@@ -517,6 +521,38 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
     return RuleResult("robustness", name, True, f"budget {budget}, {t + 1} steps")
 
 
+RATIO = "0.25x"
+
+
+def check_ratio(cls, steps: int = STEPS) -> list[RuleResult]:
+    """A ratio budget (kvviz.core.budget): built at the smallest budget its defaults accept
+    (the floor), stepped by the harness at 0.25x over the canonical trace's rows (synthetic
+    norms where it reads them), it holds min(seen, max(floor, seen // 4)) after every step,
+    and its victims are a twin's stepped at that count as a fixed budget."""
+    name = (f"a ratio budget ({RATIO}): min(seen, max(floor, floor(seen / 4))) held after "
+            "every step, victims the fixed budget's at that count")
+    t = 0
+    try:
+        policy = at_ratio(lambda b: _make(cls, b), parse_budget(RATIO))
+        twin, floor = copy.deepcopy(policy), policy.ratio.floor
+        trace = canonical(max(steps, 8 * floor))
+        for t in range(trace.steps):
+            norms = _kn(policy, t)
+            got = harness.step(policy, t, trace.row(t)[policy.held()], policy.ratio,
+                               norms.get("key_norm"), value_norm=norms.get("value_norm"))
+            fixed = max(floor, (t + 1) // 4)  # the rule, written out
+            want = harness.step(twin, t, trace.row(t)[twin.held()], fixed,
+                                norms.get("key_norm"), value_norm=norms.get("value_norm"))
+            held = len(policy.held())
+            if held != min(t + 1, fixed) or not np.array_equal(got, want):
+                return [RuleResult("ratio", name, False,
+                                   f"step {t}: held {held}, want {min(t + 1, fixed)} (floor {floor}); "
+                                   f"victims {got.tolist()}, the fixed budget's {want.tolist()}")]
+    except Exception as exc:
+        return [RuleResult("ratio", name, False, f"step {t}: {type(exc).__name__}: {exc}")]
+    return [RuleResult("ratio", name, True, f"floor {floor}, canonical trace, {t + 1} steps")]
+
+
 def us_per_step(cls, steps: int = 1024, budget: int = 256, params=None) -> float:
     """Microseconds of CPU per replayed step on the canonical trace, the best of two runs."""
     trace = truncated(canonical(steps), steps)
@@ -679,7 +715,7 @@ def check_policy(cls, *, steps: int = STEPS, full: bool = False, reference=None,
     """Every rule for one Policy subclass; `reference(budget, rng, **params)` adds the
     differential check."""
     results = check_contract(cls, steps) + check_determinism(cls, steps) + check_refusals(cls)
-    results += check_robustness(cls, steps, full)
+    results += check_robustness(cls, steps, full) + check_ratio(cls, steps)
     if reference is not None:
         results += check_differential(cls, reference, examples, shrink)
     if speed:

@@ -1,7 +1,10 @@
 """What every kvviz command's parser shares."""
 from __future__ import annotations
 
+import argparse
 import sys
+
+from kvviz.core.budget import parse_budget
 
 
 def one_line_error(message):
@@ -21,3 +24,20 @@ def as_options(message, names) -> str:
         if text.startswith(f"{name}:"):
             return "--" + name.replace("_", "-") + text[len(name):]
     return text
+
+
+def budget_arg(text):
+    """An argparse `type` for a budget: a slot count or a ratio of the tokens seen ('0.25x',
+    kvviz.core.budget); a refusal names the rule. Any integer passes here, so the command
+    refuses a count below 1 in its own words."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+budget_arg.__name__ = "budget"

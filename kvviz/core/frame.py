@@ -125,6 +125,8 @@ def frame(blocks, tokens=None, per: str = "position"):
     n = [len(cols["position"]) for _, cols in blocks]
     idx = np.repeat(np.arange(len(blocks)), n)
     types = {"config": "string", "policy": "string", "budget": "Int64", "layer": "Int64", "head": "string"}
+    if any(isinstance(keys.get("budget"), str) for keys, _ in blocks):  # a ratio, as given ("0.25x")
+        types["budget"] = "string"
     data = {}
     for key in KEYS:
         values = [keys.get(key) for keys, _ in blocks]

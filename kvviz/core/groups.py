@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.core import harness
+from kvviz.core.budget import is_ratio
 from kvviz.core.policies.base import BudgetError
 
 __all__ = ["AllocatedLayers", "OnePolicy", "PolicyLayers", "StreamGroup", "Unevicted", "no_victims"]
@@ -144,7 +145,8 @@ class OnePolicy(StreamGroup):
 
     def __init__(self, policy, stream: str = ""):
         self.policy, self.stream = policy, stream
-        self.capacity = policy.budget
+        self.budget = getattr(policy, "ratio", None) or policy.budget  # a ratio: resolved per step
+        self.capacity = None if is_ratio(self.budget) else policy.budget
         _declare_inputs(self, policy)
 
     def feed(self, t: int, inputs) -> None:
@@ -155,7 +157,7 @@ class OnePolicy(StreamGroup):
 
     def step(self, t, inputs):
         raw, norm, vnorm, qrows = _feed_args(self.policy, 0, inputs)
-        victims = harness.step(self.policy, t, raw, self.capacity, norm, self.stream, vnorm, qrows)
+        victims = harness.step(self.policy, t, raw, self.budget, norm, self.stream, vnorm, qrows)
         return np.zeros(len(victims), np.int64), victims
 
     def kept(self, s):
@@ -165,7 +167,7 @@ class OnePolicy(StreamGroup):
         return self.policy
 
     def prefill(self, prompt):
-        victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.capacity,
+        victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.budget,
                                   prompt.key_norms(0), prompt.value_norms(0), self.stream)
         return np.zeros(len(victims), np.int64), victims
 
@@ -175,10 +177,11 @@ class PolicyLayers(StreamGroup):
     the configuration's `budget`."""
 
     def __init__(self, policies: list, budget: int):
-        self.policies, self.budget = [list(per) for per in policies], int(budget)
+        ratio = getattr(policies[0][0], "ratio", None)  # a ratio budget: resolved per step
+        self.policies, self.budget = [list(per) for per in policies], ratio or int(budget)
         self.per_layer = len(self.policies[0])
         self.size = len(self.policies) * self.per_layer
-        self.capacity = self.budget
+        self.capacity = None if ratio else self.budget
         _declare_inputs(self, self.policies[0][0])
 
     def _policy(self, s: int):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.core.budget import resolve
 from kvviz.core.policies.base import BudgetError, VictimError, enforce, norm_inputs
 
 __all__ = ["BudgetError", "VictimError", "check_victims", "enforce", "evict_layer", "feed",
@@ -82,7 +83,11 @@ def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
          value_norm=None, query_rows=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`, then `enforce` the budget and check the
     victims (`check_victims`; `check_stream_victims` for a Streams group); returns the
-    victims' positions (int64). `stream` names the stream in a refusal."""
+    victims' positions (int64). `stream` names the stream in a refusal. A ratio `budget`
+    (kvviz.core.budget.Ratio) is resolved here, at this step, over the pos + 1 positions
+    seen, and the eviction and the count are checked against the resolved budget."""
+    if type(budget) is not int:
+        budget = resolve(budget, pos + 1)
     feed(policy, pos, raw, key_norm, value_norm, query_rows)
     before = policy.held().copy()  # an eviction may close its gaps in place
     victims = policy.evict(budget)
@@ -111,7 +116,10 @@ def step_layer(group, pos: int, raws, key_norms=None, value_norms=None, query_ro
 def evict_layer(group, pos: int) -> list:
     """The allocator evicts across the layer's heads (`group.evict()`), then each head's cap
     and the layer's total are enforced (`group.enforce(pos)`) and each head's victims
-    checked (`check_victims`); one int64 array of victims' positions per head."""
+    checked (`check_victims`); one int64 array of victims' positions per head. Under a ratio
+    budget the group's budget is resolved first, over the pos + 1 positions seen."""
+    if getattr(group, "ratio", None) is not None:  # a ratio budget: this step's, pos + 1 seen
+        group.resolve(pos + 1)
     before = [p.held().copy() for p in group.policies]
     victims = list(group.evict())
     group.enforce(pos)

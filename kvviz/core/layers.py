@@ -158,6 +158,7 @@ def replay_streams(grid, name: str, budget: int, rng=None, **params) -> LayerRun
     `replay_layers` takes them): one policy object per stream at `budget`, told
     Place(layer, None, g, heads), replayed alone, its held counts recorded from its log.
     The LayerRun an allocator's replay gives, for a table row over the same streams."""
+    from kvviz.core.budget import parse_budget, resolve
     from kvviz.core.policies import make_policy
     from kvviz.core.policies.base import Place
     from kvviz.core.replay import Replay
@@ -174,7 +175,8 @@ def replay_streams(grid, name: str, budget: int, rng=None, **params) -> LayerRun
             bps = run.bytes_per_slot
             per.append(run)
         runs.append(per)
-    return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid], [int(budget)] * len(grid), bps)
+    final = resolve(parse_budget(budget), grid[0][0].steps)  # a ratio: resolved at the last step
+    return LayerRun(runs, held, [getattr(row[0], "layer", None) for row in grid], [final] * len(grid), bps)
 
 
 def layer_summary(grid, layer_run: LayerRun) -> dict:

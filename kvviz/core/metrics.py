@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.core.budget import resolve
 from kvviz.core.replay import NEVER, Run, held_until, run_policy
 from kvviz.core.trace import Trace
 
@@ -35,11 +36,12 @@ def retained_mass(run: Run) -> float:
 
 
 def hh_recall(trace: Trace, run: Run, k: int | None = None) -> float:
-    """Did the policy keep the heavy hitters? The share of the `k` (default budget // 4)
-    positions with the most attention received so far in the full trace that are held,
-    averaged over the steps after the first eviction. Measured on the uncompressed trace,
-    so no policy's own view of attention enters the ground truth."""
-    k = max(1, run.budget // 4) if k is None else int(k)
+    """Did the policy keep the heavy hitters? The share of the `k` (default budget // 4; a
+    ratio budget's as resolved at the trace's last step) positions with the most attention
+    received so far in the full trace that are held, averaged over the steps after the first
+    eviction. Measured on the uncompressed trace, so no policy's own view of attention enters
+    the ground truth."""
+    k = max(1, resolve(run.budget, trace.steps) // 4) if k is None else int(k)
     start = run.first_eviction
     if start == NEVER:
         return 1.0

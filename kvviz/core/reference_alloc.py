@@ -161,7 +161,7 @@ class RefHeadRoles(RefAllocator):
     head furthest over its own budget (ties: a streaming head first, then the lower head),
     each head's slots its own policy's choice."""
 
-    own = ("share", "stream_sinks", "stream_recent", "calibration")
+    own = ("share", "stream_sinks", "stream_recent", "calibration", "role_table")
 
     def __init__(self, budget, rng=None, **params):
         super().__init__(budget, rng, **params)

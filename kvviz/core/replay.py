@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvviz.core.budget import as_given, resolve
 from kvviz.core.groups import OnePolicy
 from kvviz.core.policies import Place, make_policy
 from kvviz.core.trace import Trace
@@ -45,7 +46,7 @@ class Run:
 
     policy: str
     params: dict
-    budget: int
+    budget: int  # as given: a slot count, or a kvviz.core.budget.Ratio resolved at each step
     steps: int
     evicted_at: np.ndarray  # int64 (T,): step during which p was evicted, NEVER if held at the end
     retained: np.ndarray  # float64 (T,): share of row t's mass on positions held when t queried
@@ -56,9 +57,10 @@ class Run:
 
     @property
     def peak_held(self) -> int:
-        """The most slots held after any step (recorded; the budget when nothing was recorded)."""
+        """The most slots held after any step (recorded; the budget, resolved at the last
+        step, when nothing was recorded)."""
         if self.held is None or not len(self.held):
-            return self.budget
+            return resolve(self.budget, self.steps)
         return int(self.held.max())
 
     @property
@@ -91,7 +93,7 @@ class Run:
         layer = getattr(trace, "layer", None) if trace is not None else self.meta.get("layer")
         head = getattr(trace, "head", None) if trace is not None else self.meta.get("head")
         keys = {"config": config_label(self.policy, self.params, budget=self.budget), "policy": self.policy,
-                "budget": self.budget, "layer": layer, "head": head or "mean"}
+                "budget": as_given(self.budget), "layer": layer, "head": head or "mean"}
         cols = frame.stream(self.evicted_at, row=None if trace is None else trace.row,
                             n_rows=0 if trace is None else trace.steps, per=per)
         return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
@@ -148,7 +150,7 @@ class Replay:
         if policy.reads_query_rows:
             raise refuse_query_rows(policy.name, trace.name)
         self.trace = trace
-        self.budget = policy.budget
+        self.budget = getattr(policy, "ratio", None) or policy.budget  # as given
         self.t = 0
         self.every = int(checkpoint_every) if checkpoint_every else None
         if getattr(policy, "place", None) in (None, Place()):  # not set by the caller
@@ -281,7 +283,8 @@ def runnable(trace: Trace) -> list[str]:
 
 
 def run_policy(trace: Trace, name: str, budget: int, rng=None, **params) -> Run:
-    """Replay the registered policy `name` at `budget` over the whole trace: the one-line way
+    """Replay the registered policy `name` at `budget` (a slot count, or a ratio of the tokens
+    seen such as '0.25x': kvviz.core.budget) over the whole trace: the one-line way
     to get a `Run`. Parameters are checked by the policy's own declaration (a `ValueError`
     names the parameter and its rule); `rng` matters only to `random`, and `None` means a
     fixed seed, so the same call gives the same log every time."""

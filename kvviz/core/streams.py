@@ -31,7 +31,8 @@ def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]
     """
     traces = _check_traces(traces)
     policy = make_policy(name, budget=budget, rng=copy.deepcopy(rng), **params)  # same refusals
-    if type(policy).vectorised is None:
+    if type(policy).vectorised is None or getattr(policy, "ratio", None) is not None:
+        # the vectorised form holds one fixed count; a ratio budget replays per stream
         return [run_policy(tr, name, budget, rng=copy.deepcopy(rng), **params) for tr in traces]
     evicted, retained, held = _replay(traces, policy, shares=True)
     return [Run(policy=name, params=dict(policy.params), budget=policy.budget, steps=tr.steps,
@@ -43,6 +44,9 @@ def run_streams(traces, name: str, budget: int, rng=None, **params) -> list[Run]
 def replay_streams(traces, name: str, budget: int, **params) -> np.ndarray:
     """The eviction logs alone, int64 (S, T), without `Run.retained`: what `bench` times."""
     policy = make_policy(name, budget=budget, **params)
+    if getattr(policy, "ratio", None) is not None:
+        raise ValueError(f"budget: replay_streams vectorises a fixed budget, got the ratio {policy.ratio}; "
+                         "run_streams replays a ratio budget one stream at a time")
     if type(policy).vectorised is None:
         raise ValueError(f"replay_streams vectorises {list(vectorised_names())}, not {name!r} "
                          "(it declares no vectorised form); run_streams falls back to one "

@@ -36,7 +36,7 @@ from kvviz.core.replay import NEVER
 from kvviz.model.loop import engine
 from kvviz.model.loop.batch import RowCache, joined_slots, padded_prompt_state
 from kvviz.model.loop.cache import slot_plan
-from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_eviction, refuse_ratio_freed
 
 
 @dataclass
@@ -315,6 +315,8 @@ def evicting(model, policy: str = "tova", budget: int = 128, granularity: str = 
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
     check_eviction(eviction)
+    if eviction == "freed":
+        refuse_ratio_freed([budget])
     follower = Follower(model, LoopConfig(policy, params, budget), granularity, seed, eviction, prefill_chunk)
     with engine.attached(model):
         hooks = [model.register_forward_pre_hook(follower.before, with_kwargs=True),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
+from kvviz.core.budget import as_given, is_ratio, parse_budget, resolve
 from kvviz.core.layers import layer_summary, load_layers, refuse_single, replay_layers, replay_streams
 from kvviz.core.metrics import summary
 from kvviz.core.policies import ALLOCATORS, POLICIES, make_policy, parse_params
@@ -82,7 +83,10 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
 def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
           spans: bool = False) -> Table:
-    """Policies x budgets. `pool_kernels` gives snapkv one row per kernel; `spans` adds
+    """Policies x budgets. A budget is a slot count or a ratio of the tokens seen
+    (kvviz.core.budget: '0.25x', resolved at every step); with a ratio among them the table
+    gains `held`, the most slots a row held (memory_bytes is that count's bytes), and the
+    `budget` column is each budget as given. `pool_kernels` gives snapkv one row per kernel; `spans` adds
     span integrity (kvviz.core.spans: important attention spans whole / fragmented / dropped at the end).
     A Table, not a DataFrame, so `kvviz bench` runs with numpy alone (`.to_frame()` for pandas).
 
@@ -122,15 +126,18 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
         for budget in budgets:
             if grid is not None:
                 found = replay_streams(grid, name, budget, **params)
-                row = {"policy": name, "budget": budget, "granularity": "kv-head", **layer_summary(grid, found)}
-                row["evicts"] = budget < trace.steps
+                row = {"policy": name, "budget": as_given(budget), "granularity": "kv-head",
+                       **layer_summary(grid, found)}
+                row["held"] = int(found.held.sum(axis=(0, 1)).max())
+                row["evicts"] = resolve(budget, trace.steps) < trace.steps
                 row["params"] = ", ".join(f"{k}={v}" for k, v in found.runs[0][0].params.items())
                 rows.append(row)
                 continue
             run = run_policy(trace, name, budget, **params)
-            row = {"policy": name, "budget": budget, "granularity": getattr(trace, "head", "mean"),
+            row = {"policy": name, "budget": as_given(budget), "granularity": getattr(trace, "head", "mean"),
                    **summary(trace, run)}
-            row["evicts"] = budget < trace.steps  # False: a perfect row by construction
+            row["held"] = run.peak_held
+            row["evicts"] = resolve(run.budget, trace.steps) < trace.steps  # False: perfect by construction
             row["params"] = ", ".join(f"{k}={v}" for k, v in run.params.items())
             if spans:
                 found = span_integrity(trace, run, spans="attention", totals=totals)
@@ -138,10 +145,17 @@ def table(trace: Trace, budgets=BUDGETS, policies=None, pool_kernels=None,
             rows.append(row)
     columns = ["policy", "budget", "granularity", "retained_mass", "attention_loss", "hh_recall", "memory_bytes"]
     columns += ["span_whole", "span_fragmented", "span_dropped"] if spans else []
+    columns += ["held"] if any(is_ratio(b) for b in budgets) else []  # the resolved count
     columns += ["evicts"]
     out = Table(rows, columns + ["params"])
     out.notes = notes + sources([name for name, _ in configs])
     return out
+
+
+def parse_budgets(text: str) -> list:
+    """`--budgets` text ('64,0.25x') as budgets: slot counts and ratios (kvviz.core.budget),
+    refused in one line naming --budgets and the rule."""
+    return [parse_budget(x.strip(), "--budgets") for x in str(text).split(",") if x.strip()]
 
 
 def sources(names) -> list[str]:
@@ -177,16 +191,21 @@ def _allocator_rows(trace: Trace, name: str, params: dict, budgets, notes: list,
     grid = kv_grid(trace, name) if grid is None else grid
     rows = []
     for budget in budgets:
-        alloc = make_policy(name, budget, **params)
+        try:
+            alloc = make_policy(name, budget, **params)
+        except ValueError as exc:
+            raise ValueError(f"--budgets {budget}: {exc}") from None
         found = replay_layers(grid, alloc)
-        row = {"policy": name, "budget": budget, "granularity": "kv-head", **layer_summary(grid, found)}
-        row["evicts"] = budget < trace.steps
+        row = {"policy": name, "budget": as_given(budget), "granularity": "kv-head", **layer_summary(grid, found)}
+        row["held"] = int(found.held.sum(axis=(0, 1)).max())
+        row["evicts"] = resolve(budget, trace.steps) < trace.steps
         row["params"] = ", ".join(f"{k}={v}" for k, v in alloc.params.items())
         rows.append(row)
         end = found.held_at_end()
         for d, layer in enumerate(found.layer_numbers):
             counts = ", ".join(f"kv{g}={int(n)}" for g, n in enumerate(end[d]))
-            notes.append(f"{name} @ {budget}: layer {layer} (per-head budget {found.budgets[d]}, "
+            notes.append(f"{name} @ {budget}: layer {layer} (per-head budget {found.budgets[d]}"
+                         f"{' at the last step' if is_ratio(budget) else ''}, "
                          f"total {found.budgets[d] * len(end[d])}) held at the end: {counts}")
     return rows
 

@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from kvviz.core.cli import budget_arg
+
 FORMATS = ("csv", "parquet")
 # The types of the long tables' columns that a CSV's text does not carry (strings, nullable
 # integers and booleans); a needle folder's table adds kvviz.model.needle.results.LAYER_TYPES.
@@ -40,7 +42,8 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--layers", default=None, help="comma-separated layers to keep (loop: model layer numbers; "
                                                   "generation and needle: indices)")
     p.add_argument("--policy", default=None, help="for a trace: the policy to replay, name or name:k=v")
-    p.add_argument("--budget", type=int, default=None, help="for a trace: the budget")
+    p.add_argument("--budget", type=budget_arg, default=None,
+                   help="for a trace: the budget (slots, or a ratio of the tokens seen: 0.25x)")
     p.add_argument("--layer", type=int, default=None, help="for a trace: the stored model layer (as bench)")
     p.add_argument("--head", default=None, help="for a trace: the stored head label (as bench)")
     p.set_defaults(func=run, parser=p)
@@ -146,8 +149,12 @@ def read(path):
 
     types = {**TYPES, **LAYER_TYPES}
     head = pd.read_csv(path, nrows=0).columns
-    return pd.read_csv(path, keep_default_na=False, na_values=[""],
-                       dtype={k: v for k, v in types.items() if k in head})
+    try:
+        return pd.read_csv(path, keep_default_na=False, na_values=[""],
+                           dtype={k: v for k, v in types.items() if k in head})
+    except ValueError:  # a ratio budget ("0.25x") is text
+        return pd.read_csv(path, keep_default_na=False, na_values=[""],
+                           dtype={k: v for k, v in {**types, "budget": "string"}.items() if k in head})
 
 
 def run(args) -> int:

@@ -47,7 +47,7 @@ def with_lines(rows: pd.DataFrame) -> pd.DataFrame:
 
 def budgets(rows: pd.DataFrame) -> list[int]:
     b = rows.loc[rows["policy"] != FULL, "budget"]
-    return sorted({int(x) for x in b.dropna()})
+    return sorted({int(x) for x in b.dropna() if str(x).isdigit()})  # counts (a ratio, "0.25x", is not one)
 
 
 def at_budget(rows: pd.DataFrame, budget: int, prompt_mode: str, granularity: str) -> pd.DataFrame:

@@ -72,6 +72,8 @@ def perplexity_figure(results: list[dict], *, metric: str = "perplexity",
         if r["policy"] == FULL:
             full = float(v)
             continue
+        if isinstance(r["budget"], str):  # a ratio of the tokens seen has no place on the slots axis
+            continue
         name = config_label(r["policy"], r.get("params", {}))
         policy_of[name] = r["policy"]
         lines.setdefault(name, []).append((int(r["budget"]), float(v)))

@@ -18,6 +18,7 @@ import streamlit as st
 from kvviz.app.engine import Engine
 from kvviz.app.figures.cache import cache_heatmap, codes_to_png, heatmap_grid
 from kvviz.app.figures.states import NEVER, NOT_YET, divergence_steps, state_colours, symmetric_difference
+from kvviz.core.budget import as_given
 from kvviz.core.metrics import summary
 from kvviz.core.replay import run_policy
 from kvviz.core.trace import canonical, load_trace
@@ -198,7 +199,7 @@ def evaluate(rk: RunKey) -> dict:
     """One sweep point: run + summary (not kept as an engine: sweeps touch many configs)."""
     trace = get_trace(rk.trace, rk.layer, rk.version, rk.head)
     run = run_policy(trace, rk.policy, rk.budget, **dict(rk.params))
-    return {"policy": rk.policy, "budget": rk.budget, **dict(rk.params), **summary(trace, run)}
+    return {"policy": rk.policy, "budget": as_given(rk.budget), **dict(rk.params), **summary(trace, run)}
 
 
 # The positional forms, for callers not yet moved to RunKey (same caches underneath).

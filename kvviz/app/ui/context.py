@@ -1,6 +1,7 @@
 """What every view's glue gets: the trace, both runs and the current step (`Ctx`)."""
 from __future__ import annotations
 
+import numbers
 import string
 from dataclasses import dataclass
 from functools import cached_property
@@ -10,6 +11,7 @@ import streamlit as st
 from kvviz.app.figures.common import pair_colours
 from kvviz.app.figures.states import NEVER, next_after
 from kvviz.app.ui import compute
+from kvviz.core.budget import resolve
 from kvviz.core.policies import config_label
 
 # the modebar's camera saves any chart as a PNG in the browser (2x, named kvviz-chart.png)
@@ -39,9 +41,14 @@ def table(df, literal_columns=()) -> None:
     a thousands separator); `literal_columns` (free text such as a model's answers) are
     shown as written, not read as Markdown."""
     fmt = {c: "{:.6f}" for c in SHARES if c in df.columns}
-    fmt.update({c: "{:,}" for c in COUNTS if c in df.columns})
+    fmt.update({c: _count for c in COUNTS if c in df.columns})
     fmt.update({c: literal for c in literal_columns if c in df.columns})
     st.table(df.style.format(fmt, na_rep="–"), hide_index=True)
+
+
+def _count(v) -> str:
+    """A count with a thousands separator; text (a ratio budget, '0.25x') as it is."""
+    return f"{v:,}" if isinstance(v, numbers.Number) and not isinstance(v, bool) else str(v)
 
 
 def refusal_message(which: str, pols: dict) -> str:
@@ -75,6 +82,12 @@ class Ctx:
     solo: str = ""  # "a" or "b": the other policy refused its settings; both sides = this one
     head: str = "mean"  # attention head of a per-head trace (kvviz.core.trace contract)
     hide_from: int | None = None  # a class's open question: steps from here on are not shown
+
+    @property
+    def held_budget(self) -> int:
+        """The budget at this step: a count as it is, a ratio of the tokens seen resolved
+        over the step + 1 positions seen (kvviz.core.budget; at least 1)."""
+        return resolve(self.budget, self.step + 1)
 
     @property
     def colours(self) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from kvviz.app.figures.states import ends
+from kvviz.core.budget import as_given
 
 
 def eviction_log(run_a, run_b, tokens=None) -> pd.DataFrame:
@@ -31,7 +32,7 @@ def metrics_frame(metrics: list[dict]) -> pd.DataFrame:
 
 def run_json(config: dict, run_a, run_b, metrics: list[dict]) -> str:
     def pack(run):
-        return {"policy": run.policy, "params": run.params, "budget": run.budget,
+        return {"policy": run.policy, "params": run.params, "budget": as_given(run.budget),
                 "steps": run.steps, "first_eviction": run.first_eviction,
                 "evicted_at": run.evicted_at.tolist(),
                 "retained": [None if np.isnan(x) else float(x) for x in run.retained]}

@@ -13,6 +13,7 @@ from kvviz.app.ui.context import Ctx
 from kvviz.app.ui.glossary import glossary_popover
 from kvviz.app.ui.positions import restore_position
 from kvviz.app.ui.session import S, fragment_run, from_link, keep, note, restore, set_value, timer_place, widget, wkey
+from kvviz.core.budget import is_ratio, resolve
 
 SHARES = (0.002, 0.005, 0.01, 0.02, 0.05)  # the notable-divergence jump's thresholds
 
@@ -43,7 +44,7 @@ def _heavy(key, layer, version, a, b, budget, head):
     trace = compute.get_trace(key, layer, version, head)
     ea = compute.get_engine(key, layer, version, a[0], a[1], budget, head).evicted_at
     eb = compute.get_engine(key, layer, version, b[0], b[1], budget, head).evicted_at
-    return jumps.heavy_hitter_evictions(jumps.first_heavy(trace, budget // 4), ea, eb)
+    return jumps.heavy_hitter_evictions(jumps.first_heavy(trace, resolve(budget, trace.steps) // 4), ea, eb)
 
 
 def _args(ctx: Ctx) -> tuple:
@@ -144,7 +145,7 @@ def jumps_row(ctx: Ctx, step: int):
     hh = _heavy(*_args(ctx))
     _jump_button(row, "next heavy-hitter eviction", "nav.hh", next_after(hh, step),
                  f"The next step at which A or B evicts a position that has been a heavy hitter "
-                 f"(one of the {max(1, ctx.budget // 4)} = budget/4 positions with the most "
+                 f"(one of the {max(1, resolve(ctx.budget, ctx.trace.steps) // 4)} = budget/4 positions with the most "
                  "attention received so far in the full trace, see Glossary).", "H",
                  hide_from=ctx.hide_from)
     if track >= 0:
@@ -277,6 +278,18 @@ def _ties(run: compute.RunKey, which: str, step: int, _ctx: Ctx) -> tuple:
     return tuple(explain.tie_facts(which.upper(), _ctx.panel(which, step)))
 
 
+def ratio_line(ctx: Ctx) -> str:
+    """The budget this step resolves to under a ratio budget, for A and B (each never below
+    its own floor: its sinks and recent window)."""
+    seen = ctx.step + 1
+    sides = (("A", ctx.eng_a),) if ctx.solo == "a" else (("B", ctx.eng_b),) if ctx.solo == "b" else (
+        ("A", ctx.eng_a), ("B", ctx.eng_b))
+    held = " · ".join(f"**{w}** {resolve(eng.policy.ratio, seen)} slots" + (
+        f" (its floor {eng.policy.ratio.floor})" if resolve(eng.policy.ratio, seen) == eng.policy.ratio.floor
+        and eng.policy.ratio.floor > 1 else "") for w, eng in sides)
+    return f"budget {ctx.budget} of the {seen:,} positions seen at step {ctx.step}: {held}"
+
+
 def status(ctx: Ctx):
     """One wrapping line (metrics in five columns are cut at 1024 px): what each policy
     holds, |A Δ B| now, the first divergence and the positions evicted at this step (a
@@ -336,7 +349,11 @@ def status(ctx: Ctx):
     if track >= 0:
         st.markdown(explain.track_text(track, ctx.trace.tokens, ctx.ev_a, ctx.ev_b, s,
                                        solo=bool(ctx.solo)))
-    if ctx.budget >= ctx.trace.steps:
+    if is_ratio(ctx.budget):
+        st.caption(ratio_line(ctx), help="A ratio budget is re-counted at every step over the "
+                   "positions seen so far, rounded down, and never below what the policy's "
+                   "sinks and recent window need (kvviz.core.budget).")
+    if resolve(ctx.budget, ctx.trace.steps) >= ctx.trace.steps:
         st.warning(f"Budget {ctx.budget} ≥ the {ctx.trace.steps} positions of this trace: "
                    "nothing is ever evicted, so both policies hold everything and the views "
                    f"show no choices. Set a budget below {ctx.trace.steps} in the sidebar.",

@@ -23,7 +23,7 @@ def zoom_centre(ctx: "Ctx") -> int:
     if focus >= 0:
         return focus
     v = np.concatenate([ctx.eng_a.victims(ctx.step), ctx.eng_b.victims(ctx.step)])
-    return int(v.min()) if len(v) else max(0, ctx.step - ctx.budget)
+    return int(v.min()) if len(v) else max(0, ctx.step - ctx.held_budget)
 
 def restore_position(field: str, steps: int) -> None:
     """A kept position that does not exist in this trace (after switching trace) becomes -1."""

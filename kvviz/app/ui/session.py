@@ -50,7 +50,9 @@ PAGE_KEYS = (KV, NOTES, FROM_LINK, UPLOADS, UPLOAD_MSG, BUDGET_TRACE, BUDGET_BY_
              # predict then reveal: the question panel's own keys and widgets (ui/predict.py)
              "predict.",
              # the lesson's picker and scene (plain keys), its buttons and error (ui/lesson.py)
-             "lesson", "scene", "lesson.")
+             "lesson", "scene", "lesson.",
+             # the budget as a share of the tokens seen: its switch and share (ui/sidebar.py)
+             "budget_share.")
 
 
 def note(msg: str) -> None:

@@ -10,6 +10,7 @@ from kvviz.app.ui import compute, session
 from kvviz.app.ui.present import sidebar
 from kvviz.app.ui.session import S, keep, note, pkey, restore, set_value, widget, wkey
 from kvviz.app.ui.upload import validate_upload
+from kvviz.core.budget import parse_budget
 from kvviz.core.policies import POLICIES, make_policy, param_specs
 from kvviz.core.replay import Replay
 
@@ -228,6 +229,7 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
                                help="How many key/value positions each policy may hold.")
     keep(wkey("budget"), int(budget))
     S.setdefault(session.BUDGET_BY_TRACE, {})[S["kv"].get("trace", "canonical")] = int(budget)
+    budget = ratio_control(side, int(budget))
     out, built = {}, {}
     names = list(POLICIES)
     for which, default in (("a", "tova"), ("b", "snapkv")):
@@ -240,7 +242,7 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
             side.caption(f"{name} has no parameters.")
         error, policy = None, None
         try:
-            policy = make_policy(name, budget=int(budget), **params)
+            policy = make_policy(name, budget=budget, **params)
             if trace is not None and (policy.reads_key_norms or policy.reads_value_norms):
                 Replay(trace, policy)  # refuses a trace without the norms it reads; runs nothing
         except ValueError as exc:
@@ -248,4 +250,28 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
             side.error(f"Refused: {error}")
         out[which] = (name, params, error)
         built[which] = policy
-    return int(budget), out, built
+    return budget, out, built
+
+
+SHARES = ("0.05", "0.1", "0.125", "0.2", "0.25", "0.3", "0.4", "0.5", "0.75", "1")
+RATIO_ON, RATIO_SHARE = "budget_share.on", "budget_share.value"  # widget keys; kept in RATIO_KEPT
+RATIO_KEPT = "budget_share.kept"
+RATIO_MODES = ("slots", "share of tokens seen")
+
+
+def ratio_control(side, budget: int):
+    """The budget as a share of the tokens seen instead of a count (kvviz.core.budget: '0.25x',
+    resolved at every step): a switch and the share. Returns the count `budget`, or the
+    ratio when the switch is on. Kept across runs where the sidebar is not drawn."""
+    on, share = S.setdefault(RATIO_KEPT, (False, "0.25"))
+    S.setdefault(RATIO_ON, RATIO_MODES[int(on)])
+    S.setdefault(RATIO_SHARE, share if share in SHARES else "0.25")
+    on = side.segmented_control("budget as", RATIO_MODES, key=RATIO_ON,
+                                help="A count of slots, or a share of the positions seen so far, "
+                                     "re-counted at every step (rounded down, never below what a "
+                                     "policy's sinks and recent window need)") == RATIO_MODES[1]
+    share = S[RATIO_SHARE]
+    if on:
+        share = side.selectbox("share kept", SHARES, key=RATIO_SHARE, format_func=lambda v: f"{v}x")
+    S[RATIO_KEPT] = (on, share)
+    return parse_budget(f"{share}x") if on else budget

@@ -92,7 +92,7 @@ def _draw(ctx, chosen: list) -> None:
         sh = shares(rk)
         panels.append(dict(label=label, evicted_at=eng.evicted_at, shares=sh, png=sh["png"]))
         m = rk.summary()
-        rows.append({"policy": name, "params": params_text(name, rk.params), "budget": ctx.budget,
+        rows.append({"policy": name, "params": params_text(name, rk.params), "budget": str(ctx.budget),
                      "held now": int(held_mask(eng.evicted_at, ctx.step).sum()), **m})
     bar.empty()
     if not panels:

@@ -8,6 +8,7 @@ from kvviz.app.ui.context import Ctx
 from kvviz.app.ui.export import eviction_log, metrics_frame, run_json
 from kvviz.app.ui.session import view_state
 from kvviz.app.ui.view_metrics import metrics_rows
+from kvviz.core.budget import as_given
 
 
 def render(ctx: Ctx):
@@ -17,7 +18,7 @@ def render(ctx: Ctx):
     vs = view_state()
     config = {"trace": ctx.key, "trace_name": getattr(ctx.trace, "name", ""), "layer": ctx.layer,
               "head": ctx.head,
-              "budget": ctx.budget, "A": {"policy": ctx.a, "params": dict(ctx.pa)},
+              "budget": as_given(ctx.budget), "A": {"policy": ctx.a, "params": dict(ctx.pa)},
               "B": {"policy": ctx.b, "params": dict(ctx.pb)}, "step": ctx.step,
               "url_query": to_query(vs)}
     if ctx.solo:  # the other policy refused its settings: both sides hold this one's run

@@ -21,6 +21,7 @@ from kvviz.app.ui import jobs, present
 from kvviz.app.ui.context import CHART
 from kvviz.app.ui.present import chart, more
 from kvviz.app.ui.session import fits, timer_place, widget
+from kvviz.core.budget import budget_order
 from kvviz.core.policies import POLICIES, config_label
 from kvviz.model.loop.cli import memory_line
 from kvviz.model.loop.config import EVICTIONS
@@ -249,8 +250,8 @@ def _rest(res, rows):
     line = widget(c[0].selectbox, "loop_policy", "policy", lines, key="loop.policy",
                   fit=fits(lines, "loop_policy", "tova" if "tova" in lines else lines[0],
                             "policy line"))
-    budgets = sorted(rows[i]["budget"] for i in choices
-                     if config_label(rows[i]["policy"], rows[i]["params"]) == line)
+    budgets = sorted((rows[i]["budget"] for i in choices
+                      if config_label(rows[i]["policy"], rows[i]["params"]) == line), key=budget_order)
     budget = widget(c[1].selectbox, "loop_budget", "budget", budgets, key="loop.budget",
                     fit=fits(budgets, "loop_budget", budgets[len(budgets) // 2],
                               "budget for this policy"))

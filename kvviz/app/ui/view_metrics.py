@@ -11,6 +11,7 @@ from kvviz.app.ui import compute
 from kvviz.app.ui.context import CHART, Ctx, table
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import SWEEP_ON, S
+from kvviz.core.budget import as_given, is_ratio
 from kvviz.core.policies import POLICIES, param_specs
 
 SWEEP_BUDGETS = (64, 128, 256, 512, 1024, 2048)
@@ -73,7 +74,7 @@ def metrics_rows(ctx: Ctx) -> list[dict]:
         specs = {sp.name: sp.label for sp in param_specs(name)}
         shown = ", ".join(f"{specs.get(k, k)}={v}" for k, v in params) or "–"
         rows.append({"run": which.upper(), "policy": name, "params": shown,
-                     "budget": ctx.budget, **m})
+                     "budget": as_given(ctx.budget), **m})
     return rows
 
 
@@ -112,7 +113,8 @@ def render(ctx: Ctx):
         pts = [(n, defaults[n], b) for n in POLICIES for b in budgets]
         rows = _sweep(ctx, pts)
         chart(V.sweep_figure(rows, "budget", metric, title="All policies across budgets "
-                                       "(registry defaults)", mark_x=ctx.budget,
+                                       "(registry defaults)",
+                                       mark_x=None if is_ratio(ctx.budget) else ctx.budget,
                                        log_x=True),
                         key="chart.sweep_budget", **CHART)
     snap = dict(ctx.pb) if ctx.b == "snapkv" else dict(ctx.pa) if ctx.a == "snapkv" else defaults["snapkv"]

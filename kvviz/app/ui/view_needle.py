@@ -20,6 +20,7 @@ from kvviz.app.ui.context import CHART, table
 from kvviz.app.ui.present import chart
 from kvviz.app.ui.session import note, timer_place
 from kvviz.app.ui.view_loop import EVICTION_HELP, POLL_S, eviction_caption, torch_available
+from kvviz.core.budget import budget_order
 from kvviz.core.policies import POLICIES
 from kvviz.model.loop.config import EVICTIONS
 from kvviz.model.needle.prompt import QUESTION
@@ -208,7 +209,7 @@ def _render(top):
                           format_func={"shipped": "the shipped grid", "mine": "your run"}.get)
     if source == "mine":
         run = mine
-        budgets = sorted({c["budget"] for c in run["meta"]["configs"] if c["budget"]})
+        budgets = sorted({c["budget"] for c in run["meta"]["configs"] if c["budget"]}, key=budget_order)
         budget = st.selectbox("budget", budgets, key="needle.mine.budget")
         st.caption(eviction_caption(run["meta"]))
         draw_cell(run, budget, prefix="mine", top=top)

@@ -22,6 +22,7 @@ import pkgutil
 import re
 import uuid
 
+from kvviz.core.budget import at_ratio, is_ratio, parse_budget
 from kvviz.core.policies.alloc import Allocator
 from kvviz.core.policies.base import KINDS, ParamSpec, Place, Policy, Rank, param
 
@@ -223,10 +224,17 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
     fixed seed, so replays are bit-identical run to run. `place` (a Place) tells the policy
     where its stream sits (`policy.place`; default: nowhere known).
 
+    `budget` is a slot count or a ratio of the tokens seen ('0.25x', kvviz.core.budget): a
+    ratio builds the policy at the smallest budget its parameters accept (its `budget`, the
+    ratio's floor) and sets `policy.ratio`, which every harness resolves at each step.
+
     An allocator's name gives an Allocator; a parameter it does not declare is its scorer's
     (`make_policy("adakv", 64, scorer="snapkv", pool_kernel=3)`), checked by building the
     scorer once at the budget."""
     cls = policy_class(name)
+    budget = parse_budget(budget)
+    if is_ratio(budget):
+        return _ratio_policy(name, budget, rng, place, params)
     if name in ALLOCATORS:
         own, scorer, rest = _split(name, params)
         try:
@@ -247,6 +255,18 @@ def make_policy(name: str, budget: int = 512, rng=None, place: Place | None = No
             raise ValueError(f"place must be a kvviz.core.policies.base.Place, got {place!r}")
         policy.place = place
     return policy
+
+
+def _ratio_policy(name: str, ratio, rng, place, params):
+    """`make_policy` at a ratio budget: built at the smallest budget its parameters accept
+    (every refusal that does not depend on the budget said as at any budget)."""
+    if name in ALLOCATORS:
+        cls = ALLOCATORS[name]
+        fixed = [m for m in ("group", "plan_layers", "calibrate") if getattr(cls, m) is not getattr(Allocator, m)]
+        if fixed:
+            raise ValueError(f"budget: {name} sets its heads' or layers' budgets once ({', '.join(fixed)}), "
+                             f"so it takes a fixed budget (slots per stream), got the ratio {ratio}")
+    return at_ratio(lambda b: make_policy(name, b, rng, place, **params), ratio)
 
 
 def param_specs(name: str) -> list[ParamSpec]:

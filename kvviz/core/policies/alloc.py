@@ -54,12 +54,14 @@ docs/policies.md ("What an allocator must hold") states the whole contract.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
 
+from kvviz.core.budget import smallest_budget
 from kvviz.core.policies.base import DeclaredSpecs, Place, enforce, need_candidates, param, parse_declared
 
 
@@ -224,9 +226,28 @@ class Allocator:
             depth, depths = 0, 1
         if isinstance(heads, bool) or int(heads) != heads or heads < 1:
             raise ValueError(f"heads must be a positive integer, got {heads!r}")
+        ratio = getattr(self, "ratio", None)  # a ratio budget (kvviz.core.budget): per step
+        if ratio is not None and budget is None:
+            ratio = ratio.with_floor(smallest_budget(
+                lambda m: _layer_budget_at(self, m, int(depth), int(depths)) is not None))
+            budget = _layer_budget_at(self, ratio.floor, int(depth), int(depths))
         b = self.layer_budget(int(depth), int(depths)) if budget is None else int(budget)
         policies = [self.make_scorer(b, Place(layer, layers, g, int(heads))) for g in range(int(heads))]
-        return LayerGroup(self, policies, b, Place(layer, layers, None, int(heads)))
+        group = LayerGroup(self, policies, b, Place(layer, layers, None, int(heads)))
+        if ratio is not None:
+            group.ratio, group.depth, group.depths = ratio, int(depth), int(depths)
+        return group
+
+
+def _layer_budget_at(allocator: Allocator, mean: int, depth: int, depths: int) -> int | None:
+    """The per-head budget of layer `depth` of `depths` were the allocator's budget `mean`
+    (None where its layers' rule refuses that mean: a pyramid with a layer under 1 slot)."""
+    at = copy.copy(allocator)
+    at.budget = int(mean)
+    try:
+        return int(at.layer_budget(depth, depths))
+    except ValueError:
+        return None
 
 
 class LayerGroup:
@@ -247,6 +268,19 @@ class LayerGroup:
         self.uses_attention = scorer.uses_attention
         self.reads_key_norms, self.reads_value_norms = scorer.reads_key_norms, scorer.reads_value_norms
         self.reads_query_rows = scorer.reads_query_rows
+
+    ratio = None  # a ratio budget (kvviz.core.budget.Ratio): `resolve` sets b at every step
+
+    def resolve(self, seen: int) -> None:
+        """Under a ratio budget: this step's per-head budget, the allocator's layer rule at
+        the mean budget the ratio resolves to over `seen` positions (never below the smallest
+        mean the rule accepts for this layer), with the total, floor and cap that follow."""
+        b = _layer_budget_at(self.allocator, self.ratio.resolve(seen), self.depth, self.depths)
+        if b is None:
+            raise ValueError(f"{self.name}: its layer rule refuses the budget {self.ratio} resolves to "
+                             f"over {seen} positions ({self.ratio.resolve(seen)})")
+        self.b, self.total = b, self.heads * b
+        self.floor, self.cap = self.allocator.floor(b), self.allocator.cap(b, self.heads)
 
     def calibrate(self, rows: list) -> None:
         """Give the allocator the calibration rows (`rows[g][t]`: head g's row t read with

@@ -18,6 +18,12 @@ hold, over the calibration rows that have any position there (rows with no mass 
 skipped); the heads with the largest proxy retrieve (ties: the lower head). This is a
 proxy: DuoAttention learns a gate per head by optimisation on synthetic retrieval data.
 
+A role table (`roleTable`, a JSON file `kvviz calibrate headroles` writes: {"layers":
+{"<model layer>": [proxy per KV head]}}) gives the proxies instead, measured offline on
+pass-key prompts kvviz builds (the same share outside sinks + recent window, at the queries
+that answer the pass key): then no calibration rows are read, and each layer's roles are
+set from its table row when the layer is built, before the first step.
+
 Eviction follows the total as every allocator does: nothing goes while the layer holds at
 most heads x budget; when it holds more, exactly the excess goes, one slot at a time from
 the head furthest over its own budget (ties: a streaming head before a retrieval head, then
@@ -27,9 +33,11 @@ streaming head ends at sinks + recent and a retrieval head at its larger budget.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +57,39 @@ def outside_share(rows, sinks: int, recent: int) -> float:
             continue
         shares.append(row[lo:hi].sum() / total)
     return float(np.mean(shares)) if shares else 0.0
+
+
+def read_roles(path) -> dict:
+    """{model layer: [proxy per KV head]} from a role table file; ValueError saying what is
+    wrong with it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"role_table: {path} is not a readable JSON file ({exc})") from None
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(layers, dict) or not layers:
+        raise ValueError(f'role_table: {path} has no "layers": {{"<layer>": [proxy per KV head]}}')
+    out = {}
+    for key, row in layers.items():
+        if not str(key).isdigit():
+            raise ValueError(f"role_table: {path}: layer {key!r} is not a layer number")
+        if (not isinstance(row, list) or not row
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in row)
+                or not all(math.isfinite(x) and 0 <= x <= 1 for x in row)):
+            raise ValueError(f"role_table: {path}: layer {key} must give a list of shares in 0..1, got {row!r}")
+        out[int(key)] = [float(x) for x in row]
+    return out
+
+
+def role_table_file(value: str) -> str:
+    """empty, or a path to a JSON role table ({"layers": {"<layer>": [proxy per KV head]}})"""
+    if not str(value).strip():
+        return ""
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise ValueError(f"role_table: no such file: {value} (relative to {Path.cwd()})")
+    read_roles(path)
+    return str(path.resolve())
 
 
 @dataclass(frozen=True)
@@ -83,6 +124,13 @@ class HeadRoles(Allocator):
              "that decide the roles",
         source="kvviz choice: the first 256 rows of the trace (DuoAttention calibrates offline "
                "on synthetic passkey data)")
+
+    role_table: str = param(
+        "", label="roleTable", validate=role_table_file,
+        help="a role table from `kvviz calibrate headroles` (each head's proxy measured on "
+             "pass-key prompts); empty: the proxy from the run's first `calibration` rows",
+        source="DuoAttention (Xiao et al. 2024) identifies its heads offline on synthetic "
+               "passkey data; kvviz's table is a training-free proxy of that")
 
     name = "headroles"
     label = "Head roles"
@@ -127,11 +175,31 @@ class HeadRoles(Allocator):
         return Roles(tuple(float(p) for p in proxy), tuple(retrieval), tuple(budgets))
 
     def calibration_rows(self):
-        return self.calibration
+        return 0 if self.role_table else self.calibration
+
+    def group(self, layer, layers, heads, **kw):
+        group = super().group(layer, layers, heads, **kw)
+        if self.role_table:  # the roles from the table, before the first step
+            table = read_roles(self.role_table)
+            if layer is None or int(layer) not in table:
+                raise ValueError(f"role_table: {self.role_table} has no layer {layer} (it gives layers "
+                                 f"{sorted(table)}): calibrate it on this model")
+            proxy = table[int(layer)]
+            if len(proxy) != group.heads:
+                raise ValueError(f"role_table: {self.role_table} gives layer {layer} {len(proxy)} heads, "
+                                 f"and this layer has {group.heads} KV heads: calibrate it on this model")
+            group.state = self.assign(proxy, group)
+            group.calibrated = True
+        return group
 
     def calibrate(self, rows, group):
         sinks, recent = self.stream_sinks, self.stream_recent
-        roles = self.roles([outside_share(r[: self.calibration], sinks, recent) for r in rows], group.b)
+        return self.assign([outside_share(r[: self.calibration], sinks, recent) for r in rows], group)
+
+    def assign(self, proxy, group) -> Roles:
+        """The layer's roles from each head's proxy; its streaming heads become StreamingLLM."""
+        sinks = self.stream_sinks
+        roles = self.roles(proxy, group.b)
         for g, retrieves in enumerate(roles.retrieval):
             if not retrieves:  # before the first step: nothing observed is lost
                 group.policies[g] = self.build_policy("streaming-llm", self.streaming_slots(),

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from kvviz.core.replay import NEVER
-from kvviz.model.loop.config import PREFILL_CHUNK, check_configs
+from kvviz.model.loop.config import PREFILL_CHUNK, check_configs, refuse_ratio_freed
 from kvviz.model.loop.generation import Generation, check_request, with_reference
 
 
@@ -54,6 +54,8 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
     for p in prompts:
         check_request(p, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
     configs = with_reference(configs, full_cache)
+    if eviction == "freed":
+        refuse_ratio_freed(configs)
     import torch
 
     from kvviz.model.loop.engine import (
@@ -343,6 +345,8 @@ def run_batch(texts, configs, granularity="layer", max_tokens=1024, progress=Non
     if len(seeds) != len(texts):
         raise ValueError(f"seed must be one integer or one per text ({len(texts)}), got {len(seeds)}")
     configs = check_configs(configs)
+    if eviction == "freed":
+        refuse_ratio_freed(configs)
     import torch
 
     from kvviz.core.trace import packed_offset

@@ -60,7 +60,7 @@ def make_policies(cfg, L: int, G: int, T: int, seed: int, vectorised: bool = Tru
         return AllocatedLayers([alloc.group(layer, L, G) for layer in range(L)])
     if vectorised:
         policy = cfg.make(0, 0, seed)
-        if type(policy).vectorised is not None:
+        if type(policy).vectorised is not None and getattr(policy, "ratio", None) is None:
             S = L * G
             return Streams(policy, S, offsets=np.arange(S) * T,
                            names=[f"layer {s // G}" + (f", head {s % G}" if G > 1 else "") for s in range(S)])

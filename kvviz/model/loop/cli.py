@@ -11,12 +11,21 @@ import time
 from pathlib import Path
 
 from kvviz.core.atomic import replacing
-from kvviz.core.cli import as_options, one_line_error
+from kvviz.core.budget import parse_budget
+from kvviz.core.cli import as_options, budget_arg, one_line_error
 from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, add_threads_argument, parse_layers, require_stack
-from kvviz.model.loop.config import EVICTIONS, GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_fits, parse_policy
+from kvviz.model.loop.config import (
+    EVICTIONS,
+    GRANULARITIES,
+    PREFILL_CHUNK,
+    LoopConfig,
+    check_fits,
+    parse_policy,
+    refuse_ratio_freed,
+)
 from kvviz.model.models import PROVENANCE, resolve, thread_count, use_threads
 
 PERF_VARIANTS = {"snapkv": ("snapkv:pool_kernel=1",)}  # measured beside the default
@@ -54,7 +63,8 @@ def read_text(path: str, option: str) -> str:
 
 def add_config_arguments(p) -> None:
     """--budget, --policy, --granularity: the batch's configurations (loop and generate)."""
-    p.add_argument("--budget", type=int, action="append", default=[], help="positions held per layer (repeatable)")
+    p.add_argument("--budget", type=budget_arg, action="append", default=[],
+                   help="positions held per layer, or a ratio of the tokens seen (0.25x) (repeatable)")
     p.add_argument("--policy", action="append", default=[],
                    help="NAME[:k=v,...], e.g. snapkv:poolKernel=5 or streaming-llm:sinks=0 (repeatable)")
     p.add_argument("--granularity", choices=GRANULARITIES, default="layer")
@@ -147,8 +157,9 @@ def parser(sub=None, perf=None) -> argparse.ArgumentParser:
 def build_configs(policies: list[str], budgets: list[int]) -> list[LoopConfig]:
     """Every policy at every budget, `full` first. ValueError names the bad input."""
     for b in budgets:
-        if b < 1:
+        if isinstance(b, int) and b < 1:
             raise ValueError(f"--budget must be >= 1, got {b}")
+    budgets = [parse_budget(b, "--budget") for b in budgets]  # counts >= 1 and ratios (0.25x)
     parsed = [(spec, *parse_policy(spec)) for spec in policies]
     configs = [LoopConfig("full")]
     if any(name != "full" for _, name, _ in parsed) and not budgets:
@@ -247,6 +258,8 @@ def run(args) -> int:
             raise ValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
         text = read_text(args.text, "--text")
         configs = build_configs(args.policy, args.budget)
+        if args.eviction == "freed":
+            refuse_ratio_freed(args.budget, "--budget")  # before anything loads
         rows_layers = [] if args.rows_layers is not None and not args.rows_layers.strip() \
             else parse_layers(args.rows_layers)
         resolve(args.model)  # a missing or incomplete model refused before anything loads

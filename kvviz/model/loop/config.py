@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvviz.core.budget import as_given, is_ratio, parse_budget
 from kvviz.core.policies import ALLOCATORS, FULL, POLICIES, is_allocator, make_policy, parse_params
 
 GRANULARITIES = ("layer", "kv-head")
@@ -31,7 +32,7 @@ class LoopConfig:
 
     policy: str
     params: dict = field(default_factory=dict)
-    budget: int | None = None
+    budget: int | None = None  # or a ratio of the tokens seen ("0.25x", kvviz.core.budget)
     source: dict | None = field(default=None, compare=False, repr=False)  # as recorded; None: ask the registry
     _recorded: bool = field(default=False, init=False, compare=False, repr=False)
 
@@ -47,7 +48,7 @@ class LoopConfig:
         full = cfg.policy == FULL
         cfg.params = {} if full else dict(d.get("params") or {})
         budget = d.get("budget")
-        cfg.budget = None if full or budget is None else int(budget)
+        cfg.budget = None if full or budget is None else parse_budget(budget)
         cfg.source = d.get("source") if isinstance(d.get("source"), dict) else None
         cfg._recorded = True
         cfg._bytes = d.get("bytes_per_slot")
@@ -89,6 +90,8 @@ class LoopConfig:
             raise ValueError(f"policy must be one of {sorted(POLICIES) + sorted(ALLOCATORS) + [FULL]}, "
                              f"got {self.policy!r}")
         self.params = parse_params(self.policy, dict(self.params or {}))  # names or labels
+        if self.budget is not None:
+            self.budget = parse_budget(self.budget)
         self.make(0)  # the registry's own checks: unknown parameter, even poolKernel, ...
 
     @property
@@ -128,7 +131,8 @@ class LoopConfig:
         return f"{self.policy}{'(' + inner + ')' if inner else ''}@{self.budget}"
 
     def to_dict(self) -> dict:
-        return {"policy": self.policy, "params": self.full_params(), "budget": self.budget}
+        return {"policy": self.policy, "params": self.full_params(),
+                "budget": None if self.budget is None else as_given(self.budget)}
 
 
 def check_chunk(chunk, name: str = "prefill_chunk") -> None:
@@ -145,11 +149,23 @@ def check_fits(positions: int, budgets, eviction: str = "masked", context: int |
     if context is not None and positions > context:
         raise ValueError(f"{what} needs {positions} positions, more than the model's context of {context}")
     if eviction == "freed":
+        refuse_ratio_freed(budgets, option)
         for b in budgets:
             if b is not None and b >= positions:
                 raise ValueError(f"{option} {b} with --eviction freed: {what} reads {positions} positions, so "
                                  f"nothing would be evicted or freed; use a budget below {positions}, "
                                  "or --eviction masked")
+
+
+def refuse_ratio_freed(budgets, what: str = "budget") -> None:
+    """A freed cache sizes its slots by a fixed budget before any row is read; a ratio of the
+    tokens seen grows with them: refused (ValueError naming `what`) in freed mode."""
+    for b in budgets:
+        b = getattr(b, "budget", b)  # a LoopConfig's
+        if b is not None and is_ratio(parse_budget(b)):
+            raise ValueError(f"{what} {b} with eviction freed: a ratio of the tokens seen grows with them, "
+                             "and a freed cache sizes its slots by a fixed budget before any row is read; "
+                             "evict masked (--eviction masked) or give a count")
 
 
 def parse_policy(spec: str) -> tuple[str, dict]:

@@ -52,7 +52,7 @@ from kvviz.model.loop.cache import (
     slot_cache,
     slot_layer_class,
 )
-from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_configs, check_eviction
+from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, check_configs, check_eviction, refuse_ratio_freed
 from kvviz.model.loop.prompt import LayerEviction, PromptFeed, evicts_by_layer, prompt_state, read_prompt
 from kvviz.model.loop.result import LoopResult
 
@@ -142,6 +142,8 @@ def run(text, configs, granularity="layer", max_tokens=1024, progress=None, mode
         dtype="float32", eviction="masked") -> LoopResult:
     check_inputs(text, granularity, max_tokens, eviction)
     configs = check_configs(configs)
+    if eviction == "freed":
+        refuse_ratio_freed(configs)
     import torch
 
     from kvviz.model.models import (

@@ -20,7 +20,7 @@ from kvviz.model.loop.cli import (
     read_text,
     run_perf,
 )
-from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk, check_fits
+from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk, check_fits, refuse_ratio_freed
 from kvviz.model.loop.generation import PROMPT_MODES, check_request
 from kvviz.model.models import resolve, thread_count, use_threads
 
@@ -110,6 +110,8 @@ def run(args) -> int:
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         configs = build_configs(args.policy, args.budget)
+        if args.eviction == "freed":
+            refuse_ratio_freed(args.budget, "--budget")  # before anything loads
         if args.no_full_cache:
             configs = [c for c in configs if not c.is_full]
             if not configs:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvviz.core.atomic import replacing
+from kvviz.core.budget import as_given
 from kvviz.core.replay import NEVER
 from kvviz.model.loop.config import GRANULARITIES, PREFILL_CHUNK, LoopConfig, check_chunk, check_eviction
 
@@ -158,7 +159,8 @@ class Generation:
             own = list(self.tokens) + (list(self.pieces[c]) if self.pieces else [])
             for layer in ls:
                 for h in hs:
-                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": cfg.budget,
+                    given = None if cfg.budget is None else as_given(cfg.budget)  # a ratio as its text
+                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": given,
                             "layer": layer, "head": head_names[h], "tokens": own}
                     blocks.append((keys, frame.stream(self.evicted_at[c, layer, h], per=per)))
         return frame.frame(blocks, per=per)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from kvviz.core.replay import NEVER
+from kvviz.model.loop.config import refuse_ratio_freed
 from kvviz.model.loop.engine import (
     PREFILL_CHUNK,
     Lane,
@@ -55,6 +56,8 @@ def generate(prompt, configs, max_new_tokens, *, granularity="layer", prompt_mod
              prefill_chunk=PREFILL_CHUNK, full_cache=True) -> Generation:
     check_request(prompt, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
     configs = with_reference(configs, full_cache)
+    if eviction == "freed":
+        refuse_ratio_freed(configs)
     import torch
 
     from kvviz.model.models import attention_shape, load_model, model_provenance, token_strings, tokenize

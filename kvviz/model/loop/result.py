@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.core.atomic import replacing
+from kvviz.core.budget import as_given
 from kvviz.core.replay import NEVER, Run, held_shares
 from kvviz.core.trace import ArrayTrace, packed_offset
 from kvviz.model.loop.config import LoopConfig
@@ -167,7 +168,8 @@ class LoopResult:
                     if self.rows is not None and layer in self.rows_layers and f is not None:
                         packed = self.rows[f, list(self.rows_layers).index(layer), h]
                         row, n = (lambda t, p=packed: p[packed_offset(t):packed_offset(t) + t]), self.rows_tokens
-                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": cfg.budget,
+                    given = None if cfg.budget is None else as_given(cfg.budget)  # a ratio as its text
+                    keys = {"config": cfg.label, "policy": cfg.policy, "budget": given,
                             "layer": layer, "head": self.heads[h]}
                     blocks.append((keys, frame.stream(self.evicted_at[c, li, h], row=row, n_rows=n, per=per)))
         df = frame.frame(blocks, tokens=self.tokens, per=per)

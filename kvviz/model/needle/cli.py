@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from kvviz.core.cli import one_line_error
+from kvviz.core.cli import budget_arg, one_line_error
 from kvviz.core.plugins import add_argument as add_plugin_argument
 from kvviz.core.plugins import cli_load
 from kvviz.core.policies import config_label
 from kvviz.model.capture import add_device_arguments, add_threads_argument, require_stack
 from kvviz.model.loop.cli import add_eviction_arguments
-from kvviz.model.loop.config import GRANULARITIES, check_chunk, check_fits
+from kvviz.model.loop.config import GRANULARITIES, check_chunk, check_fits, refuse_ratio_freed
 from kvviz.model.needle.grid import PROMPT_MODES, Grid
 from kvviz.model.needle.tasks import Task
 
@@ -44,7 +44,8 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", type=_numbers(int), default=[[0]], help="seeds of the key's digits")
     p.add_argument("--policies", nargs="+", default=[],
                    help="NAME[:k=v,...] each, e.g. tova snapkv:poolKernel=1 streaming-llm:sinks=4")
-    p.add_argument("--budgets", nargs="+", type=_numbers(int), default=[], help="positions held per layer")
+    p.add_argument("--budgets", nargs="+", type=_numbers(budget_arg), default=[],
+                   help="positions held per layer, or ratios of the tokens seen (0.25x)")
     p.add_argument("--prompt-modes", nargs="+", choices=PROMPT_MODES, default=["decode"])
     p.add_argument("--granularity", nargs="+", choices=GRANULARITIES, default=["layer"])
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens generated per answer")
@@ -115,6 +116,8 @@ def run(args) -> int:
         grid = grid_from(args)
         if args.no_full_cache and all(c.is_full for c in grid.configs):
             raise ValueError("--no-full-cache leaves the full cache out: give a policy other than full")
+        if args.eviction == "freed":
+            refuse_ratio_freed(_flat(args.budgets), "--budgets")  # before anything loads
         haystack = read_haystack(args.haystack)
         from kvviz.model.models import resolve
 

@@ -9,6 +9,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from kvviz.core.budget import Ratio, parse_budget
 from kvviz.model.loop.config import GRANULARITIES, LoopConfig
 from kvviz.model.needle.prompt import check_depth
 from kvviz.model.needle.results import depth_label, run_id
@@ -87,12 +88,13 @@ def build_configs(policies, budgets) -> list[LoopConfig]:
     from kvviz.model.loop.cli import build_configs as loop_configs
 
     for b in budgets:
-        if isinstance(b, bool) or int(b) != b or b < 1:
+        if not isinstance(b, (str, Ratio)) and (isinstance(b, bool) or int(b) != b or b < 1):
             raise ValueError(f"--budgets: a budget must be an integer >= 1, got {b}")
+    budgets = [parse_budget(b, "--budgets") for b in budgets]  # counts >= 1 and ratios (0.25x)
     if not policies:
         raise ValueError("--policies: give at least one, e.g. --policies tova h2o")
     try:
-        return loop_configs(list(policies), [int(b) for b in budgets])
+        return loop_configs(list(policies), budgets)
     except ValueError as exc:  # the loop's messages name its own flags
         msg = re.sub(r"--budget\b", "--budgets", re.sub(r"--policy\b", "--policies", str(exc)))
         raise ValueError(msg) from None

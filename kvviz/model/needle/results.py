@@ -211,7 +211,7 @@ def rows(run: dict) -> list[dict]:
             "id": m["id"], "length": m["length"], "depth": m["depth"], "seed": m["seed"],
             "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
             "policy": cfg["policy"], "label": cfg["label"], "params": json.dumps(cfg["params"], sort_keys=True),
-            "budget": -1 if cfg["budget"] is None else int(cfg["budget"]), "key": m["key"],
+            "budget": -1 if cfg["budget"] is None else _given(cfg["budget"]), "key": m["key"],
             "answer": m["answers"][c], "correct": bool(m["correct"][c]),
             "agreement": agreement[c],
             "held_question": float(hq.mean()), "held_end": float(he.mean()),
@@ -273,11 +273,18 @@ def layer_rows(run: dict) -> list[dict]:
                             "depth": m["depth"], "seed": m["seed"],
                             "prompt_mode": m["prompt_mode"], "granularity": m["granularity"],
                             "policy": cfg["policy"], "label": cfg["label"],
-                            "budget": None if cfg["budget"] is None else int(cfg["budget"]),
+                            "budget": None if cfg["budget"] is None else _given(cfg["budget"]),
                             "layer": layer, "head": "mean" if G == 1 else f"kv{g}",
                             "held_question": float(hq[layer, g]), "held_end": float(he[layer, g]),
                             "first_lost": int(hit.min()) if hit.size else None, **outcome})
     return out
+
+
+def _given(budget):
+    """A recorded budget as the tables hold it: a count as an int, a ratio as its text ("0.25x")."""
+    from kvviz.core.budget import as_given, parse_budget
+
+    return as_given(parse_budget(budget))
 
 
 def typed(df, types: dict):
@@ -294,7 +301,8 @@ def layer_table(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported i
     if not ids:
         raise ValueError(f"no needle runs in {out} (no runs/*.npz)")
     df = pd.DataFrame([r for id_ in ids for r in layer_rows(load_run(out, id_))], columns=list(LAYER_COLUMNS))
-    return typed(df, LAYER_TYPES)
+    ratios = df["budget"].map(lambda b: isinstance(b, str)).any()  # "0.25x": budgets as given, as text
+    return typed(df, {**LAYER_TYPES, "budget": "string"} if ratios else LAYER_TYPES)
 
 
 def write_tables(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported inside)

@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvviz.core.budget import parse_budget
 from kvviz.core.policies import ALLOCATORS, POLICIES, param_specs, parse_params, source_hash
 
 CANONICAL = "canonical"
@@ -50,7 +51,8 @@ def axis_values(raw: dict, key: str, kind, default=None, where: str = "") -> lis
         raise SpecError(f"{key} = {value!r}: must not be empty")
     for v in values:
         if isinstance(v, bool) or not isinstance(v, kind):
-            raise SpecError(f"{key} = {value!r}: every value must be {kind.__name__}, got {v!r}")
+            what = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise SpecError(f"{key} = {value!r}: every value must be {what}, got {v!r}")
     if len(set(values)) != len(values):
         raise SpecError(f"{key} = {value!r}: a value repeats")
     return list(values)
@@ -92,14 +94,22 @@ def _specs(name: str, context: dict) -> list:
     return specs
 
 
-def normalise_budgets(raw: dict) -> list[int]:
-    budgets = axis_values(raw, "budgets", int)
+def normalise_budgets(raw: dict, ratios: bool = False) -> list:
+    """The budgets axis: integers >= 1, and with `ratios` also ratios of the tokens seen
+    written as strings ("0.25x", kvviz.core.budget), kept as written so a cell's row records
+    the budget as given."""
+    budgets = axis_values(raw, "budgets", (int, str) if ratios else int)
     if budgets is None:
         raise SpecError("budgets: missing; e.g. budgets = [128, 256]")
     for b in budgets:
-        if b < 1:
+        if isinstance(b, str):
+            try:
+                parse_budget(b)
+            except ValueError as exc:
+                raise SpecError(f"budgets = {raw['budgets']!r}: {exc}") from None
+        elif b < 1:
             raise SpecError(f"budgets = {raw['budgets']!r}: budget must be >= 1, got {b}")
-    return budgets
+    return [b.strip() if isinstance(b, str) else b for b in budgets]
 
 
 def normalise_policies(raw: dict) -> list[dict]:

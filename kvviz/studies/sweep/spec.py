@@ -47,7 +47,7 @@ class Cell:
     layer: int | None
     head: str | None
     policy: str
-    budget: int
+    budget: int | str  # a count, or a ratio of the tokens seen as written ("0.25x")
     params: tuple  # ((name, value), ...) every parameter of the policy, defaults included
     source: str = ""  # SHA-256 of the policy's source and named files: an edited one re-runs
 
@@ -72,7 +72,7 @@ def normalise(raw: dict) -> dict:
     traces = axis_values(raw, "traces", str)
     if traces is None:
         raise SpecError("traces: missing; list trace files (.npz) or \"canonical\"")
-    budgets = normalise_budgets(raw)
+    budgets = normalise_budgets(raw, ratios=True)
     norm_policies = normalise_policies(raw)
     return {"mode": mode, "traces": traces, "layers": axis_values(raw, "layers", int),
             "heads": axis_values(raw, "heads", str, ["mean"]), "budgets": budgets,

@@ -148,7 +148,8 @@ def assemble(out: Path, spec: dict, cells: list[Cell]) -> pd.DataFrame:
     cols = ["trace", "layer", "head", "policy", "budget", *params, *METRICS, "status", "error",
             "kvviz_version", "trace_sha256", "model"]
     df = pd.DataFrame(rows, columns=cols)
-    types = {"layer": "Int64", "budget": "int64", "memory_bytes": "Int64",
+    ratios = any(isinstance(c.budget, str) for c in cells)  # "0.25x": budgets as given, as text
+    types = {"layer": "Int64", "budget": "str" if ratios else "int64", "memory_bytes": "Int64",
              **params,
              **{m: "float64" for m in METRICS if m != "memory_bytes"}}
     return df.astype(types)
