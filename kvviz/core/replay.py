@@ -303,10 +303,10 @@ def missing_vectors(trace: Trace, cls) -> list[str]:
 
 def refuse_vectors(name: str, trace_name: str, lacks: list[str]) -> ValueError:
     """The one-line refusal of a policy that reads key or query vectors on a trace without them."""
-    what = " and ".join(lacks)
-    return ValueError(f"{name} reads {what} vectors, and trace {trace_name!r} has none: pick a "
-                      f"trace captured with {what} or run it in the model loop (kvviz loop, "
-                      "generate, needle or kvviz.hf)")
+    words = " and ".join({"keys": "key", "queries": "query"}[w] for w in lacks)
+    return ValueError(f"{name} reads {words} vectors, and trace {trace_name!r} has none: pick a "
+                      f"trace captured with {' and '.join(lacks)} or run it in the model loop "
+                      "(kvviz loop, generate, needle or kvviz.hf)")
 
 
 def can_drive(trace: Trace, cls) -> bool:
