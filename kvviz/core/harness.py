@@ -276,7 +276,12 @@ def _few(values, limit: int = 8) -> str:
 def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     """What `prefill` needs of a `length`-row prompt for `policy`: (how many last rows as
     they are, whether the float64 sum of the renormalised rows before the last, whether
-    every row in order as it arrives). A policy reading no attention needs no rows."""
+    every row in order as it arrives). A policy reading no attention needs no rows. A policy
+    that reads key or query vectors is refused: a prompt read in one pass supplies neither."""
+    if getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False):
+        raise ValueError(f"{policy.name} reads key and query vectors, which a prompt read in one pass "
+                         "does not supply: read the prompt token by token (kvviz loop; kvviz generate "
+                         "--prompt-mode decode; kvviz needle --prompt-modes decode)")
     if not policy.uses_attention:
         return 0, False, False
     if policy.reads_query_rows:
