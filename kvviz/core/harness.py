@@ -276,12 +276,7 @@ def _few(values, limit: int = 8) -> str:
 def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     """What `prefill` needs of a `length`-row prompt for `policy`: (how many last rows as
     they are, whether the float64 sum of the renormalised rows before the last, whether
-    every row in order as it arrives). A policy reading no attention needs no rows. A policy
-    that reads key or query vectors is refused: a prompt read in one pass supplies neither."""
-    if getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False):
-        raise ValueError(f"{policy.name} reads key and query vectors, which a prompt read in one pass "
-                         "does not supply: read the prompt token by token (kvviz loop; kvviz generate "
-                         "--prompt-mode decode; kvviz needle --prompt-modes decode)")
+    every row in order as it arrives). A policy reading no attention needs no rows."""
     if not policy.uses_attention:
         return 0, False, False
     if policy.reads_query_rows:
@@ -292,6 +287,15 @@ def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     if not 1 <= k <= length:
         raise ValueError(f"{policy.name}.prefill_rows({length}) must be in 1..{length}, got {k}")
     return (1, False, True) if k == length else (k, False, False)
+
+
+def refuse_vectors_in_prefill(policy) -> None:
+    """A prompt read in one pass supplies no key or query vectors: ValueError naming a policy
+    that reads them and the way to read the prompt token by token."""
+    if getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False):
+        raise ValueError(f"{policy.name} reads key and query vectors, which a prompt read in one pass "
+                         "does not supply: read the prompt token by token (kvviz loop; kvviz generate "
+                         "--prompt-mode decode; kvviz needle --prompt-modes decode)")
 
 
 class PromptRows:
@@ -359,6 +363,7 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
     policy observes the rows' sum once. `rows` (a PromptRows built with at least the
     policy's needs) may be None for a policy that reads no attention. `stream` names the
     stream in a refusal."""
+    refuse_vectors_in_prefill(policy)
     tail, sums, streamed = prefill_needs(policy, length)
     kn = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
     vn = (lambda t: value_norms[t]) if policy.reads_value_norms else (lambda t: None)
