@@ -261,3 +261,14 @@ def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, 
     with pytest.raises(ValueError, match="rkv: reads key and query vectors, which belong to one KV head"):
         run_loop(TEXT, [LoopConfig("full"), LoopConfig("rkv", {"window": 2}, 6)], max_tokens=8,
                  model=tiny_llama, granularity="layer")
+
+
+# -- in the page ------------------------------------------------------------------------------
+def test_the_page_refuses_them_on_a_trace_without_keys(apptest):
+    import apphelp
+
+    at = apphelp.app(timeout=180, a="rkv", b="expected-attention", budget=64, step=300, view="scores")
+    apphelp.ok(at)  # no traceback
+    refused = " ".join(e.value for e in at.error)
+    assert "Refused: " in refused and "rkv reads key and query vectors, and trace" in refused
+    assert "Refused: expected-attention reads value norms, and trace" in refused  # checked first
