@@ -249,14 +249,39 @@ def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, 
                 ev = res.evicted_at[c, 0, h]
                 assert (ev != -1).sum() == T - budget
                 np.testing.assert_array_equal(ev, want, err_msg=f"{name}, {eviction}, head {h}")
+    # a prompt read in one pass: layer 0's one-shot eviction at the prompt's last row is the
+    # reference's fed every prompt position; kvviz.hf (which reads the prompt in one pass) agrees
+    import kvviz.hf
+
+    prompt, n, (name, params, ref_cls) = TEXT[:40], 4, setups[0]
+    gen = generate(prompt, [LoopConfig(name, params, budget)], n, granularity="kv-head",
+                   prompt_mode="prefill", model=tiny_llama)
+    c, T0 = 1 - gen.full_index, gen.prompt_len
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert len(ids) == T0 > budget
+    keys, queries = _layer0_vectors(mdl, ids)
+    Hk, Hq = keys.shape[0], queries.shape[0]
+    for h in range(Hk):
+        ref = ref_cls(budget, None, **params)
+        for t in range(T0):
+            ref.on_decode_step(t, None, keys=keys[h][np.append(ref.kept, t)],
+                               query=queries[h * (Hq // Hk):(h + 1) * (Hq // Hk), t])
+        want = np.full(T0, -1)
+        want[ref.evict(budget)] = T0 - 1
+        at_prompt = np.where(gen.evicted_at[c, 0, h, :T0] == T0 - 1, T0 - 1, -1)  # later steps aside
+        np.testing.assert_array_equal(at_prompt, want, err_msg=f"prefill, head {h}")
+    with kvviz.hf.evicting(mdl, policy=name, budget=budget, granularity="kv-head", **params) as log:
+        out = mdl.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
+    assert out[0, T0:].tolist() == gen.generated(c).tolist()
+    np.testing.assert_array_equal(log.evicted_at, gen.evicted_at[c, :, :, : T0 + n - 1])
     # what the loop cannot supply is refused by name
-    with pytest.raises(ValueError, match="rkv reads key and query vectors, which a prompt read in one pass"):
-        generate(TEXT[:40], [LoopConfig("rkv", {"window": 2}, 6)], 2, granularity="kv-head",
-                 prompt_mode="prefill", model=tiny_llama)
     with pytest.raises(ValueError, match=f"expected-attention's rope_theta=3 is not the model's "
                                          rf"\({theta:g}\): pass rope_theta={theta:g}"):
         run_loop(TEXT, [LoopConfig("full"), LoopConfig("expected-attention", {"rope_theta": 3.0}, 6)],
                  max_tokens=8, model=tiny_llama, granularity="kv-head")
+    with pytest.raises(ValueError, match=r"expected-attention's rope_theta=3 is not the model's"):
+        generate(prompt, [LoopConfig("expected-attention", {"rope_theta": 3.0}, 6)], 2, granularity="kv-head",
+                 prompt_mode="prefill", model=tiny_llama)
     assert mdl.config.num_key_value_heads > 1
     with pytest.raises(ValueError, match="rkv: reads key and query vectors, which belong to one KV head"):
         run_loop(TEXT, [LoopConfig("full"), LoopConfig("rkv", {"window": 2}, 6)], max_tokens=8,

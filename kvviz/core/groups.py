@@ -150,6 +150,17 @@ def _vectors(p, s: int, t: int, inputs) -> dict:
     return out
 
 
+def _prompt_vectors(p, s: int, prompt) -> dict:
+    """A prompt's key and query vectors of stream s for its policy `p`, as keywords of
+    harness.prefill: `prompt.keys(s)`, `prompt.queries(s)` where it reads them and the prompt
+    has them (else None: the policy is refused, naming what it lacks)."""
+    if not harness.reads_vectors(p):
+        return {}
+    get_keys, get_queries = getattr(prompt, "keys", None), getattr(prompt, "queries", None)
+    return {"keys": None if get_keys is None else get_keys(s),
+            "queries": None if get_queries is None else get_queries(s)}
+
+
 def _in_layer(layer: int, exc: BudgetError, place=None) -> BudgetError:
     """The refusal naming the layer, unless the group's `place` has named it already."""
     if place is not None and place.layer is not None:
@@ -188,7 +199,8 @@ class OnePolicy(StreamGroup):
 
     def prefill(self, prompt):
         victims = harness.prefill(self.policy, prompt.rows(0), prompt.length, self.capacity,
-                                  prompt.key_norms(0), prompt.value_norms(0), self.stream)
+                                  prompt.key_norms(0), prompt.value_norms(0), self.stream,
+                                  **_prompt_vectors(self.policy, 0, prompt))
         return np.zeros(len(victims), np.int64), victims
 
 
@@ -233,7 +245,7 @@ class PolicyLayers(StreamGroup):
                     s = layer * G + g
                     victims = harness.prefill(p, prompt.rows(s), prompt.length, self.budget,
                                               prompt.key_norms(s), prompt.value_norms(s),
-                                              f"head {g}" if G > 1 else "")
+                                              f"head {g}" if G > 1 else "", **_prompt_vectors(p, s, prompt))
                     found.append((s, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None

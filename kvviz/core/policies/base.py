@@ -602,18 +602,20 @@ def check_value_norm(value, name: str) -> float:
 
 
 def norm_inputs(policy, key_norm=None, value_norm=None, query_rows=None, n=None, keys=None,
-                query=None) -> dict:
+                query=None, trusted: bool = False) -> dict:
     """The checked inputs beyond attention `policy.advance` takes as keywords: key_norm if it
     reads key norms, value_norm if it reads value norms, query_rows ((heads, n): one row per
     query head on its `n` kept slots) if it reads them, keys ((n + 1, head_dim): the kept
     slots' keys and the admitted one's) if it reads keys, query ((group, head_dim)) if it
     reads queries, nothing otherwise (so a policy reading none keeps the two-argument
-    `advance`)."""
+    `advance`). `trusted`: the keys and query were checked whole by the caller (a prompt's,
+    kvviz.core.harness.prefill), so they are passed as they are."""
     out = {}
     if getattr(policy, "reads_keys", False):
-        out["keys"] = check_keys(keys, policy.name, (len(policy.held()) if n is None else n) + 1)
+        out["keys"] = keys if trusted and keys is not None else check_keys(
+            keys, policy.name, (len(policy.held()) if n is None else n) + 1)
     if getattr(policy, "reads_queries", False):
-        out["query"] = check_query(query, policy.name)
+        out["query"] = query if trusted and query is not None else check_query(query, policy.name)
         if "keys" in out and out["keys"].shape[1] != out["query"].shape[1]:
             raise ValueError(f"query and keys must share one head_dim: query has "
                              f"{out['query'].shape[1]}, keys {out['keys'].shape[1]}")

@@ -69,7 +69,7 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     softcap = kwargs.get("softcap")
     window = kwargs.get("sliding_window")  # this layer's own window, as the model passes it
     if q > 1:
-        return _prompt(st, layer, query, key, value, scaling, softcap, window), None
+        return _prompt(st, layer, query, key, value, scaling, softcap, window, module), None
     scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
     if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
         scores = torch.tanh(scores / softcap) * softcap
@@ -144,7 +144,7 @@ def _outside_window(torch, st: State | None, layer: int, scores, k: int, window:
     return scores.masked_fill(torch.as_tensor(old, device=scores.device)[:, :, None, :k], float("-inf"))
 
 
-def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None):
+def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None, module=None):
     """Several queries at once (a prompt), causal (and within the layer's sliding `window`,
     if it has one): the output as eager attention gives it, with no (q, k) array held.
     From an empty cache with no softcap, window or bias the output is PyTorch's fused
@@ -167,6 +167,12 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, w
                 norms = x[r, :, pad:].detach().float().norm(dim=-1)  # (Hk, k - pad)
                 feed.set_norms(which, layer,
                                (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+            if feed.rope_thetas:
+                check_rope(getattr(module, "config", None), feed.rope_thetas)
+                feed.rope_thetas = []
+            if feed.vectors:  # the prompt's keys and queries, after RoPE, as they are
+                feed.set_vectors(layer, key[r, :, pad:].detach().float().cpu().numpy(),
+                                 query[r, :, pad:].detach().float().cpu().numpy())
     if k == q and not softcap and not window and not biased:
         out = fused_prompt(query, key, value, scaling, st.pad[:B] if st is not None and st.feeds else None)
         for r, pad, feed in fed:  # a padded row's queries and keys start at its padding
