@@ -28,7 +28,7 @@ def captured(tmp_path_factory, torch_stack):
     src.write_text(TEXT, encoding="utf-8")
     out = src.with_name("short.npz")
     assert main(["--text", str(src), "--out", str(out), "--max-tokens", "64",
-                 "--layers", "0,14,29", "--licence", "test", "--source", "test"]) == 0
+                 "--layers", "0,14,29", "--vectors", "--licence", "test", "--source", "test"]) == 0
     return out
 
 
@@ -39,7 +39,7 @@ def test_capture_file_format(captured):
     with np.load(captured, allow_pickle=False) as npz:
         assert npz["attn"].dtype == np.float16 and npz["attn"].shape[:2] == (3, 1)
         assert npz["layers"].tolist() == [0, 14, 29] and npz["heads"].tolist() == ["mean"]
-        assert int(npz["format_version"]) == 4 and npz["key_norms"].shape == (3, 1, 64)
+        assert int(npz["format_version"]) == 5 and npz["key_norms"].shape == (3, 1, 64)
         assert npz["value_norms"].shape == (3, 1, 64) and npz["value_norms"].dtype == np.float32
     for layer in (0, 14, 29):
         t = load_trace(captured, layer=layer)
@@ -48,6 +48,26 @@ def test_capture_file_format(captured):
         assert t.meta["aggregation"] == "head-mean" and t.meta["licence"] == "test"
         assert "SmolLM2" in t.meta["model"] and t.meta["layers"] == [0, 14, 29]
         assert t.row(5).dtype == np.float32
+
+
+def test_captured_vectors_reproduce_the_captured_attention(captured):
+    """--vectors: the stored keys and queries (after RoPE) give back the stored rows: the
+    softmax of q.k / sqrt(head_dim) over positions 0..t, averaged over the 9 query heads, each
+    reading KV head h // 3, minus the self weight. Queries before RoPE, or keys from the wrong
+    layer, miss by far more than float16's rounding."""
+    from kvviz.core.trace import load_trace
+
+    for li, layer in enumerate((0, 14, 29)):
+        t = load_trace(captured, layer=layer)
+        assert t.keys.shape == (3, 3, 64, 64) and t.queries.shape == (3, 9, 64, 64)
+        k, q = t.keys[li].astype(np.float64), t.queries[li].astype(np.float64)
+        for step in (1, 17, 63):
+            probs = []
+            for h in range(9):
+                s = k[h // 3, :step + 1] @ q[h, step] / 8.0
+                p = np.exp(s - s.max())
+                probs.append(p / p.sum())
+            np.testing.assert_allclose(np.mean(probs, 0)[:step], t.row(step), atol=2e-3)
 
 
 def test_rows_causal_positive_and_sum_to_one_minus_self(captured):

@@ -112,7 +112,7 @@ GOOD = dict(format_version=np.int64(1), attn=np.full((1, 6), 0.25, np.float32))
     (npz_bytes(**{**GOOD, "attn": np.full((1, 6), 1, np.int32)}), "float16 or float32"),
     (npz_bytes(**{**GOOD, "attn": np.full(6, 0.1, np.float32)}), "2-D"),
     (npz_bytes(attn=GOOD["attn"]), "format_version"),
-    (npz_bytes(format_version=np.int64(5), attn=GOOD["attn"]), "format_version must be 1, 2, 3 or 4"),
+    (npz_bytes(format_version=np.int64(6), attn=GOOD["attn"]), "format_version must be 1, 2, 3, 4 or 5"),
     (npz_bytes(format_version=np.float64(1), attn=GOOD["attn"]), "format_version"),
     (npz_bytes(**GOOD, heads=np.array(["mean"])), "heads is a format_version 2 field"),
     (npz_bytes(**{**GOOD, "layers": np.array([0.5])}), "layers must be integers"),
@@ -191,7 +191,7 @@ def test_version_2_round_trip_every_layer_and_head(tmp_path):
     path = save_trace(tmp_path / "h.npz", m, layers=[14, 29], heads=labels, dtype="float32",
                       tokens=[str(i) for i in range(12)])
     with np.load(path, allow_pickle=False) as npz:
-        assert int(npz["format_version"]) == 4  # written as the newest version; read as 2 was
+        assert int(npz["format_version"]) == 5  # written as the newest version; read as 2 was
         assert npz["attn"].shape == (2, 4, 66) and npz["heads"].tolist() == labels
     for li, layer in enumerate([14, 29]):
         for hi, head in enumerate(labels):
@@ -358,7 +358,7 @@ def test_version_4_value_norms_round_trip_beside_key_norms(tmp_path):
     path = save_trace(tmp_path / "v.npz", m, layers=[0, 5], heads=labels, key_norms=keys,
                       value_norms=values)
     with np.load(path, allow_pickle=False) as npz:
-        assert int(npz["format_version"]) == 4
+        assert int(npz["format_version"]) == 5
     for li, layer in enumerate([0, 5]):
         for hi, head in enumerate(labels):
             t = load_trace(path, layer=layer, head=head)

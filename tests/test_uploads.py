@@ -72,7 +72,7 @@ BAD = {  # name -> (bytes, words the message must contain)
     "truncated.npz": (npz(**good())[:200], "not an .npz"),
     "pickled.npz": (npz(**good(attn=np.array([{"x": 1}], dtype=object))), "object arrays"),
     "no-version.npz": (npz(**good(format_version=None)), "format_version"),
-    "version-5.npz": (npz(**good(format_version=np.int64(5))), "format_version must be 1, 2, 3 or 4"),
+    "version-6.npz": (npz(**good(format_version=np.int64(6))), "format_version must be 1, 2, 3, 4 or 5"),
     "no-attn.npz": (npz(**good(attn=None)), "no 'attn' field"),
     "int-attn.npz": (npz(**good(attn=(packed() * 100).astype(np.int32))), "float16 or float32"),
     "1d-attn.npz": (npz(**good(attn=packed()[0])), "2-D"),

@@ -235,6 +235,19 @@ class HeadsState(Slice):
     heads_budget: int = 0
 
 
+@dataclass
+class QuestState(Slice):
+    """Quest: the page size and the token budget its page selection reads."""
+
+    NAME: ClassVar[str] = "quest"
+    KEYS: ClassVar[dict] = {
+        "quest.page": "quest_page",      # positions per page (0 = 16, the paper's)
+        "quest.budget": "quest_budget",  # tokens read per step (0 = the page's budget)
+    }
+    quest_page: int = 0
+    quest_budget: int = 0
+
+
 # the Forgetting view's choices (kvviz.app.ui.view_needle checks them against its results)
 NEEDLE_KEYS = ("ntask", "nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed", "npol", "nvs",
                "nlayer", "nhead", "nalayer")
@@ -264,4 +277,4 @@ class NeedleState(Slice):
 
 # Every slice of the page, in the link's order
 SLICES = (CacheState, CompareState, LoopState, SlidesState, NavState, PresentState,
-          LessonState, HeadsState, NeedleState)
+          LessonState, HeadsState, QuestState, NeedleState)

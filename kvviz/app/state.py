@@ -49,6 +49,7 @@ REGISTRY = (
     View("slides", "Slides", "view_slides"),
     View("export", "Export", "view_export"),
     View("heads", "Heads", "view_heads"),
+    View("quest", "Quest", "view_quest"),
     View("loop", "Model in the loop", "view_loop"),
     View("needle", "Forgetting", "view_needle"),
 )

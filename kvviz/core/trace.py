@@ -12,7 +12,11 @@ position's cached key (after RoPE) for policies that read key norms (knorm); for
 "qN" the norm of the KV head they read, for "mean" the mean over the KV heads. Older files
 still load, with no key norms. Version 4 adds an optional `value_norms`, shaped and read like
 `key_norms`: the L2 norm of each position's cached value, for policies that read value norms
-(vatp). Files of versions 1-3 still load, with no value norms.
+(vatp). Files of versions 1-3 still load, with no value norms. Version 5 adds optional `keys`
+(layers, kv_heads, T, head_dim) and `queries` (layers, q_heads, T, head_dim), float16: every
+stored layer's key and query vectors after RoPE, as the model's attention sees them, for all
+KV heads and all query heads (whichever head labels `attn` stores), for policies and views
+that score positions from the vectors themselves. Files of versions 1-4 load with neither.
 """
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ import numpy as np
 
 from kvviz.core.atomic import replacing
 
-FORMAT_VERSION = 4
-READ_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READ_VERSIONS = (1, 2, 3, 4, 5)
 MAX_TRACE_BYTES = 64 * 1024 * 1024
 
 
@@ -50,6 +54,8 @@ class Trace:
     head: str = "mean"          # the one loaded
     key_norms: np.ndarray | None = None  # float32 (T,): each position's key L2 norm, if recorded
     value_norms: np.ndarray | None = None  # float32 (T,): each position's value L2 norm, if recorded
+    keys: np.ndarray | None = None  # float16 (layers, kv_heads, T, head_dim) after RoPE, if recorded
+    queries: np.ndarray | None = None  # float16 (layers, q_heads, T, head_dim) after RoPE, if recorded
 
     def row(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
         """Query i's attention over positions 0..i-1 (a fresh array the caller may change):
@@ -159,8 +165,10 @@ class ArrayTrace(Trace):
 
     def __init__(self, packed: np.ndarray, steps: int, *, name="trace", tokens=None,
                  meta=None, layers=None, layer=None, heads=None, head="mean", key_norms=None,
-                 value_norms=None):
+                 value_norms=None, keys=None, queries=None):
         self._packed = packed
+        self.keys = None if keys is None else np.asarray(keys, np.float16)
+        self.queries = None if queries is None else np.asarray(queries, np.float16)
         self.key_norms = None if key_norms is None else np.asarray(key_norms, np.float32)
         self.value_norms = None if value_norms is None else np.asarray(value_norms, np.float32)
         self.steps = steps
@@ -193,12 +201,15 @@ def pack_rows(matrix: np.ndarray) -> np.ndarray:
 
 
 def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
-               dtype="float16", key_norms=None, value_norms=None) -> Path:
-    """Write a trace file (format version 4). Row t of each matrix uses columns 0..t-1.
+               dtype="float16", key_norms=None, value_norms=None, keys=None,
+               queries=None) -> Path:
+    """Write a trace file (format version 5). Row t of each matrix uses columns 0..t-1.
 
     `key_norms` and `value_norms`, when given, are (L, H, T) like `attn` without its last
     axis (see the module docstring); kept float32, since a norm's scale is far from
-    float16's sweet spot.
+    float16's sweet spot. `keys` (L, kv_heads, T, head_dim) and `queries` (L, q_heads, T,
+    head_dim), when given, are every stored layer's vectors after RoPE, written float16 (a
+    value beyond float16's range is refused rather than stored as inf).
 
     `attn` is (T, T), (L, T, T) (head-mean only) or (L, H, T, T) with `heads` naming the H
     heads ("mean" first). Written to a temporary file and renamed, so an interrupted save
@@ -232,6 +243,10 @@ def save_trace(path, attn, *, tokens=None, layers=None, heads=None, meta=None,
         arrays["key_norms"] = np.asarray(key_norms, np.float32)
     if value_norms is not None:
         arrays["value_norms"] = np.asarray(value_norms, np.float32)
+    for field_name, vectors in (("keys", keys), ("queries", queries)):
+        if vectors is not None:
+            with np.errstate(over="ignore"):
+                arrays[field_name] = np.asarray(vectors).astype(np.float16)
     _check_arrays(arrays, "attn")
     path = Path(path)
     with replacing(path) as fh:
@@ -274,7 +289,8 @@ def load_trace(source, layer: int | None = None, head: str | None = None, *,
     values = arrays["value_norms"][li, hi].copy() if "value_norms" in arrays else None
     return ArrayTrace(rows, steps, name=name or meta.get("name") or default_name,
                       tokens=tokens, meta=meta, layers=layers, layer=layers[li],
-                      heads=heads, head=heads[hi], key_norms=norms, value_norms=values)
+                      heads=heads, head=heads[hi], key_norms=norms, value_norms=values,
+                      keys=arrays.get("keys"), queries=arrays.get("queries"))
 
 
 def _pick(field_name: str, wanted, stored: list, default) -> int:
@@ -319,7 +335,7 @@ def _check_arrays(arrays: dict, key: str) -> int:
     version = arrays["format_version"]
     if (version.shape != () or version.dtype.kind not in "iu"
             or int(version) not in READ_VERSIONS):
-        raise ValueError(f"format_version must be 1, 2, 3 or 4, got {version!r}")
+        raise ValueError(f"format_version must be 1, 2, 3, 4 or 5, got {version!r}")
     version = int(version)
     if key not in arrays:
         raise ValueError(f"trace file has no '{key}' field")
@@ -355,6 +371,7 @@ def _check_arrays(arrays: dict, key: str) -> int:
     for field_name, since in (("key_norms", 3), ("value_norms", 4)):
         if field_name in arrays:
             _check_norms(arrays, field_name, since, version, packed.shape[:-1] + (steps,))
+    _check_vectors(arrays, version, packed.shape[0], steps)
     if "tokens" in arrays and arrays["tokens"].shape != (steps,):
         raise ValueError(f"tokens must have one entry per step ({steps}), "
                          f"got shape {arrays['tokens'].shape}")
@@ -382,6 +399,45 @@ def _check_norms(arrays: dict, field_name: str, since: int, version: int, shape:
                          f"got {kn.dtype} of shape {kn.shape}")
     if not np.isfinite(kn).all() or (kn < 0).any():
         raise ValueError(f"{field_name} must be finite and non-negative (they are L2 norms)")
+
+
+def _check_vectors(arrays: dict, version: int, n_layers: int, steps: int) -> None:
+    """Version 5's `keys` (layers, kv_heads, T, head_dim) and `queries` (layers, q_heads, T,
+    head_dim): float16, finite, one layer per stored layer and one row per step, the same
+    head_dim, query heads a whole multiple of KV heads (grouped-query attention), and enough
+    heads for every "kvN" / "qN" label `attn` stores."""
+    shapes = {}
+    for field_name, axis in (("keys", "kv_heads"), ("queries", "q_heads")):
+        if field_name not in arrays:
+            continue
+        if version < 5:
+            raise ValueError(f"{field_name} is a format_version 5 field; this file says {version}")
+        v = arrays[field_name]
+        if v.dtype != np.float16 or v.ndim != 4:
+            raise ValueError(f"{field_name} must be float16 of shape (layers, {axis}, steps, "
+                             f"head_dim), got {v.dtype} of shape {v.shape}")
+        if v.shape[0] != n_layers or v.shape[2] != steps or min(v.shape[1], v.shape[3]) < 1:
+            raise ValueError(f"{field_name} must be (layers, {axis}, steps, head_dim) with "
+                             f"{n_layers} layers and {steps} steps like attn, got shape {v.shape}")
+        if not np.isfinite(v).all():
+            raise ValueError(f"{field_name} must be finite (found NaN or inf: a value beyond "
+                             "float16's range?)")
+        shapes[field_name] = v.shape
+    if len(shapes) == 2:
+        (_, hk, _, dk), (_, hq, _, dq) = shapes["keys"], shapes["queries"]
+        if dk != dq:
+            raise ValueError(f"keys and queries must share head_dim, got {dk} and {dq}")
+        if hq % hk:
+            raise ValueError(f"queries' q_heads ({hq}) must be a whole multiple of keys' "
+                             f"kv_heads ({hk}): each KV head serves q_heads // kv_heads query heads")
+    labels = [str(h) for h in arrays["heads"]] if "heads" in arrays else ["mean"]
+    for field_name, prefix in (("keys", "kv"), ("queries", "q")):
+        if field_name in shapes:
+            n = shapes[field_name][1]
+            over = [h for h in labels if re.fullmatch(rf"{prefix}\d+", h) and int(h[len(prefix):]) >= n]
+            if over:
+                raise ValueError(f"{field_name} holds {n} heads, fewer than the head labels "
+                                 f"{over} need")
 
 
 HEAD_LABEL = re.compile(r"mean|kv\d+|q\d+")

