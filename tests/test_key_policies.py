@@ -297,3 +297,29 @@ def test_the_page_refuses_them_on_a_trace_without_keys(apptest):
     refused = " ".join(e.value for e in at.error)
     assert "Refused: " in refused and "rkv reads key and query vectors, and trace" in refused
     assert "Refused: expected-attention reads value norms, and trace" in refused  # checked first
+
+
+def test_a_trace_file_with_vectors_replays_its_kv_heads_keys(tmp_path):
+    """A trace file's keys and queries are every stored layer's (format version 5): the
+    replay of layer 7's head kv1 reads KV head 1's keys and its group's two query heads; a
+    head mean over two KV heads is refused by name."""
+    from kvviz.core.trace import load_trace, save_trace
+
+    rng = np.random.default_rng(5)
+    T, d = 24, 4
+    attn = np.tril(rng.random((2, 3, T, T)), k=-1).astype(np.float32)
+    keys = rng.normal(size=(2, 2, T, d)).astype(np.float16)
+    queries = rng.normal(size=(2, 4, T, d)).astype(np.float16)
+    path = save_trace(tmp_path / "vec.npz", attn, layers=[3, 7], heads=["mean", "kv0", "kv1"],
+                      keys=keys, queries=queries)
+    trace = load_trace(path, layer=7, head="kv1")
+    run = Replay(trace, make_policy("rkv", budget=8, window=2)).run()
+    by_hand = make_policy("rkv", budget=8, window=2)
+    want = np.full(T, -1)
+    for t in range(T):
+        want[harness.step(by_hand, t, None, 8, keys=keys[1, 1][np.append(by_hand.kept, t)].astype(np.float32),
+                          query=queries[1, 2:4, t].astype(np.float32))] = t
+    assert run.evicted_at.tolist() == want.tolist() and (want >= 0).sum() == T - 8
+    with pytest.raises(ValueError, match="head 'mean' averages 2 KV heads, and a key vector belongs to one"):
+        Replay(load_trace(path, layer=7), make_policy("rkv", budget=16))
+    assert not can_drive(load_trace(path, layer=7), make_policy("rkv", budget=16).__class__)

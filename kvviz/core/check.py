@@ -41,7 +41,7 @@ from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import load_file
 from kvviz.core.policies import ALLOCATORS, POLICIES, Policy
 from kvviz.core.policies.alloc import Allocator
-from kvviz.core.replay import Replay
+from kvviz.core.replay import Replay, stream_vectors
 from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
 
 BUDGETS = (16, 64, 256)
@@ -251,10 +251,13 @@ def truncated(trace, steps: int | None):
             packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
         out = ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms,
                          value_norms=values)
-    keys, queries = getattr(trace, "keys", None), getattr(trace, "queries", None)
-    out.keys = keys[:steps] if keys is not None else _key(np.arange(steps))
-    out.queries = (queries[..., :steps, :] if queries is not None
-                   else np.stack([_query(t) for t in range(steps)], axis=1))
+    try:
+        keys, queries = stream_vectors(trace)  # the loaded stream's, if it has them
+    except ValueError:  # a head mean over several KV heads: no one key per position
+        keys = queries = None
+    if keys is None or queries is None:
+        keys, queries = _key(np.arange(trace.steps)), np.stack([_query(t) for t in range(trace.steps)], axis=1)
+    out.keys, out.queries = keys[:steps], queries[..., :steps, :]
     return out
 
 

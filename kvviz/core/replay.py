@@ -97,14 +97,49 @@ class Run:
         return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
 
 
+def stream_vectors(trace: Trace) -> tuple:
+    """The loaded stream's key vectors (T, head_dim) and query vectors (group, T, head_dim),
+    each None where the trace has none. A file's (format version 5) are every stored layer's,
+    (layers, kv_heads, T, head_dim) and (layers, q_heads, T, head_dim): the loaded layer's are
+    taken, and of its heads the loaded head's: "kvN" reads KV head N and its group's query
+    heads, "qN" query head N and the KV head it reads, "mean" the layer's one KV head and every
+    query head (a layer with several KV heads has no one key per position: ValueError). A
+    synthetic trace's may be one stream's already, (T, head_dim) and (group, T, head_dim)."""
+    keys, queries = getattr(trace, "keys", None), getattr(trace, "queries", None)
+    if keys is None and queries is None:
+        return None, None
+    four = [v for v in (keys, queries) if v is not None and np.ndim(v) == 4]
+    if not four:
+        return keys, queries
+    layers = list(getattr(trace, "layers", []) or [])
+    li = layers.index(trace.layer) if trace.layer in layers else 0
+    kv_heads = keys.shape[1] if keys is not None else None
+    q_heads = queries.shape[1] if queries is not None else None
+    group = q_heads // kv_heads if kv_heads and q_heads else 1
+    head = str(getattr(trace, "head", "mean"))
+    if head.startswith("kv") and head[2:].isdigit():
+        kv, qs = int(head[2:]), slice(int(head[2:]) * group, (int(head[2:]) + 1) * group)
+    elif head.startswith("q") and head[1:].isdigit():
+        kv, qs = int(head[1:]) // group, slice(int(head[1:]), int(head[1:]) + 1)
+    else:
+        if kv_heads not in (None, 1):
+            raise ValueError(f"trace {trace.name!r}'s head {head!r} averages {kv_heads} KV heads, and a "
+                             "key vector belongs to one: load a KV head (head='kv0', --head kv0) of a "
+                             "trace captured per KV head")
+        kv, qs = 0, slice(None)
+    return (None if keys is None else keys[li, kv],
+            None if queries is None else queries[li, qs])
+
+
 class _TraceRow:
     """Step t of a single trace as a StreamGroup's inputs (kvviz.core.groups): stream 0 is
-    the trace; it carries no per-query-head rows."""
+    the trace; it carries no per-query-head rows. `vectors`: the stream's key and query
+    vectors (`stream_vectors`), when a policy reads them."""
 
-    __slots__ = ("trace", "t")
+    __slots__ = ("trace", "t", "vectors")
 
-    def __init__(self, trace: Trace, t: int):
-        self.trace, self.t = trace, t
+    def __init__(self, trace: Trace, t: int, vectors=(None, None)):
+        self.trace, self.t, self.vectors = trace, t, vectors
 
     def weights(self, s: int, held: np.ndarray) -> np.ndarray:
         """Row t's raw weights on the positions `held`."""
@@ -124,12 +159,12 @@ class _TraceRow:
 
     def keys(self, s: int, positions: np.ndarray):
         """The stream's stored keys at `positions`, float32 (n, head_dim); None without them."""
-        keys = getattr(self.trace, "keys", None)
+        keys = self.vectors[0]
         return None if keys is None else np.asarray(keys[positions], np.float32)
 
     def query(self, s: int):
         """Step t's stored query vectors, float32 (group, head_dim); None without them."""
-        queries = getattr(self.trace, "queries", None)
+        queries = self.vectors[1]
         if queries is None:
             return None
         q = queries[:, self.t] if queries.ndim == 3 else queries[self.t][None]
@@ -171,6 +206,8 @@ class Replay:
             policy.place = place_of(trace)
         self.stream = stream_name(trace, policy.place)
         self.group = OnePolicy(policy, self.stream)
+        reads = getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False)
+        self.vectors = stream_vectors(trace) if reads else (None, None)
         self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
         self.evicted_at = np.full(trace.steps, NEVER, np.int64)
         self.held = np.zeros(trace.steps, np.int64)  # slots held after each step
@@ -189,7 +226,7 @@ class Replay:
         t = self.t
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
-        _, victims = self.group.step(t, _TraceRow(self.trace, t))
+        _, victims = self.group.step(t, _TraceRow(self.trace, t, self.vectors))
         self.evicted_at[victims] = t
         self.held[t] = len(self.policy.held())
         self.t += 1
@@ -226,7 +263,7 @@ class Replay:
             probe.t = start
             probe.seek(step - 1)
             group = probe.group
-        group.feed(step, _TraceRow(self.trace, step))
+        group.feed(step, _TraceRow(self.trace, step, self.vectors))
         return group.policy.kept.copy(), group.policy.scores()
 
     def run(self) -> Run:
@@ -281,15 +318,18 @@ def refuse_query_rows(name: str, trace_name: str) -> ValueError:
 
 
 def missing_vectors(trace: Trace, cls) -> list[str]:
-    """The vectors policy class `cls` reads that `trace` does not carry: "keys" (the trace's
-    `keys`, (T, head_dim) for its stream) and "queries" (its `queries`, (group, T, head_dim)
-    or (T, head_dim)), each checked for its shape."""
+    """The vectors policy class `cls` reads that `trace` does not carry: "keys" (the stream's,
+    (T, head_dim), `stream_vectors`) and "queries" ((group, T, head_dim) or (T, head_dim)),
+    each checked for its shape."""
     lacks = []
-    for what, reads, ndims in (("keys", getattr(cls, "reads_keys", False), (2,)),
-                               ("queries", getattr(cls, "reads_queries", False), (2, 3))):
-        if not reads:
-            continue
-        have = getattr(trace, what, None)
+    wanted = [(what, ndims) for what, reads, ndims in
+              (("keys", getattr(cls, "reads_keys", False), (2,)),
+               ("queries", getattr(cls, "reads_queries", False), (2, 3))) if reads]
+    if not wanted:
+        return lacks
+    stream = dict(zip(("keys", "queries"), stream_vectors(trace)))
+    for what, ndims in wanted:
+        have = stream[what]
         if have is None:
             lacks.append(what)
             continue
@@ -313,10 +353,11 @@ def refuse_vectors(name: str, trace_name: str, lacks: list[str]) -> ValueError:
 def can_drive(trace: Trace, cls) -> bool:
     """Whether `trace` carries every input policy class `cls` reads (key and value norms, key
     and query vectors; no trace carries per-query-head rows)."""
-    return (not cls.reads_query_rows
-            and not any(getattr(trace, what, None) is None for what, reads in
-                        (("keys", getattr(cls, "reads_keys", False)),
-                         ("queries", getattr(cls, "reads_queries", False))) if reads)
+    try:
+        lacks = missing_vectors(trace, cls)
+    except ValueError:  # vectors it cannot use (a head mean of several KV heads, a bad shape)
+        return False
+    return (not cls.reads_query_rows and not lacks
             and (trace.key_norms is not None or not cls.reads_key_norms)
             and (getattr(trace, "value_norms", None) is not None or not cls.reads_value_norms))
 
