@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.core.budget import resolve
-from kvviz.core.policies.base import BudgetError, VictimError, enforce, norm_inputs
+from kvviz.core.policies.base import BudgetError, VictimError, check_keys, check_query, enforce, norm_inputs
 
 __all__ = ["BudgetError", "VictimError", "check_victims", "enforce", "evict_layer", "feed",
-           "held_count", "renormalise", "step", "step_layer"]
+           "held_count", "keys_at", "renormalise", "step", "step_layer"]
 
 
 def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
@@ -58,20 +58,30 @@ def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
     return attn
 
 
-def feed(policy, pos: int, raw, key_norm=None, value_norm=None, query_rows=None) -> None:
+def feed(policy, pos: int, raw, key_norm=None, value_norm=None, query_rows=None, keys=None,
+         query=None, trusted: bool = False) -> None:
     """The first half of `step`: observe the renormalised row, admit `pos`; no eviction.
 
     `raw` holds the weights at `policy.held()`; it is ignored (and may be None) for a
     policy that reads no attention. `key_norm` / `value_norm` (the admitted position's key
     and value L2 norms) reach only a policy that reads them (`reads_key_norms`,
     `reads_value_norms`), `query_rows` ((query heads, held): each query head's raw weights,
-    renormalised here row by row) only one that `reads_query_rows`; one that reads an input
-    not given is refused (ValueError).
+    renormalised here row by row) only one that `reads_query_rows`, `keys` ((held + 1,
+    head_dim): the cache's keys at `policy.held()` and at `pos`, `keys_at`) only one that
+    `reads_keys`, `query` ((group, head_dim): step `pos`'s query vectors) only one that
+    `reads_queries`; one that reads an input not given is refused (ValueError).
     """
     attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
     if query_rows is not None and policy.reads_query_rows:
         query_rows = renormalise(np.asarray(query_rows), pos)
-    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm, query_rows))
+    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm, query_rows, None, keys, query,
+                                            trusted))
+
+
+def keys_at(held: np.ndarray, pos: int) -> np.ndarray:
+    """The positions whose keys a policy that `reads_keys` is given at step `pos`: the ones
+    it holds, then `pos` itself (int64)."""
+    return np.append(np.asarray(held, np.int64), np.int64(pos))
 
 
 def held_count(policy) -> int:
@@ -80,7 +90,7 @@ def held_count(policy) -> int:
 
 
 def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
-         value_norm=None, query_rows=None) -> np.ndarray:
+         value_norm=None, query_rows=None, keys=None, query=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`, then `enforce` the budget and check the
     victims (`check_victims`; `check_stream_victims` for a Streams group); returns the
     victims' positions (int64). `stream` names the stream in a refusal. A ratio `budget`
@@ -88,7 +98,7 @@ def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
     seen, and the eviction and the count are checked against the resolved budget."""
     if type(budget) is not int:
         budget = resolve(budget, pos + 1)
-    feed(policy, pos, raw, key_norm, value_norm, query_rows)
+    feed(policy, pos, raw, key_norm, value_norm, query_rows, keys, query)
     before = policy.held().copy()  # an eviction may close its gaps in place
     victims = policy.evict(budget)
     after = policy.held()
@@ -288,6 +298,39 @@ def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     return (1, False, True) if k == length else (k, False, False)
 
 
+def reads_vectors(policy) -> bool:
+    """Whether `policy` reads key or query vectors (`reads_keys`, `reads_queries`)."""
+    return bool(getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False))
+
+
+def refuse_vectors_in_prefill(policy) -> None:
+    """A prompt read in one pass gives its key and query vectors only once the pass is over,
+    after the rows a policy reading attention is fed as they come: ValueError naming a policy
+    that reads both, and the way to read the prompt token by token."""
+    if reads_vectors(policy) and policy.uses_attention:
+        raise ValueError(f"{policy.name} reads attention rows and key or query vectors, which a prompt "
+                         "read in one pass cannot give it together: read the prompt token by token "
+                         "(kvviz loop; kvviz generate --prompt-mode decode; kvviz needle --prompt-modes decode)")
+
+
+def prompt_vectors(policy, keys, queries, length: int) -> tuple:
+    """A prompt's key vectors (length, head_dim) and query vectors (length, group, head_dim),
+    float32, checked whole for a policy that reads them (None where it does not); a missing
+    or malformed one is refused by name, as a step's would be."""
+    name = policy.name
+    if getattr(policy, "reads_keys", False):
+        keys = check_keys(keys, name, length)
+    if getattr(policy, "reads_queries", False):
+        if queries is None:
+            check_query(None, name)
+        queries = np.asarray(queries, np.float32)
+        if queries.ndim != 3 or len(queries) != length:
+            raise ValueError(f"queries must be (prompt length, group, head_dim) = ({length}, g, d), "
+                             f"got shape {queries.shape}")
+        check_query(queries.reshape(-1, queries.shape[-1]), name)
+    return keys, queries
+
+
 class PromptRows:
     """One stream's prompt rows as `prefill` needs them, gathered from chunks of rows as a
     model produces them, in memory linear in the prompt length: the last `tail` rows,
@@ -344,7 +387,7 @@ class PromptRows:
 
 
 def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms=None,
-            value_norms=None, stream: str = "") -> np.ndarray:
+            value_norms=None, stream: str = "", keys=None, queries=None) -> np.ndarray:
     """A prompt of `length` positions read in one pass: `policy` observes its rows without
     evicting, then evicts once, down to `budget`, at the last row (one `step`); returns
     the victims. Bit for bit what feeding every row and stepping the last gives, through
@@ -352,18 +395,31 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
     passed over (their positions admitted unobserved, `skip_rows` told), and a summable
     policy observes the rows' sum once. `rows` (a PromptRows built with at least the
     policy's needs) may be None for a policy that reads no attention. `stream` names the
-    stream in a refusal."""
+    stream in a refusal. A policy that reads key or query vectors (and no attention) is given
+    `keys` (length, head_dim) and `queries` (length, group, head_dim), the prompt's, checked
+    once here: at step t the keys of positions 0..t and query t."""
+    refuse_vectors_in_prefill(policy)
     tail, sums, streamed = prefill_needs(policy, length)
     kn = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
     vn = (lambda t: value_norms[t]) if policy.reads_value_norms else (lambda t: None)
+    if reads_vectors(policy):
+        keys, queries = prompt_vectors(policy, keys, queries, length)
 
     def norm(t):
         return kn(t), vn(t)
 
+    def vec(t):
+        if not reads_vectors(policy):
+            return {}
+        return {"keys": None if keys is None else keys[: t + 1],
+                "query": None if queries is None else queries[t], "trusted": True}
+
     def last_step(raw):
         k, v = norm(last)
         q = rows.last_query_rows if rows is not None and policy.reads_query_rows else None
-        return step(policy, last, raw, budget, k, stream, v, q)
+        vectors = vec(last)
+        vectors.pop("trusted", None)
+        return step(policy, last, raw, budget, k, stream, v, q, **vectors)
     last = length - 1
     if tail:
         if rows is None or rows.length != length or rows.tail < tail or (sums and rows.sums is None):
@@ -377,7 +433,7 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
         return last_step(rows.row(last))
     if not tail:
         for t in range(last):
-            feed(policy, t, None, *norm(t))
+            feed(policy, t, None, *norm(t), **vec(t))
         return last_step(None)
     start = last if sums else length - tail
     for t in range(start):

@@ -99,14 +99,49 @@ class Run:
         return frame.frame([(keys, cols)], tokens=getattr(trace, "tokens", None), per=per)
 
 
+def stream_vectors(trace: Trace) -> tuple:
+    """The loaded stream's key vectors (T, head_dim) and query vectors (group, T, head_dim),
+    each None where the trace has none. A file's (format version 5) are every stored layer's,
+    (layers, kv_heads, T, head_dim) and (layers, q_heads, T, head_dim): the loaded layer's are
+    taken, and of its heads the loaded head's: "kvN" reads KV head N and its group's query
+    heads, "qN" query head N and the KV head it reads, "mean" the layer's one KV head and every
+    query head (a layer with several KV heads has no one key per position: ValueError). A
+    synthetic trace's may be one stream's already, (T, head_dim) and (group, T, head_dim)."""
+    keys, queries = getattr(trace, "keys", None), getattr(trace, "queries", None)
+    if keys is None and queries is None:
+        return None, None
+    four = [v for v in (keys, queries) if v is not None and np.ndim(v) == 4]
+    if not four:
+        return keys, queries
+    layers = list(getattr(trace, "layers", []) or [])
+    li = layers.index(trace.layer) if trace.layer in layers else 0
+    kv_heads = keys.shape[1] if keys is not None else None
+    q_heads = queries.shape[1] if queries is not None else None
+    group = q_heads // kv_heads if kv_heads and q_heads else 1
+    head = str(getattr(trace, "head", "mean"))
+    if head.startswith("kv") and head[2:].isdigit():
+        kv, qs = int(head[2:]), slice(int(head[2:]) * group, (int(head[2:]) + 1) * group)
+    elif head.startswith("q") and head[1:].isdigit():
+        kv, qs = int(head[1:]) // group, slice(int(head[1:]), int(head[1:]) + 1)
+    else:
+        if kv_heads not in (None, 1):
+            raise ValueError(f"trace {trace.name!r}'s head {head!r} averages {kv_heads} KV heads, and a "
+                             "key vector belongs to one: load a KV head (head='kv0', --head kv0) of a "
+                             "trace captured per KV head")
+        kv, qs = 0, slice(None)
+    return (None if keys is None else keys[li, kv],
+            None if queries is None else queries[li, qs])
+
+
 class _TraceRow:
     """Step t of a single trace as a StreamGroup's inputs (kvviz.core.groups): stream 0 is
-    the trace; it carries no per-query-head rows."""
+    the trace; it carries no per-query-head rows. `vectors`: the stream's key and query
+    vectors (`stream_vectors`), when a policy reads them."""
 
-    __slots__ = ("trace", "t")
+    __slots__ = ("trace", "t", "vectors")
 
-    def __init__(self, trace: Trace, t: int):
-        self.trace, self.t = trace, t
+    def __init__(self, trace: Trace, t: int, vectors=(None, None)):
+        self.trace, self.t, self.vectors = trace, t, vectors
 
     def weights(self, s: int, held: np.ndarray) -> np.ndarray:
         """Row t's raw weights on the positions `held`."""
@@ -123,6 +158,19 @@ class _TraceRow:
     def query_rows(self, s: int, held: np.ndarray):
         """None: a trace stores one row per stream (Replay refuses a policy that reads them)."""
         return None
+
+    def keys(self, s: int, positions: np.ndarray):
+        """The stream's stored keys at `positions`, float32 (n, head_dim); None without them."""
+        keys = self.vectors[0]
+        return None if keys is None else np.asarray(keys[positions], np.float32)
+
+    def query(self, s: int):
+        """Step t's stored query vectors, float32 (group, head_dim); None without them."""
+        queries = self.vectors[1]
+        if queries is None:
+            return None
+        q = queries[:, self.t] if queries.ndim == 3 else queries[self.t][None]
+        return np.asarray(q, np.float32)
 
 
 class Replay:
@@ -149,6 +197,9 @@ class Replay:
             raise refuse_value_norms(policy.name, trace.name)
         if policy.reads_query_rows:
             raise refuse_query_rows(policy.name, trace.name)
+        lacks = missing_vectors(trace, policy)
+        if lacks:
+            raise refuse_vectors(policy.name, trace.name, lacks)
         self.trace = trace
         self.budget = getattr(policy, "ratio", None) or policy.budget  # as given
         self.t = 0
@@ -157,6 +208,8 @@ class Replay:
             policy.place = place_of(trace)
         self.stream = stream_name(trace, policy.place)
         self.group = OnePolicy(policy, self.stream)
+        reads = getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False)
+        self.vectors = stream_vectors(trace) if reads else (None, None)
         self._checkpoints = {0: copy.deepcopy(policy)}  # steps done -> policy state
         self.evicted_at = np.full(trace.steps, NEVER, np.int64)
         self.held = np.zeros(trace.steps, np.int64)  # slots held after each step
@@ -175,7 +228,7 @@ class Replay:
         t = self.t
         if self.every and t % self.every == 0 and t not in self._checkpoints:
             self._checkpoints[t] = copy.deepcopy(self.policy)
-        _, victims = self.group.step(t, _TraceRow(self.trace, t))
+        _, victims = self.group.step(t, _TraceRow(self.trace, t, self.vectors))
         self.evicted_at[victims] = t
         self.held[t] = len(self.policy.held())
         self.t += 1
@@ -212,7 +265,7 @@ class Replay:
             probe.t = start
             probe.seek(step - 1)
             group = probe.group
-        group.feed(step, _TraceRow(self.trace, step))
+        group.feed(step, _TraceRow(self.trace, step, self.vectors))
         return group.policy.kept.copy(), group.policy.scores()
 
     def run(self) -> Run:
@@ -266,17 +319,55 @@ def refuse_query_rows(name: str, trace_name: str) -> ValueError:
                       "or kvviz.hf), which supplies them")
 
 
+def missing_vectors(trace: Trace, cls) -> list[str]:
+    """The vectors policy class `cls` reads that `trace` does not carry: "keys" (the stream's,
+    (T, head_dim), `stream_vectors`) and "queries" ((group, T, head_dim) or (T, head_dim)),
+    each checked for its shape."""
+    lacks = []
+    wanted = [(what, ndims) for what, reads, ndims in
+              (("keys", getattr(cls, "reads_keys", False), (2,)),
+               ("queries", getattr(cls, "reads_queries", False), (2, 3))) if reads]
+    if not wanted:
+        return lacks
+    stream = dict(zip(("keys", "queries"), stream_vectors(trace)))
+    for what, ndims in wanted:
+        have = stream[what]
+        if have is None:
+            lacks.append(what)
+            continue
+        shape = np.shape(have)
+        steps = shape[-2] if len(shape) >= 2 else None
+        if len(shape) not in ndims or steps != trace.steps:
+            raise ValueError(f"trace {trace.name!r}'s {what} must be "
+                             f"{'(T, head_dim)' if what == 'keys' else '(group, T, head_dim) or (T, head_dim)'} "
+                             f"with T = {trace.steps}, got shape {shape}")
+    return lacks
+
+
+def refuse_vectors(name: str, trace_name: str, lacks: list[str]) -> ValueError:
+    """The one-line refusal of a policy that reads key or query vectors on a trace without them."""
+    words = " and ".join({"keys": "key", "queries": "query"}[w] for w in lacks)
+    return ValueError(f"{name} reads {words} vectors, and trace {trace_name!r} has none: pick a "
+                      f"trace captured with {' and '.join(lacks)} or run it in the model loop "
+                      "(kvviz loop, generate, needle or kvviz.hf)")
+
+
 def can_drive(trace: Trace, cls) -> bool:
-    """Whether `trace` carries every input policy class `cls` reads (key and value norms; no
-    trace carries per-query-head rows)."""
-    return (not cls.reads_query_rows
+    """Whether `trace` carries every input policy class `cls` reads (key and value norms, key
+    and query vectors; no trace carries per-query-head rows)."""
+    try:
+        lacks = missing_vectors(trace, cls)
+    except ValueError:  # vectors it cannot use (a head mean of several KV heads, a bad shape)
+        return False
+    return (not cls.reads_query_rows and not lacks
             and (trace.key_norms is not None or not cls.reads_key_norms)
             and (getattr(trace, "value_norms", None) is not None or not cls.reads_value_norms))
 
 
 def runnable(trace: Trace) -> list[str]:
     """The registered policies this trace can drive: all, less those that read key or value
-    norms the trace does not have (a default list; asking for one of those by name is refused)."""
+    norms, or key or query vectors, the trace does not have (a default list; asking for one
+    of those by name is refused)."""
     from kvviz.core.policies import POLICIES
 
     return [n for n, cls in POLICIES.items() if can_drive(trace, cls)]

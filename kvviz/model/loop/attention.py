@@ -69,7 +69,7 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     softcap = kwargs.get("softcap")
     window = kwargs.get("sliding_window")  # this layer's own window, as the model passes it
     if q > 1:
-        return _prompt(st, layer, query, key, value, scaling, softcap, window), None
+        return _prompt(st, layer, query, key, value, scaling, softcap, window, module), None
     scores = torch.matmul(query.reshape(B, Hk, g * q, D), key.transpose(-1, -2)) * scaling
     if softcap:  # Gemma 2's attention logit softcapping, as its eager attention does it
         scores = torch.tanh(scores / softcap) * softcap
@@ -79,6 +79,11 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         scores = _outside_window(torch, st, layer, scores, k, int(window))
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
+    if st is not None and q == 1 and st.want_kq:  # the cache's keys and the step's queries, as they are
+        if st.rope_thetas:
+            check_rope(getattr(module, "config", None), st.rope_thetas)
+            st.rope_thetas = []
+        st.step_keys[layer], st.step_queries[layer] = key.detach(), query.detach()[:, :, 0]
     if st is not None and q == 1 and st.want_q:
         n = k if st.freed else k - 1  # freed: by slot; masked: by position, self dropped
         st.query_buffer(torch, Hq)[:B, layer, :, :n] = w.detach().view(B, Hq, k)[..., :n]
@@ -107,6 +112,22 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     return out, None
 
 
+def check_rope(config, declared) -> None:
+    """A policy that undoes RoPE on the queries (its `rope_theta`) must assume the model's:
+    plain RoPE (rope_type "default") with the same base. ValueError naming the policy, the
+    parameter and the model's value otherwise; nothing when the config says nothing."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    for name, value in declared:
+        if kind not in ("default", None):
+            raise ValueError(f"{name} undoes plain RoPE on the queries, and the model's RoPE is "
+                             f"{kind!r} (scaled): its statistics would be wrong")
+        if theta is not None and float(theta) != float(value):
+            raise ValueError(f"{name}'s rope_theta={value:g} is not the model's ({float(theta):g}): "
+                             f"pass rope_theta={float(theta):g}")
+
+
 def _outside_window(torch, st: State | None, layer: int, scores, k: int, window: int):
     """A one-token step's scores (B, Hk, g, k) with the keys older than the layer's sliding
     window at -inf, as transformers' sliding mask has it: the query at position t reads keys
@@ -123,7 +144,7 @@ def _outside_window(torch, st: State | None, layer: int, scores, k: int, window:
     return scores.masked_fill(torch.as_tensor(old, device=scores.device)[:, :, None, :k], float("-inf"))
 
 
-def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None):
+def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, window=None, module=None):
     """Several queries at once (a prompt), causal (and within the layer's sliding `window`,
     if it has one): the output as eager attention gives it, with no (q, k) array held.
     From an empty cache with no softcap, window or bias the output is PyTorch's fused
@@ -146,6 +167,12 @@ def _prompt(st: State | None, layer: int, query, key, value, scaling, softcap, w
                 norms = x[r, :, pad:].detach().float().norm(dim=-1)  # (Hk, k - pad)
                 feed.set_norms(which, layer,
                                (norms.mean(dim=0, keepdim=True) if st.G == 1 else norms).cpu().numpy())
+            if feed.rope_thetas:
+                check_rope(getattr(module, "config", None), feed.rope_thetas)
+                feed.rope_thetas = []
+            if feed.vectors:  # the prompt's keys and queries, after RoPE, as they are
+                feed.set_vectors(layer, key[r, :, pad:].detach().float().cpu().numpy(),
+                                 query[r, :, pad:].detach().float().cpu().numpy())
     if k == q and not softcap and not window and not biased:
         out = fused_prompt(query, key, value, scaling, st.pad[:B] if st is not None and st.feeds else None)
         for r, pad, feed in fed:  # a padded row's queries and keys start at its padding

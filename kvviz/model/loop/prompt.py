@@ -23,7 +23,8 @@ class PromptFeed:
     (harness.prefill_needs), so memory stays linear in the prompt's length. Policies that
     need every row are fed them here, in order, as the blocks are computed. After the
     forward it is each configuration's prompt (kvviz.core.groups: `length`, `rows(s)`,
-    `key_norms(s)`, `value_norms(s)`, `calibration(s)` by stream s = layer x G + head)."""
+    `key_norms(s)`, `value_norms(s)`, `calibration(s)`, and `keys(s)`, `queries(s)` for a
+    policy that reads key and query vectors, by stream s = layer x G + head)."""
 
     def __init__(self, T0: int, configs, policies, L: int, G: int, chunk: int = PREFILL_CHUNK):
         check_chunk(chunk)
@@ -33,6 +34,14 @@ class PromptFeed:
         self.norms = self.vnorms = None
         self.everything = False
         self.query = reads_query_rows(policies)  # each row's query heads go to the policies too
+        # each layer's keys (Hk, T0, D) and queries (Hq, T0, D), after RoPE, when a policy reads them
+        self.vectors = any(harness.reads_vectors(group.stream_policy(0)) for group in policies
+                           if group.stream_policy(0) is not None)
+        self.keys_by_layer, self.queries_by_layer = [None] * L, [None] * L
+        # (policy, its rope_theta) of each that undoes RoPE: checked against the model's once
+        self.rope_thetas = sorted({(group.stream_policy(0).name, group.stream_policy(0).rope_theta)
+                                   for group in policies if group.stream_policy(0) is not None
+                                   and hasattr(group.stream_policy(0), "rope_theta")})
         tails = [0]
         for layer in range(L):
             per = []
@@ -42,6 +51,7 @@ class PromptFeed:
                     p = group.stream_policy(layer * G + g)
                     if p is None:
                         continue
+                    harness.refuse_vectors_in_prefill(p)  # vectors and attention rows: not in one pass
                     t, s, st = harness.prefill_needs(p, T0)
                     tail, sums = max(tail, t), sums or s
                     if st:
@@ -82,6 +92,35 @@ class PromptFeed:
         store = self.norms if which == "key" else self.vnorms
         if store is not None:
             store[layer] = norms
+
+    def set_vectors(self, layer: int, keys, queries) -> None:
+        """A layer's prompt keys (Hk, T0, D) and queries (Hq, T0, D), kept when a policy reads them."""
+        if self.vectors:
+            self.keys_by_layer[layer], self.queries_by_layer[layer] = keys, queries
+
+    def _kv_head(self, s: int, what: str):
+        layer, g = s // self.G, s % self.G
+        keys = self.keys_by_layer[layer]
+        if keys is None:
+            return None, None, None
+        if self.G == 1 and keys.shape[0] > 1:
+            raise ValueError(f"the prompt's {what} belong to one KV head, and the model has {keys.shape[0]} KV "
+                             "heads: run a policy that reads them at kv-head granularity (--granularity kv-head)")
+        return layer, g, keys.shape[0]
+
+    def keys(self, s: int):
+        """Stream s's prompt keys (T0, D), or None when none were kept."""
+        layer, g, _ = self._kv_head(s, "keys")
+        return None if layer is None else self.keys_by_layer[layer][g]
+
+    def queries(self, s: int):
+        """Stream s's prompt queries (T0, group, D), or None when none were kept."""
+        layer, g, Hk = self._kv_head(s, "queries")
+        if layer is None:
+            return None
+        q = self.queries_by_layer[layer]
+        group = q.shape[0] // Hk
+        return q[g * group:(g + 1) * group].transpose(1, 0, 2)
 
     def add(self, layer: int, start: int, rows, query_rows=None) -> None:
         t0 = time.perf_counter()
@@ -127,6 +166,7 @@ class _Prompt:
     def __init__(self, feed: PromptFeed):
         self.length, self.rows = feed.T0, feed.rows_of
         self.key_norms, self.value_norms, self.calibration = feed.key_norms, feed.value_norms, feed.calibration
+        self.keys, self.queries = feed.keys, feed.queries
 
 
 def prompt_state(torch, T0: int, configs, policies, L: int, Hk: int, G: int, chunk: int, device) -> State:
@@ -205,8 +245,10 @@ class LayerEviction:
         for g, p in enumerate(self.group.policies[layer]):
             s = layer * G + g
             try:
+                vectors = ({"keys": feed.keys(s), "queries": feed.queries(s)}
+                           if harness.reads_vectors(p) else {})
                 victims = harness.prefill(p, feed.rows_of(s), T0, self.group.budget, feed.key_norms(s),
-                                          feed.value_norms(s))
+                                          feed.value_norms(s), **vectors)
             except BudgetError as exc:
                 raise BudgetError(f"{self.cfg.label}, layer {layer}: {exc}") from None
             self.evicted_at[0, layer, g, victims] = T0 - 1
