@@ -71,7 +71,7 @@ def agreement(a: dict, b: dict) -> dict:
             "jaccard_min": float(min(jac)) if keys else 1.0,
             "least_cell": f"{keys[worst][0]},{keys[worst][1]}" if keys else None,
             "kept_a": sum(len(a[k]) for k in keys), "kept_b": sum(len(b[k]) for k in keys),
-            "positions_differing": sum(len(a[k] ^ b[k]) for k in keys) // 2}
+            "only_first": sum(len(a[k] - b[k]) for k in keys), "only_second": sum(len(b[k] - a[k]) for k in keys)}
 
 
 def as_kept(masks: np.ndarray) -> dict:
@@ -241,7 +241,7 @@ def score_gap(a: np.ndarray, b: np.ndarray) -> float:
 # -- the page (no model) -------------------------------------------------------------------
 def _agree_cells(a: dict) -> str:
     return (f"{a['same_cells']} / {a['cells']} | {a['jaccard_mean']:.4f} | {a['jaccard_min']:.4f} "
-            f"({a['least_cell']}) | {a['positions_differing']}")
+            f"({a['least_cell']}) | {a['only_first']} / {a['only_second']}")
 
 
 def render(res: dict) -> str:
@@ -254,7 +254,8 @@ def render(res: dict) -> str:
              f"{'yes' if res['ids_are_kvviz_tokens_after_bos'] else 'NO'}); {res['budget']} positions kept per KV head "
              f"({res['layers']} layers x {res['kv_heads']} KV heads = {res['layers'] * res['kv_heads']} cells); "
              f"SnapKV window {res['window']}, kernel {res['kernel']}; AdaKV alpha {res['alpha']}.", "",
-             "| comparison | cells identical | mean Jaccard | least Jaccard (layer,head) | positions differing |",
+             "| comparison (first vs second) | cells identical | mean Jaccard | least Jaccard (layer,head) "
+             "| positions kept by the first only / the second only |",
              "|---|---:|---:|---:|---:|"]
     for name, block in res["comparisons"].items():
         for row in block["rows"]:
@@ -376,7 +377,7 @@ def compare(kv: dict, pair=None, log=print) -> dict:
                 {"what": "kvviz's allocation code on kvpress's recorded scores vs kvpress",
                  "agreement": agreement(per_layer(lambda i: mine_alloc(kv_scores[press][i]), L), theirs[press])}]
         for what, fn, key in rungs:
-            kept = per_layer(lambda i: fn(sc[key][i]), L)
+            kept = as_kept(np.stack([fn(sc[key][i]) for i in range(L)]))
             rows.append({"what": f"{what} vs kvpress", "agreement": agreement(kept, theirs[press])})
             rows.append({"what": f"{what} vs kvviz", "agreement": agreement(kept, mine[label])})
         gaps = {"kvpress's rule on kvviz's model vs kvpress's recorded scores":
@@ -392,12 +393,11 @@ def compare(kv: dict, pair=None, log=print) -> dict:
                                ("AdaKV(Expected Attention)", "adakv_expected_attention",
                                 lambda s: kvpress_adakv_keep(s, B, alpha))):
         rows = [{"what": "kvpress's rule restated on kvviz's model (numpy, float64) vs kvpress",
-                 "agreement": agreement(per_layer(lambda i: alloc(ea_scores[i]), L), theirs[press])}]
+                 "agreement": agreement(as_kept(np.stack([alloc(s) for s in ea_scores])), theirs[press])}]
         if press == "adakv_expected_attention":
             rows.append({"what": "kvviz's allocation code on kvpress's recorded scores vs kvpress",
-                         "agreement": agreement(per_layer(lambda i: kvviz_adakv_keep(kv_scores[press][i], B, alpha,
-                                                                                     0), L),
-                                                theirs[press])})
+                         "agreement": agreement(as_kept(np.stack([kvviz_adakv_keep(s, B, alpha, 0)
+                                                                  for s in kv_scores[press]])), theirs[press])})
         if has_ea and press == "expected_attention":
             rows.insert(0, {"what": f"kvviz `{labels[2]}` vs kvpress",
                             "agreement": agreement(mine[labels[2]], theirs[press])})
@@ -462,8 +462,8 @@ def main(argv=None) -> int:
     res = {"date": datetime.date.today().isoformat(), "command": COMMAND,
            "kvpress_version": kv["kvpress_version"], "kvpress_transformers": kv["transformers_version"],
            "kvviz_transformers": transformers.__version__, "text": f"traces/sources/{kv['text']}", "T": kv["T"],
-           "ids_are_kvviz_tokens_after_bos": bool(bos_only), "budget": kv["budget"], "window": kv["window"], "kernel": kv["kernel"],
-           "alpha": kv["alpha"], "layers": L, "kv_heads": G,
+           "ids_are_kvviz_tokens_after_bos": bool(bos_only), "budget": kv["budget"], "window": kv["window"],
+           "kernel": kv["kernel"], "alpha": kv["alpha"], "layers": L, "kv_heads": G,
            "expected_attention_params": kv["expected_attention_params"],
            "comparisons": comparisons, "decode": decode_summary(kv.get("decode"))}
     out = Path(a.out)
