@@ -201,18 +201,41 @@ def _vnorm(pos: int) -> float:
     return 0.5 + (pos * 104729 % 7) / 8
 
 
+HEAD_DIM, GROUP = 4, 2  # the synthetic key and query vectors' shape
+
+
+def _key(pos) -> np.ndarray:
+    """Synthetic keys at positions `pos` (an int or an array), float32 (..., HEAD_DIM): a
+    fixed pseudo-random vector per position, so no two positions' keys tie (a tie in a key
+    would be a tie in a float score two implementations may round apart)."""
+    p = np.asarray(pos, np.float64)[..., None]
+    i = np.arange(1, HEAD_DIM + 1)
+    return (np.sin(p * 12.9898 * i + 78.233 * i) * 2).astype(np.float32)
+
+
+def _query(pos: int) -> np.ndarray:
+    """The synthetic query vectors of step `pos`, float32 (GROUP, HEAD_DIM), one per head."""
+    return np.stack([_key(pos * 3.7 + 1000.5 + h) for h in range(GROUP)])
+
+
 def _kn(policy, pos: int) -> dict:
-    """The synthetic key and value norms, for a policy that reads them; else nothing."""
+    """The synthetic key and value norms, key vectors (at the policy's kept positions and
+    `pos`) and query vectors, for a policy that reads them; else nothing."""
     out = {"key_norm": _norm(pos)} if policy.reads_key_norms else {}
     if policy.reads_value_norms:
         out["value_norm"] = _vnorm(pos)
+    if getattr(policy, "reads_keys", False):
+        out["keys"] = _key(np.append(np.asarray(policy.kept, np.int64), pos))
+    if getattr(policy, "reads_queries", False):
+        out["query"] = _query(pos)
     return out
 
 
 def truncated(trace, steps: int | None):
     """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key and value
-    norms are the trace's own, or synthetic ones (`_kn`) where it has none, so a policy that
-    reads norms replays every trace; that a real replay refuses such a trace is its own rule."""
+    norms, key vectors (`keys`) and query vectors (`queries`) are the trace's own, or
+    synthetic ones (`_kn`) where it has none, so a policy that reads them replays every
+    trace; that a real replay refuses such a trace is its own rule."""
     steps = trace.steps if steps is None else min(int(steps), trace.steps)
     norms = (trace.key_norms[:steps] if trace.key_norms is not None else
              np.array([_norm(t) for t in range(steps)], np.float32))
@@ -220,13 +243,19 @@ def truncated(trace, steps: int | None):
     values = (given[:steps] if given is not None else
               np.array([_vnorm(t) for t in range(steps)], np.float32))
     if isinstance(trace, ArrayTrace):
-        return ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
-                          key_norms=norms, value_norms=values)
-    packed = np.empty(packed_offset(steps), np.float32)
-    for t in range(1, steps):
-        packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
-    return ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms,
-                      value_norms=values)
+        out = ArrayTrace(trace.packed[: packed_offset(steps)], steps, name=trace.name,
+                         key_norms=norms, value_norms=values)
+    else:
+        packed = np.empty(packed_offset(steps), np.float32)
+        for t in range(1, steps):
+            packed[packed_offset(t):packed_offset(t + 1)] = trace.row(t)
+        out = ArrayTrace(packed, steps, name=getattr(trace, "name", "trace"), key_norms=norms,
+                         value_norms=values)
+    keys, queries = getattr(trace, "keys", None), getattr(trace, "queries", None)
+    out.keys = keys[:steps] if keys is not None else _key(np.arange(steps))
+    out.queries = (queries[..., :steps, :] if queries is not None
+                   else np.stack([_query(t) for t in range(steps)], axis=1))
+    return out
 
 
 @functools.lru_cache(maxsize=2)
@@ -471,6 +500,9 @@ def check_robustness(cls, steps: int = STEPS, full: bool = False, seed: int = 0)
         fails += _refuses_without_norms(cls)
     if cls.reads_value_norms:
         fails += _refuses_without_norms(cls, "value norm")
+    for what in ("key", "query"):
+        if getattr(cls, f"reads_{'keys' if what == 'key' else 'queries'}", False):
+            fails += _refuses_without_norms(cls, what)
     names = ", ".join(tr.name for tr in traces)
     detail = "; ".join(fails) if fails else (
         f"{runs} replays: {names} x budgets {list(BUDGETS)}, "
@@ -483,17 +515,21 @@ def _refuses_without_norms(cls, what: str = "key norm") -> list[str]:
     """A policy that reads key (or value) norms must be refused (ValueError naming them) on
     a trace that has none, not replayed on made-up values."""
     bare = canonical(20)
-    if what != "key norm":  # only the value norms missing
-        bare = ArrayTrace(truncated(bare, 20).packed, 20, name=bare.name,
-                          key_norms=np.ones(20, np.float32))
+    if what != "key norm":  # only the value norms (or the key or query vectors) missing
+        full = truncated(bare, 20)
+        bare = ArrayTrace(full.packed, 20, name=bare.name, key_norms=np.ones(20, np.float32),
+                          value_norms=None if what == "value norm" else full.value_norms)
+        bare.keys = None if what == "key" else full.keys
+        bare.queries = None if what == "query" else full.queries
+    named = {"key": "keys", "query": "queries"}.get(what, f"{what}s")
     try:
         Replay(bare, _make(cls, 16, **_fit_params(cls, 16))).seek(19)
     except ValueError as exc:
-        return [] if what in str(exc) else [f"a trace without {what}s: ValueError does "
-                                            f"not name {what}s ({exc})"]
+        return [] if named in str(exc) else [f"a trace without {named}: ValueError does "
+                                             f"not name {named} ({exc})"]
     except Exception as exc:
-        return [f"a trace without {what}s: raised {type(exc).__name__}, not ValueError ({exc})"]
-    return [f"a trace without {what}s was replayed instead of refused"]
+        return [f"a trace without {named}: raised {type(exc).__name__}, not ValueError ({exc})"]
+    return [f"a trace without {named} was replayed instead of refused"]
 
 
 def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
@@ -510,7 +546,8 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
             kind, row = _rows(rng, len(policy.kept), kinds if kind != "null" else kinds[1:])
             norms = _kn(policy, t)
             harness.step(policy, t, row, budget, norms.get("key_norm"),
-                         value_norm=norms.get("value_norm"))
+                         value_norm=norms.get("value_norm"), keys=norms.get("keys"),
+                         query=norms.get("query"))
     except Exception as exc:
         return RuleResult("robustness", name, False,
                           f"step {t} ({kind} row): {type(exc).__name__}: {exc}")
@@ -660,7 +697,7 @@ def compare(cls, reference, scenario, failure: list | None = None) -> None:
         outcome = []
         for policy in (fast, ref):
             try:
-                policy.on_decode_step(pos, None if attn is None else attn.copy(), **_kn(fast, pos))
+                policy.on_decode_step(pos, None if attn is None else attn.copy(), **_kn(policy, pos))
                 outcome.append(None if evict is None else _victims(policy.evict(evict)).tolist())
             except ValueError:
                 outcome.append("refused")

@@ -26,7 +26,10 @@ trace's replay (kvviz.core.replay.Replay steps `OnePolicy`, one stream):
 `inputs` offers a step's values by stream: `weights(s, held)` (the raw weights on the
 positions `held`), `gather(keys)` ((S, n) weights at keys = a stream's offset + position,
 for a vectorised group built over the caller's layout), `key_norm(s)`, `value_norm(s)`,
-`query_rows(s, held)`. `prompt` offers a prompt's: `length`, `rows(s)` (a PromptRows),
+`query_rows(s, held)` and, for a policy that reads key or query vectors, `keys(s, positions)`
+((len(positions), head_dim): the cache's keys of stream s there) and `query(s)` ((group,
+head_dim): step t's query vectors of stream s's query heads); an `inputs` without them
+leaves such a policy refused by name. `prompt` offers a prompt's: `length`, `rows(s)` (a PromptRows),
 `key_norms(s)`, `value_norms(s)` (or None) and `calibration(s)` (the first rows).
 """
 from __future__ import annotations
@@ -58,6 +61,7 @@ class StreamGroup:
 
     uses_attention = True
     reads_key_norms = reads_value_norms = reads_query_rows = False
+    reads_keys = reads_queries = False
     calibration_rows = 0
     capacity: int | None = None
     bytes_per_slot = 0
@@ -117,6 +121,7 @@ def _declare_inputs(group, policy) -> None:
     group.uses_attention = policy.uses_attention
     group.reads_key_norms, group.reads_value_norms = policy.reads_key_norms, policy.reads_value_norms
     group.reads_query_rows = policy.reads_query_rows
+    group.reads_keys, group.reads_queries = policy.reads_keys, policy.reads_queries
     group.bytes_per_slot = policy.bytes_per_slot
 
 
@@ -127,6 +132,21 @@ def _feed_args(p, s: int, inputs) -> tuple:
             inputs.key_norm(s) if p.reads_key_norms else None,
             inputs.value_norm(s) if p.reads_value_norms else None,
             inputs.query_rows(s, held) if p.reads_query_rows else None)
+
+
+def _vectors(p, s: int, t: int, inputs) -> dict:
+    """The key and query vectors of stream s at step t for its policy `p`, as keywords of
+    harness.feed and step: `keys` at its held positions and t (harness.keys_at) if it reads
+    keys, `query` if it reads queries; None where `inputs` cannot give them (the policy then
+    refuses, naming what it lacks)."""
+    out = {}
+    if p.reads_keys:
+        get = getattr(inputs, "keys", None)
+        out["keys"] = None if get is None else get(s, harness.keys_at(p.held(), t))
+    if p.reads_queries:
+        get = getattr(inputs, "query", None)
+        out["query"] = None if get is None else get(s)
+    return out
 
 
 def _in_layer(layer: int, exc: BudgetError, place=None) -> BudgetError:
@@ -151,11 +171,12 @@ class OnePolicy(StreamGroup):
         """The first half of `step`: observe step t's inputs and admit t (harness.feed); no
         eviction."""
         raw, norm, vnorm, qrows = _feed_args(self.policy, 0, inputs)
-        harness.feed(self.policy, t, raw, norm, vnorm, qrows)
+        harness.feed(self.policy, t, raw, norm, vnorm, qrows, **_vectors(self.policy, 0, t, inputs))
 
     def step(self, t, inputs):
         raw, norm, vnorm, qrows = _feed_args(self.policy, 0, inputs)
-        victims = harness.step(self.policy, t, raw, self.capacity, norm, self.stream, vnorm, qrows)
+        victims = harness.step(self.policy, t, raw, self.capacity, norm, self.stream, vnorm, qrows,
+                               **_vectors(self.policy, 0, t, inputs))
         return np.zeros(len(victims), np.int64), victims
 
     def kept(self, s):
@@ -191,7 +212,7 @@ class PolicyLayers(StreamGroup):
                 for g, p in enumerate(per):
                     raw, norm, vnorm, qrows = _feed_args(p, layer * G + g, inputs)
                     victims = harness.step(p, t, raw, self.budget, norm, f"head {g}" if G > 1 else "",
-                                           vnorm, qrows)
+                                           vnorm, qrows, **_vectors(p, layer * G + g, t, inputs))
                     found.append((layer * G + g, victims))
             except BudgetError as exc:
                 raise _in_layer(layer, exc) from None

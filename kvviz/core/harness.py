@@ -26,7 +26,7 @@ import numpy as np
 from kvviz.core.policies.base import BudgetError, VictimError, enforce, norm_inputs
 
 __all__ = ["BudgetError", "VictimError", "check_victims", "enforce", "evict_layer", "feed",
-           "held_count", "renormalise", "step", "step_layer"]
+           "held_count", "keys_at", "renormalise", "step", "step_layer"]
 
 
 def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
@@ -57,20 +57,29 @@ def renormalise(raw: np.ndarray, t: int) -> np.ndarray:
     return attn
 
 
-def feed(policy, pos: int, raw, key_norm=None, value_norm=None, query_rows=None) -> None:
+def feed(policy, pos: int, raw, key_norm=None, value_norm=None, query_rows=None, keys=None,
+         query=None) -> None:
     """The first half of `step`: observe the renormalised row, admit `pos`; no eviction.
 
     `raw` holds the weights at `policy.held()`; it is ignored (and may be None) for a
     policy that reads no attention. `key_norm` / `value_norm` (the admitted position's key
     and value L2 norms) reach only a policy that reads them (`reads_key_norms`,
     `reads_value_norms`), `query_rows` ((query heads, held): each query head's raw weights,
-    renormalised here row by row) only one that `reads_query_rows`; one that reads an input
-    not given is refused (ValueError).
+    renormalised here row by row) only one that `reads_query_rows`, `keys` ((held + 1,
+    head_dim): the cache's keys at `policy.held()` and at `pos`, `keys_at`) only one that
+    `reads_keys`, `query` ((group, head_dim): step `pos`'s query vectors) only one that
+    `reads_queries`; one that reads an input not given is refused (ValueError).
     """
     attn = None if raw is None or not policy.uses_attention else renormalise(raw, pos)
     if query_rows is not None and policy.reads_query_rows:
         query_rows = renormalise(np.asarray(query_rows), pos)
-    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm, query_rows))
+    policy.advance(pos, attn, **norm_inputs(policy, key_norm, value_norm, query_rows, None, keys, query))
+
+
+def keys_at(held: np.ndarray, pos: int) -> np.ndarray:
+    """The positions whose keys a policy that `reads_keys` is given at step `pos`: the ones
+    it holds, then `pos` itself (int64)."""
+    return np.append(np.asarray(held, np.int64), np.int64(pos))
 
 
 def held_count(policy) -> int:
@@ -79,11 +88,11 @@ def held_count(policy) -> int:
 
 
 def step(policy, pos: int, raw, budget: int, key_norm=None, stream: str = "",
-         value_norm=None, query_rows=None) -> np.ndarray:
+         value_norm=None, query_rows=None, keys=None, query=None) -> np.ndarray:
     """One harness step: feed, then `evict(budget)`, then `enforce` the budget and check the
     victims (`check_victims`; `check_stream_victims` for a Streams group); returns the
     victims' positions (int64). `stream` names the stream in a refusal."""
-    feed(policy, pos, raw, key_norm, value_norm, query_rows)
+    feed(policy, pos, raw, key_norm, value_norm, query_rows, keys, query)
     before = policy.held().copy()  # an eviction may close its gaps in place
     victims = policy.evict(budget)
     after = policy.held()

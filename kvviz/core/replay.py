@@ -122,6 +122,19 @@ class _TraceRow:
         """None: a trace stores one row per stream (Replay refuses a policy that reads them)."""
         return None
 
+    def keys(self, s: int, positions: np.ndarray):
+        """The stream's stored keys at `positions`, float32 (n, head_dim); None without them."""
+        keys = getattr(self.trace, "keys", None)
+        return None if keys is None else np.asarray(keys[positions], np.float32)
+
+    def query(self, s: int):
+        """Step t's stored query vectors, float32 (group, head_dim); None without them."""
+        queries = getattr(self.trace, "queries", None)
+        if queries is None:
+            return None
+        q = queries[:, self.t] if queries.ndim == 3 else queries[self.t][None]
+        return np.asarray(q, np.float32)
+
 
 class Replay:
     """Step a policy through a trace, forward or back.
@@ -147,6 +160,9 @@ class Replay:
             raise refuse_value_norms(policy.name, trace.name)
         if policy.reads_query_rows:
             raise refuse_query_rows(policy.name, trace.name)
+        lacks = missing_vectors(trace, policy)
+        if lacks:
+            raise refuse_vectors(policy.name, trace.name, lacks)
         self.trace = trace
         self.budget = policy.budget
         self.t = 0
@@ -264,17 +280,49 @@ def refuse_query_rows(name: str, trace_name: str) -> ValueError:
                       "or kvviz.hf), which supplies them")
 
 
+def missing_vectors(trace: Trace, cls) -> list[str]:
+    """The vectors policy class `cls` reads that `trace` does not carry: "keys" (the trace's
+    `keys`, (T, head_dim) for its stream) and "queries" (its `queries`, (group, T, head_dim)
+    or (T, head_dim)), each checked for its shape."""
+    lacks = []
+    for what, reads, ndims in (("keys", cls.reads_keys, (2,)), ("queries", cls.reads_queries, (2, 3))):
+        if not reads:
+            continue
+        have = getattr(trace, what, None)
+        if have is None:
+            lacks.append(what)
+            continue
+        shape = np.shape(have)
+        steps = shape[-2] if len(shape) >= 2 else None
+        if len(shape) not in ndims or steps != trace.steps:
+            raise ValueError(f"trace {trace.name!r}'s {what} must be "
+                             f"{'(T, head_dim)' if what == 'keys' else '(group, T, head_dim) or (T, head_dim)'} "
+                             f"with T = {trace.steps}, got shape {shape}")
+    return lacks
+
+
+def refuse_vectors(name: str, trace_name: str, lacks: list[str]) -> ValueError:
+    """The one-line refusal of a policy that reads key or query vectors on a trace without them."""
+    words = " and ".join({"keys": "key", "queries": "query"}[w] for w in lacks)
+    return ValueError(f"{name} reads {words} vectors, and trace {trace_name!r} has none: pick a "
+                      f"trace captured with {' and '.join(lacks)} or run it in the model loop "
+                      "(kvviz loop, generate, needle or kvviz.hf)")
+
+
 def can_drive(trace: Trace, cls) -> bool:
-    """Whether `trace` carries every input policy class `cls` reads (key and value norms; no
-    trace carries per-query-head rows)."""
+    """Whether `trace` carries every input policy class `cls` reads (key and value norms, key
+    and query vectors; no trace carries per-query-head rows)."""
     return (not cls.reads_query_rows
+            and not any(getattr(trace, what, None) is None for what, reads in
+                        (("keys", cls.reads_keys), ("queries", cls.reads_queries)) if reads)
             and (trace.key_norms is not None or not cls.reads_key_norms)
             and (getattr(trace, "value_norms", None) is not None or not cls.reads_value_norms))
 
 
 def runnable(trace: Trace) -> list[str]:
     """The registered policies this trace can drive: all, less those that read key or value
-    norms the trace does not have (a default list; asking for one of those by name is refused)."""
+    norms, or key or query vectors, the trace does not have (a default list; asking for one
+    of those by name is refused)."""
     from kvviz.core.policies import POLICIES
 
     return [n for n, cls in POLICIES.items() if can_drive(trace, cls)]

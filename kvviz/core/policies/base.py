@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 __all__ = ["DEFAULT_SEED", "BudgetError", "ParamSpec", "Place", "Policy", "Rank", "VictimError",
-           "check_key_norm", "check_value_norm", "norm_inputs",
+           "check_key_norm", "check_keys", "check_query", "check_value_norm", "norm_inputs",
            "check_recent", "enforce", "need_candidates", "param"]
 
 DEFAULT_SEED = 0
@@ -267,6 +267,14 @@ class Policy:
     # stream's KV group (every head of the layer at layer granularity) on the kept slots,
     # each row renormalised; `attn` stays their mean. Only the model supplies them.
     reads_query_rows: ClassVar[bool] = False
+    # True: advance() also gets `keys`, float32 (kept + 1, head_dim): the cache's keys (after
+    # RoPE, as the cache holds them) at the kept positions and at the admitted one, in slot
+    # order (keys[-1] is the admitted position's). They are the cache's, read at every step,
+    # so a policy that only reads them keeps no copy and pays nothing per slot for them.
+    reads_keys: ClassVar[bool] = False
+    # True: advance() also gets `query`, float32 (group, head_dim): the step's query vector of
+    # each query head of the stream's KV group (after RoPE), the query whose row `attn` is.
+    reads_queries: ClassVar[bool] = False
     summable: ClassVar[bool] = False  # True: observing rows one by one = observing their float64 sum once
     specs: ClassVar = DeclaredSpecs()
     place: ClassVar[Place] = NOWHERE  # where the stream sits; a harness sets it per instance
@@ -400,7 +408,8 @@ class Policy:
         return 4 + sum(np.dtype(dtype).itemsize * math.prod(shape)
                        for dtype, shape, _ in self._spec.values()) + 1
 
-    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None, query_rows=None) -> None:
+    def on_decode_step(self, pos, attn, key_norm=None, value_norm=None, query_rows=None,
+                       keys=None, query=None) -> None:
         """One step of the harness: check and `observe` the weights over the kept slots (`None`
         for a step with no attention), then admit position `pos` as a new slot. The checks live
         here, once, so no subclass can accept a wrong-length, negative or non-finite row."""
@@ -410,15 +419,17 @@ class Policy:
             raise ValueError(f"pos must be above every kept position: got {pos}, "
                              f"highest kept is {int(self._pos[n - 1])}")
         attn = None if attn is None else _check_attn(attn, n)
-        self.advance(pos, attn, **norm_inputs(self, key_norm, value_norm, query_rows, n))
+        self.advance(pos, attn, **norm_inputs(self, key_norm, value_norm, query_rows, n, keys, query))
 
     def advance(self, pos: int, attn: np.ndarray | None, key_norm: float | None = None,
-                value_norm: float | None = None, query_rows: np.ndarray | None = None) -> None:
+                value_norm: float | None = None, query_rows: np.ndarray | None = None,
+                keys: np.ndarray | None = None, query: np.ndarray | None = None) -> None:
         """on_decode_step without the checks: observe `attn`, admit `pos`. For the harness
         (kvviz.core.harness.step), whose rows are already validated and renormalised. `key_norm`
         (the admitted key's L2 norm) is passed only to a policy that `reads_key_norms`,
         `value_norm` (the admitted value's L2 norm) only to one that `reads_value_norms`,
-        `query_rows` only to one that `reads_query_rows` (which overrides this to read them)."""
+        `query_rows` only to one that `reads_query_rows` (which overrides this to read them),
+        `keys` only to one that `reads_keys`, `query` only to one that `reads_queries`."""
         n = self._n
         if attn is not None:
             self.observe(attn)
@@ -590,12 +601,22 @@ def check_value_norm(value, name: str) -> float:
     return v
 
 
-def norm_inputs(policy, key_norm=None, value_norm=None, query_rows=None, n=None) -> dict:
+def norm_inputs(policy, key_norm=None, value_norm=None, query_rows=None, n=None, keys=None,
+                query=None) -> dict:
     """The checked inputs beyond attention `policy.advance` takes as keywords: key_norm if it
     reads key norms, value_norm if it reads value norms, query_rows ((heads, n): one row per
-    query head on its `n` kept slots) if it reads them, nothing otherwise (so a policy reading
-    none keeps the two-argument `advance`)."""
+    query head on its `n` kept slots) if it reads them, keys ((n + 1, head_dim): the kept
+    slots' keys and the admitted one's) if it reads keys, query ((group, head_dim)) if it
+    reads queries, nothing otherwise (so a policy reading none keeps the two-argument
+    `advance`)."""
     out = {}
+    if policy.reads_keys:
+        out["keys"] = check_keys(keys, policy.name, (len(policy.held()) if n is None else n) + 1)
+    if policy.reads_queries:
+        out["query"] = check_query(query, policy.name)
+        if "keys" in out and out["keys"].shape[1] != out["query"].shape[1]:
+            raise ValueError(f"query and keys must share one head_dim: query has "
+                             f"{out['query'].shape[1]}, keys {out['keys'].shape[1]}")
     if policy.reads_key_norms:
         out["key_norm"] = check_key_norm(key_norm, policy.name)
     if policy.reads_value_norms:
@@ -619,6 +640,39 @@ def check_query_rows(rows, name: str, n: int) -> np.ndarray:
                          f"h >= 1, got shape {a.shape}")
     if a.size and not (np.isfinite(a).all() and a.min() >= 0):
         raise ValueError("query_rows weights must be finite and non-negative")
+    return a
+
+
+def check_keys(keys, name: str, rows: int) -> np.ndarray:
+    """The cache's keys at the kept slots and the admitted position, for a policy that reads
+    keys: float32 (rows, head_dim) with head_dim >= 1, all finite."""
+    if keys is None:
+        raise ValueError(f"{name} reads key vectors, and none were given: replay a trace captured "
+                         "with keys or run it in the model loop (kvviz loop, generate, needle, "
+                         "kvviz.hf)")
+    a = np.asarray(keys, dtype=np.float32)
+    if a.ndim != 2 or a.shape[0] != rows or a.shape[1] < 1:
+        raise ValueError(f"keys must be (kept positions + the admitted one, head_dim) = ({rows}, d) "
+                         f"with d >= 1, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("keys must be finite (found NaN or inf)")
+    return a
+
+
+def check_query(query, name: str) -> np.ndarray:
+    """The step's query vectors, one per query head of the stream's group, for a policy that
+    reads queries: float32 (group, head_dim), both >= 1, all finite."""
+    if query is None:
+        raise ValueError(f"{name} reads query vectors, and none were given: replay a trace "
+                         "captured with queries or run it in the model loop (kvviz loop, "
+                         "generate, needle, kvviz.hf)")
+    a = np.asarray(query, dtype=np.float32)
+    if a.ndim == 1:
+        a = a[None, :]  # one query head
+    if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < 1:
+        raise ValueError(f"query must be (query heads, head_dim) with both >= 1, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("query must be finite (found NaN or inf)")
     return a
 
 
