@@ -304,6 +304,12 @@ def model_inputs(pair, ids: list[int], window: int, n_future: int, starts=()) ->
             h.remove()
     H, d = mdl.config.num_attention_heads, mdl.config.hidden_size // mdl.config.num_attention_heads
     d = getattr(mdl.config, "head_dim", None) or d
+    cos0, sin0 = mdl.model.rotary_emb(torch.zeros(1, dtype=torch.float32), torch.arange(T)[None])
+    cos0, sin0 = cos0[0][None], sin0[0][None]  # (1, T, d), broadcast over the query heads
+    q_post = []
+    for i in range(len(qs)):
+        q = qs[i][0].view(T, H, d).transpose(0, 1)
+        q_post.append((q * cos0 + torch.cat([-q[..., d // 2:], q[..., : d // 2]], dim=-1) * sin0).numpy())
     rope = {}
     for s in {T, *starts}:
         cos, sin = mdl.model.rotary_emb(torch.zeros(1, dtype=torch.float32), torch.arange(s, s + n_future)[None])
@@ -313,7 +319,51 @@ def model_inputs(pair, ids: list[int], window: int, n_future: int, starts=()) ->
             "q_pre": [qs[i][0].view(T, H, d).transpose(0, 1).numpy() for i in range(len(qs))],
             "keys": [cache.layers[i].keys[0].numpy() for i in range(len(qs))],
             "values": [cache.layers[i].values[0].numpy() for i in range(len(qs))],
-            "rope": rope}
+            "q_post": q_post, "rope": rope, "rope_theta": rope_theta(mdl.config)}
+
+
+def rope_theta(config) -> float:
+    theta = getattr(config, "rope_theta", None)
+    return float(theta if theta is not None else (config.rope_parameters or {})["rope_theta"])
+
+
+def kvviz_expected_attention(x: dict, budget: int, params: dict, alpha: float | None = None,
+                             length: int | None = None) -> dict:
+    """kvviz's `expected-attention` policy (kvviz.core), one per (layer, KV head), fed every
+    prompt row through kvviz.core.harness (the query vectors of the KV head's query heads after
+    RoPE, the held keys, the value norms) and evicting once at the last row, as the model loop's
+    prefill mode does; `length` rows of the prompt (default: all). With `alpha`, the heads of
+    a layer share heads x budget instead: each head's priority after the last row, chosen by
+    kvviz's AdaKV code (shared_victims).
+    Returns {(layer, head): kept positions}."""
+    from kvviz.core import harness
+    from kvviz.core.policies import make_policy
+
+    L, (G, T, _) = len(x["keys"]), x["keys"][0].shape
+    T = length or T
+    H = x["q_post"][0].shape[0]
+    out = {}
+    for i in range(L):
+        vnorm = np.linalg.norm(x["values"][i].astype(np.float64), axis=-1).astype(np.float32)
+        prio = []
+        for g in range(G):
+            pol = make_policy("expected-attention", budget=budget, rope_theta=x["rope_theta"], **params)
+            heads = slice(g * H // G, (g + 1) * H // G)
+            for t in range(T):
+                keys = x["keys"][i][g][harness.keys_at(pol.held(), t)]
+                args = dict(value_norm=vnorm[g, t], keys=keys, query=x["q_post"][i][heads, t])
+                if t < T - 1 or alpha is not None:
+                    harness.feed(pol, t, None, **args)
+                else:
+                    harness.step(pol, t, None, budget, **args)
+            if alpha is None:
+                out[(i, g)] = pol.held().tolist()
+            else:
+                prio.append(np.asarray(pol.priority(), np.float64))
+        if alpha is not None:
+            keep = kvviz_adakv_keep(np.stack(prio), budget, alpha, 0)
+            out.update({(i, g): np.flatnonzero(keep[g]).tolist() for g in range(G)})
+    return out
 
 
 def kvviz_kept(pair, ids, configs) -> dict:
@@ -342,8 +392,6 @@ def compare(kv: dict, pair=None, log=print) -> dict:
                LoopConfig("snapkv", snap, B)]
     ea = kv["expected_attention_params"]
     has_ea = "expected-attention" in POLICIES
-    if has_ea:
-        configs.append(LoopConfig("expected-attention", dict(ea), B))
     log(f"[xcheck] kvviz prefill over {T} tokens: {[c.label for c in configs]}")
     mine = kvviz_kept(pair, ids, configs)
     labels = [c.label for c in configs]
@@ -398,10 +446,21 @@ def compare(kv: dict, pair=None, log=print) -> dict:
             rows.append({"what": "kvviz's allocation code on kvpress's recorded scores vs kvpress",
                          "agreement": agreement(as_kept(np.stack([kvviz_adakv_keep(s, B, alpha, 0)
                                                                   for s in kv_scores[press]])), theirs[press])})
-        if has_ea and press == "expected_attention":
-            rows.insert(0, {"what": f"kvviz `{labels[2]}` vs kvpress",
-                            "agreement": agreement(mine[labels[2]], theirs[press])})
-        out[name] = {"press": press, "kvviz": labels[2] if has_ea else None, "rows": rows,
+        spec = None
+        if has_ea:
+            # kvpress's prefill takes the statistics over every query after the sinks: a
+            # query_window of T; kvviz's default keeps the last 256
+            alpha_ = alpha if press == "adakv_expected_attention" else None
+            spec = ",".join(f"{k}={v}" for k, v in ea.items())
+            spec = (f"adakv:scorer=expected-attention,alpha={alpha}," if alpha_ is not None
+                    else "expected-attention:") + spec
+            for qw in (T, 256):
+                log(f"[xcheck] kvviz {spec},query_window={qw} through kvviz.core.harness")
+                got = kvviz_expected_attention(x, B, {**ea, "query_window": qw}, alpha_)
+                rows.insert(len(rows) - (1 if alpha_ is not None else 0) if qw == 256 else 0,
+                            {"what": f"kvviz `{spec},query_window={qw}` vs kvpress",
+                             "agreement": agreement(got, theirs[press])})
+        out[name] = {"press": press, "kvviz": spec, "rows": rows,
                      "score_gaps": {"kvpress's rule on kvviz's model vs kvpress's recorded scores":
                                     max(score_gap(ea_scores[i], kv_scores[press][i]) for i in range(L))}}
     if first:
@@ -415,14 +474,27 @@ def compare(kv: dict, pair=None, log=print) -> dict:
                 x["q_pre"][i][:, P:cut], x["keys"][i][:, :cut], x["values"][i][:, :cut], *x["rope"][start],
                 n_sink=ea["n_sink"], use_covariance=ea["use_covariance"], use_vnorm=ea["use_vnorm"],
                 epsilon=ea["epsilon"]), dec["target"]), L)
-        out["Expected Attention, decoding (first cut)"] = {"press": "decode", "kvviz": None, "rows": [
+        by_sequence = cut_keep(cut)
+        rows = [
             {"what": f"kvpress's rule restated, queries of positions {P}..{cut - 1} (the buffer), RoPE averaged "
                      f"over positions {dec['interval']}..{dec['interval'] + ea['n_future_positions'] - 1} "
                      f"(the buffer's length onward) vs kvpress",
              "agreement": agreement(cut_keep(dec["interval"]), theirs_cut)},
             {"what": f"the same, RoPE averaged over positions {cut}..{cut + ea['n_future_positions'] - 1} "
                      f"(the sequence's length onward) vs kvpress",
-             "agreement": agreement(cut_keep(cut), theirs_cut)}]}
+             "agreement": agreement(by_sequence, theirs_cut)}]
+        spec = None
+        if has_ea:
+            # the buffer's queries after its first n_sink: the last cut - P - n_sink queries
+            qw = cut - P - ea["n_sink"]
+            spec = "expected-attention:" + ",".join(f"{k}={v}" for k, v in ea.items()) + f",query_window={qw}"
+            log(f"[xcheck] kvviz {spec} over positions 0..{cut - 1}, cut to {dec['target']} at the last")
+            got = kvviz_expected_attention(x, dec["target"], {**ea, "query_window": qw}, length=cut)
+            rows += [{"what": f"kvviz `{spec}`, positions 0..{cut - 1} cut once at the last, vs kvpress",
+                      "agreement": agreement(got, theirs_cut)},
+                     {"what": "the same kvviz run vs kvpress's rule restated with the sequence's positions",
+                      "agreement": agreement(got, by_sequence)}]
+        out["Expected Attention, decoding (first cut)"] = {"press": "decode", "kvviz": spec, "rows": rows}
     return out, L, G
 
 
