@@ -95,7 +95,8 @@ def test_the_registry_and_every_list_find_the_new_file(copy):
     r = run(copy, "-c", code)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    order = ["tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "knorm", "random", "vatp", "oldest", "raas"]
+    order = ["tova", "snapkv", "h2o", "streaming-llm", "scissorhands", "knorm", "random", "vatp",
+             "expected-attention", "oldest", "raas", "rkv"]
     assert lines[0] == repr(order)  # the built-ins keep their order; new files follow by name
     assert lines[1] == repr(order)
     assert lines[2] == "True True"

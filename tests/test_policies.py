@@ -4,16 +4,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvviz.core.check import compare, scenarios
+from kvviz.core.check import _key, _query, compare, scenarios
 from kvviz.core.policies import POLICIES, check_declaration, make_policy, param_specs, reference_class
 from kvviz.core.reference import make_reference
 
 
 def norms(p, t):
-    """Key and value norms for a policy that reads them (varied, deterministic), else nothing."""
+    """Key and value norms, key and query vectors, for a policy that reads them (varied,
+    deterministic), else nothing."""
     out = {"key_norm": float(1 + (t * 7919) % 13) / 4} if p.reads_key_norms else {}
     if p.reads_value_norms:
         out["value_norm"] = float(1 + (t * 104729) % 7) / 8
+    if p.reads_keys:
+        out["keys"] = _key(np.append(np.asarray(p.kept, np.int64), t))
+    if p.reads_queries:
+        out["query"] = _query(t)
     return out
 
 

@@ -97,7 +97,7 @@ class ExpectedAttention(ReadsKeys):
 
     name = "expected-attention"
     label = "Expected Attention"
-    colour = "#44AA99"
+    colour = "#AA7744"
     rank = Rank("score", "expected attention x value norm", "lowest score goes first")
     score_labels = {"expected": "expected attention (softmax share, mean over query heads)"}
     reference = "kvviz.core.reference_vectors:RefExpectedAttention"

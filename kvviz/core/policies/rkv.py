@@ -86,7 +86,7 @@ class RKV(ReadsKeys):
 
     name = "rkv"
     label = "R-KV"
-    colour = "#882255"
+    colour = "#6699CC"
     rank = Rank("score", "mix_lambda x importance - (1 - mix_lambda) x redundancy",
                 "lowest score goes first")
     score_labels = {"importance": "importance (pooled attention of the observation queries)",
