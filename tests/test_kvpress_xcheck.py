@@ -219,3 +219,34 @@ def test_render_shows_every_row_and_the_date():
     assert text.startswith(x.BEGIN) and text.endswith(x.END)
     assert "2030-01-02" in text and "| S: a vs b | 0 / 1 | 0.3333 | 0.3333 (0,0) | 1 / 1 |" in text
     assert "- S: g: 1.0e-07" in text
+
+
+def _rope_tables(w, first, count):
+    angles = np.arange(first, first + count, dtype=np.float64)[:, None] * w[None, :]
+    return np.concatenate([np.cos(angles)] * 2, axis=1), np.concatenate([np.sin(angles)] * 2, axis=1)
+
+
+@pytest.mark.parametrize("alpha", [None, 0.25])
+def test_kvvizs_expected_attention_through_the_harness_is_kvpresss_rule(alpha):
+    """The driver feeds kvviz's policy the queries after RoPE; with a query window covering the
+    prompt it must keep what kvpress's rule, restated on the queries before RoPE, keeps."""
+    from kvviz.core.policies.vectors import inverse_frequencies, rotate
+
+    rng = np.random.default_rng(4)
+    L, G, H, T, d, theta, n_future, budget = 2, 2, 4, 14, 4, 10000.0, 8, 7
+    w = inverse_frequencies(d, theta)
+    q_pre = [rng.normal(size=(H, T, d)) for _ in range(L)]
+    q_post = [np.stack([rotate(q[:, t], t * w) for t in range(T)], axis=1) for q in q_pre]
+    keys = [rng.normal(size=(G, T, d)).astype(np.float32) for _ in range(L)]
+    values = [rng.normal(size=(G, T, d)).astype(np.float32) for _ in range(L)]
+    x_ = {"keys": keys, "values": values, "q_post": q_post, "rope_theta": theta}
+    params = {"n_future_positions": n_future, "n_sink": 2, "use_covariance": True, "use_vnorm": True,
+              "epsilon": 0.0, "query_window": T}
+    got = x.kvviz_expected_attention(x_, budget, params, alpha)
+    cos, sin = _rope_tables(w, T, n_future)
+    want = {}
+    for i in range(L):
+        s = x.expected_attention_scores(q_pre[i], keys[i], values[i], cos, sin, n_sink=2)
+        keep = x.topk_keep(s, budget) if alpha is None else x.kvpress_adakv_keep(s, budget, alpha)
+        want.update({(i, g): np.flatnonzero(keep[g]).tolist() for g in range(G)})
+    assert x.agreement(got, want)["same_cells"] == L * G
