@@ -416,10 +416,11 @@ def compare(kv: dict, pair=None, log=print) -> dict:
               for r in ("kvpress", "kvviz") for p in ("kvpress", "kvviz")}
         rungs = [
             ("kvpress's rule restated on kvviz's model", alloc, ("kvpress", "kvpress")),
-            ("kvpress's rule with kvviz's pooling alone", alloc, ("kvpress", "kvviz")),
-            ("+ kvviz's rows (group mean, renormalised over earlier positions)", alloc, ("kvviz", "kvpress")),
-            ("+ kvviz's pooling (clamped, over every position)", alloc, ("kvviz", "kvviz")),
-            ("+ kvviz's allocation = kvviz's rule restated", mine_alloc, ("kvviz", "kvviz")),
+            ("kvpress's rule with kvviz's pooling swapped in", alloc, ("kvpress", "kvviz")),
+            ("kvpress's rule with kvviz's rows swapped in (group mean, renormalised over earlier positions)",
+             alloc, ("kvviz", "kvpress")),
+            ("kvviz's rows and pooling with kvpress's allocation", alloc, ("kvviz", "kvviz")),
+            ("kvviz's rule restated (rows, pooling, allocation)", mine_alloc, ("kvviz", "kvviz")),
         ]
         rows = [{"what": f"kvviz `{label}` vs kvpress", "agreement": agreement(mine[label], theirs[press])},
                 {"what": "kvviz's allocation code on kvpress's recorded scores vs kvpress",

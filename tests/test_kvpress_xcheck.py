@@ -250,3 +250,29 @@ def test_kvvizs_expected_attention_through_the_harness_is_kvpresss_rule(alpha):
         keep = x.topk_keep(s, budget) if alpha is None else x.kvpress_adakv_keep(s, budget, alpha)
         want.update({(i, g): np.flatnonzero(keep[g]).tolist() for g in range(G)})
     assert x.agreement(got, want)["same_cells"] == L * G
+
+
+def test_the_pages_prose_claims_hold_in_the_result_file():
+    """What the page's prose says in words (every cell, none, almost every) against the file."""
+    res = json.loads(x.RESULT.read_text(encoding="utf-8"))
+    rows = [(name, r["what"], r["agreement"]) for name, b in res["comparisons"].items() for r in b["rows"]]
+
+    def full(a):
+        return a["same_cells"] == a["cells"] == res["layers"] * res["kv_heads"]
+
+    def matching(*parts):
+        found = [a for _, what, a in rows if all(p in what for p in parts)]
+        assert found, parts
+        return found
+
+    assert all(full(a) for a in matching("kvpress's rule restated on kvviz's model", "vs kvpress"))
+    assert all(full(a) for a in matching("kvviz's allocation code on kvpress's recorded scores"))
+    assert all(full(a) for a in matching("kvviz's rule restated", "vs kvviz"))
+    assert all(full(a) for a in matching("kvviz's rows and pooling", "vs kvviz"))
+    assert all(not full(a) for a in matching("kvviz `", "snapkv", "vs kvpress"))
+    assert all(full(a) for a in matching(f"query_window={res['T']}` vs kvpress"))
+    assert all(a["same_cells"] <= 5 for a in matching("query_window=256` vs kvpress"))
+    assert all(full(a) for a in matching("(the buffer's length onward) vs kvpress"))
+    assert all(a["same_cells"] == 0 for a in matching("(the sequence's length onward) vs kvpress"))
+    assert all(a["same_cells"] == 0 for a in matching("cut once at the last, vs kvpress"))
+    assert all(full(a) for a in matching("the same kvviz run vs kvpress's rule restated"))
