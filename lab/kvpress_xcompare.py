@@ -423,8 +423,10 @@ def compare(kv: dict, pair=None, log=print) -> dict:
             ("kvviz's rule restated (rows, pooling, allocation)", mine_alloc, ("kvviz", "kvviz")),
         ]
         rows = [{"what": f"kvviz `{label}` vs kvpress", "agreement": agreement(mine[label], theirs[press])},
-                {"what": "kvviz's allocation code on kvpress's recorded scores vs kvpress",
-                 "agreement": agreement(per_layer(lambda i: mine_alloc(kv_scores[press][i]), L), theirs[press])}]
+                {"what": ("kvviz's allocation code" if kind == "adakv" else "kvviz's per-head choice (restated)")
+                 + " on kvpress's recorded scores vs kvpress",
+                 "agreement": agreement(as_kept(np.stack([mine_alloc(s) for s in kv_scores[press]])),
+                                        theirs[press])}]
         for what, fn, key in rungs:
             kept = as_kept(np.stack([fn(sc[key][i]) for i in range(L)]))
             rows.append({"what": f"{what} vs kvpress", "agreement": agreement(kept, theirs[press])})
