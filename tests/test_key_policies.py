@@ -167,3 +167,97 @@ def test_memory_per_slot_counts_no_keys():
     """Keys are the cache's, read each step: neither policy keeps a copy per slot."""
     assert make_policy("rkv", budget=16).bytes_per_slot == 4 + 1
     assert make_policy("expected-attention", budget=16).bytes_per_slot == 4 + 4 + 1
+
+
+# -- in the model loop, on a tiny random-weight model --------------------------------------
+TEXT = "The committee met at noon; the minutes record that the motion passed on a bright day."
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, torch_stack):
+    import os
+    import sys
+    from pathlib import Path
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from tiny_model import build, save_tokenizer
+
+    from kvviz.model.models import load_model
+
+    tokenizer = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(tokenizer)
+    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
+
+
+def _layer0_vectors(mdl, ids):
+    """Layer 0's keys (Hk, T, D) and queries (Hq, T, D) after RoPE from a plain forward: they
+    depend on no attention, so eviction leaves them as they are."""
+    import torch
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    attn = mdl.model.layers[0].self_attn
+    got = {}
+    hook = attn.q_proj.register_forward_hook(lambda m, i, o: got.setdefault("q", o.detach()))
+    try:
+        with torch.no_grad():
+            out = mdl(input_ids=torch.tensor([ids]), use_cache=True)
+    finally:
+        hook.remove()
+    cache = out.past_key_values
+    keys = cache.layers[0].keys if hasattr(cache, "layers") else cache.key_cache[0]
+    T, D = len(ids), keys.shape[-1]
+    q = got["q"].view(1, T, -1, D).transpose(1, 2)
+    cos, sin = mdl.model.rotary_emb(q, torch.arange(T)[None])
+    q, _ = apply_rotary_pos_emb(q, q, cos, sin)
+    return keys[0].float().numpy(), q[0].float().numpy()
+
+
+def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, torch_stack):
+    """Both policies in one run per eviction mode; layer 0's victims are the reference's fed
+    the model's own layer-0 keys, queries and value norms. Then what the loop refuses."""
+    import torch
+
+    from kvviz.model.loop import LoopConfig, generate, run_loop
+
+    tok, mdl = tiny_llama
+    theta = (getattr(mdl.config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    budget = 6
+    setups = [("rkv", {"window": 2, "kernel_size": 3}, RefRKV),
+              ("expected-attention", {"n_sink": 2, "n_future_positions": 8, "rope_theta": theta},
+               RefExpectedAttention)]
+    configs = [LoopConfig("full")] + [LoopConfig(name, params, budget) for name, params, _ in setups]
+    for eviction in ("masked", "freed"):
+        res = run_loop(TEXT, configs, max_tokens=16, model=tiny_llama, granularity="kv-head",
+                       eviction=eviction)
+        ids = res.token_ids.tolist()
+        T = len(ids)
+        keys, queries = _layer0_vectors(mdl, ids)
+        with torch.no_grad():
+            cache = mdl(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+        values = cache.layers[0].values if hasattr(cache, "layers") else cache.value_cache[0]
+        vnorms = values[0].float().norm(dim=-1).numpy()  # (Hk, T)
+        Hk, Hq = keys.shape[0], queries.shape[0]
+        for c, (name, params, ref_cls) in enumerate(setups, start=1):
+            for h in range(Hk):
+                ref, want = ref_cls(budget, None, **params), np.full(T, -1)
+                group = slice(h * (Hq // Hk), (h + 1) * (Hq // Hk))
+                for t in range(T):
+                    ref.on_decode_step(t, None, keys=keys[h][np.append(ref.kept, t)],
+                                       query=queries[group, t], value_norm=float(vnorms[h, t]))
+                    want[ref.evict(budget)] = t
+                ev = res.evicted_at[c, 0, h]
+                assert (ev != -1).sum() == T - budget
+                np.testing.assert_array_equal(ev, want, err_msg=f"{name}, {eviction}, head {h}")
+    # what the loop cannot supply is refused by name
+    with pytest.raises(ValueError, match="rkv reads key and query vectors, which a prompt read in one pass"):
+        generate(TEXT[:40], [LoopConfig("rkv", {"window": 2}, 6)], 2, granularity="kv-head",
+                 prompt_mode="prefill", model=tiny_llama)
+    with pytest.raises(ValueError, match=f"expected-attention's rope_theta=3 is not the model's "
+                                         rf"\({theta:g}\): pass rope_theta={theta:g}"):
+        run_loop(TEXT, [LoopConfig("full"), LoopConfig("expected-attention", {"rope_theta": 3.0}, 6)],
+                 max_tokens=8, model=tiny_llama, granularity="kv-head")
+    assert mdl.config.num_key_value_heads > 1
+    with pytest.raises(ValueError, match="rkv: reads key and query vectors, which belong to one KV head"):
+        run_loop(TEXT, [LoopConfig("full"), LoopConfig("rkv", {"window": 2}, 6)], max_tokens=8,
+                 model=tiny_llama, granularity="layer")

@@ -121,9 +121,10 @@ def default_cmp(a: str = "tova", b: str = "snapkv") -> list[str]:
     registered others up to the limit, in registry order."""
     names = list(POLICIES)
     pick = [n for n in (a, b) if n in POLICIES]
-    # fill with policies every trace can run first (knorm needs key norms, vatp value norms;
-    # most traces have none)
-    for n in sorted(names, key=lambda n: POLICIES[n].reads_key_norms or POLICIES[n].reads_value_norms):
+    # fill with policies every trace can run first (knorm needs key norms, vatp value norms,
+    # rkv key and query vectors; most traces have none)
+    for n in sorted(names, key=lambda n: any(getattr(POLICIES[n], f) for f in (
+            "reads_key_norms", "reads_value_norms", "reads_keys", "reads_queries"))):
         if len(set(pick)) >= MAX_COMPARE:
             break
         pick.append(n)

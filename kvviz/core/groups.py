@@ -121,7 +121,8 @@ def _declare_inputs(group, policy) -> None:
     group.uses_attention = policy.uses_attention
     group.reads_key_norms, group.reads_value_norms = policy.reads_key_norms, policy.reads_value_norms
     group.reads_query_rows = policy.reads_query_rows
-    group.reads_keys, group.reads_queries = policy.reads_keys, policy.reads_queries
+    group.reads_keys = getattr(policy, "reads_keys", False)
+    group.reads_queries = getattr(policy, "reads_queries", False)
     group.bytes_per_slot = policy.bytes_per_slot
 
 
@@ -140,10 +141,10 @@ def _vectors(p, s: int, t: int, inputs) -> dict:
     keys, `query` if it reads queries; None where `inputs` cannot give them (the policy then
     refuses, naming what it lacks)."""
     out = {}
-    if p.reads_keys:
+    if getattr(p, "reads_keys", False):
         get = getattr(inputs, "keys", None)
         out["keys"] = None if get is None else get(s, harness.keys_at(p.held(), t))
-    if p.reads_queries:
+    if getattr(p, "reads_queries", False):
         get = getattr(inputs, "query", None)
         out["query"] = None if get is None else get(s)
     return out

@@ -289,6 +289,15 @@ def prefill_needs(policy, length: int) -> tuple[int, bool, bool]:
     return (1, False, True) if k == length else (k, False, False)
 
 
+def refuse_vectors_in_prefill(policy) -> None:
+    """A prompt read in one pass supplies no key or query vectors: ValueError naming a policy
+    that reads them and the way to read the prompt token by token."""
+    if getattr(policy, "reads_keys", False) or getattr(policy, "reads_queries", False):
+        raise ValueError(f"{policy.name} reads key and query vectors, which a prompt read in one pass "
+                         "does not supply: read the prompt token by token (kvviz loop; kvviz generate "
+                         "--prompt-mode decode; kvviz needle --prompt-modes decode)")
+
+
 class PromptRows:
     """One stream's prompt rows as `prefill` needs them, gathered from chunks of rows as a
     model produces them, in memory linear in the prompt length: the last `tail` rows,
@@ -354,6 +363,7 @@ def prefill(policy, rows: PromptRows | None, length: int, budget: int, key_norms
     policy observes the rows' sum once. `rows` (a PromptRows built with at least the
     policy's needs) may be None for a policy that reads no attention. `stream` names the
     stream in a refusal."""
+    refuse_vectors_in_prefill(policy)
     tail, sums, streamed = prefill_needs(policy, length)
     kn = (lambda t: key_norms[t]) if policy.reads_key_norms else (lambda t: None)
     vn = (lambda t: value_norms[t]) if policy.reads_value_norms else (lambda t: None)

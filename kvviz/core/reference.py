@@ -34,6 +34,7 @@ class RefPolicy:
     # policy's); it never reads per-query-head rows, which no trace stores.
     uses_attention = True
     reads_key_norms = reads_value_norms = reads_query_rows = False
+    reads_keys = reads_queries = False  # key and query vectors: kvviz.core.reference_vectors
 
     def __init__(self, budget, rng=None, **params):
         if self.name in POLICIES:

@@ -49,17 +49,22 @@ class RefVectors:
 
     @property
     def kept(self):
+        """The kept positions, ascending, as the fast policy's `kept`."""
         return np.array(self.keep, dtype=np.int64)
 
     def held(self):
+        """The positions the next query attends over: all kept ones."""
         return self.kept
 
     def advance(self, pos, attn, key_norm=None, value_norm=None, query_rows=None, keys=None,
                 query=None):
+        """The harness's name for one decode step; the same as `on_decode_step`."""
         self.on_decode_step(pos, attn, key_norm, value_norm, query_rows, keys, query)
 
     def on_decode_step(self, pos, attn, key_norm=None, value_norm=None, query_rows=None,
                        keys=None, query=None):
+        """Admit `pos`, keeping its key (the last row of `keys`), its value norm and the
+        step's query; the input checks written out again, loop by loop."""
         if self.keep and pos <= self.keep[-1]:
             raise ValueError("pos must be above every kept position")
         if keys is None or query is None:
@@ -85,6 +90,8 @@ class RefVectors:
         self.key.append(_floats(keys[-1]))  # the admitted position's key, kept from now on
 
     def evict(self, budget):
+        """Drop down to `budget`: the candidates ranked by (score, position), the lowest go;
+        the victims come back ascending. Fewer candidates than victims due is refused."""
         excess = len(self.keep) - budget
         if excess <= 0:
             return np.empty(0, np.int64)
@@ -106,6 +113,7 @@ class RefRKV(RefVectors):
     name = "rkv"
 
     def candidate_scores(self) -> dict:
+        """Slot index -> R-KV's score, for every slot outside the `window` newest."""
         lam, window = self.params["mix_lambda"], self.params["window"]
         kernel, threshold = self.params["kernel_size"], self.params["threshold"]
         n = len(self.keep)
@@ -144,6 +152,7 @@ class RefExpectedAttention(RefVectors):
     name = "expected-attention"
 
     def candidate_scores(self) -> dict:
+        """Slot index -> the expected attention (x the value norm), for every slot past the sinks."""
         p = self.params
         sinks = p["n_sink"]
         n = len(self.keep)

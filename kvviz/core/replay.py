@@ -285,7 +285,8 @@ def missing_vectors(trace: Trace, cls) -> list[str]:
     `keys`, (T, head_dim) for its stream) and "queries" (its `queries`, (group, T, head_dim)
     or (T, head_dim)), each checked for its shape."""
     lacks = []
-    for what, reads, ndims in (("keys", cls.reads_keys, (2,)), ("queries", cls.reads_queries, (2, 3))):
+    for what, reads, ndims in (("keys", getattr(cls, "reads_keys", False), (2,)),
+                               ("queries", getattr(cls, "reads_queries", False), (2, 3))):
         if not reads:
             continue
         have = getattr(trace, what, None)
@@ -314,7 +315,8 @@ def can_drive(trace: Trace, cls) -> bool:
     and query vectors; no trace carries per-query-head rows)."""
     return (not cls.reads_query_rows
             and not any(getattr(trace, what, None) is None for what, reads in
-                        (("keys", cls.reads_keys), ("queries", cls.reads_queries)) if reads)
+                        (("keys", getattr(cls, "reads_keys", False)),
+                         ("queries", getattr(cls, "reads_queries", False))) if reads)
             and (trace.key_norms is not None or not cls.reads_key_norms)
             and (getattr(trace, "value_norms", None) is not None or not cls.reads_value_norms))
 

@@ -241,7 +241,8 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
         error, policy = None, None
         try:
             policy = make_policy(name, budget=int(budget), **params)
-            if trace is not None and (policy.reads_key_norms or policy.reads_value_norms):
+            if trace is not None and (policy.reads_key_norms or policy.reads_value_norms
+                                      or policy.reads_keys or policy.reads_queries):
                 Replay(trace, policy)  # refuses a trace without the norms it reads; runs nothing
         except ValueError as exc:
             error, policy = labelled(name, str(exc)), None

@@ -610,9 +610,9 @@ def norm_inputs(policy, key_norm=None, value_norm=None, query_rows=None, n=None,
     reads queries, nothing otherwise (so a policy reading none keeps the two-argument
     `advance`)."""
     out = {}
-    if policy.reads_keys:
+    if getattr(policy, "reads_keys", False):
         out["keys"] = check_keys(keys, policy.name, (len(policy.held()) if n is None else n) + 1)
-    if policy.reads_queries:
+    if getattr(policy, "reads_queries", False):
         out["query"] = check_query(query, policy.name)
         if "keys" in out and out["keys"].shape[1] != out["query"].shape[1]:
             raise ValueError(f"query and keys must share one head_dim: query has "

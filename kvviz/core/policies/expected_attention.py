@@ -99,7 +99,8 @@ class ExpectedAttention(ReadsKeys):
     label = "Expected Attention"
     colour = "#AA7744"
     rank = Rank("score", "expected attention x value norm", "lowest score goes first")
-    score_labels = {"expected": "expected attention (softmax share, mean over query heads)"}
+    score_labels = {"expected": "expected attention (softmax share, mean over query heads)",
+                    "value_norm": "value L2 norm"}
     reference = "kvviz.core.reference_vectors:RefExpectedAttention"
     uses_attention = False
     reads_queries = True

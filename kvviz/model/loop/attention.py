@@ -79,6 +79,11 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
         scores = _outside_window(torch, st, layer, scores, k, int(window))
     w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(w, value).view(B, Hq, q, D).transpose(1, 2).contiguous()
+    if st is not None and q == 1 and st.want_kq:  # the cache's keys and the step's queries, as they are
+        if st.rope_thetas:
+            check_rope(getattr(module, "config", None), st.rope_thetas)
+            st.rope_thetas = []
+        st.step_keys[layer], st.step_queries[layer] = key.detach(), query.detach()[:, :, 0]
     if st is not None and q == 1 and st.want_q:
         n = k if st.freed else k - 1  # freed: by slot; masked: by position, self dropped
         st.query_buffer(torch, Hq)[:B, layer, :, :n] = w.detach().view(B, Hq, k)[..., :n]
@@ -105,6 +110,22 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
             st.cur_t[:B, layer, :, :t] = w.mean(dim=2)
             st.knorm_t[:B, layer], st.vnorm_t[:B, layer] = norms, vnorms
     return out, None
+
+
+def check_rope(config, declared) -> None:
+    """A policy that undoes RoPE on the queries (its `rope_theta`) must assume the model's:
+    plain RoPE (rope_type "default") with the same base. ValueError naming the policy, the
+    parameter and the model's value otherwise; nothing when the config says nothing."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    for name, value in declared:
+        if kind not in ("default", None):
+            raise ValueError(f"{name} undoes plain RoPE on the queries, and the model's RoPE is "
+                             f"{kind!r} (scaled): its statistics would be wrong")
+        if theta is not None and float(theta) != float(value):
+            raise ValueError(f"{name}'s rope_theta={value:g} is not the model's ({float(theta):g}): "
+                             f"pass rope_theta={float(theta):g}")
 
 
 def _outside_window(torch, st: State | None, layer: int, scores, k: int, window: int):

@@ -98,13 +98,36 @@ def reads_query_rows(policies) -> bool:
     return any(group.reads_query_rows for group in policies)
 
 
+def reads_vectors(policies) -> list:
+    """The groups whose policy reads key or query vectors (`reads_keys`, `reads_queries`)."""
+    return [group for group in policies if getattr(group, "reads_keys", False)
+            or getattr(group, "reads_queries", False)]
+
+
 def mark_query_rows(state: State, policies) -> None:
-    """Before a lane's first forward: record each query head's weights if a policy reads them."""
+    """Before a lane's first forward: record each query head's weights if a policy reads them,
+    and the step's keys and queries if a policy reads those (each on the CPU only; key and
+    query vectors per KV head, so at layer granularity only for a model with one KV head)."""
     if state.want_q is None:
         state.want_q = reads_query_rows(policies)
         if state.want_q and not state.on_host:
             raise ValueError("per-query-head rows are supplied on the CPU only: run a policy that "
                              "reads them with --device cpu")
+    if state.want_kq is None:
+        vectors = reads_vectors(policies)
+        state.want_kq = bool(vectors)
+        # a policy that undoes RoPE declares the base it assumes: checked against the model's
+        # by the attention function at its first step (`check_rope`)
+        state.rope_thetas = sorted({(g.stream_policy(0).name, g.stream_policy(0).rope_theta)
+                                    for g in vectors if hasattr(g.stream_policy(0), "rope_theta")})
+        names = ", ".join(sorted({g.stream_policy(0).name for g in vectors}))
+        if vectors and not state.on_host:
+            raise ValueError(f"{names}: key and query vectors are supplied on the CPU only: run a "
+                             "policy that reads them with --device cpu")
+        if vectors and state.G == 1 and state.Hk > 1:
+            raise ValueError(f"{names}: reads key and query vectors, which belong to one KV head, "
+                             f"and the model has {state.Hk} KV heads: run it at kv-head granularity "
+                             "(--granularity kv-head)")
 
 
 class LaneInputs:
@@ -130,6 +153,12 @@ class LaneInputs:
 
     def query_rows(self, s: int, held) -> np.ndarray:
         return self.state.query_rows(self.i, s // self.G, s % self.G, held)
+
+    def keys(self, s: int, positions) -> np.ndarray:
+        return self.state.keys(self.i, s // self.G, s % self.G, positions)
+
+    def query(self, s: int) -> np.ndarray:
+        return self.state.queries(self.i, s // self.G, s % self.G)
 
 
 def _mark(state: State, evicted_at, c: int, i: int, layer: int, g: int, victims, t: int) -> None:

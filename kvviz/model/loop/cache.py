@@ -73,6 +73,11 @@ class State:
         # `qcur` (B, L, Hq, T) by position; freed: recorded by slot (`qcur_s`) and scattered
         self.want_q = None  # set by `mark_query_rows` before the first forward
         self.qcur = self.qcur_s = None
+        # the step's keys (B, Hk, cache length, D) and queries (B, Hq, D) per layer, after RoPE,
+        # for a policy that reads key or query vectors (CPU only; set by `mark_query_rows`)
+        self.want_kq = None
+        self.step_keys, self.step_queries = [None] * L, [None] * L
+        self.rope_thetas = []  # (policy, its rope_theta): checked against the model's once
         # masked: each row's cache index of its position 0 (a batch of prompts left-padded to
         # one length); `bias`, `cur` and `qcur` are by cache index, the policies by position
         self.pad = np.zeros(B, np.int64)
@@ -135,6 +140,26 @@ class State:
         Hq = self.qcur.shape[2]
         heads = slice(None) if self.G == 1 else slice(g * (Hq // self.Hk), (g + 1) * (Hq // self.Hk))
         return self.qcur[b, layer, heads][:, np.asarray(held) + self.pad[b]]
+
+    def keys(self, b: int, layer: int, g: int, positions) -> np.ndarray:
+        """Stream g's cached keys at `positions` this step, float32 (n, D), after RoPE: by cache
+        index (position + padding) when masked, by the slot each position holds when freed."""
+        keys = self.step_keys[layer][b, g]
+        positions = np.asarray(positions, np.int64)
+        if self.freed:
+            sp = self.slot_pos[b, layer, g]
+            order = np.argsort(sp, kind="stable")
+            idx = order[np.searchsorted(sp[order], positions)]
+        else:
+            idx = positions + self.pad[b]
+        return keys[idx].float().numpy()
+
+    def queries(self, b: int, layer: int, g: int) -> np.ndarray:
+        """Stream g's query heads' vectors this step, float32 (group, D), after RoPE."""
+        q = self.step_queries[layer][b]
+        Hq = q.shape[0]
+        heads = slice(None) if self.G == 1 else slice(g * (Hq // self.Hk), (g + 1) * (Hq // self.Hk))
+        return q[heads].float().numpy()
 
     # -- freed: the slots ---------------------------------------------------------------
     def heads(self, g: int) -> slice:

@@ -31,9 +31,17 @@ def perf_policies() -> list[str]:
 
 def perf_configs(budget: int) -> tuple[list[LoopConfig], list[str]]:
     """`--perf`'s configurations at `budget`: full, then every perf policy the budget admits;
-    and one line per policy it does not (a protected window as large as the budget)."""
+    and one line per policy it does not (a protected window as large as the budget), or
+    that reads key and query vectors (one KV head's: --perf runs whole layers)."""
+    from kvviz.core.policies import POLICIES
+
     configs, left_out = [LoopConfig("full")], []
     for spec in perf_policies():
+        cls = POLICIES.get(spec.split(":")[0])
+        if cls is not None and (cls.reads_keys or cls.reads_queries):
+            left_out.append(f"{spec}: reads key and query vectors, one KV head's, and --perf runs "
+                            "at layer granularity")
+            continue
         try:
             configs.append(LoopConfig(*parse_policy(spec), budget))
         except ValueError as exc:

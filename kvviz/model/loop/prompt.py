@@ -42,6 +42,7 @@ class PromptFeed:
                     p = group.stream_policy(layer * G + g)
                     if p is None:
                         continue
+                    harness.refuse_vectors_in_prefill(p)
                     t, s, st = harness.prefill_needs(p, T0)
                     tail, sums = max(tail, t), sums or s
                     if st:

@@ -98,7 +98,8 @@ def bench_spec() -> dict:
     return {"traces": [str(root / f"{n}.npz") for n in ("prose", "code", "table")],
             "layers": BENCH_LAYERS, "budgets": BENCH_BUDGETS,
             "policies": [{"name": n} for n, cls in POLICIES.items()  # the three texts carry
-                         if not (cls.reads_key_norms or cls.reads_value_norms)]}  # no norms
+                         if not (cls.reads_key_norms or cls.reads_value_norms  # no norms,
+                                 or cls.reads_keys or cls.reads_queries)]}  # no key or query vectors
 
 
 def _cpu() -> float:
