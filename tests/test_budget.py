@@ -72,7 +72,12 @@ def _reference_run(trace, name: str, num: int, den: int):
         w = trace.row(t)[ref.kept].astype(np.float64)
         if w.sum() > 0:
             w = w / w.sum()
-        ref.on_decode_step(t, w.astype(np.float32), trace.key_norm(t), trace.value_norm(t))
+        vectors = {}
+        if ref.reads_keys:  # the keys at the positions it holds and the admitted one, in slot order
+            vectors["keys"] = trace.keys[np.append(np.asarray(ref.kept, np.int64), t)].astype(np.float32)
+        if ref.reads_queries:
+            vectors["query"] = trace.queries[:, t].astype(np.float32)
+        ref.on_decode_step(t, w.astype(np.float32), trace.key_norm(t), trace.value_norm(t), **vectors)
         budget = max(floor, (t + 1) * num // den)
         evicted_at[ref.evict(budget)] = t
         held.append(len(ref.keep))

@@ -577,12 +577,9 @@ def check_ratio(cls, steps: int = STEPS) -> list[RuleResult]:
         twin, floor = copy.deepcopy(policy), policy.ratio.floor
         trace = canonical(max(steps, 8 * floor))
         for t in range(trace.steps):
-            norms = _kn(policy, t)
-            got = harness.step(policy, t, trace.row(t)[policy.held()], policy.ratio,
-                               norms.get("key_norm"), value_norm=norms.get("value_norm"))
+            got = _ratio_step(policy, t, trace, policy.ratio)
             fixed = max(floor, (t + 1) // 4)  # the rule, written out
-            want = harness.step(twin, t, trace.row(t)[twin.held()], fixed,
-                                norms.get("key_norm"), value_norm=norms.get("value_norm"))
+            want = _ratio_step(twin, t, trace, fixed)
             held = len(policy.held())
             if held != min(t + 1, fixed) or not np.array_equal(got, want):
                 return [RuleResult("ratio", name, False,
@@ -591,6 +588,14 @@ def check_ratio(cls, steps: int = STEPS) -> list[RuleResult]:
     except Exception as exc:
         return [RuleResult("ratio", name, False, f"step {t}: {type(exc).__name__}: {exc}")]
     return [RuleResult("ratio", name, True, f"floor {floor}, canonical trace, {t + 1} steps")]
+
+
+def _ratio_step(policy, t: int, trace, budget):
+    """One harness step of the ratio rule, with the synthetic inputs the policy reads (its key
+    vectors taken at its own kept positions)."""
+    given = _kn(policy, t)
+    return harness.step(policy, t, trace.row(t)[policy.held()], budget, given.get("key_norm"),
+                        value_norm=given.get("value_norm"), keys=given.get("keys"), query=given.get("query"))
 
 
 def us_per_step(cls, steps: int = 1024, budget: int = 256, params=None) -> float:
