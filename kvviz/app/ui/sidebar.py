@@ -12,7 +12,7 @@ from kvviz.app.ui.session import S, keep, note, pkey, restore, set_value, widget
 from kvviz.app.ui.upload import validate_upload
 from kvviz.core.budget import parse_budget
 from kvviz.core.policies import POLICIES, make_policy, param_specs
-from kvviz.core.replay import Replay
+from kvviz.core.replay import Replay, can_drive
 
 
 def _on_upload():
@@ -243,7 +243,9 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
         error, policy, vectors = None, None, False
         try:
             policy = make_policy(name, budget=budget, **params)
-            vectors = policy.reads_keys or policy.reads_queries
+            # a trace without the vectors it reads: the refusal offers the shipped one
+            vectors = (policy.reads_keys or policy.reads_queries) and trace is not None \
+                and not can_drive(trace, type(policy))
             if trace is not None and (policy.reads_key_norms or policy.reads_value_norms or vectors):
                 Replay(trace, policy)  # refuses a trace without the norms it reads; runs nothing
         except ValueError as exc:
@@ -285,6 +287,7 @@ def _open_vector_trace() -> None:
     for which in ("a", "b"):  # the model's RoPE base for either policy that undoes RoPE
         if "rope_theta" in {spec.name for spec in param_specs(S["kv"].get(which))}:
             S[pkey(which, "rope_theta")] = S["kv"][pkey(which, "rope_theta")] = VECTOR_ROPE_THETA
+
 
 SHARES = ("0.05", "0.1", "0.125", "0.2", "0.25", "0.3", "0.4", "0.5", "0.75", "1")
 RATIO_ON, RATIO_SHARE = "budget_share.on", "budget_share.value"  # widget keys; kept in RATIO_KEPT
