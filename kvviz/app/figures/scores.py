@@ -158,7 +158,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
     order, labelled with the position (and token), so the slots pooling looks at are
     drawn side by side however far apart their positions are; `half_width` slots each
     side of the slot nearest `center`. Scores are on a log axis by default: eviction
-    happens among the smallest scores, which a linear axis squashes to zero.
+    happens among the smallest scores, which a linear axis squashes to zero; a panel
+    whose shown scores go below zero (R-KV's) is drawn on a linear axis instead.
     `side_by_side`: the panels in one row (a projector's short window), else one a row.
     The dotted red line marks `center` (the Scores view's zoom position), said in the legend;
     `centre_line=False` draws none (a figure of every held slot has no centre to mark). With
@@ -188,6 +189,8 @@ def neighbourhood_figure(panels, step: int, center: int, half_width: int = 7,
         colour = p.get("colour", "#555555")
         main = _key(p["policy"])
         row_log = log and not _is_count(main) and ("pooled" in sc or (main and main in sc))
+        if row_log and "pooled" not in sc and np.any(np.asarray(sc[main], float)[sel] < 0):
+            row_log = False  # a score that goes negative (R-KV's importance minus redundancy)
         fix = _positive if row_log else (lambda v: np.asarray(v, float))
         if "pooled" in sc and "sums" in sc:
             sums = np.asarray(sc["sums"], float)[sel]

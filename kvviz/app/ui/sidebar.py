@@ -12,7 +12,7 @@ from kvviz.app.ui.session import S, keep, note, pkey, restore, set_value, widget
 from kvviz.app.ui.upload import validate_upload
 from kvviz.core.budget import parse_budget
 from kvviz.core.policies import POLICIES, make_policy, param_specs
-from kvviz.core.replay import Replay
+from kvviz.core.replay import Replay, can_drive
 
 
 def _on_upload():
@@ -240,18 +240,53 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
         params = {spec.name: param_control(which, spec, side) for spec in param_specs(name)}
         if not param_specs(name):
             side.caption(f"{name} has no parameters.")
-        error, policy = None, None
+        error, policy, vectors = None, None, False
         try:
             policy = make_policy(name, budget=budget, **params)
-            if trace is not None and (policy.reads_key_norms or policy.reads_value_norms
-                                      or policy.reads_keys or policy.reads_queries):
+            # a trace without the vectors it reads: the refusal offers the shipped one
+            vectors = (policy.reads_keys or policy.reads_queries) and trace is not None \
+                and not can_drive(trace, type(policy))
+            if trace is not None and (policy.reads_key_norms or policy.reads_value_norms or vectors):
                 Replay(trace, policy)  # refuses a trace without the norms it reads; runs nothing
         except ValueError as exc:
             error, policy = labelled(name, str(exc)), None
             side.error(f"Refused: {error}")
+            if vectors:
+                offer_vector_trace(which, side)
         out[which] = (name, params, error)
         built[which] = policy
     return budget, out, built
+
+
+# The shipped trace that drives the policies reading key and query vectors: per KV head, with
+# every head's vectors (traces/README.md). Its model, SmolLM2-135M, has RoPE base 100000
+# (its config's rope_parameters), which Expected Attention's rope_theta must be to undo RoPE.
+VECTOR_TRACE, VECTOR_HEAD, VECTOR_ROPE_THETA = "code-kv-vec.npz", "kv0", 100000.0
+
+
+def offer_vector_trace(which: str, side) -> None:
+    """Under the refusal of a policy that reads key and query vectors: a button that opens
+    the shipped vector trace at one KV head (where the shipped file is here)."""
+    if VECTOR_TRACE not in compute.list_trace_files():
+        side.caption("Capture a trace per KV head with its vectors (`kvviz capture --heads kv "
+                     "--vectors`) and pick a KV head to run it.")
+        return
+    side.button(f"open {VECTOR_TRACE} at head {VECTOR_HEAD}", key=f"vectors.open.{which}",
+                on_click=_open_vector_trace,
+                help="SmolLM2-135M's keys and queries per KV head: the policies that read them "
+                     "replay one KV head's keys and its group's queries")
+
+
+def _open_vector_trace() -> None:
+    key = f"file:{VECTOR_TRACE}"
+    layers = compute.trace_layers(key, compute.trace_version(key))
+    if S["kv"].get("layer") not in layers:
+        set_value("layer", layers[-1])
+    set_value("trace", key)
+    set_value("head", VECTOR_HEAD)
+    for which in ("a", "b"):  # the model's RoPE base for either policy that undoes RoPE
+        if "rope_theta" in {spec.name for spec in param_specs(S["kv"].get(which))}:
+            S[pkey(which, "rope_theta")] = S["kv"][pkey(which, "rope_theta")] = VECTOR_ROPE_THETA
 
 
 SHARES = ("0.05", "0.1", "0.125", "0.2", "0.25", "0.3", "0.4", "0.5", "0.75", "1")
