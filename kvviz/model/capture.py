@@ -226,8 +226,15 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         raise ValueError("text is empty: give a text file with something to tokenise")
     if heads not in HEAD_MODES:
         raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
-    from kvviz.model.loop.attention import model_rope
-    from kvviz.model.models import attention_shape, load_model, model_provenance, text_config, token_strings, tokenize
+    from kvviz.model.models import (
+        attention_shape,
+        load_model,
+        model_provenance,
+        model_rope,
+        text_config,
+        token_strings,
+        tokenize,
+    )
 
     tok, mdl = load_model(model, "capture", device, dtype)
     shape = attention_shape(mdl)

@@ -112,14 +112,6 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     return out, None
 
 
-def model_rope(config) -> tuple:
-    """(RoPE base or None, rope type) of a model's config: `rope_parameters` (or the older
-    `rope_scaling`) and its rope_theta, else the config's own rope_theta."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
-    return (None if theta is None else float(theta)), rope.get("rope_type", rope.get("type", "default"))
-
-
 def rope_policies(groups) -> list:
     """Every stream's policy in `groups` that undoes RoPE on the queries (it reads them and
     declares rope_theta): what `check_rope` hands the model's base to."""
@@ -135,6 +127,7 @@ def check_rope(config, policies) -> None:
     model's RoPE must be plain (rope_type "default"), and a rope_theta given must be the
     model's: ValueError naming the policy, the parameter and the model's value otherwise."""
     from kvviz.core.policies.vectors import use_rope_theta
+    from kvviz.model.models import model_rope
 
     theta, kind = model_rope(config)
     for policy in policies:
