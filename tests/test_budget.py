@@ -12,6 +12,7 @@ from kvviz.core.check import check_policy, truncated
 from kvviz.core.policies import POLICIES, make_policy
 from kvviz.core.policies.base import BudgetError
 from kvviz.core.policies.tova import Tova
+from kvviz.core.policies.vectors import use_rope_theta
 from kvviz.core.reference import make_reference
 from kvviz.core.replay import NEVER, Replay, run_policy
 from kvviz.core.trace import canonical
@@ -67,6 +68,7 @@ def _reference_run(trace, name: str, num: int, den: int):
     fed row t renormalised over what it holds, then evicts to max(floor, (t + 1) * num // den)."""
     floor = _smallest_accepted(name)
     ref = make_reference(name, budget=floor)
+    use_rope_theta(ref, trace.meta.get("rope_theta"), "the trace")  # as a replay does
     evicted_at, held = np.full(trace.steps, NEVER), []
     for t in range(trace.steps):
         w = trace.row(t)[ref.kept].astype(np.float64)

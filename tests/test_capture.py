@@ -47,6 +47,7 @@ def test_capture_file_format(captured):
         assert t.steps == 64 and t.layers == [0, 14, 29]
         assert t.meta["aggregation"] == "head-mean" and t.meta["licence"] == "test"
         assert "SmolLM2" in t.meta["model"] and t.meta["layers"] == [0, 14, 29]
+        assert t.meta["rope_theta"] == 100000.0  # SmolLM2-135M's config: rope_parameters.rope_theta
         assert t.row(5).dtype == np.float32
 
 

@@ -72,7 +72,8 @@ def test_rkv_scores_worked_by_hand():
 
 
 # -- Expected Attention, by hand -------------------------------------------------------------
-# head_dim 2 (one RoPE frequency, 1 radian per position), one query head, no covariance,
+# head_dim 2 (one RoPE frequency, 1 radian per position whatever the base: rope_theta is
+# given only because nothing here records one), one query head, no covariance,
 # n_future_positions 1: the mean rotation is RoPE at the next position, 3. Each query is
 # (1, 0) before RoPE, given after it: (cos t, sin t). So mu = (cos 3, sin 3) =
 # (-0.98999, 0.14112). Keys (after RoPE, as the cache holds them): (1, 0), (-1, 0), (0, 1):
@@ -92,7 +93,7 @@ EA_CASES = [({"use_vnorm": True, "n_sink": 0}, [[], [], [1]]),
 @pytest.mark.parametrize("build", [make_policy, RefExpectedAttention], ids=["fast", "reference"])
 def test_expected_attention_victims_worked_by_hand(build, case):
     extra, victims = EA_CASES[case]
-    params = dict(n_future_positions=1, use_covariance=False, epsilon=0.0, **extra)
+    params = dict(n_future_positions=1, use_covariance=False, epsilon=0.0, rope_theta=10000.0, **extra)
     policy = (build("expected-attention", budget=2, **params) if build is make_policy
               else build(2, None, **params))
     assert _drive(policy, EA_KEYS, [[q] for q in EA_QUERIES], 2, EA_VNORMS) == victims
@@ -100,7 +101,7 @@ def test_expected_attention_victims_worked_by_hand(build, case):
 
 def test_expected_attention_scores_worked_by_hand():
     policy = make_policy("expected-attention", budget=2, n_future_positions=1, use_covariance=False,
-                         n_sink=0)
+                         n_sink=0, rope_theta=10000.0)
     _drive(policy, EA_KEYS[:2], [[q] for q in EA_QUERIES[:2]], 2, EA_VNORMS)
     policy.on_decode_step(2, None, keys=np.array(EA_KEYS, np.float32),
                           query=np.array([EA_QUERIES[2]], np.float32), value_norm=1.0)
@@ -215,7 +216,9 @@ def _layer0_vectors(mdl, ids):
 
 def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, torch_stack):
     """Both policies in one run per eviction mode; layer 0's victims are the reference's fed
-    the model's own layer-0 keys, queries and value norms. Then what the loop refuses."""
+    the model's own layer-0 keys, queries and value norms (Expected Attention's rope_theta
+    left at its default, the run's: the loop hands it the model's, which the reference is
+    given). Then what the loop refuses."""
     import torch
 
     from kvviz.model.loop import LoopConfig, generate, run_loop
@@ -224,8 +227,8 @@ def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, 
     theta = (getattr(mdl.config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
     budget = 6
     setups = [("rkv", {"window": 2, "kernel_size": 3}, RefRKV),
-              ("expected-attention", {"n_sink": 2, "n_future_positions": 8, "rope_theta": theta},
-               RefExpectedAttention)]
+              ("expected-attention", {"n_sink": 2, "n_future_positions": 8}, RefExpectedAttention)]
+    ref_params = {"rkv": {}, "expected-attention": {"rope_theta": float(theta)}}
     configs = [LoopConfig("full")] + [LoopConfig(name, params, budget) for name, params, _ in setups]
     for eviction in ("masked", "freed"):
         res = run_loop(TEXT, configs, max_tokens=16, model=tiny_llama, granularity="kv-head",
@@ -240,7 +243,7 @@ def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, 
         Hk, Hq = keys.shape[0], queries.shape[0]
         for c, (name, params, ref_cls) in enumerate(setups, start=1):
             for h in range(Hk):
-                ref, want = ref_cls(budget, None, **params), np.full(T, -1)
+                ref, want = ref_cls(budget, None, **params, **ref_params[name]), np.full(T, -1)
                 group = slice(h * (Hq // Hk), (h + 1) * (Hq // Hk))
                 for t in range(T):
                     ref.on_decode_step(t, None, keys=keys[h][np.append(ref.kept, t)],
@@ -275,11 +278,11 @@ def test_in_the_loop_layer_0_is_the_reference_on_the_models_vectors(tiny_llama, 
     assert out[0, T0:].tolist() == gen.generated(c).tolist()
     np.testing.assert_array_equal(log.evicted_at, gen.evicted_at[c, :, :, : T0 + n - 1])
     # what the loop cannot supply is refused by name
-    with pytest.raises(ValueError, match=f"expected-attention's rope_theta=3 is not the model's "
-                                         rf"\({theta:g}\): pass rope_theta={theta:g}"):
+    with pytest.raises(ValueError, match=f"expected-attention's rope_theta=3 is not the RoPE base the "
+                                         rf"model's config records \({theta:g}\): pass rope_theta={theta:g}"):
         run_loop(TEXT, [LoopConfig("full"), LoopConfig("expected-attention", {"rope_theta": 3.0}, 6)],
                  max_tokens=8, model=tiny_llama, granularity="kv-head")
-    with pytest.raises(ValueError, match=r"expected-attention's rope_theta=3 is not the model's"):
+    with pytest.raises(ValueError, match=r"expected-attention's rope_theta=3 is not the RoPE base the model's"):
         generate(prompt, [LoopConfig("expected-attention", {"rope_theta": 3.0}, 6)], 2, granularity="kv-head",
                  prompt_mode="prefill", model=tiny_llama)
     assert mdl.config.num_key_value_heads > 1

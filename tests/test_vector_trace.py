@@ -9,6 +9,7 @@ from pathlib import Path
 
 import apphelp
 import numpy as np
+import pytest
 from apphelp import arr, ok
 
 from kvviz.core.policies import make_policy
@@ -39,6 +40,36 @@ def test_the_shipped_vector_trace_holds_every_kv_heads_vectors():
     assert np.array_equal(keys, t.keys[1, 1]) and np.array_equal(queries, t.queries[1, 3:6])
 
 
+def test_expected_attention_takes_the_traces_rope_base():
+    """Both shipped vector traces record SmolLM2-135M's RoPE base (meta rope_theta). Expected
+    Attention's rope_theta left at its default takes it: the replay is the one given
+    rope_theta=100000, bit for bit, and not the one a trace recording another base gives. A
+    rope_theta that is not the trace's, or none on a trace recording none, is refused by name."""
+    for path in (VEC, TRACES / "code-vec.npz"):
+        assert load_trace(path).meta["rope_theta"] == SMOLLM2_ROPE_THETA
+    t = load_trace(VEC, layer=29, head="kv0")
+    runs = {}
+    for label, params in (("default", {}), ("given", {"rope_theta": SMOLLM2_ROPE_THETA})):
+        replay = Replay(t, make_policy("expected-attention", budget=64, **params))
+        runs[label] = (replay.peek(200)[1]["score"], replay.run())
+    (s_default, default), (s_given, given) = runs["default"], runs["given"]
+    assert np.array_equal(s_default, s_given, equal_nan=True)
+    assert np.array_equal(default.evicted_at, given.evicted_at) and np.array_equal(default.held, given.held)
+    other = load_trace(VEC, layer=29, head="kv0")
+    other.meta["rope_theta"] = 10000.0
+    assert not np.array_equal(Replay(other, make_policy("expected-attention", budget=64)).run().evicted_at,
+                              default.evicted_at)
+    with pytest.raises(ValueError, match=r"expected-attention's rope_theta=10000 is not the RoPE base "
+                                         r"trace 'code-kv-vec' records \(100000\): pass rope_theta=100000"):
+        Replay(t, make_policy("expected-attention", budget=64, rope_theta=10000.0))
+    del other.meta["rope_theta"]
+    with pytest.raises(ValueError, match="expected-attention's rope_theta is by default the run's RoPE "
+                                         "base, and trace 'code-kv-vec' records none: pass rope_theta="):
+        Replay(other, make_policy("expected-attention", budget=64))
+    assert Replay(other, make_policy("expected-attention", budget=64, rope_theta=SMOLLM2_ROPE_THETA)).run() \
+        .evicted_at.tolist() == default.evicted_at.tolist()  # a base given serves a trace recording none
+
+
 def _status(at) -> str:
     return next(m.value for m in at.markdown if "holds **" in m.value)
 
@@ -53,8 +84,9 @@ def _bars(at) -> dict:
 
 def test_the_refusal_opens_the_vector_trace_and_the_views_show_both(apptest):
     """On the canonical trace R-KV and Expected Attention are refused; the refusal's button
-    opens code-kv-vec.npz at head kv0 with Expected Attention at the model's RoPE base, and
-    the page's held counts, victims and score bars are the library's replays."""
+    opens code-kv-vec.npz at head kv0, Expected Attention's rope_theta left at the run's (the
+    trace's recorded base), and the page's held counts, victims and score bars are the
+    library's replays."""
     at = apphelp.app(timeout=240, a="rkv", b="expected-attention", budget=64, step=200, view="scores")
     ok(at)
     assert any("rkv reads key and query vectors, and trace 'canonical' has none" in e.value
@@ -63,13 +95,12 @@ def test_the_refusal_opens_the_vector_trace_and_the_views_show_both(apptest):
     ok(at)
     assert not at.error
     assert at.query_params["trace"] == "file:code-kv-vec.npz" and at.query_params["head"] == "kv0"
-    assert float(at.query_params["b.rope_theta"]) == SMOLLM2_ROPE_THETA
+    assert float(at.query_params.get("b.rope_theta", 0.0)) == 0.0  # the run's: the trace's base
     layer = int(at.query_params["layer"])
     trace = load_trace(VEC, layer=layer, head="kv0")
     status = _status(at)
     bars = _bars(at)
-    for side, name, params in (("A", "rkv", {}), ("B", "expected-attention",
-                                                 {"rope_theta": SMOLLM2_ROPE_THETA})):
+    for side, name, params in (("A", "rkv", {}), ("B", "expected-attention", {})):
         replay = Replay(trace, make_policy(name, budget=64, **params))
         kept, scores = replay.peek(200)
         held = len(replay.run().held_at(200))  # after step 200's eviction

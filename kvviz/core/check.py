@@ -45,6 +45,7 @@ from kvviz.core.cli import one_line_error
 from kvviz.core.plugins import load_file
 from kvviz.core.policies import ALLOCATORS, POLICIES, Policy
 from kvviz.core.policies.alloc import Allocator
+from kvviz.core.policies.vectors import rope_theta_of, undoes_rope, use_rope_theta
 from kvviz.core.replay import Replay, stream_vectors
 from kvviz.core.trace import ArrayTrace, canonical, load_trace, packed_offset
 
@@ -118,7 +119,16 @@ def _import(where: str):
 def _make(cls, budget: int, rng_seed: int = 0, **params):
     if issubclass(cls, Policy) and cls.reads_query_rows:  # an allocator reads its scorer's
         cls = _fed_query_rows(cls)
-    return cls(budget=budget, rng=np.random.default_rng(rng_seed), **params)
+    return _synthetic_rope(cls(budget=budget, rng=np.random.default_rng(rng_seed), **params))
+
+
+def _synthetic_rope(policy):
+    """`policy`, given SYNTHETIC_ROPE_THETA as the run's RoPE base if it undoes RoPE with its
+    rope_theta left at the run's: the synthetic vectors (`_kn`) were never rotated, so any
+    base will do, and a replay of a trace that records its own still takes that one."""
+    if undoes_rope(policy) and rope_theta_of(policy) is None:
+        use_rope_theta(policy, SYNTHETIC_ROPE_THETA, "kvviz check's synthetic vectors")
+    return policy
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,6 +216,7 @@ def _vnorm(pos: int) -> float:
 
 
 HEAD_DIM, GROUP = 4, 2  # the synthetic key and query vectors' shape
+SYNTHETIC_ROPE_THETA = 10000.0  # the RoPE base undone on them (never rotated: any base will do)
 
 
 def _key(pos) -> np.ndarray:
@@ -237,8 +248,9 @@ def _kn(policy, pos: int) -> dict:
 
 def truncated(trace, steps: int | None):
     """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key and value
-    norms, key vectors (`keys`) and query vectors (`queries`) are the trace's own, or
-    synthetic ones (`_kn`) where it has none, so a policy that reads them replays every
+    norms, key vectors (`keys`) and query vectors (`queries`) are the trace's own (with its
+    recorded RoPE base, meta "rope_theta"), or synthetic ones (`_kn`; SYNTHETIC_ROPE_THETA)
+    where it has none, so a policy that reads them replays every
     trace; that a real replay refuses such a trace is its own rule."""
     steps = trace.steps if steps is None else min(int(steps), trace.steps)
     norms = (trace.key_norms[:steps] if trace.key_norms is not None else
@@ -261,6 +273,9 @@ def truncated(trace, steps: int | None):
         keys = queries = None
     if keys is None or queries is None:
         keys, queries = _key(np.arange(trace.steps)), np.stack([_query(t) for t in range(trace.steps)], axis=1)
+        out.meta["rope_theta"] = SYNTHETIC_ROPE_THETA  # the RoPE base a policy undoes on them
+    elif "rope_theta" in (getattr(trace, "meta", None) or {}):  # its own vectors: its own RoPE base
+        out.meta["rope_theta"] = trace.meta["rope_theta"]
     out.keys, out.queries = keys[:steps], queries[..., :steps, :]
     return out
 
@@ -728,7 +743,7 @@ def compare(cls, reference, scenario, failure: list | None = None) -> None:
     budget, params, steps, seed = scenario
     fast = _make(cls, budget, seed, **params)
     try:
-        ref = reference(budget, np.random.default_rng(seed), **params)
+        ref = _synthetic_rope(reference(budget, np.random.default_rng(seed), **params))
     except Exception as exc:
         failure.append(f"budget {budget}, params {params}: the policy accepts them, the reference "
                        f"raised {type(exc).__name__}: {exc}")

@@ -162,7 +162,10 @@ class RefExpectedAttention(RefVectors):
         half = d // 2
         if d % 2:
             raise ValueError("query's head_dim must be even")
-        freq = [p["rope_theta"] ** (-2 * i / d) for i in range(half)]
+        theta = p["rope_theta"] or getattr(self, "run_rope_theta", None)  # 0: the run's
+        if theta is None:
+            raise ValueError("rope_theta is the run's RoPE base, and none was given")
+        freq = [theta ** (-2 * i / d) for i in range(half)]
         now = self.queries[-1][0]  # the current step's position
 
         def unrotate(pos, q):  # RoPE at `pos` undone: dimension i pairs with i + d/2

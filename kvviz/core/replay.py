@@ -16,6 +16,7 @@ import numpy as np
 from kvviz.core.budget import as_given, resolve
 from kvviz.core.groups import OnePolicy
 from kvviz.core.policies import Place, make_policy
+from kvviz.core.policies.vectors import use_rope_theta
 from kvviz.core.trace import Trace
 
 NEVER = -1
@@ -200,6 +201,9 @@ class Replay:
         lacks = missing_vectors(trace, policy)
         if lacks:
             raise refuse_vectors(policy.name, trace.name, lacks)
+        # a policy that undoes RoPE on the queries: the trace's recorded base (kvviz capture's)
+        use_rope_theta(policy, (getattr(trace, "meta", None) or {}).get("rope_theta"),
+                       f"trace {getattr(trace, 'name', '') or 'trace'!r}")
         self.trace = trace
         self.budget = getattr(policy, "ratio", None) or policy.budget  # as given
         self.t = 0

@@ -226,7 +226,15 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         raise ValueError("text is empty: give a text file with something to tokenise")
     if heads not in HEAD_MODES:
         raise ValueError(f"heads must be one of {', '.join(HEAD_MODES)}, got {heads!r}")
-    from kvviz.model.models import attention_shape, load_model, model_provenance, token_strings, tokenize
+    from kvviz.model.models import (
+        attention_shape,
+        load_model,
+        model_provenance,
+        model_rope,
+        text_config,
+        token_strings,
+        tokenize,
+    )
 
     tok, mdl = load_model(model, "capture", device, dtype)
     shape = attention_shape(mdl)
@@ -282,6 +290,9 @@ def capture(text: str, max_tokens: int = 1024, layers=None, heads: str = "mean",
         "n_tokens": T,
         "text": "".join(tokens),
     }
+    theta, kind = model_rope(text_config(mdl))
+    if theta is not None and kind in ("default", None):  # plain RoPE's base: what a replay undoes
+        info["rope_theta"] = theta
     info.update({k: v for k, v in meta.items() if v is not None})
     return {"attn": attn, "key_norms": key_norms, "value_norms": value_norms,
             "keys": keys, "queries": queries,

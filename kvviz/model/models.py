@@ -183,6 +183,14 @@ def text_config(model_or_config):
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
+def model_rope(config) -> tuple:
+    """(RoPE base or None, rope type) of a model's config: `rope_parameters` (or the older
+    `rope_scaling`) and its rope_theta, else the config's own rope_theta."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    return (None if theta is None else float(theta)), rope.get("rope_type", rope.get("type", "default"))
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """A decoder's attention as its KV cache holds it: `layers`, query `heads`, `kv_heads`

@@ -259,9 +259,9 @@ def policy_controls(steps: int, trace=None, draw: bool = True):
 
 
 # The shipped trace that drives the policies reading key and query vectors: per KV head, with
-# every head's vectors (traces/README.md). Its model, SmolLM2-135M, has RoPE base 100000
-# (its config's rope_parameters), which Expected Attention's rope_theta must be to undo RoPE.
-VECTOR_TRACE, VECTOR_HEAD, VECTOR_ROPE_THETA = "code-kv-vec.npz", "kv0", 100000.0
+# every head's vectors and its model's RoPE base (traces/README.md), which Expected
+# Attention's rope_theta takes by default.
+VECTOR_TRACE, VECTOR_HEAD = "code-kv-vec.npz", "kv0"
 
 
 def offer_vector_trace(which: str, side) -> None:
@@ -284,9 +284,6 @@ def _open_vector_trace() -> None:
         set_value("layer", layers[-1])
     set_value("trace", key)
     set_value("head", VECTOR_HEAD)
-    for which in ("a", "b"):  # the model's RoPE base for either policy that undoes RoPE
-        if "rope_theta" in {spec.name for spec in param_specs(S["kv"].get(which))}:
-            S[pkey(which, "rope_theta")] = S["kv"][pkey(which, "rope_theta")] = VECTOR_ROPE_THETA
 
 
 SHARES = ("0.05", "0.1", "0.125", "0.2", "0.25", "0.3", "0.4", "0.5", "0.75", "1")

@@ -20,7 +20,8 @@ step. Where it differs from kvpress's DecodingPress(ExpectedAttentionPress), sta
   have no queries left: kvviz keeps a rolling window instead.)
 - kvpress's statistics come from the buffered hidden states times W_q (its
   hidden_states_buffer_size, 256); kvviz reads the model's queries after RoPE and undoes
-  RoPE at each query's own position (rotate-half layout, `rope_theta`), keeping the last
+  RoPE at each query's own position (rotate-half layout, `rope_theta`: by default the
+  run's, the model's config in the model loop, the trace's recorded base in a replay), keeping the last
   `query_window` of them: the same pre-RoPE queries for a model with plain RoPE (no
   rope scaling, no QK norm; kvpress refuses QK-norm models too).
 - kvpress drops the prompt's first n_sink hidden states from the statistics; kvviz drops
@@ -39,9 +40,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.core.policies.base import Rank, param
-from kvviz.core.policies.vectors import ReadsKeys, inverse_frequencies, mean_rotation, rotate
+from kvviz.core.policies.vectors import (
+    RUN_ROPE_THETA,
+    ReadsKeys,
+    inverse_frequencies,
+    mean_rotation,
+    rope_theta_of,
+    rotate,
+)
 
 _PRESS = "kvpress ExpectedAttentionPress"
+
+
+def run_or_base(value: float) -> float:
+    """0 (the run's RoPE base) or a base >= 1"""
+    if value != RUN_ROPE_THETA and value < 1:
+        raise ValueError("a RoPE base below 1 turns the rotation backwards")
+    return value
 
 
 def query_statistics(queries: np.ndarray, head_dim: int, theta: float, pos: int, n_future: int,
@@ -90,10 +105,12 @@ class ExpectedAttention(ReadsKeys):
         help="how many recent queries the mean and covariance are taken over",
         source="kvpress DecodingPress(hidden_states_buffer_size=256)")
     rope_theta: float = param(
-        10000.0, label="rope_theta", min=1.0, ui_max=1e7,
-        help="the model's RoPE base, to undo RoPE on the queries and average it over future positions",
-        source="the model's config (rope_theta); 10000 is RoFormer's (Su et al. 2021) and "
-               "Llama 2's; the model loop sets the model's own")
+        RUN_ROPE_THETA, label="rope_theta", min=0.0, ui_max=1e7, validate=run_or_base,
+        help="the model's RoPE base, to undo RoPE on the queries and average it over future "
+             "positions; 0: the run's",
+        source="0 (the default) takes the run's: the model's config (rope_theta, or "
+               "rope_parameters' rope_theta) in the model loop, the trace's meta rope_theta "
+               "(recorded by kvviz capture) in a replay; a value given is checked against it")
 
     name = "expected-attention"
     label = "Expected Attention"
@@ -127,11 +144,21 @@ class ExpectedAttention(ReadsKeys):
             if d % 2:
                 raise ValueError(f"query's head_dim must be even (RoPE pairs dimensions), got {d}")
             if pos >= self.n_sink:
-                plain = rotate(query.astype(np.float64), -pos * inverse_frequencies(d, self.rope_theta))
+                plain = rotate(query.astype(np.float64), -pos * inverse_frequencies(d, self._theta()))
                 self.queries = (self.queries + [plain])[-self.query_window:]
         super().advance(pos, attn, keys=keys)
         if value_norm is not None:
             self.col("value_norm")[-1] = value_norm
+
+    def _theta(self) -> float:
+        """The RoPE base undone: the declared one, else the run's (set by the harness feeding
+        the queries, kvviz.core.policies.vectors.use_rope_theta)."""
+        theta = rope_theta_of(self)
+        if theta is None:
+            raise ValueError(f"{self.name}'s rope_theta is by default the run's RoPE base, and "
+                             "this run gave none: pass rope_theta=<the model's RoPE base>, or "
+                             "replay a trace that records it or run the model loop")
+        return theta
 
     def candidates(self):
         cand = np.ones(self._n, bool)
@@ -147,7 +174,7 @@ class ExpectedAttention(ReadsKeys):
         d = keys.shape[1]
         g = self.queries[0].shape[0] if self.queries else 1
         qs = np.stack(self.queries) if self.queries else np.zeros((0, g, d))
-        mu, cov = query_statistics(qs, d, self.rope_theta, self.pos, self.n_future_positions,
+        mu, cov = query_statistics(qs, d, self._theta(), self.pos, self.n_future_positions,
                                    self.use_covariance)
         logits = mu @ keys.T / math.sqrt(d)  # (g, m)
         if self.use_covariance:

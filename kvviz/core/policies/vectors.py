@@ -62,3 +62,41 @@ def mean_rotation(head_dim: int, theta: float, first: int, count: int) -> np.nda
     angles = np.arange(first, first + count, dtype=np.float64)[:, None] * w[None, :]
     c, s = np.cos(angles).mean(axis=0), np.sin(angles).mean(axis=0)
     return np.block([[np.diag(c), -np.diag(s)], [np.diag(s), np.diag(c)]])
+
+
+# A declared rope_theta left at this is the run's RoPE base: the model's config in the model
+# loop, the trace's meta ("rope_theta", recorded by kvviz capture) in a replay.
+RUN_ROPE_THETA = 0.0
+
+
+def undoes_rope(policy) -> bool:
+    """Whether `policy` undoes RoPE on the queries: it reads queries and declares rope_theta."""
+    return bool(getattr(policy, "reads_queries", False)) and "rope_theta" in getattr(policy, "params", {})
+
+
+def rope_theta_of(policy) -> float | None:
+    """The RoPE base `policy` undoes: its declared rope_theta, else the run's (`use_rope_theta`);
+    None while neither is known."""
+    declared = float(policy.params["rope_theta"])
+    return declared if declared != RUN_ROPE_THETA else getattr(policy, "run_rope_theta", None)
+
+
+def use_rope_theta(policy, theta, where: str) -> None:
+    """Hand a policy that undoes RoPE (`undoes_rope`) the run's RoPE base `theta` before its
+    first step; `where` names what records it ("the model's config", "trace 'code-kv-vec'"), and `theta`
+    None says it records none. Nothing for any other policy. ValueError naming rope_theta
+    when the declared base is not the run's, or when neither is known."""
+    if not undoes_rope(policy):
+        return
+    if theta is None:
+        if rope_theta_of(policy) is None:
+            raise ValueError(f"{policy.name}'s rope_theta is by default the run's RoPE base, and "
+                             f"{where} records none: pass rope_theta=<the model's RoPE base> "
+                             "(SmolLM2-135M's is 100000), or capture the trace again (kvviz "
+                             "capture records it)")
+        return
+    theta, declared = float(theta), float(policy.params["rope_theta"])
+    if declared not in (RUN_ROPE_THETA, theta):
+        raise ValueError(f"{policy.name}'s rope_theta={declared:g} is not the RoPE base {where} "
+                         f"records ({theta:g}): pass rope_theta={theta:g}, or leave it out (the run's)")
+    policy.run_rope_theta = theta

@@ -112,20 +112,29 @@ def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *
     return out, None
 
 
-def check_rope(config, declared) -> None:
-    """A policy that undoes RoPE on the queries (its `rope_theta`) must assume the model's:
-    plain RoPE (rope_type "default") with the same base. ValueError naming the policy, the
-    parameter and the model's value otherwise; nothing when the config says nothing."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    for name, value in declared:
+def rope_policies(groups) -> list:
+    """Every stream's policy in `groups` that undoes RoPE on the queries (it reads them and
+    declares rope_theta): what `check_rope` hands the model's base to."""
+    from kvviz.core.policies.vectors import undoes_rope
+
+    return [p for group in groups for s in range(group.size)
+            if (p := group.stream_policy(s)) is not None and undoes_rope(p)]
+
+
+def check_rope(config, policies) -> None:
+    """Each policy that undoes RoPE on the queries (`rope_policies`) gets the model's base as
+    the run's (its rope_theta left at the default takes it), before its first step. The
+    model's RoPE must be plain (rope_type "default"), and a rope_theta given must be the
+    model's: ValueError naming the policy, the parameter and the model's value otherwise."""
+    from kvviz.core.policies.vectors import use_rope_theta
+    from kvviz.model.models import model_rope
+
+    theta, kind = model_rope(config)
+    for policy in policies:
         if kind not in ("default", None):
-            raise ValueError(f"{name} undoes plain RoPE on the queries, and the model's RoPE is "
+            raise ValueError(f"{policy.name} undoes plain RoPE on the queries, and the model's RoPE is "
                              f"{kind!r} (scaled): its statistics would be wrong")
-        if theta is not None and float(theta) != float(value):
-            raise ValueError(f"{name}'s rope_theta={value:g} is not the model's ({float(theta):g}): "
-                             f"pass rope_theta={float(theta):g}")
+        use_rope_theta(policy, theta, "the model's config")
 
 
 def _outside_window(torch, st: State | None, layer: int, scores, k: int, window: int):

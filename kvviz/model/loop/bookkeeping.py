@@ -11,6 +11,7 @@ from kvviz.core.policies import Place
 from kvviz.core.policies.base import BudgetError
 from kvviz.core.replay import NEVER
 from kvviz.core.streams import Streams
+from kvviz.model.loop.attention import rope_policies
 from kvviz.model.loop.cache import Lane, State
 
 
@@ -116,10 +117,9 @@ def mark_query_rows(state: State, policies) -> None:
     if state.want_kq is None:
         vectors = reads_vectors(policies)
         state.want_kq = bool(vectors)
-        # a policy that undoes RoPE declares the base it assumes: checked against the model's
-        # by the attention function at its first step (`check_rope`)
-        state.rope_thetas = sorted({(g.stream_policy(0).name, g.stream_policy(0).rope_theta)
-                                    for g in vectors if hasattr(g.stream_policy(0), "rope_theta")})
+        # the policies that undo RoPE: handed the model's base (or their own checked against
+        # it) by the attention function at its first step (`check_rope`)
+        state.rope_thetas = rope_policies(vectors)
         names = ", ".join(sorted({g.stream_policy(0).name for g in vectors}))
         if vectors and not state.on_host:
             raise ValueError(f"{names}: key and query vectors are supplied on the CPU only: run a "

@@ -77,7 +77,7 @@ class State:
         # for a policy that reads key or query vectors (CPU only; set by `mark_query_rows`)
         self.want_kq = None
         self.step_keys, self.step_queries = [None] * L, [None] * L
-        self.rope_thetas = []  # (policy, its rope_theta): checked against the model's once
+        self.rope_thetas = []  # the policies that undo RoPE: handed the model's base once
         # masked: each row's cache index of its position 0 (a batch of prompts left-padded to
         # one length); `bias`, `cur` and `qcur` are by cache index, the policies by position
         self.pad = np.zeros(B, np.int64)

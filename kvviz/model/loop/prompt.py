@@ -11,7 +11,7 @@ from kvviz.core import harness
 from kvviz.core.groups import PolicyLayers
 from kvviz.core.policies.base import BudgetError
 from kvviz.core.replay import NEVER
-from kvviz.model.loop.attention import use
+from kvviz.model.loop.attention import rope_policies, use
 from kvviz.model.loop.bookkeeping import reads_query_rows
 from kvviz.model.loop.cache import State, gathered
 from kvviz.model.loop.config import PREFILL_CHUNK, check_chunk
@@ -38,10 +38,8 @@ class PromptFeed:
         self.vectors = any(harness.reads_vectors(group.stream_policy(0)) for group in policies
                            if group.stream_policy(0) is not None)
         self.keys_by_layer, self.queries_by_layer = [None] * L, [None] * L
-        # (policy, its rope_theta) of each that undoes RoPE: checked against the model's once
-        self.rope_thetas = sorted({(group.stream_policy(0).name, group.stream_policy(0).rope_theta)
-                                   for group in policies if group.stream_policy(0) is not None
-                                   and hasattr(group.stream_policy(0), "rope_theta")})
+        # the policies that undo RoPE: handed the model's base once (`check_rope`)
+        self.rope_thetas = rope_policies(policies)
         tails = [0]
         for layer in range(L):
             per = []
