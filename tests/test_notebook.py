@@ -95,7 +95,7 @@ def test_to_figure_is_the_picture_the_widget_draws(code):
     for frame, s in zip(view.frames, window_steps(view)):
         assert nb._spec(view.to_figure("scores", step=s)) == frame[0]
     cache = view.to_figure("cache")
-    assert cache.layout.title.text.startswith("Cache contents over time: A = tova @64")
+    assert cache.layout.title.text.startswith("Cache contents over time: A = tova @ 64")
     assert [sh.y0 for sh in cache.layout.shapes if sh.name == "step"] == [200]
     assert [sh.x0 for sh in view.to_figure("survival", step=150).layout.shapes if sh.name == "step"] == [150, 150]
     with pytest.raises(ValueError, match=r"name must be one of \['cache', 'survival', 'scores'\], got 'heads'"):
@@ -222,5 +222,5 @@ def test_the_model_notebook_runs_top_to_bottom(torch_stack, tmp_path, monkeypatc
     cells = execute("notebook_model.ipynb", tmp_path, monkeypatch)
     assert widgets(cells) == 1
     text = "".join(o.get("text", "") for c in cells for o in c.outputs)
-    assert "tova @8" in text or "tova@8" in text
-    assert "Cache contents over time: A = tova @8, B = streaming-llm (sinks=2) @8" in text
+    assert "tova@8" in text
+    assert "Cache contents over time: A = tova @ 8, B = streaming-llm (sinks=2) @ 8" in text

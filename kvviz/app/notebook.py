@@ -47,19 +47,13 @@ from kvviz.app.figures.heads import heads_figure  # noqa: E402
 from kvviz.app.figures.needle import key_cache_figure  # noqa: E402
 from kvviz.app.figures.scores import neighbourhood_figure  # noqa: E402
 from kvviz.app.figures.survival import survival_figure  # noqa: E402
-from kvviz.core.policies import make_policy  # noqa: E402
+from kvviz.core.policies import config_label, make_policy  # noqa: E402
 from kvviz.core.replay import NEVER, Replay, Run  # noqa: E402
 from kvviz.core.trace import Trace  # noqa: E402
 
-WINDOW = 32  # steps whose marks and scores go to the browser at most
+WINDOW = 32  # steps whose marks and scores go to the browser at most (one view: about 3 s of figures)
 SLOTS = 12  # held slots drawn each side of the step's victim in the scores picture
 MAX_WINDOW = 1024
-
-
-def label_of(policy: str, params: dict | None, budget) -> str:
-    """'snapkv (pool_kernel=5) @64': the policy's name first (its colour comes from it)."""
-    extra = ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
-    return policy + (f" ({extra})" if extra else "") + (f" @{budget}" if budget else "")
 
 
 @dataclass
@@ -199,6 +193,9 @@ async function render({ model, el }) {
   const Plotly = await plotly(model);
   const root = document.createElement("div");
   root.className = "kvviz-view";
+  // the step control's keys are its own, not the notebook's shortcuts (JupyterLab's arrows)
+  root.dataset.lmSuppressShortcuts = "true";
+  root.addEventListener("keydown", (e) => e.stopPropagation());
   el.appendChild(root);
   let divs = [];
 
@@ -367,12 +364,12 @@ def replay(trace: Trace, run_a: Run, run_b: Run | None = None, *, step: int | No
             raise ValueError(f"run_a and run_b must be kvviz Runs, got {type(run).__name__}")
         if run.steps != trace.steps:
             raise ValueError(f"run of {run.policy} covers {run.steps} steps, the trace {trace.steps}")
-        return Side(label_of(run.policy, run.params, run.budget), run.policy, run.evicted_at,
+        return Side(config_label(run.policy, run.params, budget=run.budget), run.policy, run.evicted_at,
                     run.budget, dict(run.params), trace)
 
     pair = Pair(side(run_a), None if run_b is None else side(run_b), tokens=trace.tokens, slots=slots,
                 title=f"{trace.name}: " + " vs ".join(
-                    label_of(r.policy, r.params, r.budget) for r in (run_a, run_b) if r is not None))
+                    config_label(r.policy, r.params, budget=r.budget) for r in (run_a, run_b) if r is not None))
     return StepView(pair, step, window)
 
 
@@ -411,7 +408,7 @@ def loop(result, a=1, b=None, *, layer: int | None = None, head: int = 0, step: 
     def side(c):
         run, cfg = result.run(c, layer, head), result.configs[c]
         rows = result.trace(c, layer, head) if result.rows is not None and layer in result.rows_layers else None
-        return Side(label_of(cfg.policy, cfg.params, cfg.budget), cfg.policy, run.evicted_at,
+        return Side(config_label(cfg.policy, cfg.params, budget=cfg.budget), cfg.policy, run.evicted_at,
                     run.budget, dict(run.params), rows)
 
     pair = Pair(side(ia), None if ib is None else side(ib), tokens=result.tokens, slots=slots,
@@ -429,7 +426,7 @@ def generation(gen, a=1, b=None, *, layer: int = 0, head: int = 0, step: int | N
     def side(c):
         cfg = gen.configs[c]
         ev = gen.evicted_at[c, li, h]
-        return Side(label_of(cfg.policy, cfg.params, cfg.budget), cfg.policy, ev, cfg.budget or len(ev),
+        return Side(config_label(cfg.policy, cfg.params, budget=cfg.budget), cfg.policy, ev, cfg.budget or len(ev),
                     dict(cfg.params))
 
     c0 = ia
@@ -450,7 +447,7 @@ def needle(run: dict, a=1, b=None, *, layer: int = 0, head: int = 0, step: int |
 
     def side(c):
         cfg = meta["configs"][c]
-        return Side(label_of(cfg["policy"], cfg["params"], cfg["budget"]), cfg["policy"], ev[c, li, h],
+        return Side(config_label(cfg["policy"], cfg["params"], budget=cfg["budget"]), cfg["policy"], ev[c, li, h],
                     cfg["budget"] or ev.shape[-1], dict(cfg["params"]))
 
     pair = Pair(side(ia), None if ib is None else side(ib), tokens=[str(t) for t in run["tokens"]],
@@ -481,8 +478,8 @@ def heads(trace, allocator: str = "adakv", scorer: str = "snapkv", budget: int =
         return heads_figure(r["held"], r["plain"], layers, r["budgets"], label=label,
                             plain_label=f"{scorer} alone", budget=budget, roles=roles, step=s)
 
-    a = Side(f"{allocator} (scorer={scorer}) @{budget}", allocator, alloc_run.evicted_at, budget)
-    b = Side(label_of(scorer, {}, budget), scorer, alone.evicted_at, budget, {}, tr)
+    a = Side(config_label(allocator, {"scorer": scorer}, budget=budget), allocator, alloc_run.evicted_at, budget)
+    b = Side(config_label(scorer, {}, budget=budget), scorer, alone.evicted_at, budget, {}, tr)
     pair = Pair(a, b, tokens=tr.tokens, slots=slots, extra=("heads", heads_picture),
                 title=f"{label} vs {scorer} alone, layer {layer}, kv{head}")
     return StepView(pair, step, window)
