@@ -90,7 +90,8 @@ def test_the_replay_view_steps_in_jupyterlab(chromium, server, tmp_path):
             # the four views drawn: replay, loop, pass key, heads
             page.wait_for_function("""() => {
               const views = document.querySelectorAll('.kvviz-view');
-              return views.length === 4 && [...views].every(v => v.querySelectorAll('.kvviz-picture .main-svg').length >= 3);
+              const drawn = (v) => v.querySelectorAll('.kvviz-picture .main-svg').length >= 3;
+              return views.length === 4 && [...views].every(drawn);
             }""", timeout=120_000)
             view = page.locator(".kvviz-view").first
             before = view_state(page, view)
