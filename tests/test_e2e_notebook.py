@@ -80,7 +80,7 @@ def test_the_replay_view_steps_in_jupyterlab(chromium, server, tmp_path):
     proc, url = start_lab(tmp_path)
     errors = []
     try:
-        with M.browser(viewport=(1200, 2200)) as page:  # the whole view in the screenshot
+        with M.browser(viewport=(1500, 2200)) as page:  # the whole view in the screenshot
             page.on("console", lambda m: m.type == "error" and errors.append(m.text))
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(f"{url}/lab/tree/{NOTEBOOK}")
