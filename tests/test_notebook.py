@@ -171,6 +171,34 @@ def test_a_loop_view_replays_the_rows_the_model_produced():
     assert np.allclose(arr(bars[0]["y"]), np.asarray(scores[rank_of("tova").key])[np.searchsorted(kept, x)])
 
 
+def test_a_generation_view_shows_prompt_and_generated_tokens_and_its_log():
+    from kvviz.model.loop import Generation, LoopConfig
+
+    toy = kvviz.load_trace(TRACES / "toy.npz")  # 16 steps: 12 prompt tokens, 4 generated
+    runs = [kvviz.run_policy(toy, "tova", 8), kvviz.run_policy(toy, "h2o", 8, recent_window=2)]
+    ev = np.stack([np.full(16, NEVER)] + [r.evicted_at for r in runs])[:, None, None, :]
+    gen = Generation(configs=[LoopConfig("full"), LoopConfig("tova", budget=8),
+                              LoopConfig("h2o", {"recent_window": 2}, budget=8)],
+                     granularity="layer", prompt_mode="decode", prompt_ids=np.arange(12),
+                     tokens=list(toy.tokens[:12]), new_ids=np.ones((3, 4), np.int64),
+                     logprobs=np.zeros((3, 4)), texts=[""] * 3, stopped=["length"] * 3, evicted_at=ev,
+                     pieces=[list(toy.tokens[12:])] * 3)
+    view = nb.generation(gen, "tova@8", 2, step=14, window=3)
+    assert (view.lo, view.hi, view.steps) == (13, 15, 16)
+    assert view.to_figure("cache").layout.title.text == ("Cache contents over time: A = tova @ 8, "
+                                                         "B = h2o (recentWindow=2) @ 8")
+    for frame, s in zip(view.frames, window_steps(view)):
+        for axis, run in (("x", runs[0]), ("x2", runs[1])):
+            e = run.evicted_at
+            drawn = traces_of(frame[0], axis)
+            held = np.flatnonzero((np.arange(16) <= s) & ((e == NEVER) | (e >= s)))
+            assert np.array_equal(arr(next(t for t in drawn if t["name"] == "held")["x"]), held)  # 9 slots
+            ticks = frame[0]["layout"]["xaxis" if axis == "x" else "xaxis2"]["ticktext"]
+            assert ticks[-1].endswith(toy.tokens[s].strip()[:3])  # the newest: a generated token
+    with pytest.raises(ValueError, match=r"layer must be one of the stored layers \[0\], got 1"):
+        nb.generation(gen, 1, layer=1)
+
+
 def test_a_heads_view_draws_the_allocator_s_heads_picture_with_its_step():
     view = nb.heads(TRACES / "code-kv.npz", "adakv", "snapkv", 64, layer=14, head=1, step=200, window=2)
     assert view.pictures == ["cache", "survival", "heads", "scores"]

@@ -77,8 +77,12 @@ class Side:
         scored = self.trace.steps if self.trace is not None else 0
         rp = None
         if lo < scored:
-            rp = Replay(self.trace, make_policy(self.policy, budget=self.budget, **self.params))
-            rp.seek(lo - 1)
+            try:  # an allocator, or a policy reading what the rows lack (key norms): no scores
+                rp = Replay(self.trace, make_policy(self.policy, budget=self.budget, **self.params))
+            except ValueError:
+                scored = 0
+            else:
+                rp.seek(lo - 1)
         pos = np.arange(len(ev))
         out = []
         for s in range(lo, hi + 1):
