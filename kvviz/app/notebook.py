@@ -124,6 +124,7 @@ class Pair:
     stepped = ["scores"]
 
     def figure(self, name: str, step: int) -> go.Figure:
+        """Picture `name` at `step`, by the app's builder for it."""
         a, b = self.a, self.b
         if name == "cache":
             if self.key_positions is not None:
@@ -150,6 +151,8 @@ class Pair:
         return [list(ps) for ps in zip(*per_side)]
 
     def scores(self, panels: list[list[dict]], lo: int) -> list[go.Figure]:
+        """The scores picture of each step from `lo` on: `slots` held slots either side of
+        the step's first victim (the newest position when nothing is evicted)."""
         out = []
         for i, shown in enumerate(panels):
             s = lo + i
@@ -172,16 +175,21 @@ def _plotly_js() -> bytes:
 ESM = r"""
 // kvviz's step view: the pictures drawn once, the step control answered here from the window
 // of marks and frames the kernel sent (no round-trip); plotly.js asked of the kernel once a page.
+// The page's own Plotly (another extension's, of another version) is left as it was.
 function plotly(model) {
-  if (globalThis.Plotly) return Promise.resolve(globalThis.Plotly);
   if (!globalThis.__kvvizPlotly) {
     globalThis.__kvvizPlotly = new Promise((resolve, reject) => {
       model.on("msg:custom", (msg, buffers) => {
         if (!msg || msg.kind !== "plotly.js") return;
         const url = URL.createObjectURL(new Blob([buffers[0]], { type: "text/javascript" }));
         const tag = document.createElement("script");
+        const before = globalThis.Plotly;
         tag.src = url;
-        tag.onload = () => resolve(globalThis.Plotly);
+        tag.onload = () => {
+          const ours = globalThis.Plotly;
+          if (before !== undefined) globalThis.Plotly = before;
+          resolve(ours);
+        };
         tag.onerror = () => reject(new Error("kvviz: plotly.js did not load"));
         document.head.appendChild(tag);
       });
@@ -194,7 +202,12 @@ function plotly(model) {
 const CONFIG = { displaylogo: false, responsive: true };
 
 async function render({ model, el }) {
+  const waiting = document.createElement("div");
+  waiting.className = "kvviz-note";
+  waiting.textContent = "kvviz: loading plotly.js from the kernel…";
+  el.appendChild(waiting);
   const Plotly = await plotly(model);
+  waiting.remove();
   const root = document.createElement("div");
   root.className = "kvviz-view";
   // the step control's keys are its own, not the notebook's shortcuts (JupyterLab's arrows)
