@@ -74,6 +74,7 @@ def view_state(page, view) -> dict:
 
 
 def test_the_replay_view_steps_in_jupyterlab(chromium, server, tmp_path):
+    # `server`: the tier of a test that starts a server process (JupyterLab, started here)
     ART.mkdir(exist_ok=True)
     (tmp_path / "root").mkdir()
     shutil.copy(REPO / "examples" / NOTEBOOK, tmp_path / "root" / NOTEBOOK)
