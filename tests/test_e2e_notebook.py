@@ -2,7 +2,8 @@
 JupyterLab server (offline: no news, no update check, no extension manager; its settings,
 workspaces and runtime files in a temporary folder), the example notebook run top to bottom;
 moving the replay view's step control with the keyboard moves the heatmap's step line and
-redraws the scores at the new step, with no error in the browser's console.
+redraws the scores at the new step, with no error in the browser's console and no request
+leaving the machine.
 
 The screenshot docs/notebook.md shows is taken here (KVVIZ_SCREENSHOT=1, scripts/screenshots.sh).
 """
@@ -79,11 +80,12 @@ def test_the_replay_view_steps_in_jupyterlab(chromium, server, tmp_path):
     (tmp_path / "root").mkdir()
     shutil.copy(REPO / "examples" / NOTEBOOK, tmp_path / "root" / NOTEBOOK)
     proc, url = start_lab(tmp_path)
-    errors = []
+    errors, outside = [], []  # outside: requests leaving the machine (plotly.js comes from the kernel)
     try:
         with M.browser(viewport=(1500, 2200)) as page:  # the whole view in the screenshot
             page.on("console", lambda m: m.type == "error" and errors.append(m.text))
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: r.url.startswith((url, "blob:", "data:")) or outside.append(r.url))
             page.goto(f"{url}/lab/tree/{NOTEBOOK}")
             page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel",
                                    timeout=90_000)
@@ -120,3 +122,4 @@ def test_the_replay_view_steps_in_jupyterlab(chromium, server, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
     assert errors == [], errors
+    assert outside == [], outside
