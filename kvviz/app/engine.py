@@ -56,3 +56,22 @@ class Engine:
     def peek(self, step: int):
         """(kept, scores) at `step` after admission and before eviction (Replay.peek)."""
         return self._replay.peek(step)
+
+
+def allocator_runs(grid, allocator: str, scorer: str, budget: int) -> dict:
+    """An allocator over a trace captured per KV head (`grid`, kvviz.core.layers.load_layers)
+    beside its scorer alone on each head at the same budget: the Heads picture's data.
+
+    {"held": int (layers, heads, T) under the allocator, "plain": the same alone,
+    "layers": model layer numbers, "budgets": each layer's per-head budget, "roles": a
+    tuple of one bool per head per layer or None (True: a retrieval head), "runs": the
+    allocator's Run per (layer, head), "alone": the scorer's}. ValueError if refused."""
+    from kvviz.core.layers import replay_layers
+    from kvviz.core.replay import run_policy
+
+    found = replay_layers(grid, make_policy(allocator, budget, scorer=scorer))
+    alone = [[run_policy(tr, scorer, budget) for tr in row] for row in grid]
+    plain = np.array([[r.held for r in row] for row in alone])
+    roles = [getattr(s, "retrieval", None) for s in (found.states or [None] * len(grid))]
+    return dict(held=found.held, plain=plain, layers=found.layer_numbers, budgets=found.budgets,
+                roles=roles, runs=found.runs, alone=alone)

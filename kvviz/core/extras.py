@@ -3,8 +3,9 @@
 `pip install kvviz` gives the core (numpy and tqdm). The rest comes with an extra
 (pyproject.toml, [project.optional-dependencies]): `model` (torch, transformers and the
 model files' readers), `app` (Streamlit and the figures), `class` (the lecture hall's
-Redis store), `check` (Hypothesis, for `kvviz check --reference`) and `scale` (Ray,
-pyarrow and pandas, for sweeps and exports). A part that needs one says so where it is
+Redis store), `check` (Hypothesis, for `kvviz check --reference`), `scale` (Ray,
+pyarrow and pandas, for sweeps and exports) and `notebook` (anywidget and the app's figures,
+for the step-by-step view in Jupyter: kvviz.app.notebook). A part that needs one says so where it is
 imported, with `require`; the command line turns any such failure into that one line.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ EXTRAS = {
     "redis": "class",
     "hypothesis": "check",
     "ray": "scale", "pyarrow": "scale", "pandas": "scale",
+    "anywidget": "notebook", "traitlets": "notebook",
 }
 
 

@@ -204,16 +204,25 @@ class Prebuilt(go.Figure):
         return f"Prebuilt({len(self._spec.get('data', ()))} traces)"
 
 
+def _moved(shape: dict, step: int) -> dict:
+    """A "step" line at `step`: a vertical one (spanning its y axis's domain, as `add_vline`
+    draws it) along x, a horizontal one along y."""
+    if str(shape.get("yref", "")).endswith("domain"):
+        return dict(shape, x0=step, x1=step)
+    return dict(shape, y0=step, y1=step)
+
+
 def at_step(figure: dict, step: int) -> Prebuilt:
-    """`figure` (a `cache_heatmap(...).to_dict()`) with its step line and label moved to `step`.
+    """`figure` (a `cache_heatmap(...).to_dict()`, or any figure whose step marks are shapes
+    and annotations named "step") with its step lines and label moved to `step`.
 
     Everything else in the figure is independent of the step, so the app builds it once per
     configuration (server-wide) and moves the marker per session and rerun, sharing the data
-    (hover strings, image) with the cached figure instead of copying it. `figure` is not
-    modified.
+    (hover strings, image) with the cached figure instead of copying it; a notebook's widget
+    sends the moved marks for each step of its window. `figure` is not modified.
     """
     lay = dict(figure["layout"])
-    lay["shapes"] = [dict(sh, y0=step, y1=step) if sh.get("name") == "step" else sh
+    lay["shapes"] = [_moved(sh, step) if sh.get("name") == "step" else sh
                      for sh in lay.get("shapes", ())]
     lay["annotations"] = [dict(an, y=step, text=f"step {step}") if an.get("name") == "step"
                           else an for an in lay.get("annotations", ())]

@@ -49,7 +49,8 @@ def heads_figure(held, plain, layers, budgets, *, label: str, plain_label: str, 
                                      name=f"kv{g}: {plain_label}", legendgroup=f"kv{g}",
                                      showlegend=d == 0), row=1, col=d + 1)
         if step is not None:
-            fig.add_vline(x=int(step), line=dict(color="grey", width=1, dash="dot"), row=1, col=d + 1)
+            fig.add_vline(x=int(step), line=dict(color="grey", width=1, dash="dot"), row=1, col=d + 1,
+                          name="step")
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="slots held", row=1, col=1)
     shown = sum(1 for tr in fig.data if tr.showlegend)

@@ -29,7 +29,8 @@ def survival_figure(ev_a, ev_b, step: int, *, label_a="A", label_b="B", sinks: i
                                  + label + "</extra>"),
                       row=1, col=2)
     for col in (1, 2):
-        fig.add_vline(x=step, line=dict(color="#CC0000", width=1.5, dash="dot"), row=1, col=col)
+        fig.add_vline(x=step, line=dict(color="#CC0000", width=1.5, dash="dot"), row=1, col=col,
+                      name="step")
     base_layout(fig, "Sinks and recent-window survival", height + 40, legend_below=True)
     fig.update_yaxes(range=[-0.2, sinks + 0.2], dtick=1, title="sinks held", row=1, col=1)
     fig.update_yaxes(range=[-0.03, 1.03], tickformat=".0%", title="held", row=1, col=2)

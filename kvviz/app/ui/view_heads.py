@@ -22,16 +22,11 @@ TRACE = "code-kv.npz"
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _runs(path: str, allocator: str, scorer: str, budget: int):
-    from kvviz.core.layers import load_layers, replay_layers
-    from kvviz.core.policies import make_policy
-    from kvviz.core.replay import run_policy
+    from kvviz.app.engine import allocator_runs
+    from kvviz.core.layers import load_layers
 
-    grid = load_layers(path)
-    found = replay_layers(grid, make_policy(allocator, budget, scorer=scorer))
-    alone = [[run_policy(tr, scorer, budget) for tr in row] for row in grid]
-    plain = np.array([[r.held for r in row] for row in alone])
-    roles = [getattr(s, "retrieval", None) for s in (found.states or [None] * len(grid))]
-    return found.held, plain, found.layer_numbers, found.budgets, roles, found.runs, alone
+    r = allocator_runs(load_layers(path), allocator, scorer, budget)
+    return r["held"], r["plain"], r["layers"], r["budgets"], r["roles"], r["runs"], r["alone"]
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
