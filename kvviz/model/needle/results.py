@@ -81,10 +81,15 @@ COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "polic
            # the task's columns (kvviz.model.needle.tasks); a pass-key run has -1 / "" / [] there
            "task", "reminder_every", "distractors", "phrase_words", "outcome", "detail", "target",
            "key_positions", "reminders", "reminder_positions", "distractor_keys", "distractor_positions",
-           "distractors_held_end")
+           "distractors_held_end",
+           # the study design's: the haystack's name, the returns and variable-tracking tasks' options,
+           # the quiet stretch (tokens from the end of the last return to the question, -1 none), the
+           # run's seconds (its generate batch's, shared by the prompts read together) and batch size
+           "haystack", "returns", "hops", "quiet", "seconds", "batch_prompts", "neighbours_held_end")
 JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head",
                 "key_positions", "reminder_positions", "distractor_keys", "distractor_positions")
 TASK_DEFAULTS = {"task": "passkey", "reminder_every": -1, "distractors": -1, "phrase_words": -1,
+                 "returns": -1, "hops": -1,
                  "target": "", "reminders": [], "distractor_names": [], "distractor_keys": [],
                  "distractor_positions": []}
 
@@ -187,6 +192,7 @@ def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
     dpos = [p for ps in t["distractor_positions"] for p in ps]
     return {"correct": s.correct, "task": t["task"], "reminder_every": int(t["reminder_every"]),
             "distractors": int(t["distractors"]), "phrase_words": int(t["phrase_words"]),
+            "returns": int(t["returns"]), "hops": int(t["hops"]),
             "outcome": s.outcome, "detail": s.detail, "target": t["target"],
             "key_positions": json.dumps(list(meta["key_positions"])), "reminders": len(t["reminders"]),
             "reminder_positions": json.dumps([int(a) for a, _ in t["reminders"]]),
@@ -222,18 +228,26 @@ def rows(run: dict) -> list[dict]:
             "first_lost_by_layer": json.dumps(lost),
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
             **task_columns(m, m["answers"][c], ev[c], T0),
+            "haystack": (m.get("haystack") or {}).get("name", ""),
+            "quiet": q - max(int(b) for _, b in m["reminders"]) if m.get("reminders") else NEVER,
+            "seconds": m.get("seconds"), "batch_prompts": m.get("batch_prompts", 1),
+            # the share of the answer's neighbours (the phrase's, NEIGHBOURS each side) held at the end
+            "neighbours_held_end": (float(held(ev[c], m["neighbour_positions"], T0 - 1).mean())
+                                    if m.get("neighbour_positions") else -1.0),
         })
     return out
 
 
-LAYER_COLUMNS = ("id", "task", "reminder_every", "distractors", "phrase_words", "length", "depth", "seed",
+LAYER_COLUMNS = ("id", "task", "reminder_every", "distractors", "phrase_words", "returns", "hops", "length", "depth",
+                 "seed",
                  "prompt_mode", "granularity", "policy", "label", "budget", "layer", "head", "held_question",
                  "held_end", "first_lost", "answer", "correct", "outcome", "full_cache_correct")
 # The long table's column types: strings, nullable integers (<NA>, never -1, where a value is
 # absent: the full cache's budget, a key never lost, a task without that option) and nullable
 # booleans (<NA> where the run has no full-cache row to compare with).
 LAYER_TYPES = {"id": "string", "task": "string", "reminder_every": "Int64", "distractors": "Int64",
-               "phrase_words": "Int64", "length": "Int64", "depth": "float64", "seed": "Int64",
+               "phrase_words": "Int64", "returns": "Int64", "hops": "Int64", "length": "Int64", "depth": "float64",
+               "seed": "Int64",
                "prompt_mode": "string", "granularity": "string", "policy": "string", "label": "string",
                "budget": "Int64", "layer": "Int64", "head": "string", "held_question": "float64",
                "held_end": "float64", "first_lost": "Int64", "answer": "string", "correct": "boolean",
@@ -320,8 +334,8 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
     df = pd.read_csv(path, keep_default_na=False, na_values=[""],
                      dtype={"id": str, "policy": str, "label": str, "key": str, "answer": str,
                             "prompt_mode": str, "granularity": str, "task": str, "outcome": str,
-                            "detail": str, "target": str})
-    for col in ("answer", "detail", "target"):
+                            "detail": str, "target": str, "haystack": str})
+    for col in ("answer", "detail", "target", "haystack"):
         if col in df:
             df[col] = df[col].fillna("")
     if "task" not in df:  # a folder written before the tasks: every run is the pass key
@@ -332,7 +346,7 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
     return df
 
 
-OPTIONS = ("reminder_every", "distractors", "phrase_words")  # the tasks' options (-1: none)
+OPTIONS = ("reminder_every", "distractors", "phrase_words", "returns", "hops")  # the tasks' options (-1: none)
 GATE = 0.8  # the least full-cache accuracy at which a task's length stays in a study
 
 
