@@ -280,7 +280,8 @@ LOOP_TYPES = {"config": "string", "policy": "string", "budget": "Int64", "layer"
               "full_mass": "float64", "lost_mass": "float64", "nll": "float64", "kl": "float64",
               "top1_agreement": "boolean"}
 NEEDLE_TYPES = {"id": "string", "task": "string", "reminder_every": "Int64", "distractors": "Int64",
-                "phrase_words": "Int64", "returns": "Int64", "hops": "Int64", "length": "Int64", "depth": "float64", "seed": "Int64",
+                "phrase_words": "Int64", "returns": "Int64", "hops": "Int64", "length": "Int64", "depth": "float64",
+                "seed": "Int64",
                 "prompt_mode": "string", "granularity": "string", "policy": "string", "label": "string",
                 "budget": "Int64", "layer": "Int64", "head": "string", "held_question": "float64",
                 "held_end": "float64", "first_lost": "Int64", "answer": "string", "correct": "boolean",
