@@ -187,3 +187,52 @@ def test_vartrack_passes_the_value_along_a_chain(tok):
     assert a.endswith(p.key) and b.endswith(a.split()[1]) and c.endswith(b.split()[1])
     assert p.target == c.split()[1] and p.text.endswith(f"What is the value of {p.target}? The value of {p.target} is")
     assert len(p.ids) == 256 and len(p.reminders) == 2
+
+
+# --- the results' study columns, the per-spec haystack, `kvviz check NAME:k=v` -----------------
+def test_results_rows_carry_the_haystack_the_gate_the_quiet_stretch_and_the_cost(tmp_path):
+    from kvviz.model.needle.results import save_run, write_tables
+
+    T0, C = 12, 2
+    ev = np.full((C, 1, 1, T0 + 2), -1, np.int32)
+    ev[1, 0, 0, [2, 9]] = 11  # the config loses one key token and one neighbour at the last prompt step
+    meta = dict(id="phrase2-htry-L12-d50-s1-prefill-layer", length=12, depth=50, seed=1, prompt_mode="prefill",
+                granularity="layer", key="amber river", key_positions=[2, 3], question_start=8, prompt_len=T0,
+                max_new_tokens=2, haystack={"name": "try", "sha256": "x"}, model={"model": "m"},
+                kvviz_version="t", configs=[{"policy": "full", "params": {}, "budget": None, "label": "full"},
+                                            {"policy": "snapkv", "params": {}, "budget": 6, "label": "snapkv@6"}],
+                answers=[" amber river", " amber"], correct=[True, False], agreement=[None, 0.5], layers=1,
+                kv_heads=1, seconds=8.0, batch_prompts=4, task="phrase", phrase_words=2, reminders=[[5, 7]],
+                neighbour_positions=[0, 1, 4, 9])
+    save_run(tmp_path, meta, list(range(T0)), ["t"] * T0, np.zeros((C, 2), np.int64), ev)
+    df = write_tables(tmp_path)
+    assert list(df["haystack"]) == ["try", "try"] and list(df["full_cache_correct"]) == [True, True]
+    assert list(df["correct"]) == [True, False] and list(df["outcome"]) == ["whole", "partial"]
+    assert list(df["quiet"]) == [1, 1]  # the question at 8, the last reminder ending at 7
+    assert list(df["seconds"] / df["batch_prompts"]) == [2.0, 2.0]
+    assert list(df["neighbours_held_end"]) == [1.0, 0.75] and list(df["returns"]) == [-1, -1]
+
+
+def test_each_spec_reads_its_own_haystack():
+    from kvviz.model.needle.grid import PromptSpec
+    from kvviz.model.needle.run import spec_haystack
+
+    spec = PromptSpec(256, 50, 1, "decode", "layer", "returns3-", "try")
+    assert spec_haystack(spec, {"try": "A.", "for": "B."}, None) == ("A.", "try")
+    assert spec_haystack(spec, "C.", "c.txt") == ("C.", "c.txt")  # one haystack: the spec's name is not used
+    with pytest.raises(ValueError, match="--haystacks: no haystack named 'try'"):
+        spec_haystack(spec, {"for": "B."}, None)
+
+
+def test_kvviz_check_takes_a_policy_with_its_parameters_pinned():
+    from kvviz.core.check import load_target
+
+    label, cls = load_target("scissorhands:tie_break=attention")
+    assert label == "scissorhands:tie_break=attention"
+    spec = next(s for s in cls.specs if s.name == "tie_break")
+    assert spec.default == "attention" and spec.choices == ("attention",)  # every drawn scenario uses it
+    assert cls(budget=64).tie_break == "attention"
+    with pytest.raises(ValueError, match="tie_break"):
+        cls(budget=64, tie_break="position")
+    with pytest.raises(ValueError, match="tie_break"):
+        load_target("scissorhands:tie_break=age")
