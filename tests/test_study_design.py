@@ -236,3 +236,28 @@ def test_kvviz_check_takes_a_policy_with_its_parameters_pinned():
         cls(budget=64, tie_break="position")
     with pytest.raises(ValueError, match="tie_break"):
         load_target("scissorhands:tie_break=age")
+
+
+@pytest.mark.model
+def test_a_grid_over_haystacks_runs_batched_records_each_haystack_and_resumes(torch_stack, tmp_path, capsys):
+    from kvviz.__main__ import main
+    from kvviz.model.needle import list_runs, load_results, load_run
+
+    hay = tmp_path / "hay"
+    hay.mkdir()
+    for name in ("try", "for"):
+        (hay / f"{name}.txt").write_text((HAY / f"{name}.txt").read_text())
+    argv = ["needle", "--out", str(tmp_path / "out"), "--task", "returns", "--returns", "1", "--haystacks", str(hay),
+            "--lengths", "192", "--depths", "50", "--policies", "tova", "--budgets", "144",
+            "--prompt-modes", "prefill", "--batch", "2", "--threads", "1", "--quiet"]
+    assert main(argv) == 0
+    assert list_runs(tmp_path / "out") == ["returns1-hfor-L192-d50-s0-prefill-layer",
+                                            "returns1-htry-L192-d50-s0-prefill-layer"]
+    df = load_results(tmp_path / "out")
+    assert sorted(set(df["haystack"])) == ["for", "try"] and set(df["batch_prompts"]) == {2}
+    for id_ in list_runs(tmp_path / "out"):
+        meta = load_run(tmp_path / "out", id_)["meta"]
+        assert meta["haystack"]["name"] == id_.split("-")[1][1:] and len(meta["reminders"]) == 1
+    capsys.readouterr()
+    assert main(argv) == 0  # everything done: nothing runs again
+    assert "2 prompts x 2 configs in 0 s" in capsys.readouterr().out
