@@ -1,0 +1,351 @@
+"""A pre-registered study's report: each claim's one primary contrast with its interval and
+its power, the secondary contrasts with Holm-corrected p-values, and the prompts the full cache
+got wrong reported apart.
+
+    .venv/bin/python -m lab.study_report traces/studies/recall            # print; files to out/
+    .venv/bin/python -m lab.study_report traces/studies/recall --write    # docs/studies/, answers.json
+
+DIR holds `preregistration.toml` (committed before the study ran) and the results table it
+names (a needle results table, kvviz.model.needle.results: id, policy, label, budget,
+correct, full_cache_correct and the task's columns). Without --write the page and the
+answers file go to --out (default out/studies/<study>/), so no tracked file changes; with it,
+docs/studies/<study>.md and DIR/answers.json.
+
+The pre-registration (TOML):
+
+    study = "recall"                 # the page's name: docs/studies/recall.md
+    title = "Does TOVA forget a token the text returns to?"
+    results = "results.csv"          # relative to DIR
+    alpha = 0.05
+    [[claim]]
+    name = "forgets"                 # a result's id is <claim>, or <claim>.<n> for secondaries
+    card = "TOVA: When a token matters intermittently ..."
+    hypothesis = "TOVA answers fewer gated prompts than H2O when ..."
+    by = "policy"                    # the column naming the two sides (default "label")
+    gap = 0.2                        # the paired gap the cell size was computed for
+    power = 0.8
+    discordance = 0.4                # the discordance that computation assumed
+    prompts = 84                     # the planned prompts per cell (n_for_power)
+    [claim.primary]
+    a = "tova"
+    b = "h2o"
+    where = { task = "recall", prompt_mode = "decode", budget = 128, reminder_every = 5 }
+    [[claim.secondary]]              # each expands to one contrast per value of `vary`
+    a = "tova"
+    b = "h2o"
+    where = { task = "recall", prompt_mode = "decode" }
+    vary = ["budget", "reminder_every"]
+
+The primary contrast is tested at `alpha` uncorrected (it is the one the claim stands on); a
+claim's secondary contrasts form one Holm family. Every printed result is marked "primary" or
+"secondary (Holm p = ...)"; answers.json carries the same marks for the lesson's placeholders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tomllib
+from itertools import product
+from pathlib import Path
+
+import pandas as pd
+
+from kvviz.core.atomic import replacing
+from kvviz.studies import stats as S
+from lab import REPO, STUDIES
+
+PREREG = "preregistration.toml"
+FIELDS = {"study", "title", "results", "alpha", "claim"}
+CLAIM_FIELDS = {"name", "card", "hypothesis", "by", "gap", "power", "discordance", "prompts",
+                "primary", "secondary"}
+
+
+def _fail(path, where, rule):
+    raise ValueError(f"{Path(path).name}: {where}: {rule}")
+
+
+def load_prereg(folder: Path) -> dict:
+    path = Path(folder) / PREREG
+    if not path.is_file():
+        raise ValueError(f"{folder}: no {PREREG} (a study states its claims before it runs)")
+    try:
+        pre = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML ({exc})") from None
+    unknown = set(pre) - FIELDS
+    if unknown:
+        _fail(path, "top level", f"unknown field {sorted(unknown)[0]!r} (fields: "
+                                 f"{', '.join(sorted(FIELDS))})")
+    for key in ("study", "claim"):
+        if key not in pre:
+            _fail(path, "top level", f"{key} is required")
+    if not str(pre["study"]).replace("-", "").replace("_", "").isalnum():
+        _fail(path, "study", f"{pre['study']!r} must be a plain name (letters, digits, - and _)")
+    alpha = pre.setdefault("alpha", 0.05)
+    if not 0 < float(alpha) < 1:
+        _fail(path, "alpha", f"must lie in (0, 1), got {alpha!r}")
+    pre.setdefault("results", "results.csv")
+    names = set()
+    for i, c in enumerate(pre["claim"]):
+        where = f"claim {i + 1}"
+        unknown = set(c) - CLAIM_FIELDS
+        if unknown:
+            _fail(path, where, f"unknown field {sorted(unknown)[0]!r} (fields: "
+                               f"{', '.join(sorted(CLAIM_FIELDS))})")
+        if not c.get("name") or c["name"] in names or "." in c["name"]:
+            _fail(path, where, "name is required, unique, and has no '.'")
+        names.add(c["name"])
+        p = c.get("primary")
+        if not isinstance(p, dict) or not {"a", "b"} <= set(p):
+            _fail(path, f"{where} ({c['name']})", "one primary contrast is required: "
+                                                  "[claim.primary] with a, b and where")
+        gap = float(c.get("gap", 0.2))
+        if not 0 < abs(gap) <= 1:
+            _fail(path, f"{where} ({c['name']})", f"gap must lie in (0, 1], got {gap!r}")
+    return pre
+
+
+def _cell(rows: pd.DataFrame, where: dict, path, what) -> pd.DataFrame:
+    mask = pd.Series(True, index=rows.index)
+    for col, val in where.items():
+        if col not in rows:
+            _fail(path, what, f"where.{col}: the results have no column {col!r}")
+        mask &= rows[col].astype(str) == str(val) if isinstance(val, str) else rows[col] == val
+    return rows[mask]
+
+
+def _with_full_verdict(rows: pd.DataFrame) -> pd.DataFrame:
+    """The full cache's verdict on each row's prompt as a column (before a `where` on budget or
+    policy drops the full cache's own rows)."""
+    if "full_cache_correct" in rows and rows["full_cache_correct"].notna().all():
+        return rows
+    kept, _ = S.full_cache_gate(rows)
+    return rows.assign(full_cache_correct=rows["id"].isin(set(kept["id"])))
+
+
+def contrast(rows, spec: dict, by: str, gap: float, alpha: float, path, what) -> dict:
+    cell = _cell(rows, spec.get("where", {}), path, what)
+    if cell.empty:
+        _fail(path, what, f"no results match where = {spec.get('where', {})}")
+    t = S.paired_table(cell, str(spec["a"]), str(spec["b"]), by=by)
+    lo, hi = t.interval()
+    acc = {}
+    for side, k in (("a", t.a + t.b), ("b", t.a + t.c)):
+        wl, wh = S.wilson(k, t.n) if t.n else (float("nan"), float("nan"))
+        acc[side] = [k, t.n, wl, wh]
+    return {"a": str(spec["a"]), "b": str(spec["b"]), "where": dict(spec.get("where", {})),
+            "table": [t.a, t.b, t.c, t.d], "n": t.n, "full_cache_wrong": t.dropped,
+            "accuracy": acc, "diff": t.diff, "interval": [lo, hi], "p": t.p,
+            "discordance": (t.b + t.c) / t.n if t.n else float("nan"),
+            "power": t.power(gap, alpha) if t.n else 0.0, "gap": gap}
+
+
+def _secondaries(rows, claim, path) -> list[dict]:
+    """Each [[claim.secondary]] expanded over its `vary` columns' values (the primary's own
+    cell left out)."""
+    out = []
+    prim = claim["primary"]
+    for j, s in enumerate(claim.get("secondary", [])):
+        vary = list(s.get("vary", []))
+        base = {k: v for k, v in s.get("where", {}).items() if k not in vary}
+        if not vary:
+            out.append({"a": s["a"], "b": s["b"], "where": base})
+            continue
+        cell = _cell(rows, base, path, f"{claim['name']} secondary {j + 1}")
+        for col in vary:
+            if col not in cell:
+                _fail(path, f"{claim['name']} secondary {j + 1}", f"vary: no column {col!r}")
+        values = [sorted(set(cell[c].dropna()) - ({-1} if c == "budget" else set())) for c in vary]
+        for combo in product(*values):
+            where = {**base, **{c: (v.item() if hasattr(v, "item") else v) for c, v in zip(vary, combo)}}
+            same = (str(s["a"]), str(s["b"])) == (str(prim["a"]), str(prim["b"])) and \
+                where == dict(prim.get("where", {}))
+            if not same and not _cell(rows, where, path, "vary").empty:
+                out.append({"a": s["a"], "b": s["b"], "where": where})
+    return out
+
+
+def analyse(folder: Path) -> dict:
+    """answers.json's dict: per claim, its results, the primary first, each marked."""
+    folder = Path(folder)
+    pre = load_prereg(folder)
+    path = folder / PREREG
+    table = folder / pre["results"]
+    if not table.is_file():
+        raise ValueError(f"{path}: results: no file {table} (the study has not run yet)")
+    rows = _with_full_verdict(pd.read_csv(table))
+    alpha = float(pre["alpha"])
+    claims = {}
+    for c in pre["claim"]:
+        by, gap = c.get("by", "label"), float(c.get("gap", 0.2))
+        prim = contrast(rows, c["primary"], by, gap, alpha, path, f"{c['name']} primary")
+        prim.update(id=c["name"], status="primary")
+        secs = []
+        for i, spec in enumerate(_secondaries(rows, c, path)):
+            try:
+                r = contrast(rows, spec, by, gap, alpha, path, f"{c['name']} secondary")
+            except ValueError:
+                continue  # a cell of the grid one side did not run (said in the page's count)
+            r.update(id=f"{c['name']}.{i + 1}", status="secondary")
+            secs.append(r)
+        for r, h in zip(secs, S.holm([r["p"] for r in secs])):
+            r["holm_p"] = h
+        claims[c["name"]] = {"card": c.get("card", ""), "hypothesis": c.get("hypothesis", ""),
+                             "planned": {k: c[k] for k in ("gap", "power", "discordance", "prompts")
+                                         if k in c},
+                             "results": [prim, *secs]}
+    return {"study": pre["study"], "title": pre.get("title", pre["study"]), "alpha": alpha,
+            "preregistration": str(path.resolve().relative_to(REPO))
+            if path.resolve().is_relative_to(REPO) else str(path),
+            "registered": registration(folder, pre["results"]),
+            "results_table": pre["results"], "claims": claims}
+
+
+def first_commit(path: Path) -> tuple[str, int] | None:
+    """(the short hash, the time) of the first commit that added `path`, or None when it is
+    not committed (or not in a git checkout)."""
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h %ct", "--", path.name],
+                             cwd=path.parent, capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return None
+    lines = out.split()
+    return (lines[-2], int(lines[-1])) if len(lines) >= 2 else None
+
+
+def registration(folder: Path, results: str) -> str:
+    """Whether git shows the pre-registration committed before the results, in words."""
+    pre, res = first_commit(Path(folder) / PREREG), first_commit(Path(folder) / results)
+    if pre is None:
+        return "the pre-registration is not committed: these results are not pre-registered"
+    if res is None:
+        return f"pre-registered in commit {pre[0]}; the results are not committed yet"
+    if pre[1] <= res[1]:
+        return f"pre-registered in commit {pre[0]}, before the results' first commit {res[0]}"
+    return (f"the pre-registration's first commit {pre[0]} came after the results' {res[0]}: "
+            "these results are not pre-registered")
+
+
+# --- text ----------------------------------------------------------------------------------
+def pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def mark(r: dict) -> str:
+    """"primary" or "secondary (Holm p = 0.62)"."""
+    if r["status"] == "primary":
+        return "primary"
+    return f"secondary (Holm p = {r['holm_p']:.2g})"
+
+
+def where_text(w: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in w.items()) or "all rows"
+
+
+def result_line(r: dict) -> str:
+    """One result in words, with its mark: the contrast, accuracies, paired gap with its
+    interval, the exact test, the power, and the prompts set apart."""
+    (ka, n, la, ha), (kb, _, lb, hb) = r["accuracy"]["a"], r["accuracy"]["b"]
+    lo, hi = r["interval"]
+    if not n:
+        return f"[{mark(r)}] {r['a']} against {r['b']} at {where_text(r['where'])}: no gated prompts"
+    p = f"p = {r['p']:.2g}" + (f", Holm p = {r['holm_p']:.2g}" if r["status"] == "secondary" else "")
+    return (f"[{mark(r)}] {r['a']} against {r['b']} at {where_text(r['where'])}: "
+            f"{ka}/{n} ({pct(ka / n)} [{pct(la)}–{pct(ha)}]) against {kb}/{n} ({pct(kb / n)} "
+            f"[{pct(lb)}–{pct(hb)}]); paired gap {100 * r['diff']:+.0f} points, 95 % interval "
+            f"[{100 * lo:+.0f}, {100 * hi:+.0f}] (Newcombe); discordant {r['table'][1]} against "
+            f"{r['table'][2]}, exact McNemar {p}; power to detect a {100 * r['gap']:.0f}-point gap "
+            f"at the observed discordance: {pct(r['power'])}; the full cache got "
+            f"{r['full_cache_wrong']} prompt{'s' if r['full_cache_wrong'] != 1 else ''} wrong "
+            "(set apart)")
+
+
+def needed(r: dict, planned: dict) -> str:
+    """The prompts a cell would need for the planned power at the observed discordance."""
+    want = float(planned.get("power", 0.8))
+    disc = max(r["discordance"], abs(r["gap"])) if r["n"] else float(planned.get("discordance", 0.4))
+    try:
+        n = S.n_for_power(r["gap"], min(disc, 1.0), want)
+    except ValueError as exc:
+        return f"Prompts needed for {pct(want)} power: not reached ({exc})."
+    return (f"Prompts needed for {pct(want)} power to detect a {100 * r['gap']:.0f}-point gap at "
+            f"the observed discordance ({pct(disc)}): {n}; this cell has {r['n']}.")
+
+
+def page(ans: dict) -> str:
+    lines = [f"# {ans['title']}", "",
+             f"Generated by `python -m lab.study_report {Path(ans['preregistration']).parent} --write` "
+             f"from `{ans['results_table']}` and the pre-registration `{ans['preregistration']}` "
+             f"({ans['registered']}).", "",
+             "Each claim has one primary contrast, tested at "
+             f"alpha = {ans['alpha']:g} uncorrected; its secondary contrasts are one family, "
+             "Holm-corrected. Every result is marked. A prompt the full cache gets wrong is "
+             "reported apart, never counted as an eviction failure. Paired gaps are A's accuracy "
+             "minus B's over the same prompts, with Newcombe's square-and-add 95 % interval; "
+             "accuracies carry Wilson 95 % intervals; power is the exact McNemar test's, at the "
+             "observed discordance.", ""]
+    for name, c in ans["claims"].items():
+        prim, secs = c["results"][0], c["results"][1:]
+        lines += [f"## {name}", ""]
+        if c["card"]:
+            lines += [f"> {c['card']}", ""]
+        if c["hypothesis"]:
+            lines += [f"Hypothesis: {c['hypothesis']}", ""]
+        if c["planned"]:
+            lines += ["Planned: " + ", ".join(f"{k} {v}" for k, v in c["planned"].items()), ""]
+        lines += [f"**Primary.** {result_line(prim)}.", "", needed(prim, c["planned"]), ""]
+        if secs:
+            lines += [f"Secondary ({len(secs)} contrasts, Holm-corrected):", ""]
+            lines += [f"- {result_line(r)}" for r in secs] + [""]
+    return "\n".join(lines)
+
+
+def summary(ans: dict) -> str:
+    """What the command prints: per claim, the primary contrast, its interval and its power."""
+    out = [f"{ans['study']}: {ans['title']} ({ans['registered']})"]
+    for name, c in ans["claims"].items():
+        r = c["results"][0]
+        out.append(f"{name}: {result_line(r)}")
+        out.append(f"  {needed(r, c['planned'])}")
+        sig = [s for s in c["results"][1:] if s["holm_p"] <= ans["alpha"]]
+        out.append(f"  secondary: {len(c['results']) - 1} contrasts, {len(sig)} at Holm p <= "
+                   f"{ans['alpha']:g}")
+    return "\n".join(out)
+
+
+def write(ans: dict, doc: str, page_path: Path, answers_path: Path) -> None:
+    page_path.parent.mkdir(parents=True, exist_ok=True)
+    answers_path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(page_path) as fh:
+        fh.write(doc.encode())
+    with replacing(answers_path) as fh:
+        fh.write(json.dumps(ans, indent=1).encode())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.study_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", help="the study's folder (preregistration.toml and its results)")
+    p.add_argument("--write", action="store_true",
+                   help="write docs/studies/<study>.md and DIR/answers.json (tracked files)")
+    p.add_argument("--out", default=None, help="where the page and answers.json go without "
+                   "--write (default out/studies/<study>/)")
+    args = p.parse_args(argv)
+    try:
+        ans = analyse(Path(args.dir))
+        doc = page(ans)
+        if args.write:
+            write(ans, doc, REPO / STUDIES / f"{ans['study']}.md", Path(args.dir) / "answers.json")
+        else:
+            out = Path(args.out) if args.out else Path("out") / "studies" / ans["study"]
+            write(ans, doc, out / f"{ans['study']}.md", out / "answers.json")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(ans))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

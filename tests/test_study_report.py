@@ -1,0 +1,133 @@
+"""lab.study_report on a synthetic study whose 2 x 2 tables are built by hand: the primary
+contrast per claim, the full-cache gate, secondaries Holm-corrected (the hand-worked values),
+every result marked, and no tracked file written without --write."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pandas as pd
+import pytest
+
+from lab import study_report as R
+
+PREREG = """
+study = "synth"
+title = "A synthetic study"
+alpha = 0.05
+[[claim]]
+name = "forgets"
+card = "a card's sentence"
+by = "policy"
+gap = 0.2
+power = 0.8
+[claim.primary]
+a = "tova"
+b = "h2o"
+where = { task = "recall", budget = 64 }
+[[claim.secondary]]
+a = "tova"
+b = "h2o"
+where = { task = "recall" }
+vary = ["budget"]
+"""
+
+
+def rows_for(budget: int, a: int, b: int, c: int, d: int, wrong: int = 0) -> list[tuple]:
+    """Prompts of one cell: a both right, b TOVA only, c H2O only, d neither, and `wrong`
+    prompts the full cache got wrong (TOVA and H2O wrong there too). Each cell's prompts are
+    its own (ids b<budget>-p<i>)."""
+    out, i = [], 0
+    for n, (t, h) in ((a, (1, 1)), (b, (1, 0)), (c, (0, 1)), (d, (0, 0))):
+        for _ in range(n):
+            out += [(f"b{budget}-p{i}", "full", -1, True), (f"b{budget}-p{i}", "tova", budget, bool(t)),
+                    (f"b{budget}-p{i}", "h2o", budget, bool(h))]
+            i += 1
+    for _ in range(wrong):
+        out += [(f"b{budget}-p{i}", "full", -1, False), (f"b{budget}-p{i}", "tova", budget, False),
+                (f"b{budget}-p{i}", "h2o", budget, False)]
+        i += 1
+    return out
+
+
+@pytest.fixture
+def study(tmp_path):
+    rows = []
+    for budget, cell in ((64, (5, 2, 12, 9, 2)), (128, (10, 1, 6, 13, 0)), (256, (20, 3, 3, 4, 0))):
+        rows += rows_for(budget, *cell)
+    df = pd.DataFrame(rows, columns=["id", "policy", "budget", "correct"])
+    df["task"] = "recall"
+    df["label"] = df["policy"] + "@" + df["budget"].astype(str)
+    folder = tmp_path / "synth"
+    folder.mkdir()
+    df.to_csv(folder / "results.csv", index=False)
+    (folder / R.PREREG).write_text(PREREG)
+    return folder
+
+
+def two_sided(b, c):
+    m = b + c
+    return min(1.0, 2 * sum(math.comb(m, i) for i in range(min(b, c) + 1)) / 2 ** m)
+
+
+def test_primary_and_holm_marked_secondaries(study):
+    ans = R.analyse(study)
+    res = ans["claims"]["forgets"]["results"]
+    prim, secs = res[0], res[1:]
+    assert prim["status"] == "primary" and prim["id"] == "forgets"
+    # the two prompts the full cache got wrong are set apart, not TOVA's or H2O's failures
+    assert prim["table"] == [5, 2, 12, 9] and prim["full_cache_wrong"] == 2 and prim["n"] == 28
+    assert prim["p"] == pytest.approx(two_sided(2, 12))  # 2 * 106 / 2^14
+    assert prim["accuracy"]["a"][:2] == [7, 28] and prim["accuracy"]["b"][:2] == [17, 28]
+    assert prim["diff"] == pytest.approx(-10 / 28)
+    # secondaries: the other budgets, one family of two; Holm by hand: p(1, 6) = 2 * 8 / 128 =
+    # 0.125 and p(3, 3) = 1: sorted 0.125 x 2 = 0.25, then max(0.25, 1 x 1) = 1
+    assert [s["where"]["budget"] for s in secs] == [128, 256]
+    assert [s["status"] for s in secs] == ["secondary", "secondary"]
+    assert secs[0]["p"] == pytest.approx(0.125) and secs[0]["holm_p"] == pytest.approx(0.25)
+    assert secs[1]["holm_p"] == pytest.approx(1.0)
+    assert [s["id"] for s in secs] == ["forgets.1", "forgets.2"]
+    assert "not committed" in ans["registered"]
+
+
+def test_page_marks_every_result(study):
+    ans = R.analyse(study)
+    doc = R.page(ans)
+    assert "**Primary.** [primary] tova against h2o at task recall, budget 64" in doc
+    assert doc.count("[secondary (Holm p = 0.25)]") == 1 and doc.count("[secondary (Holm p = 1)]") == 1
+    assert "the full cache got 2 prompts wrong (set apart)" in doc
+    assert "Prompts needed for 80 % power" in doc
+
+
+def test_report_writes_no_tracked_file_without_write(study, tmp_path, monkeypatch, capsys):
+    status = ["git", "status", "--porcelain", "--untracked-files=all"]
+    before = subprocess.run(status, cwd=R.REPO, capture_output=True, text=True).stdout
+    monkeypatch.chdir(tmp_path)
+    assert R.main([str(study)]) == 0
+    after = subprocess.run(status, cwd=R.REPO, capture_output=True, text=True).stdout
+    assert before == after
+    assert json.loads((tmp_path / "out/studies/synth/answers.json").read_text())["study"] == "synth"
+    assert not (study / "answers.json").exists()
+    printed = capsys.readouterr().out
+    assert "forgets: [primary] tova against h2o" in printed and "95 % interval" in printed
+
+
+def test_write_goes_to_the_study_and_docs(study, tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "REPO", tmp_path)
+    assert R.main([str(study), "--write"]) == 0
+    assert (tmp_path / "docs/studies/synth.md").read_text().startswith("# A synthetic study")
+    assert (study / "answers.json").is_file()
+
+
+def test_bad_preregistration_is_named(study, capsys):
+    (study / R.PREREG).write_text(PREREG.replace("[claim.primary]", "[claim.primaryx]"))
+    assert R.main([str(study)]) == 2
+    assert "synth" not in capsys.readouterr().out
+    (study / R.PREREG).write_text(PREREG.replace('where = { task = "recall", budget = 64 }',
+                                                 'where = { task = "recall", depth = 5 }'))
+    with pytest.raises(ValueError, match="where.depth: the results have no column 'depth'"):
+        R.analyse(study)
+    (study / R.PREREG).unlink()
+    with pytest.raises(ValueError, match="no preregistration.toml"):
+        R.analyse(study)
