@@ -192,6 +192,8 @@ def analyse(folder: Path) -> dict:
             secs.append(r)
         for r, h in zip(secs, S.holm([r["p"] for r in secs])):
             r["holm_p"] = h
+        for r in (prim, *secs):
+            r["text"] = result_line(r)  # what a lesson's {primary.*} / {secondary.*} quotes
         claims[c["name"]] = {"card": c.get("card", ""), "hypothesis": c.get("hypothesis", ""),
                              "planned": {k: c[k] for k in ("gap", "power", "discordance", "prompts")
                                          if k in c},

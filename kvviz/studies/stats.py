@@ -19,12 +19,17 @@ so a contrast is a 2 x 2 table of paired verdicts, not two independent proportio
   a prompt the full cache gets wrong is reported apart, never counted as an eviction failure.
 - `paired_table(rows, a, b)`: the 2 x 2 table of two policies over the gated prompts.
 
+- `study_result(study, id)`: one result of a pre-registered study's answers.json, with its
+  mark, "primary" or "secondary" (what the lesson's {primary.*} and {secondary.*} quote).
+
 No scipy: the binomial tails are sums of exact terms (math.comb, in log space for large n).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvviz.core.metrics import wilson
 
@@ -297,3 +302,48 @@ def paired_table(rows, a: str, b: str, by: str = "label") -> Paired:
     x, y = sides[0].loc[ids], sides[1].loc[ids]
     return Paired(a=int((x & y).sum()), b=int((x & ~y).sum()), c=int((~x & y).sum()),
                   d=int((~x & ~y).sum()), dropped=int(apart["id"].nunique()))
+
+
+# --- a study's answers file (written by lab/study_report.py) ------------------------------
+MARKS = ("primary", "secondary")
+
+
+def studies_dir() -> Path:
+    """studies/ in the traces folder: one folder per pre-registered study, each with its
+    preregistration.toml, results and answers.json."""
+    from kvviz.core.paths import traces_or_default
+
+    return traces_or_default() / "studies"
+
+
+def study_answers(study: str, folder=None) -> tuple[Path, dict]:
+    """(the path, the dict) of `study`'s answers.json; ValueError naming the file when it is
+    missing, unreadable or not a study's answers."""
+    if not study or not study.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"study {study!r}: not a study name (a folder in traces/studies/)")
+    path = Path(folder if folder is not None else studies_dir() / study) / "answers.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (the study's report writes it: python -m "
+                         f"lab.study_report {path.parent} --write)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("claims"), dict):
+        raise ValueError(f"{path}: not a study's answers (no claims)")
+    return path, data
+
+
+def study_result(study: str, rid: str, folder=None) -> tuple[Path, dict]:
+    """One result of a study's answers by id (<claim> for its primary, <claim>.<n> for a
+    secondary): (the file, the result, with its status "primary" or "secondary")."""
+    path, data = study_answers(study, folder)
+    for claim in data["claims"].values():
+        for r in claim.get("results", []):
+            if r.get("id") == rid:
+                if r.get("status") not in MARKS:
+                    raise ValueError(f"{path}: result {rid} is marked neither primary nor "
+                                     "secondary")
+                return path, r
+    ids = [r.get("id") for c in data["claims"].values() for r in c.get("results", [])]
+    raise ValueError(f"{path}: no result {rid!r} (results: {', '.join(map(str, ids)) or 'none'})")
