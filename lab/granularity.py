@@ -145,6 +145,7 @@ def part2(folder: Path, seeds: list[int], pair) -> list[str]:
         keys = sorted(m["key_positions"])
         ans = group_key_attention(attn, keys, list(range(T0 - 1, T0 - 1 + len(new))), G)
         sel = group_key_attention(attn, keys, [T0 - 1], G)
+        win = group_key_attention(attn, keys, list(range(T0 - 16, T0)), G)  # SnapKV's obsWindow
         total = ans.sum()
         for name, label in POLICIES.items():
             hl = np.repeat(held_whole(lay, label), G, axis=1)
@@ -160,18 +161,18 @@ def part2(folder: Path, seeds: list[int], pair) -> list[str]:
         hk = held_whole(kv, POLICIES["tova"]).ravel()
         hl = np.repeat(held_whole(lay, POLICIES["tova"]), G, axis=1).ravel()
         top.append((kv_id, [(int(i) // G, int(i) % G, float(ans.ravel()[i]), float(sel.ravel()[i]),
-                             bool(hl[i]), bool(hk[i])) for i in order]))
+                             float(win.ravel()[i]), bool(hl[i]), bool(hk[i])) for i in order]))
     lines += [f"| mean | {name} | {100 * np.mean([a for a, _ in v]):.0f} % | "
               f"{100 * np.mean([b for _, b in v]):.0f} % |" for name, v in shares.items()]
     lines += ["", f"Rank correlation, over the {ans.size} streams, between the attention the "
               "prompt's last step pays the key (what TOVA ranks on) and the answer's: "
               + ", ".join(f"{c:.2f}" for c in corr), ""]
     for kv_id, rows in top[:2]:
-        lines += [f"The ten streams that read the key most while answering, {kv_id} (TOVA budget 128):", "",
-                  "| layer | KV head | answer's key attention | last prompt step's | held per layer | "
-                  "held per KV head |", "|---|---|---|---|---|---|"]
-        lines += [f"| {layer} | {g} | {a:.3f} | {s:.3f} | {'yes' if hl else 'no'} | {'yes' if hk else 'no'} |"
-                  for layer, g, a, s, hl, hk in rows] + [""]
+        lines += [f"The ten streams that read the key most while answering, {kv_id} (held: TOVA, budget 128):",
+                  "", "| layer | KV head | answer's key attention | last prompt step's | last 16 steps' (mean) | "
+                  "held per layer | held per KV head |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {layer} | {g} | {a:.3f} | {s:.3f} | {w:.3f} | {'yes' if hl else 'no'} | "
+                  f"{'yes' if hk else 'no'} |" for layer, g, a, s, w, hl, hk in rows] + [""]
     return lines
 
 
