@@ -478,7 +478,7 @@ PRIMARY_WORD = re.compile(r"\bprimary\b", re.I)
 FORGETS_TITLE = re.compile(r"\bforg(?:et|ets|ot|otten|etting)\b(?!\s+view)", re.I)
 FORGETS_NOTE = re.compile(r"\b(?:forgets|forgot|forgotten)\b", re.I)
 LEAST_RETURNS = 2  # returns inside the eviction window: a quiet stretch between two of them
-RETURN_TASKS = ("recall",)  # tasks whose key the text returns to (their reminder_positions)
+RETURN_TASKS = ("recall", "returns")  # tasks whose key the text returns to (reminder_positions)
 
 
 def _sentences(note: str) -> list[str]:
