@@ -188,7 +188,24 @@ def test_full_cache_gate_reads_the_column_when_there():
 def test_paired_table_refuses_two_settings_in_one_cell():
     rows = table([("p1", "full", "full", True), ("p1", "tova", "tova", True),
                   ("p1", "tova", "tova", False), ("p1", "h2o", "h2o", True)])
-    with pytest.raises(ValueError, match="a: prompt 'p1' has two rows"):
+    with pytest.raises(ValueError, match=r"a: two rows for one prompt \(id p1\)"):
         S.paired_table(rows, "tova", "h2o", by="policy")
     with pytest.raises(ValueError, match="b: no rows with policy == 'snapkv'"):
         S.paired_table(rows, "h2o", "snapkv", by="policy")
+
+
+def test_paired_sides_pairs_two_variants_of_a_prompt_and_gates_both():
+    # H2O with returns (ids r3-*) against H2O without (r0-*), paired by haystack and depth;
+    # a pair enters only where the full cache answered both prompts
+    cols = ["id", "haystack", "depth", "correct", "full_cache_correct"]
+    with_returns = pd.DataFrame([("r3-a", "a", 10, True, True), ("r3-b", "b", 10, True, True),
+                                 ("r3-c", "c", 10, False, True), ("r3-d", "d", 10, True, False)], columns=cols)
+    without = pd.DataFrame([("r0-a", "a", 10, False, True), ("r0-b", "b", 10, True, True),
+                            ("r0-c", "c", 10, False, False), ("r0-d", "d", 10, False, True),
+                            ("r0-e", "e", 10, False, True)], columns=cols)
+    t = S.paired_sides(with_returns, without, on=("haystack", "depth"))
+    # a: right/wrong, b: both right; c and d set apart (one prompt each the full cache missed);
+    # e has no partner
+    assert (t.a, t.b, t.c, t.d, t.dropped) == (1, 1, 0, 0, 2)
+    with pytest.raises(ValueError, match=r"b: two rows for one prompt \(haystack a, depth 10\)"):
+        S.paired_sides(with_returns, pd.concat([without, without.iloc[:1]]), on=("haystack", "depth"))

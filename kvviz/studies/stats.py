@@ -33,8 +33,9 @@ from pathlib import Path
 
 from kvviz.core.metrics import wilson
 
-__all__ = ["wilson", "mcnemar_exact", "paired_diff_interval", "power_paired", "n_for_power",
-           "holm", "full_cache_gate", "paired_table", "Paired", "Z95"]
+__all__ = ["wilson", "mcnemar_exact", "paired_diff_interval", "power_paired", "power_at_gap",
+           "n_for_power", "holm", "full_cache_gate", "with_full_verdict", "paired_sides",
+           "paired_table", "Paired", "Z95", "study_result"]
 
 Z95 = 1.959963984540054  # the two-sided 95 % normal quantile
 
@@ -212,14 +213,11 @@ def _full_verdict(rows):
     has it, else the `full` policy's own row."""
     import pandas as pd
 
-    if "full_cache_correct" in rows and rows["full_cache_correct"].notna().all():
-        v = rows.groupby("id")["full_cache_correct"].first()
-        return v.astype(bool)
     full = rows[rows["policy"] == FULL]
     if full.empty:
         raise ValueError("rows: no full_cache_correct column and no full-cache rows (policy "
                          "'full'): the full-cache gate needs one of them")
-    v = full.groupby("id")["correct"].first().astype(bool)
+    v = _bool(full.groupby("id")["correct"].first())
     missing = sorted(set(rows["id"]) - set(v.index))
     if missing:
         raise ValueError(f"rows: prompt {missing[0]!r} has no full-cache row")
@@ -233,8 +231,7 @@ def full_cache_gate(rows):
     for col in ("id", "policy", "correct"):
         if col not in rows:
             raise ValueError(f"rows: no {col!r} column (a needle results table is required)")
-    ok = _full_verdict(rows)
-    keep = rows["id"].map(ok).astype(bool)
+    keep = with_full_verdict(rows)["full_cache_correct"]
     return rows[keep], rows[~keep]
 
 
@@ -280,28 +277,62 @@ class Paired:
         return power_at_gap(self.n, gap, min(disc, 1.0), alpha)
 
 
+def _bool(col):
+    """A verdict column as booleans (read from CSV as bool or as text)."""
+    return col.astype(str).str.lower().isin(["true", "1"])
+
+
+def with_full_verdict(rows):
+    """`rows` with full_cache_correct: the full cache's verdict on each row's prompt (the
+    column as given where the table has it whole, else the `full` policy's own row)."""
+    if "full_cache_correct" in rows and rows["full_cache_correct"].notna().all():
+        return rows.assign(full_cache_correct=_bool(rows["full_cache_correct"]))
+    ok = _full_verdict(rows)
+    return rows.assign(full_cache_correct=rows["id"].map(ok).astype(bool))
+
+
+def paired_sides(side_a, side_b, on=("id",)) -> Paired:
+    """The 2 x 2 table of side A's rows against side B's, paired by the columns `on` (the
+    prompt's id, or e.g. haystack, depth and seed to pair two variants of one prompt). A pair
+    enters only where the full cache answered both sides' prompts (full_cache_correct, see
+    with_full_verdict); `dropped` counts the pairs set apart. ValueError when a side has two
+    rows for one pair (the side is not one setting)."""
+    on = list(on)
+    cols = [*on, "correct", "full_cache_correct"]
+    for name, s in (("a", side_a), ("b", side_b)):
+        missing = [c for c in cols if c not in s]
+        if missing:
+            raise ValueError(f"{name}: no {missing[0]!r} column in the rows")
+        dup = s.duplicated(on)
+        if dup.any():
+            key = ", ".join(f"{c} {v}" for c, v in zip(on, s.loc[dup, on].iloc[0]))
+            raise ValueError(f"{name}: two rows for one prompt ({key}): narrow the side to one "
+                             "setting")
+    m = side_a[cols].merge(side_b[cols], on=on, suffixes=("_a", "_b"))
+    ok = _bool(m["full_cache_correct_a"]) & _bool(m["full_cache_correct_b"])
+    x, y = _bool(m.loc[ok, "correct_a"]), _bool(m.loc[ok, "correct_b"])
+    return Paired(a=int((x & y).sum()), b=int((x & ~y).sum()), c=int((~x & y).sum()),
+                  d=int((~x & ~y).sum()), dropped=int((~ok).sum()))
+
+
 def paired_table(rows, a: str, b: str, by: str = "label") -> Paired:
     """The 2 x 2 table of policy A (rows whose `by` column is `a`) against B over the prompts
     both answered and the full cache answered; `dropped` counts the prompts the full cache got
     wrong. ValueError when a prompt has two rows of one side (the cell is not one setting)."""
     if by not in rows:
         raise ValueError(f"by: no column {by!r} in the rows")
-    kept, apart = full_cache_gate(rows)
+    for col in ("id", "policy", "correct"):
+        if col not in rows:
+            raise ValueError(f"rows: no {col!r} column (a needle results table is required)")
+    rows = with_full_verdict(rows)
     sides = []
     for name, val in (("a", a), ("b", b)):
-        s = kept[kept[by] == val]
-        if s.empty and (rows[by] == val).sum() == 0:
+        s = rows[rows[by] == val]
+        if s.empty:
             raise ValueError(f"{name}: no rows with {by} == {val!r} (values: "
                              f"{', '.join(sorted(map(str, set(rows[by]))))})")
-        dup = s["id"].duplicated()
-        if dup.any():
-            raise ValueError(f"{name}: prompt {s['id'][dup].iloc[0]!r} has two rows with {by} == "
-                             f"{val!r} (narrow the cell to one setting)")
-        sides.append(s.set_index("id")["correct"].astype(bool))
-    ids = sorted(set(sides[0].index) & set(sides[1].index))
-    x, y = sides[0].loc[ids], sides[1].loc[ids]
-    return Paired(a=int((x & y).sum()), b=int((x & ~y).sum()), c=int((~x & y).sum()),
-                  d=int((~x & ~y).sum()), dropped=int(apart["id"].nunique()))
+        sides.append(s)
+    return paired_sides(*sides, on=("id",))
 
 
 # --- a study's answers file (written by lab/study_report.py) ------------------------------
