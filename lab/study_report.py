@@ -57,13 +57,17 @@ from kvviz.studies import stats as S
 from lab import REPO, STUDIES
 
 PREREG = "preregistration.toml"
-FIELDS = {"study", "title", "results", "alpha", "claim"}
+FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "document"}
 CLAIM_FIELDS = {"name", "card", "hypothesis", "by", "gap", "power", "discordance", "prompts",
                 "primary", "secondary"}
 
 
-def _fail(path, where, rule):
-    raise ValueError(f"{Path(path).name}: {where}: {rule}")
+class PreregError(ValueError):
+    """The pre-registration itself is wrong (not a cell that did not run)."""
+
+
+def _fail(path, where, rule, error=ValueError):
+    raise error(f"{Path(path).name}: {where}: {rule}")
 
 
 def load_prereg(folder: Path) -> dict:
@@ -111,35 +115,80 @@ def _cell(rows: pd.DataFrame, where: dict, path, what) -> pd.DataFrame:
     mask = pd.Series(True, index=rows.index)
     for col, val in where.items():
         if col not in rows:
-            _fail(path, what, f"where.{col}: the results have no column {col!r}")
+            _fail(path, what, f"where.{col}: the results have no column {col!r}", PreregError)
         mask &= rows[col].astype(str) == str(val) if isinstance(val, str) else rows[col] == val
     return rows[mask]
 
 
-def _with_full_verdict(rows: pd.DataFrame) -> pd.DataFrame:
-    """The full cache's verdict on each row's prompt as a column (before a `where` on budget or
-    policy drops the full cache's own rows)."""
-    if "full_cache_correct" in rows and rows["full_cache_correct"].notna().all():
-        return rows
-    kept, _ = S.full_cache_gate(rows)
-    return rows.assign(full_cache_correct=rows["id"].isin(set(kept["id"])))
+def _side(spec_side, by: str) -> dict:
+    """A side's selection: {by: value} for a plain value, else the table as given."""
+    return dict(spec_side) if isinstance(spec_side, dict) else {by: spec_side}
 
 
-def contrast(rows, spec: dict, by: str, gap: float, alpha: float, path, what) -> dict:
-    cell = _cell(rows, spec.get("where", {}), path, what)
-    if cell.empty:
-        _fail(path, what, f"no results match where = {spec.get('where', {})}")
-    t = S.paired_table(cell, str(spec["a"]), str(spec["b"]), by=by)
-    lo, hi = t.interval()
+def _name(sel: dict, by: str) -> str:
+    return str(sel[by]) if list(sel) == [by] else ", ".join(f"{k} {v}" for k, v in sel.items())
+
+
+def _acc(t: S.Paired) -> dict:
     acc = {}
     for side, k in (("a", t.a + t.b), ("b", t.a + t.c)):
         wl, wh = S.wilson(k, t.n) if t.n else (float("nan"), float("nan"))
         acc[side] = [k, t.n, wl, wh]
-    return {"a": str(spec["a"]), "b": str(spec["b"]), "where": dict(spec.get("where", {})),
-            "table": [t.a, t.b, t.c, t.d], "n": t.n, "full_cache_wrong": t.dropped,
-            "accuracy": acc, "diff": t.diff, "interval": [lo, hi], "p": t.p,
-            "discordance": (t.b + t.c) / t.n if t.n else float("nan"),
-            "power": t.power(gap, alpha) if t.n else 0.0, "gap": gap}
+    return acc
+
+
+def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, path, what) -> dict:
+    """One contrast: side A's rows against side B's within `where`, paired by `pair` (the
+    prompt's id by default), each side's prompts gated by the full cache. kind "interaction":
+    the gain of A over B at the first value of `across` minus its gain at the second, per
+    pair, and the exact sign test on the non-zero differences."""
+    where = dict(spec.get("where", {}))
+    cell = _cell(rows, where, path, what)
+    if cell.empty:
+        _fail(path, what, f"no results match where = {where}")
+    a, b = _side(spec["a"], by), _side(spec["b"], by)
+    pair = list(spec.get("pair", ["id"]))
+    base = {"name": spec.get("name", ""), "a": _name(a, by), "b": _name(b, by), "where": where,
+            "pair": pair, "kind": spec.get("kind", "paired"), "gap": gap}
+    if base["kind"] == "interaction":
+        return {**base, **_interaction(cell, a, b, pair, spec, path, what)}
+    sa, sb = _cell(cell, a, path, what + " a"), _cell(cell, b, path, what + " b")
+    for side, rows_ in (("a", sa), ("b", sb)):
+        if rows_.empty:
+            _fail(path, what, f"side {side} ({_name(a if side == 'a' else b, by)}) has no rows "
+                              f"at where = {where}")
+    t = S.paired_sides(sa, sb, on=pair)
+    lo, hi = t.interval()
+    out = {**base, "table": [t.a, t.b, t.c, t.d], "n": t.n, "full_cache_wrong": t.dropped,
+           "accuracy": _acc(t), "diff": t.diff, "interval": [lo, hi], "p": t.p,
+           "discordance": (t.b + t.c) / t.n if t.n else float("nan"),
+           "power": t.power(gap, alpha) if t.n else 0.0}
+    total = t.n + t.dropped
+    out["testable"] = bool(total) and t.n / total >= least
+    return out
+
+
+def _interaction(cell, a, b, pair, spec, path, what) -> dict:
+    across = spec.get("across")
+    if not isinstance(across, dict) or len(across) != 1 or len(next(iter(across.values()))) != 2:
+        _fail(path, what, "an interaction needs across = { COLUMN = [first, second] }", PreregError)
+    col, (v1, v2) = next(iter(across.items()))
+    gains, dropped = [], 0
+    for v in (v1, v2):
+        part = _cell(cell, {col: v}, path, what)
+        sa, sb = _cell(part, a, path, what), _cell(part, b, path, what)
+        m = S.with_full_verdict(sa)[[*pair, "correct", "full_cache_correct"]].merge(
+            S.with_full_verdict(sb)[[*pair, "correct", "full_cache_correct"]], on=pair, suffixes=("_a", "_b"))
+        ok = S._bool(m["full_cache_correct_a"]) & S._bool(m["full_cache_correct_b"])
+        dropped += int((~ok).sum())
+        m = m[ok]
+        gains.append(m[pair].assign(g=S._bool(m["correct_a"]).astype(int) - S._bool(m["correct_b"]).astype(int)))
+    both = gains[0].merge(gains[1], on=pair, suffixes=("1", "2"))
+    d = both["g1"] - both["g2"]
+    pos, neg = int((d > 0).sum()), int((d < 0).sum())
+    return {"across": {col: [v1, v2]}, "n": len(both), "full_cache_wrong": dropped,
+            "positive": pos, "negative": neg, "diff": float(d.mean()) if len(d) else float("nan"),
+            "p": S.mcnemar_exact(pos, neg), "testable": len(both) > 0}
 
 
 def _secondaries(rows, claim, path) -> list[dict]:
@@ -151,7 +200,7 @@ def _secondaries(rows, claim, path) -> list[dict]:
         vary = list(s.get("vary", []))
         base = {k: v for k, v in s.get("where", {}).items() if k not in vary}
         if not vary:
-            out.append({"a": s["a"], "b": s["b"], "where": base})
+            out.append({**s, "where": base})
             continue
         cell = _cell(rows, base, path, f"{claim['name']} secondary {j + 1}")
         for col in vary:
@@ -163,7 +212,7 @@ def _secondaries(rows, claim, path) -> list[dict]:
             same = (str(s["a"]), str(s["b"])) == (str(prim["a"]), str(prim["b"])) and \
                 where == dict(prim.get("where", {}))
             if not same and not _cell(rows, where, path, "vary").empty:
-                out.append({"a": s["a"], "b": s["b"], "where": where})
+                out.append({**{k: v for k, v in s.items() if k != "vary"}, "where": where})
     return out
 
 
@@ -175,33 +224,44 @@ def analyse(folder: Path) -> dict:
     table = folder / pre["results"]
     if not table.is_file():
         raise ValueError(f"{path}: results: no file {table} (the study has not run yet)")
-    rows = _with_full_verdict(pd.read_csv(table))
-    alpha = float(pre["alpha"])
+    rows = S.with_full_verdict(pd.read_csv(table, keep_default_na=False, na_values=[""]))
+    alpha, least = float(pre["alpha"]), float(pre.get("least_full", 0.0))
     claims = {}
     for c in pre["claim"]:
         by, gap = c.get("by", "label"), float(c.get("gap", 0.2))
-        prim = contrast(rows, c["primary"], by, gap, alpha, path, f"{c['name']} primary")
+        try:
+            prim = contrast(rows, c["primary"], by, gap, alpha, least, path, f"{c['name']} primary")
+        except PreregError:
+            raise
+        except ValueError as exc:
+            prim = {"name": c["primary"].get("name", ""), "where": dict(c["primary"].get("where", {})),
+                    "not_run": str(exc), "testable": False}
         prim.update(id=c["name"], status="primary")
         secs = []
         for i, spec in enumerate(_secondaries(rows, c, path)):
             try:
-                r = contrast(rows, spec, by, gap, alpha, path, f"{c['name']} secondary")
-            except ValueError:
-                continue  # a cell of the grid one side did not run (said in the page's count)
+                r = contrast(rows, spec, by, gap, alpha, least, path, f"{c['name']} secondary")
+            except PreregError:
+                raise
+            except ValueError as exc:  # a registered cell that did not run: said, not tested
+                r = {"name": spec.get("name", ""), "where": dict(spec.get("where", {})),
+                     "not_run": str(exc), "testable": False}
             r.update(id=f"{c['name']}.{i + 1}", status="secondary")
             secs.append(r)
-        for r, h in zip(secs, S.holm([r["p"] for r in secs])):
+        tested = [r for r in secs if r["testable"]]
+        for r, h in zip(tested, S.holm([r["p"] for r in tested])):
             r["holm_p"] = h
         for r in (prim, *secs):
             r["text"] = result_line(r)  # what a lesson's {primary.*} / {secondary.*} quotes
         claims[c["name"]] = {"card": c.get("card", ""), "hypothesis": c.get("hypothesis", ""),
                              "planned": {k: c[k] for k in ("gap", "power", "discordance", "prompts")
                                          if k in c},
-                             "results": [prim, *secs]}
+                             "holm_family": len(tested), "results": [prim, *secs]}
     return {"study": pre["study"], "title": pre.get("title", pre["study"]), "alpha": alpha,
+            "least_full": least,
             "preregistration": str(path.resolve().relative_to(REPO))
             if path.resolve().is_relative_to(REPO) else str(path),
-            "registered": registration(folder, pre["results"]),
+            "registered": registration(folder, pre["results"], pre.get("document")),
             "results_table": pre["results"], "claims": claims}
 
 
@@ -217,9 +277,15 @@ def first_commit(path: Path) -> tuple[str, int] | None:
     return (lines[-2], int(lines[-1])) if len(lines) >= 2 else None
 
 
-def registration(folder: Path, results: str) -> str:
-    """Whether git shows the pre-registration committed before the results, in words."""
+def registration(folder: Path, results: str, document: str | None = None) -> str:
+    """Whether git shows the pre-registration committed before the results, in words. With
+    `document` (the written pre-registration the TOML transcribes, relative to the checkout),
+    the earlier of the two first commits counts."""
     pre, res = first_commit(Path(folder) / PREREG), first_commit(Path(folder) / results)
+    if document:
+        doc = first_commit(REPO / document)
+        if doc is not None and (pre is None or doc[1] < pre[1]):
+            pre = doc
     if pre is None:
         return "the pre-registration is not committed: these results are not pre-registered"
     if res is None:
@@ -249,12 +315,27 @@ def where_text(w: dict) -> str:
 def result_line(r: dict) -> str:
     """One result in words, with its mark: the contrast, accuracies, paired gap with its
     interval, the exact test, the power, and the prompts set apart."""
+    label = f"{r['name']}: " if r.get("name") else ""
+    if "not_run" in r:
+        return f"[{r['status']}, not run] {label}{where_text(r['where'])}: {r['not_run']}"
+    if not r["testable"] and r.get("kind") != "interaction":
+        total = r["n"] + r["full_cache_wrong"]
+        return (f"[{r['status']}, not testable] {label}{r['a']} against {r['b']} at "
+                f"{where_text(r['where'])}: the full cache answered {r['n']} of {total} prompts")
+    if r.get("kind") == "interaction":
+        (col, (v1, v2)), = r["across"].items()
+        p = f"p = {r['p']:.2g}" + (f", Holm p = {r['holm_p']:.2g}" if "holm_p" in r else "")
+        return (f"[{mark(r)}] {label}the gain of {r['a']} over {r['b']} at {col} {v1} minus its gain at "
+                f"{col} {v2}, at {where_text(r['where'])}, per pair of prompts ({', '.join(r['pair'])}): "
+                f"positive in {r['positive']}, negative in {r['negative']} of {r['n']} pairs, mean "
+                f"{r['diff']:+.2f}; exact sign test {p}; the full cache got {r['full_cache_wrong']} "
+                "pairs' prompts wrong (set apart)")
     (ka, n, la, ha), (kb, _, lb, hb) = r["accuracy"]["a"], r["accuracy"]["b"]
     lo, hi = r["interval"]
     if not n:
-        return f"[{mark(r)}] {r['a']} against {r['b']} at {where_text(r['where'])}: no gated prompts"
+        return f"[{mark(r)}] {label}{r['a']} against {r['b']} at {where_text(r['where'])}: no gated prompts"
     p = f"p = {r['p']:.2g}" + (f", Holm p = {r['holm_p']:.2g}" if r["status"] == "secondary" else "")
-    return (f"[{mark(r)}] {r['a']} against {r['b']} at {where_text(r['where'])}: "
+    return (f"[{mark(r)}] {label}{r['a']} against {r['b']} at {where_text(r['where'])}: "
             f"{ka}/{n} ({pct(ka / n)} [{pct(la)}–{pct(ha)}]) against {kb}/{n} ({pct(kb / n)} "
             f"[{pct(lb)}–{pct(hb)}]); paired gap {100 * r['diff']:+.0f} points, 95 % interval "
             f"[{100 * lo:+.0f}, {100 * hi:+.0f}] (Newcombe); discordant {r['table'][1]} against "
@@ -297,9 +378,12 @@ def page(ans: dict) -> str:
             lines += [f"Hypothesis: {c['hypothesis']}", ""]
         if c["planned"]:
             lines += ["Planned: " + ", ".join(f"{k} {v}" for k, v in c["planned"].items()), ""]
-        lines += [f"**Primary.** {result_line(prim)}.", "", needed(prim, c["planned"]), ""]
+        lines += [f"**Primary.** {result_line(prim)}.", ""]
+        if prim.get("testable") and prim.get("kind", "paired") == "paired":
+            lines += [needed(prim, c["planned"]), ""]
         if secs:
-            lines += [f"Secondary ({len(secs)} contrasts, Holm-corrected):", ""]
+            lines += [f"Secondary ({len(secs)} registered; Holm-corrected over the "
+                      f"{c['holm_family']} that ran and were testable):", ""]
             lines += [f"- {result_line(r)}" for r in secs] + [""]
     return "\n".join(lines)
 
@@ -310,10 +394,11 @@ def summary(ans: dict) -> str:
     for name, c in ans["claims"].items():
         r = c["results"][0]
         out.append(f"{name}: {result_line(r)}")
-        out.append(f"  {needed(r, c['planned'])}")
-        sig = [s for s in c["results"][1:] if s["holm_p"] <= ans["alpha"]]
-        out.append(f"  secondary: {len(c['results']) - 1} contrasts, {len(sig)} at Holm p <= "
-                   f"{ans['alpha']:g}")
+        if r.get("testable") and r.get("kind", "paired") == "paired":
+            out.append(f"  {needed(r, c['planned'])}")
+        sig = [s for s in c["results"][1:] if s.get("holm_p", 1.0) <= ans["alpha"]]
+        out.append(f"  secondary: {len(c['results']) - 1} registered, {c['holm_family']} tested, "
+                   f"{len(sig)} at Holm p <= {ans['alpha']:g}")
     return "\n".join(out)
 
 

@@ -131,3 +131,74 @@ def test_bad_preregistration_is_named(study, capsys):
     (study / R.PREREG).unlink()
     with pytest.raises(ValueError, match="no preregistration.toml"):
         R.analyse(study)
+
+
+VARIANTS = """
+study = "var"
+least_full = 0.5
+[[claim]]
+name = "returns"
+by = "policy"
+[claim.primary]
+name = "P1"
+a = "h2o"
+b = "tova"
+where = { returns = 3 }
+pair = ["haystack"]
+[[claim.secondary]]
+name = "S1.1 positive control"
+a = { policy = "h2o", returns = 3 }
+b = { policy = "h2o", returns = 0 }
+pair = ["haystack"]
+[[claim.secondary]]
+name = "S1.5 not run"
+a = "h2o"
+b = "tova"
+where = { returns = 9 }
+pair = ["haystack"]
+[[claim.secondary]]
+name = "S2.2 interaction"
+kind = "interaction"
+a = "h2o"
+b = "tova"
+across = { returns = [3, 0] }
+pair = ["haystack"]
+"""
+
+
+def variant_rows():
+    """Two variants of each of six haystacks' prompt (returns 3 and 0); the full cache wrong
+    on haystack f's returns-0 prompt. Verdicts (h2o, tova):
+        returns 3: a (1, 0), b (1, 0), c (1, 1), d (0, 0), e (1, 0), f (0, 1)
+        returns 0: a (0, 0), b (1, 0), c (0, 1), d (0, 0), e (0, 0), f (gated out)"""
+    v3 = {"a": (1, 0), "b": (1, 0), "c": (1, 1), "d": (0, 0), "e": (1, 0), "f": (0, 1)}
+    v0 = {"a": (0, 0), "b": (1, 0), "c": (0, 1), "d": (0, 0), "e": (0, 0), "f": (1, 1)}
+    rows = []
+    for k, verdicts in ((3, v3), (0, v0)):
+        for h, (h2o, tova) in verdicts.items():
+            pid = f"returns{k}-{h}"
+            rows += [(pid, h, k, "full", not (k == 0 and h == "f")), (pid, h, k, "h2o", bool(h2o)),
+                     (pid, h, k, "tova", bool(tova))]
+    df = pd.DataFrame(rows, columns=["id", "haystack", "returns", "policy", "correct"])
+    return df.assign(label=df["policy"])
+
+
+def test_variants_pairs_not_run_and_interaction(tmp_path):
+    folder = tmp_path / "var"
+    folder.mkdir()
+    variant_rows().to_csv(folder / "results.csv", index=False)
+    (folder / R.PREREG).write_text(VARIANTS)
+    res = R.analyse(folder)["claims"]["returns"]["results"]
+    prim, control, missing, inter = res
+    assert prim["name"] == "P1" and prim["table"] == [1, 3, 1, 1] and prim["full_cache_wrong"] == 0
+    # the positive control pairs H2O's returns-3 prompt with its returns-0 twin: a (1, 0),
+    # b (1, 1), c (1, 0), d (0, 0), e (1, 0); f set apart (its returns-0 prompt failed the gate)
+    assert control["table"] == [1, 3, 0, 1] and control["full_cache_wrong"] == 1
+    assert control["p"] == pytest.approx(2 / 8)  # 3 against 0: 2 x (1/2)^3
+    assert "not_run" in missing and "not run" in missing["text"] and "holm_p" not in missing
+    # gains (h2o - tova) at returns 3 minus at returns 0: a 1-0, b 1-1, c 0-(-1), d 0-0, e 1-0
+    assert (inter["positive"], inter["negative"], inter["n"]) == (3, 0, 5)
+    assert inter["p"] == pytest.approx(0.25)
+    # Holm over the two secondaries that ran: 0.25 and 0.25 -> 0.5 each
+    assert control["holm_p"] == pytest.approx(0.5) and inter["holm_p"] == pytest.approx(0.5)
+    assert "Holm-corrected over the 2 that ran" in R.page(R.analyse(folder))
