@@ -371,6 +371,28 @@ def result_line(r: dict) -> str:
             "(set apart)")
 
 
+def verdict(r: dict, alpha: float) -> str:
+    """The claim's answer from its primary contrast (A is the side the hypothesis expects to
+    answer more often)."""
+    if "not_run" in r:
+        return "not answered: the primary contrast did not run."
+    if not r["testable"]:
+        return "not answered: the full cache fails too many of the primary cell's prompts."
+    if r.get("kind") == "interaction":
+        ok = r["p"] <= alpha
+        return ("supported" if ok and r["diff"] > 0 else "contradicted" if ok else "not shown") + \
+            f" (exact sign test p = {r['p']:.2g})."
+    lo, hi = r["interval"]
+    span = f"paired gap {100 * r['diff']:+.0f} points, 95 % interval [{100 * lo:+.0f}, {100 * hi:+.0f}]"
+    if r["p"] <= alpha and r["diff"] > 0:
+        return f"supported: {r['a']} answered more often than {r['b']} ({span}, p = {r['p']:.2g})."
+    if r["p"] <= alpha:
+        return f"contradicted: {r['b']} answered more often than {r['a']} ({span}, p = {r['p']:.2g})."
+    return (f"not shown: {span}, p = {r['p']:.2g}; the test had {pct(r['power'])} power to detect a "
+            f"{100 * r['gap']:.0f}-point gap at the observed discordance, so a gap that size "
+            f"{'would likely have been found' if r['power'] >= 0.8 else 'could have been missed'}.")
+
+
 def needed(r: dict, planned: dict) -> str:
     """The prompts a cell would need for the planned power at the observed discordance."""
     want = float(planned.get("power", 0.8))
@@ -404,7 +426,8 @@ def page(ans: dict) -> str:
             lines += [f"Hypothesis: {c['hypothesis']}", ""]
         if c["planned"]:
             lines += ["Planned: " + ", ".join(f"{k} {v}" for k, v in c["planned"].items()), ""]
-        lines += [f"**Primary.** {result_line(prim)}.", ""]
+        lines += [f"**Answer (from the primary contrast):** {verdict(prim, ans['alpha'])}", "",
+                  f"**Primary.** {result_line(prim)}.", ""]
         if prim.get("testable") and prim.get("kind", "paired") == "paired":
             lines += [needed(prim, c["planned"]), ""]
         if secs:
@@ -419,7 +442,8 @@ def summary(ans: dict) -> str:
     out = [f"{ans['study']}: {ans['title']} ({ans['registered']})"]
     for name, c in ans["claims"].items():
         r = c["results"][0]
-        out.append(f"{name}: {result_line(r)}")
+        out.append(f"{name}: {verdict(r, ans['alpha'])}")
+        out.append(f"  {result_line(r)}")
         if r.get("testable") and r.get("kind", "paired") == "paired":
             out.append(f"  {needed(r, c['planned'])}")
         sig = [s for s in c["results"][1:] if s.get("holm_p", 1.0) <= ans["alpha"]]

@@ -110,7 +110,8 @@ def test_report_writes_no_tracked_file_without_write(study, tmp_path, monkeypatc
     assert json.loads((tmp_path / "out/studies/synth/answers.json").read_text())["study"] == "synth"
     assert not (study / "answers.json").exists()
     printed = capsys.readouterr().out
-    assert "forgets: [primary] tova against h2o" in printed and "95 % interval" in printed
+    assert "forgets: contradicted" in printed and "[primary] tova against h2o" in printed
+    assert "95 % interval" in printed
 
 
 def test_write_goes_to_the_study_and_docs(study, tmp_path, monkeypatch):
@@ -202,3 +203,20 @@ def test_variants_pairs_not_run_and_interaction(tmp_path):
     # Holm over the two secondaries that ran: 0.25 and 0.25 -> 0.5 each
     assert control["holm_p"] == pytest.approx(0.5) and inter["holm_p"] == pytest.approx(0.5)
     assert "Holm-corrected over the 2 that ran" in R.page(R.analyse(folder))
+
+
+def test_the_answer_follows_the_primary_contrast(study):
+    ans = R.analyse(study)
+    # budget 64: TOVA (A) 7/28 against H2O (B) 17/28, p = 2 * 106 / 2^14 < 0.05: the
+    # hypothesis (A answers more often) is contradicted
+    assert R.verdict(ans["claims"]["forgets"]["results"][0], 0.05).startswith(
+        "contradicted: h2o answered more often than tova")
+    low_power = dict(ans["claims"]["forgets"]["results"][1])  # budget 128: 1 against 6, p = 0.125
+    assert R.verdict(low_power, 0.05).startswith("not shown: paired gap -17 points")
+    assert "could have been missed" in R.verdict(low_power, 0.05)
+
+
+def test_a_missing_table_is_named(study):
+    (study / "results.csv").unlink()
+    with pytest.raises(ValueError, match="results: none of results.csv exists .*has not run yet"):
+        R.analyse(study)
