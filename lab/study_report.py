@@ -26,19 +26,41 @@ The pre-registration (TOML):
     power = 0.8
     discordance = 0.4                # the discordance that computation assumed
     prompts = 84                     # the planned prompts per cell (n_for_power)
-    [claim.primary]
-    a = "tova"
-    b = "h2o"
+    [claim.primary]                  # A: the side the hypothesis expects to answer more often
+    name = "P1"
+    a = "h2o"
+    b = "tova"
     where = { task = "recall", prompt_mode = "decode", budget = 128, reminder_every = 5 }
     [[claim.secondary]]              # each expands to one contrast per value of `vary`
     a = "tova"
     b = "h2o"
     where = { task = "recall", prompt_mode = "decode" }
     vary = ["budget", "reminder_every"]
+    [[claim.secondary]]              # two variants of one prompt, paired by these columns
+    a = { policy = "h2o", returns = 3 }
+    b = { policy = "h2o", returns = 0 }
+    pair = ["haystack", "depth", "seed"]
+    [[claim.secondary]]              # A's gain over B at 8 words minus its gain at 1 word
+    kind = "interaction"
+    a = "snapkv5"
+    b = "snapkv1"
+    across = { phrase_words = [8, 1] }
+    pair = ["haystack", "depth", "seed"]
+    [[describe]]                     # a table of means, descriptive (no test)
+    title = "..."
+    group = ["label"]
+    values = ["held_end"]
+
+Optional top-level fields: `results` may list several tables; `least_full` (a cell whose
+prompts the full cache answers less often is "not testable"); `document` (the written
+pre-registration this file transcribes: git's first commit of either counts).
 
 The primary contrast is tested at `alpha` uncorrected (it is the one the claim stands on); a
-claim's secondary contrasts form one Holm family. Every printed result is marked "primary" or
-"secondary (Holm p = ...)"; answers.json carries the same marks for the lesson's placeholders.
+claim's secondary contrasts form one Holm family (a registered cell that did not run, or is
+not testable, is listed as such and left out of it). Every printed result is marked
+"primary" or "secondary (Holm p = ...)"; answers.json carries the same marks for the lesson's
+placeholders. A results table not written yet is read from its folder's run files (nothing
+written there): a study still running can be reported.
 """
 from __future__ import annotations
 
@@ -57,7 +79,7 @@ from kvviz.studies import stats as S
 from lab import REPO, STUDIES
 
 PREREG = "preregistration.toml"
-FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "document"}
+FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "document", "describe"}
 CLAIM_FIELDS = {"name", "card", "hypothesis", "by", "gap", "power", "discordance", "prompts",
                 "primary", "secondary"}
 
@@ -283,12 +305,33 @@ def analyse(folder: Path) -> dict:
                              "planned": {k: c[k] for k in ("gap", "power", "discordance", "prompts")
                                          if k in c},
                              "holm_family": len(tested), "results": [prim, *secs]}
+    described = [describe(rows, d, path) for d in pre.get("describe", [])]
     return {"study": pre["study"], "title": pre.get("title", pre["study"]), "alpha": alpha,
-            "least_full": least,
+            "least_full": least, "described": described,
             "preregistration": str(path.resolve().relative_to(REPO))
             if path.resolve().is_relative_to(REPO) else str(path),
             "registered": registration(folder, _tables(pre["results"])[0], pre.get("document")),
             "results_table": source, "claims": claims}
+
+
+def describe(rows, d: dict, path) -> dict:
+    """A [[describe]] table (descriptive, no test): the mean of `values` over the gated
+    prompts' rows of `where`, per combination of `group`."""
+    for key in ("title", "group", "values"):
+        if key not in d:
+            _fail(path, "describe", f"{key} is required (title, where, group, values)", PreregError)
+    cell = _cell(rows, dict(d.get("where", {})), path, "describe")
+    cell = cell[cell["full_cache_correct"]]
+    for col in [*d["group"], *d["values"]]:
+        if col not in cell:
+            return {"title": d["title"], "not_run": f"the results have no column {col!r}"}
+    vals = cell[[*d["group"], *d["values"]]].copy()
+    for col in d["values"]:
+        vals[col] = pd.to_numeric(vals[col], errors="coerce").where(lambda x: x >= 0)
+    g = vals.groupby(list(d["group"]))
+    table = g[list(d["values"])].mean().round(3).join(g.size().rename("rows")).reset_index()
+    return {"title": d["title"], "group": list(d["group"]), "values": list(d["values"]),
+            "where": dict(d.get("where", {})), "rows": table.to_dict(orient="records")}
 
 
 def first_commit(path: Path) -> tuple[str, int] | None:
@@ -434,6 +477,15 @@ def page(ans: dict) -> str:
             lines += [f"Secondary ({len(secs)} registered; Holm-corrected over the "
                       f"{c['holm_family']} that ran and were testable):", ""]
             lines += [f"- {result_line(r)}" for r in secs] + [""]
+    for d in ans.get("described", []):
+        lines += [f"## {d['title']} (descriptive, no test)", ""]
+        if "not_run" in d:
+            lines += [f"Not run: {d['not_run']}.", ""]
+            continue
+        cols = [*d["group"], *d["values"], "rows"]
+        lines += [f"Means over the prompts the full cache answers, at {where_text(d['where'])}:", "",
+                  "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in d["rows"]] + [""]
     return "\n".join(lines)
 
 

@@ -164,6 +164,14 @@ a = "h2o"
 b = "tova"
 across = { returns = [3, 0] }
 pair = ["haystack"]
+[[describe]]
+title = "Accuracy per variant"
+group = ["returns", "policy"]
+values = ["correct"]
+[[describe]]
+title = "A column the table lacks"
+group = ["returns"]
+values = ["neighbours_held_end"]
 """
 
 
@@ -202,7 +210,14 @@ def test_variants_pairs_not_run_and_interaction(tmp_path):
     assert inter["p"] == pytest.approx(0.25)
     # Holm over the two secondaries that ran: 0.25 and 0.25 -> 0.5 each
     assert control["holm_p"] == pytest.approx(0.5) and inter["holm_p"] == pytest.approx(0.5)
-    assert "Holm-corrected over the 2 that ran" in R.page(R.analyse(folder))
+    ans = R.analyse(folder)
+    assert "Holm-corrected over the 2 that ran" in R.page(ans)
+    # descriptive means over the gated prompts: returns 0 leaves out haystack f's prompt
+    acc, lacking = ans["described"]
+    means = {(r["returns"], r["policy"]): (r["correct"], r["rows"]) for r in acc["rows"]}
+    assert means[(3, "h2o")] == (round(4 / 6, 3), 6) and means[(0, "tova")] == (round(1 / 5, 3), 5)
+    assert lacking["not_run"] == "the results have no column 'neighbours_held_end'"
+    assert "## Accuracy per variant (descriptive, no test)" in R.page(ans)
 
 
 def test_the_answer_follows_the_primary_contrast(study):
