@@ -52,8 +52,10 @@ The pre-registration (TOML):
     values = ["held_end"]
 
 Optional top-level fields: `results` may list several tables; `least_full` (a cell whose
-prompts the full cache answers less often is "not testable"); `document` (the written
-pre-registration this file transcribes: git's first commit of either counts).
+prompts the full cache answers less often is "not testable"); `least_pairs` (a cell with
+fewer prompts than planned, a claim's or a contrast's `prompts`, is "partial", descriptive
+and untested, until it has this many gated pairs); `document` (the written pre-registration
+this file transcribes: git's first commit of either counts).
 
 The primary contrast is tested at `alpha` uncorrected (it is the one the claim stands on); a
 claim's secondary contrasts form one Holm family (a registered cell that did not run, or is
@@ -79,7 +81,8 @@ from kvviz.studies import stats as S
 from lab import REPO, STUDIES
 
 PREREG = "preregistration.toml"
-FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "document", "describe"}
+FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "least_pairs", "document",
+          "describe"}
 CLAIM_FIELDS = {"name", "card", "hypothesis", "by", "gap", "power", "discordance", "prompts",
                 "primary", "secondary"}
 
@@ -187,7 +190,8 @@ def _acc(t: S.Paired) -> dict:
     return acc
 
 
-def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, path, what) -> dict:
+def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, path, what,
+             planned: int | None = None, least_pairs: int = 0) -> dict:
     """One contrast: side A's rows against side B's within `where`, paired by `pair` (the
     prompt's id by default), each side's prompts gated by the full cache. kind "interaction":
     the gain of A over B at the first value of `across` minus its gain at the second, per
@@ -214,7 +218,11 @@ def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, 
            "discordance": (t.b + t.c) / t.n if t.n else float("nan"),
            "power": t.power(gap, alpha) if t.n else 0.0}
     total = t.n + t.dropped
-    out["testable"] = bool(total) and t.n / total >= least
+    planned = spec.get("prompts", planned)
+    # a cell that has not finished is tested only once it has least_pairs gated pairs
+    out["partial"] = bool(planned) and total < int(planned) and t.n < least_pairs
+    out["planned"] = planned
+    out["testable"] = bool(total) and t.n / total >= least and not out["partial"]
     return out
 
 
@@ -274,11 +282,13 @@ def analyse(folder: Path) -> dict:
     rows, source = read_results(folder, pre["results"], path)
     rows = S.with_full_verdict(rows)
     alpha, least = float(pre["alpha"]), float(pre.get("least_full", 0.0))
+    least_pairs = int(pre.get("least_pairs", 0))
     claims = {}
     for c in pre["claim"]:
         by, gap = c.get("by", "label"), float(c.get("gap", 0.2))
         try:
-            prim = contrast(rows, c["primary"], by, gap, alpha, least, path, f"{c['name']} primary")
+            prim = contrast(rows, c["primary"], by, gap, alpha, least, path, f"{c['name']} primary",
+                            c.get("prompts"), least_pairs)
         except PreregError:
             raise
         except ValueError as exc:
@@ -288,7 +298,8 @@ def analyse(folder: Path) -> dict:
         secs = []
         for i, spec in enumerate(_secondaries(rows, c, path)):
             try:
-                r = contrast(rows, spec, by, gap, alpha, least, path, f"{c['name']} secondary")
+                r = contrast(rows, spec, by, gap, alpha, least, path, f"{c['name']} secondary",
+                             c.get("prompts"), least_pairs)
             except PreregError:
                 raise
             except ValueError as exc:  # a registered cell that did not run: said, not tested
@@ -387,6 +398,13 @@ def result_line(r: dict) -> str:
     label = f"{r['name']}: " if r.get("name") else ""
     if "not_run" in r:
         return f"[{r['status']}, not run] {label}{where_text(r['where'])}: {r['not_run']}"
+    if r.get("partial"):
+        (ka, n, _, _), (kb, _, _, _) = r["accuracy"]["a"], r["accuracy"]["b"]
+        return (f"[{r['status']}, partial: descriptive, no test] {label}{r['a']} against {r['b']} at "
+                f"{where_text(r['where'])}: {r['n'] + r['full_cache_wrong']} of {r['planned']} planned "
+                f"prompts run, {n} gated ({r['full_cache_wrong']} set apart: the full cache got them "
+                f"wrong); so far {ka}/{n} against {kb}/{n}, discordant {r['table'][1]} against "
+                f"{r['table'][2]}")
     if not r["testable"] and r.get("kind") != "interaction":
         total = r["n"] + r["full_cache_wrong"]
         return (f"[{r['status']}, not testable] {label}{r['a']} against {r['b']} at "
@@ -419,6 +437,10 @@ def verdict(r: dict, alpha: float) -> str:
     answer more often)."""
     if "not_run" in r:
         return "not answered: the primary contrast did not run."
+    if r.get("partial"):
+        return ("not answered yet: the primary cell is partial (its pre-registration tests an "
+                "unfinished cell only once it has enough gated pairs); its counts so far are "
+                "descriptive.")
     if not r["testable"]:
         return "not answered: the full cache fails too many of the primary cell's prompts."
     if r.get("kind") == "interaction":

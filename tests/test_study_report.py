@@ -235,3 +235,16 @@ def test_a_missing_table_is_named(study):
     (study / "results.csv").unlink()
     with pytest.raises(ValueError, match="results: none of results.csv exists .*has not run yet"):
         R.analyse(study)
+
+
+def test_an_unfinished_cell_is_descriptive_until_it_has_enough_pairs(study):
+    (study / R.PREREG).write_text(PREREG.replace('alpha = 0.05', 'alpha = 0.05\nleast_pairs = 30')
+                                  .replace('gap = 0.2', 'gap = 0.2\nprompts = 40'))
+    prim = R.analyse(study)["claims"]["forgets"]["results"][0]
+    # 30 of 40 planned prompts run, 28 gated: under 30 pairs, so no test
+    assert prim["partial"] and not prim["testable"]
+    assert "[primary, partial: descriptive, no test]" in prim["text"] and "30 of 40 planned" in prim["text"]
+    assert R.verdict(prim, 0.05).startswith("not answered yet")
+    (study / R.PREREG).write_text(PREREG.replace('alpha = 0.05', 'alpha = 0.05\nleast_pairs = 28')
+                                  .replace('gap = 0.2', 'gap = 0.2\nprompts = 40'))
+    assert R.analyse(study)["claims"]["forgets"]["results"][0]["testable"]
