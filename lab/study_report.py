@@ -199,7 +199,7 @@ def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, 
     where = dict(spec.get("where", {}))
     cell = _cell(rows, where, path, what)
     if cell.empty:
-        _fail(path, what, f"no results match where = {where}")
+        _fail(path, what, "no results yet for this cell")
     a, b = _side(spec["a"], by), _side(spec["b"], by)
     pair = list(spec.get("pair", ["id"]))
     base = {"name": spec.get("name", ""), "a": _name(a, by), "b": _name(b, by), "where": where,
@@ -209,8 +209,7 @@ def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, 
     sa, sb = _cell(cell, a, path, what + " a"), _cell(cell, b, path, what + " b")
     for side, rows_ in (("a", sa), ("b", sb)):
         if rows_.empty:
-            _fail(path, what, f"side {side} ({_name(a if side == 'a' else b, by)}) has no rows "
-                              f"at where = {where}")
+            _fail(path, what, f"no results yet for side {side} ({_name(a if side == 'a' else b, by)})")
     t = S.paired_sides(sa, sb, on=pair)
     lo, hi = t.interval()
     out = {**base, "table": [t.a, t.b, t.c, t.d], "n": t.n, "full_cache_wrong": t.dropped,
@@ -247,6 +246,12 @@ def _interaction(cell, a, b, pair, spec, path, what) -> dict:
     return {"across": {col: [v1, v2]}, "n": len(both), "full_cache_wrong": dropped,
             "positive": pos, "negative": neg, "diff": float(d.mean()) if len(d) else float("nan"),
             "p": S.mcnemar_exact(pos, neg), "testable": len(both) > 0}
+
+
+def _reason(exc: ValueError) -> str:
+    """Why a registered cell has no contrast, without the file and claim the page is about."""
+    text = str(exc)
+    return text.split(": ", 2)[-1] if text.startswith(PREREG) else text
 
 
 def _secondaries(rows, claim, path) -> list[dict]:
@@ -293,7 +298,7 @@ def analyse(folder: Path) -> dict:
             raise
         except ValueError as exc:
             prim = {"name": c["primary"].get("name", ""), "where": dict(c["primary"].get("where", {})),
-                    "not_run": str(exc), "testable": False}
+                    "not_run": _reason(exc), "testable": False}
         prim.update(id=c["name"], status="primary")
         secs = []
         for i, spec in enumerate(_secondaries(rows, c, path)):
@@ -304,7 +309,7 @@ def analyse(folder: Path) -> dict:
                 raise
             except ValueError as exc:  # a registered cell that did not run: said, not tested
                 r = {"name": spec.get("name", ""), "where": dict(spec.get("where", {})),
-                     "not_run": str(exc), "testable": False}
+                     "not_run": _reason(exc), "testable": False}
             r.update(id=f"{c['name']}.{i + 1}", status="secondary")
             secs.append(r)
         tested = [r for r in secs if r["testable"]]
@@ -397,7 +402,7 @@ def result_line(r: dict) -> str:
     interval, the exact test, the power, and the prompts set apart."""
     label = f"{r['name']}: " if r.get("name") else ""
     if "not_run" in r:
-        return f"[{r['status']}, not run] {label}{where_text(r['where'])}: {r['not_run']}"
+        return f"[{r['status']}, not run] {label}at {where_text(r['where'])}: {r['not_run']}"
     if r.get("partial"):
         (ka, n, _, _), (kb, _, _, _) = r["accuracy"]["a"], r["accuracy"]["b"]
         return (f"[{r['status']}, partial: descriptive, no test] {label}{r['a']} against {r['b']} at "
