@@ -239,7 +239,8 @@ def rows(run: dict) -> list[dict]:
             "first_lost_by_layer": json.dumps(lost),
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
             **task_columns(m, m["answers"][c], ev[c], T0),
-            "haystack": (m.get("haystack") or {}).get("name", ""),
+            "haystack": (m.get("haystack") or {}).get("name", "") if isinstance(m.get("haystack"), dict)
+            else str(m.get("haystack") or ""),
             "quiet": q - max(int(b) for _, b in m["reminders"]) if m.get("reminders") else NEVER,
             "seconds": m.get("seconds"), "batch_prompts": m.get("batch_prompts", 1),
             # the share of the answer's neighbours (the phrase's, NEIGHBOURS each side) held at the end
