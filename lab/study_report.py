@@ -74,6 +74,7 @@ import tomllib
 from itertools import product
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvviz.core.atomic import replacing
@@ -330,9 +331,47 @@ def analyse(folder: Path) -> dict:
             "results_table": source, "claims": claims}
 
 
+def horizon(rows, d: dict, path) -> dict:
+    """A [[describe]] of kind "horizon" (descriptive): the decode steps a key survives under
+    one policy once eviction has started with nothing returning to it. Per gated prompt of
+    `where`, the median over layers of first_lost_by_layer - start (a key never lost in a
+    layer counts as end - start); the horizon is the median over prompts. Beside it, the
+    quiet stretch (`quiet`) plus the answer's `answer_tokens` on the prompts of `quiet_where`,
+    and on how many of them it is longer than the horizon."""
+    import json
+
+    for key in ("title", "label", "start", "end", "quiet_where"):
+        if key not in d:
+            _fail(path, "describe", f"a horizon needs {key} (title, where, label, start, end, "
+                                    "quiet_where, answer_tokens)", PreregError)
+    cell = _cell(rows, dict(d.get("where", {})), path, "describe")
+    cell = cell[cell["full_cache_correct"] & (cell["label"] == d["label"])]
+    start, end = int(d["start"]), int(d["end"])
+    per_prompt = []
+    for v in cell["first_lost_by_layer"]:
+        lost = json.loads(v) if isinstance(v, str) else list(v)
+        per_prompt.append(float(np.median([(x - start) if x >= 0 else (end - start) for x in lost])))
+    if not per_prompt:
+        return {"title": d["title"], "not_run": f"no gated prompt of {d['label']} at "
+                                                f"{where_text(d.get('where', {}))} yet"}
+    h = float(np.median(per_prompt))
+    q = _cell(rows, dict(d["quiet_where"]), path, "describe")
+    q = q[q["full_cache_correct"]].drop_duplicates("id")
+    quiet = pd.to_numeric(q["quiet"], errors="coerce").dropna() + int(d.get("answer_tokens", 0))
+    longer = int((quiet > h).sum())
+    return {"title": d["title"], "group": ["policy"], "where": dict(d.get("where", {})),
+            "values": ["prompts", "horizon (median steps)", "quiet + answer (steps)",
+                       "prompts where it is longer"],
+            "rows": [{"policy": d["label"], "prompts": len(per_prompt), "horizon (median steps)": h,
+                      "quiet + answer (steps)": f"{int(quiet.min())}–{int(quiet.max())}" if len(quiet) else "none",
+                      "prompts where it is longer": f"{longer} of {len(quiet)}"}], "no_rows_column": True}
+
+
 def describe(rows, d: dict, path) -> dict:
     """A [[describe]] table (descriptive, no test): the mean of `values` over the gated
-    prompts' rows of `where`, per combination of `group`."""
+    prompts' rows of `where`, per combination of `group` (kind "horizon": horizon())."""
+    if d.get("kind") == "horizon":
+        return horizon(rows, d, path)
     for key in ("title", "group", "values"):
         if key not in d:
             _fail(path, "describe", f"{key} is required (title, where, group, values)", PreregError)
@@ -509,8 +548,9 @@ def page(ans: dict) -> str:
         if "not_run" in d:
             lines += [f"Not run: {d['not_run']}.", ""]
             continue
-        cols = [*d["group"], *d["values"], "rows"]
-        lines += [f"Means over the prompts the full cache answers, at {where_text(d['where'])}:", "",
+        cols = [*d["group"], *d["values"]] + ([] if d.get("no_rows_column") else ["rows"])
+        what = "Over" if d.get("no_rows_column") else "Means over"
+        lines += [f"{what} the prompts the full cache answers, at {where_text(d['where'])}:", "",
                   "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in d["rows"]] + [""]
     return "\n".join(lines)

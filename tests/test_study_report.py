@@ -248,3 +248,21 @@ def test_an_unfinished_cell_is_descriptive_until_it_has_enough_pairs(study):
     (study / R.PREREG).write_text(PREREG.replace('alpha = 0.05', 'alpha = 0.05\nleast_pairs = 28')
                                   .replace('gap = 0.2', 'gap = 0.2\nprompts = 40'))
     assert R.analyse(study)["claims"]["forgets"]["results"][0]["testable"]
+
+
+def test_the_horizon_is_the_median_over_prompts_of_the_median_over_layers():
+    rows = pd.DataFrame({
+        "id": ["p1", "p1", "p2", "p2", "p3", "p3"],
+        "label": ["full", "tova", "full", "tova", "full", "tova"],
+        "returns": 0, "full_cache_correct": [True, True, True, True, False, False],
+        # start 10, end 20: p1's layers survive 2, 4 and 10 (never lost) steps -> median 4;
+        # p2's 0, 1, 1 -> 1; p3 is set apart (the full cache got it wrong)
+        "first_lost_by_layer": ["[-1, -1, -1]", "[12, 14, -1]", "[-1, -1, -1]", "[10, 11, 11]",
+                                "[-1, -1, -1]", "[10, 10, 10]"],
+        "quiet": [1, 1, 5, 5, 0, 0]})
+    d = {"title": "h", "kind": "horizon", "label": "tova", "where": {"returns": 0}, "start": 10,
+         "end": 20, "quiet_where": {"returns": 0}, "answer_tokens": 1}
+    out = R.describe(rows, d, "p.toml")["rows"][0]
+    # median of 4 and 1 is 2.5; quiet + answer is 2 (p1) and 6 (p2): longer on p2 only
+    assert out["horizon (median steps)"] == 2.5 and out["quiet + answer (steps)"] == "2–6"
+    assert out["prompts where it is longer"] == "1 of 2" and out["prompts"] == 2
