@@ -85,7 +85,7 @@ PREREG = "preregistration.toml"
 FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "least_pairs", "document",
           "describe"}
 CLAIM_FIELDS = {"name", "card", "hypothesis", "by", "gap", "power", "discordance", "prompts",
-                "primary", "secondary"}
+                "primary", "secondary", "control"}
 
 
 class PreregError(ValueError):
@@ -206,7 +206,12 @@ def contrast(rows, spec: dict, by: str, gap: float, alpha: float, least: float, 
     base = {"name": spec.get("name", ""), "a": _name(a, by), "b": _name(b, by), "where": where,
             "pair": pair, "kind": spec.get("kind", "paired"), "gap": gap}
     if base["kind"] == "interaction":
-        return {**base, **_interaction(cell, a, b, pair, spec, path, what)}
+        out = {**base, **_interaction(cell, a, b, pair, spec, path, what)}
+        planned = spec.get("prompts", planned)
+        out["partial"] = bool(planned) and out["n"] < int(planned) and out["n"] < least_pairs
+        out["planned"] = planned
+        out["testable"] = out["n"] > 0 and not out["partial"]
+        return out
     sa, sb = _cell(cell, a, path, what + " a"), _cell(cell, b, path, what + " b")
     for side, rows_ in (("a", sa), ("b", sb)):
         if rows_.empty:
@@ -318,13 +323,21 @@ def analyse(folder: Path) -> dict:
             r["holm_p"] = h
         for r in (prim, *secs):
             r["text"] = result_line(r)  # what a lesson's {primary.*} / {secondary.*} quotes
+        control = next((r for r in secs if c.get("control") and r.get("name", "").startswith(c["control"])),
+                       None)
         claims[c["name"]] = {"card": c.get("card", ""), "hypothesis": c.get("hypothesis", ""),
+                             "control": control_note(control, c.get("control"), alpha),
                              "planned": {k: c[k] for k in ("gap", "power", "discordance", "prompts")
                                          if k in c},
                              "holm_family": len(tested), "results": [prim, *secs]}
     described = [describe(rows, d, path) for d in pre.get("describe", [])]
+    prompts = rows.drop_duplicates("id")
+    wrong = prompts[~prompts["full_cache_correct"]]
+    by_hay = "haystack" if "haystack" in rows else None
+    apart = {"prompts": len(prompts), "wrong": len(wrong),
+             "by": ({str(k): int(v) for k, v in wrong.groupby(by_hay).size().items()} if by_hay else {})}
     return {"study": pre["study"], "title": pre.get("title", pre["study"]), "alpha": alpha,
-            "least_full": least, "described": described,
+            "least_full": least, "described": described, "set_apart": apart,
             "preregistration": str(path.resolve().relative_to(REPO))
             if path.resolve().is_relative_to(REPO) else str(path),
             "registered": registration(folder, _tables(pre["results"])[0], pre.get("document")),
@@ -405,7 +418,9 @@ def registration(folder: Path, results: str, document: str | None = None) -> str
     """Whether git shows the pre-registration committed before the results, in words. With
     `document` (the written pre-registration the TOML transcribes, relative to the checkout),
     the earlier of the two first commits counts."""
-    pre, res = first_commit(Path(folder) / PREREG), first_commit(Path(folder) / results)
+    pre = first_commit(Path(folder) / PREREG)
+    table = Path(folder) / results
+    res = first_commit(table) or first_commit(table.parent / "runs")  # or its run files
     if document:
         doc = first_commit(REPO / document)
         if doc is not None and (pre is None or doc[1] < pre[1]):
@@ -442,7 +457,7 @@ def result_line(r: dict) -> str:
     label = f"{r['name']}: " if r.get("name") else ""
     if "not_run" in r:
         return f"[{r['status']}, not run] {label}at {where_text(r['where'])}: {r['not_run']}"
-    if r.get("partial"):
+    if r.get("partial") and r.get("kind") != "interaction":
         (ka, n, _, _), (kb, _, _, _) = r["accuracy"]["a"], r["accuracy"]["b"]
         return (f"[{r['status']}, partial: descriptive, no test] {label}{r['a']} against {r['b']} at "
                 f"{where_text(r['where'])}: {r['n'] + r['full_cache_wrong']} of {r['planned']} planned "
@@ -453,6 +468,11 @@ def result_line(r: dict) -> str:
         total = r["n"] + r["full_cache_wrong"]
         return (f"[{r['status']}, not testable] {label}{r['a']} against {r['b']} at "
                 f"{where_text(r['where'])}: the full cache answered {r['n']} of {total} prompts")
+    if r.get("kind") == "interaction" and not r["testable"]:
+        state = "partial: descriptive, no test" if r.get("partial") else "no pairs yet"
+        return (f"[{r['status']}, {state}] {label}the gain of {r['a']} over {r['b']} across "
+                f"{r['across']}: {r['n']} gated pairs so far, positive in {r['positive']}, negative in "
+                f"{r['negative']}")
     if r.get("kind") == "interaction":
         (col, (v1, v2)), = r["across"].items()
         p = f"p = {r['p']:.2g}" + (f", Holm p = {r['holm_p']:.2g}" if "holm_p" in r else "")
@@ -502,6 +522,22 @@ def verdict(r: dict, alpha: float) -> str:
             f"{'would likely have been found' if r['power'] >= 0.8 else 'could have been missed'}.")
 
 
+def control_note(r: dict | None, name: str | None, alpha: float) -> str:
+    """What the claim's positive control (a secondary named by the claim's `control`) says
+    about reading the primary: empty without one."""
+    if not name:
+        return ""
+    if r is None or "not_run" in r:
+        return (f"Its positive control ({name}) has not run: until it does, the design's making "
+                "the difference it tests for is not shown, and the primary is read with that caveat.")
+    if not r["testable"]:
+        return f"Its positive control ({name}) is not testable yet: the primary is read with that caveat."
+    if r["holm_p"] <= alpha and r.get("diff", 0) > 0:
+        return f"Its positive control ({name}) shows the expected gain (Holm p = {r['holm_p']:.2g})."
+    return (f"Its positive control ({name}) does not show the expected gain (Holm p = "
+            f"{r['holm_p']:.2g}): the primary is read as the design not making that difference matter.")
+
+
 def needed(r: dict, planned: dict) -> str:
     """The prompts a cell would need for the planned power at the observed discordance."""
     want = float(planned.get("power", 0.8))
@@ -526,6 +562,11 @@ def page(ans: dict) -> str:
              "minus B's over the same prompts, with Newcombe's square-and-add 95 % interval; "
              "accuracies carry Wilson 95 % intervals; power is the exact McNemar test's, at the "
              "observed discordance.", ""]
+    apart = ans.get("set_apart")
+    if apart:
+        by = "; ".join(f"{k} {v}" for k, v in sorted(apart["by"].items(), key=lambda kv: (-kv[1], kv[0])))
+        lines += [f"**Set apart:** the full cache got {apart['wrong']} of the study's {apart['prompts']} "
+                  f"prompts wrong; every contrast leaves them out{f' (by haystack: {by})' if by else ''}.", ""]
     for name, c in ans["claims"].items():
         prim, secs = c["results"][0], c["results"][1:]
         lines += [f"## {name}", ""]
@@ -535,7 +576,8 @@ def page(ans: dict) -> str:
             lines += [f"Hypothesis: {c['hypothesis']}", ""]
         if c["planned"]:
             lines += ["Planned: " + ", ".join(f"{k} {v}" for k, v in c["planned"].items()), ""]
-        lines += [f"**Answer (from the primary contrast):** {verdict(prim, ans['alpha'])}", "",
+        lines += [f"**Answer (from the primary contrast):** {verdict(prim, ans['alpha'])}"
+                  + (f" {c['control']}" if c.get("control") else ""), "",
                   f"**Primary.** {result_line(prim)}.", ""]
         if prim.get("testable") and prim.get("kind", "paired") == "paired":
             lines += [needed(prim, c["planned"]), ""]
@@ -561,7 +603,7 @@ def summary(ans: dict) -> str:
     out = [f"{ans['study']}: {ans['title']} ({ans['registered']})"]
     for name, c in ans["claims"].items():
         r = c["results"][0]
-        out.append(f"{name}: {verdict(r, ans['alpha'])}")
+        out.append(f"{name}: {verdict(r, ans['alpha'])}" + (f" {c['control']}" if c.get("control") else ""))
         out.append(f"  {result_line(r)}")
         if r.get("testable") and r.get("kind", "paired") == "paired":
             out.append(f"  {needed(r, c['planned'])}")

@@ -140,6 +140,7 @@ least_full = 0.5
 [[claim]]
 name = "returns"
 by = "policy"
+control = "S1.1"
 [claim.primary]
 name = "P1"
 a = "h2o"
@@ -212,6 +213,9 @@ def test_variants_pairs_not_run_and_interaction(tmp_path):
     assert control["holm_p"] == pytest.approx(0.5) and inter["holm_p"] == pytest.approx(0.5)
     ans = R.analyse(folder)
     assert "Holm-corrected over the 2 that ran" in R.page(ans)
+    assert ans["set_apart"] == {"prompts": 12, "wrong": 1, "by": {"f": 1}}
+    assert ans["claims"]["returns"]["control"].startswith(
+        "Its positive control (S1.1) does not show the expected gain (Holm p = 0.5)")
     # descriptive means over the gated prompts: returns 0 leaves out haystack f's prompt
     acc, lacking = ans["described"]
     means = {(r["returns"], r["policy"]): (r["correct"], r["rows"]) for r in acc["rows"]}
