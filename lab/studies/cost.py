@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("recall", "span", "vartrack")
+FOLDERS = ("recall", "span", "span-amend", "vartrack")
 
 
 def cells(folder: Path) -> dict:

@@ -64,6 +64,9 @@ CELLS = [
                           "--granularity", "kv-head", *SPAN_POLICIES, *SPAN], 24),
     Cell("S2.5-1", "span", ["--task", "phrase", "--phrase-words", "1", "--depths", "50",
                             "--granularity", "kv-head", *SPAN_POLICIES, *SPAN], 24),
+    Cell("A2", "span-amend", ["--task", "phrase", "--phrase-words", "8", "--depths", "10", "50", "90",
+                              "--granularity", "layer", "--policies", "snapkv:poolKernel=1", "snapkv:poolKernel=3",
+                              "snapkv:poolKernel=5", "snapkv:poolKernel=7", "--budgets", "160", "192", *SPAN], 72),
     Cell("S1.5-gate", "vartrack", ["--task", "vartrack", "--hops", "1", "--depths", "50", "--policies", "tova",
                                    "--budgets", BUDGET, "--prompt-modes", "prefill", "--batch", "8"], 24),
 ]
