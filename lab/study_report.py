@@ -83,7 +83,7 @@ from lab import REPO, STUDIES
 
 PREREG = "preregistration.toml"
 FIELDS = {"study", "title", "results", "alpha", "claim", "least_full", "least_pairs", "document",
-          "describe"}
+          "describe", "note"}
 CLAIM_FIELDS = {"name", "card", "hypothesis", "by", "gap", "power", "discordance", "prompts",
                 "primary", "secondary", "control"}
 
@@ -337,7 +337,7 @@ def analyse(folder: Path) -> dict:
     apart = {"prompts": len(prompts), "wrong": len(wrong),
              "by": ({str(k): int(v) for k, v in wrong.groupby(by_hay).size().items()} if by_hay else {})}
     return {"study": pre["study"], "title": pre.get("title", pre["study"]), "alpha": alpha,
-            "least_full": least, "described": described, "set_apart": apart,
+            "least_full": least, "described": described, "set_apart": apart, "note": pre.get("note", ""),
             "preregistration": str(path.resolve().relative_to(REPO))
             if path.resolve().is_relative_to(REPO) else str(path),
             "registered": registration(folder, _tables(pre["results"])[0], pre.get("document")),
@@ -490,8 +490,11 @@ def result_line(r: dict) -> str:
             f"{ka}/{n} ({pct(ka / n)} [{pct(la)}–{pct(ha)}]) against {kb}/{n} ({pct(kb / n)} "
             f"[{pct(lb)}–{pct(hb)}]); paired gap {100 * r['diff']:+.0f} points, 95 % interval "
             f"[{100 * lo:+.0f}, {100 * hi:+.0f}] (Newcombe); discordant {r['table'][1]} against "
-            f"{r['table'][2]}, exact McNemar {p}; power to detect a {100 * r['gap']:.0f}-point gap "
-            f"at the observed discordance: {pct(r['power'])}; the full cache got "
+            f"{r['table'][2]}, exact McNemar {p}; "
+            + (f"power to detect a {100 * r['gap']:.0f}-point gap at the observed discordance: "
+               f"{pct(r['power'])}" if r["table"][1] + r["table"][2] else
+               "power: none to speak of (no discordant prompt: the sides cannot be told apart)")
+            + "; the full cache got "
             f"{r['full_cache_wrong']} prompt{'s' if r['full_cache_wrong'] != 1 else ''} wrong "
             "(set apart)")
 
@@ -513,6 +516,13 @@ def verdict(r: dict, alpha: float) -> str:
             f" (exact sign test p = {r['p']:.2g})."
     lo, hi = r["interval"]
     span = f"paired gap {100 * r['diff']:+.0f} points, 95 % interval [{100 * lo:+.0f}, {100 * hi:+.0f}]"
+    if r["table"][1] + r["table"][2] == 0:
+        a, _, _, d = r["table"]
+        where = ("both at the floor: no gated prompt answered by either" if a == 0 else
+                 "both at the ceiling: every gated prompt answered by both" if d == 0 else
+                 "every gated prompt answered by both or by neither")
+        return (f"no evidence either way: {where} ({r['n']} prompts), so no prompt separates "
+                f"{r['a']} from {r['b']}; the cell cannot answer the claim.")
     if r["p"] <= alpha and r["diff"] > 0:
         return f"supported: {r['a']} answered more often than {r['b']} ({span}, p = {r['p']:.2g})."
     if r["p"] <= alpha:
@@ -562,6 +572,8 @@ def page(ans: dict) -> str:
              "minus B's over the same prompts, with Newcombe's square-and-add 95 % interval; "
              "accuracies carry Wilson 95 % intervals; power is the exact McNemar test's, at the "
              "observed discordance.", ""]
+    if ans.get("note"):
+        lines += [" ".join(ans["note"].split()), ""]
     apart = ans.get("set_apart")
     if apart:
         by = "; ".join(f"{k} {v}" for k, v in sorted(apart["by"].items(), key=lambda kv: (-kv[1], kv[0])))
@@ -579,7 +591,7 @@ def page(ans: dict) -> str:
         lines += [f"**Answer (from the primary contrast):** {verdict(prim, ans['alpha'])}"
                   + (f" {c['control']}" if c.get("control") else ""), "",
                   f"**Primary.** {result_line(prim)}.", ""]
-        if prim.get("testable") and prim.get("kind", "paired") == "paired":
+        if prim.get("testable") and prim.get("kind", "paired") == "paired" and sum(prim["table"][1:3]):
             lines += [needed(prim, c["planned"]), ""]
         if secs:
             lines += [f"Secondary ({len(secs)} registered; Holm-corrected over the "
@@ -605,7 +617,7 @@ def summary(ans: dict) -> str:
         r = c["results"][0]
         out.append(f"{name}: {verdict(r, ans['alpha'])}" + (f" {c['control']}" if c.get("control") else ""))
         out.append(f"  {result_line(r)}")
-        if r.get("testable") and r.get("kind", "paired") == "paired":
+        if r.get("testable") and r.get("kind", "paired") == "paired" and sum(r["table"][1:3]):
             out.append(f"  {needed(r, c['planned'])}")
         sig = [s for s in c["results"][1:] if s.get("holm_p", 1.0) <= ans["alpha"]]
         out.append(f"  secondary: {len(c['results']) - 1} registered, {c['holm_family']} tested, "

@@ -270,3 +270,11 @@ def test_the_horizon_is_the_median_over_prompts_of_the_median_over_layers():
     # median of 4 and 1 is 2.5; quiet + answer is 2 (p1) and 6 (p2): longer on p2 only
     assert out["horizon (median steps)"] == 2.5 and out["quiet + answer (steps)"] == "2–6"
     assert out["prompts where it is longer"] == "1 of 2" and out["prompts"] == 2
+
+
+def test_a_cell_at_the_floor_gives_no_evidence_either_way():
+    floor = {"table": [0, 0, 0, 30], "n": 30, "testable": True, "interval": [-0.11, 0.11], "diff": 0.0,
+             "p": 1.0, "a": "x", "b": "y", "power": 0.6, "gap": 0.2}
+    assert R.verdict(floor, 0.05).startswith("no evidence either way: both at the floor")
+    ceiling = dict(floor, table=[30, 0, 0, 0])
+    assert "both at the ceiling" in R.verdict(ceiling, 0.05)
