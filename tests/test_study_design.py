@@ -187,3 +187,77 @@ def test_vartrack_passes_the_value_along_a_chain(tok):
     assert a.endswith(p.key) and b.endswith(a.split()[1]) and c.endswith(b.split()[1])
     assert p.target == c.split()[1] and p.text.endswith(f"What is the value of {p.target}? The value of {p.target} is")
     assert len(p.ids) == 256 and len(p.reminders) == 2
+
+
+# --- the results' study columns, the per-spec haystack, `kvviz check NAME:k=v` -----------------
+def test_results_rows_carry_the_haystack_the_gate_the_quiet_stretch_and_the_cost(tmp_path):
+    from kvviz.model.needle.results import save_run, write_tables
+
+    T0, C = 12, 2
+    ev = np.full((C, 1, 1, T0 + 2), -1, np.int32)
+    ev[1, 0, 0, [2, 9]] = 11  # the config loses one key token and one neighbour at the last prompt step
+    meta = dict(id="phrase2-htry-L12-d50-s1-prefill-layer", length=12, depth=50, seed=1, prompt_mode="prefill",
+                granularity="layer", key="amber river", key_positions=[2, 3], question_start=8, prompt_len=T0,
+                max_new_tokens=2, haystack={"name": "try", "sha256": "x"}, model={"model": "m"},
+                kvviz_version="t", configs=[{"policy": "full", "params": {}, "budget": None, "label": "full"},
+                                            {"policy": "snapkv", "params": {}, "budget": 6, "label": "snapkv@6"}],
+                answers=[" amber river", " amber"], correct=[True, False], agreement=[None, 0.5], layers=1,
+                kv_heads=1, seconds=8.0, batch_prompts=4, task="phrase", phrase_words=2, reminders=[[5, 7]],
+                neighbour_positions=[0, 1, 4, 9])
+    save_run(tmp_path, meta, list(range(T0)), ["t"] * T0, np.zeros((C, 2), np.int64), ev)
+    df = write_tables(tmp_path)
+    assert list(df["haystack"]) == ["try", "try"] and list(df["full_cache_correct"]) == [True, True]
+    assert list(df["correct"]) == [True, False] and list(df["outcome"]) == ["whole", "partial"]
+    assert list(df["quiet"]) == [1, 1]  # the question at 8, the last reminder ending at 7
+    assert list(df["seconds"] / df["batch_prompts"]) == [2.0, 2.0]
+    assert list(df["neighbours_held_end"]) == [1.0, 0.75] and list(df["returns"]) == [-1, -1]
+
+
+def test_each_spec_reads_its_own_haystack():
+    from kvviz.model.needle.grid import PromptSpec
+    from kvviz.model.needle.run import spec_haystack
+
+    spec = PromptSpec(256, 50, 1, "decode", "layer", "returns3-", "try")
+    assert spec_haystack(spec, {"try": "A.", "for": "B."}, None) == ("A.", "try")
+    assert spec_haystack(spec, "C.", "c.txt") == ("C.", "c.txt")  # one haystack: the spec's name is not used
+    with pytest.raises(ValueError, match="--haystacks: no haystack named 'try'"):
+        spec_haystack(spec, {"for": "B."}, None)
+
+
+def test_kvviz_check_takes_a_policy_with_its_parameters_pinned():
+    from kvviz.core.check import load_target
+
+    label, cls = load_target("scissorhands:tie_break=attention")
+    assert label == "scissorhands:tie_break=attention"
+    spec = next(s for s in cls.specs if s.name == "tie_break")
+    assert spec.default == "attention" and spec.choices == ("attention",)  # every drawn scenario uses it
+    assert cls(budget=64).tie_break == "attention"
+    with pytest.raises(ValueError, match="tie_break"):
+        cls(budget=64, tie_break="position")
+    with pytest.raises(ValueError, match="tie_break"):
+        load_target("scissorhands:tie_break=age")
+
+
+@pytest.mark.model
+def test_a_grid_over_haystacks_runs_batched_records_each_haystack_and_resumes(torch_stack, tmp_path, capsys):
+    from kvviz.__main__ import main
+    from kvviz.model.needle import list_runs, load_results, load_run
+
+    hay = tmp_path / "hay"
+    hay.mkdir()
+    for name in ("try", "for"):
+        (hay / f"{name}.txt").write_text((HAY / f"{name}.txt").read_text())
+    argv = ["needle", "--out", str(tmp_path / "out"), "--task", "returns", "--returns", "1", "--haystacks", str(hay),
+            "--lengths", "192", "--depths", "50", "--policies", "tova", "--budgets", "144",
+            "--prompt-modes", "prefill", "--batch", "2", "--threads", "1", "--quiet"]
+    assert main(argv) == 0
+    assert list_runs(tmp_path / "out") == ["returns1-hfor-L192-d50-s0-prefill-layer",
+                                            "returns1-htry-L192-d50-s0-prefill-layer"]
+    df = load_results(tmp_path / "out")
+    assert sorted(set(df["haystack"])) == ["for", "try"] and set(df["batch_prompts"]) == {2}
+    for id_ in list_runs(tmp_path / "out"):
+        meta = load_run(tmp_path / "out", id_)["meta"]
+        assert meta["haystack"]["name"] == id_.split("-")[1][1:] and len(meta["reminders"]) == 1
+    capsys.readouterr()
+    assert main(argv) == 0  # everything done: nothing runs again
+    assert "2 prompts x 2 configs in 0 s" in capsys.readouterr().out

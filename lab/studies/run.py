@@ -90,7 +90,20 @@ def done(cell: Cell) -> int:
                if any(f"-d{d}-" in p.name for d in depths)) if folder.is_dir() else 0
 
 
+def previous(path: Path) -> dict:
+    """cell -> (seconds, load) as the last STATUS.md recorded them (kept for the cells not run now)."""
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            cols = [c.strip() for c in line.strip("|").split("|")]
+            if len(cols) == 7 and cols[0] in {c.name for c in CELLS} and cols[5]:
+                out[cols[0]] = (cols[5], cols[6])
+    return out
+
+
 def write_status(log: dict) -> None:
+    path = ROOT / "traces" / "studies" / "STATUS.md"
+    log = {**previous(path), **log}
     lines = ["# Study status", "",
              f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m lab.studies.run` (the cells of "
              "lab/studies/PREREGISTRATION.md, in its order). A cell short of its plan is partial: "
@@ -104,7 +117,7 @@ def write_status(log: dict) -> None:
         lines.append(f"| {c.name} | traces/studies/{c.out} | {n} | {c.prompts} | {status} | {sec} | {load} |")
     lines += ["", "Commands (each resumable):", ""]
     lines += [f"- {c.name}: `{shlex.join(['python', *c.command()[1:]])}`" for c in CELLS]
-    (ROOT / "traces" / "studies" / "STATUS.md").write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:

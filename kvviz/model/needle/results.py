@@ -211,6 +211,12 @@ def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
             "distractors_held_end": float(held(ev_c, dpos, T0 - 1).mean()) if dpos else -1.0}
 
 
+def haystack_name(h) -> str:
+    """A run's haystack as its name: the recorded {name, sha256}'s name (an older or
+    hand-made run may record a bare string)."""
+    return str(h.get("name", "")) if isinstance(h, dict) else str(h or "")
+
+
 def rows(run: dict) -> list[dict]:
     """The results rows of one run (one per config), from its meta and evicted_at."""
     m, ev = run["meta"], run["evicted_at"]
@@ -239,8 +245,7 @@ def rows(run: dict) -> list[dict]:
             "first_lost_by_layer": json.dumps(lost),
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
             **task_columns(m, m["answers"][c], ev[c], T0),
-            "haystack": (m.get("haystack") or {}).get("name", "") if isinstance(m.get("haystack"), dict)
-            else str(m.get("haystack") or ""),
+            "haystack": haystack_name(m.get("haystack")),
             "quiet": q - max(int(b) for _, b in m["reminders"]) if m.get("reminders") else NEVER,
             "seconds": m.get("seconds"), "batch_prompts": m.get("batch_prompts", 1),
             # the share of the answer's neighbours (the phrase's, NEIGHBOURS each side) held at the end
