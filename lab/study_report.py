@@ -327,6 +327,7 @@ def analyse(folder: Path) -> dict:
                        None)
         claims[c["name"]] = {"card": c.get("card", ""), "hypothesis": c.get("hypothesis", ""),
                              "control": control_note(control, c.get("control"), alpha),
+                             "answer": answer(prim, control, c.get("control"), alpha),
                              "planned": {k: c[k] for k in ("gap", "power", "discordance", "prompts")
                                          if k in c},
                              "holm_family": len(tested), "results": [prim, *secs]}
@@ -532,6 +533,23 @@ def verdict(r: dict, alpha: float) -> str:
             f"{'would likely have been found' if r['power'] >= 0.8 else 'could have been missed'}.")
 
 
+def control_failed(r: dict | None, alpha: float) -> bool:
+    """The positive control ran, was testable, and did not show the expected gain."""
+    return bool(r) and "not_run" not in r and r["testable"] and not (r["holm_p"] <= alpha and r.get("diff", 0) > 0)
+
+
+def answer(prim: dict, control: dict | None, name: str | None, alpha: float) -> str:
+    """The claim's answer: the primary's verdict, read with its positive control."""
+    v = verdict(prim, alpha)
+    note = control_note(control, name, alpha)
+    if v.startswith("supported") and control_failed(control, alpha):
+        return ("not shown as claimed: the primary contrast favours A (" + v.split(": ", 1)[1].rstrip(".")
+                + f"), but its positive control ({name}) does not show the expected gain (Holm p = "
+                f"{control['holm_p']:.2g}): the design did not make the difference the claim is about, so "
+                "the primary does not test the claim itself.")
+    return v + (f" {note}" if note else "")
+
+
 def control_note(r: dict | None, name: str | None, alpha: float) -> str:
     """What the claim's positive control (a secondary named by the claim's `control`) says
     about reading the primary: empty without one."""
@@ -588,8 +606,7 @@ def page(ans: dict) -> str:
             lines += [f"Hypothesis: {c['hypothesis']}", ""]
         if c["planned"]:
             lines += ["Planned: " + ", ".join(f"{k} {v}" for k, v in c["planned"].items()), ""]
-        lines += [f"**Answer (from the primary contrast):** {verdict(prim, ans['alpha'])}"
-                  + (f" {c['control']}" if c.get("control") else ""), "",
+        lines += [f"**Answer (from the primary contrast):** {c['answer']}", "",
                   f"**Primary.** {result_line(prim)}.", ""]
         if prim.get("testable") and prim.get("kind", "paired") == "paired" and sum(prim["table"][1:3]):
             lines += [needed(prim, c["planned"]), ""]
@@ -615,7 +632,7 @@ def summary(ans: dict) -> str:
     out = [f"{ans['study']}: {ans['title']} ({ans['registered']})"]
     for name, c in ans["claims"].items():
         r = c["results"][0]
-        out.append(f"{name}: {verdict(r, ans['alpha'])}" + (f" {c['control']}" if c.get("control") else ""))
+        out.append(f"{name}: {c['answer']}")
         out.append(f"  {result_line(r)}")
         if r.get("testable") and r.get("kind", "paired") == "paired" and sum(r["table"][1:3]):
             out.append(f"  {needed(r, c['planned'])}")

@@ -278,3 +278,15 @@ def test_a_cell_at_the_floor_gives_no_evidence_either_way():
     assert R.verdict(floor, 0.05).startswith("no evidence either way: both at the floor")
     ceiling = dict(floor, table=[30, 0, 0, 0])
     assert "both at the ceiling" in R.verdict(ceiling, 0.05)
+
+
+def test_a_supported_primary_with_a_failed_positive_control_is_not_the_claim():
+    prim = {"table": [5, 38, 1, 14], "n": 58, "testable": True, "interval": [0.48, 0.75], "diff": 37 / 58,
+            "p": 1.5e-10, "a": "h2o", "b": "tova", "power": 0.4, "gap": 0.2}
+    failed = {"name": "S1.1", "testable": True, "holm_p": 0.33, "diff": -0.12}
+    text = R.answer(prim, failed, "S1.1", 0.05)
+    assert text.startswith("not shown as claimed: the primary contrast favours A (h2o answered more often")
+    assert "its positive control (S1.1) does not show the expected gain (Holm p = 0.33)" in text
+    passed = dict(failed, holm_p=0.01, diff=0.2)
+    assert R.answer(prim, passed, "S1.1", 0.05).startswith("supported: h2o answered more often")
+    assert "has not run" in R.answer(prim, None, "S1.1", 0.05)
