@@ -495,9 +495,14 @@ def result_line(r: dict) -> str:
             + (f"power to detect a {100 * r['gap']:.0f}-point gap at the observed discordance: "
                f"{pct(r['power'])}" if r["table"][1] + r["table"][2] else
                "power: none to speak of (no discordant prompt: the sides cannot be told apart)")
-            + "; the full cache got "
-            f"{r['full_cache_wrong']} prompt{'s' if r['full_cache_wrong'] != 1 else ''} wrong "
-            "(set apart)")
+            + "; " + _apart(r))
+
+
+def _apart(r: dict) -> str:
+    k = r["full_cache_wrong"]
+    if r.get("pair", ["id"]) == ["id"]:
+        return f"the full cache got {k} prompt{'s' if k != 1 else ''} wrong (set apart)"
+    return f"{k} pair{'s' if k != 1 else ''} set apart (the full cache got a prompt of each wrong)"
 
 
 def verdict(r: dict, alpha: float) -> str:
