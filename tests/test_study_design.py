@@ -261,3 +261,16 @@ def test_a_grid_over_haystacks_runs_batched_records_each_haystack_and_resumes(to
     capsys.readouterr()
     assert main(argv) == 0  # everything done: nothing runs again
     assert "2 prompts x 2 configs in 0 s" in capsys.readouterr().out
+
+
+def test_a_run_saved_before_the_tie_rule_existed_still_resumes():
+    from kvviz.model.loop.config import LoopConfig
+    from kvviz.model.needle.run import label_now
+
+    old = {"policy": "scissorhands", "params": {"history_window": 32, "recent_window": 32}, "budget": 128,
+           "label": "scissorhands(history_window=32,recent_window=32)@128"}  # as the shipped runs record it
+    assert label_now(old) == LoopConfig("scissorhands", {}, 128).label
+    assert label_now(old) != LoopConfig("scissorhands", {"tie_break": "attention"}, 128).label
+    assert label_now({"policy": "full", "params": {}, "budget": None, "label": "full"}) == "full"
+    gone = {"policy": "not-registered", "params": {}, "budget": 8, "label": "not-registered@8"}
+    assert label_now(gone) == "not-registered@8"

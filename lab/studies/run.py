@@ -108,7 +108,8 @@ def write_status(log: dict) -> None:
              f"Written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m lab.studies.run` (the cells of "
              "lab/studies/PREREGISTRATION.md, in its order). A cell short of its plan is partial: "
              "re-running the command resumes it.", "",
-             "| cell | folder | prompts done | planned | status | seconds this session | load (1 min) at start |",
+             "| cell | folder | prompts done | planned | status | seconds (the session that ran its prompts) | "
+             "load (1 min) at its start |",
              "|---|---|---|---|---|---|---|"]
     for c in CELLS:
         n = done(c)
@@ -139,10 +140,11 @@ def main(argv=None) -> int:
             if args.deadline and datetime.now(timezone.utc).strftime("%H:%M") >= args.deadline:
                 print(f"{c.name}: past the deadline {args.deadline}, not started", file=sys.stderr)
                 break
-            load, t = os.getloadavg()[0], time.perf_counter()
-            print(f"{c.name}: {done(c)}/{c.prompts} done; running", file=sys.stderr, flush=True)
+            load, t, before = os.getloadavg()[0], time.perf_counter(), done(c)
+            print(f"{c.name}: {before}/{c.prompts} done; running", file=sys.stderr, flush=True)
             rc = subprocess.call(c.command(), cwd=ROOT, env=env)
-            log[c.name] = (f"{time.perf_counter() - t:.0f}", f"{load:.1f}")
+            if done(c) > before:  # a resume that ran nothing keeps the seconds of the run that did
+                log[c.name] = (f"{time.perf_counter() - t:.0f}", f"{load:.1f}")
             write_status(log)
             if rc != 0:
                 print(f"{c.name}: exit status {rc}", file=sys.stderr)

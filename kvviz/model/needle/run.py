@@ -186,10 +186,25 @@ def model_name(model) -> str:
     return model_provenance(model[1])["model"] if isinstance(model, tuple) else resolve(model).name
 
 
+def label_now(cfg: dict) -> str:
+    """A saved configuration's label as this code names it: its recorded parameters with the
+    defaults of any parameter declared since (which the run used without naming it: a new
+    parameter's default is the rule before it) filled in; the recorded label when the policy
+    is not registered here."""
+    from kvviz.model.loop.config import LoopConfig
+
+    if cfg["policy"] == "full":
+        return cfg["label"]
+    try:
+        return LoopConfig(cfg["policy"], dict(cfg.get("params") or {}), cfg["budget"]).label
+    except (ValueError, KeyError, TypeError):
+        return cfg["label"]
+
+
 def signature(meta: dict) -> tuple:
-    """What a saved run must match to be skipped on a re-run: configs, new tokens, haystack,
-    model, eviction mode (a run from before the mode was recorded masked)."""
-    return ([c["label"] for c in meta["configs"]], meta["max_new_tokens"], meta["haystack"]["sha256"],
+    """What a saved run must match to be skipped on a re-run: configs (label_now), new
+    tokens, haystack, model, eviction mode (a run from before the mode was recorded masked)."""
+    return ([label_now(c) for c in meta["configs"]], meta["max_new_tokens"], meta["haystack"]["sha256"],
             meta["model"].get("model"), meta.get("eviction", "masked"))
 
 
