@@ -280,7 +280,8 @@ LOOP_TYPES = {"config": "string", "policy": "string", "budget": "Int64", "layer"
               "full_mass": "float64", "lost_mass": "float64", "nll": "float64", "kl": "float64",
               "top1_agreement": "boolean"}
 NEEDLE_TYPES = {"id": "string", "task": "string", "reminder_every": "Int64", "distractors": "Int64",
-                "phrase_words": "Int64", "length": "Int64", "depth": "float64", "seed": "Int64",
+                "phrase_words": "Int64", "returns": "Int64", "hops": "Int64", "length": "Int64", "depth": "float64",
+                "seed": "Int64",
                 "prompt_mode": "string", "granularity": "string", "policy": "string", "label": "string",
                 "budget": "Int64", "layer": "Int64", "head": "string", "held_question": "float64",
                 "held_end": "float64", "first_lost": "Int64", "answer": "string", "correct": "boolean",
@@ -327,7 +328,7 @@ def test_the_long_tables_read_back_typed_with_one_kind_of_null(tmp_path, fmt, ne
     assert first["full_cache_correct"].tolist() == [True] * 4
     assert second["full_cache_correct"].isna().all() and len(second) == 2 and second["correct"].all()
     assert needle["first_lost"].isna().sum() == 2 and needle["budget"].isna().sum() == 2
-    assert needle[["reminder_every", "distractors", "phrase_words"]].isna().all().all()
+    assert needle[["reminder_every", "distractors", "phrase_words", "returns", "hops"]].isna().all().all()
     assert needle[["answer", "correct", "outcome"]].notna().all().all()
 
 

@@ -67,6 +67,8 @@ def load_target(spec: str) -> tuple[str, type]:
     spec = str(spec).strip()
     if spec in POLICIES:
         return spec, POLICIES[spec]
+    if (pinned := _pinned(spec)) is not None:
+        return spec, pinned
     if spec in ALLOCATORS:
         return spec, ALLOCATORS[spec]
     where, _, cls_name = spec.rpartition(":")
@@ -84,6 +86,34 @@ def load_target(spec: str) -> tuple[str, type]:
         raise ValueError(f"{where}: name the class as {where}:CLASS (Policy and Allocator "
                          f"subclasses defined there: {names})")
     return f"{where}:{found[0].__name__}", found[0]
+
+
+def _pinned(spec: str):
+    """For NAME:k=v,... of a registered policy: a subclass of its class with the given
+    parameters pinned (the value is the default and the only one its rule allows, so every
+    rule and the differential check's drawn scenarios run the policy as configured, and its
+    declared reference with the same values); None when `spec` is not of that form."""
+    import dataclasses
+
+    from kvviz.core.policies import parse_params
+
+    name, sep, rest = spec.partition(":")
+    if not sep or name not in POLICIES or "=" not in rest:
+        return None
+    pairs = [kv.split("=", 1) for kv in rest.split(",") if kv.strip()]
+    if any(len(kv) != 2 for kv in pairs):
+        raise ValueError(f"{spec}: parameters are k=v pairs separated by commas")
+    params = parse_params(name, dict(pairs), f"{spec}: ")
+    base, extra = POLICIES[name], []
+    for f in dataclasses.fields(base):
+        if f.name in params:
+            v, s = params[f.name], f.metadata["kvviz"]
+            s = dataclasses.replace(s, choices=(v,)) if s.choices else (
+                dataclasses.replace(s, min=v, max=v) if s.numeric else s)
+            extra.append((f.name, f.type, dataclasses.field(default=v, metadata={**f.metadata, "kvviz": s})))
+    cls = dataclasses.make_dataclass(base.__name__, extra, bases=(base,))
+    cls.vectorised = base.vectorised  # the same rule: only the defaults moved
+    return cls
 
 
 def load_function(spec: str):

@@ -213,7 +213,9 @@ class RefSnapKV(RefPolicy):
 
 class RefScissorhands(RefPolicy):
     """Scissorhands: a ring of `history_window` flags per slot (weight below 1/len(kept));
-    the slot flagged most often goes first."""
+    the slot flagged most often goes first; among equal counts, with tie_break "attention",
+    the lower attention summed over every observed step since admission, then (both rules)
+    the lower position."""
 
     name = "scissorhands"
 
@@ -226,14 +228,18 @@ class RefScissorhands(RefPolicy):
     def observe(self, weights):
         threshold = float(np.float32(1.0 / len(weights))) if weights else 0.0
         for i, w in enumerate(weights):
-            self.state[i][self.slot] = w < threshold
+            self.state[i][0][self.slot] = w < threshold
+            self.state[i][1] += w
         self.slot = (self.slot + 1) % self.window
 
     def new_record(self):
-        return [False] * self.window
+        return [[False] * self.window, 0.0]  # the flags, the attention summed since admission
 
     def rank(self, i):
-        return -sum(self.state[i])  # unimportant most often goes first
+        flags, total = self.state[i]
+        if self.params["tie_break"] == "attention":
+            return (-sum(flags), total)  # unimportant most often first, then the least attended
+        return (-sum(flags),)  # unimportant most often goes first
 
 
 class RefStreamingLLM(RefPolicy):

@@ -10,7 +10,8 @@ def parser(sub) -> None:
     ls = cmds.add_parser("list", help="the lessons in lessons/ (name, scenes, minutes, title)")
     ls.set_defaults(func=run, parser=ls)
     ck = cmds.add_parser("check", help="validate a lesson, compute every speaker note and check "
-                         "that every question a scene offers is decided by clear evidence: "
+                         "that every question a scene offers is decided by clear evidence and that no scene "
+                         "calls a secondary result primary or claims forgetting it does not show: "
                          "one line per scene, or one error line and exit 2")
     ck.add_argument("file", help="a lesson file (lessons/NAME.toml) or a lesson name")
     ck.set_defaults(func=run, parser=ck)
@@ -36,6 +37,7 @@ def run(args) -> int:
             L.note_text(les, s.number)  # every placeholder computed, or the error
             print(L.summary(les, s.number))
         L.check_evidence(les)  # every question the scenes offer decided by clear evidence
+        L.check_claims(les)  # no secondary result called primary; "forgets" shown where it can be
         print(f"{les.path.name}: {les.title}, {len(les.scenes)} scenes, {les.minutes:g} min: ok")
         return 0
     except ValueError as exc:

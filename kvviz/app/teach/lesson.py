@@ -22,6 +22,7 @@ names the file, the scene, the field and the rule.
 """
 from __future__ import annotations
 
+import re
 import string
 import tomllib
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from kvviz.app.teach.notes import (  # noqa: F401 (the API)
     _line,
     _loop,
     _needle_table,
+    lookup,
     note_text,
     positions_text,
     scene_trace,
@@ -289,16 +291,18 @@ def _check_note(path, where, note: str, query: dict) -> None:
     for _, f, spec, conv in parsed:
         if f is None:
             continue
-        if f not in PLACEHOLDERS:
+        ph = lookup(f)
+        if ph is None:
             _fail(path, where, f"note: unknown placeholder {{{f}}} (known: "
-                               f"{', '.join('{' + k + '}' for k in PLACEHOLDERS)})")
+                               f"{', '.join('{' + k + '}' for k in PLACEHOLDERS)}, and a study's "
+                               "result as {primary.STUDY.ID} or {secondary.STUDY.ID})")
         if spec or conv:
             _fail(path, where, f"note: placeholder {{{f}}} takes no format or conversion")
-        missing = [k for k in NEEDS[PLACEHOLDERS[f].kind] if k not in query]
+        missing = [k for k in NEEDS[ph.kind] if k not in query]
         if missing:
             _fail(path, where, f"note: placeholder {{{f}}} needs state.{missing[0]} "
-                               f"(a {PLACEHOLDERS[f].kind} placeholder reads "
-                               f"{', '.join(NEEDS[PLACEHOLDERS[f].kind])})")
+                               f"(a {ph.kind} placeholder reads "
+                               f"{', '.join(NEEDS[ph.kind])})")
 
 
 def summary(lesson: Lesson, n: int) -> str:
@@ -466,3 +470,112 @@ def check_evidence(lesson: Lesson) -> None:
     for s in lesson.scenes:
         if s.state.view in STEP_VIEWS:
             check_opening(lesson.path, f"scene {s.number}", Facts(with_budget(s)))
+
+
+# --- what the scenes claim against what the studies support ---------------------------------
+PRIMARY_WORD = re.compile(r"\bprimary\b", re.I)
+# a scene's claim that a policy forgets (the Forgetting view's name is not a claim)
+FORGETS_TITLE = re.compile(r"\bforg(?:et|ets|ot|otten|etting)\b(?!\s+view)", re.I)
+FORGETS_NOTE = re.compile(r"\b(?:forgets|forgot|forgotten)\b", re.I)
+LEAST_RETURNS = 2  # returns inside the eviction window: a quiet stretch between two of them
+RETURN_TASKS = ("recall", "returns")  # tasks whose key the text returns to (reminder_positions)
+
+
+def _sentences(note: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?])\s+|\n", note) if s.strip()]
+
+
+def quote_status(name: str) -> str | None:
+    """The mark of the study result placeholder {name} quotes: "primary" or "secondary" for
+    {primary.*} / {secondary.*} (the answers file's mark), "not pre-registered" for the tasks
+    study's answers ({tasks.*}) unless answers.json marks that part primary; None for a
+    placeholder that quotes no study result."""
+    ph = lookup(name)
+    if ph is None or ph.kind not in ("study", "tasks"):
+        return None
+    if ph.kind == "study":
+        from kvviz.studies.stats import study_result
+
+        _, study, rid = name.split(".", 2)
+        return study_result(study, rid)[1]["status"]
+    from kvviz.app.teach.notes import task_answers
+
+    part = name.split(".")[1].split("_")[0]
+    entry = task_answers().get(part)
+    return "primary" if isinstance(entry, dict) and entry.get("status") == "primary" else \
+        "not pre-registered"
+
+
+def check_claims(lesson: Lesson) -> None:
+    """A ValueError naming the scene when (1) a sentence of its note calls a result it quotes
+    primary while the study marks it secondary (or it was not pre-registered), or (2) it
+    claims a policy forgets (its title or note) without showing a prompt where the full cache
+    answers and, on a task whose key the text returns to, where at least LEAST_RETURNS returns
+    fall inside the eviction window of the policy shown (decode mode: the returns after its
+    first eviction)."""
+    for s in lesson.scenes:
+        where = f"scene {s.number}"
+        for sentence in _sentences(s.note):
+            fields = [f for _, f, _, _ in string.Formatter().parse(sentence) if f]
+            words = re.sub(r"\{[^{}]*\}", "", sentence)
+            if not PRIMARY_WORD.search(words):
+                continue
+            for f in fields:
+                try:
+                    status = quote_status(f)
+                except ValueError as exc:
+                    _fail(lesson.path, where, f"{{{f}}}: {exc}")
+                if status is not None and status != "primary":
+                    _fail(lesson.path, where,
+                          f"note: the sentence \"{sentence.strip()}\" calls {{{f}}} primary, and "
+                          f"that result is {status} (say it is secondary, with its Holm-"
+                          "corrected p, or quote the claim's primary contrast)")
+        if FORGETS_TITLE.search(s.title) or FORGETS_NOTE.search(re.sub(r"\{[^{}]*\}", "", s.note)):
+            _check_forgets(lesson.path, where, s)
+
+
+def _check_forgets(path, where, s: Scene) -> None:
+    import json
+
+    from kvviz.core.paths import needle_dir, tasks_dir
+    from kvviz.model.needle.results import load_run
+    from kvviz.studies.forgetting import FULL_LABEL, right
+
+    claim = f"it claims a policy forgets ({s.title!r})"
+    if s.state.view != "needle" or not s.state.needle:
+        _fail(path, where, f"{claim} and shows no prompt: a forgetting scene is a needle view "
+                           "at one prompt (nbudget, nmode, ngran, nlen, ndepth, nseed)")
+    rows = Facts(s).needle_rows()
+    full = rows[rows["line"] == FULL_LABEL]
+    if full.empty or not bool(right(full).iloc[0]):
+        _fail(path, where, f"{claim} on a prompt the full cache gets wrong: that is the model's "
+                           "error, not eviction's (choose a prompt the full cache answers)")
+    task = s.state.needle.get("ntask", "passkey")
+    if not task.startswith(RETURN_TASKS):
+        return
+    if s.state.needle.get("nmode") != "decode":
+        _fail(path, where, f"{claim} in prefill mode, where every return precedes the one "
+                           "eviction (choose nmode = \"decode\")")
+    line = s.state.needle.get("npol", "tova")
+    row = rows[rows["line"] == line]
+    if row.empty:
+        _fail(path, where, f"state.npol: {line!r} has no run at this cell")
+    row = row.iloc[0]
+    folder = needle_dir() if task == "passkey" else tasks_dir()
+    run = load_run(folder, row["id"])
+    labels = [c["label"] for c in run["meta"]["configs"]]
+    if row["label"] not in labels:
+        _fail(path, where, f"run {row['id']}: no config {row['label']!r}")
+    e = run["evicted_at"][labels.index(row["label"])]
+    first = int(e[e >= 0].min()) if (e >= 0).any() else None
+    returns = row["reminder_positions"]
+    returns = json.loads(returns) if isinstance(returns, str) else list(returns)
+    inside = [int(p) for p in returns if first is not None and int(p) >= first]
+    if len(inside) < LEAST_RETURNS:
+        when = "never evicts" if first is None else f"first evicts at step {first}"
+        _fail(path, where,
+              f"{claim}, and at this prompt {line} {when}: {len(inside)} of the key's "
+              f"{len(returns)} returns {'falls' if len(inside) == 1 else 'fall'} inside the "
+              "eviction window (at least "
+              f"{LEAST_RETURNS} are needed for a quiet stretch between two returns; choose a "
+              "prompt, spacing or budget where they do, or drop the claim)")

@@ -21,13 +21,13 @@ from kvviz.app.state import ViewState
 NEEDLE_CELL = ("nbudget", "nmode", "ngran", "nlen", "ndepth", "nseed")
 # what each kind of placeholder needs in the scene's state
 NEEDS = {"trace": ("trace", "budget", "step"), "loop": ("view", "loop", "loop.policy", "loop.budget"),
-         "needle": ("view",) + NEEDLE_CELL, "tasks": ()}
+         "needle": ("view",) + NEEDLE_CELL, "tasks": (), "study": ()}
 
 # --- placeholders -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Placeholder:
     name: str
-    kind: str     # "trace", "loop", "needle" or "tasks": what it reads (NEEDS)
+    kind: str     # "trace", "loop", "needle", "tasks" or "study": what it reads (NEEDS)
     fn: object    # (Facts) -> str
     doc: str
 
@@ -49,6 +49,40 @@ def placeholder(kind: str, sides: bool = False):
             PLACEHOLDERS[base] = Placeholder(base, kind, fn, doc)
         return fn
     return deco
+
+
+STUDY_DOC = ("{primary.STUDY.ID} or {secondary.STUDY.ID}: result ID of a pre-registered study "
+             "(traces/studies/STUDY/answers.json, written by lab/study_report.py): its sentence, "
+             "which carries its mark; the mark in the placeholder must be the one the answers "
+             "file gives the result (a secondary result is never quoted as primary)")
+
+
+def lookup(name: str) -> Placeholder | None:
+    """The placeholder {name}: one of PLACEHOLDERS, or a study's result quoted with its mark,
+    {primary.STUDY.ID} / {secondary.STUDY.ID} (study__quote); None when neither."""
+    if name in PLACEHOLDERS:
+        return PLACEHOLDERS[name]
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[0] in ("primary", "secondary") and all(parts):
+        return Placeholder(name, "study", lambda f, n=name: study__quote(n), STUDY_DOC)
+    return None
+
+
+def study__quote(name: str) -> str:
+    """{primary.STUDY.ID} / {secondary.STUDY.ID}: the result's sentence from the study's
+    answers file; ValueError when the file marks the result otherwise than the placeholder."""
+    from kvviz.studies.stats import study_result
+
+    mark, study, rid = name.split(".", 2)
+    path, r = study_result(study, rid)
+    if r["status"] != mark:
+        holm = f", Holm p = {r['holm_p']:.2g}" if "holm_p" in r else ""
+        raise ValueError(f"quotes a {r['status']} result as {mark}: {path} marks {rid} "
+                         f"{r['status']}{holm} (quote it as {{{r['status']}.{study}.{rid}}})")
+    text = r.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{path}: result {rid} has no sentence (text)")
+    return text.strip()
 
 
 def positions_text(ps) -> str:
@@ -501,7 +535,7 @@ def note_text(lesson, n: int) -> str:
             continue
         if f not in values:
             try:
-                values[f] = PLACEHOLDERS[f].fn(facts)
+                values[f] = lookup(f).fn(facts)
             except ValueError as exc:
                 raise ValueError(f"{lesson.path.name}: scene {n}: {{{f}}}: {exc}") from None
         out.append(values[f])

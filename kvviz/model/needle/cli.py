@@ -56,6 +56,9 @@ def parser(sub=None) -> argparse.ArgumentParser:
     p.add_argument("--distractors", type=int, help="distractors: other people's keys besides the asked "
                    "one (default 2)")
     p.add_argument("--phrase-words", type=int, help="phrase: words in the pass phrase (default 4)")
+    p.add_argument("--returns", type=int, help="returns: reminders of the key inside the eviction window, 0-3 "
+                   "(default 3; 0 is the no-returns control)")
+    p.add_argument("--hops", type=int, help="vartrack: assignments passing the value on, 0-3 (default 2)")
     add_eviction_arguments(p, prefill=True)
     p.add_argument("--batch", type=int, default=1,
                    help="prompts read together in one batch (of one prompt mode and granularity; each run's "
@@ -64,6 +67,8 @@ def parser(sub=None) -> argparse.ArgumentParser:
                    help="leave out the full-cache row: one forward per configuration, no full-cache gate or "
                         "agreement (the default runs it beside every configuration)")
     p.add_argument("--haystack", help="UTF-8 text file for the haystack (default: the pass-key filler)")
+    p.add_argument("--haystacks", help="a folder of UTF-8 .txt haystacks (e.g. traces/haystacks): every prompt "
+                   "of the grid once per file, the file's stem in the run id and the results' haystack column")
     p.add_argument("--model", help="a local Hugging Face model folder, a .gguf file or an installed "
                    "model's name (default: the bundled SmolLM2-135M); never the hub")
     add_device_arguments(p)
@@ -84,10 +89,31 @@ def grid_from(args) -> Grid:
     if not args.policies:
         raise ValueError("--policies: give at least one, e.g. --policies tova h2o")
     task = Task(args.task, reminder_every=args.reminder_every, distractors=args.distractors,
-                phrase_words=args.phrase_words)
+                phrase_words=args.phrase_words, returns=args.returns, hops=args.hops)
+    hays = list(read_haystacks(args.haystacks)) if getattr(args, "haystacks", None) else [""]
     return Grid(lengths=_flat(args.lengths), depths=_flat(args.depths), seeds=_flat(args.seeds),
                 policies=args.policies, budgets=_flat(args.budgets), prompt_modes=args.prompt_modes,
-                granularities=args.granularity, max_new_tokens=args.max_new_tokens, task=task)
+                granularities=args.granularity, max_new_tokens=args.max_new_tokens, task=task, haystacks=hays)
+
+
+def read_haystacks(folder) -> dict[str, str]:
+    """name (the file's stem) -> text of every .txt in `folder`, by name; ValueError naming
+    --haystacks: no such folder, no .txt in it, a file that cannot be read or is empty."""
+    from kvviz.model.needle.prompt import check_haystack
+
+    d = Path(folder)
+    if not d.is_dir():
+        raise ValueError(f"--haystacks {folder}: not a folder")
+    files = sorted(d.glob("*.txt"))
+    if not files:
+        raise ValueError(f"--haystacks {folder}: no .txt files in it")
+    out = {}
+    for f in files:
+        try:
+            out[f.stem] = check_haystack(f.read_text(encoding="utf-8"), f"--haystacks {f}")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--haystacks {f}: cannot read it ({exc})") from None
+    return out
 
 
 def read_haystack(path) -> str | None:
@@ -118,7 +144,9 @@ def run(args) -> int:
             raise ValueError("--no-full-cache leaves the full cache out: give a policy other than full")
         if args.eviction == "freed":
             refuse_ratio_freed(_flat(args.budgets), "--budgets")  # before anything loads
-        haystack = read_haystack(args.haystack)
+        if args.haystack and args.haystacks:
+            raise ValueError("--haystack and --haystacks: give one (a file, or a folder of them)")
+        haystack = read_haystacks(args.haystacks) if args.haystacks else read_haystack(args.haystack)
         from kvviz.model.models import resolve
 
         resolve(args.model)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvviz.model.needle.prompt import INTRO, _tokens, repeat_haystack, split_at
 
 
@@ -141,3 +143,76 @@ def _search(tok, length: int, make, top: int, start: int):
         if len(attempt(m)[1]) == length:
             return m, tried
     return None, tried
+
+
+def place(tok, length: int, hay: str, pieces: list[tuple[int, str]], question: str, what: str = "the task",
+          intro: str = INTRO, tries: int = 12, snap: int = 8) -> Composed:
+    """The prompt of exactly `length` tokens with each piece's first token at its given
+    prompt token index (pieces in increasing order), the haystack flowing in order between
+    them: the instruction, haystack, piece, haystack, ..., the question. A piece goes in at
+    the haystack's sentence end nearest its place when one lies within `snap` tokens (it then
+    sits up to `snap` tokens off), else at the word end at its place.
+    Each cut is corrected by the error the tokenizer left until every piece sits where asked
+    (or `tries` runs out: the nearest found; the spans are recorded either way). `inserts`:
+    each piece's character span, in the pieces' order. ValueError naming --lengths when
+    the pieces and question do not fit, or a piece lies past the question."""
+    at = [int(p) for p, _ in pieces]
+    if at != sorted(at):
+        raise ValueError("the pieces must come in increasing positions")
+    need = len(_tokens(tok, " ".join([intro, *[t for _, t in pieces], question]))[0])
+    if length < need + 1:
+        raise ValueError(f"--lengths {length}: {what} does not fit; the instruction, its sentences and the "
+                         f"question take {need} tokens, so a length must be at least {need + 1}")
+    hay, hay_ids, hay_off = repeat_haystack(tok, hay, length)
+    words = [m for m in range(1, len(hay_ids) + 1) if m == len(hay_ids) or hay[hay_off[m - 1][1]:][:1].isspace()]
+    ends = [m for m in words if hay[:hay_off[m - 1][1]].endswith(".")]
+
+    def word_cut(m: int) -> int:  # the sentence end nearest m within `snap` tokens, else the word end at or below
+        m = max(0, min(len(hay_ids), m))
+        near = [e for e in ends if abs(e - m) <= snap]
+        if near:
+            return min(near, key=lambda e: (abs(e - m), e))
+        i = np.searchsorted(words, m, side="right")
+        return int(words[i - 1]) if i > 0 else 0
+
+    def make(cuts):
+        chars = [0] + [hay_off[m - 1][1] if m > 0 else 0 for m in cuts]
+        parts, spans, pos = [intro], [], len(intro)
+        for i, (_, text) in enumerate(pieces):
+            for chunk in (hay[chars[i]:chars[i + 1]].strip(), text):
+                if chunk:
+                    parts.append(chunk)
+                    if chunk is text:
+                        spans.append((pos + 1, pos + 1 + len(text)))
+                    pos += 1 + len(chunk)
+        tail = hay[chars[-2]:chars[-1]].strip()
+        text = " ".join(parts + ([tail] if tail else []) + [question])
+        ids, offsets = _tokens(tok, text)
+        return text, ids, offsets, spans
+
+    intro_n = len(_tokens(tok, intro)[0])
+    cuts, before = [], 0
+    for p, text in pieces:
+        cuts.append(max(cuts[-1] if cuts else 0, p - intro_n - before))
+        before += len(_tokens(tok, text)[0])
+    cuts.append(max(cuts[-1] if cuts else 0, length - need))
+    best = None
+    for _ in range(tries):
+        cuts = [word_cut(m) for m in cuts[:-1]] + [max(0, min(len(hay_ids), cuts[-1]))]
+        for i in range(1, len(cuts)):
+            cuts[i] = max(cuts[i], cuts[i - 1])
+        text, ids, offsets, spans = make(cuts)
+        got = [next(i for i, (a, b) in enumerate(offsets) if b > s) for s, _ in spans]
+        miss = [g - p for g, p in zip(got, at)]
+        score = (len(ids) > length, sum(abs(x) for x in miss) + abs(len(ids) - length))
+        if best is None or score < best[0]:
+            best = (score, (text, ids, offsets, spans))
+        if score == (False, 0):
+            break
+        cuts = [c - e for c, e in zip(cuts[:-1], miss)] + [cuts[-1] + length - len(ids)]
+    (over, _), (text, ids, offsets, spans) = best
+    if over:
+        raise ValueError(f"--lengths {length}: cannot build a prompt this short around {what}")
+    if spans and max(s for s, _ in spans) > text.rindex(question):
+        raise ValueError(f"--lengths {length}: {what} lies past the question")
+    return Composed(text, ids, offsets, spans, [])

@@ -26,10 +26,12 @@ class PromptSpec:
     prompt_mode: str
     granularity: str
     prefix: str = ""  # the task's (Task.prefix): none for the pass key
+    haystack: str = ""  # the haystack's name (a --haystacks file's stem): none for --haystack or the filler
 
     @property
     def id(self) -> str:
-        return self.prefix + run_id(self.length, self.depth, self.seed, self.prompt_mode, self.granularity)
+        hay = f"h{self.haystack}-" if self.haystack else ""
+        return self.prefix + hay + run_id(self.length, self.depth, self.seed, self.prompt_mode, self.granularity)
 
 
 @dataclass
@@ -43,14 +45,16 @@ class Grid:
     granularities: list[str] = field(default_factory=lambda: ["layer"])
     max_new_tokens: int = 8
     task: Task = field(default_factory=Task)
+    haystacks: list[str] = field(default_factory=lambda: [""])  # names (--haystacks' stems); "": one haystack
 
     def __post_init__(self):
         check(self)
         self.configs: list[LoopConfig] = build_configs(self.policies, self.budgets)
 
     def prompts(self) -> list[PromptSpec]:
-        return [PromptSpec(*x, self.task.prefix) for x in itertools.product(
-            self.lengths, self.depths, self.seeds, self.prompt_modes, self.granularities)]
+        # haystacks innermost: a grid stopped part way holds every haystack at the first depths
+        return [PromptSpec(*x, self.task.prefix, h) for x in itertools.product(
+            self.lengths, self.depths, self.seeds, self.prompt_modes, self.granularities) for h in self.haystacks]
 
 
 def _nonempty(name: str, values) -> list:
@@ -81,6 +85,11 @@ def check(g: Grid) -> None:
     if isinstance(g.max_new_tokens, bool) or int(g.max_new_tokens) != g.max_new_tokens or g.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {g.max_new_tokens}")
     g.max_new_tokens = int(g.max_new_tokens)
+    g.haystacks = [str(h) for h in _nonempty("--haystacks", g.haystacks)]
+    for h in g.haystacks:
+        if h and not re.fullmatch(r"[A-Za-z0-9_.-]+", h):
+            raise ValueError(f"--haystacks: a haystack's name is its file's stem of letters, digits, '_', '.', "
+                             f"'-' (it goes in the run id); got {h!r}")
 
 
 def build_configs(policies, budgets) -> list[LoopConfig]:

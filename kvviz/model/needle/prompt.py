@@ -34,6 +34,7 @@ class NeedlePrompt:
     distractor_names: list[str] = field(default_factory=list)
     distractor_keys: list[str] = field(default_factory=list)
     distractor_positions: list[list[int]] = field(default_factory=list)  # each distractor key's tokens
+    neighbour_positions: list[int] = field(default_factory=list)  # phrase: NEIGHBOURS tokens each side of it
 
 
 def make_key(seed: int, digits: int = DIGITS) -> str:

@@ -4,7 +4,8 @@ Schema (DIR is the --out folder, e.g. traces/needle/):
 
 DIR/runs/<id>.npz, one per prompt, id `L<length>-d<depth>-s<seed>-<prompt_mode>-<granularity>`
 (e.g. `L512-d50-s0-decode-layer`; a task other than the pass key prefixes its name and option,
-`recall20-L512-...`, `distractors2-...`, `phrase4-...`), written by np.savez_compressed to a
+`recall20-L512-...`, `distractors2-...`, `phrase4-...`; a grid over --haystacks then the
+haystack's name, `returns3-htry-L256-...`), written by np.savez_compressed to a
 temp file and renamed:
   - `meta`: 0-d str, JSON: id, length, depth, seed, prompt_mode, granularity, key (digits),
     key_positions (prompt token indices of the key's digits, both mentions), question_start
@@ -13,7 +14,8 @@ temp file and renamed:
     (LoopConfig.record: source is where the policy came from, {origin, where, sha256}) with
     index 0 = full, answers [str], correct [bool], agreement [float], layers L, kv_heads G;
     the task (kvviz.model.needle.tasks; absent: the pass key): task, reminder_every,
-    distractors, phrase_words (its option, None for the others), reminders ([start, end)
+    distractors, phrase_words, returns, hops (its option, None for the others),
+    neighbour_positions (the phrase task's neighbours), reminders ([start, end)
     token spans), target, distractor_names, distractor_keys, distractor_positions (token
     indices of each distractor's key). `key` is the task's answer (the phrase for `phrase`)
     and key_positions its tokens.
@@ -43,8 +45,15 @@ configs in run order (full first), with the columns COLUMNS:
   (the distractor's name; the phrase's words found, in order), target, key_positions (JSON),
   reminders (count), reminder_positions (JSON, each reminder's first token), distractor_keys,
   distractor_positions (JSON), distractors_held_end (share of the distractors' key tokens
-  held at the end of the prompt, -1 without distractors). A results.csv from before the
-  tasks loads with task "passkey".
+  held at the end of the prompt, -1 without distractors); the study design's: haystack (the
+  haystack's name: a --haystacks file's stem, "filler", or the --haystack file's name),
+  returns and hops (the returns and vartrack tasks' options, -1 for the others), quiet
+  (tokens from the end of the last reminder or return to the question, -1 without any),
+  seconds (the generate batch's seconds, shared by the batch_prompts prompts read together:
+  a prompt's cost is seconds / batch_prompts), neighbours_held_end (the phrase task: the
+  share of the NEIGHBOURS tokens each side of the phrase held at the end of the prompt, -1
+  for the others), full_cache_correct (the full cache's verdict on the same prompt, empty
+  without a full-cache row). A results.csv from before the tasks loads with task "passkey".
 
 gate(df): the rows at the (task, option, length) cells where the full cache answers >= 80 % of the
 prompts, and the full cache's accuracy per cell; a study keeps only those.
@@ -81,10 +90,16 @@ COLUMNS = ("id", "length", "depth", "seed", "prompt_mode", "granularity", "polic
            # the task's columns (kvviz.model.needle.tasks); a pass-key run has -1 / "" / [] there
            "task", "reminder_every", "distractors", "phrase_words", "outcome", "detail", "target",
            "key_positions", "reminders", "reminder_positions", "distractor_keys", "distractor_positions",
-           "distractors_held_end")
+           "distractors_held_end",
+           # the study design's: the haystack's name, the returns and variable-tracking tasks' options,
+           # the quiet stretch (tokens from the end of the last return to the question, -1 none), the
+           # run's seconds (its generate batch's, shared by the prompts read together) and batch size
+           "haystack", "returns", "hops", "quiet", "seconds", "batch_prompts", "neighbours_held_end",
+           "full_cache_correct")
 JSON_COLUMNS = ("params", "held_by_layer", "held_end_by_layer", "first_lost_by_layer", "held_by_head",
                 "key_positions", "reminder_positions", "distractor_keys", "distractor_positions")
 TASK_DEFAULTS = {"task": "passkey", "reminder_every": -1, "distractors": -1, "phrase_words": -1,
+                 "returns": -1, "hops": -1,
                  "target": "", "reminders": [], "distractor_names": [], "distractor_keys": [],
                  "distractor_positions": []}
 
@@ -187,6 +202,7 @@ def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
     dpos = [p for ps in t["distractor_positions"] for p in ps]
     return {"correct": s.correct, "task": t["task"], "reminder_every": int(t["reminder_every"]),
             "distractors": int(t["distractors"]), "phrase_words": int(t["phrase_words"]),
+            "returns": int(t["returns"]), "hops": int(t["hops"]),
             "outcome": s.outcome, "detail": s.detail, "target": t["target"],
             "key_positions": json.dumps(list(meta["key_positions"])), "reminders": len(t["reminders"]),
             "reminder_positions": json.dumps([int(a) for a, _ in t["reminders"]]),
@@ -195,10 +211,17 @@ def task_columns(meta: dict, answer: str, ev_c, T0: int) -> dict:
             "distractors_held_end": float(held(ev_c, dpos, T0 - 1).mean()) if dpos else -1.0}
 
 
+def haystack_name(h) -> str:
+    """A run's haystack as its name: the recorded {name, sha256}'s name (an older or
+    hand-made run may record a bare string)."""
+    return str(h.get("name", "")) if isinstance(h, dict) else str(h or "")
+
+
 def rows(run: dict) -> list[dict]:
     """The results rows of one run (one per config), from its meta and evicted_at."""
     m, ev = run["meta"], run["evicted_at"]
     pos, q, T0 = m["key_positions"], int(m["question_start"]), int(m["prompt_len"])
+    full = [bool(ok) for cfg, ok in zip(m["configs"], m["correct"]) if cfg["policy"] == "full"]
     out = []
     for c, cfg in enumerate(m["configs"]):
         hq = held(ev[c], pos, q - 1).mean(axis=-1)       # (L, G) share at the question
@@ -222,18 +245,28 @@ def rows(run: dict) -> list[dict]:
             "first_lost_by_layer": json.dumps(lost),
             "held_by_head": json.dumps([[round(float(x), 6) for x in r] for r in hq]),
             **task_columns(m, m["answers"][c], ev[c], T0),
+            "haystack": haystack_name(m.get("haystack")),
+            "quiet": q - max(int(b) for _, b in m["reminders"]) if m.get("reminders") else NEVER,
+            "seconds": m.get("seconds"), "batch_prompts": m.get("batch_prompts", 1),
+            # the share of the answer's neighbours (the phrase's, NEIGHBOURS each side) held at the end
+            "neighbours_held_end": (float(held(ev[c], m["neighbour_positions"], T0 - 1).mean())
+                                    if m.get("neighbour_positions") else -1.0),
+            # the full cache's verdict on the same prompt (the gate); None without a full-cache row
+            "full_cache_correct": full[0] if full else None,
         })
     return out
 
 
-LAYER_COLUMNS = ("id", "task", "reminder_every", "distractors", "phrase_words", "length", "depth", "seed",
+LAYER_COLUMNS = ("id", "task", "reminder_every", "distractors", "phrase_words", "returns", "hops", "length", "depth",
+                 "seed",
                  "prompt_mode", "granularity", "policy", "label", "budget", "layer", "head", "held_question",
                  "held_end", "first_lost", "answer", "correct", "outcome", "full_cache_correct")
 # The long table's column types: strings, nullable integers (<NA>, never -1, where a value is
 # absent: the full cache's budget, a key never lost, a task without that option) and nullable
 # booleans (<NA> where the run has no full-cache row to compare with).
 LAYER_TYPES = {"id": "string", "task": "string", "reminder_every": "Int64", "distractors": "Int64",
-               "phrase_words": "Int64", "length": "Int64", "depth": "float64", "seed": "Int64",
+               "phrase_words": "Int64", "returns": "Int64", "hops": "Int64", "length": "Int64", "depth": "float64",
+               "seed": "Int64",
                "prompt_mode": "string", "granularity": "string", "policy": "string", "label": "string",
                "budget": "Int64", "layer": "Int64", "head": "string", "held_question": "float64",
                "held_end": "float64", "first_lost": "Int64", "answer": "string", "correct": "boolean",
@@ -328,8 +361,8 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
     df = pd.read_csv(path, keep_default_na=False, na_values=[""],
                      dtype={"id": str, "policy": str, "label": str, "key": str, "answer": str,
                             "prompt_mode": str, "granularity": str, "task": str, "outcome": str,
-                            "detail": str, "target": str})
-    for col in ("answer", "detail", "target"):
+                            "detail": str, "target": str, "haystack": str})
+    for col in ("answer", "detail", "target", "haystack"):
         if col in df:
             df[col] = df[col].fillna("")
     if "task" not in df:  # a folder written before the tasks: every run is the pass key
@@ -340,7 +373,7 @@ def load_results(out) -> "pandas.DataFrame":  # noqa: F821  (pandas is imported 
     return df
 
 
-OPTIONS = ("reminder_every", "distractors", "phrase_words")  # the tasks' options (-1: none)
+OPTIONS = ("reminder_every", "distractors", "phrase_words", "returns", "hops")  # the tasks' options (-1: none)
 GATE = 0.8  # the least full-cache accuracy at which a task's length stays in a study
 
 

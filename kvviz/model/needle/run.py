@@ -74,19 +74,21 @@ def run_prompts(pair, items, configs, max_new_tokens: int, *, prompt_mode: str, 
                 haystack: dict | None = None, progress=None, eviction: str = "masked",
                 prefill_chunk: int = PREFILL_CHUNK, task: Task | None = None,
                 full_cache: bool = True) -> list[dict]:
-    """Several prompts (`items`: (run_id, NeedlePrompt, seed) each) read together, every
+    """Several prompts (`items`: (run_id, NeedlePrompt, seed[, haystack_info]) each) read together, every
     prompt x config one row of a kvviz.model.loop.generate_batch batch: each run what
     run_prompt gives it alone (the same tokens and eviction logs), as results.load_run
     returns it (not written). `full_cache` as for run_prompt."""
     from kvviz.model.loop import generate_batch
 
     items = list(items)
+    infos = [it[3] if len(it) > 3 else haystack for it in items]  # a haystack_info per prompt, where given
+    items = [it[:3] for it in items]
     gens = generate_batch([list(p.ids) for _, p, _ in items], configs, max_new_tokens, granularity=granularity,
                           prompt_mode=prompt_mode, model=pair, seed=[s for _, _, s in items], progress=progress,
                           eviction=eviction, prefill_chunk=prefill_chunk, full_cache=full_cache)
     return [record(pair, p, gen, run_id=id_, prompt_mode=prompt_mode, granularity=granularity, seed=s,
-                   max_new_tokens=max_new_tokens, haystack=haystack, task=task)
-            for (id_, p, s), gen in zip(items, gens)]
+                   max_new_tokens=max_new_tokens, haystack=info, task=task)
+            for (id_, p, s), info, gen in zip(items, infos, gens)]
 
 
 def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granularity: str, seed: int,
@@ -102,7 +104,7 @@ def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granula
     task = task or Task()
     fields = {**task.record(), "task": p.task, "reminders": [list(r) for r in p.reminders], "target": p.target,
               "distractor_names": p.distractor_names, "distractor_keys": p.distractor_keys,
-              "distractor_positions": p.distractor_positions}
+              "distractor_positions": p.distractor_positions, "neighbour_positions": p.neighbour_positions}
     meta = {"id": run_id, "length": p.length, "depth": p.depth, "seed": seed,
             "prompt_mode": prompt_mode, "granularity": granularity, "key": p.key,
             "key_positions": p.key_positions, "question_start": p.question_start,
@@ -122,10 +124,22 @@ def record(pair, p: NeedlePrompt, gen, *, run_id: str, prompt_mode: str, granula
             "new_ids": gen.new_ids, "evicted_at": gen.evicted_at}
 
 
-def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | None = None,
+def spec_haystack(spec: PromptSpec, haystack, haystack_name):
+    """(text, name) of the spec's haystack: `haystack` a dict of name -> text (--haystacks)
+    is looked up by spec.haystack; else the one text and its name."""
+    if isinstance(haystack, dict):
+        if spec.haystack not in haystack:
+            raise ValueError(f"--haystacks: no haystack named {spec.haystack!r}")
+        return haystack[spec.haystack], spec.haystack
+    return haystack, haystack_name
+
+
+def compute(spec: PromptSpec, grid: Grid, pair, haystack: str | dict | None = None,
             haystack_name: str | None = None, eviction: str = "masked", prefill_chunk: int = PREFILL_CHUNK) -> dict:
     """One prompt of the grid, every config: the run as results.load_run returns it (not written).
-    A grid whose configs hold no `full` row (run_grid's full_cache=False) runs without it."""
+    A grid whose configs hold no `full` row (run_grid's full_cache=False) runs without it.
+    `haystack`: one text, or name -> text (--haystacks), the spec's looked up by its name."""
+    haystack, haystack_name = spec_haystack(spec, haystack, haystack_name)
     p = build_task(pair[0], grid.task, spec.length, spec.depth, spec.seed, haystack)
     return run_prompt(pair, p, grid.configs, grid.max_new_tokens, run_id=spec.id,
                       prompt_mode=spec.prompt_mode, granularity=spec.granularity, seed=spec.seed,
@@ -141,9 +155,13 @@ def compute_batch(specs, grid: Grid, pair, haystack: str | None = None, haystack
     specs = list(specs)
     if len({(s.prompt_mode, s.granularity) for s in specs}) != 1:
         raise ValueError("a batch of prompts shares one prompt mode and granularity")
-    built = [(s.id, build_task(pair[0], grid.task, s.length, s.depth, s.seed, haystack), s.seed) for s in specs]
+    built = []
+    for s in specs:
+        text, name = spec_haystack(s, haystack, haystack_name)
+        built.append((s.id, build_task(pair[0], grid.task, s.length, s.depth, s.seed, text), s.seed,
+                      haystack_info(text, name)))
     return run_prompts(pair, built, grid.configs, grid.max_new_tokens, prompt_mode=specs[0].prompt_mode,
-                       granularity=specs[0].granularity, haystack=haystack_info(haystack, haystack_name),
+                       granularity=specs[0].granularity,
                        eviction=eviction, prefill_chunk=prefill_chunk, task=grid.task,
                        full_cache=any(c.is_full for c in grid.configs))
 
@@ -168,14 +186,30 @@ def model_name(model) -> str:
     return model_provenance(model[1])["model"] if isinstance(model, tuple) else resolve(model).name
 
 
+def label_now(cfg: dict) -> str:
+    """A saved configuration's label as this code names it: its recorded parameters with the
+    defaults of any parameter declared since (which the run used without naming it: a new
+    parameter's default is the rule before it) filled in; the recorded label when the policy
+    is not registered here."""
+    from kvviz.model.loop.config import LoopConfig
+
+    if cfg["policy"] == "full":
+        return cfg["label"]
+    try:
+        return LoopConfig(cfg["policy"], dict(cfg.get("params") or {}), cfg["budget"]).label
+    except (ValueError, KeyError, TypeError):
+        return cfg["label"]
+
+
 def signature(meta: dict) -> tuple:
-    """What a saved run must match to be skipped on a re-run: configs, new tokens, haystack,
-    model, eviction mode (a run from before the mode was recorded masked)."""
-    return ([c["label"] for c in meta["configs"]], meta["max_new_tokens"], meta["haystack"]["sha256"],
+    """What a saved run must match to be skipped on a re-run: configs (label_now), new
+    tokens, haystack, model, eviction mode (a run from before the mode was recorded masked)."""
+    return ([label_now(c) for c in meta["configs"]], meta["max_new_tokens"], meta["haystack"]["sha256"],
             meta["model"].get("model"), meta.get("eviction", "masked"))
 
 
 def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, eviction: str = "masked") -> bool:
+    haystack, haystack_name = spec_haystack(spec, haystack, haystack_name)
     try:
         meta = load_run(out, spec.id)["meta"]
     except (ValueError, OSError, KeyError):
@@ -184,14 +218,15 @@ def done(out, spec: PromptSpec, grid: Grid, haystack, haystack_name, name: str, 
                                haystack_info(haystack, haystack_name)["sha256"], name, eviction)
 
 
-def run_grid(grid: Grid, out, model=None, haystack: str | None = None, haystack_name=None,
+def run_grid(grid: Grid, out, model=None, haystack: str | dict | None = None, haystack_name=None,
              progress: bool = True, device: str = "cpu", dtype: str = "float32", eviction: str = "masked",
              prefill_chunk: int = PREFILL_CHUNK, batch: int = 1, full_cache: bool = True):
     """Run every prompt not already in `out` (resume), then write results.csv/.json.
     `batch`: prompts read together in one engine batch (of one prompt mode and
     granularity; each run's tokens and eviction logs are what it gets alone). `full_cache`
     False leaves the full-cache row out of every run (a run with it and one without have
-    different configs: neither resumes the other). Returns the table of every run in `out`."""
+    different configs: neither resumes the other). `haystack`: one text, or name -> text for
+    a grid over several haystacks (Grid.haystacks). Returns the table of every run in `out`."""
     import copy
 
     from kvviz.model.models import load_model

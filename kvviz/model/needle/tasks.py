@@ -10,6 +10,16 @@ and scored by its own answer check:
   asked one); the question names one. Scored "right", "distractor" (which one), "no key".
 - `phrase`: the answer is a phrase of several words (`--phrase-words N`). Scored "whole",
   "partial" (the words that survived, in order), "lost". A span of tokens that matter together.
+- `returns`: the recall study's design. The pass key's sentence in the first half of the
+  prompt (`depth` percent of the way from the instruction to KEY_BEFORE of it), then R
+  returns (`--returns R`: RETURN, naming the key without repeating it) at fixed fractions
+  of the prompt's tokens inside the eviction window of a budget of 3/4 of the prompt
+  (RETURNS_AT), then a quiet stretch before the question. R = 0 is the
+  no-returns control on the same haystack, key and key position.
+- `vartrack`: variable tracking in the RULER style on the same geometry: the key assigned to
+  a variable at the key's place, then H assignments (`--hops H`) passing the value on, each
+  naming the previous variable, at the returns' places; the question asks the last
+  variable's value. H = 0 asks the first variable's (the no-returns control).
 
 Every check here needs neither torch nor a tokenizer except where it says so.
 """
@@ -20,15 +30,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.model.needle.compose import Insert, compose
-from kvviz.model.needle.prompt import FILLER, NEEDLE, QUESTION, NeedlePrompt, check_depth, check_haystack, make_key
+from kvviz.model.needle.compose import Insert, compose, place
+from kvviz.model.needle.prompt import (
+    FILLER,
+    INTRO,
+    NEEDLE,
+    QUESTION,
+    NeedlePrompt,
+    check_depth,
+    check_haystack,
+    make_key,
+)
 
-TASKS = ("passkey", "recall", "distractors", "phrase")
-OPTION = {"recall": "reminder_every", "distractors": "distractors", "phrase": "phrase_words"}
-FLAG = {"reminder_every": "--reminder-every", "distractors": "--distractors", "phrase_words": "--phrase-words"}
-DEFAULT = {"reminder_every": 20, "distractors": 2, "phrase_words": 4}
+TASKS = ("passkey", "recall", "distractors", "phrase", "returns", "vartrack")
+OPTION = {"recall": "reminder_every", "distractors": "distractors", "phrase": "phrase_words",
+          "returns": "returns", "vartrack": "hops"}
+FLAG = {"reminder_every": "--reminder-every", "distractors": "--distractors", "phrase_words": "--phrase-words",
+        "returns": "--returns", "hops": "--hops"}
+DEFAULT = {"reminder_every": 20, "distractors": 2, "phrase_words": 4, "returns": 3, "hops": 2}
+LEAST = {"reminder_every": 1, "distractors": 0, "phrase_words": 1, "returns": 0, "hops": 0}
+
+# The returns' geometry, in fractions of the prompt's tokens: the key before KEY_BEFORE (so a
+# budget of half the prompt or more holds it when eviction starts), the last return at
+# RETURNS_AT[0], each earlier one RETURNS_AT[1] before the next (at 256 tokens: 197, 210,
+# 223, all inside the eviction window of budget 192), the stretch from the last return to
+# the question quiet (about 15 tokens at 256, then the answer's).
+KEY_BEFORE = 0.45
+RETURNS_AT = (0.87, 0.05)  # (the last return's first token, the spacing between returns)
+MOST_RETURNS = 3           # 0.87 - 2 x 0.05 = 0.77: every return past a budget of 3/4 of the prompt
+SNAP = 5                   # a return moves at most this many tokens to a sentence end
+VARIABLES = ("QXR", "BKT", "MZW", "JDF", "PLV", "HGN", "TCY", "WRK", "DSB", "NFZ", "YVH", "KTP")
+VAR_ASSIGN = "VAR {name} = {value}."
+VAR_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find the variables and "
+             "memorize their values. I will quiz you about the value of a variable.")
+VAR_QUESTION = "What is the value of {name}? The value of {name} is"
 
 REMINDER = "Keep the pass key in mind."
+# the returns task's reminder: of the wordings lab/studies/wording_trial.py tried on the full
+# cache (traces/studies/wording/trial.csv), the one it answered most often
+RETURN = "Do not forget the number above."
 
 # the people whose keys the distractors task names; the asked one and its distractors are
 # drawn from here by the seed. The wording was chosen on the full cache (greedy, 300-600
@@ -47,6 +87,7 @@ WORDS = ("thunder", "falcon", "amber", "maple", "river", "silver", "garden", "ca
          "orange", "tiger", "castle", "summer", "forest", "crystal", "shadow", "island", "pencil", "dragon")
 PHRASE = "The pass phrase is {phrase}. Remember it."
 PHRASE_QUESTION = "What is the pass phrase? The pass phrase is"
+NEIGHBOURS = 4  # the phrase's neighbours: this many tokens each side of it, outside it (the span study's control)
 
 
 @dataclass(frozen=True)
@@ -56,6 +97,8 @@ class Task:
     reminder_every: int | None = None
     distractors: int | None = None
     phrase_words: int | None = None
+    returns: int | None = None
+    hops: int | None = None
 
     def __post_init__(self):
         check(self)
@@ -94,10 +137,14 @@ def check(t: Task) -> None:
         if OPTION.get(t.name) != opt:
             owner = next(k for k, v in OPTION.items() if v == opt)
             raise ValueError(f"{flag}: only --task {owner} takes it, not --task {t.name}")
-        _count(flag, value, 0 if opt == "distractors" else 1)
+        _count(flag, value, LEAST[opt])
     if t.phrase_words is not None and t.phrase_words > len(WORDS):
         raise ValueError(f"--phrase-words {t.phrase_words}: the phrase's words are drawn without repeats from "
                          f"{len(WORDS)} words, so at most {len(WORDS)}")
+    for opt in ("returns", "hops"):
+        if getattr(t, opt) is not None and getattr(t, opt) > MOST_RETURNS:
+            raise ValueError(f"{FLAG[opt]} {getattr(t, opt)}: at most {MOST_RETURNS} fit between the middle of "
+                             "the prompt and its quiet stretch (kvviz.model.needle.tasks.RETURNS_AT)")
     if t.distractors is not None and t.distractors + 1 > len(THINGS):
         raise ValueError(f"--distractors {t.distractors}: the keys belong to {len(THINGS)} names, so at most "
                          f"{len(THINGS) - 1} distractors")
@@ -184,7 +231,62 @@ def phrase(tok, length: int, depth, seed: int, n: int, haystack: str | None = No
     c = compose(tok, length, _hay(haystack), [Insert(depth, PHRASE.format(phrase=words))], PHRASE_QUESTION,
                 what=f"--phrase-words {n}")
     at = c.text.index(words, c.inserts[0][0])
-    return _prompt(c, words, c.tokens_of((at, at + len(words))), PHRASE_QUESTION, length, depth, task="phrase")
+    span = c.tokens_of((at, at + len(words)))
+    near = [i for i in range(span[0] - NEIGHBOURS, span[-1] + NEIGHBOURS + 1) if i not in span and 0 <= i < len(c.ids)]
+    return _prompt(c, words, span, PHRASE_QUESTION, length, depth, task="phrase", neighbour_positions=near)
+
+
+def return_positions(length: int, n: int) -> list[int]:
+    """The prompt token index each of n returns starts at, earliest first (RETURNS_AT)."""
+    last, gap = RETURNS_AT
+    return [int(round((last - gap * (n - 1 - i)) * length)) for i in range(n)]
+
+
+def key_position(length: int, depth: float, intro_tokens: int) -> int:
+    """The key sentence's first token: `depth` percent of the way from the end of the
+    instruction to KEY_BEFORE of the prompt."""
+    end = int(KEY_BEFORE * length)
+    return intro_tokens + 1 + int(round(depth / 100 * max(0, end - intro_tokens - 1)))
+
+
+def returns(tok, length: int, depth, seed: int, n: int, haystack: str | None = None) -> NeedlePrompt:
+    """The pass key's sentence in the first part of the prompt (key_position), then n returns
+    (REMINDER) starting at return_positions, the question after a quiet stretch. The
+    returns' token spans in `reminders`."""
+    depth, key = check_depth(depth), make_key(seed)
+    at = key_position(length, depth, len(_intro_ids(tok, INTRO)))
+    pieces = [(at, NEEDLE.format(key=key))] + [(p, RETURN) for p in return_positions(length, n)]
+    c = place(tok, length, _hay(haystack), pieces, QUESTION, what=f"--returns {n}", snap=SNAP)
+    spans = [(c.tokens_of(r)[0], c.tokens_of(r)[-1] + 1) for r in c.inserts[1:]]
+    return _prompt(c, key, _digits(c, c.inserts[0], key), QUESTION, length, depth, task="returns",
+                   reminders=spans)
+
+
+def draw_variables(seed: int, n: int) -> list[str]:
+    return [VARIABLES[i] for i in _rng(seed, 5678).permutation(len(VARIABLES))[:n]]
+
+
+def vartrack(tok, length: int, depth, seed: int, hops: int, haystack: str | None = None) -> NeedlePrompt:
+    """VAR A = key at the key's place (key_position), then `hops` assignments VAR B = A,
+    VAR C = B, ... at the returns' places (return_positions); the question asks the last
+    variable's value. The assignments after the first are the returns (`reminders`)."""
+    depth, key = check_depth(depth), make_key(seed)
+    names = draw_variables(seed, hops + 1)
+    at = key_position(length, depth, len(_intro_ids(tok, VAR_INTRO)))
+    values = [key] + names[:-1]
+    pieces = [(p, VAR_ASSIGN.format(name=nm, value=v))
+              for p, nm, v in zip([at] + return_positions(length, hops), names, values)]
+    question = VAR_QUESTION.format(name=names[-1])
+    c = place(tok, length, _hay(haystack), pieces, question, what=f"--hops {hops}", intro=VAR_INTRO, snap=SNAP)
+    spans = [(c.tokens_of(r)[0], c.tokens_of(r)[-1] + 1) for r in c.inserts[1:]]
+    return _prompt(c, key, _digits(c, c.inserts[0], key), question, length, depth, task="vartrack",
+                   reminders=spans, target=names[-1])
+
+
+def _intro_ids(tok, intro: str) -> list[int]:
+    from kvviz.model.needle.prompt import _tokens
+
+    return _tokens(tok, intro)[0]
 
 
 def build(tok, task: Task, length: int, depth, seed: int, haystack: str | None = None) -> NeedlePrompt:
@@ -193,7 +295,8 @@ def build(tok, task: Task, length: int, depth, seed: int, haystack: str | None =
         from kvviz.model.needle.prompt import build as passkey
 
         return passkey(tok, length, depth, seed, haystack)
-    return {"recall": recall, "distractors": distractors, "phrase": phrase}[task.name](
+    return {"recall": recall, "distractors": distractors, "phrase": phrase, "returns": returns,
+            "vartrack": vartrack}[task.name](
         tok, length, depth, seed, task.option, haystack)
 
 
