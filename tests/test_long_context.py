@@ -160,9 +160,10 @@ def test_masked_and_freed_give_the_same_tokens(smollm, granularity, mode):
     (160, "decode", ("kv-head",)), (256, "prefill", ("layer", "kv-head")), (2048, "prefill", ("kv-head",))])
 def test_masked_and_freed_agree_on_pass_key_prompts(smollm, length, mode, granularities):
     """Pass-key prompts of 160 (read token by token), 256 and 2,048 tokens, several policies:
-    the same tokens, the same evictions, log-probabilities within float rounding. Per KV head, the finer of the two granularities,
-    in every mode (the short prompts above take both granularities in both modes; the
-    needle command below takes 2,048 tokens per layer)."""
+    the same tokens, the same evictions, log-probabilities within float rounding. Per KV
+    head, the finer of the two granularities, in every mode (the short prompts above take
+    both granularities in both modes; the needle command below takes 2,048 tokens per
+    layer)."""
     from kvviz.model.needle.prompt import build
 
     p = build(smollm[0], length, 50, 0)
