@@ -69,13 +69,24 @@ def tracked(*paths) -> list[str]:
     return sorted(res.stdout.split())
 
 
+def shipped(files: list[str]) -> list[str]:
+    """Of the tracked files under app.py, lessons/ and traces/, those a user's installed page
+    reads: the studies' run files and haystacks stay in the checkout (lab/ runs them), their
+    answers (which the lesson quotes) ship."""
+    def stays(name: str) -> bool:
+        return name.startswith("traces/haystacks/") or (
+            name.startswith("traces/studies/") and not name.endswith("/answers.json"))
+    return [f for f in files if not stays(f)]
+
+
 def test_wheel_ships_the_tracked_page_traces_and_lessons_only(installed):
     wheel = installed[3]
     with zipfile.ZipFile(wheel) as zf:
         bundled = sorted(n.removeprefix("kvviz/_bundle/") for n in zf.namelist()
                          if n.startswith("kvviz/_bundle/"))
         assert zf.read("kvviz/_bundle/app.py") == (ROOT / "app.py").read_bytes()
-    assert bundled == tracked("app.py", "lessons", "traces")  # so no mine.npz, no stale old.npz
+    assert bundled == shipped(tracked("app.py", "lessons", "traces"))  # so no mine.npz, no stale old.npz
+    assert "traces/studies/recall/answers.json" in bundled
     assert "lessons/tova-vs-snapkv.toml" in bundled
     assert "traces/mine.npz" not in bundled and "traces/old.npz" not in bundled
 
@@ -113,7 +124,7 @@ def test_in_a_git_checkout_only_tracked_files_ship(tmp_path, monkeypatch):
     subprocess.run([*git, "add", "-f", "app.py", "lessons/a.toml", "traces/code.npz", "traces/needle/runs/L1.npz",
                     "traces/notes.txt"], check=True)
     assert bundle_files(tmp_path) == ["app.py", "lessons/a.toml", "traces/code.npz", "traces/needle/runs/L1.npz"]
-    assert setup_module_of(ROOT, monkeypatch)["bundle_files"]() == tracked("app.py", "lessons", "traces")
+    assert setup_module_of(ROOT, monkeypatch)["bundle_files"]() == shipped(tracked("app.py", "lessons", "traces"))
 
 
 def test_kvviz_help_and_bench_from_outside_the_checkout(installed):
