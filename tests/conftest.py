@@ -114,6 +114,21 @@ def smollm(torch_stack):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, torch_stack):
+    """A tiny random Llama and its tokenizer (scripts/tiny_model.py), built once per session:
+    the model path's mechanics in seconds, where the numbers need not be SmolLM2's."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from tiny_model import build, save_tokenizer
+
+    from kvviz.model.models import load_model
+
+    tokenizer = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(tokenizer)
+    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
+
+
+@pytest.fixture(scope="session")
 def apptest():
     """The whole page under AppTest (the `page` tier): apphelp.app, which runs app.py with the
     URL query keys it is given. Helpers that build an AppTest themselves need it too."""

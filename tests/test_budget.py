@@ -183,23 +183,6 @@ def test_a_sweep_refuses_a_bad_ratio_before_running(tmp_path, budgets, policy, s
 TEXT = "The committee met at noon; the minutes record that the motion passed on a bright day."
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, torch_stack):
-    import os
-    import sys
-    from pathlib import Path
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from tiny_model import build, save_tokenizer
-
-    from kvviz.model.models import load_model
-
-    tokenizer = tmp_path_factory.mktemp("tokenizer")
-    save_tokenizer(tokenizer)
-    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
-
-
 def test_in_the_loop_a_ratio_is_the_rule_on_the_models_rows(tiny_llama, torch_stack):
     from kvviz.model.loop import LoopConfig, run_loop
 

@@ -59,23 +59,6 @@ def test_the_shipped_table_gives_smollm2s_heads_and_runs():
 
 # -- the calibration, on a tiny random-weight Llama --------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, torch_stack):
-    import os
-    import sys
-    from pathlib import Path
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from tiny_model import build, save_tokenizer
-
-    from kvviz.model.models import load_model
-
-    tokenizer = tmp_path_factory.mktemp("tokenizer")
-    save_tokenizer(tokenizer)
-    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
-
-
 def test_calibrate_headroles_is_the_share_outside_sinks_and_window_at_the_answer(tiny_llama, tmp_path,
                                                                                 torch_stack):
     import torch

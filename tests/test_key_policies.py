@@ -174,23 +174,6 @@ def test_memory_per_slot_counts_no_keys():
 TEXT = "The committee met at noon; the minutes record that the motion passed on a bright day."
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, torch_stack):
-    import os
-    import sys
-    from pathlib import Path
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from tiny_model import build, save_tokenizer
-
-    from kvviz.model.models import load_model
-
-    tokenizer = tmp_path_factory.mktemp("tokenizer")
-    save_tokenizer(tokenizer)
-    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
-
-
 def _layer0_vectors(mdl, ids):
     """Layer 0's keys (Hk, T, D) and queries (Hq, T, D) after RoPE from a plain forward: they
     depend on no attention, so eviction leaves them as they are."""

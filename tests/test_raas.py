@@ -4,10 +4,6 @@ model and replays the rows the model recorded through the reference.
 (Its Hypothesis differential against RefRaaS is tests/test_policies.py's, with every policy's.)"""
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -160,19 +156,6 @@ def test_streams_equal_one_policy_per_stream_where_ties_are_common(sinks, alpha)
 
 TEXT = "The committee met at noon; the minutes record that the motion passed on a bright day."
 T, B = 16, 6
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, torch_stack):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from tiny_model import build, save_tokenizer
-
-    from kvviz.model.models import load_model
-
-    tokenizer = tmp_path_factory.mktemp("tokenizer")
-    save_tokenizer(tokenizer)
-    return load_model(str(build("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_from=tokenizer)))
 
 
 def test_in_the_loop_its_victims_are_the_references_on_the_models_rows(tiny_llama, torch_stack):
