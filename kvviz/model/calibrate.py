@@ -89,15 +89,17 @@ def depths(prompts: int) -> list[float]:
     return [10.0 + 80.0 * i / (prompts - 1) for i in range(prompts)]
 
 
-def head_scores(tok, model, prompts: int = 4, length: int = 256) -> list[list[float]]:
-    """[layer][kv head] scores (see the module docstring), float64 means rounded to 6 digits."""
+def _per_kv_head(tok, model, prompts: int, length: int, per_layer) -> list[list[float]]:
+    """[layer][kv head]: `per_layer(attn, prompt, queries)` -> (heads,) tensor, over pass-key
+    prompts (seeds 0..prompts-1, `depths`) read with their answer, averaged over each KV
+    head's query heads and the prompts, float64 rounded to 6 digits. `queries` are the
+    positions whose next token is an answer token; `attn` is one layer's (1, heads, T, T)."""
     import numpy as np
     import torch
 
     from kvviz.model.models import attention_shape
     from kvviz.model.needle.prompt import build
 
-    check(prompts, length)
     shape = attention_shape(model)
     group = shape.heads // shape.kv_heads
     total = np.zeros((shape.layers, shape.kv_heads), np.float64)
@@ -109,11 +111,20 @@ def head_scores(tok, model, prompts: int = 4, length: int = 256) -> list[list[fl
         with torch.no_grad():
             out = model(ids, output_attentions=True, use_cache=False)
         queries = [len(prompt.ids) - 1 + j for j in range(len(answer))]
-        keys = list(prompt.key_positions)
-        for layer, attn in enumerate(out.attentions):  # (1, heads, T, T)
-            mass = attn[0][:, queries][:, :, keys].sum(dim=-1).double().mean(dim=-1)  # (heads,)
+        for layer, attn in enumerate(out.attentions):
+            mass = per_layer(attn, prompt, queries)
             total[layer] += mass.reshape(shape.kv_heads, group).mean(dim=-1).cpu().numpy()
     return [[round(float(s), 6) for s in row] for row in total / prompts]
+
+
+def head_scores(tok, model, prompts: int = 4, length: int = 256) -> list[list[float]]:
+    """[layer][kv head] scores (see the module docstring), float64 means rounded to 6 digits."""
+    check(prompts, length)
+
+    def key_mass(attn, prompt, queries):  # each answer query's weight on the key's positions
+        return attn[0][:, queries][:, :, list(prompt.key_positions)].sum(dim=-1).double().mean(dim=-1)
+
+    return _per_kv_head(tok, model, prompts, length, key_mass)
 
 
 def streaming_loss(tok, model, prompts: int = 4, length: int = 256, sinks: int = 4,
@@ -121,34 +132,20 @@ def streaming_loss(tok, model, prompts: int = 4, length: int = 256, sinks: int =
     """[layer][kv head] proxies for `kvviz calibrate headroles` (see the module docstring):
     at each answer query q (its row over positions 0..q), the share outside 0..sinks-1 and
     the `recent` newest, float64 means rounded to 6 digits."""
-    import numpy as np
     import torch
-
-    from kvviz.model.models import attention_shape
-    from kvviz.model.needle.prompt import build
 
     check(prompts, length)
     check_stream(sinks, recent)
-    shape = attention_shape(model)
-    group = shape.heads // shape.kv_heads
-    total = np.zeros((shape.layers, shape.kv_heads), np.float64)
-    device = next(model.parameters()).device
-    for seed, depth in enumerate(depths(prompts)):
-        prompt = build(tok, length, depth, seed)
-        answer = tok.encode(" " + prompt.key, add_special_tokens=False)
-        ids = torch.tensor([list(prompt.ids) + list(answer)], device=device)
-        with torch.no_grad():
-            out = model(ids, output_attentions=True, use_cache=False)
-        queries = [len(prompt.ids) - 1 + j for j in range(len(answer))]
-        for layer, attn in enumerate(out.attentions):  # (1, heads, T, T)
-            shares = []
-            for q in queries:
-                row = attn[0, :, q, : q + 1].double()  # (heads, q + 1)
-                outside = row[:, sinks: max(sinks, q + 1 - recent)].sum(dim=-1)
-                shares.append(outside / row.sum(dim=-1).clamp_min(1e-300))
-            mass = torch.stack(shares, dim=-1).mean(dim=-1)  # (heads,)
-            total[layer] += mass.reshape(shape.kv_heads, group).mean(dim=-1).cpu().numpy()
-    return [[round(float(s), 6) for s in row] for row in total / prompts]
+
+    def outside_window(attn, prompt, queries):
+        shares = []
+        for q in queries:
+            row = attn[0, :, q, : q + 1].double()  # (heads, q + 1)
+            outside = row[:, sinks: max(sinks, q + 1 - recent)].sum(dim=-1)
+            shares.append(outside / row.sum(dim=-1).clamp_min(1e-300))
+        return torch.stack(shares, dim=-1).mean(dim=-1)  # (heads,)
+
+    return _per_kv_head(tok, model, prompts, length, outside_window)
 
 
 def check_stream(sinks: int, recent: int) -> None:
