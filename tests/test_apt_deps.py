@@ -69,7 +69,7 @@ def run(env, timeout=60):
                           timeout=timeout)
 
 
-def test_waits_for_a_held_lock_then_installs(fake):
+def test_waits_for_a_held_lock_then_installs(fake, long_run):
     env, lock, log = fake
     holder = hold(lock)
     script = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE,
@@ -94,7 +94,7 @@ def test_waits_for_a_held_lock_then_installs(fake):
     assert all("DPkg::Lock::Timeout=600" in a for _, _, a in got)
 
 
-def test_gives_up_after_its_timeout(fake):
+def test_gives_up_after_its_timeout(fake, long_run):
     env, lock, log = fake
     holder = hold(lock)
     try:

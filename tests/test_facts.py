@@ -52,13 +52,13 @@ def test_f4_snapkv_without_pooling_is_tova_to_the_bit(budget):
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
-def test_f5_obs_window_changes_no_retained_mass(budget):
+def test_f5_obs_window_changes_no_retained_mass(budget, long_run):
     values = {w: cached("snapkv", budget, pool_kernel=1, obs_window=w)["retained_mass"]
               for w in (1, 4, 16, 64)}
     assert len(set(values.values())) == 1, values
 
 
-def test_f5_with_pooling_on_too():
+def test_f5_with_pooling_on_too(long_run):
     values = {cached("snapkv", 512, obs_window=w)["retained_mass"] for w in (1, 4, 16, 64)}
     assert len(values) == 1
 

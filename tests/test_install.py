@@ -33,7 +33,7 @@ def run(cmd, cwd, env, timeout=180):
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
+def installed(tmp_path_factory, long_run):
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     src.mkdir()

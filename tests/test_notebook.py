@@ -43,7 +43,7 @@ def traces_of(fig: dict, axis: str):
     return [t for t in fig["data"] if t.get("xaxis", "x") == axis]
 
 
-def test_a_replay_view_sends_a_window_around_the_step_and_says_so(code):
+def test_a_replay_view_sends_a_window_around_the_step_and_says_so(code, long_run):
     trace, a, b = code
     view = nb.replay(trace, a, b, step=300, window=6)
     assert (view.lo, view.hi, view.step, view.steps) == (297, 302, 300, 1024)
@@ -102,7 +102,7 @@ def test_to_figure_is_the_picture_the_widget_draws(code):
         view.to_figure("heads")
 
 
-def test_a_step_outside_the_window_sends_the_window_around_it(code):
+def test_a_step_outside_the_window_sends_the_window_around_it(code, long_run):
     trace, a, b = code
     view = nb.replay(trace, a, b, step=100, window=4)
     frames = view.frames

@@ -40,7 +40,7 @@ def test_the_shipped_vector_trace_holds_every_kv_heads_vectors():
     assert np.array_equal(keys, t.keys[1, 1]) and np.array_equal(queries, t.queries[1, 3:6])
 
 
-def test_expected_attention_takes_the_traces_rope_base():
+def test_expected_attention_takes_the_traces_rope_base(long_run):
     """Both shipped vector traces record SmolLM2-135M's RoPE base (meta rope_theta). Expected
     Attention's rope_theta left at its default takes it: the replay is the one given
     rope_theta=100000, bit for bit, and not the one a trace recording another base gives. A
