@@ -276,6 +276,14 @@ def _kn(policy, pos: int) -> dict:
     return out
 
 
+def _fed_step(policy, t: int, row, budget):
+    """One harness step given `row`, with the synthetic inputs the policy reads (`_kn`: its
+    key vectors taken at its own kept positions); the victims."""
+    given = _kn(policy, t)
+    return harness.step(policy, t, row, budget, given.get("key_norm"), value_norm=given.get("value_norm"),
+                        keys=given.get("keys"), query=given.get("query"))
+
+
 def truncated(trace, steps: int | None):
     """The first `steps` rows of a trace as an ArrayTrace (generated once). Its key and value
     norms, key vectors (`keys`) and query vectors (`queries`) are the trace's own (with its
@@ -596,10 +604,7 @@ def _odd_rows(cls, steps: int, seed: int) -> RuleResult:
         kinds = ("null", "zero", "onehot", "random")
         for t in range(max(steps, budget + 64)):
             kind, row = _rows(rng, len(policy.kept), kinds if kind != "null" else kinds[1:])
-            norms = _kn(policy, t)
-            harness.step(policy, t, row, budget, norms.get("key_norm"),
-                         value_norm=norms.get("value_norm"), keys=norms.get("keys"),
-                         query=norms.get("query"))
+            _fed_step(policy, t, row, budget)
     except Exception as exc:
         return RuleResult("robustness", name, False,
                           f"step {t} ({kind} row): {type(exc).__name__}: {exc}")
@@ -622,9 +627,9 @@ def check_ratio(cls, steps: int = STEPS) -> list[RuleResult]:
         twin, floor = copy.deepcopy(policy), policy.ratio.floor
         trace = canonical(max(steps, 8 * floor))
         for t in range(trace.steps):
-            got = _ratio_step(policy, t, trace, policy.ratio)
+            got = _fed_step(policy, t, trace.row(t)[policy.held()], policy.ratio)
             fixed = max(floor, (t + 1) // 4)  # the rule, written out
-            want = _ratio_step(twin, t, trace, fixed)
+            want = _fed_step(twin, t, trace.row(t)[twin.held()], fixed)
             held = len(policy.held())
             if held != min(t + 1, fixed) or not np.array_equal(got, want):
                 return [RuleResult("ratio", name, False,
@@ -633,14 +638,6 @@ def check_ratio(cls, steps: int = STEPS) -> list[RuleResult]:
     except Exception as exc:
         return [RuleResult("ratio", name, False, f"step {t}: {type(exc).__name__}: {exc}")]
     return [RuleResult("ratio", name, True, f"floor {floor}, canonical trace, {t + 1} steps")]
-
-
-def _ratio_step(policy, t: int, trace, budget):
-    """One harness step of the ratio rule, with the synthetic inputs the policy reads (its key
-    vectors taken at its own kept positions)."""
-    given = _kn(policy, t)
-    return harness.step(policy, t, trace.row(t)[policy.held()], budget, given.get("key_norm"),
-                        value_norm=given.get("value_norm"), keys=given.get("keys"), query=given.get("query"))
 
 
 def us_per_step(cls, steps: int = 1024, budget: int = 256, params=None) -> float:
