@@ -255,3 +255,12 @@ def test_the_loop_reads_a_batch_of_texts_as_each_alone(pair, eviction, granulari
         assert np.array_equal(b.top1, a.top1)
         assert np.allclose(b.nll, a.nll, atol=1e-4) and np.allclose(b.kl_tokens, a.kl_tokens, atol=1e-4)
         assert np.allclose(b.rows, a.rows, atol=1e-5) and b.meta["batch_texts"] == 3
+
+
+def test_a_batch_takes_one_seed_for_all_or_one_per_item():
+    from kvviz.model.loop.batch import per_item_seeds
+
+    assert per_item_seeds(7, 3, "prompt") == [7, 7, 7]
+    assert per_item_seeds((1, 2, 3), 3, "prompt") == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"^seed must be one integer or one per text \(3\), got 2$"):
+        per_item_seeds([1, 2], 3, "text")

@@ -27,6 +27,15 @@ from kvviz.model.loop.config import PREFILL_CHUNK, check_configs, refuse_ratio_f
 from kvviz.model.loop.generation import Generation, check_request, with_reference
 
 
+def per_item_seeds(seed, n: int, item: str) -> list[int]:
+    """One seed per batch item: `seed` is one integer for all `n`, or a sequence of `n`
+    (ValueError naming `seed` otherwise)."""
+    seeds = [int(x) for x in seed] if isinstance(seed, (list, tuple, np.ndarray)) else [int(seed)] * n
+    if len(seeds) != n:
+        raise ValueError(f"seed must be one integer or one per {item} ({n}), got {len(seeds)}")
+    return seeds
+
+
 def _tokens(tok, prompt):
     from kvviz.model.models import token_strings, tokenize
 
@@ -48,9 +57,7 @@ def generate_batch(prompts, configs, max_new_tokens, *, granularity="layer", pro
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
-    seeds = [int(x) for x in seed] if isinstance(seed, (list, tuple, np.ndarray)) else [int(seed)] * len(prompts)
-    if len(seeds) != len(prompts):
-        raise ValueError(f"seed must be one integer or one per prompt ({len(prompts)}), got {len(seeds)}")
+    seeds = per_item_seeds(seed, len(prompts), "prompt")
     for p in prompts:
         check_request(p, max_new_tokens, granularity, prompt_mode, eviction, prefill_chunk)
     configs = with_reference(configs, full_cache)
@@ -341,9 +348,7 @@ def run_batch(texts, configs, granularity="layer", max_tokens=1024, progress=Non
         raise ValueError("texts is empty: give at least one text")
     for text in texts:
         check_inputs(text, granularity, max_tokens, eviction)
-    seeds = [int(x) for x in seed] if isinstance(seed, (list, tuple, np.ndarray)) else [int(seed)] * len(texts)
-    if len(seeds) != len(texts):
-        raise ValueError(f"seed must be one integer or one per text ({len(texts)}), got {len(seeds)}")
+    seeds = per_item_seeds(seed, len(texts), "text")
     configs = check_configs(configs)
     if eviction == "freed":
         refuse_ratio_freed(configs)
